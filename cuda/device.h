@@ -1,0 +1,13 @@
+// GPU discovery. A build with CUDA still runs where there is no GPU or no
+// driver: device_count() is then 0 and CPU work goes on.
+#pragma once
+
+#include <string>
+
+namespace zg::cuda {
+
+int device_count();
+// "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)"; throws zg::Error for a bad index.
+std::string device_description(int index);
+
+}  // namespace zg::cuda

@@ -1,0 +1,95 @@
+// The backend interface: the few primitive kernels a device must provide.
+// Everything else -- broadcasting, reductions over any dims, cat/split, casts,
+// composite ops, and (later) every autograd formula -- is written once above it.
+//
+// Contract for every kernel: inputs are validated by the front-end (ops.cpp);
+// outputs are allocated by the caller and contiguous unless stated; inputs of an
+// elementwise kernel have exactly the output's shape but may have any strides
+// (a broadcast input has stride 0 in the broadcast dims).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "tensor/device.h"
+#include "tensor/memory.h"
+#include "tensor/tensor.h"
+
+namespace zg {
+
+enum class UnaryOp : uint8_t {
+  neg, abs, exp, log, sqrt, rsqrt, sin, cos, tanh, sigmoid, relu,
+  gelu,         // GPT-2's tanh approximation
+  logical_not,  // bool -> bool
+};
+
+enum class BinaryOp : uint8_t {
+  add, sub, mul, div, pow, maximum, minimum,  // out has the inputs' dtype
+  eq, ne, lt, le, gt, ge,                     // out is bool
+  logical_and, logical_or,                    // bool x bool -> bool
+};
+bool is_comparison(BinaryOp op);
+bool is_logical(BinaryOp op);
+
+enum class ReduceOp : uint8_t { sum, mean, max, min, argmax, argmin };
+
+enum class Distribution : uint8_t { uniform, normal };
+struct RandomSpec {
+  Distribution distribution = Distribution::uniform;
+  double a = 0.0;  // uniform: low;  normal: mean
+  double b = 1.0;  // uniform: high; normal: std
+  uint64_t seed = 0;
+  uint64_t first_block = 0;  // Philox counter block of element 0 (see tensor/philox.h)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::shared_ptr<Allocator> make_allocator(Device device) = 0;
+
+  // out[i] = value.
+  virtual void fill(const Tensor& out, double value) = 0;
+  // out[i] = the Philox value for element i (out contiguous).
+  virtual void fill_random(const Tensor& out, const RandomSpec& spec) = 0;
+  // dst[i] = cast(src[i]); same shape, both any strides, dtypes may differ.
+  // Devices may differ when one of them is the CPU (host <-> device transfer).
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+
+  virtual void unary(UnaryOp op, const Tensor& in, const Tensor& out) = 0;
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out[i] = cond[i] ? a[i] : b[i]; cond is bool.
+  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+
+  // in: [M, R] contiguous; out: [M] (i64 for argmax/argmin). Reduces each row.
+  virtual void reduce(ReduceOp op, const Tensor& in, const Tensor& out) = 0;
+
+  // out[b] = a[b] @ b_[b]: a [B, M, K], b [B, K, N], out [B, M, N] contiguous. Each
+  // matrix of a and b is row- or column-major (unit stride in one of its two
+  // dims); the batch stride may be anything, 0 included.
+  virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+
+  // Over the last dim of in [M, C] (contiguous): out = softmax or log_softmax.
+  virtual void softmax(const Tensor& in, bool log, const Tensor& out) = 0;
+
+  // x [M, C] contiguous; weight, bias [C] (either may be undefined);
+  // out [M, C]; mean, rstd [M] in f32 (f64 for f64 input), kept for backward.
+  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                          const Tensor& out, const Tensor& mean, const Tensor& rstd) = 0;
+
+  // out[i, :] = weight[indices[i], :]; weight [V, C] contiguous, indices [N] i32/i64
+  // contiguous, out [N, C]. Throws on an index outside [0, V) where it can check.
+  virtual void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) = 0;
+
+  // loss[i] = logsumexp(logits[i, :]) - logits[i, target[i]], or 0 where
+  // target[i] == ignore_index; logits [N, C] contiguous, target [N] i32/i64.
+  virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                             const Tensor& loss) = 0;
+};
+
+// The backend for a device. The CPU and meta backends are built in; the CUDA
+// backend registers itself when the library is built with CUDA.
+Backend& backend(Device device);
+void register_backend(DeviceType type, Backend* backend);
+
+}  // namespace zg

@@ -1,0 +1,27 @@
+#include "tensor/context.h"
+
+#include "tensor/backend.h"
+
+namespace zg {
+
+std::shared_ptr<Allocator> Context::allocator(Device device) {
+  std::lock_guard lock(mutex_);
+  auto& slot = allocators_[device];
+  if (!slot) slot = backend(device).make_allocator(device);
+  return slot;
+}
+
+namespace {
+thread_local Context* current_context = nullptr;
+}
+
+Context& Context::current() {
+  if (current_context) return *current_context;
+  thread_local Context thread_default;
+  return thread_default;
+}
+
+ContextGuard::ContextGuard(Context& context) : previous_(current_context) { current_context = &context; }
+ContextGuard::~ContextGuard() { current_context = previous_; }
+
+}  // namespace zg

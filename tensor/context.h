@@ -1,0 +1,79 @@
+// A rank context holds everything that is per rank: its allocators (and so its
+// memory figures) and its random generator. Ranks may be threads of one process,
+// so nothing here is global: each thread has a current context, by default one
+// of its own, and a ContextGuard makes another one current for a scope.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "tensor/device.h"
+#include "tensor/memory.h"
+
+namespace zg {
+
+// Philox state: a seed (the key) and an offset (the next unused counter block).
+// Every random op reserves ceil(n / 4) blocks, so a sequence of random ops gives
+// the same numbers on every device and however the work is split.
+class Generator {
+ public:
+  static constexpr uint64_t kDefaultSeed = 0x5eed;
+  explicit Generator(uint64_t seed = kDefaultSeed) : seed_(seed) {}
+
+  void manual_seed(uint64_t seed) { seed_ = seed; offset_ = 0; }
+  uint64_t seed() const { return seed_; }
+  uint64_t offset() const { return offset_; }
+  void set_offset(uint64_t offset) { offset_ = offset; }
+  // Reserves the counter blocks for `n` values; returns the first block.
+  uint64_t reserve(int64_t n) {
+    const uint64_t first = offset_;
+    offset_ += (static_cast<uint64_t>(n) + 3) / 4;
+    return first;
+  }
+
+ private:
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+};
+
+class Context {
+ public:
+  explicit Context(int rank = 0) : rank_(rank) {}
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int rank() const { return rank_; }
+  // The allocator for `device`, created by the device's backend on first use.
+  std::shared_ptr<Allocator> allocator(Device device);
+  MemoryStats memory_stats(Device device = kCPU) { return allocator(device)->stats(); }
+  Generator& generator() { return generator_; }
+
+  // This thread's current context (a per-thread default when no guard is active).
+  static Context& current();
+
+ private:
+  int rank_;
+  std::mutex mutex_;
+  std::map<Device, std::shared_ptr<Allocator>> allocators_;
+  Generator generator_;
+};
+
+// Makes `context` current on this thread until the guard is destroyed.
+class ContextGuard {
+ public:
+  explicit ContextGuard(Context& context);
+  ~ContextGuard();
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+
+ private:
+  Context* previous_;
+};
+
+// Shorthands on the current context.
+inline MemoryStats memory_stats(Device device = kCPU) { return Context::current().memory_stats(device); }
+inline void manual_seed(uint64_t seed) { Context::current().generator().manual_seed(seed); }
+
+}  // namespace zg

@@ -1,0 +1,93 @@
+// CPU allocator and the data-movement kernels: fill, Philox random fill, copy.
+#include <cstring>
+#include <new>
+
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/loops.h"
+#include "tensor/philox.h"
+
+namespace zg {
+namespace cpu {
+
+namespace {
+
+// Host memory, 64-byte aligned (a cache line; enough for any vector load).
+// Reserved bytes are the rounded sizes actually taken from the system.
+class CpuAllocator final : public Allocator {
+ public:
+  CpuAllocator() : Allocator(kCPU) {}
+
+ private:
+  static constexpr int64_t kAlignment = 64;
+  static int64_t rounded(int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+  void* acquire(int64_t bytes, MemoryCategory category) override {
+    void* ptr = ::operator new(static_cast<size_t>(rounded(bytes)), std::align_val_t{kAlignment}, std::nothrow);
+    if (!ptr) throw_out_of_memory(bytes, category, "the system allocator failed");
+    add_reserved(rounded(bytes));
+    return ptr;
+  }
+  void release(void* ptr, int64_t bytes) override {
+    ::operator delete(ptr, std::align_val_t{kAlignment});
+    add_reserved(-rounded(bytes));
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Allocator> CpuBackend::make_allocator(Device) { return std::make_shared<CpuAllocator>(); }
+
+void CpuBackend::fill(const Tensor& out, double value) {
+  dispatch(out.dtype(), [&]<class T>() {
+    T* y = out.data<T>();
+    const T v = convert<T>(value);
+    for_each_element<1>(out.shape(), {&out.strides()}, [&](const auto& off) { y[off[0]] = v; });
+  });
+}
+
+// Element i takes lane i % 4 of Philox block (first_block + i / 4); the value is
+// computed in f64 and rounded once to the output dtype (see tensor/philox.h).
+void CpuBackend::fill_random(const Tensor& out, const RandomSpec& spec) {
+  dispatch(out.dtype(), [&]<class T>() {
+    if constexpr (is_float_v<T>) {
+      T* y = out.data<T>();
+      const int64_t n = out.numel();
+      for (int64_t block = 0; block * 4 < n; ++block) {
+        const philox::U32x4 bits = philox::block_bits(spec.seed, spec.first_block + block);
+        for (int lane = 0; lane < 4 && block * 4 + lane < n; ++lane) {
+          double value;
+          if (spec.distribution == Distribution::uniform) {
+            value = spec.a + (spec.b - spec.a) * static_cast<double>(philox::uniform01(bits.v[lane]));
+          } else {
+            value = spec.a + spec.b * philox::normal_from_pair(bits.v[lane & 2], bits.v[lane | 1], lane & 1);
+          }
+          y[block * 4 + lane] = convert<T>(value);
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
+  if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
+    if (src.nbytes() > 0) std::memmove(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(src.nbytes()));
+    return;
+  }
+  dispatch(src.dtype(), [&]<class From>() {
+    dispatch(dst.dtype(), [&]<class To>() {
+      const From* x = static_cast<const From*>(src.data_ptr());
+      To* y = static_cast<To*>(dst.data_ptr());
+      for_each_element<2>(dst.shape(), {&dst.strides(), &src.strides()},
+                          [&](const auto& off) { y[off[0]] = convert<To>(x[off[1]]); });
+    });
+  });
+}
+
+}  // namespace cpu
+
+Backend& cpu_backend() {
+  static cpu::CpuBackend backend;
+  return backend;
+}
+
+}  // namespace zg

@@ -1,0 +1,28 @@
+// The CPU backend: plain loops over strided views (tensor/cpu/loops.h), Eigen
+// for GEMM, and f16/bf16 computed in f32. Its methods are spread over the files
+// of this folder, one family of kernels each.
+#pragma once
+
+#include "tensor/backend.h"
+
+namespace zg::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  std::shared_ptr<Allocator> make_allocator(Device device) override;
+  void fill(const Tensor& out, double value) override;
+  void fill_random(const Tensor& out, const RandomSpec& spec) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void unary(UnaryOp op, const Tensor& in, const Tensor& out) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void reduce(ReduceOp op, const Tensor& in, const Tensor& out) override;
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void softmax(const Tensor& in, bool log, const Tensor& out) override;
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                  const Tensor& mean, const Tensor& rstd) override;
+  void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) override;
+  void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss) override;
+};
+
+}  // namespace zg::cpu

@@ -1,0 +1,56 @@
+// The CPU backend's one loop: visit every element of a shape in row-major
+// order, tracking the element offset of each operand from its own strides.
+// Broadcast operands (stride 0) and transposed views need no special case.
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "tensor/dtype.h"
+#include "tensor/shape.h"
+
+namespace zg::cpu {
+
+// f(offsets) for each element; offsets[j] indexes operand j.
+template <size_t N, class F>
+void for_each_element(const Shape& shape, const std::array<const Shape*, N>& strides, F&& f) {
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  const int64_t count = numel(shape);
+  std::array<int64_t, N> base{};
+  if (count == 0) return;
+  if (rank == 0) {
+    f(base);
+    return;
+  }
+  const int64_t inner = shape[rank - 1];
+  std::array<int64_t, N> inner_stride;
+  for (size_t j = 0; j < N; ++j) inner_stride[j] = (*strides[j])[rank - 1];
+  std::vector<int64_t> index(rank, 0);
+  for (int64_t outer = 0; outer < count / inner; ++outer) {
+    std::array<int64_t, N> offsets = base;
+    for (int64_t i = 0; i < inner; ++i) {
+      f(offsets);
+      for (size_t j = 0; j < N; ++j) offsets[j] += inner_stride[j];
+    }
+    // Advance the odometer over the outer dims.
+    for (int64_t d = rank - 2; d >= 0; --d) {
+      for (size_t j = 0; j < N; ++j) base[j] += (*strides[j])[d];
+      if (++index[d] < shape[d]) break;
+      for (size_t j = 0; j < N; ++j) base[j] -= (*strides[j])[d] * shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
+// Value conversion between element types (through f32 for the 16-bit floats).
+template <class To, class From>
+To convert(From v) {
+  if constexpr (std::is_same_v<To, bool>) return static_cast<compute_t<From>>(v) != compute_t<From>(0);
+  else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) return To(static_cast<float>(v));
+  else return static_cast<To>(static_cast<compute_t<From>>(v));
+}
+
+template <class T>
+constexpr bool is_float_v = std::is_floating_point_v<compute_t<T>>;
+
+}  // namespace zg::cpu

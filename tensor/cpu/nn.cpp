@@ -1,0 +1,124 @@
+// Row kernels of the neural-network primitives: softmax, layer norm, embedding
+// and cross-entropy. Statistics are accumulated in f64.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/loops.h"
+
+namespace zg::cpu {
+
+namespace {
+
+// log(sum(exp(row))) computed stably as max + log(sum(exp(row - max))).
+template <class T>
+double logsumexp(const T* row, int64_t length) {
+  double max = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < length; ++j) max = std::max(max, static_cast<double>(compute_t<T>(row[j])));
+  if (std::isinf(max)) return max;
+  double total = 0;
+  for (int64_t j = 0; j < length; ++j) total += std::exp(static_cast<double>(compute_t<T>(row[j])) - max);
+  return max + std::log(total);
+}
+
+template <class Body>
+void with_float(DType dtype, const char* op, Body&& body) {
+  dispatch(dtype, [&]<class T>() {
+    if constexpr (is_float_v<T>) body.template operator()<T>();
+    else fail(op, ": not defined for ", name(dtype));
+  });
+}
+
+}  // namespace
+
+// softmax(x)_j = exp(x_j - lse(x)),  log_softmax(x)_j = x_j - lse(x).
+void CpuBackend::softmax(const Tensor& in, bool log, const Tensor& out) {
+  const int64_t rows = in.size(0), length = in.size(1);
+  with_float(in.dtype(), "softmax", [&]<class T>() {
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* x = in.data<T>() + i * length;
+      T* y = out.data<T>() + i * length;
+      const double lse = logsumexp(x, length);
+      for (int64_t j = 0; j < length; ++j) {
+        const double shifted = static_cast<double>(compute_t<T>(x[j])) - lse;
+        y[j] = convert<T>(log ? shifted : std::exp(shifted));
+      }
+    }
+  });
+}
+
+// mean = sum(x) / C,  var = sum((x - mean)^2) / C,  rstd = 1 / sqrt(var + eps),
+// out = (x - mean) * rstd * weight + bias.
+void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                            const Tensor& mean, const Tensor& rstd) {
+  const int64_t rows = x.size(0), channels = x.size(1);
+  with_float(x.dtype(), "layer_norm", [&]<class T>() {
+    const T* w = weight.defined() ? weight.data<T>() : nullptr;
+    const T* b = bias.defined() ? bias.data<T>() : nullptr;
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* row = x.data<T>() + i * channels;
+      T* y = out.data<T>() + i * channels;
+      double total = 0, squares = 0;
+      for (int64_t j = 0; j < channels; ++j) total += static_cast<double>(compute_t<T>(row[j]));
+      const double mu = total / static_cast<double>(channels);
+      for (int64_t j = 0; j < channels; ++j) {
+        const double d = static_cast<double>(compute_t<T>(row[j])) - mu;
+        squares += d * d;
+      }
+      const double r = 1.0 / std::sqrt(squares / static_cast<double>(channels) + eps);
+      for (int64_t j = 0; j < channels; ++j) {
+        double v = (static_cast<double>(compute_t<T>(row[j])) - mu) * r;
+        if (w) v *= static_cast<double>(compute_t<T>(w[j]));
+        if (b) v += static_cast<double>(compute_t<T>(b[j]));
+        y[j] = convert<T>(v);
+      }
+      dispatch(mean.dtype(), [&]<class S>() {
+        mean.data<S>()[i] = convert<S>(mu);
+        rstd.data<S>()[i] = convert<S>(r);
+      });
+    }
+  });
+}
+
+void CpuBackend::embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
+  const int64_t vocab = weight.size(0), row_bytes = weight.size(1) * weight.element_size();
+  const char* w = static_cast<const char*>(weight.data_ptr());
+  char* y = static_cast<char*>(out.data_ptr());
+  dispatch(indices.dtype(), [&]<class I>() {
+    if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
+      const I* idx = indices.data<I>();
+      for (int64_t i = 0; i < indices.numel(); ++i) {
+        const int64_t row = idx[i];
+        ZG_CHECK(row >= 0 && row < vocab, "embedding: index ", row, " is out of range for a weight of ", vocab,
+                 " rows (", describe(weight), ")");
+        std::memcpy(y + i * row_bytes, w + row * row_bytes, static_cast<size_t>(row_bytes));
+      }
+    }
+  });
+}
+
+// loss_i = lse(logits_i) - logits_i[target_i], or 0 where target_i == ignore_index.
+void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                               const Tensor& loss) {
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  with_float(logits.dtype(), "cross_entropy", [&]<class T>() {
+    dispatch(target.dtype(), [&]<class I>() {
+      if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t t = target.data<I>()[i];
+          if (t == ignore_index) {
+            loss.data<T>()[i] = T(0.0f);
+            continue;
+          }
+          ZG_CHECK(t >= 0 && t < classes, "cross_entropy: target ", t, " is out of range for ", classes,
+                   " classes (row ", i, ")");
+          const T* row = logits.data<T>() + i * classes;
+          loss.data<T>()[i] = convert<T>(logsumexp(row, classes) - static_cast<double>(compute_t<T>(row[t])));
+        }
+      }
+    });
+  });
+}
+
+}  // namespace zg::cpu

@@ -1,0 +1,65 @@
+// Row reductions over a contiguous [M, R] matrix. Floating-point sums
+// accumulate in f64, so the CPU is the accurate reference the GPU is checked
+// against. max/min propagate NaN; argmax/argmin return the first extreme index.
+#include <cmath>
+
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/loops.h"
+
+namespace zg::cpu {
+
+namespace {
+
+template <class T>
+bool is_nan(T v) {
+  if constexpr (is_float_v<T>) return std::isnan(static_cast<compute_t<T>>(v));
+  else return false;
+}
+
+// Index of the element that `better(candidate, best)` prefers; a NaN wins at once.
+template <class T, class Better>
+int64_t extreme_index(const T* row, int64_t length, Better better) {
+  int64_t best = 0;
+  for (int64_t j = 0; j < length; ++j) {
+    if (is_nan(row[j])) return j;
+    if (better(compute_t<T>(row[j]), compute_t<T>(row[best]))) best = j;
+  }
+  return best;
+}
+
+}  // namespace
+
+void CpuBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
+  const int64_t rows = in.size(0), length = in.size(1);
+  dispatch(in.dtype(), [&]<class T>() {
+    if constexpr (!std::is_same_v<T, bool>) {
+      using Acc = std::conditional_t<is_float_v<T>, double, int64_t>;
+      const T* x = in.data<T>();
+      for (int64_t i = 0; i < rows; ++i) {
+        const T* row = x + i * length;
+        auto greater = [](auto a, auto b) { return a > b; };
+        auto less = [](auto a, auto b) { return a < b; };
+        switch (op) {
+          case ReduceOp::sum:
+          case ReduceOp::mean: {
+            Acc total = 0;
+            for (int64_t j = 0; j < length; ++j) total += static_cast<Acc>(compute_t<T>(row[j]));
+            const double value = op == ReduceOp::mean ? static_cast<double>(total) / static_cast<double>(length)
+                                                      : static_cast<double>(total);
+            if constexpr (is_float_v<T>) out.data<T>()[i] = convert<T>(value);
+            else out.data<T>()[i] = static_cast<T>(total);
+            break;
+          }
+          case ReduceOp::max: out.data<T>()[i] = row[extreme_index(row, length, greater)]; break;
+          case ReduceOp::min: out.data<T>()[i] = row[extreme_index(row, length, less)]; break;
+          case ReduceOp::argmax: out.data<int64_t>()[i] = extreme_index(row, length, greater); break;
+          case ReduceOp::argmin: out.data<int64_t>()[i] = extreme_index(row, length, less); break;
+        }
+      }
+    } else {
+      fail("reduce: bool tensors are summed as i64 by the front-end");
+    }
+  });
+}
+
+}  // namespace zg::cpu

@@ -1,0 +1,108 @@
+// Memory accounting: every byte an allocator hands out is tagged with what it is
+// for, so a training step can be read as "parameters + gradients + optimizer
+// state + activations + communication buffers".
+//
+// Invariants (held under the allocator's lock):
+//   allocated_total == sum(allocated[c])      bytes handed out and not yet freed
+//   peak[c] >= allocated[c], peak_total >= allocated_total
+//   reserved >= allocated_total               bytes taken from the system
+// Figures are per allocator, and each rank context owns its allocators, so ranks
+// running as threads of one process never see each other's bytes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "tensor/device.h"
+
+namespace zg {
+
+enum class MemoryCategory : uint8_t {
+  parameter,
+  gradient,
+  optimizer_state,
+  activation,
+  communication,
+  workspace,
+  other,
+};
+inline constexpr int kMemoryCategories = 7;
+const char* name(MemoryCategory category);
+
+struct MemoryStats {
+  std::array<int64_t, kMemoryCategories> allocated{};  // current bytes, by category
+  std::array<int64_t, kMemoryCategories> peak{};       // high-water mark, by category
+  int64_t allocated_total = 0;
+  int64_t peak_total = 0;      // high-water mark of allocated_total (not the sum of peaks)
+  int64_t reserved = 0;        // bytes held from the system (>= allocated: caching, rounding)
+  int64_t peak_reserved = 0;
+  int64_t allocations = 0;     // allocate() calls that returned bytes
+  int64_t cap = 0;             // 0: no cap
+
+  int64_t operator[](MemoryCategory c) const { return allocated[static_cast<int>(c)]; }
+  int64_t peak_of(MemoryCategory c) const { return peak[static_cast<int>(c)]; }
+};
+
+std::string format_bytes(int64_t bytes);  // "4.00 KiB"
+// A table of current and peak bytes per category, then totals and reserved bytes.
+std::string memory_report(const MemoryStats& stats, const std::string& title);
+
+// RAII: allocations made on this thread inside the scope are tagged `category`.
+// Scopes nest; the default outside any scope is `other`.
+class MemoryScope {
+ public:
+  explicit MemoryScope(MemoryCategory category);
+  ~MemoryScope();
+  MemoryScope(const MemoryScope&) = delete;
+  MemoryScope& operator=(const MemoryScope&) = delete;
+  static MemoryCategory current();
+
+ private:
+  MemoryCategory previous_;
+};
+
+// One allocation: where it is, how many bytes were asked for, and what for.
+struct Block {
+  void* ptr = nullptr;
+  int64_t bytes = 0;
+  MemoryCategory category = MemoryCategory::other;
+};
+
+// The allocator interface. Accounting lives here, once; a backend supplies only
+// acquire/release (and reports bytes it holds from the system via add_reserved).
+class Allocator {
+ public:
+  explicit Allocator(Device device) : device_(device) {}
+  virtual ~Allocator() = default;
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  Device device() const { return device_; }
+
+  // Throws OutOfMemory (with a per-category summary) when the cap or the device is exhausted.
+  Block allocate(int64_t bytes, MemoryCategory category);
+  void deallocate(const Block& block);
+
+  MemoryStats stats() const;
+  void reset_peaks();  // peaks restart from the current figures
+  // Simulates a smaller device: allocations beyond `bytes` in total fail. 0 removes the cap.
+  void set_cap(int64_t bytes);
+
+ protected:
+  // Called with the lock held; bytes > 0. `category` is for the out-of-memory message.
+  virtual void* acquire(int64_t bytes, MemoryCategory category) = 0;
+  virtual void release(void* ptr, int64_t bytes) = 0;
+  void add_reserved(int64_t delta);  // only from acquire/release
+
+  [[noreturn]] void throw_out_of_memory(int64_t bytes, MemoryCategory category,
+                                        const std::string& reason) const;
+
+ private:
+  Device device_;
+  mutable std::mutex mutex_;
+  MemoryStats stats_;
+};
+
+}  // namespace zg

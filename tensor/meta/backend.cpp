@@ -1,0 +1,47 @@
+// The meta backend: tensors with shapes, dtypes and counted bytes but no data.
+// Allocations are accounted exactly (so a memory plan for a 7.5B-parameter model
+// can be read on a laptop) and every kernel does nothing.
+#include "tensor/backend.h"
+
+namespace zg {
+
+namespace {
+
+class MetaAllocator final : public Allocator {
+ public:
+  MetaAllocator() : Allocator(kMeta) {}
+
+ private:
+  void* acquire(int64_t bytes, MemoryCategory) override {
+    add_reserved(bytes);
+    return nullptr;
+  }
+  void release(void*, int64_t bytes) override { add_reserved(-bytes); }
+};
+
+class MetaBackend final : public Backend {
+ public:
+  std::shared_ptr<Allocator> make_allocator(Device) override { return std::make_shared<MetaAllocator>(); }
+  void fill(const Tensor&, double) override {}
+  void fill_random(const Tensor&, const RandomSpec&) override {}
+  void copy(const Tensor&, const Tensor&) override {}
+  void unary(UnaryOp, const Tensor&, const Tensor&) override {}
+  void binary(BinaryOp, const Tensor&, const Tensor&, const Tensor&) override {}
+  void where(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
+  void reduce(ReduceOp, const Tensor&, const Tensor&) override {}
+  void matmul(const Tensor&, const Tensor&, const Tensor&) override {}
+  void softmax(const Tensor&, bool, const Tensor&) override {}
+  void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&,
+                  const Tensor&) override {}
+  void embedding(const Tensor&, const Tensor&, const Tensor&) override {}
+  void cross_entropy(const Tensor&, const Tensor&, int64_t, const Tensor&) override {}
+};
+
+}  // namespace
+
+Backend& meta_backend() {
+  static MetaBackend backend;
+  return backend;
+}
+
+}  // namespace zg

@@ -1,0 +1,125 @@
+// Op front-ends: validate inputs (throwing zg::Error that names the op, shapes,
+// dtypes and devices), work out the output's shape and dtype, allocate it, and
+// call one primitive kernel of the tensor's backend. Composite ops are built
+// from the primitives here, once, for every device.
+//
+// Type rules are strict, so nothing is converted behind the user's back: the
+// tensors of one op share a dtype and a device; scalars take the tensor's dtype.
+#pragma once
+
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace zg {
+
+// ---- elementwise, unary ----
+Tensor neg(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+// GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+Tensor gelu(const Tensor& x);
+Tensor logical_not(const Tensor& x);
+
+// ---- elementwise, binary, with broadcasting ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor sub(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, double b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor maximum(const Tensor& a, double b);
+Tensor minimum(const Tensor& a, double b);
+
+// Comparisons give bool tensors.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double b);
+Tensor ne(const Tensor& a, double b);
+Tensor lt(const Tensor& a, double b);
+Tensor le(const Tensor& a, double b);
+Tensor gt(const Tensor& a, double b);
+Tensor ge(const Tensor& a, double b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+
+// cond ? a : b, broadcasting all three; cond is bool.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, double a, const Tensor& b);
+// x with `value` wherever mask (bool, broadcastable to x) is true.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+Tensor operator-(const Tensor& x);
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator/(double a, const Tensor& b);
+
+// ---- reductions: over `dims` (all dims when empty); keepdim leaves them as size 1 ----
+Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);  // ints and bool sum to i64
+Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor min(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // i64; first index of the maximum
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x);  // index into the flattened tensor
+
+// ---- linear algebra ----
+// Batched matrix product with NumPy broadcasting of the batch dims; trans_a / trans_b
+// use the transpose of the last two dims (free: a strided view). 1-D operands are
+// promoted as in torch.matmul.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+// ---- neural-network primitives ----
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+
+struct LayerNormOutput {
+  Tensor out;
+  Tensor mean;  // x.shape[:-1], f32 (f64 for f64 input)
+  Tensor rstd;  // 1 / sqrt(var + eps), same shape
+};
+// Normalises over the last dim: (x - mean) * rstd * weight + bias. weight and bias
+// ([C]) may be undefined tensors, meaning 1 and 0.
+LayerNormOutput layer_norm_with_stats(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+
+// Rows of weight [V, C] picked by integer indices of any shape: out is indices.shape + [C].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+// Mean over the targets != ignore_index of -log softmax(logits)[target];
+// logits [..., C], target [...] (i32/i64). NaN when every target is ignored.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100);
+
+// ---- joining and splitting ----
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);  // views; the last may be shorter
+std::vector<Tensor> split(const Tensor& x, const Shape& sizes, int64_t dim = 0);   // views of the given sizes
+
+}  // namespace zg

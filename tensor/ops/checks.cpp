@@ -1,0 +1,30 @@
+#include "tensor/ops/checks.h"
+
+namespace zg::detail {
+
+void check_defined(const char* op, const Tensor& t) {
+  ZG_CHECK(t.defined(), op, ": got an undefined tensor");
+}
+
+void check_compatible(const char* op, const Tensor& a, const Tensor& b) {
+  check_defined(op, a);
+  check_defined(op, b);
+  ZG_CHECK(a.device() == b.device(), op, ": device mismatch: ", describe(a), " and ", describe(b));
+  ZG_CHECK(a.dtype() == b.dtype(), op, ": dtype mismatch: ", describe(a), " and ", describe(b));
+}
+
+void check_floating(const char* op, const Tensor& x) {
+  check_defined(op, x);
+  ZG_CHECK(is_floating(x.dtype()), op, ": expected a floating-point tensor, got ", describe(x));
+}
+
+void check_index_dtype(const char* op, const Tensor& indices) {
+  check_defined(op, indices);
+  ZG_CHECK(is_integral(indices.dtype()), op, ": expected i32 or i64 indices, got ", describe(indices));
+}
+
+TensorOptions options_of(const Tensor& t) { return TensorOptions(t.dtype()).device(t.device()); }
+
+Tensor scalar_like(const Tensor& t, double value) { return full({}, value, options_of(t)); }
+
+}  // namespace zg::detail

@@ -1,0 +1,19 @@
+// Input checks shared by the op front-ends. Each throws zg::Error whose message
+// starts with the op's name and describes the offending tensors.
+#pragma once
+
+#include "tensor/tensor.h"
+
+namespace zg::detail {
+
+void check_defined(const char* op, const Tensor& t);
+// Both defined, on one device, of one dtype.
+void check_compatible(const char* op, const Tensor& a, const Tensor& b);
+void check_floating(const char* op, const Tensor& x);
+void check_index_dtype(const char* op, const Tensor& indices);  // i32 or i64
+
+TensorOptions options_of(const Tensor& t);
+// A 0-dim tensor holding `value` in t's dtype, on t's device.
+Tensor scalar_like(const Tensor& t, double value);
+
+}  // namespace zg::detail

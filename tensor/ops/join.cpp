@@ -1,0 +1,63 @@
+// cat writes each input into a narrow() view of the output; split returns views.
+#include "tensor/ops.h"
+#include "tensor/ops/checks.h"
+
+namespace zg {
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  ZG_CHECK(!tensors.empty(), "cat: expected at least one tensor");
+  const Tensor& first = tensors[0];
+  detail::check_defined("cat", first);
+  ZG_CHECK(first.dim() >= 1, "cat: cannot concatenate 0-dim tensors, got ", describe(first));
+  dim = wrap_dim(dim, first.dim(), "cat");
+  Shape shape = first.shape();
+  shape[dim] = 0;
+  for (const Tensor& t : tensors) {
+    detail::check_compatible("cat", first, t);
+    Shape expected = first.shape(), got = t.shape();
+    ZG_CHECK(got.size() == expected.size(), "cat: tensors must have one rank, got ", describe(first), " and ",
+             describe(t));
+    expected[dim] = got[dim];
+    ZG_CHECK(got == expected, "cat: shapes ", shape_str(first.shape()), " and ", shape_str(t.shape()),
+             " differ outside dim ", dim);
+    shape[dim] += got[dim];
+  }
+  Tensor out = empty(shape, detail::options_of(first));
+  int64_t start = 0;
+  for (const Tensor& t : tensors) {
+    out.narrow(dim, start, t.size(dim)).copy_(t);
+    start += t.size(dim);
+  }
+  return out;
+}
+
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  detail::check_defined("split", x);
+  ZG_CHECK(split_size > 0, "split: split_size must be positive, got ", split_size);
+  dim = wrap_dim(dim, x.dim(), "split");
+  std::vector<Tensor> parts;
+  for (int64_t start = 0; start < x.size(dim); start += split_size)
+    parts.push_back(x.narrow(dim, start, std::min(split_size, x.size(dim) - start)));
+  return parts;
+}
+
+std::vector<Tensor> split(const Tensor& x, const Shape& sizes, int64_t dim) {
+  detail::check_defined("split", x);
+  dim = wrap_dim(dim, x.dim(), "split");
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    ZG_CHECK(s >= 0, "split: negative size in ", shape_str(sizes));
+    total += s;
+  }
+  ZG_CHECK(total == x.size(dim), "split: sizes ", shape_str(sizes), " do not add up to ", x.size(dim), ", the size of dim ",
+           dim, " of ", describe(x));
+  std::vector<Tensor> parts;
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    parts.push_back(x.narrow(dim, start, s));
+    start += s;
+  }
+  return parts;
+}
+
+}  // namespace zg

@@ -1,0 +1,57 @@
+// matmul: broadcasting of batch dims and transposes are views; the kernel sees
+// [B, M, K] @ [B, K, N] with each matrix row- or column-major (what BLAS takes).
+#include "tensor/backend.h"
+#include "tensor/ops.h"
+#include "tensor/ops/checks.h"
+
+namespace zg {
+
+namespace {
+
+// A matrix BLAS can read in place has unit stride along its rows or its columns.
+Tensor blas_layout(const Tensor& m) {
+  const auto& s = m.strides();
+  const int64_t rows = m.shape()[m.dim() - 2], cols = m.shape()[m.dim() - 1];
+  const int64_t rs = s[m.dim() - 2], cs = s[m.dim() - 1];
+  const bool row_major = cs == 1 && rs >= std::max<int64_t>(cols, 1);
+  const bool col_major = rs == 1 && cs >= std::max<int64_t>(rows, 1);
+  return row_major || col_major ? m : m.contiguous();
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b) {
+  detail::check_compatible("matmul", a_in, b_in);
+  detail::check_floating("matmul", a_in);
+  ZG_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1, "matmul: expected tensors of rank >= 1, got ", describe(a_in),
+           " and ", describe(b_in));
+  ZG_CHECK(!(trans_a && a_in.dim() < 2) && !(trans_b && b_in.dim() < 2),
+           "matmul: a transpose needs rank >= 2, got ", describe(a_in), " and ", describe(b_in));
+  // torch.matmul: a vector on the left is a row, on the right a column; the added dim is removed after.
+  const Tensor a = a_in.dim() == 1 ? a_in.unsqueeze(0) : (trans_a ? a_in.t() : a_in);
+  const Tensor b = b_in.dim() == 1 ? b_in.unsqueeze(1) : (trans_b ? b_in.t() : b_in);
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  ZG_CHECK(b.size(-2) == k, "matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+           " cannot be multiplied (", k, " != ", b.size(-2), ")");
+
+  const Shape a_batch(a.shape().begin(), a.shape().end() - 2), b_batch(b.shape().begin(), b.shape().end() - 2);
+  const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
+  const int64_t batches = numel(batch);
+  auto with_batch = [&](int64_t rows, int64_t cols) {
+    Shape s = batch;
+    s.push_back(rows);
+    s.push_back(cols);
+    return s;
+  };
+  const Tensor a3 = blas_layout(a.expand(with_batch(m, k)).reshape({batches, m, k}));
+  const Tensor b3 = blas_layout(b.expand(with_batch(k, n)).reshape({batches, k, n}));
+  Tensor out = empty({batches, m, n}, detail::options_of(a));
+  backend(a.device()).matmul(a3, b3, out);
+
+  Shape out_shape = with_batch(m, n);
+  if (b_in.dim() == 1) out_shape.erase(out_shape.end() - 1);
+  if (a_in.dim() == 1) out_shape.erase(out_shape.end() - (b_in.dim() == 1 ? 1 : 2));
+  return out.view(out_shape);
+}
+
+}  // namespace zg

@@ -1,0 +1,77 @@
+// Reductions over any set of dims, composed from one row-reduction kernel:
+// permute the kept dims first and the reduced dims last, make that contiguous,
+// and reduce each row of the resulting [kept, reduced] matrix.
+#include <algorithm>
+
+#include "tensor/backend.h"
+#include "tensor/ops.h"
+#include "tensor/ops/checks.h"
+
+namespace zg {
+
+namespace {
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::mean: return "mean";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+    case ReduceOp::argmax: return "argmax";
+    case ReduceOp::argmin: return "argmin";
+  }
+  return "reduce";
+}
+
+Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim) {
+  const char* name = op_name(op);
+  detail::check_defined(name, input);
+  const bool is_arg = op == ReduceOp::argmax || op == ReduceOp::argmin;
+  if (op == ReduceOp::mean) detail::check_floating(name, input);
+  if (op != ReduceOp::sum)
+    ZG_CHECK(input.dtype() != DType::boolean, name, ": not defined for bool tensors, got ", describe(input));
+  // Integers and bools sum into i64, as in PyTorch, so counts cannot overflow.
+  const Tensor x = op == ReduceOp::sum && !is_floating(input.dtype()) ? input.to(DType::i64) : input;
+
+  const int64_t rank = x.dim();
+  std::vector<bool> reduced(rank, dims.empty());
+  for (int64_t d : dims) reduced[wrap_dim(d, rank, name)] = true;
+
+  Shape order, kept_shape, out_shape;
+  int64_t rows = 1, row_length = 1;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (reduced[d]) continue;
+    order.push_back(d);
+    kept_shape.push_back(x.shape()[d]);
+    rows *= x.shape()[d];
+  }
+  for (int64_t d = 0; d < rank; ++d) {
+    if (reduced[d]) {
+      order.push_back(d);
+      row_length *= x.shape()[d];
+    }
+    if (keepdim || !reduced[d]) out_shape.push_back(reduced[d] ? 1 : x.shape()[d]);
+  }
+  ZG_CHECK(row_length > 0 || op == ReduceOp::sum || op == ReduceOp::mean, name,
+           ": cannot reduce over a zero-size dimension (", describe(x), ")");
+
+  const Tensor rows_view = x.permute(order).contiguous().view({rows, row_length});
+  Tensor out = empty({rows}, TensorOptions(is_arg ? DType::i64 : x.dtype()).device(x.device()));
+  backend(x.device()).reduce(op, rows_view, out);
+  return out.view(out_shape);
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) { return reduce(ReduceOp::sum, x, dims, keepdim); }
+Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) { return reduce(ReduceOp::mean, x, dims, keepdim); }
+Tensor max(const Tensor& x, const Shape& dims, bool keepdim) { return reduce(ReduceOp::max, x, dims, keepdim); }
+Tensor min(const Tensor& x, const Shape& dims, bool keepdim) { return reduce(ReduceOp::min, x, dims, keepdim); }
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) { return reduce(ReduceOp::argmax, x, {dim}, keepdim); }
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) { return reduce(ReduceOp::argmin, x, {dim}, keepdim); }
+Tensor argmax(const Tensor& x) {
+  detail::check_defined("argmax", x);
+  return reduce(ReduceOp::argmax, x.reshape({-1}), {0}, false);
+}
+
+}  // namespace zg

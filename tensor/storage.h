@@ -1,0 +1,41 @@
+// A Storage is one allocation: the bytes that views share. It can be released
+// and re-materialised in place (ZeRO-3 frees a gathered unit after forward and
+// gathers it again for backward), so views never cache a raw pointer: they ask
+// data() at the moment of use, and a released storage throws instead of
+// handing out freed memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "tensor/memory.h"
+
+namespace zg {
+
+class Storage {
+ public:
+  Storage(std::shared_ptr<Allocator> allocator, int64_t bytes, MemoryCategory category);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  // The bytes; throws if released. nullptr for meta storage and for 0 bytes.
+  void* data() const;
+  int64_t nbytes() const { return bytes_; }
+  Device device() const { return allocator_->device(); }
+  MemoryCategory category() const { return category_; }
+  const std::shared_ptr<Allocator>& allocator() const { return allocator_; }
+
+  bool is_released() const { return released_; }
+  void release();      // gives the bytes back to the allocator; views stay valid objects
+  void materialize();  // allocates again (contents undefined until written)
+
+ private:
+  std::shared_ptr<Allocator> allocator_;  // kept alive: the bytes return to the rank that took them
+  int64_t bytes_;
+  MemoryCategory category_;
+  Block block_;
+  bool released_ = false;
+};
+
+}  // namespace zg

@@ -1,0 +1,373 @@
+#include "tensor/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "tensor/backend.h"
+#include "tensor/context.h"
+
+namespace zg {
+
+namespace {
+
+Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage();
+  impl->offset = offset;
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->dtype = base.dtype();
+  return Tensor(std::move(impl));
+}
+
+// Replaces a single -1 in `shape` by the size that makes it hold `count` elements.
+Shape infer_size(Shape shape, int64_t count, const char* op) {
+  int64_t known = 1;
+  int infer_at = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      ZG_CHECK(infer_at < 0, op, ": only one dimension can be -1, got ", shape_str(shape));
+      infer_at = static_cast<int>(i);
+    } else {
+      ZG_CHECK(shape[i] >= 0, op, ": invalid size ", shape[i], " in shape ", shape_str(shape));
+      known *= shape[i];
+    }
+  }
+  if (infer_at >= 0) {
+    ZG_CHECK(known != 0 && count % known == 0, op, ": shape ", shape_str(shape), " is invalid for a tensor of ", count,
+             " elements");
+    shape[infer_at] = count / known;
+  }
+  ZG_CHECK(numel(shape) == count, op, ": shape ", shape_str(shape), " is invalid for a tensor of ", count, " elements");
+  return shape;
+}
+
+// Strides that let `new_shape` view memory laid out as (old_shape, old_strides),
+// if any exist: each run of old dims that is contiguous in memory may be split or
+// merged freely (the algorithm of PyTorch's computeStride).
+std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strides, const Shape& new_shape) {
+  if (old_shape.empty() || numel(old_shape) == 0) return contiguous_strides(new_shape);
+  Shape new_strides(new_shape.size());
+  int64_t view_d = static_cast<int64_t>(new_shape.size()) - 1;
+  int64_t chunk_base_stride = old_strides.back();
+  int64_t tensor_numel = 1, view_numel = 1;
+  for (int64_t tensor_d = static_cast<int64_t>(old_shape.size()) - 1; tensor_d >= 0; --tensor_d) {
+    tensor_numel *= old_shape[tensor_d];
+    const bool chunk_ends = tensor_d == 0 || (old_shape[tensor_d - 1] != 1 &&
+                                              old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
+      new_strides[view_d] = view_numel * chunk_base_stride;
+      view_numel *= new_shape[view_d];
+      --view_d;
+    }
+    if (view_numel != tensor_numel) return std::nullopt;
+    if (tensor_d > 0) {
+      chunk_base_stride = old_strides[tensor_d - 1];
+      tensor_numel = 1;
+      view_numel = 1;
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return new_strides;
+}
+
+}  // namespace
+
+TensorImpl& Tensor::impl() const {
+  ZG_CHECK(impl_ != nullptr, "tensor: use of an undefined tensor");
+  return *impl_;
+}
+
+Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
+  for (int64_t s : shape) ZG_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  const int64_t bytes = zg::numel(shape) * zg::element_size(options.dtype());
+  impl->storage = std::make_shared<Storage>(Context::current().allocator(options.device()), bytes,
+                                            MemoryScope::current());
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = options.dtype();
+  return Tensor(std::move(impl));
+}
+
+int64_t Tensor::size(int64_t dim) const { return shape()[wrap_dim(dim, this->dim(), "size")]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t d = dim() - 1; d >= 0; --d) {
+    if (shape()[d] == 0) return true;
+    if (shape()[d] != 1 && strides()[d] != expected) return false;
+    expected *= shape()[d];
+  }
+  return true;
+}
+
+void* Tensor::data_ptr() const {
+  auto* base = static_cast<char*>(storage()->data());
+  return base ? base + offset() * element_size() : nullptr;
+}
+
+// ---- views ----
+
+Tensor Tensor::view(const Shape& shape) const {
+  const Shape target = infer_size(shape, numel(), "view");
+  auto strides = view_strides(this->shape(), this->strides(), target);
+  ZG_CHECK(strides.has_value(), "view: cannot view a tensor of shape ", shape_str(this->shape()), " and strides ",
+           shape_str(this->strides()), " as shape ", shape_str(target), "; call contiguous() first or use reshape()");
+  return make_view(*this, target, *strides, offset());
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  const Shape target = infer_size(shape, numel(), "reshape");
+  if (auto strides = view_strides(this->shape(), this->strides(), target))
+    return make_view(*this, target, *strides, offset());
+  return contiguous().view(target);
+}
+
+Tensor Tensor::permute(const Shape& dims) const {
+  ZG_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: dims ", shape_str(dims), " do not match a tensor of rank ",
+           dim());
+  Shape shape(dims.size()), strides(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = wrap_dim(dims[i], dim(), "permute");
+    ZG_CHECK(!seen[d], "permute: dims ", shape_str(dims), " are not a permutation (dim ", d, " repeats)");
+    seen[d] = true;
+    shape[i] = this->shape()[d];
+    strides[i] = this->strides()[d];
+  }
+  return make_view(*this, shape, strides, offset());
+}
+
+Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
+  dim0 = wrap_dim(dim0, dim(), "transpose");
+  dim1 = wrap_dim(dim1, dim(), "transpose");
+  Shape shape = this->shape(), strides = this->strides();
+  std::swap(shape[dim0], shape[dim1]);
+  std::swap(strides[dim0], strides[dim1]);
+  return make_view(*this, shape, strides, offset());
+}
+
+Tensor Tensor::t() const {
+  ZG_CHECK(dim() >= 2, "t: expected a tensor of rank >= 2, got ", describe(*this));
+  return transpose(-2, -1);
+}
+
+Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
+  dim = wrap_dim(dim, this->dim(), "narrow");
+  const int64_t size = shape()[dim];
+  if (start < 0) start += size;
+  ZG_CHECK(start >= 0 && length >= 0 && start + length <= size, "narrow: start ", start, " and length ", length,
+           " are out of range for dim ", dim, " of size ", size, " (shape ", shape_str(shape()), ")");
+  Shape shape = this->shape();
+  shape[dim] = length;
+  return make_view(*this, shape, strides(), offset() + start * strides()[dim]);
+}
+
+Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
+  dim = wrap_dim(dim, this->dim(), "slice");
+  ZG_CHECK(step > 0, "slice: step must be positive, got ", step);
+  const int64_t size = shape()[dim];
+  if (start < 0) start += size;
+  if (end < 0) end += size;
+  start = std::clamp<int64_t>(start, 0, size);
+  end = std::clamp<int64_t>(end, start, size);
+  Shape shape = this->shape(), strides = this->strides();
+  shape[dim] = (end - start + step - 1) / step;
+  strides[dim] *= step;
+  return make_view(*this, shape, strides, offset() + start * this->strides()[dim]);
+}
+
+Tensor Tensor::select(int64_t dim, int64_t index) const {
+  dim = wrap_dim(dim, this->dim(), "select");
+  const int64_t size = shape()[dim];
+  ZG_CHECK(index >= -size && index < size, "select: index ", index, " is out of range for dim ", dim, " of size ",
+           size);
+  if (index < 0) index += size;
+  Shape shape = this->shape(), strides = this->strides();
+  shape.erase(shape.begin() + dim);
+  strides.erase(strides.begin() + dim);
+  return make_view(*this, shape, strides, offset() + index * this->strides()[dim]);
+}
+
+Tensor Tensor::expand(const Shape& target) const {
+  ZG_CHECK(target.size() >= shape().size(), "expand: cannot expand shape ", shape_str(shape()), " to ", shape_str(target),
+           " (fewer dims)");
+  const size_t lead = target.size() - shape().size();
+  Shape shape(target.size()), strides(target.size(), 0);
+  for (size_t i = 0; i < target.size(); ++i) {
+    if (i < lead) {
+      ZG_CHECK(target[i] >= 0, "expand: cannot expand shape ", shape_str(this->shape()), " to ", shape_str(target));
+      shape[i] = target[i];
+      continue;
+    }
+    const int64_t old = this->shape()[i - lead];
+    const int64_t want = target[i] == -1 ? old : target[i];
+    ZG_CHECK(want == old || old == 1, "expand: cannot expand shape ", shape_str(this->shape()), " to ", shape_str(target));
+    shape[i] = want;
+    strides[i] = want == old ? this->strides()[i - lead] : 0;
+  }
+  return make_view(*this, shape, strides, offset());
+}
+
+Tensor Tensor::squeeze() const {
+  Shape shape, strides;
+  for (int64_t d = 0; d < dim(); ++d) {
+    if (this->shape()[d] == 1) continue;
+    shape.push_back(this->shape()[d]);
+    strides.push_back(this->strides()[d]);
+  }
+  return make_view(*this, shape, strides, offset());
+}
+
+Tensor Tensor::squeeze(int64_t dim) const {
+  dim = wrap_dim(dim, this->dim(), "squeeze");
+  if (shape()[dim] != 1) return *this;
+  Shape shape = this->shape(), strides = this->strides();
+  shape.erase(shape.begin() + dim);
+  strides.erase(strides.begin() + dim);
+  return make_view(*this, shape, strides, offset());
+}
+
+Tensor Tensor::unsqueeze(int64_t dim) const {
+  dim = wrap_dim(dim, this->dim() + 1, "unsqueeze");
+  Shape shape = this->shape(), strides = this->strides();
+  const int64_t stride = dim < this->dim() ? this->strides()[dim] * this->shape()[dim] : 1;
+  shape.insert(shape.begin() + dim, 1);
+  strides.insert(strides.begin() + dim, stride);
+  return make_view(*this, shape, strides, offset());
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+// ---- copies and conversions ----
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  for (int64_t d = 0; d < dim(); ++d)
+    ZG_CHECK(strides()[d] != 0 || shape()[d] <= 1, "copy_: the destination ", describe(*this),
+             " has broadcast (stride 0) dims, so several elements share one memory location");
+  const Tensor source = src.shape() == shape() ? src : src.expand(shape());
+  const Device from = source.device(), to = device();
+  if (to.type == DeviceType::meta) return *this;  // meta tensors hold no data
+  ZG_CHECK(from.type != DeviceType::meta, "copy_: cannot copy data out of a meta tensor (", describe(source),
+           "); meta tensors have shapes but no data");
+  backend(from.type == DeviceType::cpu ? to : from).copy(source, *this);
+  return *this;
+}
+
+Tensor& Tensor::fill_(double value) {
+  backend(device()).fill(*this, value);
+  return *this;
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  return Tensor::empty(shape(), TensorOptions(dtype()).device(device)).copy_(*this);
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == this->dtype()) return *this;
+  return Tensor::empty(shape(), TensorOptions(dtype).device(device())).copy_(*this);
+}
+
+Tensor Tensor::clone() const { return Tensor::empty(shape(), TensorOptions(dtype()).device(device())).copy_(*this); }
+
+double Tensor::item_double() const {
+  ZG_CHECK(numel() == 1, "item: expected a tensor with exactly 1 element, got ", describe(*this));
+  return to_vector<double>()[0];
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  ZG_CHECK(device().type != DeviceType::meta, "to_vector: cannot read data of a meta tensor (", describe(*this),
+           ")");
+  const Tensor host = to(kCPU).to(dtype_of<T>()).contiguous();
+  const T* data = host.data<T>();
+  return std::vector<T>(data, data + host.numel());
+}
+
+std::string describe(const Tensor& t) {
+  if (!t.defined()) return "undefined tensor";
+  return std::string(name(t.dtype())) + shape_str(t.shape()) + " on " + t.device().str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
+// ---- factories ----
+
+Tensor empty(const Shape& shape, TensorOptions options) { return Tensor::empty(shape, options); }
+Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
+Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
+Tensor full(const Shape& shape, double value, TensorOptions options) {
+  Tensor t = Tensor::empty(shape, options);
+  t.fill_(value);
+  return t;
+}
+static TensorOptions options_of(const Tensor& t) { return TensorOptions(t.dtype()).device(t.device()); }
+Tensor empty_like(const Tensor& t) { return empty(t.shape(), options_of(t)); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), options_of(t)); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), options_of(t)); }
+Tensor full_like(const Tensor& t, double value) { return full(t.shape(), value, options_of(t)); }
+
+Tensor arange(int64_t end, TensorOptions options) { return arange(0.0, static_cast<double>(end), 1.0, options); }
+
+Tensor arange(double start, double end, double step, TensorOptions options) {
+  ZG_CHECK(step != 0 && std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
+           "arange: invalid range start=", start, " end=", end, " step=", step);
+  const double count = std::ceil((end - start) / step);
+  ZG_CHECK(count < 1e12, "arange: range start=", start, " end=", end, " step=", step, " is too long");
+  std::vector<double> values(static_cast<size_t>(std::max(0.0, count)));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = start + static_cast<double>(i) * step;
+  return tensor(values, {static_cast<int64_t>(values.size())}, options);
+}
+
+template <class T>
+Tensor tensor(const std::vector<T>& values, const Shape& shape, TensorOptions options) {
+  for (int64_t s : shape) ZG_CHECK(s >= 0, "tensor: negative size in shape ", shape_str(shape));
+  ZG_CHECK(numel(shape) == static_cast<int64_t>(values.size()), "tensor: ", values.size(),
+           " values do not fill shape ", shape_str(shape));
+  Tensor host = Tensor::empty(shape, dtype_of<T>());
+  std::copy(values.begin(), values.end(), host.data<T>());  // element-wise: std::vector<bool> is packed
+  return host.to(options.dtype()).to(options.device());
+}
+
+#define ZG_INSTANTIATE(T)                                                                \
+  template Tensor tensor<T>(const std::vector<T>&, const Shape&, TensorOptions);         \
+  template std::vector<T> Tensor::to_vector<T>() const;
+ZG_INSTANTIATE(double)
+ZG_INSTANTIATE(float)
+ZG_INSTANTIATE(Half)
+ZG_INSTANTIATE(BFloat16)
+ZG_INSTANTIATE(int64_t)
+ZG_INSTANTIATE(int32_t)
+ZG_INSTANTIATE(bool)
+#undef ZG_INSTANTIATE
+
+static Tensor random(const Shape& shape, RandomSpec spec, TensorOptions options, const char* op) {
+  ZG_CHECK(is_floating(options.dtype()), op, ": expected a floating-point dtype, got ", name(options.dtype()));
+  Tensor out = Tensor::empty(shape, options);
+  Generator& generator = Context::current().generator();
+  spec.seed = generator.seed();
+  spec.first_block = generator.reserve(out.numel());
+  backend(out.device()).fill_random(out, spec);
+  return out;
+}
+
+Tensor rand(const Shape& shape, TensorOptions options) { return uniform(shape, 0.0, 1.0, options); }
+Tensor randn(const Shape& shape, TensorOptions options) { return normal(shape, 0.0, 1.0, options); }
+Tensor uniform(const Shape& shape, double low, double high, TensorOptions options) {
+  ZG_CHECK(low <= high, "uniform: low ", low, " is greater than high ", high);
+  return random(shape, {Distribution::uniform, low, high}, options, "uniform");
+}
+Tensor normal(const Shape& shape, double mean, double std, TensorOptions options) {
+  ZG_CHECK(std >= 0, "normal: std must be non-negative, got ", std);
+  return random(shape, {Distribution::normal, mean, std}, options, "normal");
+}
+
+}  // namespace zg

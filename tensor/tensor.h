@@ -1,0 +1,150 @@
+// Tensor: a refcounted handle to (storage, offset, shape, strides, dtype).
+// Copying a Tensor copies the handle; views share the storage, so writing
+// through a view changes the base.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+#include "tensor/error.h"
+#include "tensor/shape.h"
+#include "tensor/storage.h"
+
+namespace zg {
+
+// dtype and device for a new tensor; implicit from either, chainable like libtorch:
+//   zeros({2, 3}, f64)   zeros({2, 3}, kMeta)   zeros({2, 3}, TensorOptions(bf16).device(kMeta))
+class TensorOptions {
+ public:
+  TensorOptions() = default;
+  TensorOptions(DType dtype) : dtype_(dtype) {}     // NOLINT: implicit
+  TensorOptions(Device device) : device_(device) {}  // NOLINT: implicit
+  TensorOptions dtype(DType dtype) const { TensorOptions o = *this; o.dtype_ = dtype; return o; }
+  TensorOptions device(Device device) const { TensorOptions o = *this; o.device_ = device; return o; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+
+ private:
+  DType dtype_ = DType::f32;
+  Device device_ = kCPU;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  int64_t offset = 0;  // in elements
+  Shape shape;
+  Shape strides;  // in elements; 0 for broadcast (expanded) dims
+  DType dtype = DType::f32;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: holds nothing
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // New contiguous tensor from the current context's allocator for `options.device()`,
+  // tagged with the current MemoryScope category. Contents are undefined.
+  static Tensor empty(const Shape& shape, TensorOptions options = {});
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl().shape; }
+  const Shape& strides() const { return impl().strides; }
+  int64_t size(int64_t dim) const;
+  int64_t dim() const { return static_cast<int64_t>(impl().shape.size()); }
+  int64_t numel() const { return zg::numel(impl().shape); }
+  int64_t offset() const { return impl().offset; }
+  DType dtype() const { return impl().dtype; }
+  Device device() const { return impl().storage->device(); }
+  int64_t element_size() const { return zg::element_size(dtype()); }
+  int64_t nbytes() const { return numel() * element_size(); }
+  bool is_contiguous() const;
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+  TensorImpl& impl() const;
+
+  // Pointer to element 0, read from the storage now (throws if it was released).
+  void* data_ptr() const;
+  template <class T>
+  T* data() const {
+    ZG_CHECK(dtype_of<T>() == dtype(), "data: tensor is ", name(dtype()), ", asked for ", name(dtype_of<T>()));
+    return static_cast<T*>(data_ptr());
+  }
+
+  // ---- views: share storage, no copy ----
+  Tensor view(const Shape& shape) const;       // -1 infers one size; throws if strides forbid it
+  Tensor reshape(const Shape& shape) const;    // view when possible, else a contiguous copy
+  Tensor permute(const Shape& dims) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor t() const;                            // transpose of the last two dims
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;  // Python-style clamped range
+  Tensor select(int64_t dim, int64_t index) const;  // removes `dim`
+  Tensor expand(const Shape& shape) const;     // size-1 dims broadcast with stride 0; -1 keeps a size
+  Tensor squeeze() const;                      // all size-1 dims
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor flatten() const { return reshape({-1}); }
+  Tensor contiguous() const;                   // itself when already contiguous
+
+  // ---- copies and conversions ----
+  Tensor to(Device device) const;  // itself when already there
+  Tensor to(DType dtype) const;    // itself when already that dtype
+  Tensor clone() const;
+  Tensor& copy_(const Tensor& src);  // broadcasts src into this, casting dtype and crossing devices
+  Tensor& fill_(double value);
+  Tensor& zero_() { return fill_(0.0); }
+
+  template <class T>
+  T item() const { return static_cast<T>(item_double()); }
+  double item_double() const;
+  // All elements in row-major order, converted to T.
+  template <class T>
+  std::vector<T> to_vector() const;
+
+  std::string str() const;  // as PyTorch prints: tensor([[1., 2.], ...])
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+// "f32[2, 3] on cpu": how error messages name a tensor.
+std::string describe(const Tensor& t);
+
+// ---- factories ----
+Tensor empty(const Shape& shape, TensorOptions options = {});
+Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor ones(const Shape& shape, TensorOptions options = {});
+Tensor full(const Shape& shape, double value, TensorOptions options = {});
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, double value);
+// [start, end) in steps of `step`, like torch.arange; defaults to i64.
+Tensor arange(int64_t end, TensorOptions options = DType::i64);
+Tensor arange(double start, double end, double step = 1.0, TensorOptions options = DType::i64);
+
+// From host data (copied). The dtype defaults to T's; options may ask for another and a device.
+template <class T>
+Tensor tensor(const std::vector<T>& values, const Shape& shape, TensorOptions options);
+template <class T>
+Tensor tensor(const std::vector<T>& values, const Shape& shape) {
+  return tensor(values, shape, TensorOptions(dtype_of<T>()));
+}
+template <class T>
+Tensor tensor(const std::vector<T>& values) {
+  return tensor(values, Shape{static_cast<int64_t>(values.size())});
+}
+
+// Random tensors from the current context's Philox generator.
+Tensor rand(const Shape& shape, TensorOptions options = {});   // U[0, 1)
+Tensor randn(const Shape& shape, TensorOptions options = {});  // N(0, 1)
+Tensor uniform(const Shape& shape, double low, double high, TensorOptions options = {});
+Tensor normal(const Shape& shape, double mean, double std, TensorOptions options = {});
+
+}  // namespace zg

@@ -1,0 +1,73 @@
+// Shared test helpers: a plain row-major host tensor of doubles for naive
+// reference implementations, and closeness checks against it.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "zerograd.h"
+
+namespace zg::test {
+
+struct Host {
+  Shape shape;
+  std::vector<double> data;
+
+  static Host of(const Tensor& t) { return {t.shape(), t.to_vector<double>()}; }
+  int64_t numel() const { return static_cast<int64_t>(data.size()); }
+};
+
+// Multi-index of flat position i in a row-major `shape`.
+inline Shape unravel(int64_t i, const Shape& shape) {
+  Shape index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    index[d] = shape[d] ? i % shape[d] : 0;
+    i = shape[d] ? i / shape[d] : 0;
+  }
+  return index;
+}
+
+// Flat position in `shape` of a multi-index aligned to the right, size-1 dims broadcast.
+inline int64_t broadcast_position(const Shape& index, const Shape& shape) {
+  int64_t pos = 0;
+  const size_t lead = index.size() - shape.size();
+  for (size_t d = 0; d < shape.size(); ++d) pos = pos * shape[d] + (shape[d] == 1 ? 0 : index[lead + d]);
+  return pos;
+}
+
+inline void check_close(const Tensor& got, const Host& want, double rtol, double atol, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.shape() == want.shape);
+  const std::vector<double> g = got.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double w = want.data[i];
+    const bool ok = (std::isnan(w) && std::isnan(g[i])) || (std::isinf(w) && g[i] == w) ||
+                    std::fabs(g[i] - w) <= atol + rtol * std::fabs(w);
+    if (!ok) {
+      FAIL_CHECK("element " << i << ": got " << g[i] << ", expected " << w);
+      return;
+    }
+  }
+}
+
+inline bool has_cuda() {
+  try {
+    zeros({1}, kCUDA);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// The devices every op test runs on: the CPU always, cuda:0 when one is usable.
+inline std::vector<Device> devices() {
+  std::vector<Device> list{kCPU};
+  if (has_cuda()) list.push_back(kCUDA);
+  return list;
+}
+
+}  // namespace zg::test

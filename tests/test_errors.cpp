@@ -1,0 +1,74 @@
+// Bad input gives a zg::Error whose exact text names the op and what was wrong.
+#include "helpers.h"
+
+namespace zg::test {
+
+TEST_CASE("shape, dtype and device mismatches") {
+  const Tensor a = zeros({2, 3});
+  CHECK_THROWS_WITH_AS(add(a, zeros({4})), "add: cannot broadcast shapes [2, 3] and [4]", Error);
+  CHECK_THROWS_WITH_AS(mul(a, zeros({2, 3}, DType::f64)),
+                       "mul: dtype mismatch: f32[2, 3] on cpu and f64[2, 3] on cpu", Error);
+  CHECK_THROWS_WITH_AS(sub(a, zeros({2, 3}, kMeta)), "sub: device mismatch: f32[2, 3] on cpu and f32[2, 3] on meta",
+                       Error);
+  CHECK_THROWS_WITH_AS(matmul(a, zeros({4, 5})), "matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)",
+                       Error);
+  CHECK_THROWS_WITH_AS(matmul(zeros({2, 3}, DType::i64), zeros({3, 2}, DType::i64)),
+                       "matmul: expected a floating-point tensor, got i64[2, 3] on cpu", Error);
+  CHECK_THROWS_WITH_AS(exp(zeros({3}, DType::i32)), "exp: expected a floating-point tensor, got i32[3] on cpu", Error);
+  CHECK_THROWS_WITH_AS(where(a, a, a), "where: expected a bool condition, got f32[2, 3] on cpu", Error);
+  CHECK_THROWS_WITH_AS(cat({a, zeros({3, 3})}, 1), "cat: shapes [2, 3] and [3, 3] differ outside dim 1", Error);
+  CHECK_THROWS_WITH_AS(layer_norm(a, zeros({4}), Tensor()),
+                       "layer_norm: expected weight and bias of shape [3], got f32[4] on cpu for input f32[2, 3] on cpu",
+                       Error);
+  CHECK_THROWS_WITH_AS(cross_entropy(a, zeros({3}, DType::i64)),
+                       "cross_entropy: logits f32[2, 3] on cpu need targets of shape [2], got i64[3] on cpu", Error);
+  CHECK_THROWS_WITH_AS(add(a, Tensor()), "add: got an undefined tensor", Error);
+}
+
+TEST_CASE("bad dims and out-of-range indices") {
+  const Tensor a = zeros({2, 3});
+  CHECK_THROWS_WITH_AS(sum(a, {2}), "sum: dim 2 is out of range for a tensor of rank 2", Error);
+  CHECK_THROWS_WITH_AS(softmax(a, -3), "softmax: dim -3 is out of range for a tensor of rank 2", Error);
+  CHECK_THROWS_WITH_AS(a.transpose(0, 5), "transpose: dim 5 is out of range for a tensor of rank 2", Error);
+  CHECK_THROWS_WITH_AS(a.select(1, 3), "select: index 3 is out of range for dim 1 of size 3", Error);
+  CHECK_THROWS_WITH_AS(a.narrow(1, 2, 2), "narrow: start 2 and length 2 are out of range for dim 1 of size 3 (shape [2, 3])",
+                       Error);
+  CHECK_THROWS_WITH_AS(a.permute({0, 0}), "permute: dims [0, 0] are not a permutation (dim 0 repeats)", Error);
+  CHECK_THROWS_WITH_AS(max(zeros({0, 3}), {0}), "max: cannot reduce over a zero-size dimension (f32[0, 3] on cpu)",
+                       Error);
+  CHECK_THROWS_WITH_AS(embedding(zeros({5, 2}), tensor<int64_t>({1, 5})),
+                       "embedding: index 5 is out of range for a weight of 5 rows (f32[5, 2] on cpu)", Error);
+  CHECK_THROWS_WITH_AS(embedding(zeros({5, 2}), tensor<int32_t>({-1})),
+                       "embedding: index -1 is out of range for a weight of 5 rows (f32[5, 2] on cpu)", Error);
+  CHECK_THROWS_WITH_AS(cross_entropy(zeros({2, 3}), tensor<int64_t>({0, 3})),
+                       "cross_entropy: target 3 is out of range for 3 classes (row 1)", Error);
+  CHECK_THROWS_WITH_AS(a.item<float>(), "item: expected a tensor with exactly 1 element, got f32[2, 3] on cpu", Error);
+}
+
+TEST_CASE("views that strides cannot express") {
+  const Tensor a = zeros({2, 3});
+  CHECK_THROWS_WITH_AS(a.t().view({6}),
+                       "view: cannot view a tensor of shape [3, 2] and strides [1, 3] as shape [6]; call contiguous() "
+                       "first or use reshape()",
+                       Error);
+  CHECK_THROWS_WITH_AS(a.view({4, -1}), "view: shape [4, -1] is invalid for a tensor of 6 elements", Error);
+  CHECK_THROWS_WITH_AS(a.view({-1, -1}), "view: only one dimension can be -1, got [-1, -1]", Error);
+  CHECK_THROWS_WITH_AS(a.expand({4, 3}), "expand: cannot expand shape [2, 3] to [4, 3]", Error);
+  CHECK_THROWS_WITH_AS(zeros({3, 1}).expand({3, 4}).fill_(1).copy_(zeros({3, 4})),
+                       "copy_: the destination f32[3, 4] on cpu has broadcast (stride 0) dims, so several elements "
+                       "share one memory location",
+                       Error);
+  CHECK_THROWS_WITH_AS(zeros({-1}), "empty: negative size in shape [-1]", Error);
+  CHECK_THROWS_WITH_AS(tensor<float>({1, 2, 3}, {2, 2}), "tensor: 3 values do not fill shape [2, 2]", Error);
+}
+
+TEST_CASE("devices") {
+  CHECK(Device("cuda:3") == Device(DeviceType::cuda, 3));
+  CHECK(Device("cuda").index == 0);
+  CHECK(Device("meta") == kMeta);
+  CHECK_THROWS_WITH_AS(Device("gpu"), "device: cannot parse 'gpu' (expected cpu, meta, cuda or cuda:N)", Error);
+  CHECK_THROWS_WITH_AS(Device("cuda:x"), "device: cannot parse 'cuda:x' (expected cpu, meta, cuda or cuda:N)", Error);
+  if (!has_cuda()) CHECK_THROWS_AS(zeros({2}, kCUDA), Error);
+}
+
+}  // namespace zg::test

@@ -1,0 +1,53 @@
+// Meta tensors: shapes and counted bytes with no storage behind them, so a
+// memory plan for a model far larger than the machine can be computed.
+#include "helpers.h"
+
+namespace zg::test {
+
+TEST_CASE("meta ops produce the right shapes and no data") {
+  Context rank;
+  ContextGuard guard(rank);
+  const TensorOptions meta = TensorOptions(DType::bf16).device(kMeta);
+  const Tensor x = randn({8, 1024, 4096}, meta);
+  const Tensor w = empty({4096, 16384}, meta);
+  CHECK(x.data_ptr() == nullptr);
+  const Tensor h = gelu(matmul(x, w));
+  CHECK(h.shape() == Shape{8, 1024, 16384});
+  CHECK(h.device() == kMeta);
+  CHECK(h.dtype() == DType::bf16);
+  CHECK(sum(h, {1}, true).shape() == Shape{8, 1, 16384});
+  CHECK(argmax(h, -1).dtype() == DType::i64);
+  CHECK(softmax(h, 1).shape() == h.shape());
+  CHECK(layer_norm(x, empty({4096}, meta), Tensor()).shape() == x.shape());
+  const Tensor ids = zeros({8, 1024}, TensorOptions(DType::i64).device(kMeta));
+  CHECK(embedding(w.t(), ids).shape() == Shape{8, 1024, 4096});
+  CHECK(cross_entropy(h, ids).shape() == Shape{});
+  CHECK(cat({x, x}, 2).shape() == Shape{8, 1024, 8192});
+  CHECK(zeros({2, 3}).to(kMeta).device() == kMeta);
+  CHECK(x.to(DType::f32).dtype() == DType::f32);
+}
+
+TEST_CASE("meta allocations are counted exactly without being backed") {
+  Context rank;
+  ContextGuard guard(rank);
+  {
+    MemoryScope scope(MemoryCategory::parameter);
+    // 7.5B parameters in f32 would be 30 GB: counted, never allocated.
+    const Tensor params = empty({7'500'000'000}, TensorOptions(DType::f32).device(kMeta));
+    const MemoryStats s = memory_stats(kMeta);
+    CHECK(s[MemoryCategory::parameter] == 30'000'000'000);
+    CHECK(s.reserved == 30'000'000'000);
+    CHECK(memory_stats(kCPU).allocated_total == 0);
+  }
+  CHECK(memory_stats(kMeta)[MemoryCategory::parameter] == 0);
+  CHECK(memory_stats(kMeta).peak_of(MemoryCategory::parameter) == 30'000'000'000);
+}
+
+TEST_CASE("meta tensors have no data to read") {
+  const Tensor m = zeros({2, 3}, kMeta);
+  CHECK_THROWS_WITH_AS(m.to(kCPU), "copy_: cannot copy data out of a meta tensor (f32[2, 3] on meta); meta tensors have shapes but no data", Error);
+  CHECK_THROWS_WITH_AS(m.to_vector<float>(), "to_vector: cannot read data of a meta tensor (f32[2, 3] on meta)", Error);
+  CHECK(m.str() == "tensor(..., device='meta', size=(2, 3))");
+}
+
+}  // namespace zg::test

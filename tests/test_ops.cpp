@@ -1,0 +1,413 @@
+// One table of ops, run on every device and dtype and compared with naive f64
+// references written from the definitions (in the spirit of ggml's
+// test-backend-ops). Inputs include broadcast and transposed (non-contiguous) views.
+#include <algorithm>
+#include <numeric>
+
+#include "helpers.h"
+
+namespace zg::test {
+namespace {
+
+// ---- naive references ----
+
+Host map1(const Host& x, const std::function<double(double)>& f) {
+  Host out{x.shape, x.data};
+  for (double& v : out.data) v = f(v);
+  return out;
+}
+
+Host map2(const Host& a, const Host& b, const std::function<double(double, double)>& f) {
+  const Shape shape = broadcast_shapes(a.shape, b.shape, "reference");
+  Host out{shape, std::vector<double>(numel(shape))};
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const Shape idx = unravel(i, shape);
+    out.data[i] = f(a.data[broadcast_position(idx, a.shape)], b.data[broadcast_position(idx, b.shape)]);
+  }
+  return out;
+}
+
+Host where_ref(const Host& c, const Host& a, const Host& b) {
+  const Shape shape = broadcast_shapes(broadcast_shapes(c.shape, a.shape, "ref"), b.shape, "ref");
+  Host out{shape, std::vector<double>(numel(shape))};
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const Shape idx = unravel(i, shape);
+    out.data[i] = c.data[broadcast_position(idx, c.shape)] != 0 ? a.data[broadcast_position(idx, a.shape)]
+                                                                 : b.data[broadcast_position(idx, b.shape)];
+  }
+  return out;
+}
+
+// Groups the elements of x by their position outside `dims` and applies f to each group.
+Host reduce_ref(const Host& x, Shape dims, bool keepdim, const std::function<double(const std::vector<double>&)>& f) {
+  const int64_t rank = static_cast<int64_t>(x.shape.size());
+  std::vector<bool> reduced(rank, dims.empty());
+  for (int64_t d : dims) reduced[d < 0 ? d + rank : d] = true;
+  Shape kept, out_shape;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (!reduced[d]) kept.push_back(x.shape[d]);
+    if (keepdim || !reduced[d]) out_shape.push_back(reduced[d] ? 1 : x.shape[d]);
+  }
+  std::vector<std::vector<double>> groups(numel(kept));
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const Shape idx = unravel(i, x.shape);
+    int64_t pos = 0;
+    for (int64_t d = 0; d < rank; ++d)
+      if (!reduced[d]) pos = pos * x.shape[d] + idx[d];
+    groups[pos].push_back(x.data[i]);
+  }
+  Host out{out_shape, {}};
+  for (const auto& g : groups) out.data.push_back(f(g));
+  return out;
+}
+
+double sum_of(const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
+double mean_of(const std::vector<double>& v) { return sum_of(v) / static_cast<double>(v.size()); }
+double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+double argmax_of(const std::vector<double>& v) { return static_cast<double>(std::max_element(v.begin(), v.end()) - v.begin()); }
+double argmin_of(const std::vector<double>& v) { return static_cast<double>(std::min_element(v.begin(), v.end()) - v.begin()); }
+
+Host transpose_last(const Host& x) {
+  Shape shape = x.shape;
+  const size_t r = shape.size();
+  std::swap(shape[r - 1], shape[r - 2]);
+  Host out{shape, std::vector<double>(x.data.size())};
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    Shape idx = unravel(i, shape);
+    std::swap(idx[r - 1], idx[r - 2]);
+    out.data[i] = x.data[broadcast_position(idx, x.shape)];
+  }
+  return out;
+}
+
+// torch.matmul semantics, by the definition C[..., i, j] = sum_k A[..., i, k] B[..., k, j].
+Host matmul_ref(Host a, Host b, bool ta, bool tb) {
+  const bool a_vec = a.shape.size() == 1, b_vec = b.shape.size() == 1;
+  if (a_vec) a.shape.insert(a.shape.begin(), 1);
+  if (b_vec) b.shape.push_back(1);
+  if (ta) a = transpose_last(a);
+  if (tb) b = transpose_last(b);
+  const int64_t m = a.shape[a.shape.size() - 2], k = a.shape.back(), n = b.shape.back();
+  const Shape a_batch(a.shape.begin(), a.shape.end() - 2), b_batch(b.shape.begin(), b.shape.end() - 2);
+  Shape shape = broadcast_shapes(a_batch, b_batch, "ref");
+  const Shape batch = shape;
+  shape.push_back(m);
+  shape.push_back(n);
+  Host out{shape, std::vector<double>(numel(shape))};
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    Shape idx = unravel(i, shape);
+    const int64_t row = idx[idx.size() - 2], col = idx.back();
+    Shape bidx(idx.begin(), idx.end() - 2);
+    double acc = 0;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      Shape ai = bidx, bi = bidx;
+      ai.push_back(row), ai.push_back(kk), bi.push_back(kk), bi.push_back(col);
+      Shape a_full = a_batch, b_full = b_batch;
+      a_full.push_back(m), a_full.push_back(k), b_full.push_back(k), b_full.push_back(n);
+      acc += a.data[broadcast_position(ai, a_full)] * b.data[broadcast_position(bi, b_full)];
+    }
+    out.data[i] = acc;
+  }
+  if (b_vec) out.shape.erase(out.shape.end() - 1);
+  if (a_vec) out.shape.erase(out.shape.end() - (b_vec ? 1 : 2));
+  return out;
+}
+
+// Applies f to every 1-D line of x along `dim` (in place on a copy).
+Host along_dim(const Host& x, int64_t dim, const std::function<void(std::vector<double>&)>& f) {
+  const int64_t rank = static_cast<int64_t>(x.shape.size());
+  dim = dim < 0 ? dim + rank : dim;
+  Host out = x;
+  const int64_t size = x.shape[dim];
+  int64_t stride = 1;
+  for (int64_t d = dim + 1; d < rank; ++d) stride *= x.shape[d];
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (unravel(i, x.shape)[dim] != 0) continue;
+    std::vector<double> line(size);
+    for (int64_t j = 0; j < size; ++j) line[j] = x.data[i + j * stride];
+    f(line);
+    for (int64_t j = 0; j < size; ++j) out.data[i + j * stride] = line[j];
+  }
+  return out;
+}
+
+Host softmax_ref(const Host& x, int64_t dim, bool log) {
+  return along_dim(x, dim, [log](std::vector<double>& v) {
+    const double m = max_of(v);
+    double s = 0;
+    for (double e : v) s += std::exp(e - m);
+    for (double& e : v) e = log ? e - m - std::log(s) : std::exp(e - m) / s;
+  });
+}
+
+Host layer_norm_ref(const Host& x, const Host* w, const Host* b, double eps) {
+  return along_dim(x, -1, [&](std::vector<double>& v) {
+    const double mu = mean_of(v);
+    double var = 0;
+    for (double e : v) var += (e - mu) * (e - mu);
+    var /= static_cast<double>(v.size());
+    for (size_t j = 0; j < v.size(); ++j)
+      v[j] = (v[j] - mu) / std::sqrt(var + eps) * (w ? w->data[j] : 1.0) + (b ? b->data[j] : 0.0);
+  });
+}
+
+double gelu_ref(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+
+// ---- the table ----
+
+enum class Kind { normal, positive, small_int, boolean, index };
+struct Input {
+  Shape shape;
+  Kind kind = Kind::normal;
+  bool transposed = false;  // made as the transpose of a contiguous tensor: a strided view
+  int64_t bound = 0;        // indices in [0, bound)
+};
+
+using Run = std::function<Tensor(const std::vector<Tensor>&)>;
+using Ref = std::function<Host(const std::vector<Host>&)>;
+struct OpCase {
+  std::string name;
+  std::vector<Input> inputs;
+  Run run;
+  Ref reference;
+};
+
+Tensor make_input(const Input& in, DType dtype, Device device) {
+  Shape shape = in.shape;
+  if (in.transposed) std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+  Tensor t;
+  switch (in.kind) {
+    case Kind::normal: t = randn(shape, TensorOptions(dtype).device(device)); break;
+    case Kind::positive: t = uniform(shape, 0.5, 2.0, TensorOptions(dtype).device(device)); break;
+    case Kind::small_int: t = mul(rand(shape, TensorOptions(dtype).device(device)), 3.0).to(DType::i64).to(dtype); break;
+    case Kind::boolean: t = lt(rand(shape, TensorOptions(DType::f32).device(device)), 0.5); break;
+    case Kind::index: t = mul(rand(shape, TensorOptions(DType::f64).device(device)), in.bound).to(DType::i64); break;
+  }
+  return in.transposed ? t.transpose(-1, -2) : t;
+}
+
+#define T1 [](const std::vector<Tensor>& x)
+#define H1 [](const std::vector<Host>& x)
+
+std::vector<OpCase> op_table() {
+  const Input mat{{3, 4}, Kind::normal, true};
+  const Input pos{{3, 4}, Kind::positive, true};
+  std::vector<OpCase> cases = {
+      {"neg", {mat}, T1 { return neg(x[0]); }, H1 { return map1(x[0], [](double v) { return -v; }); }},
+      {"abs", {mat}, T1 { return abs(x[0]); }, H1 { return map1(x[0], [](double v) { return std::fabs(v); }); }},
+      {"exp", {mat}, T1 { return exp(x[0]); }, H1 { return map1(x[0], [](double v) { return std::exp(v); }); }},
+      {"log", {pos}, T1 { return log(x[0]); }, H1 { return map1(x[0], [](double v) { return std::log(v); }); }},
+      {"sqrt", {pos}, T1 { return sqrt(x[0]); }, H1 { return map1(x[0], [](double v) { return std::sqrt(v); }); }},
+      {"rsqrt", {pos}, T1 { return rsqrt(x[0]); }, H1 { return map1(x[0], [](double v) { return 1 / std::sqrt(v); }); }},
+      {"sin", {mat}, T1 { return sin(x[0]); }, H1 { return map1(x[0], [](double v) { return std::sin(v); }); }},
+      {"cos", {mat}, T1 { return cos(x[0]); }, H1 { return map1(x[0], [](double v) { return std::cos(v); }); }},
+      {"tanh", {mat}, T1 { return tanh(x[0]); }, H1 { return map1(x[0], [](double v) { return std::tanh(v); }); }},
+      {"sigmoid", {mat}, T1 { return sigmoid(x[0]); }, H1 { return map1(x[0], [](double v) { return 1 / (1 + std::exp(-v)); }); }},
+      {"relu", {mat}, T1 { return relu(x[0]); }, H1 { return map1(x[0], [](double v) { return v > 0 ? v : 0.0; }); }},
+      {"gelu", {mat}, T1 { return gelu(x[0]); }, H1 { return map1(x[0], gelu_ref); }},
+      {"add broadcast", {{{2, 3, 4}}, {{3, 1}}}, T1 { return add(x[0], x[1]); },
+       H1 { return map2(x[0], x[1], std::plus<>()); }},
+      {"sub outer", {{{4, 1}}, {{1, 5}}}, T1 { return x[0] - x[1]; }, H1 { return map2(x[0], x[1], std::minus<>()); }},
+      {"mul strided", {mat, {{3, 4}}}, T1 { return x[0] * x[1]; }, H1 { return map2(x[0], x[1], std::multiplies<>()); }},
+      {"div", {{{2, 3}}, {{3}, Kind::positive}}, T1 { return x[0] / x[1]; },
+       H1 { return map2(x[0], x[1], std::divides<>()); }},
+      {"pow", {{{2, 3}, Kind::positive}, {{2, 3}}}, T1 { return pow(x[0], x[1]); },
+       H1 { return map2(x[0], x[1], [](double a, double b) { return std::pow(a, b); }); }},
+      {"maximum", {mat, {{4}}}, T1 { return maximum(x[0], x[1]); },
+       H1 { return map2(x[0], x[1], [](double a, double b) { return std::max(a, b); }); }},
+      {"minimum", {mat, {{1}}}, T1 { return minimum(x[0], x[1]); },
+       H1 { return map2(x[0], x[1], [](double a, double b) { return std::min(a, b); }); }},
+      {"add scalar", {mat}, T1 { return x[0] + 1.5; }, H1 { return map1(x[0], [](double v) { return v + 1.5; }); }},
+      {"scalar minus", {mat}, T1 { return 2.0 - x[0]; }, H1 { return map1(x[0], [](double v) { return 2.0 - v; }); }},
+      {"scalar over", {pos}, T1 { return 1.0 / x[0]; }, H1 { return map1(x[0], [](double v) { return 1.0 / v; }); }},
+      {"pow scalar", {pos}, T1 { return pow(x[0], 3.0); }, H1 { return map1(x[0], [](double v) { return v * v * v; }); }},
+      {"eq", {{{3, 4}, Kind::small_int}, {{4}, Kind::small_int}}, T1 { return eq(x[0], x[1]); },
+       H1 { return map2(x[0], x[1], [](double a, double b) { return double(a == b); }); }},
+      {"ne", {{{3, 4}, Kind::small_int}, {{3, 1}, Kind::small_int}}, T1 { return ne(x[0], x[1]); },
+       H1 { return map2(x[0], x[1], [](double a, double b) { return double(a != b); }); }},
+      {"lt", {mat, {{4}}}, T1 { return lt(x[0], x[1]); }, H1 { return map2(x[0], x[1], [](double a, double b) { return double(a < b); }); }},
+      {"le", {{{3, 4}, Kind::small_int}, {{4}, Kind::small_int}}, T1 { return le(x[0], x[1]); },
+       H1 { return map2(x[0], x[1], [](double a, double b) { return double(a <= b); }); }},
+      {"gt scalar", {mat}, T1 { return gt(x[0], 0.25); }, H1 { return map1(x[0], [](double v) { return double(v > 0.25); }); }},
+      {"ge", {{{3, 4}, Kind::small_int}, {{3, 4}, Kind::small_int, true}}, T1 { return ge(x[0], x[1]); },
+       H1 { return map2(x[0], x[1], [](double a, double b) { return double(a >= b); }); }},
+      {"where", {{{3, 4}, Kind::boolean}, {{3, 4}}, {{4}}}, T1 { return where(x[0], x[1], x[2]); },
+       H1 { return where_ref(x[0], x[1], x[2]); }},
+      {"masked_fill", {mat, {{4}, Kind::boolean}}, T1 { return masked_fill(x[0], x[1], -7.0); },
+       H1 { return map2(x[0], x[1], [](double v, double m) { return m != 0 ? -7.0 : v; }); }},
+      {"sum all", {{{2, 3, 4}}}, T1 { return sum(x[0]); }, H1 { return reduce_ref(x[0], {}, false, sum_of); }},
+      {"sum dims keepdim", {{{2, 3, 4}}}, T1 { return sum(x[0], {0, 2}, true); },
+       H1 { return reduce_ref(x[0], {0, 2}, true, sum_of); }},
+      {"sum strided", {mat}, T1 { return sum(x[0], {1}); }, H1 { return reduce_ref(x[0], {1}, false, sum_of); }},
+      {"mean last", {{{2, 3, 4}}}, T1 { return mean(x[0], {-1}); }, H1 { return reduce_ref(x[0], {-1}, false, mean_of); }},
+      {"mean all", {mat}, T1 { return mean(x[0]); }, H1 { return reduce_ref(x[0], {}, false, mean_of); }},
+      {"max dim", {{{2, 3, 4}}}, T1 { return max(x[0], {1}); }, H1 { return reduce_ref(x[0], {1}, false, max_of); }},
+      {"min keepdim", {mat}, T1 { return min(x[0], {0}, true); }, H1 { return reduce_ref(x[0], {0}, true, min_of); }},
+      {"argmax", {{{2, 3, 4}}}, T1 { return argmax(x[0], 1); }, H1 { return reduce_ref(x[0], {1}, false, argmax_of); }},
+      {"argmin keepdim", {mat}, T1 { return argmin(x[0], -1, true); },
+       H1 { return reduce_ref(x[0], {-1}, true, argmin_of); }},
+      {"argmax flat", {mat}, T1 { return argmax(x[0]); }, H1 { return reduce_ref(x[0], {}, false, argmax_of); }},
+      {"matmul", {{{3, 4}}, {{4, 5}}}, T1 { return matmul(x[0], x[1]); },
+       H1 { return matmul_ref(x[0], x[1], false, false); }},
+      {"matmul strided", {{{3, 4}, Kind::normal, true}, {{4, 5}, Kind::normal, true}}, T1 { return matmul(x[0], x[1]); },
+       H1 { return matmul_ref(x[0], x[1], false, false); }},
+      {"matmul batch broadcast", {{{2, 1, 3, 4}}, {{3, 4, 2}}}, T1 { return matmul(x[0], x[1]); },
+       H1 { return matmul_ref(x[0], x[1], false, false); }},
+      {"matmul trans_a", {{{2, 4, 3}}, {{4, 5}}}, T1 { return matmul(x[0], x[1], true, false); },
+       H1 { return matmul_ref(x[0], x[1], true, false); }},
+      {"matmul trans_b", {{{2, 3, 4}}, {{2, 5, 4}}}, T1 { return matmul(x[0], x[1], false, true); },
+       H1 { return matmul_ref(x[0], x[1], false, true); }},
+      {"matmul vector-matrix", {{{4}}, {{2, 4, 5}}}, T1 { return matmul(x[0], x[1]); },
+       H1 { return matmul_ref(x[0], x[1], false, false); }},
+      {"matmul matrix-vector", {{{3, 4}}, {{4}}}, T1 { return matmul(x[0], x[1]); },
+       H1 { return matmul_ref(x[0], x[1], false, false); }},
+      {"matmul dot", {{{4}}, {{4}}}, T1 { return matmul(x[0], x[1]); }, H1 { return matmul_ref(x[0], x[1], false, false); }},
+      {"softmax last", {{{3, 4, 5}}}, T1 { return softmax(x[0]); }, H1 { return softmax_ref(x[0], -1, false); }},
+      {"softmax dim0", {{{3, 4, 5}}}, T1 { return softmax(x[0], 0); }, H1 { return softmax_ref(x[0], 0, false); }},
+      {"log_softmax", {mat}, T1 { return log_softmax(x[0], 1); }, H1 { return softmax_ref(x[0], 1, true); }},
+      {"layer_norm", {{{2, 3, 8}}, {{8}}, {{8}}}, T1 { return layer_norm(x[0], x[1], x[2], 1e-5); },
+       H1 { return layer_norm_ref(x[0], &x[1], &x[2], 1e-5); }},
+      {"layer_norm plain", {mat}, T1 { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); },
+       H1 { return layer_norm_ref(x[0], nullptr, nullptr, 1e-5); }},
+      {"embedding", {{{6, 4}}, {{2, 3}, Kind::index, false, 6}}, T1 { return embedding(x[0], x[1]); },
+       H1 {
+         Shape shape = x[1].shape;
+         shape.push_back(4);
+         Host out{shape, {}};
+         for (double i : x[1].data)
+           for (int64_t c = 0; c < 4; ++c) out.data.push_back(x[0].data[static_cast<int64_t>(i) * 4 + c]);
+         return out;
+       }},
+      {"cross_entropy", {{{2, 3, 7}}, {{2, 3}, Kind::index, false, 7}}, T1 { return cross_entropy(x[0], x[1]); },
+       H1 {
+         const Host logp = softmax_ref(x[0], -1, true);
+         double total = 0;
+         for (int64_t i = 0; i < 6; ++i) total -= logp.data[i * 7 + static_cast<int64_t>(x[1].data[i])];
+         return Host{{}, {total / 6}};
+       }},
+      {"cat dim1", {{{2, 3}}, {{2, 2}, Kind::normal, true}}, T1 { return cat({x[0], x[1]}, 1); },
+       H1 {
+         Host out{{2, 5}, {}};
+         for (int64_t r = 0; r < 2; ++r) {
+           for (int64_t c = 0; c < 3; ++c) out.data.push_back(x[0].data[r * 3 + c]);
+           for (int64_t c = 0; c < 2; ++c) out.data.push_back(x[1].data[r * 2 + c]);
+         }
+         return out;
+       }},
+      {"cast roundtrip", {mat}, T1 { return x[0].to(DType::f64).to(x[0].dtype()); }, H1 { return x[0]; }},
+      {"contiguous", {mat}, T1 { return x[0].contiguous(); }, H1 { return x[0]; }},
+  };
+  return cases;
+}
+
+struct Tolerance {
+  DType dtype;
+  double rtol, atol;
+};
+
+}  // namespace
+
+TEST_CASE("every op matches its naive reference on every device and dtype") {
+  const Tolerance tolerances[] = {{DType::f64, 1e-12, 1e-12}, {DType::f32, 2e-5, 2e-5},
+                                  {DType::bf16, 2e-2, 2e-2}, {DType::f16, 5e-3, 5e-3}};
+  for (Device device : devices()) {
+    for (const Tolerance& tol : tolerances) {
+      manual_seed(1234);
+      for (const OpCase& op : op_table()) {
+        std::vector<Tensor> inputs;
+        std::vector<Host> hosts;
+        for (const Input& in : op.inputs) {
+          inputs.push_back(make_input(in, tol.dtype, device));
+          hosts.push_back(Host::of(inputs.back()));
+        }
+        const Tensor out = op.run(inputs);
+        CHECK(out.device() == device);
+        // Reductions to an index or a truth value are exact in any dtype.
+        check_close(out, op.reference(hosts), tol.rtol, tol.atol,
+                    op.name + " on " + device.str() + " in " + name(tol.dtype));
+      }
+    }
+  }
+}
+
+TEST_CASE("ops on one device agree with the CPU") {
+  // With a GPU present, every op of the table runs on both and the results are compared directly.
+  const auto devs = devices();
+  if (devs.size() < 2) return;
+  for (const OpCase& op : op_table()) {
+    manual_seed(7);
+    std::vector<Tensor> gpu_inputs, cpu_inputs;
+    for (const Input& in : op.inputs) {
+      gpu_inputs.push_back(make_input(in, DType::f32, devs[1]));
+      cpu_inputs.push_back(gpu_inputs.back().to(kCPU));
+    }
+    check_close(op.run(gpu_inputs), Host::of(op.run(cpu_inputs)), 1e-5, 1e-5, op.name + " cuda vs cpu");
+  }
+}
+
+TEST_CASE("integer and bool ops are exact") {
+  const Tensor a = tensor<int64_t>({1, -2, 3, 4, 5, -6}, {2, 3});
+  const Tensor b = tensor<int64_t>({10, 20, 30}, {3});
+  CHECK((a + b).to_vector<int64_t>() == std::vector<int64_t>{11, 18, 33, 14, 25, 24});
+  CHECK((a * 2.0).to_vector<int64_t>() == std::vector<int64_t>{2, -4, 6, 8, 10, -12});
+  CHECK(abs(a).to_vector<int64_t>() == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
+  CHECK(sum(a).item<int64_t>() == 5);
+  CHECK(sum(a, {0}).to_vector<int64_t>() == std::vector<int64_t>{5, 3, -3});
+  CHECK(max(a, {1}).to_vector<int64_t>() == std::vector<int64_t>{3, 5});
+  const Tensor a32 = a.to(DType::i32);
+  CHECK(sum(a32).dtype() == DType::i64);
+  CHECK(maximum(a32, tensor<int32_t>({0})).to_vector<int32_t>() == std::vector<int32_t>{1, 0, 3, 4, 5, 0});
+
+  const Tensor t = tensor<bool>({true, false, true});
+  const Tensor f = tensor<bool>({false, false, true});
+  CHECK(logical_and(t, f).to_vector<bool>() == std::vector<bool>{false, false, true});
+  CHECK(logical_or(t, f).to_vector<bool>() == std::vector<bool>{true, false, true});
+  CHECK(logical_not(t).to_vector<bool>() == std::vector<bool>{false, true, false});
+  CHECK(sum(t).item<int64_t>() == 2);
+  CHECK(sum(t).dtype() == DType::i64);
+}
+
+TEST_CASE("cross_entropy skips ignored targets and is NaN when all are ignored") {
+  const Tensor logits = tensor<double>({1, 2, 3, 0, 0, 0, 5, 1, 1}, {3, 3});
+  const Tensor target = tensor<int64_t>({2, -100, 0});
+  const double expected = ((std::log(std::exp(1) + std::exp(2) + std::exp(3)) - 3) +
+                           (std::log(std::exp(5) + 2 * std::exp(1)) - 5)) / 2;
+  CHECK(cross_entropy(logits, target).item<double>() == doctest::Approx(expected).epsilon(1e-12));
+  CHECK(cross_entropy(logits, tensor<int64_t>({-1, 1, 2}), -1).item<double>() ==
+        doctest::Approx((std::log(3.0) + std::log(std::exp(5) + 2 * std::exp(1)) - 1) / 2).epsilon(1e-12));
+  CHECK(std::isnan(cross_entropy(logits, tensor<int64_t>({-100, -100, -100})).item<double>()));
+}
+
+TEST_CASE("layer_norm returns the statistics backward needs") {
+  const Tensor x = tensor<float>({1, 2, 3, 4, 10, 10, 10, 10}, {2, 4});
+  const LayerNormOutput r = layer_norm_with_stats(x, Tensor(), Tensor(), 1e-5);
+  CHECK(r.mean.dtype() == DType::f32);
+  CHECK(r.mean.to_vector<float>() == std::vector<float>{2.5f, 10.0f});
+  CHECK(r.rstd.to_vector<float>()[0] == doctest::Approx(1 / std::sqrt(1.25 + 1e-5)));
+  CHECK(r.rstd.to_vector<float>()[1] == doctest::Approx(1 / std::sqrt(1e-5)));
+}
+
+TEST_CASE("softmax is stable for large inputs and max propagates NaN") {
+  const Tensor big = tensor<float>({1000, 1001, 1002});
+  const auto p = softmax(big).to_vector<float>();
+  CHECK(p[2] == doctest::Approx(std::exp(0.0) / (std::exp(-2.0) + std::exp(-1.0) + 1)));
+  CHECK(std::isnan(max(tensor<float>({1, NAN, 3})).item<float>()));
+  CHECK(argmax(tensor<float>({1, NAN, 3})).item<int64_t>() == 1);
+  CHECK(std::isnan(mean(zeros({0})).item<double>()));
+}
+
+TEST_CASE("cat and split are inverse") {
+  const Tensor x = arange(0.0, 24.0, 1.0, DType::f32).view({4, 6});
+  const auto parts = split(x, 4, 1);
+  REQUIRE(parts.size() == 2);
+  CHECK(parts[0].shape() == Shape{4, 4});
+  CHECK(parts[1].shape() == Shape{4, 2});
+  CHECK(cat(parts, 1).to_vector<float>() == x.to_vector<float>());
+  const auto rows = split(x, Shape{1, 3}, 0);
+  CHECK(rows[1].shape() == Shape{3, 6});
+  CHECK(rows[1].storage() == x.storage());  // views, not copies
+  CHECK(cat({rows[1], rows[0]}, 0).to_vector<float>()[0] == 6.0f);
+}
+
+}  // namespace zg::test

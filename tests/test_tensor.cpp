@@ -1,0 +1,140 @@
+// Tensor core: factories, views that share storage, conversions, 16-bit floats.
+#include <cstring>
+
+#include "helpers.h"
+
+namespace zg::test {
+
+TEST_CASE("factories make the shapes, dtypes and values asked for") {
+  CHECK(zeros({2, 3}).to_vector<float>() == std::vector<float>(6, 0.0f));
+  CHECK(ones({4}, DType::f64).to_vector<double>() == std::vector<double>(4, 1.0));
+  CHECK(full({2}, 7, DType::i32).to_vector<int32_t>() == std::vector<int32_t>{7, 7});
+  CHECK(arange(5).to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(arange(1.0, 2.0, 0.25, DType::f32).to_vector<float>() == std::vector<float>{1, 1.25, 1.5, 1.75});
+  CHECK(arange(3.0, 0.0, -1.0).to_vector<int64_t>() == std::vector<int64_t>{3, 2, 1});
+  CHECK(arange(0).numel() == 0);
+  const Tensor t = tensor<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(t.shape() == Shape{2, 3});
+  CHECK(t.strides() == Shape{3, 1});
+  CHECK(t.dtype() == DType::f32);
+  CHECK(tensor<double>({1.5}, {}).item<double>() == 1.5);
+  CHECK(tensor<int64_t>({1, 2}, {2}, DType::f16).dtype() == DType::f16);
+  CHECK(zeros_like(t).shape() == t.shape());
+  CHECK(full_like(t, 2).to_vector<float>()[5] == 2.0f);
+  CHECK(empty({0, 3}).numel() == 0);
+}
+
+TEST_CASE("writing through a view changes the base") {
+  const Tensor base = arange(0.0, 12.0, 1.0, DType::f32).view({3, 4});
+  SUBCASE("select and fill") {
+    base.select(0, 1).fill_(-1);
+    CHECK(base.to_vector<float>() == std::vector<float>{0, 1, 2, 3, -1, -1, -1, -1, 8, 9, 10, 11});
+  }
+  SUBCASE("transposed view, copy_") {
+    Tensor t = base.t();
+    CHECK(!t.is_contiguous());
+    t.narrow(0, 0, 1).copy_(tensor<float>({100, 200, 300}, {1, 3}));
+    CHECK(base.to_vector<float>()[0] == 100);
+    CHECK(base.to_vector<float>()[4] == 200);
+    CHECK(base.to_vector<float>()[8] == 300);
+  }
+  SUBCASE("slice with a step") {
+    Tensor every_other = base.view({-1}).slice(0, 1, 12, 2);
+    CHECK(every_other.shape() == Shape{6});
+    every_other.zero_();
+    CHECK(base.to_vector<float>() == std::vector<float>{0, 0, 2, 0, 4, 0, 6, 0, 8, 0, 10, 0});
+  }
+  SUBCASE("reshape of a contiguous tensor is a view, of a transposed one a copy") {
+    Tensor flat = base.reshape({12});
+    CHECK(flat.storage() == base.storage());
+    flat.fill_(3);
+    CHECK(base.to_vector<float>() == std::vector<float>(12, 3.0f));
+    Tensor copied = base.t().reshape({12});
+    CHECK(copied.storage() != base.storage());
+  }
+  SUBCASE("data pointer of a view is the base's plus the offset") {
+    const Tensor row = base.select(0, 2);
+    CHECK(static_cast<float*>(row.data_ptr()) == base.data<float>() + 8);
+  }
+}
+
+TEST_CASE("view shapes and strides") {
+  const Tensor x = zeros({2, 3, 4});
+  CHECK(x.permute({2, 0, 1}).shape() == Shape{4, 2, 3});
+  CHECK(x.permute({2, 0, 1}).strides() == Shape{1, 12, 4});
+  CHECK(x.transpose(0, 2).strides() == Shape{1, 4, 12});
+  CHECK(x.unsqueeze(1).shape() == Shape{2, 1, 3, 4});
+  CHECK(x.unsqueeze(-1).shape() == Shape{2, 3, 4, 1});
+  CHECK(x.unsqueeze(1).squeeze(1).shape() == x.shape());
+  CHECK(zeros({1, 3, 1}).squeeze().shape() == Shape{3});
+  CHECK(x.squeeze(0).shape() == x.shape());  // not size 1: unchanged
+  CHECK(x.view({6, -1}).shape() == Shape{6, 4});
+  CHECK(x.view({-1}).shape() == Shape{24});
+  CHECK(x.narrow(2, 1, 2).shape() == Shape{2, 3, 2});
+  CHECK(x.narrow(2, 1, 2).offset() == 1);
+  CHECK(x.slice(1, -2, 100).shape() == Shape{2, 2, 4});
+  CHECK(zeros({3, 1}).expand({2, 3, 4}).strides() == Shape{0, 1, 0});
+  CHECK(zeros({3, 1}).expand({-1, 5}).shape() == Shape{3, 5});
+  // Splitting a dim of a transposed tensor is still a view; merging across the transpose is not.
+  const Tensor p = zeros({4, 6}).t();  // [6, 4], strides [1, 6]
+  CHECK(p.view({2, 3, 4}).strides() == Shape{3, 1, 6});
+  CHECK_THROWS_AS(p.view({24}), Error);
+  CHECK(zeros({2, 3}).t().contiguous().is_contiguous());
+  CHECK(zeros({2, 3}).t().contiguous().strides() == Shape{2, 1});
+}
+
+TEST_CASE("conversions: dtype, item, to_vector, clone") {
+  const Tensor x = tensor<float>({1.5f, -2.25f, 3.0f});
+  CHECK(x.to(DType::f64).to_vector<double>() == std::vector<double>{1.5, -2.25, 3.0});
+  CHECK(x.to(DType::i64).to_vector<int64_t>() == std::vector<int64_t>{1, -2, 3});
+  CHECK(x.to(DType::boolean).to_vector<bool>() == std::vector<bool>{true, true, true});
+  CHECK(x.to(DType::f32).is_same(x));
+  CHECK(x.to(kCPU).is_same(x));
+  CHECK(x.select(0, 1).item<double>() == -2.25);
+  Tensor c = x.clone();
+  c.fill_(0);
+  CHECK(x.to_vector<float>()[0] == 1.5f);
+  CHECK(x.to_vector<int32_t>() == std::vector<int32_t>{1, -2, 3});
+}
+
+TEST_CASE("f16 and bf16 round to nearest even and keep specials") {
+  CHECK(Half(1.0f).bits == 0x3c00);
+  CHECK(Half(65504.0f).bits == 0x7bff);  // largest finite half
+  CHECK(Half(65520.0f).bits == 0x7c00);  // rounds to inf
+  CHECK(Half(-0.0f).bits == 0x8000);
+  CHECK(Half(5.960464477539063e-08f).bits == 0x0001);  // smallest subnormal
+  CHECK(Half(2.9802322387695312e-08f).bits == 0x0000);  // half-way to it: ties to even (0)
+  CHECK(Half(1.0f + 1.0f / 2048).bits == 0x3c00);       // tie between 0x3c00 and 0x3c01 -> even
+  CHECK(Half(1.0f + 3.0f / 2048).bits == 0x3c02);       // tie between 0x3c01 and 0x3c02 -> even
+  CHECK(std::isnan(static_cast<float>(Half(NAN))));
+  CHECK(static_cast<float>(Half::to_float(0x0001)) == 5.960464477539063e-08f);
+  CHECK(BFloat16(1.0f).bits == 0x3f80);
+  CHECK(BFloat16(1.0f + 1.0f / 256).bits == 0x3f80);  // tie -> even
+  CHECK(BFloat16(1.0f + 3.0f / 256).bits == 0x3f82);
+  CHECK(std::isnan(static_cast<float>(BFloat16(NAN))));
+  CHECK(static_cast<float>(BFloat16(3.0e38f)) == doctest::Approx(3.0e38f).epsilon(1e-2));
+  // Every f16 value survives a round trip through f32.
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const uint16_t h = static_cast<uint16_t>(bits);
+    const float f = Half::to_float(h);
+    if (std::isnan(f)) continue;
+    REQUIRE(Half::from_float(f) == h);
+  }
+  const Tensor x = tensor<float>({0.1f, 1000.0f, -3.5f});
+  CHECK(x.to(DType::bf16).to(DType::f32).to_vector<float>()[2] == -3.5f);
+  CHECK(x.to(DType::f16).to_vector<float>()[0] == doctest::Approx(0.1f).epsilon(1e-3));
+}
+
+TEST_CASE("a released storage throws on use and comes back when materialised") {
+  Tensor unit = zeros({8});
+  const Tensor view = unit.narrow(0, 2, 4);
+  unit.storage()->release();
+  CHECK(view.storage()->is_released());
+  CHECK_THROWS_WITH_AS(view.data_ptr(), doctest::Contains("was released; materialize it"), Error);
+  CHECK_THROWS_AS(view.to_vector<float>(), Error);
+  unit.storage()->materialize();
+  unit.fill_(2);
+  CHECK(view.to_vector<float>() == std::vector<float>(4, 2.0f));
+}
+
+}  // namespace zg::test
