@@ -3,6 +3,7 @@
 // Broadcast operands (stride 0) and transposed views need no special case.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -20,6 +21,16 @@ void for_each_element(const Shape& shape, const std::array<const Shape*, N>& str
   if (count == 0) return;
   if (rank == 0) {
     f(base);
+    return;
+  }
+  // Fast path: every operand contiguous, so all offsets are the flat index.
+  const Shape contiguous = contiguous_strides(shape);
+  if (std::all_of(strides.begin(), strides.end(), [&](const Shape* s) { return *s == contiguous; })) {
+    for (int64_t i = 0; i < count; ++i) {
+      std::array<int64_t, N> offsets;
+      offsets.fill(i);
+      f(offsets);
+    }
     return;
   }
   const int64_t inner = shape[rank - 1];
