@@ -82,9 +82,13 @@ TensorImpl& Tensor::impl() const {
 }
 
 Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
-  for (int64_t s : shape) ZG_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
+  int64_t bytes = zg::element_size(options.dtype());
+  for (int64_t s : shape) {
+    ZG_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
+    ZG_CHECK(!__builtin_mul_overflow(bytes, s, &bytes), "empty: shape ", shape_str(shape), " of ",
+             name(options.dtype()), " is too large (its size in bytes overflows 64 bits)");
+  }
   auto impl = std::make_shared<TensorImpl>();
-  const int64_t bytes = zg::numel(shape) * zg::element_size(options.dtype());
   impl->storage = std::make_shared<Storage>(Context::current().allocator(options.device()), bytes,
                                             MemoryScope::current());
   impl->shape = shape;
@@ -206,7 +210,8 @@ Tensor Tensor::expand(const Shape& target) const {
     }
     const int64_t old = this->shape()[i - lead];
     const int64_t want = target[i] == -1 ? old : target[i];
-    ZG_CHECK(want == old || old == 1, "expand: cannot expand shape ", shape_str(this->shape()), " to ", shape_str(target));
+    ZG_CHECK(want >= 0 && (want == old || old == 1), "expand: cannot expand shape ", shape_str(this->shape()), " to ",
+             shape_str(target));
     shape[i] = want;
     strides[i] = want == old ? this->strides()[i - lead] : 0;
   }
@@ -320,11 +325,13 @@ Tensor arange(int64_t end, TensorOptions options) { return arange(0.0, static_ca
 Tensor arange(double start, double end, double step, TensorOptions options) {
   ZG_CHECK(step != 0 && std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
            "arange: invalid range start=", start, " end=", end, " step=", step);
-  const double count = std::ceil((end - start) / step);
-  ZG_CHECK(count < 1e12, "arange: range start=", start, " end=", end, " step=", step, " is too long");
-  std::vector<double> values(static_cast<size_t>(std::max(0.0, count)));
-  for (size_t i = 0; i < values.size(); ++i) values[i] = start + static_cast<double>(i) * step;
-  return tensor(values, {static_cast<int64_t>(values.size())}, options);
+  const double count = std::max(0.0, std::ceil((end - start) / step));
+  ZG_CHECK(count < 9e18, "arange: range start=", start, " end=", end, " step=", step, " is too long");
+  // Written on the host in f64 (through the allocator, so a huge range is a clean OutOfMemory), then converted.
+  Tensor host = Tensor::empty({static_cast<int64_t>(count)}, DType::f64);
+  double* values = host.data<double>();
+  for (int64_t i = 0; i < host.numel(); ++i) values[i] = start + static_cast<double>(i) * step;
+  return host.to(options.dtype()).to(options.device());
 }
 
 template <class T>

@@ -59,6 +59,11 @@ TEST_CASE("views that strides cannot express") {
                        "share one memory location",
                        Error);
   CHECK_THROWS_WITH_AS(zeros({-1}), "empty: negative size in shape [-1]", Error);
+  CHECK_THROWS_WITH_AS(zeros({1, 3}).expand({2, -3}), "expand: cannot expand shape [1, 3] to [2, -3]", Error);
+  CHECK_THROWS_WITH_AS(empty({int64_t(1) << 40, int64_t(1) << 40}),
+                       "empty: shape [1099511627776, 1099511627776] of f32 is too large (its size in bytes overflows 64 bits)",
+                       Error);
+  CHECK_THROWS_AS(empty({int64_t(1) << 60}, DType::boolean), OutOfMemory);  // an exabyte: the system says no
   CHECK_THROWS_WITH_AS(tensor<float>({1, 2, 3}, {2, 2}), "tensor: 3 values do not fill shape [2, 2]", Error);
 }
 

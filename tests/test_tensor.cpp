@@ -24,6 +24,21 @@ TEST_CASE("factories make the shapes, dtypes and values asked for") {
   CHECK(empty({0, 3}).numel() == 0);
 }
 
+TEST_CASE("broadcasting aligns shapes on the right; sizes match or are 1") {
+  CHECK(broadcast_shapes({2, 1, 4}, {3, 1}, "t") == Shape{2, 3, 4});
+  CHECK(broadcast_shapes({}, {3}, "t") == Shape{3});
+  CHECK(broadcast_shapes({0}, {1}, "t") == Shape{0});
+  CHECK(broadcast_shapes({5, 1}, {1, 0}, "t") == Shape{5, 0});
+  CHECK_THROWS_WITH_AS(broadcast_shapes({2}, {3}, "t"), "t: cannot broadcast shapes [2] and [3]", Error);
+  CHECK_THROWS_AS(broadcast_shapes({2, 3}, {3, 3}, "t"), Error);
+  // A broadcast operand is read through stride-0 views, never copied.
+  const Tensor row = tensor<float>({1, 2, 3});
+  const Tensor col = tensor<float>({10, 20}, {2, 1});
+  CHECK((row + col).to_vector<float>() == std::vector<float>{11, 12, 13, 21, 22, 23});
+  CHECK((col * row).shape() == Shape{2, 3});
+  CHECK(add(zeros({0, 3}), row).shape() == Shape{0, 3});
+}
+
 TEST_CASE("writing through a view changes the base") {
   const Tensor base = arange(0.0, 12.0, 1.0, DType::f32).view({3, 4});
   SUBCASE("select and fill") {
