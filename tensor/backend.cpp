@@ -22,8 +22,7 @@ void register_backend(DeviceType type, Backend* backend) { registry()[static_cas
 
 Backend& backend(Device device) {
   Backend* b = registry()[static_cast<int>(device.type)];
-  ZG_CHECK(b != nullptr, "device ", device.str(), ": this build of zerograd has no CUDA backend ",
-           "(configure with -Dcuda=enabled on a machine with the CUDA toolkit)");
+  ZG_CHECK(b != nullptr, "device ", device.str(), ": this build of zerograd has no CUDA backend");
   return *b;
 }
 

@@ -82,7 +82,8 @@ class Backend {
   virtual void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) = 0;
 
   // loss[i] = logsumexp(logits[i, :]) - logits[i, target[i]], or 0 where
-  // target[i] == ignore_index; logits [N, C] contiguous, target [N] i32/i64.
+  // target[i] == ignore_index; logits [N, C] contiguous, target [N] i32/i64,
+  // loss [N] in f32 (f64 for f64 logits) whatever the logits' dtype.
   virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                              const Tensor& loss) = 0;
 };

@@ -107,14 +107,16 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64
       if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t t = target.data<I>()[i];
+          using Loss = std::conditional_t<std::is_same_v<T, double>, double, float>;
           if (t == ignore_index) {
-            loss.data<T>()[i] = T(0.0f);
+            loss.data<Loss>()[i] = 0;
             continue;
           }
           ZG_CHECK(t >= 0 && t < classes, "cross_entropy: target ", t, " is out of range for ", classes,
                    " classes (row ", i, ")");
           const T* row = logits.data<T>() + i * classes;
-          loss.data<T>()[i] = convert<T>(logsumexp(row, classes) - static_cast<double>(compute_t<T>(row[t])));
+          loss.data<Loss>()[i] =
+              static_cast<Loss>(logsumexp(row, classes) - static_cast<double>(compute_t<T>(row[t])));
         }
       }
     });

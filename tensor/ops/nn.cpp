@@ -81,11 +81,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   ZG_CHECK(logits.dim() >= 1 && target.shape() == lead, "cross_entropy: logits ", describe(logits),
            " need targets of shape ", shape_str(lead), ", got ", describe(target));
   const Tensor rows = as_rows(logits);
-  Tensor losses = empty({rows.size(0)}, options_of(logits));
+  // Per-row losses and their mean stay in f32 (f64 for f64) so that bf16/f16 logits
+  // lose precision once, in the final cast, not in the count or the sum.
+  const DType accumulate = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor losses = empty({rows.size(0)}, TensorOptions(accumulate).device(logits.device()));
   backend(logits.device()).cross_entropy(rows, target.contiguous().view({-1}), ignore_index, losses);
   // Mean over the targets that count: sum(losses) / #(target != ignore_index).
-  const Tensor counted = sum(ne(target, static_cast<double>(ignore_index))).to(logits.dtype());
-  return div(sum(losses), counted);
+  const Tensor counted = sum(ne(target, static_cast<double>(ignore_index))).to(accumulate);
+  return div(sum(losses), counted).to(logits.dtype());
 }
 
 }  // namespace zg
