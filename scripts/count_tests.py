@@ -1,5 +1,7 @@
 """Sums the doctest summaries of a `meson test` run into one closing line.
 
+Usage: count_tests.py TESTLOG_JSON [LABEL]   (LABEL, if given, prefixes the line: "LABEL: ...")
+
 Each test binary prints "[doctest] test cases: T | P passed | F failed | S skipped".
 A binary that printed no summary (it crashed or timed out) counts as one failed
 case, so a crash can never look like a pass. Exits 1 when anything failed.
@@ -24,5 +26,6 @@ with open(sys.argv[1]) as log:
         if f == 0 and record.get("result") not in ("OK", "EXPECTEDFAIL"):
             f = 1  # exited badly after its summary
         passed, failed, skipped = passed + p, failed + f, skipped + s
-print(f"{passed} passed, {failed} failed, {skipped} skipped")
+label = f"{sys.argv[2]}: " if len(sys.argv) > 2 else ""
+print(f"{label}{passed} passed, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed else 0)

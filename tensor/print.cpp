@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 namespace zg {
@@ -63,10 +64,12 @@ Formatter make_formatter(const std::vector<double>& values, DType dtype) {
   return f;
 }
 
+// Renders nested brackets. `values` holds only the shown part (row-major, with
+// `strides`); `shape` is the full shape, which decides where "..." goes.
 struct Printer {
   const std::vector<double>& values;
   const Shape& shape;
-  const Shape strides;  // contiguous
+  const Shape strides;
   const Formatter& format;
   bool summarize;
 
@@ -75,15 +78,14 @@ struct Printer {
     return std::string(std::max<int>(format.width - static_cast<int>(s.size()), 0), ' ') + s;
   }
 
-  // Indices shown along a dim of `size`: all, or the first and last kEdgeItems (-1 marks "...").
+  // Positions (in the shown part) along a dim of full `size`: all of them, or the
+  // first and last kEdgeItems with -1 marking "..." between.
   std::vector<int64_t> shown(int64_t size) const {
     std::vector<int64_t> idx;
-    if (!summarize || size <= 2 * kEdgeItems) {
-      for (int64_t i = 0; i < size; ++i) idx.push_back(i);
-    } else {
-      for (int64_t i = 0; i < kEdgeItems; ++i) idx.push_back(i);
-      idx.push_back(-1);
-      for (int64_t i = size - kEdgeItems; i < size; ++i) idx.push_back(i);
+    const bool cut = summarize && size > 2 * kEdgeItems;
+    for (int64_t i = 0; i < (cut ? 2 * kEdgeItems : size); ++i) {
+      if (cut && i == kEdgeItems) idx.push_back(-1);
+      idx.push_back(i);
     }
     return idx;
   }
@@ -121,9 +123,15 @@ std::string Tensor::str() const {
       suffixes.push_back(size + (dim() == 1 ? ",)" : ")"));
     }
   } else {
-    const std::vector<double> values = to_vector<double>();
+    // Only what is shown is read: a long dim keeps its first and last kEdgeItems.
+    const bool summarize = numel() > kSummarizeThreshold;
+    Tensor part = *this;
+    for (int64_t d = 0; summarize && d < dim(); ++d)
+      if (shape()[d] > 2 * kEdgeItems)
+        part = cat({part.narrow(d, 0, kEdgeItems), part.narrow(d, shape()[d] - kEdgeItems, kEdgeItems)}, d);
+    const std::vector<double> values = part.to_vector<double>();
     const Formatter format = make_formatter(values, dtype());
-    const Printer printer{values, shape(), contiguous_strides(shape()), format, numel() > kSummarizeThreshold};
+    const Printer printer{values, shape(), contiguous_strides(part.shape()), format, summarize};
     body = dim() == 0 ? printer.element(0) : printer.render(0, 0, 7);  // 7 = strlen("tensor(")
     if (dim() == 0) body.erase(0, body.find_first_not_of(' '));
   }

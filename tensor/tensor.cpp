@@ -283,9 +283,10 @@ Tensor Tensor::to(DType dtype) const {
 
 Tensor Tensor::clone() const { return Tensor::empty(shape(), TensorOptions(dtype()).device(device())).copy_(*this); }
 
-double Tensor::item_double() const {
+template <class T>
+T Tensor::item() const {
   ZG_CHECK(numel() == 1, "item: expected a tensor with exactly 1 element, got ", describe(*this));
-  return to_vector<double>()[0];
+  return to_vector<T>()[0];
 }
 
 template <class T>
@@ -346,7 +347,8 @@ Tensor tensor(const std::vector<T>& values, const Shape& shape, TensorOptions op
 
 #define ZG_INSTANTIATE(T)                                                                \
   template Tensor tensor<T>(const std::vector<T>&, const Shape&, TensorOptions);         \
-  template std::vector<T> Tensor::to_vector<T>() const;
+  template std::vector<T> Tensor::to_vector<T>() const;                                  \
+  template T Tensor::item<T>() const;
 ZG_INSTANTIATE(double)
 ZG_INSTANTIATE(float)
 ZG_INSTANTIATE(Half)

@@ -99,9 +99,9 @@ class Tensor {
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
 
+  // The single element as T (an element type of a dtype: float, double, int64_t, ...).
   template <class T>
-  T item() const { return static_cast<T>(item_double()); }
-  double item_double() const;
+  T item() const;
   // All elements in row-major order, converted to T.
   template <class T>
   std::vector<T> to_vector() const;

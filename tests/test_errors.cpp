@@ -1,4 +1,6 @@
 // Bad input gives a zg::Error whose exact text names the op and what was wrong.
+#include <functional>
+
 #include "helpers.h"
 
 namespace zg::test {
@@ -74,6 +76,81 @@ TEST_CASE("devices") {
   CHECK_THROWS_WITH_AS(Device("gpu"), "device: cannot parse 'gpu' (expected cpu, meta, cuda or cuda:N)", Error);
   CHECK_THROWS_WITH_AS(Device("cuda:x"), "device: cannot parse 'cuda:x' (expected cpu, meta, cuda or cuda:N)", Error);
   if (!has_cuda()) CHECK_THROWS_AS(zeros({2}, kCUDA), Error);
+}
+
+}  // namespace zg::test
+
+namespace zg::test {
+
+// Random misuse: random shapes (empty ones and 0-dim included), dtypes, strided
+// views, dims and sizes, thrown at every op. Each call either works or throws
+// zg::Error; any other exception escapes and fails the test, and a crash or a bad
+// memory access is caught when the suite runs under the sanitizers.
+TEST_CASE("random misuse throws zg::Error and nothing else") {
+  uint64_t state = 0x2545F4914F6CDD1Dull;
+  auto pick = [&](int lo, int hi) {  // xorshift: the same sequence on every platform
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return lo + static_cast<int>(state % static_cast<uint64_t>(hi - lo + 1));
+  };
+  auto random_shape = [&] {
+    Shape shape(pick(0, 3));
+    for (int64_t& s : shape) s = pick(0, 3);
+    return shape;
+  };
+  const DType dtypes[] = {DType::f64, DType::f32, DType::bf16, DType::i64, DType::i32, DType::boolean};
+  auto random_tensor = [&] {
+    Tensor t = ones(random_shape(), dtypes[pick(0, 5)]);
+    if (t.dim() >= 2 && pick(0, 2) == 0) t = t.transpose(0, -1);
+    return t;
+  };
+  using Op = std::function<void(const Tensor&, const Tensor&, int64_t, int64_t)>;
+  const std::vector<Op> ops = {
+      [](auto& a, auto& b, auto, auto) { add(a, b); },
+      [](auto& a, auto& b, auto, auto) { div(a, b); },
+      [](auto& a, auto& b, auto, auto) { lt(a, b); },
+      [](auto& a, auto& b, auto, auto) { logical_and(a, b); },
+      [](auto& a, auto&, auto, auto) { exp(a); },
+      [](auto& a, auto&, auto, auto) { neg(a); },
+      [](auto& a, auto& b, auto, auto) { where(a, b, b); },
+      [](auto& a, auto& b, auto, auto) { masked_fill(a, b, 1.0); },
+      [](auto& a, auto&, auto d, auto) { sum(a, {d}); },
+      [](auto& a, auto&, auto d, auto k) { mean(a, {d}, k > 0); },
+      [](auto& a, auto&, auto d, auto) { max(a, {d}); },
+      [](auto& a, auto&, auto d, auto) { argmax(a, d); },
+      [](auto& a, auto& b, auto, auto) { matmul(a, b); },
+      [](auto& a, auto& b, auto d, auto) { matmul(a, b, d > 0, d < 0); },
+      [](auto& a, auto&, auto d, auto) { softmax(a, d); },
+      [](auto& a, auto&, auto d, auto) { log_softmax(a, d); },
+      [](auto& a, auto& b, auto, auto) { layer_norm(a, b, Tensor()); },
+      [](auto& a, auto& b, auto, auto) { embedding(a, b); },
+      [](auto& a, auto& b, auto, auto k) { cross_entropy(a, b, k); },
+      [](auto& a, auto& b, auto d, auto) { cat({a, b}, d); },
+      [](auto& a, auto&, auto d, auto k) { split(a, k, d); },
+      [](auto& a, auto& b, auto, auto) { a.view(b.shape()); },
+      [](auto& a, auto& b, auto, auto) { a.reshape(b.shape()); },
+      [](auto& a, auto& b, auto, auto) { a.expand(b.shape()); },
+      [](auto& a, auto& b, auto, auto) { a.permute(b.shape()); },
+      [](auto& a, auto&, auto d, auto k) { a.narrow(d, k, 1); },
+      [](auto& a, auto&, auto d, auto k) { a.slice(d, k, -k, 1 + (k & 1)); },
+      [](auto& a, auto&, auto d, auto k) { a.select(d, k); },
+      [](auto& a, auto&, auto d, auto) { a.squeeze(d); },
+      [](auto& a, auto&, auto d, auto) { a.unsqueeze(d); },
+      [](auto& a, auto& b, auto, auto) { Tensor(a).copy_(b); },
+      [](auto& a, auto&, auto, auto) { a.template item<float>(); },
+      [](auto& a, auto&, auto, auto) { (void)a.str(); },
+  };
+  int worked = 0, refused = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const Tensor a = random_tensor(), b = random_tensor();
+    try {
+      ops[pick(0, static_cast<int>(ops.size()) - 1)](a, b, pick(-4, 4), pick(-2, 4));
+      ++worked;
+    } catch (const Error&) {
+      ++refused;
+    }
+  }
+  CHECK(worked > 100);  // the generator reaches valid calls too, not only errors
+  CHECK(refused > 100);
 }
 
 }  // namespace zg::test

@@ -16,6 +16,9 @@ TEST_CASE("tensors print like PyTorch") {
   CHECK(tensor<float>({NAN, INFINITY, 1}).str() == "tensor([nan, inf, 1.])");
   const std::string big = arange(2000).str();
   CHECK(big == "tensor([   0,    1,    2,  ..., 1997, 1998, 1999])");
+  CHECK(arange(0.0, 3000.0, 1.0, DType::f32).view({1000, 3}).str() ==
+        "tensor([[   0.,    1.,    2.],\n        [   3.,    4.,    5.],\n        [   6.,    7.,    8.],\n"
+        "        ...,\n        [2991., 2992., 2993.],\n        [2994., 2995., 2996.],\n        [2997., 2998., 2999.]])");
   std::ostringstream os;
   os << ones({1}, DType::bf16);
   CHECK(os.str() == "tensor([1.], dtype=bf16)");
