@@ -81,6 +81,10 @@ class Backend {
   // contiguous, out [N, C]. Throws on an index outside [0, V) where it can check.
   virtual void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) = 0;
 
+  // grad_weight[indices[i], :] += grad_out[i, :] (rows repeat: accumulate).
+  // grad_out [N, C] contiguous, indices [N], grad_weight [V, C] contiguous.
+  virtual void embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) = 0;
+
   // loss[i] = logsumexp(logits[i, :]) - logits[i, target[i]], or 0 where
   // target[i] == ignore_index; logits [N, C] contiguous, target [N] i32/i64,
   // loss [N] in f32 (f64 for f64 logits) whatever the logits' dtype.

@@ -117,6 +117,10 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // logits [..., C], target [...] (i32/i64). NaN when every target is ignored.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100);
 
+// softmax(q k^T / sqrt(D)) v over the last two dims, batched over the rest; `causal`
+// masks key j > query i. q [..., T, D], k [..., S, D], v [..., S, Dv] -> [..., T, Dv].
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+
 // ---- joining and splitting ----
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);  // views; the last may be shorter

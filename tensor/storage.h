@@ -26,6 +26,11 @@ class Storage {
   MemoryCategory category() const { return category_; }
   const std::shared_ptr<Allocator>& allocator() const { return allocator_; }
 
+  // Bumped by every in-place write through the Tensor API; autograd compares it with
+  // the value a saved tensor recorded, to catch modification before backward.
+  uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
   bool is_released() const { return released_; }
   void release();      // gives the bytes back to the allocator; views stay valid objects
   void materialize();  // allocates again (contents undefined until written)
@@ -36,6 +41,7 @@ class Storage {
   MemoryCategory category_;
   Block block_;
   bool released_ = false;
+  uint64_t version_ = 0;
 };
 
 }  // namespace zg

@@ -5,8 +5,11 @@
 #include <cstring>
 #include <optional>
 
+#include "tensor/autograd.h"
 #include "tensor/backend.h"
 #include "tensor/context.h"
+#include "tensor/ops.h"
+#include "tensor/ops/checks.h"
 
 namespace zg {
 
@@ -74,6 +77,38 @@ std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strid
   return new_strides;
 }
 
+// An in-place write into a tensor that is part of a graph would silently corrupt
+// its gradient; writes go through here, which also bumps the storage version.
+void begin_inplace(const Tensor& t, const char* op) {
+  ZG_CHECK(!(GradMode::is_enabled() && t.requires_grad()), op, ": in-place write to ", describe(t),
+           ", which requires grad; do it under NoGradGuard (or on a detach()ed tensor)");
+  t.storage()->bump_version();
+}
+
+const DifferentiableOp kView("view"), kPermute("permute"), kTranspose("transpose"), kNarrow("narrow"),
+    kSlice("slice"), kSelect("select"), kExpand("expand"), kSqueeze("squeeze"), kUnsqueeze("unsqueeze"),
+    kClone("clone"), kToDType("to_dtype"), kToDevice("to_device");
+
+// Views whose gradient is the incoming one reshaped back to the input's shape.
+Tensor record_reshaping(const Tensor& out, const Tensor& in, const DifferentiableOp& op) {
+  if (needs_grad({&in}))
+    record(out, op, {in}, [shape = in.shape()](const Tensor& g) { return std::vector<Tensor>{g.reshape(shape)}; });
+  return out;
+}
+
+// Views of part of the input (narrow, slice, select): the gradient is zero outside
+// the part; `part_of` applies the same view to a zero tensor of the input's shape.
+template <class PartOf>
+Tensor record_part(const Tensor& out, const Tensor& in, const DifferentiableOp& op, PartOf part_of) {
+  if (needs_grad({&in}))
+    record(out, op, {in}, [shape = in.shape(), part_of](const Tensor& g) {
+      Tensor grad = zeros(shape, TensorOptions(g.dtype()).device(g.device()));
+      part_of(grad).copy_(g);
+      return std::vector<Tensor>{grad};
+    });
+  return out;
+}
+
 }  // namespace
 
 TensorImpl& Tensor::impl() const {
@@ -121,13 +156,13 @@ Tensor Tensor::view(const Shape& shape) const {
   auto strides = view_strides(this->shape(), this->strides(), target);
   ZG_CHECK(strides.has_value(), "view: cannot view a tensor of shape ", shape_str(this->shape()), " and strides ",
            shape_str(this->strides()), " as shape ", shape_str(target), "; call contiguous() first or use reshape()");
-  return make_view(*this, target, *strides, offset());
+  return record_reshaping(make_view(*this, target, *strides, offset()), *this, kView);
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
   const Shape target = infer_size(shape, numel(), "reshape");
   if (auto strides = view_strides(this->shape(), this->strides(), target))
-    return make_view(*this, target, *strides, offset());
+    return record_reshaping(make_view(*this, target, *strides, offset()), *this, kView);
   return contiguous().view(target);
 }
 
@@ -143,7 +178,14 @@ Tensor Tensor::permute(const Shape& dims) const {
     shape[i] = this->shape()[d];
     strides[i] = this->strides()[d];
   }
-  return make_view(*this, shape, strides, offset());
+  const Tensor out = make_view(*this, shape, strides, offset());
+  if (needs_grad({this}))
+    record(out, kPermute, {*this}, [dims, rank = dim()](const Tensor& g) {
+      Shape inverse(dims.size());
+      for (size_t i = 0; i < dims.size(); ++i) inverse[wrap_dim(dims[i], rank, "permute")] = static_cast<int64_t>(i);
+      return std::vector<Tensor>{g.permute(inverse)};
+    });
+  return out;
 }
 
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
@@ -152,7 +194,11 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
   Shape shape = this->shape(), strides = this->strides();
   std::swap(shape[dim0], shape[dim1]);
   std::swap(strides[dim0], strides[dim1]);
-  return make_view(*this, shape, strides, offset());
+  const Tensor out = make_view(*this, shape, strides, offset());
+  if (needs_grad({this}))
+    record(out, kTranspose, {*this},
+           [dim0, dim1](const Tensor& g) { return std::vector<Tensor>{g.transpose(dim0, dim1)}; });
+  return out;
 }
 
 Tensor Tensor::t() const {
@@ -168,7 +214,8 @@ Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
            " are out of range for dim ", dim, " of size ", size, " (shape ", shape_str(shape()), ")");
   Shape shape = this->shape();
   shape[dim] = length;
-  return make_view(*this, shape, strides(), offset() + start * strides()[dim]);
+  return record_part(make_view(*this, shape, strides(), offset() + start * strides()[dim]), *this, kNarrow,
+                     [dim, start, length](const Tensor& t) { return t.narrow(dim, start, length); });
 }
 
 Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
@@ -182,7 +229,8 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) cons
   Shape shape = this->shape(), strides = this->strides();
   shape[dim] = (end - start + step - 1) / step;
   strides[dim] *= step;
-  return make_view(*this, shape, strides, offset() + start * this->strides()[dim]);
+  return record_part(make_view(*this, shape, strides, offset() + start * this->strides()[dim]), *this, kSlice,
+                     [dim, start, end, step](const Tensor& t) { return t.slice(dim, start, end, step); });
 }
 
 Tensor Tensor::select(int64_t dim, int64_t index) const {
@@ -194,7 +242,8 @@ Tensor Tensor::select(int64_t dim, int64_t index) const {
   Shape shape = this->shape(), strides = this->strides();
   shape.erase(shape.begin() + dim);
   strides.erase(strides.begin() + dim);
-  return make_view(*this, shape, strides, offset() + index * this->strides()[dim]);
+  return record_part(make_view(*this, shape, strides, offset() + index * this->strides()[dim]), *this, kSelect,
+                     [dim, index](const Tensor& t) { return t.select(dim, index); });
 }
 
 Tensor Tensor::expand(const Shape& target) const {
@@ -215,7 +264,12 @@ Tensor Tensor::expand(const Shape& target) const {
     shape[i] = want;
     strides[i] = want == old ? this->strides()[i - lead] : 0;
   }
-  return make_view(*this, shape, strides, offset());
+  const Tensor out = make_view(*this, shape, strides, offset());
+  if (needs_grad({this}))
+    record(out, kExpand, {*this}, [original = this->shape()](const Tensor& g) {
+      return std::vector<Tensor>{sum_to(g, original)};
+    });
+  return out;
 }
 
 Tensor Tensor::squeeze() const {
@@ -225,7 +279,7 @@ Tensor Tensor::squeeze() const {
     shape.push_back(this->shape()[d]);
     strides.push_back(this->strides()[d]);
   }
-  return make_view(*this, shape, strides, offset());
+  return record_reshaping(make_view(*this, shape, strides, offset()), *this, kSqueeze);
 }
 
 Tensor Tensor::squeeze(int64_t dim) const {
@@ -234,7 +288,7 @@ Tensor Tensor::squeeze(int64_t dim) const {
   Shape shape = this->shape(), strides = this->strides();
   shape.erase(shape.begin() + dim);
   strides.erase(strides.begin() + dim);
-  return make_view(*this, shape, strides, offset());
+  return record_reshaping(make_view(*this, shape, strides, offset()), *this, kSqueeze);
 }
 
 Tensor Tensor::unsqueeze(int64_t dim) const {
@@ -243,7 +297,7 @@ Tensor Tensor::unsqueeze(int64_t dim) const {
   const int64_t stride = dim < this->dim() ? this->strides()[dim] * this->shape()[dim] : 1;
   shape.insert(shape.begin() + dim, 1);
   strides.insert(strides.begin() + dim, stride);
-  return make_view(*this, shape, strides, offset());
+  return record_reshaping(make_view(*this, shape, strides, offset()), *this, kUnsqueeze);
 }
 
 Tensor Tensor::contiguous() const {
@@ -254,6 +308,7 @@ Tensor Tensor::contiguous() const {
 // ---- copies and conversions ----
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  begin_inplace(*this, "copy_");
   for (int64_t d = 0; d < dim(); ++d)
     ZG_CHECK(strides()[d] != 0 || shape()[d] <= 1, "copy_: the destination ", describe(*this),
              " has broadcast (stride 0) dims, so several elements share one memory location");
@@ -267,21 +322,55 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::fill_(double value) {
+  begin_inplace(*this, "fill_");
   backend(device()).fill(*this, value);
   return *this;
 }
 
+Tensor& Tensor::add_(const Tensor& other, double alpha) {
+  detail::check_compatible("add_", *this, other);
+  ZG_CHECK(broadcast_shapes(shape(), other.shape(), "add_") == shape(), "add_: ", describe(other),
+           " does not broadcast to ", describe(*this));
+  const Tensor scaled = alpha == 1.0 ? other : mul(other, alpha);
+  begin_inplace(*this, "add_");
+  backend(device()).binary(BinaryOp::add, *this, scaled.expand(shape()), *this);
+  return *this;
+}
+
+Tensor& Tensor::mul_(double factor) {
+  const Tensor scalar = detail::scalar_like(*this, factor);
+  begin_inplace(*this, "mul_");
+  backend(device()).binary(BinaryOp::mul, *this, scalar.expand(shape()), *this);
+  return *this;
+}
+
+// A new tensor holding this one's values; `op`'s gradient maps back through `back`.
+template <class Back>
+static Tensor converted(const Tensor& src, TensorOptions options, const DifferentiableOp& op, Back back) {
+  Tensor out = Tensor::empty(src.shape(), options);
+  {
+    NoGradGuard no_grad;  // the copy itself is recorded below as one op
+    out.copy_(src);
+  }
+  if (needs_grad({&src})) record(out, op, {src}, [back](const Tensor& g) { return std::vector<Tensor>{back(g)}; });
+  return out;
+}
+
 Tensor Tensor::to(Device device) const {
   if (device == this->device()) return *this;
-  return Tensor::empty(shape(), TensorOptions(dtype()).device(device)).copy_(*this);
+  return converted(*this, TensorOptions(dtype()).device(device), kToDevice,
+                   [from = this->device()](const Tensor& g) { return g.to(from); });
 }
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == this->dtype()) return *this;
-  return Tensor::empty(shape(), TensorOptions(dtype).device(device())).copy_(*this);
+  return converted(*this, TensorOptions(dtype).device(device()), kToDType,
+                   [from = this->dtype()](const Tensor& g) { return g.to(from); });
 }
 
-Tensor Tensor::clone() const { return Tensor::empty(shape(), TensorOptions(dtype()).device(device())).copy_(*this); }
+Tensor Tensor::clone() const {
+  return converted(*this, TensorOptions(dtype()).device(device()), kClone, [](const Tensor& g) { return g; });
+}
 
 template <class T>
 T Tensor::item() const {

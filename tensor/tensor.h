@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -34,12 +35,16 @@ class TensorOptions {
   Device device_ = kCPU;
 };
 
+struct AutogradMeta;  // tensor/autograd.h
+class Node;
+
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   int64_t offset = 0;  // in elements
   Shape shape;
   Shape strides;  // in elements; 0 for broadcast (expanded) dims
   DType dtype = DType::f32;
+  std::shared_ptr<AutogradMeta> autograd;  // null until the tensor takes part in autograd
 };
 
 class Tensor {
@@ -66,6 +71,7 @@ class Tensor {
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
   TensorImpl& impl() const;
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
 
   // Pointer to element 0, read from the storage now (throws if it was released).
   void* data_ptr() const;
@@ -98,6 +104,8 @@ class Tensor {
   Tensor& copy_(const Tensor& src);  // broadcasts src into this, casting dtype and crossing devices
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
+  Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other (other broadcasts)
+  Tensor& mul_(double factor);
 
   // The single element as T (an element type of a dtype: float, double, int64_t, ...).
   template <class T>
@@ -107,6 +115,23 @@ class Tensor {
   std::vector<T> to_vector() const;
 
   std::string str() const;  // as PyTorch prints: tensor([[1., 2.], ...])
+
+  // ---- autograd (tensor/autograd.cpp; the engine is autograd/engine.cpp) ----
+  bool requires_grad() const;
+  Tensor& set_requires_grad(bool requires_grad = true);  // leaves only
+  bool is_leaf() const;                                  // made by the user, not by a recorded op
+  const Tensor& grad() const;                            // undefined until a backward reaches it
+  void set_grad(const Tensor& grad) const;                   // e.g. a view into a flat gradient buffer
+  std::shared_ptr<Node> grad_fn() const;
+  Tensor detach() const;                                 // same storage, no history
+  // Accumulates d(this)/d(leaf) into every leaf's .grad. `grad` defaults to 1 for one element.
+  void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
+  // fn(grad) runs when this tensor's gradient is computed; a defined result replaces it.
+  void register_hook(std::function<Tensor(const Tensor&)> fn) const;
+  // Leaves: fn(leaf) runs after the gradient was accumulated into leaf.grad().
+  void register_post_accumulate_grad_hook(std::function<void(const Tensor&)> fn) const;
+  // Shares `source`'s storage, offset, shape and strides (param.data = ... in PyTorch); keeps autograd state.
+  void set_data(const Tensor& source) const;
 
  private:
   std::shared_ptr<TensorImpl> impl_;

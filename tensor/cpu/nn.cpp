@@ -98,6 +98,21 @@ void CpuBackend::embedding(const Tensor& weight, const Tensor& indices, const Te
   });
 }
 
+void CpuBackend::embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) {
+  const int64_t channels = grad_weight.size(1);
+  with_float(grad_weight.dtype(), "embedding_backward", [&]<class T>() {
+    dispatch(indices.dtype(), [&]<class I>() {
+      if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
+        for (int64_t i = 0; i < indices.numel(); ++i) {
+          const T* g = grad_out.data<T>() + i * channels;
+          T* w = grad_weight.data<T>() + indices.data<I>()[i] * channels;
+          for (int64_t c = 0; c < channels; ++c) w[c] = T(compute_t<T>(w[c]) + compute_t<T>(g[c]));
+        }
+      }
+    });
+  });
+}
+
 // loss_i = lse(logits_i) - logits_i[target_i], or 0 where target_i == ignore_index.
 void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                const Tensor& loss) {

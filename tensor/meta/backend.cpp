@@ -34,6 +34,7 @@ class MetaBackend final : public Backend {
   void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&,
                   const Tensor&) override {}
   void embedding(const Tensor&, const Tensor&, const Tensor&) override {}
+  void embedding_backward(const Tensor&, const Tensor&, const Tensor&) override {}
   void cross_entropy(const Tensor&, const Tensor&, int64_t, const Tensor&) override {}
 };
 

@@ -1,8 +1,11 @@
 // cat writes each input into a narrow() view of the output; split returns views.
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 #include "tensor/ops/checks.h"
 
 namespace zg {
+
+static const DifferentiableOp kCat("cat");
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   ZG_CHECK(!tensors.empty(), "cat: expected at least one tensor");
@@ -23,12 +26,18 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     shape[dim] += got[dim];
   }
   Tensor out = empty(shape, detail::options_of(first));
-  int64_t start = 0;
-  for (const Tensor& t : tensors) {
-    out.narrow(dim, start, t.size(dim)).copy_(t);
-    start += t.size(dim);
+  Shape sizes;
+  {
+    NoGradGuard no_grad;  // the copies are one recorded op
+    int64_t start = 0;
+    for (const Tensor& t : tensors) {
+      out.narrow(dim, start, t.size(dim)).copy_(t);
+      start += t.size(dim);
+      sizes.push_back(t.size(dim));
+    }
   }
-  return out;
+  // The gradient of each input is its slice of the output's gradient.
+  return differentiable(out, kCat, tensors, [sizes, dim](const Tensor& g) { return split(g, sizes, dim); });
 }
 
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {

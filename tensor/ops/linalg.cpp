@@ -1,5 +1,6 @@
 // matmul: broadcasting of batch dims and transposes are views; the kernel sees
 // [B, M, K] @ [B, K, N] with each matrix row- or column-major (what BLAS takes).
+#include "tensor/autograd.h"
 #include "tensor/backend.h"
 #include "tensor/ops.h"
 #include "tensor/ops/checks.h"
@@ -17,6 +18,8 @@ Tensor blas_layout(const Tensor& m) {
   const bool col_major = rs == 1 && cs >= std::max<int64_t>(rows, 1);
   return row_major || col_major ? m : m.contiguous();
 }
+
+const DifferentiableOp kMatmul("matmul");
 
 }  // namespace
 
@@ -47,6 +50,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   const Tensor b3 = blas_layout(b.expand(with_batch(k, n)).reshape({batches, k, n}));
   Tensor out = empty({batches, m, n}, detail::options_of(a));
   backend(a.device()).matmul(a3, b3, out);
+  // C = A B:  dA = dC B^T,  dB = A^T dC  (per batch; broadcast batches are summed by expand's backward)
+  out = differentiable(out, kMatmul, {a3, b3}, [a3 = SavedTensor(a3), b3 = SavedTensor(b3)](const Tensor& g) {
+    return std::vector<Tensor>{matmul(g, b3.get("matmul"), false, true), matmul(a3.get("matmul"), g, true, false)};
+  });
 
   Shape out_shape = with_batch(m, n);
   if (b_in.dim() == 1) out_shape.erase(out_shape.end() - 1);

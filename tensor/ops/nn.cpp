@@ -1,5 +1,9 @@
-// Front-ends of the neural-network primitives. Each kernel works on rows of a
-// contiguous [M, C] matrix; these functions bring any input to that form.
+// Front-ends of the neural-network primitives, each with its gradient. Each
+// kernel works on rows of a contiguous [M, C] matrix; these functions bring any
+// input to that form (with recorded views, so gradients find their way back).
+#include <cmath>
+
+#include "tensor/autograd.h"
 #include "tensor/backend.h"
 #include "tensor/ops.h"
 #include "tensor/ops/checks.h"
@@ -10,6 +14,13 @@ using detail::options_of;
 
 namespace {
 
+using Grads = std::vector<Tensor>;
+
+const DifferentiableOp kSoftmax("softmax"), kLogSoftmax("log_softmax"), kLayerNorm("layer_norm"),
+    kEmbedding("embedding"), kCrossEntropy("cross_entropy"), kAttention("scaled_dot_product_attention");
+
+// dx = y (g - sum(g y))            for y = softmax(x)
+// dx = g - exp(y) sum(g)           for y = log_softmax(x)
 Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   detail::check_floating(name, x);
   if (x.dim() == 0) return softmax_impl(x.view({1}), 0, log, name).view({});
@@ -19,17 +30,27 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   const Tensor rows = moved.view({-1, classes});
   Tensor out = empty_like(rows);
   backend(x.device()).softmax(rows, log, out);
+  out = differentiable(out, log ? kLogSoftmax : kSoftmax, {rows}, [y = SavedTensor(out), log](const Tensor& g) {
+    const Tensor v = y.get(log ? "log_softmax" : "softmax");
+    if (log) return Grads{g - exp(v) * sum(g, {1}, true)};
+    return Grads{v * (g - sum(g * v, {1}, true))};
+  });
   return out.view(moved.shape()).transpose(dim, -1).contiguous();
 }
 
 // Leading dims of `x` flattened: [..., C] -> rows of C.
 Tensor as_rows(const Tensor& x) { return x.contiguous().view({-1, x.size(-1)}); }
 
+// The type statistics and per-row losses are kept in: f32, or f64 for f64 inputs.
+DType accumulate_type(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false, "softmax"); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true, "log_softmax"); }
 
+// y = xhat w + b with xhat = (x - mean) rstd. With gxhat = g w:
+//   dx = rstd (gxhat - mean(gxhat) - xhat mean(gxhat xhat)),  dw = sum_rows(g xhat),  db = sum_rows(g)
 LayerNormOutput layer_norm_with_stats(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   detail::check_floating("layer_norm", x);
   ZG_CHECK(x.dim() >= 1, "layer_norm: expected a tensor of rank >= 1, got ", describe(x));
@@ -43,12 +64,25 @@ LayerNormOutput layer_norm_with_stats(const Tensor& x, const Tensor& weight, con
   }
   const Tensor rows = as_rows(x);
   const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
-  const TensorOptions stat_options = TensorOptions(x.dtype() == DType::f64 ? DType::f64 : DType::f32)
-                                         .device(x.device());
+  const TensorOptions stat_options = TensorOptions(accumulate_type(x.dtype())).device(x.device());
   LayerNormOutput result{empty_like(rows), empty({rows.size(0)}, stat_options), empty({rows.size(0)}, stat_options)};
-  backend(x.device()).layer_norm(rows, weight.defined() ? weight.contiguous() : weight,
-                                 bias.defined() ? bias.contiguous() : bias, eps, result.out, result.mean,
-                                 result.rstd);
+  const Tensor w = weight.defined() ? weight.contiguous() : weight;
+  const Tensor b = bias.defined() ? bias.contiguous() : bias;
+  backend(x.device()).layer_norm(rows, w, b, eps, result.out, result.mean, result.rstd);
+  result.out = differentiable(
+      result.out, kLayerNorm, {rows, w, b},
+      [rows = SavedTensor(rows), w = SavedTensor(w), mu = SavedTensor(result.mean),
+       rstd = SavedTensor(result.rstd), has_bias = b.defined()](const Tensor& g_in) {
+        const Tensor r = rstd.get("layer_norm").unsqueeze(1);
+        const DType acc = r.dtype(), dtype = g_in.dtype();
+        const Tensor g = g_in.to(acc);
+        const Tensor xhat = (rows.get("layer_norm").to(acc) - mu.get("layer_norm").unsqueeze(1)) * r;
+        const Tensor weight_v = w.get("layer_norm");
+        const Tensor gxhat = weight_v.defined() ? g * weight_v.to(acc) : g;
+        const Tensor dx = r * (gxhat - mean(gxhat, {1}, true) - xhat * mean(gxhat * xhat, {1}, true));
+        return Grads{dx.to(dtype), weight_v.defined() ? sum(g * xhat, {0}).to(dtype) : Tensor(),
+                     has_bias ? sum(g, {0}).to(dtype) : Tensor()};
+      });
   result.out = result.out.view(x.shape());
   result.mean = result.mean.view(stat_shape);
   result.rstd = result.rstd.view(stat_shape);
@@ -59,6 +93,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   return layer_norm_with_stats(x, weight, bias, eps).out;
 }
 
+// out[i] = weight[idx[i]]:  dweight[v] = sum of g[i] over the i with idx[i] = v.
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   detail::check_floating("embedding", weight);
   detail::check_index_dtype("embedding", indices);
@@ -67,11 +102,18 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
            describe(indices));
   Shape out_shape = indices.shape();
   out_shape.push_back(weight.size(1));
+  const Tensor flat = indices.contiguous().view({-1});
   Tensor out = empty({indices.numel(), weight.size(1)}, options_of(weight));
-  backend(weight.device()).embedding(weight.contiguous(), indices.contiguous().view({-1}), out);
+  backend(weight.device()).embedding(weight.contiguous(), flat, out);
+  out = differentiable(out, kEmbedding, {weight}, [idx = SavedTensor(flat), shape = weight.shape()](const Tensor& g) {
+    Tensor dw = zeros(shape, options_of(g));
+    backend(g.device()).embedding_backward(g.contiguous(), idx.get("embedding"), dw);
+    return Grads{dw};
+  });
   return out.view(out_shape);
 }
 
+// loss_i = lse(x_i) - x_i[t_i]:  dx_i = g_i (softmax(x_i) - onehot(t_i)), and 0 for ignored rows.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
   detail::check_floating("cross_entropy", logits);
   detail::check_index_dtype("cross_entropy", target);
@@ -81,14 +123,59 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   ZG_CHECK(logits.dim() >= 1 && target.shape() == lead, "cross_entropy: logits ", describe(logits),
            " need targets of shape ", shape_str(lead), ", got ", describe(target));
   const Tensor rows = as_rows(logits);
+  const Tensor flat_target = target.contiguous().view({-1, 1});
   // Per-row losses and their mean stay in f32 (f64 for f64) so that bf16/f16 logits
   // lose precision once, in the final cast, not in the count or the sum.
-  const DType accumulate = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  Tensor losses = empty({rows.size(0)}, TensorOptions(accumulate).device(logits.device()));
-  backend(logits.device()).cross_entropy(rows, target.contiguous().view({-1}), ignore_index, losses);
+  const DType acc = accumulate_type(logits.dtype());
+  Tensor losses = empty({rows.size(0)}, TensorOptions(acc).device(logits.device()));
+  backend(logits.device()).cross_entropy(rows, flat_target.view({-1}), ignore_index, losses);
+  losses = differentiable(
+      losses, kCrossEntropy, {rows},
+      [rows = SavedTensor(rows), t = SavedTensor(flat_target), ignore_index](const Tensor& g) {
+        const Tensor x = rows.get("cross_entropy"), target_v = t.get("cross_entropy");
+        const Tensor classes = arange(x.size(1), TensorOptions(target_v.dtype()).device(x.device())).unsqueeze(0);
+        const Tensor onehot = eq(classes, target_v).to(g.dtype());
+        const Tensor row_grad = g.unsqueeze(1) * ne(target_v, static_cast<double>(ignore_index)).to(g.dtype());
+        return Grads{((softmax(x.to(g.dtype()), 1) - onehot) * row_grad).to(x.dtype())};
+      });
   // Mean over the targets that count: sum(losses) / #(target != ignore_index).
-  const Tensor counted = sum(ne(target, static_cast<double>(ignore_index))).to(accumulate);
+  const Tensor counted = sum(ne(target, static_cast<double>(ignore_index))).to(acc);
   return div(sum(losses), counted).to(logits.dtype());
+}
+
+// S = q k^T / sqrt(D) (masked above the diagonal when causal), P = softmax(S), out = P v.
+// Backward with dP = g v^T:  dv = P^T g,  dS = P (dP - sum(dP P)) / sqrt(D),  dq = dS k,  dk = dS^T q.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  const char* name = "scaled_dot_product_attention";
+  detail::check_floating(name, q);
+  detail::check_compatible(name, q, k);
+  detail::check_compatible(name, q, v);
+  ZG_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), name,
+           ": expected q, k, v of one rank >= 2, got ", describe(q), ", ", describe(k), ", ", describe(v));
+  ZG_CHECK(q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2), name, ": q ", describe(q), ", k ", describe(k),
+           " and v ", describe(v), " need q, k of one head size and k, v of one length");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  Tensor probs, out;
+  {
+    NoGradGuard no_grad;  // recorded below as one op with its own backward
+    Tensor scores = matmul(q, k, false, true) * scale;
+    if (causal) {
+      const TensorOptions idx = TensorOptions(DType::i64).device(q.device());
+      const Tensor above = gt(arange(k.size(-2), idx).unsqueeze(0), arange(q.size(-2), idx).unsqueeze(1));
+      scores = masked_fill(scores, above, -INFINITY);
+    }
+    probs = softmax(scores, -1);
+    out = matmul(probs, v);
+  }
+  return differentiable(out, kAttention, {q, k, v},
+                        [q = SavedTensor(q), k = SavedTensor(k), v = SavedTensor(v), p = SavedTensor(probs),
+                         scale](const Tensor& g) {
+                          const Tensor P = p.get("attention"), V = v.get("attention");
+                          const Tensor dP = matmul(g, V, false, true);
+                          const Tensor dS = P * (dP - sum(dP * P, {-1}, true)) * scale;
+                          return Grads{matmul(dS, k.get("attention")), matmul(dS, q.get("attention"), true, false),
+                                       matmul(P, g, true, false)};
+                        });
 }
 
 }  // namespace zg

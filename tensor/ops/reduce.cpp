@@ -3,6 +3,7 @@
 // and reduce each row of the resulting [kept, reduced] matrix.
 #include <algorithm>
 
+#include "tensor/autograd.h"
 #include "tensor/backend.h"
 #include "tensor/ops.h"
 #include "tensor/ops/checks.h"
@@ -21,6 +22,35 @@ const char* op_name(ReduceOp op) {
     case ReduceOp::argmin: return "argmin";
   }
   return "reduce";
+}
+
+const DifferentiableOp kSum("sum"), kMean("mean"), kMax("max"), kMin("min");
+
+const DifferentiableOp& op_def(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::mean: return kMean;
+    case ReduceOp::max: return kMax;
+    case ReduceOp::min: return kMin;
+    default: return kSum;
+  }
+}
+
+// Gradient of one row reduction, rows [M, R] -> out [M]; the permute/view chain
+// around it carries the gradient back to the input's layout.
+//   sum: every element gets g;  mean: g / R;
+//   max/min: the elements equal to the result share g equally (as torch.amax).
+Node::Backward row_backward(ReduceOp op, const Tensor& rows, const Tensor& out) {
+  const Shape shape = rows.shape();
+  if (op == ReduceOp::sum || op == ReduceOp::mean)
+    return [op, shape](const Tensor& g) {
+      const Tensor spread = g.unsqueeze(1).expand(shape);
+      return std::vector<Tensor>{op == ReduceOp::mean ? spread / static_cast<double>(shape[1]) : spread};
+    };
+  return [rows = SavedTensor(rows), out = SavedTensor(out)](const Tensor& g) {
+    const Tensor x = rows.get("max/min");
+    const Tensor hit = eq(x, out.get("max/min").unsqueeze(1)).to(g.dtype());
+    return std::vector<Tensor>{hit * (g / sum(hit, {1})).unsqueeze(1)};
+  };
 }
 
 Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim) {
@@ -58,6 +88,7 @@ Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim)
   const Tensor rows_view = x.permute(order).contiguous().view({rows, row_length});
   Tensor out = empty({rows}, TensorOptions(is_arg ? DType::i64 : x.dtype()).device(x.device()));
   backend(x.device()).reduce(op, rows_view, out);
+  if (!is_arg) out = differentiable(out, op_def(op), {rows_view}, row_backward(op, rows_view, out));
   return out.view(out_shape);
 }
 

@@ -1,0 +1,80 @@
+// The backward engine. Gradients flow from the root through the recorded nodes in
+// dependency order: a node runs once every node that feeds it has run, so its
+// incoming gradient is complete (the sum over all paths) when it runs.
+//
+//   1. count, for every node reachable from the root, the edges that point to it;
+//   2. start with the root; run a ready node's backward formula, add each result
+//      into the pending gradient of the node its edge leads to, and when that
+//      node's count reaches zero, it is ready;
+//   3. leaves are reached through AccumulateGrad nodes, which add into .grad.
+#include <deque>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+
+namespace zg {
+
+namespace {
+
+void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
+  NoGradGuard no_grad;
+  // Gradients in flight are activation-sized temporaries; only what lands in .grad is `gradient`.
+  MemoryScope scope(MemoryCategory::activation);
+
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<std::shared_ptr<Node>> visited{root};
+  std::unordered_set<Node*> seen{root.get()};
+  for (size_t i = 0; i < visited.size(); ++i) {
+    for (const Edge& edge : visited[i]->next_edges()) {
+      if (!edge.node) continue;
+      ++dependencies[edge.node.get()];
+      if (seen.insert(edge.node.get()).second) visited.push_back(edge.node);
+    }
+  }
+
+  std::unordered_map<Node*, Tensor> pending{{root.get(), root_grad}};
+  std::deque<std::shared_ptr<Node>> ready{root};
+  while (!ready.empty()) {
+    const std::shared_ptr<Node> node = ready.front();
+    ready.pop_front();
+    Tensor grad = std::move(pending[node.get()]);
+    pending.erase(node.get());
+    std::vector<Tensor> input_grads;
+    if (grad.defined()) {
+      for (const auto& hook : node->pre_hooks)
+        if (Tensor replaced = hook(grad); replaced.defined()) grad = replaced;
+      input_grads = node->apply(grad);
+    }
+    const auto& edges = node->next_edges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      Node* next = edges[i].node.get();
+      if (!next) continue;
+      if (i < input_grads.size() && input_grads[i].defined()) {
+        Tensor& slot = pending[next];
+        slot = slot.defined() ? add(slot, input_grads[i]) : input_grads[i];
+      }
+      if (--dependencies[next] == 0) ready.push_back(edges[i].node);
+    }
+  }
+  if (!retain_graph)
+    for (const auto& node : visited) node->release();
+}
+
+}  // namespace
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+  ZG_CHECK(requires_grad(), "backward: ", describe(*this), " does not require grad (no recorded op leads to it)");
+  Tensor root_grad = grad;
+  if (!root_grad.defined()) {
+    ZG_CHECK(numel() == 1, "backward: ", describe(*this),
+             " has more than one element; pass the gradient of the output (only a single element gets 1)");
+    root_grad = ones_like(*this);
+  }
+  ZG_CHECK(root_grad.shape() == shape() && root_grad.dtype() == dtype() && root_grad.device() == device(),
+           "backward: gradient ", describe(root_grad), " does not match the output ", describe(*this));
+  run_backward(gradient_edge(*this), root_grad, retain_graph);
+}
+
+}  // namespace zg

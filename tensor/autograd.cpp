@@ -1,0 +1,178 @@
+#include "tensor/autograd.h"
+
+#include "tensor/ops.h"
+
+namespace zg {
+
+namespace {
+thread_local bool grad_mode_enabled = true;
+
+AutogradMeta& meta_of(const Tensor& t) {
+  auto& meta = t.impl().autograd;
+  if (!meta) meta = std::make_shared<AutogradMeta>();
+  return *meta;
+}
+
+std::shared_ptr<AccumulateGrad> accumulator_of(const Tensor& leaf) {
+  AutogradMeta& meta = meta_of(leaf);
+  std::shared_ptr<AccumulateGrad> acc = meta.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(leaf.impl_ptr());
+    meta.grad_accumulator = acc;
+  }
+  return acc;
+}
+}  // namespace
+
+bool GradMode::is_enabled() { return grad_mode_enabled; }
+void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
+
+Tensor SavedTensor::get(const std::string& op) const {
+  if (tensor_.defined() && tensor_.storage()->version() != version_)
+    fail("backward of ", op, ": a tensor saved for it (", describe(tensor_),
+         ") was modified in place after it was saved (version ", version_, " -> ", tensor_.storage()->version(),
+         "); clone it before modifying it");
+  return tensor_;
+}
+
+std::vector<Tensor> Node::apply(const Tensor& grad) {
+  ZG_CHECK(backward_ != nullptr, "backward: the graph through ", name_,
+           " was freed by an earlier backward(); pass retain_graph=true to go through it twice");
+  return backward_(grad);
+}
+
+void Node::release() { backward_ = nullptr; }
+
+std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
+  const std::shared_ptr<TensorImpl> impl = leaf_.lock();
+  if (!impl) return {};  // the leaf no longer exists: nothing to accumulate into
+  const Tensor leaf(impl);
+  AutogradMeta& meta = meta_of(leaf);
+  Tensor g = grad;
+  for (const auto& hook : meta.hooks)
+    if (Tensor replaced = hook(g); replaced.defined()) g = replaced;
+  if (meta.grad.defined()) {
+    meta.grad.add_(g);  // in place: a .grad that is a view into a flat buffer stays one
+  } else {
+    MemoryScope scope(MemoryCategory::gradient);
+    meta.grad = empty_like(leaf);
+    meta.grad.copy_(g);
+  }
+  for (const auto& hook : meta.post_accumulate_hooks) hook(leaf);
+  return {};
+}
+
+namespace {
+std::vector<std::string>& op_registry() {
+  static std::vector<std::string> names;
+  return names;
+}
+}  // namespace
+
+DifferentiableOp::DifferentiableOp(const char* name) : name_(name) { op_registry().emplace_back(name); }
+const std::vector<std::string>& DifferentiableOp::all() { return op_registry(); }
+
+std::shared_ptr<Node> gradient_edge(const Tensor& t) {
+  if (auto fn = t.grad_fn()) return fn;
+  return accumulator_of(t);
+}
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
+            Node::Backward backward) {
+  std::vector<Edge> edges;
+  edges.reserve(inputs.size());
+  for (const Tensor& input : inputs) {
+    if (!input.defined() || !input.requires_grad()) edges.push_back({});
+    else edges.push_back({gradient_edge(input)});
+  }
+  AutogradMeta& meta = meta_of(out);
+  meta.requires_grad = true;
+  meta.grad_fn = std::make_shared<Node>(op.name(), std::move(edges), std::move(backward));
+}
+
+Tensor differentiable(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
+                      Node::Backward backward) {
+  if (needs_grad(inputs)) record(out, op, inputs, std::move(backward));
+  return out;
+}
+
+Tensor sum_to(const Tensor& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  const int64_t lead = grad.dim() - static_cast<int64_t>(shape.size());
+  Shape dims;
+  for (int64_t d = 0; d < grad.dim(); ++d)
+    if (d < lead || (shape[d - lead] == 1 && grad.shape()[d] != 1)) dims.push_back(d);
+  return dims.empty() ? grad.reshape(shape) : sum(grad, dims, true).reshape(shape);
+}
+
+// ---- Tensor's autograd methods ----
+
+bool Tensor::requires_grad() const { return impl().autograd && impl().autograd->requires_grad; }
+
+Tensor& Tensor::set_requires_grad(bool requires_grad) {
+  ZG_CHECK(is_leaf(), "set_requires_grad: only leaf tensors can be set; ", describe(*this),
+           " is the output of ", grad_fn()->name(), " (use detach() for a new leaf)");
+  ZG_CHECK(!requires_grad || is_floating(dtype()), "set_requires_grad: only floating-point tensors can require grad, got ",
+           describe(*this));
+  meta_of(*this).requires_grad = requires_grad;
+  return *this;
+}
+
+bool Tensor::is_leaf() const { return !impl().autograd || !impl().autograd->grad_fn; }
+
+const Tensor& Tensor::grad() const {
+  static const Tensor undefined;
+  return impl().autograd ? impl().autograd->grad : undefined;
+}
+
+void Tensor::set_grad(const Tensor& grad) const {
+  if (grad.defined())
+    ZG_CHECK(grad.shape() == shape() && grad.dtype() == dtype() && grad.device() == device(),
+             "set_grad: gradient ", describe(grad), " does not match the tensor ", describe(*this));
+  meta_of(*this).grad = grad;
+}
+
+std::shared_ptr<Node> Tensor::grad_fn() const { return impl().autograd ? impl().autograd->grad_fn : nullptr; }
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>(this->impl());
+  impl->autograd = nullptr;
+  return Tensor(std::move(impl));
+}
+
+void Tensor::register_hook(std::function<Tensor(const Tensor&)> fn) const {
+  ZG_CHECK(requires_grad(), "register_hook: ", describe(*this), " does not require grad");
+  if (auto node = grad_fn()) node->pre_hooks.push_back(std::move(fn));
+  else meta_of(*this).hooks.push_back(std::move(fn));
+}
+
+void Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&)> fn) const {
+  ZG_CHECK(requires_grad() && is_leaf(), "register_post_accumulate_grad_hook: ", describe(*this),
+           " is not a leaf that requires grad");
+  meta_of(*this).post_accumulate_hooks.push_back(std::move(fn));
+}
+
+void Tensor::set_data(const Tensor& source) const {
+  ZG_CHECK(source.dtype() == dtype(), "set_data: dtype mismatch: ", describe(*this), " and ", describe(source));
+  TensorImpl& self = impl();
+  self.storage = source.storage();
+  self.offset = source.offset();
+  self.shape = source.shape();
+  self.strides = source.strides();
+}
+
+}  // namespace zg

@@ -1,0 +1,135 @@
+// The part of autograd every op needs: grad mode, the graph node, saved tensors
+// with their version check, and record(), which an op calls after computing its
+// output to attach its backward formula. Ops keep forward and backward side by
+// side (tensor/ops/*.cpp, Tensor's view methods); the engine that runs a
+// backward pass over these nodes lives in autograd/.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace zg {
+
+// Thread-local switch: with grad mode off, ops record nothing.
+class GradMode {
+ public:
+  static bool is_enabled();
+  static void set_enabled(bool enabled);
+};
+
+class NoGradGuard {
+ public:
+  NoGradGuard() : previous_(GradMode::is_enabled()) { GradMode::set_enabled(false); }
+  ~NoGradGuard() { GradMode::set_enabled(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// A tensor kept for backward, with the storage version it had when saved.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  // Keeps a detached handle: the same storage (so re-materialising it revives the
+  // saved tensor) without the autograd links that would make a reference cycle.
+  explicit SavedTensor(const Tensor& t)
+      : tensor_(t.defined() ? t.detach() : t), version_(t.defined() ? t.storage()->version() : 0) {}
+  // The tensor; throws if it was modified in place since it was saved.
+  Tensor get(const std::string& op) const;
+
+ private:
+  Tensor tensor_;
+  uint64_t version_ = 0;
+};
+
+class Node;
+struct Edge {
+  std::shared_ptr<Node> node;  // null: this input needs no gradient
+};
+
+// One recorded op: its backward formula and one edge per input. An op has one
+// differentiable output, so a node takes one incoming gradient.
+class Node {
+ public:
+  using Backward = std::function<std::vector<Tensor>(const Tensor& grad)>;
+
+  Node(std::string name, std::vector<Edge> next, Backward backward)
+      : name_(std::move(name)), next_(std::move(next)), backward_(std::move(backward)) {}
+  virtual ~Node() = default;
+
+  const std::string& name() const { return name_; }
+  const std::vector<Edge>& next_edges() const { return next_; }
+  // Gradients for the inputs, one per edge (undefined where an input needs none).
+  virtual std::vector<Tensor> apply(const Tensor& grad);
+  // Frees the saved tensors (after a backward without retain_graph).
+  virtual void release();
+
+  // Tensor hooks of the output this node produced: each may replace the gradient.
+  std::vector<std::function<Tensor(const Tensor&)>> pre_hooks;
+
+ private:
+  std::string name_;
+  std::vector<Edge> next_;
+  Backward backward_;
+};
+
+// The node at the end of every path to a leaf: adds the gradient into leaf.grad()
+// (in place when .grad exists, so a grad that is a view into a flat buffer stays
+// one), then runs the leaf's post-accumulate-grad hooks.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::weak_ptr<TensorImpl> leaf) : Node("AccumulateGrad", {}, nullptr), leaf_(leaf) {}
+  std::vector<Tensor> apply(const Tensor& grad) override;
+  void release() override {}
+
+ private:
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;                  // set for outputs of recorded ops
+  std::weak_ptr<AccumulateGrad> grad_accumulator;  // leaves: shared by every use in a graph
+  // Leaves keep their hooks here (non-leaves on grad_fn), so they outlive any one graph.
+  std::vector<std::function<Tensor(const Tensor&)>> hooks;
+  std::vector<std::function<void(const Tensor&)>> post_accumulate_hooks;
+};
+
+// The names of all differentiable ops, each registered once by the op's source
+// file; the gradcheck test checks that every one of them has a case.
+class DifferentiableOp {
+ public:
+  explicit DifferentiableOp(const char* name);
+  const char* name() const { return name_; }
+  static const std::vector<std::string>& all();
+
+ private:
+  const char* name_;
+};
+
+// Where a gradient for `t` enters the graph: its grad_fn, or a leaf's accumulator.
+std::shared_ptr<Node> gradient_edge(const Tensor& t);
+
+// True when grad mode is on and any of `inputs` requires grad.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+bool needs_grad(const std::vector<Tensor>& inputs);
+// Makes `out` the output of a node for `op` with these inputs and backward formula.
+void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
+            Node::Backward backward);
+
+// Records `op` on `out` when grad mode is on and an input requires grad; returns out.
+// Ops read as: return differentiable(forward..., op, {inputs}, backward);
+Tensor differentiable(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
+                      Node::Backward backward);
+
+// Sums a gradient over the dims that broadcasting expanded, back to `shape`.
+Tensor sum_to(const Tensor& grad, const Shape& shape);
+
+}  // namespace zg

@@ -1,0 +1,223 @@
+// Autograd: a gradcheck case for every differentiable op (the registry of ops is
+// checked against this table, so a new op without a case fails here), and the
+// engine's behaviour: accumulation, retain_graph, hooks, grad mode, version checks.
+#include <map>
+
+#include "autograd/gradcheck.h"
+#include "helpers.h"
+#include "tensor/autograd.h"
+
+namespace zg::test {
+namespace {
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+struct GradCase {
+  std::vector<Tensor> inputs;  // f64; those that require grad are checked
+  Fn fn;
+  double eps = 1e-6, atol = 1e-6, rtol = 1e-4;
+  bool needs_gpu = false;
+};
+
+TensorOptions f64_on(Device d) { return TensorOptions(DType::f64).device(d); }
+Tensor leaf(Tensor t) { return t.set_requires_grad(true); }
+Tensor normal_leaf(const Shape& s, Device d) { return leaf(randn(s, f64_on(d))); }
+Tensor positive_leaf(const Shape& s, Device d) { return leaf(uniform(s, 0.5, 2.0, f64_on(d))); }
+// Values at least 0.1 apart, so max/min/relu/abs have no tie or kink within eps.
+Tensor spread_leaf(const Shape& s, Device d) {
+  Tensor t = arange(0.0, static_cast<double>(numel(s)), 1.0, f64_on(d)) * 0.37 - 1.13;
+  std::vector<double> v = t.to_vector<double>();
+  for (size_t i = 0; i < v.size(); ++i) std::swap(v[i], v[(i * 7919) % v.size()]);
+  return leaf(tensor(v, s, f64_on(d)));
+}
+
+#define FN [](const std::vector<Tensor>& x) -> Tensor
+
+std::map<std::string, GradCase> grad_cases(Device d) {
+  const Tensor idx = tensor<int64_t>({0, 3, 3, 1, 4, 0}, {2, 3}, TensorOptions(DType::i64).device(d));
+  const Tensor target = tensor<int64_t>({2, -100, 0, 4}, {4}, TensorOptions(DType::i64).device(d));
+  std::map<std::string, GradCase> c;
+  c["neg"] = {{normal_leaf({3, 4}, d)}, FN { return neg(x[0]); }};
+  c["abs"] = {{spread_leaf({3, 4}, d)}, FN { return abs(x[0]); }};
+  c["exp"] = {{normal_leaf({3, 4}, d)}, FN { return exp(x[0]); }};
+  c["log"] = {{positive_leaf({3, 4}, d)}, FN { return log(x[0]); }};
+  c["sqrt"] = {{positive_leaf({3, 4}, d)}, FN { return sqrt(x[0]); }};
+  c["rsqrt"] = {{positive_leaf({3, 4}, d)}, FN { return rsqrt(x[0]); }};
+  c["sin"] = {{normal_leaf({3, 4}, d)}, FN { return sin(x[0]); }};
+  c["cos"] = {{normal_leaf({3, 4}, d)}, FN { return cos(x[0]); }};
+  c["tanh"] = {{normal_leaf({3, 4}, d)}, FN { return tanh(x[0]); }};
+  c["sigmoid"] = {{normal_leaf({3, 4}, d)}, FN { return sigmoid(x[0]); }};
+  c["relu"] = {{spread_leaf({3, 4}, d)}, FN { return relu(x[0]); }};
+  c["gelu"] = {{normal_leaf({3, 4}, d)}, FN { return gelu(x[0]); }};
+  c["add"] = {{normal_leaf({2, 3, 4}, d), normal_leaf({3, 1}, d)}, FN { return x[0] + x[1]; }};
+  c["sub"] = {{normal_leaf({4, 1}, d), normal_leaf({1, 5}, d)}, FN { return x[0] - x[1]; }};
+  c["mul"] = {{normal_leaf({2, 3}, d), normal_leaf({3}, d)}, FN { return x[0] * x[1] * 1.5; }};
+  c["div"] = {{normal_leaf({2, 3}, d), positive_leaf({2, 1}, d)}, FN { return x[0] / x[1]; }};
+  c["pow"] = {{positive_leaf({2, 3}, d), normal_leaf({2, 3}, d)}, FN { return pow(x[0], x[1]) + pow(x[0], 3.0); }};
+  c["maximum"] = {{spread_leaf({3, 4}, d), spread_leaf({4}, d)}, FN { return maximum(x[0], x[1]); }};
+  c["minimum"] = {{spread_leaf({3, 4}, d), spread_leaf({3, 1}, d)}, FN { return minimum(x[0], x[1]); }};
+  c["where"] = {{normal_leaf({3, 4}, d), normal_leaf({4}, d)},
+                FN { return where(gt(x[0], 0.0), x[0], x[1]) + masked_fill(x[1], lt(x[1], 0.0), 2.0); }};
+  c["sum"] = {{normal_leaf({2, 3, 4}, d)}, FN { return sum(x[0], {0, 2}, true) + sum(x[0]); }};
+  c["mean"] = {{normal_leaf({2, 3, 4}, d)}, FN { return mean(x[0], {1}); }};
+  c["max"] = {{spread_leaf({2, 3, 4}, d)}, FN { return max(x[0], {-1}); }};
+  c["min"] = {{spread_leaf({2, 3, 4}, d)}, FN { return min(x[0], {0, 1}, true); }};
+  c["matmul"] = {{normal_leaf({2, 1, 3, 4}, d), normal_leaf({3, 5, 4}, d), normal_leaf({4}, d)},
+                 FN { return matmul(x[0], x[1], false, true) + matmul(x[0], x[2]).unsqueeze(-1); }};
+  c["softmax"] = {{normal_leaf({3, 4, 5}, d)}, FN { return softmax(x[0], 1); }};
+  c["log_softmax"] = {{normal_leaf({3, 5}, d)}, FN { return log_softmax(x[0], -1); }};
+  c["layer_norm"] = {{normal_leaf({2, 3, 6}, d), normal_leaf({6}, d), normal_leaf({6}, d)},
+                     FN { return layer_norm(x[0], x[1], x[2]) + layer_norm(x[0], Tensor(), Tensor()); }};
+  c["embedding"] = {{normal_leaf({5, 3}, d)}, [idx](const std::vector<Tensor>& x) { return embedding(x[0], idx); }};
+  c["cross_entropy"] = {{normal_leaf({4, 5}, d)},
+                        [target](const std::vector<Tensor>& x) { return cross_entropy(x[0], target); }};
+  c["scaled_dot_product_attention"] = {
+      {normal_leaf({2, 4, 3}, d), normal_leaf({2, 4, 3}, d), normal_leaf({2, 4, 2}, d)},
+      FN { return scaled_dot_product_attention(x[0], x[1], x[2], true) +
+                  scaled_dot_product_attention(x[0], x[1], x[2], false); }};
+  c["cat"] = {{normal_leaf({2, 3}, d), normal_leaf({2, 2}, d)}, FN { return cat({x[0], x[1] * 2.0}, 1); }};
+  c["view"] = {{normal_leaf({2, 6}, d)}, FN { return x[0].view({3, 4}) * x[0].t().reshape({3, 4}); }};
+  c["permute"] = {{normal_leaf({2, 3, 4}, d)}, FN { return x[0].permute({2, 0, 1}) * 2.0; }};
+  c["transpose"] = {{normal_leaf({2, 3}, d)}, FN { return x[0].transpose(0, 1) * 2.0; }};
+  c["narrow"] = {{normal_leaf({4, 3}, d)}, FN { return x[0].narrow(0, 1, 2) * 3.0; }};
+  c["slice"] = {{normal_leaf({6, 2}, d)}, FN { return x[0].slice(0, 1, 6, 2) * 3.0; }};
+  c["select"] = {{normal_leaf({3, 4}, d)}, FN { return x[0].select(1, 2) * 3.0; }};
+  c["expand"] = {{normal_leaf({3, 1}, d)}, FN { return x[0].expand({2, 3, 4}) * 3.0; }};
+  c["squeeze"] = {{normal_leaf({3, 1, 2}, d)}, FN { return x[0].squeeze(1) * x[0].squeeze().unsqueeze(1).squeeze(1); }};
+  c["unsqueeze"] = {{normal_leaf({3, 2}, d)}, FN { return x[0].unsqueeze(0) * 3.0; }};
+  c["clone"] = {{normal_leaf({3, 2}, d)}, FN { return x[0].t().contiguous() * x[0].t().clone(); }};
+  c["to_dtype"] = {{normal_leaf({3, 2}, d)}, FN { return x[0].to(DType::f32).to(DType::f64) * 2.0; }, 1e-2, 1e-4, 1e-4};
+  c["to_device"] = {{normal_leaf({3, 2}, d)}, FN { return (x[0].to(kCUDA) * 2.0).to(kCPU); }, 1e-6, 1e-6, 1e-4, true};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("every differentiable op has a gradcheck case") {
+  const auto cases = grad_cases(kCPU);
+  for (const std::string& op : DifferentiableOp::all()) {
+    INFO("op without a gradcheck case: " << op);
+    CHECK(cases.count(op) == 1);
+  }
+  CHECK(DifferentiableOp::all().size() >= 40);
+}
+
+TEST_CASE("gradcheck passes for every differentiable op in f64") {
+  for (Device device : devices()) {
+    manual_seed(99);
+    for (const auto& [name, c] : grad_cases(device)) {
+      if (c.needs_gpu && devices().size() < 2) continue;
+      const GradcheckResult r = gradcheck(c.fn, c.inputs, c.eps, c.atol, c.rtol);
+      INFO(name << " on " << device.str() << ": " << r.message);
+      CHECK(r.ok);
+    }
+  }
+}
+
+TEST_CASE("gradcheck catches a wrong formula") {
+  // d/dx of x * stop_gradient(x) is x, not 2x: detach makes backward "wrong" for the true function.
+  const Tensor x = normal_leaf({3}, kCPU);
+  const GradcheckResult r = gradcheck(FN { return x[0] * x[0].detach(); }, {x});
+  CHECK_FALSE(r.ok);
+  CHECK(r.message.find("element 0") != std::string::npos);
+}
+
+TEST_CASE("gradients accumulate over paths and over backward calls") {
+  const Tensor x = leaf(tensor<double>({1, 2, 3}));
+  const Tensor y = sum(x * x + x);  // dy/dx = 2x + 1
+  y.backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{3, 5, 7});
+  sum(x * 2.0).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{5, 7, 9});
+  CHECK(x.grad().storage()->category() == MemoryCategory::gradient);
+}
+
+TEST_CASE("backward of a non-scalar needs its gradient") {
+  const Tensor x = leaf(tensor<double>({1, 2}));
+  const Tensor y = x * 3.0;
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("has more than one element"), Error);
+  y.backward(tensor<double>({1, 10}));
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{3, 30});
+  CHECK_THROWS_WITH_AS(tensor<double>({1}).backward(), doctest::Contains("does not require grad"), Error);
+}
+
+TEST_CASE("retain_graph") {
+  const Tensor x = leaf(tensor<double>({2}));
+  const Tensor y = sum(exp(x));
+  y.backward(Tensor(), true);
+  y.backward();
+  CHECK(x.grad().item<double>() == doctest::Approx(2 * std::exp(2.0)));
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("was freed by an earlier backward(); pass retain_graph=true"),
+                       Error);
+}
+
+TEST_CASE("grad mode, detach and requires_grad propagation") {
+  const Tensor x = leaf(tensor<double>({1, 2}));
+  const Tensor c = tensor<double>({5, 6});
+  CHECK((x * c).requires_grad());
+  CHECK_FALSE((c * c).requires_grad());
+  CHECK_FALSE(x.detach().requires_grad());
+  CHECK(x.detach().storage() == x.storage());
+  {
+    NoGradGuard no_grad;
+    CHECK_FALSE((x * c).requires_grad());
+  }
+  CHECK((x * c).grad_fn()->name() == "mul");
+  CHECK(x.is_leaf());
+  CHECK_FALSE((x * c).is_leaf());
+  CHECK_THROWS_WITH_AS((x * c).set_requires_grad(true), doctest::Contains("only leaf tensors"), Error);
+  CHECK_THROWS_WITH_AS(tensor<int64_t>({1}).set_requires_grad(true),
+                       "set_requires_grad: only floating-point tensors can require grad, got i64[1] on cpu", Error);
+  CHECK_THROWS_WITH_AS(Tensor(x).fill_(0), doctest::Contains("fill_: in-place write to f64[2] on cpu, which requires grad"),
+                       Error);
+}
+
+TEST_CASE("a saved tensor modified in place makes backward throw") {
+  const Tensor w = leaf(tensor<double>({1, 2}));
+  Tensor x = tensor<double>({3, 4});
+  const Tensor y = sum(w * x);  // saves x
+  x.fill_(0);
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("backward of mul: a tensor saved for it (f64[2] on cpu) was "
+                                                       "modified in place after it was saved (version 0 -> 1)"),
+                       Error);
+}
+
+TEST_CASE("tensor hooks and post-accumulate-grad hooks") {
+  const Tensor x = leaf(tensor<double>({1, 2}));
+  const Tensor h = x * 2.0;
+  h.register_hook([](const Tensor& g) { return g * 10.0; });  // replaces the gradient flowing into h
+  int calls = 0;
+  std::vector<double> seen;
+  x.register_post_accumulate_grad_hook([&](const Tensor& p) {
+    ++calls;
+    seen = p.grad().to_vector<double>();
+  });
+  sum(h).backward();
+  CHECK(calls == 1);
+  CHECK(seen == std::vector<double>{20, 20});
+  x.register_hook([](const Tensor& g) { return g * 0.5; });  // leaf hook: before accumulation
+  sum(x * 1.0).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{20.5, 20.5});
+}
+
+TEST_CASE("a grad that is a view into a flat buffer is accumulated in place") {
+  const Tensor flat_grad = zeros({5}, DType::f64);
+  const Tensor a = leaf(tensor<double>({1, 2}));
+  const Tensor b = leaf(tensor<double>({3, 4, 5}));
+  a.set_grad(flat_grad.narrow(0, 0, 2));
+  b.set_grad(flat_grad.narrow(0, 2, 3));
+  sum(a * b.narrow(0, 0, 2)).backward();
+  CHECK(flat_grad.to_vector<double>() == std::vector<double>{3, 4, 1, 2, 0});
+  CHECK(a.grad().storage() == flat_grad.storage());
+}
+
+TEST_CASE("set_data re-points a parameter into a flat buffer, keeping its autograd state") {
+  const Tensor flat = arange(0.0, 6.0, 1.0, DType::f64);
+  const Tensor p = leaf(zeros({2, 2}, DType::f64));
+  p.set_data(flat.narrow(0, 2, 4).view({2, 2}));
+  CHECK(p.requires_grad());
+  CHECK(p.to_vector<double>() == std::vector<double>{2, 3, 4, 5});
+  sum(p * p).backward();
+  CHECK(p.grad().to_vector<double>() == std::vector<double>{4, 6, 8, 10});
+}
+
+}  // namespace zg::test
