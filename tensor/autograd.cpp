@@ -167,12 +167,16 @@ void Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&
 }
 
 void Tensor::set_data(const Tensor& source) const {
-  ZG_CHECK(source.dtype() == dtype(), "set_data: dtype mismatch: ", describe(*this), " and ", describe(source));
+  ZG_CHECK(source.defined(), "set_data: got an undefined tensor for ", describe(*this));
   TensorImpl& self = impl();
+  const bool same_kind = source.shape() == self.shape && source.dtype() == self.dtype &&
+                         source.device() == self.storage->device();
   self.storage = source.storage();
   self.offset = source.offset();
   self.shape = source.shape();
   self.strides = source.strides();
+  self.dtype = source.dtype();
+  if (!same_kind && self.autograd) self.autograd->grad = Tensor();  // a gradient of the old kind no longer fits
 }
 
 }  // namespace zg

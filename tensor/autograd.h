@@ -21,15 +21,21 @@ class GradMode {
   static void set_enabled(bool enabled);
 };
 
-class NoGradGuard {
+// Sets grad mode for a scope and restores it after.
+class GradModeGuard {
  public:
-  NoGradGuard() : previous_(GradMode::is_enabled()) { GradMode::set_enabled(false); }
-  ~NoGradGuard() { GradMode::set_enabled(previous_); }
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
+  explicit GradModeGuard(bool enabled) : previous_(GradMode::is_enabled()) { GradMode::set_enabled(enabled); }
+  ~GradModeGuard() { GradMode::set_enabled(previous_); }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
 
  private:
   bool previous_;
+};
+
+class NoGradGuard : public GradModeGuard {
+ public:
+  NoGradGuard() : GradModeGuard(false) {}
 };
 
 // A tensor kept for backward, with the storage version it had when saved.

@@ -31,7 +31,10 @@ enum class BinaryOp : uint8_t {
 bool is_comparison(BinaryOp op);
 bool is_logical(BinaryOp op);
 
-enum class ReduceOp : uint8_t { sum, mean, max, min, argmax, argmin };
+enum class ReduceOp : uint8_t {
+  sum, mean, max, min, argmax, argmin,
+  sum_of_squares,  // out in f32 (f64 for f64 input), whatever the input dtype: for gradient norms
+};
 
 enum class Distribution : uint8_t { uniform, normal };
 struct RandomSpec {
@@ -40,6 +43,16 @@ struct RandomSpec {
   double b = 1.0;  // uniform: high; normal: std
   uint64_t seed = 0;
   uint64_t first_block = 0;  // Philox counter block of element 0 (see tensor/philox.h)
+};
+
+// One AdamW step (Loshchilov & Hutter), decoupled weight decay, bias-corrected:
+//   g = grad * grad_scale;  p -= lr * weight_decay * p
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+//   p -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
+struct AdamWStep {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  double grad_scale = 1.0;  // unscales (1 / loss scale) and clips in the same pass
+  int64_t step = 1;         // 1 for the first update
 };
 
 class Backend {
@@ -61,7 +74,7 @@ class Backend {
   // out[i] = cond[i] ? a[i] : b[i]; cond is bool.
   virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
 
-  // in: [M, R] contiguous; out: [M] (i64 for argmax/argmin). Reduces each row.
+  // in: [M, R] contiguous; out: [M] (i64 for argmax/argmin, f32/f64 for sum_of_squares). Reduces each row.
   virtual void reduce(ReduceOp op, const Tensor& in, const Tensor& out) = 0;
 
   // out[b] = a[b] @ b_[b]: a [B, M, K], b [B, K, N], out [B, M, N] contiguous. Each
@@ -80,6 +93,12 @@ class Backend {
   // out[i, :] = weight[indices[i], :]; weight [V, C] contiguous, indices [N] i32/i64
   // contiguous, out [N, C]. Throws on an index outside [0, V) where it can check.
   virtual void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) = 0;
+
+  // Fused AdamW over flat spans, all [n] contiguous: master, m, v in f32 (updated in
+  // place), grad in any floating dtype; compute (if defined and not master itself) receives the
+  // new master rounded to its dtype in the same call -- the bf16/f16 weights the model runs with.
+  virtual void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const Tensor& compute, const AdamWStep& step) = 0;
 
   // grad_weight[indices[i], :] += grad_out[i, :] (rows repeat: accumulate).
   // grad_out [N, C] contiguous, indices [N], grad_weight [V, C] contiguous.

@@ -89,6 +89,9 @@ Tensor min(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // i64; first index of the maximum
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor argmax(const Tensor& x);  // index into the flattened tensor
+// sum(x^2) over every element, accumulated and returned in f32 (f64 for f64): gradient norms
+// of bf16/f16 buffers without an f32 copy. Not differentiable.
+Tensor sum_of_squares(const Tensor& x);
 
 // ---- linear algebra ----
 // Batched matrix product with NumPy broadcasting of the batch dims; trans_a / trans_b

@@ -130,7 +130,8 @@ class Tensor {
   void register_hook(std::function<Tensor(const Tensor&)> fn) const;
   // Leaves: fn(leaf) runs after the gradient was accumulated into leaf.grad().
   void register_post_accumulate_grad_hook(std::function<void(const Tensor&)> fn) const;
-  // Shares `source`'s storage, offset, shape and strides (param.data = ... in PyTorch); keeps autograd state.
+  // Shares `source`'s storage, offset, shape, strides and dtype (param.data = ... in PyTorch),
+  // keeping autograd state; .grad is dropped if the shape, dtype or device changed.
   void set_data(const Tensor& source) const;
 
  private:

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "autograd/gradcheck.h"
+#include "nn/checkpoint.h"
 #include "helpers.h"
 #include "tensor/autograd.h"
 
@@ -86,6 +87,10 @@ std::map<std::string, GradCase> grad_cases(Device d) {
   c["unsqueeze"] = {{normal_leaf({3, 2}, d)}, FN { return x[0].unsqueeze(0) * 3.0; }};
   c["clone"] = {{normal_leaf({3, 2}, d)}, FN { return x[0].t().contiguous() * x[0].t().clone(); }};
   c["to_dtype"] = {{normal_leaf({3, 2}, d)}, FN { return x[0].to(DType::f32).to(DType::f64) * 2.0; }, 1e-2, 1e-4, 1e-4};
+  c["checkpoint"] = {{normal_leaf({3, 4}, d), normal_leaf({4}, d)}, FN {
+                       return nn::checkpoint([](const std::vector<Tensor>& in) { return tanh(in[0] * in[1]) * in[0]; },
+                                             {x[0], x[1]});
+                     }};
   c["to_device"] = {{normal_leaf({3, 2}, d)}, FN { return (x[0].to(kCUDA) * 2.0).to(kCPU); }, 1e-6, 1e-6, 1e-4, true};
   return c;
 }

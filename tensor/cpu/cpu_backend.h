@@ -22,6 +22,8 @@ class CpuBackend final : public Backend {
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                   const Tensor& mean, const Tensor& rstd) override;
   void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) override;
+  void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute,
+             const AdamWStep& step) override;
   void embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) override;
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss) override;
 };

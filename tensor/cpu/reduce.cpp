@@ -54,6 +54,15 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
           case ReduceOp::min: out.data<T>()[i] = row[extreme_index(row, length, less)]; break;
           case ReduceOp::argmax: out.data<int64_t>()[i] = extreme_index(row, length, greater); break;
           case ReduceOp::argmin: out.data<int64_t>()[i] = extreme_index(row, length, less); break;
+          case ReduceOp::sum_of_squares: {
+            double total = 0;
+            for (int64_t j = 0; j < length; ++j) {
+              const double x = static_cast<double>(compute_t<T>(row[j]));
+              total += x * x;
+            }
+            dispatch(out.dtype(), [&]<class S>() { out.data<S>()[i] = convert<S>(total); });
+            break;
+          }
         }
       }
     } else {

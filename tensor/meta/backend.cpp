@@ -35,6 +35,7 @@ class MetaBackend final : public Backend {
                   const Tensor&) override {}
   void embedding(const Tensor&, const Tensor&, const Tensor&) override {}
   void embedding_backward(const Tensor&, const Tensor&, const Tensor&) override {}
+  void adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWStep&) override {}
   void cross_entropy(const Tensor&, const Tensor&, int64_t, const Tensor&) override {}
 };
 

@@ -20,6 +20,7 @@ const char* op_name(ReduceOp op) {
     case ReduceOp::min: return "min";
     case ReduceOp::argmax: return "argmax";
     case ReduceOp::argmin: return "argmin";
+    case ReduceOp::sum_of_squares: return "sum_of_squares";
   }
   return "reduce";
 }
@@ -57,7 +58,7 @@ Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim)
   const char* name = op_name(op);
   detail::check_defined(name, input);
   const bool is_arg = op == ReduceOp::argmax || op == ReduceOp::argmin;
-  if (op == ReduceOp::mean) detail::check_floating(name, input);
+  if (op == ReduceOp::mean || op == ReduceOp::sum_of_squares) detail::check_floating(name, input);
   if (op != ReduceOp::sum)
     ZG_CHECK(input.dtype() != DType::boolean, name, ": not defined for bool tensors, got ", describe(input));
   // Integers and bools sum into i64, as in PyTorch, so counts cannot overflow.
@@ -86,9 +87,12 @@ Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim)
            ": cannot reduce over a zero-size dimension (", describe(x), ")");
 
   const Tensor rows_view = x.permute(order).contiguous().view({rows, row_length});
-  Tensor out = empty({rows}, TensorOptions(is_arg ? DType::i64 : x.dtype()).device(x.device()));
+  const DType out_dtype = is_arg ? DType::i64
+                          : op == ReduceOp::sum_of_squares ? (x.dtype() == DType::f64 ? DType::f64 : DType::f32)
+                                                           : x.dtype();
+  Tensor out = empty({rows}, TensorOptions(out_dtype).device(x.device()));
   backend(x.device()).reduce(op, rows_view, out);
-  if (!is_arg) out = differentiable(out, op_def(op), {rows_view}, row_backward(op, rows_view, out));
+  if (!is_arg && op != ReduceOp::sum_of_squares) out = differentiable(out, op_def(op), {rows_view}, row_backward(op, rows_view, out));
   return out.view(out_shape);
 }
 
@@ -100,6 +104,8 @@ Tensor max(const Tensor& x, const Shape& dims, bool keepdim) { return reduce(Red
 Tensor min(const Tensor& x, const Shape& dims, bool keepdim) { return reduce(ReduceOp::min, x, dims, keepdim); }
 Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) { return reduce(ReduceOp::argmax, x, {dim}, keepdim); }
 Tensor argmin(const Tensor& x, int64_t dim, bool keepdim) { return reduce(ReduceOp::argmin, x, {dim}, keepdim); }
+Tensor sum_of_squares(const Tensor& x) { return reduce(ReduceOp::sum_of_squares, x, {}, false); }
+
 Tensor argmax(const Tensor& x) {
   detail::check_defined("argmax", x);
   return reduce(ReduceOp::argmax, x.reshape({-1}), {0}, false);

@@ -1,0 +1,55 @@
+#include "nn/checkpoint.h"
+
+#include "tensor/autograd.h"
+#include "tensor/context.h"
+
+namespace zg::nn {
+
+namespace {
+const DifferentiableOp kCheckpoint("checkpoint");
+}
+
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs) {
+  Generator& generator = Context::current().generator();
+  const uint64_t seed = generator.seed(), offset = generator.offset();
+  Tensor out;
+  {
+    NoGradGuard no_grad;  // nothing inside is saved for backward
+    out = fn(inputs);
+  }
+  // Recorded even when no input requires grad: the parameters inside fn may.
+  if (!GradMode::is_enabled()) return out;
+  std::vector<SavedTensor> saved;
+  std::vector<bool> input_needs_grad;
+  for (const Tensor& x : inputs) {
+    saved.emplace_back(x);
+    input_needs_grad.push_back(x.defined() && x.requires_grad());
+  }
+  record(out, kCheckpoint, inputs, [fn, saved, input_needs_grad, seed, offset](const Tensor& g) {
+    std::vector<Tensor> replay;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      Tensor x = saved[i].get("checkpoint");
+      if (x.defined()) x = x.detach();
+      if (input_needs_grad[i]) x.set_requires_grad(true);
+      replay.push_back(x);
+    }
+    Generator& gen = Context::current().generator();
+    const uint64_t now_seed = gen.seed(), now_offset = gen.offset();
+    gen.manual_seed(seed);
+    gen.set_offset(offset);
+    Tensor recomputed;
+    {
+      GradModeGuard grad_on(true);
+      recomputed = fn(replay);
+    }
+    gen.manual_seed(now_seed);
+    gen.set_offset(now_offset);
+    if (recomputed.requires_grad()) recomputed.backward(g);
+    std::vector<Tensor> grads;
+    for (const Tensor& x : replay) grads.push_back(x.defined() && x.requires_grad() ? x.grad() : Tensor());
+    return grads;
+  });
+  return out;
+}
+
+}  // namespace zg::nn

@@ -1,0 +1,89 @@
+#include "nn/gpt.h"
+
+#include <cmath>
+
+#include "nn/checkpoint.h"
+
+namespace zg::nn {
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, TensorOptions options) : n_head(config.n_head) {
+  ZG_CHECK(config.n_embd % config.n_head == 0, "GPT: n_embd ", config.n_embd, " is not a multiple of n_head ",
+           config.n_head);
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  c_attn = register_module("c_attn", std::make_shared<Linear>(config.n_embd, 3 * config.n_embd, true, 0.02, options));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(config.n_embd, config.n_embd, true, proj_std, options));
+  resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(config.dropout));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2), head = channels / n_head;
+  // qkv [B, T, 3C] -> q, k, v each [B, H, T, D]
+  const std::vector<Tensor> qkv = split((*c_attn)(x), channels, 2);
+  auto heads = [&](const Tensor& t) { return t.view({batch, time, n_head, head}).transpose(1, 2); };
+  const Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), true);
+  return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({batch, time, channels})));
+}
+
+MLP::MLP(const GPTConfig& config, TensorOptions options) {
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  c_fc = register_module("c_fc", std::make_shared<Linear>(config.n_embd, 4 * config.n_embd, true, 0.02, options));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * config.n_embd, config.n_embd, true, proj_std, options));
+  dropout = register_module("dropout", std::make_shared<Dropout>(config.dropout));
+}
+
+Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)(gelu((*c_fc)(x)))); }
+
+Block::Block(const GPTConfig& config, TensorOptions options) {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(config.n_embd, 1e-5, true, options));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(config, options));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(config.n_embd, 1e-5, true, options));
+  mlp = register_module("mlp", std::make_shared<MLP>(config, options));
+}
+
+Tensor Block::forward(const Tensor& x) {
+  const Tensor h1 = x + (*attn)((*ln_1)(x));
+  return h1 + (*mlp)((*ln_2)(h1));
+}
+
+GPT::GPT(const GPTConfig& cfg, TensorOptions options) : config(cfg) {
+  ZG_CHECK(config.n_layer > 0 && config.n_head > 0 && config.n_embd > 0 && config.vocab_size > 0 &&
+               config.block_size > 0,
+           "GPT: every size in the config must be positive");
+  transformer = register_module("transformer", std::make_shared<Module>());
+  wte = transformer->register_module("wte", std::make_shared<Embedding>(config.vocab_size, config.n_embd, 0.02, options));
+  wpe = transformer->register_module("wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, 0.02, options));
+  h = transformer->register_module("h", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(std::make_shared<Block>(config, options));
+  ln_f = transformer->register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, 1e-5, true, options));
+}
+
+GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
+  ZG_CHECK(idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()), "GPT: expected token ids [B, T] (i32/i64), got ",
+           describe(idx));
+  const int64_t time = idx.size(1);
+  ZG_CHECK(time <= config.block_size, "GPT: sequence of ", time, " tokens is longer than block_size ",
+           config.block_size);
+  const Tensor positions = arange(time, TensorOptions(DType::i64).device(idx.device()));
+  Tensor x = (*wte)(idx) + (*wpe)(positions);
+  x = dropout(x, config.dropout, is_training());
+  for (size_t i = 0; i < h->size(); ++i) {
+    Module& block = (*h)[i];
+    if (config.activation_checkpointing) x = checkpoint([&block](const std::vector<Tensor>& in) { return block(in[0]); }, {x});
+    else x = block(x);
+  }
+  x = (*ln_f)(x);
+  GPTOutput out;
+  // The LM head is the token embedding, transposed (weight tying).
+  out.logits = matmul(x.reshape({-1, config.n_embd}), wte->weight, false, true)
+                   .view({idx.size(0), time, config.vocab_size});
+  if (targets.defined()) out.loss = cross_entropy(out.logits, targets, -1);
+  return out;
+}
+
+int64_t GPT::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& [_, p] : named_parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace zg::nn

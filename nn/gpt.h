@@ -1,0 +1,74 @@
+// A GPT-2 model (Radford et al. 2019), laid out like Hugging Face's GPT2LMHeadModel
+// so parameter names match: transformer.wte, transformer.wpe, transformer.h.<i>
+// (ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj), transformer.ln_f.
+// The LM head shares the token embedding's weight (tied), as in GPT-2.
+#pragma once
+
+#include <memory>
+
+#include "nn/layers.h"
+
+namespace zg::nn {
+
+struct GPTConfig {
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  int64_t vocab_size = 50257;
+  int64_t block_size = 1024;
+  double dropout = 0.0;
+  bool activation_checkpointing = false;  // recompute each block's activations in backward
+};
+
+// softmax(q k^T / sqrt(d)) v per head, causal; q, k, v from one projection c_attn.
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const GPTConfig& config, TensorOptions options);
+  Tensor forward(const Tensor& x) override;  // [B, T, C] -> [B, T, C]
+  std::shared_ptr<Linear> c_attn, c_proj;
+  std::shared_ptr<Dropout> resid_dropout;
+  int64_t n_head;
+};
+
+// c_proj(gelu(c_fc(x))), hidden size 4C.
+class MLP : public Module {
+ public:
+  MLP(const GPTConfig& config, TensorOptions options);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Linear> c_fc, c_proj;
+  std::shared_ptr<Dropout> dropout;
+};
+
+// Pre-norm residual block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
+class Block : public Module {
+ public:
+  Block(const GPTConfig& config, TensorOptions options);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<MLP> mlp;
+};
+
+struct GPTOutput {
+  Tensor logits;  // [B, T, vocab]
+  Tensor loss;    // mean cross-entropy over targets != -1; undefined without targets
+};
+
+class GPT : public Module {
+ public:
+  // Parameters are created with `options` (dtype and device) and GPT-2's initialisation:
+  // N(0, 0.02) weights, zero biases, unit norms, and N(0, 0.02 / sqrt(2 n_layer)) for the
+  // projections that write into the residual stream.
+  explicit GPT(const GPTConfig& config, TensorOptions options = {});
+  // idx [B, T] token ids (i64); targets [B, T] or undefined; a target of -1 is ignored.
+  GPTOutput forward(const Tensor& idx, const Tensor& targets);
+  int64_t num_parameters() const;
+
+  GPTConfig config;
+  std::shared_ptr<Module> transformer;
+  std::shared_ptr<Embedding> wte, wpe;
+  std::shared_ptr<ModuleList> h;
+  std::shared_ptr<LayerNorm> ln_f;
+};
+
+}  // namespace zg::nn

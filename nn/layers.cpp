@@ -1,0 +1,46 @@
+#include "nn/layers.h"
+
+namespace zg::nn {
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, double init_std, TensorOptions options) {
+  weight = register_parameter("weight", normal({out_features, in_features}, 0.0, init_std, options));
+  if (has_bias) bias = register_parameter("bias", zeros({out_features}, options));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  ZG_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "Linear: input ", describe(x), " does not end in ",
+           weight.size(1), " features (weight ", describe(weight), ")");
+  // Fold the leading dims into rows: one [rows, in] x [in, out] GEMM.
+  Shape out_shape = x.shape();
+  out_shape.back() = weight.size(0);
+  Tensor y = matmul(x.reshape({-1, weight.size(1)}), weight, false, true);
+  if (bias.defined()) y = y + bias;
+  return y.view(out_shape);
+}
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, double init_std, TensorOptions options) {
+  weight = register_parameter("weight", normal({num_embeddings, embedding_dim}, 0.0, init_std, options));
+}
+
+Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps_, bool has_bias, TensorOptions options) : eps(eps_) {
+  weight = register_parameter("weight", ones({dim}, options));
+  if (has_bias) bias = register_parameter("bias", zeros({dim}, options));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }
+
+Dropout::Dropout(double p_) : p(p_) {
+  ZG_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got ", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  if (!training || p == 0) return x;
+  const Tensor keep = lt(rand(x.shape(), TensorOptions(DType::f32).device(x.device())), 1.0 - p);
+  return x * keep.to(x.dtype()) * (1.0 / (1.0 - p));
+}
+
+}  // namespace zg::nn

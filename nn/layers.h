@@ -1,0 +1,49 @@
+// The layers of a GPT: Linear, Embedding, LayerNorm, Dropout. Each registers its
+// parameters with the names PyTorch uses (weight, bias), so checkpoints and
+// named_parameters() read the same in both.
+#pragma once
+
+#include "nn/module.h"
+#include "tensor/ops.h"
+
+namespace zg::nn {
+
+// y = x W^T + b, W [out, in] (PyTorch's layout). Initialised N(0, init_std), bias 0.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, double init_std = 0.02,
+         TensorOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;
+};
+
+// out[...] = weight[index[...]]; weight [num, dim] ~ N(0, init_std).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, double init_std = 0.02, TensorOptions options = {});
+  Tensor forward(const Tensor& indices) override;
+  Tensor weight;
+};
+
+// Normalises the last dim: (x - mean) / sqrt(var + eps) * weight + bias; weight 1, bias 0.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5, bool bias = true, TensorOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;
+  double eps;
+};
+
+// In training, zeroes each element with probability p and scales the rest by 1/(1-p);
+// the mask comes from the rank's Philox generator, so a run is reproducible (and
+// activation checkpointing replays the same mask). Identity in eval mode.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.1);
+  Tensor forward(const Tensor& x) override;
+  double p;
+};
+
+Tensor dropout(const Tensor& x, double p, bool training);
+
+}  // namespace zg::nn

@@ -1,0 +1,114 @@
+#include "nn/module.h"
+
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+
+namespace zg::nn {
+
+Tensor Module::forward(const Tensor&) {
+  fail("forward: this module has no one-tensor forward; call its own forward method");
+}
+
+Tensor Module::operator()(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& hook : pre_hooks_)
+    if (Tensor replaced = hook(*this, x); replaced.defined()) x = replaced;
+  Tensor out = forward(x);
+  for (const auto& hook : post_hooks_)
+    if (Tensor replaced = hook(*this, x, out); replaced.defined()) out = replaced;
+  return out;
+}
+
+Tensor Module::register_parameter(const std::string& name, const Tensor& value, bool requires_grad) {
+  ZG_CHECK(value.defined(), "register_parameter: '", name, "' is an undefined tensor");
+  ZG_CHECK(name.find('.') == std::string::npos && !name.empty(), "register_parameter: invalid name '", name, "'");
+  for (const auto& [existing, _] : parameters_)
+    ZG_CHECK(existing != name, "register_parameter: '", name, "' is already registered");
+  Tensor param = value.detach();
+  if (param.storage()->category() != MemoryCategory::parameter) {
+    MemoryScope scope(MemoryCategory::parameter);
+    NoGradGuard no_grad;
+    param = value.clone();
+  }
+  if (requires_grad) param.set_requires_grad(true);
+  parameters_.emplace_back(name, param);
+  return param;
+}
+
+Tensor Module::register_buffer(const std::string& name, const Tensor& value) {
+  ZG_CHECK(!name.empty() && name.find('.') == std::string::npos, "register_buffer: invalid name '", name, "'");
+  buffers_.emplace_back(name, value.detach());
+  return buffers_.back().second;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
+  ZG_CHECK(module != nullptr, "register_module: '", name, "' is null");
+  for (const auto& [existing, _] : children_)
+    ZG_CHECK(existing != name, "register_module: '", name, "' is already registered");
+  children_.emplace_back(name, std::move(module));
+}
+
+void Module::collect(const std::string& prefix, bool buffers, NamedTensors& out) const {
+  for (const auto& [name, t] : buffers ? buffers_ : parameters_) out.emplace_back(prefix + name, t);
+  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", buffers, out);
+}
+
+NamedTensors Module::named_parameters() const {
+  NamedTensors out;
+  collect("", false, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [_, p] : named_parameters()) out.push_back(p);
+  return out;
+}
+
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  collect("", true, out);
+  return out;
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out{{"", this}};
+  for (const auto& [name, child] : children_)
+    for (const auto& [path, m] : child->named_modules()) out.emplace_back(path.empty() ? name : name + "." + path, m);
+  return out;
+}
+
+void Module::train(bool training) {
+  training_ = training;
+  for (auto& [_, child] : children_) child->train(training);
+}
+
+void Module::apply(const std::function<void(const std::string&, Module&)>& fn) {
+  for (auto& [path, m] : named_modules()) fn(path, *m);
+}
+
+void Module::convert(const std::function<Tensor(const Tensor&)>& fn) {
+  NoGradGuard no_grad;
+  for (auto& [_, m] : named_modules()) {
+    for (auto& [name, p] : m->parameters_) {
+      MemoryScope scope(MemoryCategory::parameter);
+      p.set_data(fn(p.detach()));
+    }
+    for (auto& [name, b] : m->buffers_) b.set_data(fn(b.detach()));
+  }
+}
+
+void Module::to(Device device) {
+  convert([device](const Tensor& t) { return t.to(device); });
+}
+
+void Module::to(DType dtype) {
+  ZG_CHECK(is_floating(dtype), "to: modules convert to floating dtypes only, got ", name(dtype));
+  convert([dtype](const Tensor& t) { return is_floating(t.dtype()) ? t.to(dtype) : t; });
+}
+
+void Module::zero_grad() {
+  for (const Tensor& p : parameters()) p.set_grad(Tensor());
+}
+
+}  // namespace zg::nn

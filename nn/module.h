@@ -1,0 +1,89 @@
+// Module: the base of every layer and model, as in libtorch's C++ frontend.
+// A module owns named parameters, buffers and submodules; named_parameters()
+// walks them recursively with dotted names ("transformer.h.0.attn.c_attn.weight"),
+// in registration order, which is also the order the dist layer packs them in.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace zg::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  // The one-tensor forward of layers and blocks. Call it through operator(), which
+  // runs the forward pre-hooks and hooks around it (ZeRO-3 gathers a unit there).
+  virtual Tensor forward(const Tensor& input);
+  Tensor operator()(const Tensor& input);
+
+  // A parameter is stored as given, in the `parameter` memory category (a tensor
+  // made outside that category is copied into it) and set to require grad.
+  Tensor register_parameter(const std::string& name, const Tensor& value, bool requires_grad = true);
+  Tensor register_buffer(const std::string& name, const Tensor& value);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+
+  NamedTensors named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  NamedTensors named_buffers() const;
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
+  // This module and every descendant with its dotted path ("" for this one).
+  std::vector<std::pair<std::string, Module*>> named_modules();
+
+  void train(bool training = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // Moves or converts every parameter and buffer in place: the Tensor handles held
+  // elsewhere (an optimizer, a hook) see the new data. to(dtype) converts floating
+  // tensors only.
+  void to(Device device);
+  void to(DType dtype);
+  void apply(const std::function<void(const std::string& path, Module& module)>& fn);
+  void zero_grad();  // drops every parameter's .grad
+
+  using ForwardPreHook = std::function<Tensor(Module&, const Tensor& input)>;  // defined result replaces input
+  using ForwardHook = std::function<Tensor(Module&, const Tensor& input, const Tensor& output)>;  // ... output
+  void register_forward_pre_hook(ForwardPreHook hook) { pre_hooks_.push_back(std::move(hook)); }
+  void register_forward_hook(ForwardHook hook) { post_hooks_.push_back(std::move(hook)); }
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> module);
+  void collect(const std::string& prefix, bool buffers, NamedTensors& out) const;
+  void convert(const std::function<Tensor(const Tensor&)>& fn);
+
+  NamedTensors parameters_, buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<ForwardPreHook> pre_hooks_;
+  std::vector<ForwardHook> post_hooks_;
+  bool training_ = true;
+};
+
+// A list of modules named "0", "1", ... (transformer.h.0, transformer.h.1, ...).
+class ModuleList : public Module {
+ public:
+  template <class M>
+  std::shared_ptr<M> push_back(std::shared_ptr<M> module) {
+    items_.push_back(module);
+    return register_module(std::to_string(items_.size() - 1), std::move(module));
+  }
+  size_t size() const { return items_.size(); }
+  Module& operator[](size_t i) const { return *items_.at(i); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> items_;
+};
+
+}  // namespace zg::nn

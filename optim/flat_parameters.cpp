@@ -1,0 +1,64 @@
+#include "optim/flat_parameters.h"
+
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+
+namespace zg::optim {
+
+Tensor FlatParameters::view_of(const Tensor& flat, const Entry& entry) {
+  return flat.narrow(0, entry.offset, zg::numel(entry.shape)).view(entry.shape);
+}
+
+FlatParameters::FlatParameters(const nn::NamedTensors& parameters, DType compute_dtype) {
+  ZG_CHECK(is_floating(compute_dtype), "FlatParameters: compute dtype must be floating, got ", name(compute_dtype));
+  ZG_CHECK(!parameters.empty(), "FlatParameters: no parameters");
+  const Device device = parameters.front().second.device();
+  // Decayed parameters first, then the others: two contiguous spans.
+  int64_t total = 0;
+  for (bool decay : {true, false}) {
+    const int64_t start = total;
+    for (const auto& [name, p] : parameters) {
+      ZG_CHECK(p.device() == device, "FlatParameters: ", name, " is on ", p.device().str(), ", the others on ",
+               device.str());
+      if ((p.dim() >= 2) != decay) continue;
+      entries.push_back({name, p, total, p.shape()});
+      total += p.numel();
+    }
+    spans.push_back({start, total - start, decay});
+  }
+
+  NoGradGuard no_grad;
+  const bool separate_master = compute_dtype != DType::f32;
+  {
+    MemoryScope scope(separate_master ? MemoryCategory::optimizer_state : MemoryCategory::parameter);
+    master = empty({total}, TensorOptions(DType::f32).device(device));
+  }
+  for (const Entry& e : entries) view_of(master, e).copy_(e.param);
+  if (separate_master) {
+    MemoryScope scope(MemoryCategory::parameter);
+    compute = master.to(compute_dtype);
+  } else {
+    compute = master;
+  }
+  {
+    MemoryScope scope(MemoryCategory::gradient);
+    grad = zeros({total}, TensorOptions(compute_dtype).device(device));
+  }
+  for (const Entry& e : entries) {
+    e.param.set_data(view_of(compute, e));
+    e.param.set_grad(view_of(grad, e));
+  }
+}
+
+void FlatParameters::zero_grad() {
+  NoGradGuard no_grad;
+  grad.zero_();
+}
+
+void FlatParameters::sync_compute_from_master() {
+  if (compute.is_same(master)) return;
+  NoGradGuard no_grad;
+  compute.copy_(master);
+}
+
+}  // namespace zg::optim

@@ -1,0 +1,52 @@
+// FlatParameters: a model's parameters packed into flat buffers, one per role.
+//
+//   compute [n]  the weights the model computes with (f32, bf16 or f16); every
+//                parameter tensor becomes a view into it          -> `parameter`
+//   grad    [n]  same dtype; every parameter's .grad is a view into it, so
+//                backward accumulates straight into one buffer    -> `gradient`
+//   master  [n]  f32 weights the optimizer updates; for f32 compute it *is* the
+//                compute buffer, otherwise a separate copy        -> `optimizer_state`
+//
+// Parameters that get weight decay (rank >= 2: matrices and embeddings) come first
+// and the rest (biases, norms) after, so each group is one contiguous span. The
+// optimizer never sees a parameter tensor: it updates spans of these buffers,
+// which is what lets the dist layer hand it only a shard.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace zg::optim {
+
+class FlatParameters {
+ public:
+  struct Entry {
+    std::string name;
+    Tensor param;    // the module's parameter, now a view into `compute`
+    int64_t offset;  // in elements, into every buffer
+    Shape shape;
+  };
+  struct Span {
+    int64_t offset, length;
+    bool weight_decay;
+  };
+
+  // Takes the module's parameters (any floating dtype; their values become the f32 master).
+  FlatParameters(const nn::NamedTensors& parameters, DType compute_dtype);
+
+  Tensor compute, grad, master;
+  std::vector<Entry> entries;
+  std::vector<Span> spans;  // [decay, no decay]
+  int64_t numel() const { return compute.numel(); }
+  DType compute_dtype() const { return compute.dtype(); }
+
+  void zero_grad();
+  // After changing `master` (a loaded checkpoint), refresh the compute copy.
+  void sync_compute_from_master();
+  // The slice of a flat buffer that belongs to one entry, shaped like the parameter.
+  static Tensor view_of(const Tensor& flat, const Entry& entry);
+};
+
+}  // namespace zg::optim

@@ -1,0 +1,40 @@
+// Dynamic loss scaling for f16 training (Micikevicius et al., "Mixed Precision
+// Training"): the loss is multiplied by `scale` so small gradients survive f16;
+// the optimizer divides it out. A step whose gradients hold inf or NaN is
+// skipped and the scale halved; after `growth_interval` good steps it doubles.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace zg::optim {
+
+struct GradScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  bool enabled = true;  // disabled: scale stays 1 and every step is taken
+};
+
+class GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions options = {}) : options_(options), scale_(options.enabled ? options.init_scale : 1.0) {}
+
+  Tensor scale(const Tensor& loss) const;  // loss * scale
+  double scale_factor() const { return scale_; }
+  double inv_scale() const { return 1.0 / scale_; }
+  // After backward: `found_inf` says whether the gradients were finite. Returns whether
+  // to take the optimizer step, and moves the scale.
+  bool update(bool found_inf);
+  void set_scale(double scale, int64_t good_steps) { scale_ = scale; good_steps_ = good_steps; }
+  int64_t good_steps() const { return good_steps_; }
+
+ private:
+  GradScalerOptions options_;
+  double scale_;
+  int64_t good_steps_ = 0;
+};
+
+}  // namespace zg::optim

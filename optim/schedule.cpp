@@ -1,0 +1,26 @@
+#include "optim/schedule.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tensor/ops.h"
+
+namespace zg::optim {
+
+double warmup_cosine_lr(int64_t step, double max_lr, double min_lr, int64_t warmup, int64_t total) {
+  if (step < warmup) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (step >= total) return min_lr;
+  const double t = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(total - warmup, 1));
+  return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * t));
+}
+
+double grad_norm(const FlatParameters& params, double inv_scale) {
+  return std::sqrt(sum_of_squares(params.grad).item<double>()) * inv_scale;
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0 || !std::isfinite(norm)) return 1.0;
+  return std::min(1.0, max_norm / (norm + 1e-6));
+}
+
+}  // namespace zg::optim

@@ -1,0 +1,129 @@
+// nn: modules and names, the GPT model, activation checkpointing.
+#include "nn/checkpoint.h"
+#include "tiny_gpt.h"
+
+namespace zg::test {
+
+TEST_CASE("GPT parameters carry Hugging Face GPT-2 names, in order") {
+  manual_seed(0);
+  const nn::GPT model(tiny_config());
+  const auto named = model.named_parameters();
+  std::vector<std::string> names;
+  for (const auto& [name, p] : named) names.push_back(name);
+  const std::vector<std::string> block0 = {
+      "transformer.h.0.ln_1.weight",      "transformer.h.0.ln_1.bias",      "transformer.h.0.attn.c_attn.weight",
+      "transformer.h.0.attn.c_attn.bias", "transformer.h.0.attn.c_proj.weight", "transformer.h.0.attn.c_proj.bias",
+      "transformer.h.0.ln_2.weight",      "transformer.h.0.ln_2.bias",      "transformer.h.0.mlp.c_fc.weight",
+      "transformer.h.0.mlp.c_fc.bias",    "transformer.h.0.mlp.c_proj.weight", "transformer.h.0.mlp.c_proj.bias"};
+  REQUIRE(names.size() == 2 + 2 * 12 + 2);
+  CHECK(names[0] == "transformer.wte.weight");
+  CHECK(names[1] == "transformer.wpe.weight");
+  CHECK(std::vector<std::string>(names.begin() + 2, names.begin() + 14) == block0);
+  CHECK(names.back() == "transformer.ln_f.bias");
+  CHECK(named[4].second.shape() == Shape{96, 32});  // c_attn: [3C, C]
+  for (const auto& [name, p] : named) {
+    CHECK(p.requires_grad());
+    CHECK(p.storage()->category() == MemoryCategory::parameter);
+  }
+}
+
+TEST_CASE("GPT-2 124M has 124,439,808 parameters (counted on the meta device)") {
+  Context rank;
+  ContextGuard guard(rank);
+  nn::GPTConfig gpt2;  // the defaults are GPT-2 small
+  const nn::GPT model(gpt2, kMeta);
+  CHECK(model.num_parameters() == 124'439'808);
+  CHECK(memory_stats(kMeta)[MemoryCategory::parameter] == 124'439'808 * 4);
+}
+
+TEST_CASE("GPT-2 initialisation: std 0.02, residual projections 0.02 / sqrt(2 n_layer)") {
+  manual_seed(0);
+  nn::GPTConfig config = tiny_config();
+  config.n_embd = 64, config.n_layer = 8;
+  const nn::GPT model(config);
+  auto std_of = [](const Tensor& t) {
+    const Tensor x = t.to(DType::f64);
+    return std::sqrt(mean(pow(x - mean(x), 2.0)).item<double>());
+  };
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    if (name.ends_with("c_proj.weight")) CHECK(std_of(p) == doctest::Approx(0.02 / 4).epsilon(0.05));
+    else if (name.ends_with(".weight") && p.dim() == 2) CHECK(std_of(p) == doctest::Approx(0.02).epsilon(0.05));
+    else if (name.ends_with("bias")) CHECK(max(abs(p)).item<double>() == 0.0);
+    else CHECK(min(p).item<double>() == 1.0);  // norm weights
+  }
+}
+
+TEST_CASE("module hooks, train/eval and conversions") {
+  manual_seed(0);
+  auto layer = std::make_shared<nn::Linear>(4, 3);
+  int pre = 0, post = 0;
+  layer->register_forward_pre_hook([&](nn::Module&, const Tensor&) { ++pre; return Tensor(); });
+  layer->register_forward_hook([&](nn::Module&, const Tensor&, const Tensor& out) { ++post; return out * 2.0; });
+  const Tensor x = randn({2, 4});
+  const Tensor plain = matmul(x, layer->weight, false, true) + layer->bias;
+  CHECK(pre == 0);
+  const Tensor y = (*layer)(x);
+  CHECK(pre == 1);
+  CHECK(post == 1);
+  check_close(y, Host::of(plain * 2.0), 1e-6, 1e-6, "hooked output");
+
+  const Tensor held = layer->weight;  // a handle held elsewhere sees the conversion
+  layer->to(DType::bf16);
+  CHECK(held.dtype() == DType::bf16);
+  CHECK(held.requires_grad());
+  CHECK(held.storage()->category() == MemoryCategory::parameter);
+
+  nn::Dropout drop(0.5);
+  const Tensor ones_in = ones({1000});
+  CHECK(drop(ones_in).to_vector<float>() != ones_in.to_vector<float>());
+  drop.eval();
+  CHECK(drop(ones_in).is_same(ones_in));
+  CHECK_THROWS_WITH_AS(nn::Dropout(1.0), "Dropout: p must be in [0, 1), got 1", Error);
+}
+
+TEST_CASE("a GPT memorises a 64-token sequence: loss below 0.05 within 300 AdamW steps") {
+  Context rank;
+  ContextGuard guard(rank);
+  TinyTrainer t;
+  const Sequence s = fixed_sequence();
+  double loss = 0;
+  int step = 0;
+  for (; step < 300; ++step) {
+    loss = t.step(s, 1e-2);
+    if (loss < 0.05) break;
+  }
+  MESSAGE("loss " << loss << " after " << step + 1 << " steps");
+  CHECK(loss < 0.05);
+}
+
+TEST_CASE("activation checkpointing: the same gradients, a lower activation peak") {
+  const Sequence s = fixed_sequence();
+  auto run = [&](bool checkpointing, std::vector<float>& grads) {
+    Context rank;
+    ContextGuard guard(rank);
+    nn::GPTConfig config = tiny_config();
+    config.n_layer = 4, config.dropout = 0.1, config.activation_checkpointing = checkpointing;
+    manual_seed(5);
+    nn::GPT model(config);
+    optim::FlatParameters flat(model.named_parameters(), DType::f32);
+    rank.allocator(kCPU)->reset_peaks();
+    {
+      MemoryScope scope(MemoryCategory::activation);
+      model.forward(s.inputs, s.targets).loss.backward();
+    }
+    grads = flat.grad.to_vector<float>();
+    return memory_stats().peak_of(MemoryCategory::activation);
+  };
+  std::vector<float> plain, recomputed;
+  const int64_t plain_peak = run(false, plain);
+  const int64_t checkpoint_peak = run(true, recomputed);
+  MESSAGE("activation peak: plain " << plain_peak << " B, checkpointed " << checkpoint_peak << " B");
+  CHECK(checkpoint_peak < plain_peak);
+  REQUIRE(plain.size() == recomputed.size());
+  double worst = 0;
+  for (size_t i = 0; i < plain.size(); ++i) worst = std::max(worst, std::fabs(double(plain[i]) - recomputed[i]));
+  CHECK(worst <= 1e-6);
+}
+
+}  // namespace zg::test

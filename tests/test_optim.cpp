@@ -1,0 +1,1 @@
+#include "tiny_gpt.h"
