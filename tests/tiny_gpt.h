@@ -33,10 +33,11 @@ struct TinyTrainer {
   std::unique_ptr<optim::FlatParameters> flat;
   std::unique_ptr<optim::AdamW> adamw;
 
-  explicit TinyTrainer(DType compute = DType::f32, bool checkpointing = false, uint64_t seed = 1) {
+  explicit TinyTrainer(DType compute = DType::f32, bool checkpointing = false, uint64_t seed = 1, double dropout = 0) {
     manual_seed(seed);
     nn::GPTConfig config = tiny_config();
     config.activation_checkpointing = checkpointing;
+    config.dropout = dropout;
     model = std::make_shared<nn::GPT>(config);
     flat = std::make_unique<optim::FlatParameters>(model->named_parameters(), compute);
     adamw = std::make_unique<optim::AdamW>(*flat, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.0});

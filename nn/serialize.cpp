@@ -1,0 +1,29 @@
+#include "nn/serialize.h"
+
+#include <set>
+
+namespace zg::nn {
+
+void save_state(const Module& module, const std::string& path, const Metadata& metadata) {
+  NamedTensors state = module.named_parameters();
+  for (auto& entry : module.named_buffers()) state.push_back(entry);
+  save_safetensors(path, state, metadata);
+}
+
+Metadata load_state(Module& module, const std::string& path, bool strict) {
+  const SafetensorsFile file(path);
+  NamedTensors state = module.named_parameters();
+  for (auto& entry : module.named_buffers()) state.push_back(entry);
+  std::set<std::string> expected;
+  for (const auto& [name, t] : state) {
+    ZG_CHECK(file.contains(name), "load_state: ", path, " has no tensor '", name, "'");
+    expected.insert(name);
+  }
+  if (strict)
+    for (const std::string& name : file.names())
+      ZG_CHECK(expected.count(name), "load_state: ", path, " has a tensor '", name, "' the module does not have");
+  for (const auto& [name, t] : state) file.read_into(name, t);
+  return file.metadata();
+}
+
+}  // namespace zg::nn

@@ -1,0 +1,93 @@
+#include "optim/checkpoint.h"
+
+#include <charconv>
+#include <cstdio>
+
+#include "tensor/context.h"
+
+namespace zg::optim {
+
+namespace {
+
+// Numbers in metadata are text (the format's rule); doubles are written exactly.
+std::string exact(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+template <class T>
+T parse_number(const Metadata& meta, const std::string& key, const std::string& path) {
+  const auto it = meta.find(key);
+  ZG_CHECK(it != meta.end(), "load_checkpoint: ", path, " has no '", key, "' in its metadata");
+  T value{};
+  if constexpr (std::is_floating_point_v<T>) {
+    char* end = nullptr;
+    value = std::strtod(it->second.c_str(), &end);
+    ZG_CHECK(end && *end == '\0' && !it->second.empty(), "load_checkpoint: ", path, ": metadata '", key, "' = '",
+             it->second, "' is not a number");
+  } else {
+    const auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), value);
+    ZG_CHECK(ec == std::errc() && end == it->second.data() + it->second.size(), "load_checkpoint: ", path,
+             ": metadata '", key, "' = '", it->second, "' is not an integer");
+  }
+  return value;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const FlatParameters& params, const AdamW& adamw,
+                     const GradScaler* scaler, const Metadata& extra) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& e : params.entries) tensors.emplace_back(e.name, FlatParameters::view_of(params.master, e));
+  for (const auto& e : params.entries)
+    tensors.emplace_back("optimizer.exp_avg." + e.name, FlatParameters::view_of(adamw.m, e));
+  for (const auto& e : params.entries)
+    tensors.emplace_back("optimizer.exp_avg_sq." + e.name, FlatParameters::view_of(adamw.v, e));
+  Metadata meta = extra;
+  const Generator& gen = Context::current().generator();
+  meta["format"] = "zerograd-training-checkpoint-1";
+  meta["step"] = std::to_string(adamw.steps());
+  meta["compute_dtype"] = name(params.compute_dtype());
+  meta["rng_seed"] = std::to_string(gen.seed());
+  meta["rng_offset"] = std::to_string(gen.offset());
+  if (scaler) {
+    meta["loss_scale"] = exact(scaler->scale_factor());
+    meta["loss_scale_good_steps"] = std::to_string(scaler->good_steps());
+  }
+  save_safetensors(path, tensors, meta);
+}
+
+Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW& adamw, GradScaler* scaler) {
+  const SafetensorsFile file(path);
+  const Metadata& meta = file.metadata();
+  const auto format = meta.find("format");
+  ZG_CHECK(format != meta.end() && format->second == "zerograd-training-checkpoint-1", "load_checkpoint: ", path,
+           " is not a zerograd training checkpoint (no format metadata)");
+  // Parse everything before changing anything, so a bad file leaves the run as it was.
+  const auto step = parse_number<int64_t>(meta, "step", path);
+  const auto seed = parse_number<uint64_t>(meta, "rng_seed", path);
+  const auto offset = parse_number<uint64_t>(meta, "rng_offset", path);
+  for (const auto& e : params.entries)
+    for (const std::string& prefix : {std::string(), std::string("optimizer.exp_avg."), std::string("optimizer.exp_avg_sq.")}) {
+      const auto& entry = file.entry(prefix + e.name);
+      ZG_CHECK(entry.shape == e.shape && entry.dtype == DType::f32, "load_checkpoint: ", path, ": '", prefix + e.name,
+               "' is ", name(entry.dtype), shape_str(entry.shape), ", expected f32", shape_str(e.shape));
+    }
+  for (const auto& e : params.entries) {
+    file.read_into(e.name, FlatParameters::view_of(params.master, e));
+    file.read_into("optimizer.exp_avg." + e.name, FlatParameters::view_of(adamw.m, e));
+    file.read_into("optimizer.exp_avg_sq." + e.name, FlatParameters::view_of(adamw.v, e));
+  }
+  params.sync_compute_from_master();
+  adamw.set_steps(step);
+  if (scaler && meta.count("loss_scale"))
+    scaler->set_scale(parse_number<double>(meta, "loss_scale", path),
+                      parse_number<int64_t>(meta, "loss_scale_good_steps", path));
+  Generator& gen = Context::current().generator();
+  gen.manual_seed(seed);
+  gen.set_offset(offset);
+  return meta;
+}
+
+}  // namespace zg::optim

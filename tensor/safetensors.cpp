@@ -1,0 +1,239 @@
+#include "tensor/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tensor/autograd.h"
+
+namespace zg {
+
+namespace {
+
+constexpr int64_t kMaxHeaderBytes = 100 << 20;  // the limit the reference implementation uses
+
+const char* format_name(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return "F64";
+    case DType::f32: return "F32";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::i64: return "I64";
+    case DType::i32: return "I32";
+    case DType::boolean: return "BOOL";
+  }
+  return "?";
+}
+
+bool parse_dtype(const std::string& s, DType& out) {
+  for (DType d : {DType::f64, DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32, DType::boolean})
+    if (s == format_name(d)) {
+      out = d;
+      return true;
+    }
+  return false;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+// Writes all of `bytes` to fd, or throws.
+void write_all(int fd, const char* bytes, size_t size, const std::string& path) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, bytes, size);
+    if (n < 0 && errno == EINTR) continue;
+    ZG_CHECK(n > 0, "save_safetensors: writing ", path, " failed: ", errno_text());
+    bytes += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const Metadata& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<Tensor> host;
+  int64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    ZG_CHECK(t.defined(), "save_safetensors: '", name, "' is an undefined tensor");
+    ZG_CHECK(name != "__metadata__" && !header.contains(name), "save_safetensors: duplicate or reserved name '", name,
+             "'");
+    NoGradGuard no_grad;
+    host.push_back(t.to(kCPU).contiguous());  // throws for meta tensors: they have no data
+    header[name] = {{"dtype", format_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');  // pad so the data starts 8-byte aligned
+  const uint64_t length = json.size();
+  char length_bytes[8];
+  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+
+  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ZG_CHECK(fd >= 0, "save_safetensors: cannot create ", temp, ": ", errno_text());
+  try {
+    write_all(fd, length_bytes, 8, temp);
+    write_all(fd, json.data(), json.size(), temp);
+    for (const Tensor& t : host)
+      if (t.nbytes() > 0) write_all(fd, static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.nbytes()), temp);
+    ZG_CHECK(::fsync(fd) == 0, "save_safetensors: fsync of ", temp, " failed: ", errno_text());
+  } catch (...) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const std::string reason = errno_text();
+    ::unlink(temp.c_str());
+    fail("save_safetensors: cannot rename ", temp, " to ", path, ": ", reason);
+  }
+  // Make the rename itself durable.
+  const size_t slash = path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
+  const std::string where = "safetensors " + path_ + ": ";
+  std::ifstream in(path_, std::ios::binary | std::ios::ate);
+  ZG_CHECK(in.good(), where, "cannot open the file");
+  const int64_t file_size = static_cast<int64_t>(in.tellg());
+  ZG_CHECK(file_size >= 8, where, "the file is ", file_size, " bytes, shorter than its 8-byte header length");
+  unsigned char length_bytes[8];
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(length_bytes), 8);
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];
+  ZG_CHECK(length <= static_cast<uint64_t>(kMaxHeaderBytes), where, "header length ", length,
+           " (bytes 0-7) is over the 100 MiB limit");
+  ZG_CHECK(static_cast<int64_t>(length) <= file_size - 8, where, "header length ", length,
+           " (bytes 0-7) runs past the end of the file (", file_size, " bytes)");
+  std::string json(length, '\0');
+  in.read(json.data(), static_cast<std::streamsize>(length));
+  ZG_CHECK(in.good(), where, "reading the ", length, "-byte header failed");
+  data_start_ = 8 + static_cast<int64_t>(length);
+  const int64_t data_size = file_size - data_start_;
+
+  // Parse, refusing duplicate names (a JSON parser would silently keep the last one).
+  std::vector<std::string> top_keys;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(json, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& value) {
+      if (depth == 1 && event == nlohmann::json::parse_event_t::key) top_keys.push_back(value.get<std::string>());
+      return true;
+    });
+  } catch (const nlohmann::json::exception& e) {
+    fail(where, "the header (bytes 8-", 8 + length, ") is not valid JSON: ", e.what());
+  }
+  ZG_CHECK(header.is_object(), where, "the header is not a JSON object");
+  std::vector<std::string> sorted_keys = top_keys;
+  std::sort(sorted_keys.begin(), sorted_keys.end());
+  const auto dup = std::adjacent_find(sorted_keys.begin(), sorted_keys.end());
+  ZG_CHECK(dup == sorted_keys.end(), where, "the header names '", dup == sorted_keys.end() ? "" : *dup, "' twice");
+
+  for (const std::string& name : top_keys) {
+    const nlohmann::json& value = header.at(name);
+    if (name == "__metadata__") {
+      ZG_CHECK(value.is_object(), where, "__metadata__ is not an object");
+      for (const auto& [k, v] : value.items()) {
+        ZG_CHECK(v.is_string(), where, "__metadata__ value of '", k, "' is not a string");
+        metadata_[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    const std::string what = where + "tensor '" + name + "': ";
+    ZG_CHECK(value.is_object() && value.size() == 3 && value.contains("dtype") && value.contains("shape") &&
+                 value.contains("data_offsets"),
+             what, "expected exactly dtype, shape and data_offsets");
+    Entry e{};
+    ZG_CHECK(value["dtype"].is_string() && parse_dtype(value["dtype"].get<std::string>(), e.dtype), what,
+             "unsupported dtype ", value["dtype"].dump());
+    ZG_CHECK(value["shape"].is_array(), what, "shape is not an array");
+    int64_t bytes = element_size(e.dtype);
+    for (const auto& dim : value["shape"]) {
+      ZG_CHECK(dim.is_number_unsigned(), what, "shape ", value["shape"].dump(), " has a non-integer or negative size");
+      const uint64_t d = dim.get<uint64_t>();
+      ZG_CHECK(d <= static_cast<uint64_t>(INT64_MAX) && !__builtin_mul_overflow(bytes, static_cast<int64_t>(d), &bytes),
+               what, "shape ", value["shape"].dump(), " is too large");
+      e.shape.push_back(static_cast<int64_t>(d));
+    }
+    const auto& offsets = value["data_offsets"];
+    ZG_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                 offsets[1].is_number_unsigned(),
+             what, "data_offsets ", offsets.dump(), " is not a pair of non-negative integers");
+    const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+    ZG_CHECK(begin <= end && end <= static_cast<uint64_t>(data_size), what, "data_offsets [", begin, ", ", end,
+             "] do not lie within the ", data_size, "-byte data section (file offsets ", data_start_, "-", file_size,
+             ")");
+    e.begin = static_cast<int64_t>(begin);
+    e.end = static_cast<int64_t>(end);
+    ZG_CHECK(e.end - e.begin == bytes, what, "shape ", shape_str(e.shape), " of ", format_name(e.dtype), " needs ",
+             bytes, " bytes but data_offsets [", begin, ", ", end, "] hold ", e.end - e.begin);
+    names_.push_back(name);
+    entries_[name] = e;
+  }
+
+  // The ranges must tile the data section exactly: no overlap, no hole, nothing after.
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const auto& [name, e] : entries_) order.emplace_back(e.begin, name);
+  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : entries_[a.second].end < entries_[b.second].end;
+  });
+  int64_t expected = 0;
+  std::string previous = "the start of the data";
+  for (const auto& [begin, name] : order) {
+    const Entry& e = entries_[name];
+    ZG_CHECK(begin >= expected, where, "tensors '", previous, "' and '", name, "' overlap (bytes ", begin, "-",
+             expected, " of the data)");
+    ZG_CHECK(begin == expected, where, "bytes ", expected, "-", begin, " of the data, after ", previous,
+             ", belong to no tensor");
+    expected = e.end;
+    previous = name;
+  }
+  ZG_CHECK(expected == data_size, where, "the data section has ", data_size - expected,
+           " bytes after the last tensor");
+}
+
+const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) const {
+  const auto it = entries_.find(name);
+  ZG_CHECK(it != entries_.end(), "safetensors ", path_, ": no tensor named '", name, "'");
+  return it->second;
+}
+
+Tensor SafetensorsFile::read(const std::string& name) const {
+  const Entry& e = entry(name);
+  Tensor t = empty(e.shape, e.dtype);
+  if (e.end > e.begin) {
+    std::ifstream in(path_, std::ios::binary);
+    in.seekg(data_start_ + e.begin);
+    in.read(static_cast<char*>(t.data_ptr()), e.end - e.begin);
+    ZG_CHECK(in.good(), "safetensors ", path_, ": tensor '", name, "': reading bytes ", data_start_ + e.begin, "-",
+             data_start_ + e.end, " failed (was the file truncated?)");
+  }
+  return t;
+}
+
+void SafetensorsFile::read_into(const std::string& name, const Tensor& destination) const {
+  const Entry& e = entry(name);
+  ZG_CHECK(e.shape == destination.shape(), "safetensors ", path_, ": tensor '", name, "' has shape ",
+           shape_str(e.shape), ", expected ", shape_str(destination.shape()));
+  ZG_CHECK(e.dtype == destination.dtype() || (is_floating(e.dtype) && is_floating(destination.dtype())),
+           "safetensors ", path_, ": tensor '", name, "' is ", format_name(e.dtype), ", expected ",
+           format_name(destination.dtype()));
+  NoGradGuard no_grad;
+  Tensor(destination).copy_(read(name));
+}
+
+}  // namespace zg

@@ -1,0 +1,57 @@
+// safetensors files (https://github.com/huggingface/safetensors): an 8-byte
+// little-endian header length N, N bytes of JSON naming each tensor's dtype,
+// shape and [begin, end) byte range, then the raw little-endian data. Files
+// written here load in PyTorch and Hugging Face tools, and theirs load here.
+//
+// The reader treats a file as untrusted: the header length is bounded, every
+// entry is checked (dtype, shape, size, range), ranges may neither overlap nor
+// leave holes, and nothing is allocated before its size has been checked against
+// the file. Any problem is a zg::Error naming the file, the tensor and the offsets.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace zg {
+
+using Metadata = std::map<std::string, std::string>;
+
+// Writes atomically: a temporary file in the same folder, fsync, rename over `path`,
+// fsync of the folder. Tensors may live on any device with data (not meta).
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const Metadata& metadata = {});
+
+class SafetensorsFile {
+ public:
+  struct Entry {
+    DType dtype;
+    Shape shape;
+    int64_t begin, end;  // byte range within the data section
+  };
+
+  explicit SafetensorsFile(std::string path);  // reads and validates the header
+
+  const std::string& path() const { return path_; }
+  const Metadata& metadata() const { return metadata_; }
+  const std::vector<std::string>& names() const { return names_; }  // in file order
+  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  const Entry& entry(const std::string& name) const;
+
+  Tensor read(const std::string& name) const;  // a new CPU tensor
+  // Reads into an existing tensor of the same shape (any device); floating dtypes convert.
+  void read_into(const std::string& name, const Tensor& destination) const;
+
+ private:
+  std::string path_;
+  int64_t data_start_ = 0;
+  Metadata metadata_;
+  std::vector<std::string> names_;
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace zg

@@ -1,0 +1,236 @@
+// Checkpoints: safetensors round trips, a file written by PyTorch, resumed
+// training that continues the same curve, and damaged files that must fail cleanly.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <unistd.h>
+
+#include "nn/serialize.h"
+#include "optim/checkpoint.h"
+#include "tiny_gpt.h"
+
+#ifndef ZG_TEST_FIXTURES
+#define ZG_TEST_FIXTURES "tests/fixtures"
+#endif
+
+namespace zg::test {
+
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return "/tmp/zg_test_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A file with this header (length = its size unless given) followed by `data`.
+std::string raw_file(const std::string& header, const std::string& data, uint64_t length = UINT64_MAX) {
+  if (length == UINT64_MAX) length = header.size();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors round trip is bitwise exact for every dtype, views included") {
+  manual_seed(4);
+  const std::vector<std::pair<std::string, Tensor>> tensors = {
+      {"a.f64", randn({3, 2}, DType::f64)},
+      {"b.f32.transposed", randn({4, 3}).t()},
+      {"c.bf16", randn({5}, DType::bf16)},
+      {"d.f16", randn({2, 2, 2}, DType::f16)},
+      {"e.i64", arange(7)},
+      {"f.i32", tensor<int32_t>({-5, 9})},
+      {"g.bool", tensor<bool>({true, false, false})},
+      {"h.scalar", tensor<double>({2.5}, {})},
+      {"i.empty", zeros({0, 3})}};
+  const std::string path = temp_path("roundtrip.safetensors");
+  save_safetensors(path, tensors, {{"note", "hello"}});
+  const SafetensorsFile file(path);
+  CHECK(file.metadata().at("note") == "hello");
+  CHECK(file.names().size() == tensors.size());
+  for (const auto& [name, t] : tensors) {
+    INFO(name);
+    const Tensor back = file.read(name);
+    CHECK(back.dtype() == t.dtype());
+    CHECK(back.shape() == t.shape());
+    const Tensor original = t.contiguous();
+    CHECK(std::memcmp(back.data_ptr(), original.data_ptr(), static_cast<size_t>(t.nbytes())) == 0);
+  }
+  // Written atomically: no temporary file is left beside it.
+  CHECK(read_bytes(path + ".tmp." + std::to_string(::getpid())).empty());
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a file written by PyTorch's safetensors loads with matching values") {
+  const SafetensorsFile file(std::string(ZG_TEST_FIXTURES) + "/torch_small.safetensors");
+  CHECK(file.metadata().at("written_by") == "safetensors.torch");
+  const Tensor m = file.read("f32_matrix");
+  CHECK(m.shape() == Shape{3, 4});
+  CHECK(m.to_vector<float>()[5] == 5.0f / 4 - 1);
+  CHECK(file.read("f64_vector").to_vector<double>() == std::vector<double>{1.5, -2.25, 1e-300, 3.0});
+  const auto h = file.read("f16_values").to_vector<float>();
+  CHECK(h[0] == static_cast<float>(Half(0.1f)));
+  CHECK(h[1] == 65504.0f);
+  CHECK(std::signbit(h[2]));
+  CHECK(h[3] == static_cast<float>(Half(6e-8f)));
+  const auto b = file.read("bf16_values").to_vector<float>();
+  CHECK(b[1] == -3.140625f);
+  CHECK(b[2] == static_cast<float>(BFloat16(1e30f)));
+  CHECK(file.read("i64_ids").to_vector<int64_t>() == std::vector<int64_t>{0, -1, int64_t(1) << 40});
+  CHECK(file.read("i32_scalar").item<int32_t>() == 7);
+  CHECK(file.read("i32_scalar").dim() == 0);
+  CHECK(file.read("bool_mask").to_vector<bool>() == std::vector<bool>{true, false, true});
+  CHECK(file.read("empty").shape() == Shape{0, 5});
+}
+
+TEST_CASE("module state round trip, dtype conversion on load, and mismatches") {
+  manual_seed(8);
+  nn::GPT a(tiny_config());
+  const std::string path = temp_path("module.safetensors");
+  nn::save_state(a, path);
+  manual_seed(9);
+  nn::GPT b(tiny_config());
+  nn::load_state(b, path);
+  for (size_t i = 0; i < a.parameters().size(); ++i)
+    CHECK(a.parameters()[i].to_vector<float>() == b.parameters()[i].to_vector<float>());
+  b.to(DType::bf16);
+  nn::load_state(b, path);  // f32 file into a bf16 model
+  CHECK(b.wte->weight.dtype() == DType::bf16);
+
+  nn::GPTConfig other = tiny_config();
+  other.n_embd = 16;
+  nn::GPT c(other);
+  CHECK_THROWS_WITH_AS(nn::load_state(c, path),
+                       doctest::Contains("tensor 'transformer.wte.weight' has shape [64, 32], expected [64, 16]"), Error);
+  nn::Linear lin(2, 2);
+  CHECK_THROWS_WITH_AS(nn::load_state(lin, path), doctest::Contains("has no tensor 'weight'"), Error);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a training checkpoint round trip is bitwise exact and resumed training continues the same curve") {
+  const Sequence s = fixed_sequence();
+  const std::string path = temp_path("train.safetensors");
+  std::vector<double> uninterrupted;
+  {
+    Context rank;
+    ContextGuard guard(rank);
+    TinyTrainer t(DType::bf16, false, 1, 0.1);
+    for (int i = 0; i < 10; ++i) uninterrupted.push_back(t.step(s, 3e-3));
+  }
+  std::vector<double> resumed;
+  std::vector<float> master, m, v, compute;
+  {
+    Context rank;
+    ContextGuard guard(rank);
+    TinyTrainer t(DType::bf16, false, 1, 0.1);
+    for (int i = 0; i < 5; ++i) t.step(s, 3e-3);
+    optim::save_checkpoint(path, *t.flat, *t.adamw, nullptr, {{"data_position", "5"}});
+    master = t.flat->master.to_vector<float>();
+    m = t.adamw->m.to_vector<float>();
+    v = t.adamw->v.to_vector<float>();
+    compute = t.flat->compute.to_vector<float>();
+  }
+  {
+    Context rank;
+    ContextGuard guard(rank);
+    TinyTrainer t(DType::bf16, false, 77, 0.1);  // different initial weights and RNG state
+    const Metadata meta = optim::load_checkpoint(path, *t.flat, *t.adamw);
+    CHECK(meta.at("data_position") == "5");
+    CHECK(t.adamw->steps() == 5);
+    CHECK(t.flat->master.to_vector<float>() == master);
+    CHECK(t.adamw->m.to_vector<float>() == m);
+    CHECK(t.adamw->v.to_vector<float>() == v);
+    CHECK(t.flat->compute.to_vector<float>() == compute);
+    for (int i = 0; i < 5; ++i) resumed.push_back(t.step(s, 3e-3));
+  }
+  for (int i = 0; i < 5; ++i) CHECK(resumed[i] == uninterrupted[5 + i]);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("damaged files each give a zg::Error") {
+  const std::string ok_header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  const std::string data8(8, '\1');
+  struct Damage {
+    std::string what, bytes, message;
+  };
+  const std::vector<Damage> cases = {
+      {"empty file", "", "shorter than its 8-byte header length"},
+      {"5 bytes", "\x05\0\0\0\0", "shorter than its 8-byte header length"},
+      {"huge header length", raw_file("{}", "", 0x7fffffffffffffffull), "over the 100 MiB limit"},
+      {"header length past the end", raw_file("{}", "", 1000), "runs past the end of the file"},
+      {"header not JSON", raw_file("{not json", ""), "is not valid JSON"},
+      {"header an array", raw_file("[1,2]", ""), "is not a JSON object"},
+      {"entry not an object", raw_file(R"({"a":5})", ""), "expected exactly dtype, shape and data_offsets"},
+      {"missing data_offsets", raw_file(R"({"a":{"dtype":"F32","shape":[2]}})", data8), "expected exactly dtype"},
+      {"extra field", raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", data8),
+       "expected exactly dtype"},
+      {"unknown dtype", raw_file(R"({"a":{"dtype":"F8","shape":[2],"data_offsets":[0,8]}})", data8),
+       "unsupported dtype \"F8\""},
+      {"negative size", raw_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data8),
+       "non-integer or negative size"},
+      {"fractional size", raw_file(R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", data8),
+       "non-integer or negative size"},
+      {"shape not an array", raw_file(R"({"a":{"dtype":"F32","shape":2,"data_offsets":[0,8]}})", data8),
+       "shape is not an array"},
+      {"shape overflows", raw_file(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", data8),
+       "is too large"},
+      {"offsets reversed", raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", data8),
+       "do not lie within"},
+      {"offsets past the end", raw_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", data8),
+       "do not lie within the 8-byte data section"},
+      {"three offsets", raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4,8]}})", data8),
+       "is not a pair"},
+      {"size mismatch", raw_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data8),
+       "needs 12 bytes but data_offsets [0, 8] hold 8"},
+      {"overlapping ranges",
+       raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                std::string(12, '\0')),
+       "overlap"},
+      {"a hole", raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                          std::string(12, '\0')),
+       "belong to no tensor"},
+      {"trailing bytes", raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", data8),
+       "4 bytes after the last tensor"},
+      {"duplicate name", raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                  data8),
+       "names 'a' twice"},
+      {"metadata not an object", raw_file(R"({"__metadata__":[1]})", ""), "__metadata__ is not an object"},
+      {"metadata value not a string", raw_file(R"({"__metadata__":{"k":1}})", ""), "value of 'k' is not a string"},
+      {"truncated data", raw_file(ok_header, data8).substr(0, 8 + ok_header.size() + 5), "do not lie within"},
+      {"truncated header", raw_file(ok_header, data8).substr(0, 30), "runs past the end of the file"},
+  };
+  CHECK(cases.size() >= 20);
+  const std::string path = temp_path("damaged.safetensors");
+  for (const Damage& d : cases) {
+    INFO(d.what);
+    write_bytes(path, d.bytes);
+    CHECK_THROWS_WITH_AS(SafetensorsFile{path}, doctest::Contains(d.message.c_str()), Error);
+  }
+  write_bytes(path, raw_file(ok_header, data8));  // and the undamaged one loads
+  CHECK(SafetensorsFile(path).read("a").numel() == 2);
+  CHECK_THROWS_WITH_AS(SafetensorsFile(path).read("b"), doctest::Contains("no tensor named 'b'"), Error);
+  CHECK_THROWS_WITH_AS(SafetensorsFile("/nonexistent/x.safetensors"), doctest::Contains("cannot open the file"), Error);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a checkpoint from another model or a plain state file does not load as a training checkpoint") {
+  Context rank;
+  ContextGuard guard(rank);
+  TinyTrainer t;
+  const std::string path = temp_path("not_training.safetensors");
+  nn::save_state(*t.model, path);
+  CHECK_THROWS_WITH_AS(optim::load_checkpoint(path, *t.flat, *t.adamw),
+                       doctest::Contains("is not a zerograd training checkpoint"), Error);
+  std::remove(path.c_str());
+}
+
+}  // namespace zg::test
