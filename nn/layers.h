@@ -1,4 +1,4 @@
-// The layers of a GPT: Linear, Embedding, LayerNorm, Dropout. Each registers its
+// The layers of a GPT: Linear, Embedding, LayerNorm, GELU, Dropout. Each registers its
 // parameters with the names PyTorch uses (weight, bias), so checkpoints and
 // named_parameters() read the same in both.
 #pragma once
@@ -32,6 +32,12 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) override;
   Tensor weight, bias;
   double eps;
+};
+
+// GPT-2's tanh-approximated GELU as a module (for Sequential-style models).
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return gelu(x); }
 };
 
 // In training, zeroes each element with probability p and scales the rest by 1/(1-p);

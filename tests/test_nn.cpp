@@ -74,6 +74,9 @@ TEST_CASE("module hooks, train/eval and conversions") {
   CHECK(held.requires_grad());
   CHECK(held.storage()->category() == MemoryCategory::parameter);
 
+  nn::GELU act;
+  CHECK(act(tensor<float>({0, 100})).to_vector<float>() == std::vector<float>{0, 100});
+
   nn::Dropout drop(0.5);
   const Tensor ones_in = ones({1000});
   CHECK(drop(ones_in).to_vector<float>() != ones_in.to_vector<float>());
