@@ -1,0 +1,94 @@
+// The `local` process group: N ranks as N threads of one process. Each rank has
+// its own Context (allocator figures, Philox state); collectives meet in a shared
+// LocalHub and move data through shared memory.
+//
+// A collective is two rendezvous: at the first, every rank has posted what it is
+// calling, and the calls are compared -- a different op, dtype or size on any rank
+// fails every rank with a message naming both calls, instead of hanging. Between
+// the two, each rank reads the others' buffers and computes its result; after the
+// second, it writes its own buffer, once nobody reads it any more.
+//
+// Nothing waits forever: a rank that fails aborts the hub, which wakes the others
+// with that rank's error, and every wait gives up after the configured timeout.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+
+namespace zg::dist {
+
+class LocalHub {
+ public:
+  LocalHub(int size, std::chrono::milliseconds timeout);
+  int size() const { return size_; }
+  // Marks the group failed; ranks inside or entering a collective throw with `reason`.
+  void abort(int rank, const std::string& reason);
+
+  // What one rank called, for matching and for the others to read.
+  struct Call {
+    std::string op;
+    const Tensor* input = nullptr;
+    const Tensor* output = nullptr;
+    ReduceKind reduce = ReduceKind::sum;
+    int root = 0;
+    std::string describe() const;
+  };
+  // First rendezvous: posts `call`, waits for every rank, checks that the calls match.
+  void enter(int rank, const Call& call);
+  const Call& call_of(int rank) const { return posted_[rank]; }
+  // Second rendezvous.
+  void leave(int rank);
+
+ private:
+  // Waits until every rank arrives. The last to arrive runs `check` (all others are
+  // blocked, so every posted call is alive); a non-empty result fails every rank with it.
+  void rendezvous(int rank, const std::string& where, const std::function<std::string()>& check = nullptr);
+  [[noreturn]] void fail_locked(const std::string& message);
+
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Call> posted_;
+  std::vector<int64_t> calls_made_;  // per rank: collectives entered so far
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
+  std::string abort_reason_;
+  std::string mismatch_;  // set when calls did not match: thrown as is by every rank
+};
+
+class LocalGroup final : public ProcessGroup {
+ public:
+  LocalGroup(std::shared_ptr<LocalHub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return hub_->size(); }
+  std::string kind() const override { return "local"; }
+  void all_reduce(const Tensor& buffer, ReduceKind op) override;
+  void reduce_scatter(const Tensor& input, const Tensor& output, ReduceKind op) override;
+  void all_gather(const Tensor& input, const Tensor& output) override;
+  void broadcast(const Tensor& buffer, int root) override;
+  void barrier() override;
+
+ private:
+  std::shared_ptr<LocalHub> hub_;
+  int rank_;
+};
+
+struct LocalRunOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// Runs fn on `world_size` threads, rank r with its own Context(r) made current and a
+// LocalGroup. If any rank throws, the others are woken (or time out), and the first
+// failure -- not the aborts it caused -- is rethrown as "rank r: ...".
+void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, LocalRunOptions options = {});
+
+}  // namespace zg::dist

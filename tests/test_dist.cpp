@@ -1,0 +1,137 @@
+// dist: collectives of the local and fake groups, byte counts, and faults that
+// must end in an error naming what happened, never in a hang.
+#include <atomic>
+#include <chrono>
+
+#include "dist/fake_group.h"
+#include "dist/local_group.h"
+#include "helpers.h"
+
+namespace zg::test {
+
+using dist::ProcessGroup;
+using dist::ReduceKind;
+using namespace std::chrono_literals;
+
+TEST_CASE("local collectives compute the right values for N = 1, 2, 4") {
+  for (int n : {1, 2, 4}) {
+    INFO("world size " << n);
+    dist::run_local(n, [n](ProcessGroup& pg) {
+      const double r = pg.rank();
+      // all_reduce: sum, average, max of [r, 10 r]
+      Tensor a = tensor<float>({float(r), float(10 * r)});
+      pg.all_reduce(a);
+      const double total = n * (n - 1) / 2.0;
+      CHECK(a.to_vector<float>() == std::vector<float>{float(total), float(10 * total)});
+      Tensor avg = tensor<double>({r});
+      pg.all_reduce(avg, ReduceKind::average);
+      CHECK(avg.item<double>() == doctest::Approx(total / n));
+      Tensor mx = tensor<float>({float(-r)});
+      pg.all_reduce(mx, ReduceKind::max);
+      CHECK(mx.item<float>() == 0.0f);
+      // reduce_scatter: every rank holds arange(2n) + r; rank q gets the sum of slice q
+      const Tensor input = arange(0.0, 2.0 * n, 1.0, DType::f32) + r;
+      Tensor shard = zeros({2});
+      pg.reduce_scatter(input, shard);
+      const float base = 2 * pg.rank();
+      CHECK(shard.to_vector<float>() == std::vector<float>{n * base + float(total), n * (base + 1) + float(total)});
+      // in place: the output is this rank's own slice of the input
+      Tensor buffer = arange(0.0, 2.0 * n, 1.0, DType::f32);
+      pg.reduce_scatter(buffer, buffer.narrow(0, 2 * pg.rank(), 2));
+      CHECK(buffer.narrow(0, 2 * pg.rank(), 2).to_vector<float>() == std::vector<float>{n * base, n * (base + 1)});
+      // all_gather, out of place and in place
+      Tensor gathered = zeros({n}, DType::i64);
+      pg.all_gather(tensor<int64_t>({pg.rank() * 7}), gathered);
+      for (int q = 0; q < n; ++q) CHECK(gathered.to_vector<int64_t>()[q] == q * 7);
+      Tensor full_buffer = zeros({2 * n});
+      full_buffer.narrow(0, 2 * pg.rank(), 2).fill_(pg.rank() + 1);
+      pg.all_gather(full_buffer.narrow(0, 2 * pg.rank(), 2), full_buffer);
+      for (int q = 0; q < n; ++q) CHECK(full_buffer.to_vector<float>()[2 * q + 1] == q + 1);
+      // broadcast
+      Tensor b = full({3}, pg.rank() == n - 1 ? 5.0 : -1.0);
+      pg.broadcast(b, n - 1);
+      CHECK(b.to_vector<float>() == std::vector<float>(3, 5.0f));
+      pg.barrier();
+    });
+  }
+}
+
+TEST_CASE("bytes sent follow the ring model") {
+  dist::run_local(4, [](ProcessGroup& pg) {
+    Tensor buffer = zeros({1000});  // 4000 bytes
+    pg.all_reduce(buffer);
+    CHECK(pg.bytes_sent() == 6000);  // 2 (N-1)/N
+    pg.reset_bytes_sent();
+    pg.reduce_scatter(buffer, zeros({250}));
+    pg.all_gather(zeros({250}), buffer);
+    CHECK(pg.bytes_sent() == 6000);  // (N-1)/N each
+  });
+  dist::FakeGroup fake_group(3, 64);
+  ProcessGroup& fake = fake_group;  // defaults live on the interface
+  fake.all_reduce(zeros({640}, kMeta));
+  CHECK(fake.bytes_sent() == 2 * 63 * 40);
+  CHECK_THROWS_WITH_AS(fake.all_gather(zeros({3}, kMeta), zeros({100}, kMeta)),
+                       "all_gather: output f32[100] on meta must be world size (64) times input f32[3] on meta", Error);
+}
+
+TEST_CASE("each rank keeps its own memory figures") {
+  std::vector<int64_t> seen(3);
+  dist::run_local(3, [&](ProcessGroup& pg) {
+    MemoryScope scope(MemoryCategory::parameter);
+    const Tensor t = empty({100 * (pg.rank() + 1)});
+    pg.barrier();
+    seen[pg.rank()] = memory_stats()[MemoryCategory::parameter];
+  });
+  CHECK(seen == std::vector<int64_t>{400, 800, 1200});
+}
+
+TEST_CASE("mismatched collectives fail on every rank with both calls named") {
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [](ProcessGroup& pg) {
+                                         if (pg.rank() == 0) pg.all_reduce(zeros({4}));
+                                         else pg.all_gather(zeros({2}), zeros({4}));
+                                       }),
+                       doctest::Contains("local group: collective #0 does not match across ranks: rank 0 called "
+                                         "all_reduce(f32[4] on cpu, sum), rank 1 called all_gather(f32[2] on cpu -> "
+                                         "f32[4] on cpu)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [](ProcessGroup& pg) {
+                                         Tensor t = zeros({pg.rank() == 0 ? 4 : 5});
+                                         pg.all_reduce(t);
+                                       }),
+                       doctest::Contains("rank 0 called all_reduce(f32[4] on cpu, sum), rank 1 called all_reduce(f32[5] on cpu, sum)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [](ProcessGroup& pg) {
+                                         Tensor t = zeros({4}, pg.rank() == 0 ? DType::f32 : DType::bf16);
+                                         pg.all_reduce(t);
+                                       }),
+                       doctest::Contains("rank 1 called all_reduce(bf16[4] on cpu, sum)"), Error);
+}
+
+TEST_CASE("a rank that throws ends the others with its error; a missing rank times out") {
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(dist::run_local(
+                           4,
+                           [](ProcessGroup& pg) {
+                             Tensor t = zeros({8});
+                             pg.all_reduce(t);
+                             if (pg.rank() == 2) throw Error("out of data at step 1");
+                             pg.all_reduce(t);  // the others wait here until rank 2's failure wakes them
+                           },
+                           {60s}),
+                       "rank 2: out of data at step 1", Error);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);  // woken, not timed out
+
+  CHECK_THROWS_WITH_AS(dist::run_local(
+                           2,
+                           [](ProcessGroup& pg) {
+                             if (pg.rank() == 1) return;  // skips the collective
+                             pg.barrier();
+                           },
+                           {200ms}),
+                       "rank 0: local group: rank 0 timed out after 200 ms in barrier #0 waiting for rank(s) 1", Error);
+}
+
+}  // namespace zg::test
