@@ -2,25 +2,33 @@
 
 namespace zg::optim {
 
+void adamw_update(const std::vector<AdamWSpan>& spans, const AdamWOptions& options, double lr, int64_t step,
+                  double grad_scale) {
+  for (const AdamWSpan& span : spans) {
+    if (span.master.numel() == 0) continue;
+    const AdamWStep s{lr, options.beta1, options.beta2, options.eps, span.weight_decay ? options.weight_decay : 0.0,
+                      grad_scale, step};
+    backend(span.master.device()).adamw(span.master, span.grad, span.m, span.v, span.compute, s);
+    span.master.storage()->bump_version();
+    if (span.compute.defined()) span.compute.storage()->bump_version();
+  }
+}
+
 AdamW::AdamW(FlatParameters& p, AdamWOptions o) : params(p), options(o) {
   MemoryScope scope(MemoryCategory::optimizer_state);
-  const TensorOptions f32 = TensorOptions(DType::f32).device(params.master.device());
-  m = zeros({params.numel()}, f32);
-  v = zeros({params.numel()}, f32);
+  const TensorOptions state = TensorOptions(params.master.dtype()).device(params.master.device());
+  m = zeros({params.numel()}, state);
+  v = zeros({params.numel()}, state);
 }
 
 void AdamW::step(double lr, double grad_scale) {
-  ++step_;
+  std::vector<AdamWSpan> spans;
   for (const FlatParameters::Span& span : params.spans) {
-    if (span.length == 0) continue;
     auto part = [&](const Tensor& flat) { return flat.narrow(0, span.offset, span.length); };
-    AdamWStep s{lr, options.beta1, options.beta2, options.eps, span.weight_decay ? options.weight_decay : 0.0,
-                grad_scale, step_};
-    const Tensor compute = params.compute.is_same(params.master) ? Tensor() : part(params.compute);
-    backend(params.master.device()).adamw(part(params.master), part(params.grad), part(m), part(v), compute, s);
+    spans.push_back({part(params.master), part(params.grad), part(m), part(v),
+                     params.compute.is_same(params.master) ? Tensor() : part(params.compute), span.weight_decay});
   }
-  params.master.storage()->bump_version();
-  params.compute.storage()->bump_version();
+  adamw_update(spans, options, lr, ++step_, grad_scale);
 }
 
 }  // namespace zg::optim

@@ -71,8 +71,9 @@ Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW&
   for (const auto& e : params.entries)
     for (const std::string& prefix : {std::string(), std::string("optimizer.exp_avg."), std::string("optimizer.exp_avg_sq.")}) {
       const auto& entry = file.entry(prefix + e.name);
-      ZG_CHECK(entry.shape == e.shape && entry.dtype == DType::f32, "load_checkpoint: ", path, ": '", prefix + e.name,
-               "' is ", name(entry.dtype), shape_str(entry.shape), ", expected f32", shape_str(e.shape));
+      ZG_CHECK(entry.shape == e.shape && entry.dtype == params.master.dtype(), "load_checkpoint: ", path, ": '",
+               prefix + e.name, "' is ", name(entry.dtype), shape_str(entry.shape), ", expected ",
+               name(params.master.dtype()), shape_str(e.shape));
     }
   for (const auto& e : params.entries) {
     file.read_into(e.name, FlatParameters::view_of(params.master, e));

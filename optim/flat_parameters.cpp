@@ -5,6 +5,8 @@
 
 namespace zg::optim {
 
+DType master_dtype_for(DType compute_dtype) { return compute_dtype == DType::f64 ? DType::f64 : DType::f32; }
+
 Tensor FlatParameters::view_of(const Tensor& flat, const Entry& entry) {
   return flat.narrow(0, entry.offset, zg::numel(entry.shape)).view(entry.shape);
 }
@@ -28,10 +30,11 @@ FlatParameters::FlatParameters(const nn::NamedTensors& parameters, DType compute
   }
 
   NoGradGuard no_grad;
-  const bool separate_master = compute_dtype != DType::f32;
+  const DType master_dtype = master_dtype_for(compute_dtype);
+  const bool separate_master = compute_dtype != master_dtype;
   {
     MemoryScope scope(separate_master ? MemoryCategory::optimizer_state : MemoryCategory::parameter);
-    master = empty({total}, TensorOptions(DType::f32).device(device));
+    master = empty({total}, TensorOptions(master_dtype).device(device));
   }
   for (const Entry& e : entries) view_of(master, e).copy_(e.param);
   if (separate_master) {

@@ -4,8 +4,9 @@
 //                parameter tensor becomes a view into it          -> `parameter`
 //   grad    [n]  same dtype; every parameter's .grad is a view into it, so
 //                backward accumulates straight into one buffer    -> `gradient`
-//   master  [n]  f32 weights the optimizer updates; for f32 compute it *is* the
-//                compute buffer, otherwise a separate copy        -> `optimizer_state`
+//   master  [n]  f32 weights the optimizer updates (f64 when training in f64); when the
+//                compute dtype is the master's it *is* the compute buffer, otherwise a
+//                separate copy                                    -> `optimizer_state`
 //
 // Parameters that get weight decay (rank >= 2: matrices and embeddings) come first
 // and the rest (biases, norms) after, so each group is one contiguous span. The
@@ -19,6 +20,9 @@
 #include "nn/module.h"
 
 namespace zg::optim {
+
+// The dtype of master weights and Adam state: f32, or f64 for f64 training.
+DType master_dtype_for(DType compute_dtype);
 
 class FlatParameters {
  public:

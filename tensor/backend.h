@@ -94,8 +94,8 @@ class Backend {
   // contiguous, out [N, C]. Throws on an index outside [0, V) where it can check.
   virtual void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) = 0;
 
-  // Fused AdamW over flat spans, all [n] contiguous: master, m, v in f32 (updated in
-  // place), grad in any floating dtype; compute (if defined and not master itself) receives the
+  // Fused AdamW over flat spans, all [n] contiguous: master, m, v in f32 (f64 for f64
+  // training; updated in place), grad in any floating dtype; compute (if defined and not master itself) receives the
   // new master rounded to its dtype in the same call -- the bf16/f16 weights the model runs with.
   virtual void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const Tensor& compute, const AdamWStep& step) = 0;
