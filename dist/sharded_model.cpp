@@ -1,0 +1,296 @@
+#include "dist/sharded_model.h"
+
+#include <cmath>
+
+#include "optim/flat_parameters.h"
+#include "optim/schedule.h"
+#include "tensor/autograd.h"
+#include "tensor/ops.h"
+
+namespace zg::dist {
+
+struct ShardedModel::Unit {
+  std::string name;
+  nn::Module* module = nullptr;  // null for the root unit
+  std::vector<optim::FlatParameters::Entry> entries;
+  int64_t numel = 0, decay_numel = 0, padded = 0, shard = 0;
+  Tensor compute_full;   // [padded]; stage 3: `communication`, released between uses
+  Tensor compute_shard;  // [shard]: slice r of compute_full, or its own storage (stage 3)
+  Tensor grad_full;      // [padded]: stages 0-1 always; stages 2-3 only during the unit's backward
+  Tensor grad_shard;     // [shard]: slice r of grad_full (stages 0-1) or its own storage
+  Tensor master, m, v;   // [padded] (stage 0) or [shard]
+  size_t arrived = 0;    // parameters whose gradient landed in this backward
+  bool in_backward = false;
+};
+
+namespace {
+
+Tensor view_of(const Tensor& flat, const optim::FlatParameters::Entry& e) {
+  return optim::FlatParameters::view_of(flat, e);
+}
+
+Tensor allocate(const Shape& shape, DType dtype, Device device, MemoryCategory category, bool zeroed) {
+  MemoryScope scope(category);
+  Tensor t = empty(shape, TensorOptions(dtype).device(device));
+  if (zeroed) t.zero_();
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> gpt_block_units(int64_t n_layer) {
+  std::vector<std::string> units;
+  for (int64_t i = 0; i < n_layer; ++i) units.push_back("transformer.h." + std::to_string(i));
+  return units;
+}
+
+ShardedModel::ShardedModel(nn::Module& model, std::vector<std::string> unit_modules, ProcessGroup& group,
+                           ZeroConfig config)
+    : model_(model), group_(group), config_(config) {
+  ZG_CHECK(config.stage >= 0 && config.stage <= 3, "ShardedModel: stage must be 0, 1, 2 or 3, got ", config.stage);
+  ZG_CHECK(is_floating(config.compute_dtype), "ShardedModel: compute dtype must be floating, got ",
+           name(config.compute_dtype));
+  units_.push_back(std::make_unique<Unit>());
+  units_[0]->name = "root";
+  const auto modules = model.named_modules();
+  for (const std::string& path : unit_modules) {
+    auto unit = std::make_unique<Unit>();
+    unit->name = path;
+    for (const auto& [p, m] : modules)
+      if (p == path) unit->module = m;
+    ZG_CHECK(unit->module != nullptr, "ShardedModel: the model has no submodule '", path, "'");
+    units_.push_back(std::move(unit));
+  }
+  // Each parameter goes to the unit whose path prefixes its name, else to the root.
+  std::vector<std::vector<std::pair<std::string, Tensor>>> members(units_.size());
+  for (const auto& [name, p] : model.named_parameters()) {
+    size_t owner = 0;
+    for (size_t u = 1; u < units_.size(); ++u)
+      if (name.starts_with(units_[u]->name + ".")) owner = u;
+    members[owner].emplace_back(name, p);
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = *units_[u];
+    for (bool decay : {true, false})  // matrices first: the decay span is one contiguous range
+      for (const auto& [name, p] : members[u])
+        if ((p.dim() >= 2) == decay) {
+          unit.entries.push_back({name, p, unit.numel, p.shape()});
+          unit.numel += p.numel();
+          if (decay) unit.decay_numel += p.numel();
+        }
+  }
+  if (units_[0]->entries.empty()) units_.erase(units_.begin());
+  for (auto& unit : units_) {
+    ZG_CHECK(!unit->entries.empty(), "ShardedModel: unit '", unit->name, "' has no parameters");
+    build_unit(*unit);
+  }
+}
+
+ShardedModel::~ShardedModel() = default;
+
+void ShardedModel::build_unit(Unit& unit) {
+  NoGradGuard no_grad;
+  const int n = group_.size(), r = group_.rank();
+  const int stage = config_.stage;
+  const DType compute = config_.compute_dtype, master_dtype = optim::master_dtype_for(compute);
+  const bool separate_master = compute != master_dtype;
+  const Device device = unit.entries.front().param.device();
+  unit.padded = (unit.numel + n - 1) / n * n;
+  unit.shard = unit.padded / n;
+  const auto my_slice = [&](const Tensor& full) { return full.narrow(0, r * unit.shard, unit.shard); };
+
+  // The initial weights, flat and padded with zeros, in the master dtype.
+  const Tensor values = allocate({unit.padded}, master_dtype, device, MemoryCategory::workspace, true);
+  for (const auto& e : unit.entries) view_of(values, e).copy_(e.param);
+
+  if (stage < 3) {
+    unit.compute_full = allocate({unit.padded}, compute, device, MemoryCategory::parameter, false);
+    unit.compute_full.copy_(values);
+    unit.compute_shard = my_slice(unit.compute_full);
+  } else {
+    unit.compute_shard = allocate({unit.shard}, compute, device, MemoryCategory::parameter, false);
+    unit.compute_shard.copy_(my_slice(values));
+    unit.compute_full = allocate({unit.padded}, compute, device, MemoryCategory::communication, false);
+    unit.compute_full.copy_(values);
+  }
+  for (const auto& e : unit.entries) {
+    e.param.set_data(view_of(unit.compute_full, e));
+    e.param.set_grad(Tensor());
+  }
+
+  const Tensor& master_source = stage == 0 ? values : my_slice(values);
+  if (separate_master) {
+    unit.master = allocate(master_source.shape(), master_dtype, device, MemoryCategory::optimizer_state, false);
+    unit.master.copy_(master_source);
+  } else {
+    unit.master = stage == 0 ? unit.compute_full : unit.compute_shard;
+  }
+  unit.m = allocate(unit.master.shape(), master_dtype, device, MemoryCategory::optimizer_state, true);
+  unit.v = allocate(unit.master.shape(), master_dtype, device, MemoryCategory::optimizer_state, true);
+
+  if (stage < 2) {
+    unit.grad_full = allocate({unit.padded}, compute, device, MemoryCategory::gradient, true);
+    for (const auto& e : unit.entries) e.param.set_grad(view_of(unit.grad_full, e));
+    unit.grad_shard = my_slice(unit.grad_full);
+  } else {
+    unit.grad_shard = allocate({unit.shard}, compute, device, MemoryCategory::gradient, true);
+  }
+
+  Unit* u = &unit;
+  for (const auto& e : unit.entries) {
+    if (stage >= 2) {
+      // Before the first gradient of this unit lands: one zeroed full buffer, the params' grads views into it.
+      e.param.register_hook([u, compute, device](const Tensor&) {
+        if (!u->grad_full.defined()) {
+          u->grad_full = allocate({u->padded}, compute, device, MemoryCategory::gradient, true);
+          for (const auto& member : u->entries) member.param.set_grad(view_of(u->grad_full, member));
+        }
+        return Tensor();
+      });
+    }
+    e.param.register_post_accumulate_grad_hook([this, u](const Tensor&) { on_grad_arrival(*u); });
+  }
+  if (stage == 3 && unit.module) {
+    unit.module->register_forward_pre_hook([this, u](nn::Module&, const Tensor&) {
+      gather_unit(*u);
+      return Tensor();
+    });
+    unit.module->register_forward_hook([this, u](nn::Module&, const Tensor&, const Tensor& out) {
+      if (!u->in_backward) release_unit(*u);  // (a recompute inside backward keeps it)
+      if (out.requires_grad())
+        out.register_hook([this, u](const Tensor&) {  // backward reaches this unit: gather it again
+          u->in_backward = true;
+          gather_unit(*u);
+          return Tensor();
+        });
+      return Tensor();
+    });
+  }
+  if (stage == 3) release_unit(unit);
+}
+
+void ShardedModel::gather_unit(Unit& unit) {
+  if (!unit.compute_full.storage()->is_released()) return;
+  unit.compute_full.storage()->materialize();
+  group_.all_gather(unit.compute_shard, unit.compute_full);
+}
+
+void ShardedModel::release_unit(Unit& unit) {
+  if (config_.stage == 3) unit.compute_full.storage()->release();
+}
+
+void ShardedModel::prepare_forward() {
+  if (config_.stage == 3)
+    for (auto& unit : units_)
+      if (!unit->module) gather_unit(*unit);
+}
+
+void ShardedModel::on_grad_arrival(Unit& unit) {
+  if (++unit.arrived < unit.entries.size()) return;
+  unit.arrived = 0;
+  reduce_unit(unit);
+}
+
+// The unit's gradients are complete on this rank: average them across ranks.
+void ShardedModel::reduce_unit(Unit& unit) {
+  NoGradGuard no_grad;
+  switch (config_.stage) {
+    case 0:
+      if (sync_) group_.all_reduce(unit.grad_full, ReduceKind::average);
+      return;
+    case 1:
+      if (sync_) group_.reduce_scatter(unit.grad_full, unit.grad_shard, ReduceKind::average);
+      return;
+    default: {
+      if (!unit.grad_full.defined()) return;
+      const Tensor mine = allocate({unit.shard}, unit.grad_shard.dtype(), unit.grad_shard.device(),
+                                   MemoryCategory::communication, false);
+      group_.reduce_scatter(unit.grad_full, mine, ReduceKind::average);
+      unit.grad_shard.add_(mine);  // accumulates across micro-batches
+      for (const auto& e : unit.entries) e.param.set_grad(Tensor());
+      unit.grad_full = Tensor();  // the full unit gradient is freed at once
+      unit.in_backward = false;
+      release_unit(unit);
+    }
+  }
+}
+
+void ShardedModel::zero_grad() {
+  NoGradGuard no_grad;
+  for (auto& unit : units_) {
+    if (config_.stage < 2) {
+      unit->grad_full.zero_();
+    } else {
+      unit->grad_shard.zero_();
+      for (const auto& e : unit->entries) e.param.set_grad(Tensor());
+      unit->grad_full = Tensor();  // a backward that never completed
+    }
+    unit->arrived = 0;
+  }
+}
+
+StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
+  NoGradGuard no_grad;
+  // A unit some of whose parameters got no gradient is reduced now, with zeros for those.
+  for (auto& unit : units_)
+    if (unit->arrived > 0) {
+      unit->arrived = 0;
+      reduce_unit(*unit);
+    }
+  // The global norm: each rank's share of the squared norm, summed across ranks.
+  double local = 0;
+  for (auto& unit : units_) local += sum_of_squares(unit->grad_shard).item<double>();
+  const Tensor total = tensor<double>({local});
+  group_.all_reduce(total, ReduceKind::sum);
+  const double inv_scale = scaler ? scaler->inv_scale() : 1.0;
+  StepResult result{std::sqrt(total.item<double>()) * inv_scale, true};
+  const bool finite = std::isfinite(result.grad_norm);
+  result.stepped = scaler ? scaler->update(!finite) : finite;
+  if (!result.stepped) return result;
+
+  const int64_t r = group_.rank();
+  std::vector<optim::AdamWSpan> spans;
+  for (auto& unit : units_) {
+    const bool sharded = config_.stage >= 1;
+    const int64_t base = sharded ? r * unit->shard : 0;
+    const Tensor& grad = sharded ? unit->grad_shard : unit->grad_full;
+    const Tensor& compute = sharded ? unit->compute_shard : unit->compute_full;
+    const bool separate = config_.compute_dtype != unit->master.dtype();  // else master *is* the compute buffer
+    // The decay range [0, decay) and the rest [decay, numel), cut to this rank's part.
+    for (const auto& [lo, hi, decay] : {std::tuple{int64_t(0), unit->decay_numel, true},
+                                        std::tuple{unit->decay_numel, unit->numel, false}}) {
+      const int64_t begin = std::max(lo, base), end = std::min(hi, base + unit->master.numel());
+      if (end <= begin) continue;
+      auto part = [&](const Tensor& t) { return t.narrow(0, begin - base, end - begin); };
+      spans.push_back({part(unit->master), part(grad), part(unit->m), part(unit->v),
+                       separate ? part(compute) : Tensor(), decay});
+    }
+  }
+  optim::adamw_update(spans, config_.adamw, lr, ++step_,
+                      inv_scale * optim::clip_coefficient(result.grad_norm, config_.max_grad_norm));
+  if (config_.stage == 1 || config_.stage == 2)
+    for (auto& unit : units_) group_.all_gather(unit->compute_shard, unit->compute_full);
+  return result;
+}
+
+nn::NamedTensors ShardedModel::gathered_master() {
+  NoGradGuard no_grad;
+  nn::NamedTensors out;
+  for (auto& unit : units_) {
+    Tensor full = unit->master;
+    if (config_.stage >= 1) {
+      full = allocate({unit->padded}, unit->master.dtype(), unit->master.device(), MemoryCategory::other, false);
+      group_.all_gather(unit->master, full);
+    }
+    for (const auto& e : unit->entries) out.emplace_back(e.name, view_of(full, e));
+  }
+  return out;
+}
+
+int64_t ShardedModel::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& unit : units_) n += unit->numel;
+  return n;
+}
+
+}  // namespace zg::dist

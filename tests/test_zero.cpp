@@ -1,0 +1,172 @@
+// ZeRO: every stage and world size trains exactly like one rank with the same
+// global batch, and holds exactly the model-state bytes of the ZeRO paper's table.
+#include "dist/fake_group.h"
+#include "dist/local_group.h"
+#include "dist/sharded_model.h"
+#include "tiny_gpt.h"
+
+namespace zg::test {
+
+namespace {
+
+struct Variant {
+  DType dtype = DType::f32;
+  bool accumulate = false;   // two micro-batches per step
+  double clip = 0;           // max grad norm
+  bool checkpointing = false;
+};
+
+constexpr int kSteps = 5;
+constexpr int64_t kBatch = 4, kTime = 16;
+
+// The global batch of step s: rows [4, 16] of token ids.
+std::pair<Tensor, Tensor> global_batch(int s) {
+  Context scratch;
+  ContextGuard guard(scratch);
+  manual_seed(100 + s);
+  const Tensor tokens = (rand({kBatch, kTime + 1}, DType::f64) * 64.0).to(DType::i64);
+  return {tokens.narrow(1, 0, kTime).contiguous(), tokens.narrow(1, 1, kTime).contiguous()};
+}
+
+nn::GPTConfig config_for(const Variant& v) {
+  nn::GPTConfig c = tiny_config();
+  c.activation_checkpointing = v.checkpointing;
+  return c;
+}
+
+const optim::AdamWOptions kAdamW{0.9, 0.95, 1e-8, 0.1};
+
+// One rank, the whole batch: FlatParameters + AdamW.
+nn::NamedTensors reference_run(const Variant& v) {
+  Context rank;
+  ContextGuard guard(rank);
+  manual_seed(1);
+  nn::GPT model(config_for(v));
+  optim::FlatParameters flat(model.named_parameters(), v.dtype);
+  optim::AdamW adamw(flat, kAdamW);
+  for (int s = 0; s < kSteps; ++s) {
+    const auto [x, y] = global_batch(s);
+    flat.zero_grad();
+    const int micro = v.accumulate ? 2 : 1;
+    for (int k = 0; k < micro; ++k) {
+      const int64_t rows = kBatch / micro;
+      (model.forward(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows)).loss * (1.0 / micro)).backward();
+    }
+    const double norm = optim::grad_norm(flat);
+    adamw.step(1e-3, optim::clip_coefficient(norm, v.clip));
+  }
+  nn::NamedTensors out;
+  for (const auto& e : flat.entries) out.emplace_back(e.name, optim::FlatParameters::view_of(flat.master, e).clone());
+  return out;
+}
+
+// N ranks, each with its slice of the global batch.
+nn::NamedTensors sharded_run(const Variant& v, int n, int stage) {
+  nn::NamedTensors result;
+  dist::run_local(n, [&](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(config_for(v));
+    dist::ShardedModel sharded(model, dist::gpt_block_units(model.config.n_layer), pg,
+                               {stage, v.dtype, kAdamW, v.clip});
+    const int64_t rows = kBatch / n;
+    for (int s = 0; s < kSteps; ++s) {
+      const auto [x, y] = global_batch(s);
+      const Tensor my_x = x.narrow(0, pg.rank() * rows, rows), my_y = y.narrow(0, pg.rank() * rows, rows);
+      sharded.zero_grad();
+      const int micro = v.accumulate && rows >= 2 ? 2 : 1;
+      for (int k = 0; k < micro; ++k) {
+        sharded.set_gradient_sync(k == micro - 1);
+        sharded.prepare_forward();
+        const int64_t r = rows / micro;
+        (model.forward(my_x.narrow(0, k * r, r), my_y.narrow(0, k * r, r)).loss * (1.0 / micro)).backward();
+      }
+      sharded.step(1e-3);
+    }
+    nn::NamedTensors gathered = sharded.gathered_master();
+    if (pg.rank() == n - 1)
+      for (auto& [name, t] : gathered) result.emplace_back(name, t.clone());
+  });
+  return result;
+}
+
+double max_difference(const nn::NamedTensors& a, const nn::NamedTensors& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (const auto& [name, t] : a) {
+    const auto it = std::find_if(b.begin(), b.end(), [&](const auto& e) { return e.first == name; });
+    REQUIRE(it != b.end());
+    worst = std::max(worst, max(abs(t.to(DType::f64) - it->second.to(DType::f64))).item<double>());
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("every stage at N = 1, 2, 4 trains like one rank with the global batch (f32 and f64)") {
+  for (const Variant& v : {Variant{DType::f32}, Variant{DType::f64}}) {
+    const nn::NamedTensors reference = reference_run(v);
+    for (int n : {1, 2, 4})
+      for (int stage = 0; stage <= 3; ++stage) {
+        INFO(std::string(name(v.dtype)) << " N=" << n << " stage " << stage);
+        CHECK(max_difference(sharded_run(v, n, stage), reference) <= (v.dtype == DType::f64 ? 1e-12 : 1e-5));
+      }
+  }
+}
+
+TEST_CASE("equivalence holds with gradient accumulation, clipping and activation checkpointing") {
+  const Variant variants[] = {{DType::f32, true, 0, false}, {DType::f32, false, 0.05, false},
+                              {DType::f32, false, 0, true}, {DType::f64, true, 0.05, true}};
+  for (const Variant& v : variants) {
+    const nn::NamedTensors reference = reference_run(v);
+    for (int n : {2, 4})
+      for (int stage = 0; stage <= 3; ++stage) {
+        INFO(std::string(name(v.dtype)) << " accumulate " << v.accumulate << " clip " << v.clip << " checkpointing "
+                           << v.checkpointing << " N=" << n << " stage " << stage);
+        CHECK(max_difference(sharded_run(v, n, stage), reference) <= (v.dtype == DType::f64 ? 1e-12 : 1e-5));
+      }
+  }
+}
+
+TEST_CASE("model-state bytes per rank after backward equal the ZeRO formulas (bf16 compute)") {
+  for (int n : {1, 2, 4, 8})
+    for (int stage = 0; stage <= 3; ++stage) {
+      INFO("N=" << n << " stage " << stage);
+      std::vector<int64_t> states(n), expected(n);
+      dist::run_local(n, [&](dist::ProcessGroup& pg) {
+        manual_seed(1);
+        nn::GPT model(tiny_config());
+        dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {stage, DType::bf16, kAdamW, 1.0});
+        // P = padded parameter count (each unit padded to a multiple of N)
+        int64_t padded = 0;
+        for (const std::string& unit : {"root", "transformer.h.0", "transformer.h.1"}) {
+          int64_t count = 0;
+          for (const auto& [name, p] : model.named_parameters()) {
+            const bool in_block = name.starts_with("transformer.h.");
+            if ((unit == std::string("root") && !in_block) || (in_block && name.starts_with(std::string(unit) + ".")))
+              count += p.numel();
+          }
+          padded += (count + n - 1) / n * n;
+        }
+        const auto [x, y] = global_batch(0);
+        sharded.zero_grad();
+        sharded.prepare_forward();
+        model.forward(x.narrow(0, 0, 1), y.narrow(0, 0, 1)).loss.backward();
+        const MemoryStats s = memory_stats();
+        if (stage == 3) {  // every gathered unit was released again, but units were gathered
+          CHECK(s[MemoryCategory::communication] == 0);
+          CHECK(s.peak_of(MemoryCategory::communication) > 0);
+        }
+        states[pg.rank()] = s[MemoryCategory::parameter] + s[MemoryCategory::gradient] +
+                            s[MemoryCategory::optimizer_state];
+        const int64_t per_rank = padded / n;
+        expected[pg.rank()] = stage == 0   ? 16 * padded
+                              : stage == 1 ? 4 * padded + 12 * per_rank
+                              : stage == 2 ? 2 * padded + 14 * per_rank
+                                           : 16 * per_rank;
+        sharded.step(1e-3);
+      });
+      CHECK(states == expected);
+    }
+}
+
+}  // namespace zg::test
