@@ -239,7 +239,8 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
     }
   // The global norm: each rank's share of the squared norm, summed across ranks.
   double local = 0;
-  for (auto& unit : units_) local += sum_of_squares(unit->grad_shard).item<double>();
+  for (auto& unit : units_)  // (the meta device has no values: a dry run counts bytes only)
+    if (unit->grad_shard.device().type != DeviceType::meta) local += sum_of_squares(unit->grad_shard).item<double>();
   const Tensor total = tensor<double>({local});
   group_.all_reduce(total, ReduceKind::sum);
   const double inv_scale = scaler ? scaler->inv_scale() : 1.0;

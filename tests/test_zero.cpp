@@ -170,3 +170,48 @@ TEST_CASE("model-state bytes per rank after backward equal the ZeRO formulas (bf
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+// Model states of rank 0 of N on the meta device with a fake group: nothing allocated.
+static int64_t dry_run_model_states(const nn::GPTConfig& config, int n, int stage, int64_t& psi) {
+  Context rank0;
+  ContextGuard guard(rank0);
+  dist::FakeGroup group(0, n);
+  nn::GPT model(config, kMeta);
+  dist::ShardedModel sharded(model, dist::gpt_block_units(config.n_layer), group, {stage, DType::bf16, kAdamW, 0});
+  psi = sharded.num_parameters();
+  const MemoryStats s = memory_stats(kMeta);
+  return s[MemoryCategory::parameter] + s[MemoryCategory::gradient] + s[MemoryCategory::optimizer_state];
+}
+
+TEST_CASE("the meta dry run reproduces the ZeRO paper's example: 7.5B parameters at N = 64") {
+  nn::GPTConfig c;  // 36 x 4096 with a 60,000-token vocabulary: 7,499,636,736 parameters
+  c.n_layer = 36, c.n_head = 32, c.n_embd = 4096, c.vocab_size = 60000, c.block_size = 1024;
+  const double paper_gb[] = {120.0, 31.4, 16.6, 1.9};
+  for (int stage = 0; stage <= 3; ++stage) {
+    int64_t psi = 0;
+    const double gb = static_cast<double>(dry_run_model_states(c, 64, stage, psi)) / 1e9;
+    INFO("stage " << stage << ": " << gb << " GB");
+    CHECK(std::fabs(psi - 7.5e9) / 7.5e9 < 1e-4);
+    CHECK(std::round(gb * 10) / 10 == doctest::Approx(paper_gb[stage]));
+  }
+}
+
+TEST_CASE("GPT-2 124M: model states equal the formulas up to padding (< 0.5%) for N = 1, 2, 4, 8") {
+  const nn::GPTConfig gpt2;
+  for (int n : {1, 2, 4, 8})
+    for (int stage = 0; stage <= 3; ++stage) {
+      int64_t psi = 0;
+      const int64_t states = dry_run_model_states(gpt2, n, stage, psi);
+      const double formula = stage == 0   ? 16.0 * psi
+                             : stage == 1 ? 4.0 * psi + 12.0 * psi / n
+                             : stage == 2 ? 2.0 * psi + 14.0 * psi / n
+                                          : 16.0 * psi / n;
+      INFO("N=" << n << " stage " << stage);
+      CHECK(states >= formula);
+      CHECK((states - formula) / formula < 0.005);
+    }
+}
+
+}  // namespace zg::test

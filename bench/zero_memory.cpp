@@ -1,0 +1,205 @@
+// zero_memory: per-rank memory and traffic of DDP and ZeRO-1/2/3 for a GPT, next
+// to the ZeRO paper's formulas (Rajbhandari et al. 2020, fig. 1 and section 7):
+//   model states  stage 0: 16Ψ   1: 4Ψ + 12Ψ/N   2: 2Ψ + 14Ψ/N   3: 16Ψ/N    (bytes, bf16 + fp32 Adam)
+//   traffic       stages 0-2: 2Ψ elements per step, stage 3: 3Ψ, each element 2 bytes,
+//                 counted as a ring moves data ((N-1)/N per reduce-scatter or all-gather).
+//
+// --device meta (default): a dry run of rank 0 with a fake group -- real code paths,
+// counted bytes, nothing allocated -- so 7.5B parameters at N = 64 take a second.
+// --device cpu: N ranks as threads of this process (local group), real training steps.
+//
+//   build/bench/zero_memory --model 7.5b --world-size 64 --stage all
+//   build/bench/zero_memory --model tiny --world-size 4 --device cpu --json
+#include <cstdio>
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "dist/fake_group.h"
+#include "dist/local_group.h"
+#include "dist/sharded_model.h"
+#include "nn/gpt.h"
+#include "zerograd.h"
+
+using namespace zg;
+
+namespace {
+
+struct Preset {
+  const char* name;
+  nn::GPTConfig config;
+};
+
+nn::GPTConfig gpt(int64_t layers, int64_t heads, int64_t embd, int64_t vocab = 50257, int64_t block = 1024) {
+  nn::GPTConfig c;
+  c.n_layer = layers, c.n_head = heads, c.n_embd = embd, c.vocab_size = vocab, c.block_size = block;
+  return c;
+}
+
+// GPT-2 sizes, and a 7.5B shape for the ZeRO paper's example (Ψ = 7.5B: 36 layers of
+// width 4096 with a 60,000-token vocabulary come to 7,499,636,736 parameters).
+const std::vector<Preset> kPresets = {{"tiny", gpt(2, 2, 32, 64, 64)},        {"124m", gpt(12, 12, 768)},
+                                      {"350m", gpt(24, 16, 1024)},            {"1.5b", gpt(48, 25, 1600)},
+                                      {"7.5b", gpt(36, 32, 4096, 60000, 1024)}};
+
+struct Record {
+  int stage, world_size, rank;
+  int64_t params, parameter, gradient, optimizer_state, activation, communication, peak_allocated, reserved,
+      sent_per_step, formula_states, formula_sent;
+};
+
+int64_t formula_states(int stage, int64_t psi, int n) {
+  switch (stage) {
+    case 0: return 16 * psi;
+    case 1: return 4 * psi + 12 * psi / n;
+    case 2: return 2 * psi + 14 * psi / n;
+    default: return 16 * psi / n;
+  }
+}
+
+int64_t formula_sent(int stage, int64_t psi, int n) {
+  const double elements = stage == 3 ? 3.0 * psi : 2.0 * psi;
+  return static_cast<int64_t>(elements * 2 * (n - 1) / n);
+}
+
+// One training step on this rank; returns the record read after the step.
+Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch, int64_t seq, Device device,
+               dist::ProcessGroup& group) {
+  manual_seed(1);
+  nn::GPT model(config, TensorOptions(DType::f32).device(device));
+  dist::ShardedModel sharded(model, dist::gpt_block_units(config.n_layer), group, {stage, DType::bf16, {}, 1.0});
+  Context& context = Context::current();
+  context.allocator(device)->reset_peaks();
+  const TensorOptions ids = TensorOptions(DType::i64).device(device);
+  const Tensor x = zeros({batch, seq}, ids), y = zeros({batch, seq}, ids);
+  Record r{stage, group.size(), group.rank(), sharded.num_parameters()};
+  for (int s = 0; s < steps; ++s) {
+    group.reset_bytes_sent();
+    sharded.zero_grad();
+    sharded.prepare_forward();
+    {
+      MemoryScope scope(MemoryCategory::activation);
+      model.forward(x, y).loss.backward();
+    }
+    // Model states after backward, before the step (what the formulas describe).
+    const MemoryStats after_backward = context.memory_stats(device);
+    r.parameter = after_backward[MemoryCategory::parameter];
+    r.gradient = after_backward[MemoryCategory::gradient];
+    r.optimizer_state = after_backward[MemoryCategory::optimizer_state];
+    sharded.step(1e-4);
+    r.sent_per_step = group.bytes_sent();
+  }
+  const MemoryStats s = context.memory_stats(device);
+  r.activation = s.peak_of(MemoryCategory::activation);
+  r.communication = s.peak_of(MemoryCategory::communication);
+  r.peak_allocated = s.peak_total;
+  r.reserved = s.peak_reserved;
+  r.formula_states = formula_states(stage, r.params, r.world_size);
+  r.formula_sent = formula_sent(stage, r.params, r.world_size);
+  return r;
+}
+
+double gb(int64_t bytes) { return static_cast<double>(bytes) / 1e9; }
+
+void usage() {
+  std::printf(
+      "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all]\n"
+      "                   [--device meta|cpu|cuda] [--steps K] [--batch B] [--seq T] [--json]\n"
+      "Per-rank memory by category and bytes sent per step for DDP and ZeRO-1/2/3, next to the ZeRO\n"
+      "paper's formulas. meta (default): rank 0 of N with a fake group, nothing allocated;\n"
+      "cpu: N ranks as threads, real steps.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_name = "124m", stage_arg = "all", device_arg = "meta";
+  int world = 4, steps = 1;
+  int64_t batch = 1, seq = 0;
+  bool json = false;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        ZG_CHECK(i + 1 < argc, "zero_memory: ", a, " needs a value");
+        return argv[++i];
+      };
+      if (a == "--model") model_name = value();
+      else if (a == "--world-size") world = std::stoi(value());
+      else if (a == "--stage") stage_arg = value();
+      else if (a == "--device") device_arg = value();
+      else if (a == "--steps") steps = std::stoi(value());
+      else if (a == "--batch") batch = std::stoll(value());
+      else if (a == "--seq") seq = std::stoll(value());
+      else if (a == "--json") json = true;
+      else {
+        usage();
+        return a == "--help" ? 0 : 2;
+      }
+    }
+    const Preset* preset = nullptr;
+    for (const Preset& p : kPresets)
+      if (model_name == p.name) preset = &p;
+    ZG_CHECK(preset != nullptr, "zero_memory: unknown --model ", model_name, " (tiny, 124m, 350m, 1.5b, 7.5b)");
+    ZG_CHECK(world >= 1 && steps >= 1, "zero_memory: --world-size and --steps must be at least 1");
+    std::vector<int> stages;
+    if (stage_arg == "all") stages = {0, 1, 2, 3};
+    else stages = {std::stoi(stage_arg)};
+    const Device device(device_arg);
+    if (seq <= 0) seq = std::min<int64_t>(preset->config.block_size, 1024);
+
+    std::vector<Record> records;
+    std::mutex records_mutex;
+    for (int stage : stages) {
+      if (device.type == DeviceType::meta) {
+        Context rank0(0);
+        ContextGuard guard(rank0);
+        dist::FakeGroup group(0, world);
+        records.push_back(measure(preset->config, stage, steps, batch, seq, device, group));
+      } else {
+        dist::run_local(world, [&](dist::ProcessGroup& group) {
+          const Record r = measure(preset->config, stage, steps, batch, seq, device, group);
+          std::lock_guard lock(records_mutex);
+          records.push_back(r);
+        });
+      }
+    }
+    std::sort(records.begin(), records.end(),
+              [](const Record& a, const Record& b) { return a.stage != b.stage ? a.stage < b.stage : a.rank < b.rank; });
+
+    if (json) {
+      std::printf("[\n");
+      for (size_t i = 0; i < records.size(); ++i) {
+        const Record& r = records[i];
+        std::printf("  {\"model\": \"%s\", \"device\": \"%s\", \"stage\": %d, \"world_size\": %d, \"rank\": %d, "
+                    "\"params\": %lld, \"parameter\": %lld, \"gradient\": %lld, \"optimizer_state\": %lld, "
+                    "\"activation\": %lld, \"communication\": %lld, \"peak_allocated\": %lld, \"reserved\": %lld, "
+                    "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld}%s\n",
+                    model_name.c_str(), device.str().c_str(), r.stage, r.world_size, r.rank,
+                    (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
+                    (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
+                    (long long)r.reserved, (long long)r.sent_per_step, (long long)r.formula_states,
+                    (long long)r.formula_sent, i + 1 < records.size() ? "," : "");
+      }
+      std::printf("]\n");
+      return 0;
+    }
+    std::printf("GPT %s: Ψ = %lld parameters, N = %d, %s, batch %lld x %lld tokens, bf16 compute + fp32 AdamW\n",
+                model_name.c_str(), (long long)records.front().params, world, device.str().c_str(), (long long)batch,
+                (long long)seq);
+    std::printf("sizes in GB (1e9 bytes); model states = parameter + gradient + optimizer_state after backward\n\n");
+    std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s\n", "stage", "rank", "param", "grad", "optim",
+                "model states", "formula", "activation", "comm", "peak", "sent/step", "formula");
+    for (const Record& r : records)
+      std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f\n", r.stage, r.rank,
+                  gb(r.parameter), gb(r.gradient), gb(r.optimizer_state),
+                  gb(r.parameter + r.gradient + r.optimizer_state), gb(r.formula_states), gb(r.activation),
+                  gb(r.communication), gb(r.peak_allocated), gb(r.sent_per_step), gb(r.formula_sent));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
