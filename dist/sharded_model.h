@@ -28,6 +28,7 @@
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
+#include "tensor/safetensors.h"
 
 namespace zg::dist {
 
@@ -65,6 +66,15 @@ class ShardedModel {
 
   // Every parameter's f32 master weights, gathered from all ranks (a collective).
   nn::NamedTensors gathered_master();
+
+  // Sharded checkpoints (dist/sharded_checkpoint.cpp). save() writes, from every rank,
+  // `dir/rank-R-of-N.safetensors` with the parts of each parameter's master weights and
+  // Adam m, v that the rank owns, named by parameter and element offset, so load() works
+  // at any world size and stage: each rank reads the pieces that overlap what it owns now.
+  void save(const std::string& dir, const Metadata& extra = {});
+  Metadata load(const std::string& dir);
+  // One safetensors file of the full f32 weights by parameter name, written by rank 0.
+  void export_consolidated(const std::string& path);
   int64_t num_parameters() const;  // Ψ, without padding
   const ZeroConfig& config() const { return config_; }
 
@@ -76,6 +86,7 @@ class ShardedModel {
   void reduce_unit(Unit& unit);
   void gather_unit(Unit& unit);
   void release_unit(Unit& unit);
+  void refresh_compute();  // compute weights from master after a load
 
   nn::Module& model_;
   ProcessGroup& group_;

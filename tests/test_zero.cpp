@@ -3,7 +3,11 @@
 #include "dist/fake_group.h"
 #include "dist/local_group.h"
 #include "dist/sharded_model.h"
+#include "nn/serialize.h"
 #include "tiny_gpt.h"
+
+#include <filesystem>
+#include <unistd.h>
 
 namespace zg::test {
 
@@ -212,6 +216,66 @@ TEST_CASE("GPT-2 124M: model states equal the formulas up to padding (< 0.5%) fo
       CHECK(states >= formula);
       CHECK((states - formula) / formula < 0.005);
     }
+}
+
+}  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage 1 and N=1; export one file") {
+  const std::string dir = "/tmp/zg_test_sharded_" + std::to_string(::getpid());
+  const Variant v{DType::f32};
+  // Train 3 steps at N=4, stage 3, save, and (the reference) go on for 2 more steps.
+  auto train = [&](int n, int stage, int first_step, int last_step, bool save_at_end, bool load_first) {
+    nn::NamedTensors result;
+    dist::run_local(n, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(config_for(v));
+      dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {stage, v.dtype, kAdamW, 0});
+      if (load_first) sharded.load(dir);
+      const int64_t rows = kBatch / n;
+      for (int s = first_step; s < last_step; ++s) {
+        const auto [x, y] = global_batch(s);
+        sharded.zero_grad();
+        sharded.prepare_forward();
+        model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss.backward();
+        sharded.step(1e-3);
+      }
+      if (save_at_end) sharded.save(dir, {{"data_position", std::to_string(last_step)}});
+      nn::NamedTensors gathered = sharded.gathered_master();
+      if (pg.rank() == 0)
+        for (auto& [name, t] : gathered) result.emplace_back(name, t.clone());
+    });
+    return result;
+  };
+  train(4, 3, 0, 3, true, false);
+  const nn::NamedTensors uninterrupted = train(4, 3, 0, 5, false, false);
+  CHECK(max_difference(train(2, 1, 3, 5, false, true), uninterrupted) <= 1e-5);
+  CHECK(max_difference(train(1, 0, 3, 5, false, true), uninterrupted) <= 1e-5);
+  CHECK(max_difference(train(4, 2, 3, 5, false, true), uninterrupted) <= 1e-5);
+
+  // A consolidated export loads as a plain module state.
+  dist::run_local(2, [&](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(config_for(v));
+    dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {1, v.dtype, kAdamW, 0});
+    sharded.load(dir);
+    sharded.export_consolidated(dir + "/consolidated.safetensors");
+  });
+  manual_seed(7);
+  nn::GPT fresh(config_for(v));
+  nn::load_state(fresh, dir + "/consolidated.safetensors");
+  const Tensor wte = fresh.wte->weight;
+  const std::vector<float> saved_wte = SafetensorsFile(dir + "/rank-00000-of-00004.safetensors")
+                                           .read("master/transformer.wte.weight/0")
+                                           .to_vector<float>();
+  CHECK(std::equal(saved_wte.begin(), saved_wte.end(), wte.view({-1}).to_vector<float>().begin()));
+
+  // A save of another world size is missing a file: a clear error, not a partial load.
+  std::filesystem::remove(dir + "/rank-00002-of-00004.safetensors");
+  CHECK_THROWS_WITH_AS(train(2, 1, 3, 4, false, true), doctest::Contains("rank-00002-of-00004.safetensors is missing"),
+                       Error);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace zg::test
