@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what zerograd needs to build and test on Debian/Ubuntu, skipping what
 # is already there: a C++20 compiler, Meson >= 1.0 and Ninja, pkg-config,
-# Eigen 3.4, nlohmann-json (safetensors headers) and doctest. The CUDA toolkit is optional and never installed here:
+# Eigen 3.4, nlohmann-json (safetensors headers), OpenMPI (the mpi process group)
+# and doctest. The CUDA toolkit is optional and never installed here:
 # when /usr/local/cuda (or nvcc on PATH) exists, the build uses it.
 set -euo pipefail
 
@@ -13,6 +14,8 @@ command -v python3 >/dev/null || need+=(python3)
 [ -f /usr/include/eigen3/Eigen/Core ] || need+=(libeigen3-dev)
 [ -f /usr/include/doctest/doctest.h ] || need+=(doctest-dev)
 [ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
+command -v mpirun >/dev/null || need+=(openmpi-bin)
+[ -n "$(find /usr/include /usr/lib -name mpi.h -print -quit 2>/dev/null)" ] || need+=(libopenmpi-dev)
 meson_ok() { command -v meson >/dev/null && meson --version | awk -F. '{exit !($1 >= 1)}'; }
 meson_ok || need+=(meson)
 

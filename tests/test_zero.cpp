@@ -5,6 +5,7 @@
 #include "dist/sharded_model.h"
 #include "nn/serialize.h"
 #include "tiny_gpt.h"
+#include "zero_training.h"
 
 #include <filesystem>
 #include <unistd.h>
@@ -13,82 +14,35 @@ namespace zg::test {
 
 namespace {
 
-struct Variant {
-  DType dtype = DType::f32;
-  bool accumulate = false;   // two micro-batches per step
-  double clip = 0;           // max grad norm
-  bool checkpointing = false;
-};
-
-constexpr int kSteps = 5;
-constexpr int64_t kBatch = 4, kTime = 16;
-
-// The global batch of step s: rows [4, 16] of token ids.
-std::pair<Tensor, Tensor> global_batch(int s) {
-  Context scratch;
-  ContextGuard guard(scratch);
-  manual_seed(100 + s);
-  const Tensor tokens = (rand({kBatch, kTime + 1}, DType::f64) * 64.0).to(DType::i64);
-  return {tokens.narrow(1, 0, kTime).contiguous(), tokens.narrow(1, 1, kTime).contiguous()};
-}
-
-nn::GPTConfig config_for(const Variant& v) {
-  nn::GPTConfig c = tiny_config();
-  c.activation_checkpointing = v.checkpointing;
-  return c;
-}
-
-const optim::AdamWOptions kAdamW{0.9, 0.95, 1e-8, 0.1};
-
-// One rank, the whole batch: FlatParameters + AdamW.
-nn::NamedTensors reference_run(const Variant& v) {
+// One rank, the whole batch: FlatParameters + AdamW, the reference every sharded run must match.
+nn::NamedTensors reference_run(const ZeroRun& run) {
   Context rank;
   ContextGuard guard(rank);
   manual_seed(1);
-  nn::GPT model(config_for(v));
-  optim::FlatParameters flat(model.named_parameters(), v.dtype);
+  nn::GPT model(zero_config(run.checkpointing));
+  optim::FlatParameters flat(model.named_parameters(), run.dtype);
   optim::AdamW adamw(flat, kAdamW);
-  for (int s = 0; s < kSteps; ++s) {
+  for (int s = 0; s < run.steps; ++s) {
     const auto [x, y] = global_batch(s);
     flat.zero_grad();
-    const int micro = v.accumulate ? 2 : 1;
-    for (int k = 0; k < micro; ++k) {
-      const int64_t rows = kBatch / micro;
-      (model.forward(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows)).loss * (1.0 / micro)).backward();
+    for (int k = 0; k < run.micro_batches; ++k) {
+      const int64_t rows = kBatch / run.micro_batches;
+      (model.forward(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows)).loss * (1.0 / run.micro_batches))
+          .backward();
     }
-    const double norm = optim::grad_norm(flat);
-    adamw.step(1e-3, optim::clip_coefficient(norm, v.clip));
+    adamw.step(1e-3, optim::clip_coefficient(optim::grad_norm(flat), run.clip));
   }
   nn::NamedTensors out;
   for (const auto& e : flat.entries) out.emplace_back(e.name, optim::FlatParameters::view_of(flat.master, e).clone());
   return out;
 }
 
-// N ranks, each with its slice of the global batch.
-nn::NamedTensors sharded_run(const Variant& v, int n, int stage) {
+// N ranks, each with its slice of the global batch; the last rank's gathered weights.
+nn::NamedTensors sharded_run(const ZeroRun& run, int n) {
   nn::NamedTensors result;
   dist::run_local(n, [&](dist::ProcessGroup& pg) {
-    manual_seed(1);
-    nn::GPT model(config_for(v));
-    dist::ShardedModel sharded(model, dist::gpt_block_units(model.config.n_layer), pg,
-                               {stage, v.dtype, kAdamW, v.clip});
-    const int64_t rows = kBatch / n;
-    for (int s = 0; s < kSteps; ++s) {
-      const auto [x, y] = global_batch(s);
-      const Tensor my_x = x.narrow(0, pg.rank() * rows, rows), my_y = y.narrow(0, pg.rank() * rows, rows);
-      sharded.zero_grad();
-      const int micro = v.accumulate && rows >= 2 ? 2 : 1;
-      for (int k = 0; k < micro; ++k) {
-        sharded.set_gradient_sync(k == micro - 1);
-        sharded.prepare_forward();
-        const int64_t r = rows / micro;
-        (model.forward(my_x.narrow(0, k * r, r), my_y.narrow(0, k * r, r)).loss * (1.0 / micro)).backward();
-      }
-      sharded.step(1e-3);
-    }
-    nn::NamedTensors gathered = sharded.gathered_master();
-    if (pg.rank() == n - 1)
-      for (auto& [name, t] : gathered) result.emplace_back(name, t.clone());
+    nn::NamedTensors mine = train_sharded(pg, run);
+    if (pg.rank() == n - 1) result = std::move(mine);
   });
   return result;
 }
@@ -104,29 +58,34 @@ double max_difference(const nn::NamedTensors& a, const nn::NamedTensors& b) {
   return worst;
 }
 
+double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
+
 }  // namespace
 
 TEST_CASE("every stage at N = 1, 2, 4 trains like one rank with the global batch (f32 and f64)") {
-  for (const Variant& v : {Variant{DType::f32}, Variant{DType::f64}}) {
-    const nn::NamedTensors reference = reference_run(v);
+  for (DType dtype : {DType::f32, DType::f64}) {
+    const nn::NamedTensors reference = reference_run({dtype});
     for (int n : {1, 2, 4})
       for (int stage = 0; stage <= 3; ++stage) {
-        INFO(std::string(name(v.dtype)) << " N=" << n << " stage " << stage);
-        CHECK(max_difference(sharded_run(v, n, stage), reference) <= (v.dtype == DType::f64 ? 1e-12 : 1e-5));
+        INFO(std::string(name(dtype)) << " N=" << n << " stage " << stage);
+        CHECK(max_difference(sharded_run({dtype, stage}, n), reference) <= tolerance(dtype));
       }
   }
 }
 
 TEST_CASE("equivalence holds with gradient accumulation, clipping and activation checkpointing") {
-  const Variant variants[] = {{DType::f32, true, 0, false}, {DType::f32, false, 0.05, false},
-                              {DType::f32, false, 0, true}, {DType::f64, true, 0.05, true}};
-  for (const Variant& v : variants) {
-    const nn::NamedTensors reference = reference_run(v);
+  const ZeroRun variants[] = {{DType::f32, 0, 5, 2, 0, false}, {DType::f32, 0, 5, 1, 0.05, false},
+                              {DType::f32, 0, 5, 1, 0, true}, {DType::f64, 0, 5, 2, 0.05, true}};
+  for (ZeroRun run : variants) {
+    const nn::NamedTensors reference = reference_run(run);
     for (int n : {2, 4})
       for (int stage = 0; stage <= 3; ++stage) {
-        INFO(std::string(name(v.dtype)) << " accumulate " << v.accumulate << " clip " << v.clip << " checkpointing "
-                           << v.checkpointing << " N=" << n << " stage " << stage);
-        CHECK(max_difference(sharded_run(v, n, stage), reference) <= (v.dtype == DType::f64 ? 1e-12 : 1e-5));
+        run.stage = stage;
+        // With 4 ranks each has one row: accumulation then runs as a single micro-batch
+        // against a reference that still accumulates two.
+        INFO(std::string(name(run.dtype)) << " micro-batches " << run.micro_batches << " clip " << run.clip
+                                          << " checkpointing " << run.checkpointing << " N=" << n << " stage " << stage);
+        CHECK(max_difference(sharded_run(run, n), reference) <= tolerance(run.dtype));
       }
   }
 }
@@ -138,7 +97,7 @@ TEST_CASE("model-state bytes per rank after backward equal the ZeRO formulas (bf
       std::vector<int64_t> states(n), expected(n);
       dist::run_local(n, [&](dist::ProcessGroup& pg) {
         manual_seed(1);
-        nn::GPT model(tiny_config());
+        nn::GPT model(zero_config());
         dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {stage, DType::bf16, kAdamW, 1.0});
         // P = padded parameter count (each unit padded to a multiple of N)
         int64_t padded = 0;
@@ -224,14 +183,13 @@ namespace zg::test {
 
 TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage 1 and N=1; export one file") {
   const std::string dir = "/tmp/zg_test_sharded_" + std::to_string(::getpid());
-  const Variant v{DType::f32};
   // Train 3 steps at N=4, stage 3, save, and (the reference) go on for 2 more steps.
   auto train = [&](int n, int stage, int first_step, int last_step, bool save_at_end, bool load_first) {
     nn::NamedTensors result;
     dist::run_local(n, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
-      nn::GPT model(config_for(v));
-      dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {stage, v.dtype, kAdamW, 0});
+      nn::GPT model(zero_config());
+      dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {stage, DType::f32, kAdamW, 0});
       if (load_first) sharded.load(dir);
       const int64_t rows = kBatch / n;
       for (int s = first_step; s < last_step; ++s) {
@@ -257,13 +215,13 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
   // A consolidated export loads as a plain module state.
   dist::run_local(2, [&](dist::ProcessGroup& pg) {
     manual_seed(1);
-    nn::GPT model(config_for(v));
-    dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {1, v.dtype, kAdamW, 0});
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {1, DType::f32, kAdamW, 0});
     sharded.load(dir);
     sharded.export_consolidated(dir + "/consolidated.safetensors");
   });
   manual_seed(7);
-  nn::GPT fresh(config_for(v));
+  nn::GPT fresh(zero_config());
   nn::load_state(fresh, dir + "/consolidated.safetensors");
   const Tensor wte = fresh.wte->weight;
   const std::vector<float> saved_wte = SafetensorsFile(dir + "/rank-00000-of-00004.safetensors")

@@ -1,0 +1,67 @@
+// The mpi group, through real processes: `mpirun -n 2` runs every stage and must
+// match the local group's results; mismatched collectives fail with both calls named.
+#include <cstdio>
+#include <filesystem>
+#include <unistd.h>
+
+#include "dist/local_group.h"
+#include "helpers.h"
+#include "zero_training.h"
+
+#ifndef ZG_MPI_WORKER
+#define ZG_MPI_WORKER "mpi_worker"
+#endif
+#ifndef ZG_MPIRUN
+#define ZG_MPIRUN "mpirun"
+#endif
+
+namespace zg::test {
+
+namespace {
+std::string run(const std::string& command, int& status) {
+  std::string out;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  status = ::pclose(pipe);
+  return out;
+}
+
+std::string mpirun(const std::string& args) {
+  // --oversubscribe: CI machines may have fewer cores than ranks; root is allowed in containers.
+  return std::string(ZG_MPIRUN) + " -n 2 --oversubscribe --allow-run-as-root " + ZG_MPI_WORKER + " " + args + " 2>&1";
+}
+}  // namespace
+
+TEST_CASE("mpirun -n 2 runs every stage and matches the local group") {
+  const std::string dir = "/tmp/zg_test_mpi_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  int status = 0;
+  const std::string out = run(mpirun(dir), status);
+  INFO(out);
+  REQUIRE(status == 0);
+  for (int stage = 0; stage <= 3; ++stage) {
+    nn::NamedTensors local;
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      nn::NamedTensors mine = train_sharded(pg, {DType::f32, stage, 3});
+      if (pg.rank() == 0) local = std::move(mine);
+    });
+    const SafetensorsFile file(dir + "/stage-" + std::to_string(stage) + ".safetensors");
+    for (const auto& [name, t] : local) {
+      INFO("stage " << stage << " " << name);
+      CHECK(file.read(name).to_vector<float>() == t.to_vector<float>());
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("mismatched collectives across processes fail with both calls named, not a hang") {
+  int status = 0;
+  const std::string out = run(mpirun("/tmp mismatch"), status);
+  CHECK(status != 0);
+  CHECK(out.find("mpi group: collective #0 does not match across ranks: rank 0 called all_reduce(f32[4]), rank 1 "
+                 "called all_gather(f32[2] -> f32[4])") != std::string::npos);
+}
+
+}  // namespace zg::test
