@@ -101,7 +101,9 @@ Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch,
   return r;
 }
 
-double gb(int64_t bytes) { return static_cast<double>(bytes) / 1e9; }
+// Tables print in GB (1e9 bytes), or MB for models whose 16Ψ is under a GB.
+double g_unit = 1e9;
+double gb(int64_t bytes) { return static_cast<double>(bytes) / g_unit; }
 
 void usage() {
   std::printf(
@@ -189,7 +191,9 @@ int main(int argc, char** argv) {
     std::printf("GPT %s: Ψ = %lld parameters, N = %d, %s, batch %lld x %lld tokens, bf16 compute + fp32 AdamW\n",
                 model_name.c_str(), (long long)records.front().params, world, device.str().c_str(), (long long)batch,
                 (long long)seq);
-    std::printf("sizes in GB (1e9 bytes); model states = parameter + gradient + optimizer_state after backward\n\n");
+    if (16 * records.front().params < 1'000'000'000) g_unit = 1e6;
+    std::printf("sizes in %s; model states = parameter + gradient + optimizer_state after backward\n\n",
+                g_unit == 1e9 ? "GB (1e9 bytes)" : "MB (1e6 bytes)");
     std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s\n", "stage", "rank", "param", "grad", "optim",
                 "model states", "formula", "activation", "comm", "peak", "sent/step", "formula");
     for (const Record& r : records)
