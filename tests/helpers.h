@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -52,6 +53,17 @@ inline void check_close(const Tensor& got, const Host& want, double rtol, double
       return;
     }
   }
+}
+
+// Runs a shell command; returns its standard output and sets `status` to its exit status.
+inline std::string run_command(const std::string& command, int& status) {
+  std::string out;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  status = ::pclose(pipe);
+  return out;
 }
 
 inline bool has_cuda() {

@@ -11,23 +11,10 @@
 
 namespace zg::test {
 
-namespace {
-// Runs a command; returns its standard output and sets `status` to its exit code.
-std::string run(const std::string& command, int& status) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  status = ::pclose(pipe);
-  return out;
-}
-}  // namespace
-
 TEST_CASE("train_gpt trains: the loss falls and the last line is 'final loss: X'") {
   int status = 0;
   const std::string out =
-      run(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --steps 40 --layers 2 --embd 64 --seq 32 --batch 4", status);
+      run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --steps 40 --layers 2 --embd 64 --seq 32 --batch 4", status);
   CHECK(status == 0);
   std::vector<double> losses;
   const std::regex step_line(R"(step +\d+/\d+ \| loss ([0-9.]+))");
@@ -44,14 +31,14 @@ TEST_CASE("train_gpt trains: the loss falls and the last line is 'final loss: X'
 
 TEST_CASE("train_gpt refuses bad flags with a clear message") {
   int status = 0;
-  const std::string out = run(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --dtype f8 2>&1", status);
+  const std::string out = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --dtype f8 2>&1", status);
   CHECK(status != 0);
   CHECK(out.find("--dtype must be f32, bf16 or f16, got f8") != std::string::npos);
 }
 
 TEST_CASE("the README's write-your-own-model example trains") {
   int status = 0;
-  const std::string out = run(std::string(ZG_EXAMPLES_DIR) + "/readme", status);
+  const std::string out = run_command(std::string(ZG_EXAMPLES_DIR) + "/readme", status);
   MESSAGE(out.substr(out.rfind("loss")));
   CHECK(status == 0);
 }

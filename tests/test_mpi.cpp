@@ -18,16 +18,6 @@
 namespace zg::test {
 
 namespace {
-std::string run(const std::string& command, int& status) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  status = ::pclose(pipe);
-  return out;
-}
-
 std::string mpirun(const std::string& args) {
   // --oversubscribe: CI machines may have fewer cores than ranks; root is allowed in containers.
   return std::string(ZG_MPIRUN) + " -n 2 --oversubscribe --allow-run-as-root " + ZG_MPI_WORKER + " " + args + " 2>&1";
@@ -38,7 +28,7 @@ TEST_CASE("mpirun -n 2 runs every stage and matches the local group") {
   const std::string dir = "/tmp/zg_test_mpi_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   int status = 0;
-  const std::string out = run(mpirun(dir), status);
+  const std::string out = run_command(mpirun(dir), status);
   INFO(out);
   REQUIRE(status == 0);
   for (int stage = 0; stage <= 3; ++stage) {
@@ -58,7 +48,7 @@ TEST_CASE("mpirun -n 2 runs every stage and matches the local group") {
 
 TEST_CASE("mismatched collectives across processes fail with both calls named, not a hang") {
   int status = 0;
-  const std::string out = run(mpirun("/tmp mismatch"), status);
+  const std::string out = run_command(mpirun("/tmp mismatch"), status);
   CHECK(status != 0);
   CHECK(out.find("mpi group: collective #0 does not match across ranks: rank 0 called all_reduce(f32[4]), rank 1 "
                  "called all_gather(f32[2] -> f32[4])") != std::string::npos);
