@@ -127,28 +127,33 @@ void ShardedModel::build_unit(Unit& unit) {
   }
 
   Unit* u = &unit;
+  const std::weak_ptr<int> alive = alive_;
   for (const auto& e : unit.entries) {
     if (stage >= 2) {
       // Before the first gradient of this unit lands: one zeroed full buffer, the params' grads views into it.
-      e.param.register_hook([u, compute, device](const Tensor&) {
-        if (!u->grad_full.defined()) {
+      e.param.register_hook([u, compute, device, alive](const Tensor&) {
+        if (!alive.expired() && !u->grad_full.defined()) {
           u->grad_full = allocate({u->padded}, compute, device, MemoryCategory::gradient, true);
           for (const auto& member : u->entries) member.param.set_grad(view_of(u->grad_full, member));
         }
         return Tensor();
       });
     }
-    e.param.register_post_accumulate_grad_hook([this, u](const Tensor&) { on_grad_arrival(*u); });
+    e.param.register_post_accumulate_grad_hook([this, u, alive](const Tensor&) {
+      if (!alive.expired()) on_grad_arrival(*u);
+    });
   }
   if (stage == 3 && unit.module) {
-    unit.module->register_forward_pre_hook([this, u](nn::Module&, const Tensor&) {
-      gather_unit(*u);
+    unit.module->register_forward_pre_hook([this, u, alive](nn::Module&, const Tensor&) {
+      if (!alive.expired()) gather_unit(*u);
       return Tensor();
     });
-    unit.module->register_forward_hook([this, u](nn::Module&, const Tensor&, const Tensor& out) {
+    unit.module->register_forward_hook([this, u, alive](nn::Module&, const Tensor&, const Tensor& out) {
+      if (alive.expired()) return Tensor();
       if (!u->in_backward) release_unit(*u);  // (a recompute inside backward keeps it)
       if (out.requires_grad())
-        out.register_hook([this, u](const Tensor&) {  // backward reaches this unit: gather it again
+        out.register_hook([this, u, alive](const Tensor&) {  // backward reaches this unit: gather it again
+          if (alive.expired()) return Tensor();
           u->in_backward = true;
           gather_unit(*u);
           return Tensor();

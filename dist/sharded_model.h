@@ -94,6 +94,9 @@ class ShardedModel {
   std::vector<std::unique_ptr<Unit>> units_;
   bool sync_ = true;
   int64_t step_ = 0;
+  // The hooks left on the model's parameters and modules hold a weak reference to this:
+  // after the ShardedModel is gone they do nothing.
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 
 // The default units of a GPT: transformer.h.0 ... transformer.h.{n_layer-1}.

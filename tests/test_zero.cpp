@@ -237,3 +237,23 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("a model outlives its ShardedModel: the hooks left behind do nothing") {
+  dist::run_local(2, [](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    const auto [x, y] = global_batch(0);
+    {
+      dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {2, DType::f32, kAdamW, 0});
+      sharded.prepare_forward();
+      model.forward(x, y).loss.backward();
+      sharded.step(1e-3);
+    }
+    model.forward(x, y).loss.backward();  // plain single-rank autograd again
+    CHECK(model.wte->weight.grad().defined());
+  });
+}
+
+}  // namespace zg::test
