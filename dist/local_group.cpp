@@ -38,8 +38,8 @@ Tensor scratch_like(const Tensor& t) {
 }  // namespace
 
 std::string LocalHub::Call::describe() const {
-  std::string s = op + "(" + (input ? zg::describe(*input) : "-");
-  if (output && output != input) s += " -> " + zg::describe(*output);
+  std::string s = op + "(" + (input.defined() ? zg::describe(input) : "-");
+  if (output.defined() && !output.is_same(input)) s += " -> " + zg::describe(output);
   if (op == "all_reduce" || op == "reduce_scatter") s += std::string(", ") + reduce_name(reduce);
   if (op == "broadcast") s += ", root " + std::to_string(root);
   return s + ")";
@@ -113,9 +113,9 @@ void LocalHub::enter(int rank, const Call& call) {
   rendezvous(rank, call.op + " #" + std::to_string(index), [&]() -> std::string {
     // Every call is compared with rank 0's.
     const Call& first = posted_[0];
-    auto same = [](const Tensor* a, const Tensor* b) {
-      return (a == nullptr) == (b == nullptr) &&
-             (!a || (a->numel() == b->numel() && a->dtype() == b->dtype() && a->device().type == b->device().type));
+    auto same = [](const Tensor& a, const Tensor& b) {
+      return a.defined() == b.defined() &&
+             (!a.defined() || (a.numel() == b.numel() && a.dtype() == b.dtype() && a.device().type == b.device().type));
     };
     for (int q = 1; q < size_; ++q) {
       const Call& other = posted_[q];
@@ -128,13 +128,17 @@ void LocalHub::enter(int rank, const Call& call) {
   });
 }
 
-void LocalHub::leave(int rank) { rendezvous(rank, "the end of a collective"); }
+void LocalHub::leave(int rank) {
+  rendezvous(rank, "the end of a collective");
+  std::lock_guard lock(mutex_);
+  posted_[rank] = Call{};
+}
 
 void LocalGroup::all_reduce(const Tensor& buffer, ReduceKind op) {
-  hub_->enter(rank_, {"all_reduce", &buffer, &buffer, op, 0});
+  hub_->enter(rank_, {"all_reduce", buffer, buffer, op, 0});
   const Tensor acc = scratch_like(buffer);
-  backend(buffer.device()).copy(*hub_->call_of(0).input, acc);
-  for (int q = 1; q < size(); ++q) combine(acc, *hub_->call_of(q).input, op);
+  backend(buffer.device()).copy(hub_->call_of(0).input, acc);
+  for (int q = 1; q < size(); ++q) combine(acc, hub_->call_of(q).input, op);
   finish(acc, op, size());
   hub_->leave(rank_);
   backend(buffer.device()).copy(acc, buffer);
@@ -146,11 +150,11 @@ void LocalGroup::reduce_scatter(const Tensor& input, const Tensor& output, Reduc
                input.dtype() == output.dtype(),
            "reduce_scatter: input ", describe(input), " must be 1-D and world size (", size(), ") times output ",
            describe(output));
-  hub_->enter(rank_, {"reduce_scatter", &input, &output, op, 0});
+  hub_->enter(rank_, {"reduce_scatter", input, output, op, 0});
   const int64_t shard = output.numel();
   const Tensor acc = scratch_like(output);
-  backend(output.device()).copy(hub_->call_of(0).input->narrow(0, rank_ * shard, shard), acc);
-  for (int q = 1; q < size(); ++q) combine(acc, hub_->call_of(q).input->narrow(0, rank_ * shard, shard), op);
+  backend(output.device()).copy(hub_->call_of(0).input.narrow(0, rank_ * shard, shard), acc);
+  for (int q = 1; q < size(); ++q) combine(acc, hub_->call_of(q).input.narrow(0, rank_ * shard, shard), op);
   finish(acc, op, size());
   hub_->leave(rank_);
   backend(output.device()).copy(acc, output);
@@ -162,10 +166,10 @@ void LocalGroup::all_gather(const Tensor& input, const Tensor& output) {
                input.dtype() == output.dtype(),
            "all_gather: output ", describe(output), " must be 1-D and world size (", size(), ") times input ",
            describe(input));
-  hub_->enter(rank_, {"all_gather", &input, &output, ReduceKind::sum, 0});
+  hub_->enter(rank_, {"all_gather", input, output, ReduceKind::sum, 0});
   const int64_t shard = input.numel();
   for (int q = 0; q < size(); ++q) {
-    const Tensor& source = *hub_->call_of(q).input;
+    const Tensor& source = hub_->call_of(q).input;
     const Tensor slot = output.narrow(0, q * shard, shard);
     if (source.storage() == slot.storage() && source.offset() == slot.offset()) continue;  // already in place
     backend(output.device()).copy(source, slot);
@@ -176,14 +180,14 @@ void LocalGroup::all_gather(const Tensor& input, const Tensor& output) {
 
 void LocalGroup::broadcast(const Tensor& buffer, int root) {
   ZG_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of a group of ", size());
-  hub_->enter(rank_, {"broadcast", &buffer, &buffer, ReduceKind::sum, root});
-  if (rank_ != root) backend(buffer.device()).copy(*hub_->call_of(root).input, buffer);
+  hub_->enter(rank_, {"broadcast", buffer, buffer, ReduceKind::sum, root});
+  if (rank_ != root) backend(buffer.device()).copy(hub_->call_of(root).input, buffer);
   hub_->leave(rank_);
   count_ring(static_cast<double>(size() - 1) / size(), buffer.nbytes());
 }
 
 void LocalGroup::barrier() {
-  hub_->enter(rank_, {"barrier", nullptr, nullptr, ReduceKind::sum, 0});
+  hub_->enter(rank_, {"barrier", Tensor(), Tensor(), ReduceKind::sum, 0});
   hub_->leave(rank_);
 }
 

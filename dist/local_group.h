@@ -31,11 +31,12 @@ class LocalHub {
   // Marks the group failed; ranks inside or entering a collective throw with `reason`.
   void abort(int rank, const std::string& reason);
 
-  // What one rank called, for matching and for the others to read.
+  // What one rank called, for matching and for the others to read. It holds handles
+  // (not pointers) to the buffers: if this rank unwinds after an abort while another
+  // is still reading, the bytes stay alive. A completed collective drops them.
   struct Call {
     std::string op;
-    const Tensor* input = nullptr;
-    const Tensor* output = nullptr;
+    Tensor input, output;  // undefined for a barrier
     ReduceKind reduce = ReduceKind::sum;
     int root = 0;
     std::string describe() const;
@@ -43,7 +44,7 @@ class LocalHub {
   // First rendezvous: posts `call`, waits for every rank, checks that the calls match.
   void enter(int rank, const Call& call);
   const Call& call_of(int rank) const { return posted_[rank]; }
-  // Second rendezvous.
+  // Second rendezvous; then this rank's call (and its buffer handles) is dropped.
   void leave(int rank);
 
  private:
