@@ -43,4 +43,25 @@ TEST_CASE("the README's write-your-own-model example trains") {
   CHECK(status == 0);
 }
 
+#ifdef ZG_BENCH_DIR
+TEST_CASE("bench/zero_memory --json gives one record per stage with the formula beside each figure") {
+  int status = 0;
+  const std::string out =
+      run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --world-size 8 --seq 8 --json", status);
+  REQUIRE(status == 0);
+  const std::regex record(R"re(\{"model": "124m", "device": "meta", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+)\})re");
+  int records = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), record); it != std::sregex_iterator(); ++it, ++records) {
+    const auto& m = *it;
+    INFO("stage " << m[1]);
+    CHECK(std::stoll(m[2]) == 124'439'808);
+    const double states = std::stod(m[3]) + std::stod(m[4]) + std::stod(m[5]), formula = std::stod(m[7]);
+    CHECK(states >= formula);
+    CHECK((states - formula) / formula < 0.005);
+    if (m[1] != "3") CHECK(std::fabs(std::stod(m[6]) - std::stod(m[8])) / std::stod(m[8]) < 0.01);
+  }
+  CHECK(records == 4);
+}
+#endif
+
 }  // namespace zg::test
