@@ -46,6 +46,19 @@ struct Piece {
   int64_t begin, length;  // in elements of the flattened parameter
 };
 
+// Calls fn(key, role buffer, entry, [a, b)) for every role of every parameter that overlaps
+// `own`, with [a, b) the overlap in unit elements and key "role/parameter name".
+template <class Fn>
+void for_each_part(const ShardedModel::Unit& unit, const Owned& own, Fn fn) {
+  const std::pair<const char*, const Tensor*> roles[] = {
+      {"master", &unit.master}, {"exp_avg", &unit.m}, {"exp_avg_sq", &unit.v}};
+  for (const auto& e : unit.entries) {
+    const int64_t a = std::max(own.begin, e.offset), b = std::min(own.end, e.offset + numel(e.shape));
+    if (b <= a) continue;
+    for (const auto& [role, buffer] : roles) fn(std::string(role) + "/" + e.name, *buffer, e, a, b);
+  }
+}
+
 }  // namespace
 
 void ShardedModel::save(const std::string& dir, const Metadata& extra) {
@@ -55,15 +68,9 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra) {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& unit : units_) {
     const Owned own = saved_range(*unit, r, config_.stage);
-    const Tensor* roles[] = {&unit->master, &unit->m, &unit->v};
-    const char* names[] = {"master", "exp_avg", "exp_avg_sq"};
-    for (const auto& e : unit->entries) {
-      const int64_t a = std::max(own.begin, e.offset), b = std::min(own.end, e.offset + numel(e.shape));
-      if (b <= a) continue;
-      for (int k = 0; k < 3; ++k)
-        tensors.emplace_back(std::string(names[k]) + "/" + e.name + "/" + std::to_string(a - e.offset),
-                             roles[k]->narrow(0, a - own.local_base, b - a));
-    }
+    for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
+      tensors.emplace_back(key + "/" + std::to_string(a - e.offset), buffer.narrow(0, a - own.local_base, b - a));
+    });
   }
   Metadata meta = extra;
   const Generator& gen = Context::current().generator();
@@ -117,26 +124,19 @@ Metadata ShardedModel::load(const std::string& dir) {
   const int r = group_.rank();
   for (auto& unit : units_) {
     const Owned own = loaded_range(*unit, r, config_.stage);
-    const Tensor* roles[] = {&unit->master, &unit->m, &unit->v};
-    const char* names[] = {"master", "exp_avg", "exp_avg_sq"};
-    for (const auto& e : unit->entries) {
-      const int64_t a = std::max(own.begin, e.offset), b = std::min(own.end, e.offset + numel(e.shape));
-      if (b <= a) continue;
-      for (int k = 0; k < 3; ++k) {
-        const std::string key = std::string(names[k]) + "/" + e.name;
-        int64_t covered = 0;
-        for (const Piece& p : pieces[key]) {
-          // Overlap of the piece and [a, b), in parameter-local elements.
-          const int64_t lo = std::max(a - e.offset, p.begin), hi = std::min(b - e.offset, p.begin + p.length);
-          if (hi <= lo) continue;
-          const Tensor data = p.file->read(p.tensor);
-          roles[k]->narrow(0, e.offset + lo - own.local_base, hi - lo).copy_(data.narrow(0, lo - p.begin, hi - lo));
-          covered += hi - lo;
-        }
-        ZG_CHECK(covered == b - a, "ShardedModel::load: ", dir, " does not cover ", key, " elements [",
-                 a - e.offset, ", ", b - e.offset, ") (", covered, " of ", b - a, " found)");
+    for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
+      int64_t covered = 0;
+      for (const Piece& p : pieces[key]) {
+        // Overlap of the piece and [a, b), in parameter-local elements.
+        const int64_t lo = std::max(a - e.offset, p.begin), hi = std::min(b - e.offset, p.begin + p.length);
+        if (hi <= lo) continue;
+        const Tensor data = p.file->read(p.tensor);
+        Tensor(buffer.narrow(0, e.offset + lo - own.local_base, hi - lo)).copy_(data.narrow(0, lo - p.begin, hi - lo));
+        covered += hi - lo;
       }
-    }
+      ZG_CHECK(covered == b - a, "ShardedModel::load: ", dir, " does not cover ", key, " elements [", a - e.offset,
+               ", ", b - e.offset, ") (", covered, " of ", b - a, " found)");
+    });
   }
   const Metadata& mine = files[std::min(r, old_size - 1)]->metadata();
   step_ = std::stoll(mine.at("step"));
