@@ -11,6 +11,13 @@ std::shared_ptr<Allocator> Context::allocator(Device device) {
   return slot;
 }
 
+std::shared_ptr<void> Context::backend_state(Device device, const std::function<std::shared_ptr<void>()>& make) {
+  std::lock_guard lock(mutex_);
+  auto& slot = backend_states_[device];
+  if (!slot) slot = make();
+  return slot;
+}
+
 namespace {
 thread_local Context* current_context = nullptr;
 }

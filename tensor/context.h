@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,6 +50,10 @@ class Context {
   std::shared_ptr<Allocator> allocator(Device device);
   MemoryStats memory_stats(Device device = kCPU) { return allocator(device)->stats(); }
   Generator& generator() { return generator_; }
+  // Per-rank state a backend keeps for `device` (the CUDA backend: this rank's
+  // streams and library handles), made by `make` on first use and destroyed
+  // before the rank's allocators. Ranks sharing one GPU thus never share a stream.
+  std::shared_ptr<void> backend_state(Device device, const std::function<std::shared_ptr<void>()>& make);
 
   // This thread's current context (a per-thread default when no guard is active).
   static Context& current();
@@ -57,6 +62,7 @@ class Context {
   int rank_;
   std::mutex mutex_;
   std::map<Device, std::shared_ptr<Allocator>> allocators_;
+  std::map<Device, std::shared_ptr<void>> backend_states_;  // declared after allocators_: destroyed first
   Generator generator_;
 };
 
