@@ -1,0 +1,63 @@
+// CUDA streams and events as RAII types, and the streams of the current rank.
+//
+// Each rank context (tensor/context.h) owns, per GPU, one compute stream (every
+// kernel of that rank runs on it, in issue order) and one communication stream
+// (collectives, so they overlap compute). Ranks that share one GPU therefore
+// never serialise on a common stream. Nothing here synchronises the host.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "tensor/device.h"
+
+namespace zg::cuda {
+
+// Makes `device` current for the scope (cudaSetDevice), restoring the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// A non-blocking stream (does not synchronise with the legacy default stream).
+class Stream {
+ public:
+  explicit Stream(int device);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+};
+
+// A timing-disabled event: marks a point in a stream's work.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(cudaStream_t stream);
+  bool query() const;                // true once the recorded work has finished (never blocks)
+  void synchronize() const;          // blocks the host until then
+  void block(cudaStream_t waiter) const;  // `waiter` waits for it on the device (cudaStreamWaitEvent)
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// The current rank context's streams on `device` (created on first use).
+cudaStream_t current_stream(Device device);
+cudaStream_t communication_stream(Device device);
+
+}  // namespace zg::cuda
