@@ -9,15 +9,6 @@ namespace zg::dist {
 
 namespace {
 
-const char* reduce_name(ReduceKind op) {
-  switch (op) {
-    case ReduceKind::sum: return "sum";
-    case ReduceKind::average: return "average";
-    case ReduceKind::max: return "max";
-  }
-  return "?";
-}
-
 // acc = acc (op) x, through the backend directly: collectives write buffers without
 // bumping storage versions (a re-gathered ZeRO-3 unit keeps its saved views valid).
 void combine(const Tensor& acc, const Tensor& x, ReduceKind op) {
@@ -36,14 +27,6 @@ Tensor scratch_like(const Tensor& t) {
 }
 
 }  // namespace
-
-std::string LocalHub::Call::describe() const {
-  std::string s = op + "(" + (input.defined() ? zg::describe(input) : "-");
-  if (output.defined() && !output.is_same(input)) s += " -> " + zg::describe(output);
-  if (op == "all_reduce" || op == "reduce_scatter") s += std::string(", ") + reduce_name(reduce);
-  if (op == "broadcast") s += ", root " + std::to_string(root);
-  return s + ")";
-}
 
 LocalHub::LocalHub(int size, std::chrono::milliseconds timeout)
     : size_(size), timeout_(timeout), posted_(size), calls_made_(size, 0) {
@@ -103,22 +86,22 @@ void LocalHub::rendezvous(int rank, const std::string& where, const std::functio
   }
 }
 
-void LocalHub::enter(int rank, const Call& call) {
+void LocalHub::enter(int rank, const Collective& call) {
   int64_t index;
   {
     std::lock_guard lock(mutex_);
     posted_[rank] = call;
     index = calls_made_[rank]++;
   }
-  rendezvous(rank, call.op + " #" + std::to_string(index), [&]() -> std::string {
+  rendezvous(rank, std::string(name(call.op)) + " #" + std::to_string(index), [&]() -> std::string {
     // Every call is compared with rank 0's.
-    const Call& first = posted_[0];
+    const Collective& first = posted_[0];
     auto same = [](const Tensor& a, const Tensor& b) {
       return a.defined() == b.defined() &&
              (!a.defined() || (a.numel() == b.numel() && a.dtype() == b.dtype() && a.device().type == b.device().type));
     };
     for (int q = 1; q < size_; ++q) {
-      const Call& other = posted_[q];
+      const Collective& other = posted_[q];
       if (first.op != other.op || first.reduce != other.reduce || first.root != other.root ||
           !same(first.input, other.input) || !same(first.output, other.output))
         return "local group: collective #" + std::to_string(index) + " does not match across ranks: rank 0 called " +
@@ -131,64 +114,52 @@ void LocalHub::enter(int rank, const Call& call) {
 void LocalHub::leave(int rank) {
   rendezvous(rank, "the end of a collective");
   std::lock_guard lock(mutex_);
-  posted_[rank] = Call{};
+  posted_[rank] = Collective{};
 }
 
-void LocalGroup::all_reduce(const Tensor& buffer, ReduceKind op) {
-  hub_->enter(rank_, {"all_reduce", buffer, buffer, op, 0});
-  const Tensor acc = scratch_like(buffer);
-  backend(buffer.device()).copy(hub_->call_of(0).input, acc);
-  for (int q = 1; q < size(); ++q) combine(acc, hub_->call_of(q).input, op);
-  finish(acc, op, size());
-  hub_->leave(rank_);
-  backend(buffer.device()).copy(acc, buffer);
-  count_ring(2.0 * (size() - 1) / size(), buffer.nbytes());
-}
-
-void LocalGroup::reduce_scatter(const Tensor& input, const Tensor& output, ReduceKind op) {
-  ZG_CHECK(input.dim() == 1 && output.dim() == 1 && input.numel() == output.numel() * size() &&
-               input.dtype() == output.dtype(),
-           "reduce_scatter: input ", describe(input), " must be 1-D and world size (", size(), ") times output ",
-           describe(output));
-  hub_->enter(rank_, {"reduce_scatter", input, output, op, 0});
-  const int64_t shard = output.numel();
-  const Tensor acc = scratch_like(output);
-  backend(output.device()).copy(hub_->call_of(0).input.narrow(0, rank_ * shard, shard), acc);
-  for (int q = 1; q < size(); ++q) combine(acc, hub_->call_of(q).input.narrow(0, rank_ * shard, shard), op);
-  finish(acc, op, size());
-  hub_->leave(rank_);
-  backend(output.device()).copy(acc, output);
-  count_ring(static_cast<double>(size() - 1) / size(), input.nbytes());
-}
-
-void LocalGroup::all_gather(const Tensor& input, const Tensor& output) {
-  ZG_CHECK(input.dim() == 1 && output.dim() == 1 && output.numel() == input.numel() * size() &&
-               input.dtype() == output.dtype(),
-           "all_gather: output ", describe(output), " must be 1-D and world size (", size(), ") times input ",
-           describe(input));
-  hub_->enter(rank_, {"all_gather", input, output, ReduceKind::sum, 0});
-  const int64_t shard = input.numel();
-  for (int q = 0; q < size(); ++q) {
-    const Tensor& source = hub_->call_of(q).input;
-    const Tensor slot = output.narrow(0, q * shard, shard);
-    if (source.storage() == slot.storage() && source.offset() == slot.offset()) continue;  // already in place
-    backend(output.device()).copy(source, slot);
+// Between the two rendezvous every rank reads the others' posted inputs and
+// computes its result in scratch memory; it writes its own output only after the
+// second, when nobody reads its input any more.
+void LocalGroup::run(const Collective& c) {
+  hub_->enter(rank_, c);
+  const int n = size();
+  Backend& kernels = c.output.defined() ? backend(c.output.device()) : backend(kCPU);
+  const auto input_of = [&](int q) { return hub_->call_of(q).input; };
+  Tensor result;  // what this rank writes into its output after the second rendezvous
+  switch (c.op) {
+    case CollectiveOp::all_reduce:
+    case CollectiveOp::reduce_scatter: {
+      const int64_t shard = c.output.numel();
+      const auto part = [&](int q) {
+        return c.op == CollectiveOp::all_reduce ? input_of(q) : input_of(q).narrow(0, rank_ * shard, shard);
+      };
+      result = scratch_like(c.output);
+      kernels.copy(part(0), result);
+      for (int q = 1; q < n; ++q) combine(result, part(q), c.reduce);
+      finish(result, c.reduce, n);
+      break;
+    }
+    case CollectiveOp::all_gather: {
+      // Written now: others read only our input, which is our own slot if it lies in our output.
+      const int64_t shard = c.input.numel();
+      for (int q = 0; q < n; ++q) {
+        const Tensor& source = input_of(q);
+        const Tensor slot = c.output.narrow(0, q * shard, shard);
+        if (source.storage() == slot.storage() && source.offset() == slot.offset()) continue;  // already in place
+        kernels.copy(source, slot);
+      }
+      break;
+    }
+    case CollectiveOp::broadcast:
+      if (rank_ != c.root) {
+        result = scratch_like(c.output);
+        kernels.copy(input_of(c.root), result);
+      }
+      break;
+    case CollectiveOp::barrier: break;
   }
   hub_->leave(rank_);
-  count_ring(static_cast<double>(size() - 1) / size(), output.nbytes());
-}
-
-void LocalGroup::broadcast(const Tensor& buffer, int root) {
-  ZG_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of a group of ", size());
-  hub_->enter(rank_, {"broadcast", buffer, buffer, ReduceKind::sum, root});
-  if (rank_ != root) backend(buffer.device()).copy(hub_->call_of(root).input, buffer);
-  hub_->leave(rank_);
-  count_ring(static_cast<double>(size() - 1) / size(), buffer.nbytes());
-}
-
-void LocalGroup::barrier() {
-  hub_->enter(rank_, {"barrier", Tensor(), Tensor(), ReduceKind::sum, 0});
-  hub_->leave(rank_);
+  if (result.defined()) kernels.copy(result, c.output);
 }
 
 void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, LocalRunOptions options) {

@@ -31,19 +31,12 @@ class LocalHub {
   // Marks the group failed; ranks inside or entering a collective throw with `reason`.
   void abort(int rank, const std::string& reason);
 
-  // What one rank called, for matching and for the others to read. It holds handles
-  // (not pointers) to the buffers: if this rank unwinds after an abort while another
-  // is still reading, the bytes stay alive. A completed collective drops them.
-  struct Call {
-    std::string op;
-    Tensor input, output;  // undefined for a barrier
-    ReduceKind reduce = ReduceKind::sum;
-    int root = 0;
-    std::string describe() const;
-  };
-  // First rendezvous: posts `call`, waits for every rank, checks that the calls match.
-  void enter(int rank, const Call& call);
-  const Call& call_of(int rank) const { return posted_[rank]; }
+  // First rendezvous: posts what this rank calls, waits for every rank, checks that
+  // the calls match. The posted call holds handles (not pointers) to the buffers: if
+  // this rank unwinds after an abort while another is still reading, the bytes stay
+  // alive. A completed collective drops them.
+  void enter(int rank, const Collective& call);
+  const Collective& call_of(int rank) const { return posted_[rank]; }
   // Second rendezvous; then this rank's call (and its buffer handles) is dropped.
   void leave(int rank);
 
@@ -57,7 +50,7 @@ class LocalHub {
   const std::chrono::milliseconds timeout_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::vector<Call> posted_;
+  std::vector<Collective> posted_;
   std::vector<int64_t> calls_made_;  // per rank: collectives entered so far
   int arrived_ = 0;
   uint64_t generation_ = 0;
@@ -69,16 +62,13 @@ class LocalHub {
 class LocalGroup final : public ProcessGroup {
  public:
   LocalGroup(std::shared_ptr<LocalHub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
+  ~LocalGroup() override { stop_worker(); }
   int rank() const override { return rank_; }
   int size() const override { return hub_->size(); }
   std::string kind() const override { return "local"; }
-  void all_reduce(const Tensor& buffer, ReduceKind op) override;
-  void reduce_scatter(const Tensor& input, const Tensor& output, ReduceKind op) override;
-  void all_gather(const Tensor& input, const Tensor& output) override;
-  void broadcast(const Tensor& buffer, int root) override;
-  void barrier() override;
 
  private:
+  void run(const Collective& collective) override;
   std::shared_ptr<LocalHub> hub_;
   int rank_;
 };

@@ -28,13 +28,28 @@ struct Descriptor {
   int64_t in_numel, out_numel;
 };
 
+Descriptor describe_call(const Collective& c) {
+  Descriptor d{};
+  std::strncpy(d.op, name(c.op), sizeof d.op - 1);
+  d.reduce = static_cast<int32_t>(c.reduce);
+  d.root = c.root;
+  d.in_dtype = c.input.defined() ? static_cast<int32_t>(c.input.dtype()) : -1;
+  d.out_dtype = c.output.defined() ? static_cast<int32_t>(c.output.dtype()) : -1;
+  d.in_numel = c.input.defined() ? c.input.numel() : 0;
+  d.out_numel = c.output.defined() ? c.output.numel() : 0;
+  return d;
+}
+
+// Printed as Collective::describe() prints the call (every MPI buffer is a CPU tensor).
 std::string describe(const Descriptor& d) {
   auto side = [](int32_t dtype, int64_t n) {
-    return dtype < 0 ? std::string("-") : std::string(name(static_cast<DType>(dtype))) + "[" + std::to_string(n) + "]";
+    return std::string(name(static_cast<DType>(dtype))) + "[" + std::to_string(n) + "] on cpu";
   };
-  std::string s = std::string(d.op) + "(" + side(d.in_dtype, d.in_numel);
-  if (d.out_dtype >= 0 && std::strcmp(d.op, "all_reduce") != 0 && std::strcmp(d.op, "broadcast") != 0)
-    s += " -> " + side(d.out_dtype, d.out_numel);
+  const std::string op = d.op;
+  std::string s = op + "(" + (d.in_dtype >= 0 ? side(d.in_dtype, d.in_numel) : "");
+  if (op == "reduce_scatter" || op == "all_gather") s += " -> " + side(d.out_dtype, d.out_numel);
+  if (op == "all_reduce" || op == "reduce_scatter") s += std::string(", ") + name(static_cast<ReduceKind>(d.reduce));
+  if (op == "broadcast") s += ", root " + std::to_string(d.root);
   return s + ")";
 }
 
@@ -78,7 +93,10 @@ MpiGroup::MpiGroup() {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    // Collectives run on the group's communication worker thread, not the main thread.
+    ZG_CHECK(provided >= MPI_THREAD_SERIALIZED, "mpi group: this MPI provides thread level ", provided,
+             ", below MPI_THREAD_SERIALIZED");
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
@@ -96,15 +114,8 @@ bool MpiGroup::launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
 }
 
-void MpiGroup::agree(const char* op, const Tensor* input, const Tensor* output, ReduceKind reduce, int root) {
-  Descriptor mine{};
-  std::strncpy(mine.op, op, sizeof mine.op - 1);
-  mine.reduce = static_cast<int32_t>(reduce);
-  mine.root = root;
-  mine.in_dtype = input ? static_cast<int32_t>(input->dtype()) : -1;
-  mine.out_dtype = output ? static_cast<int32_t>(output->dtype()) : -1;
-  mine.in_numel = input ? input->numel() : 0;
-  mine.out_numel = output ? output->numel() : 0;
+void MpiGroup::agree(const Collective& c) {
+  const Descriptor mine = describe_call(c);
   std::vector<Descriptor> all(size_);
   check(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, MPI_COMM_WORLD),
         "MPI_Allgather (call check)");
@@ -115,63 +126,50 @@ void MpiGroup::agree(const char* op, const Tensor* input, const Tensor* output, 
            ", rank ", q, " called ", describe(all[q]));
 }
 
-void MpiGroup::all_reduce(const Tensor& buffer, ReduceKind op) {
-  check_cpu("all_reduce", buffer);
-  agree("all_reduce", &buffer, &buffer, op, 0);
-  const Tensor work = is_16bit(buffer.dtype()) ? widened(buffer) : buffer;
-  check(MPI_Allreduce(MPI_IN_PLACE, work.data_ptr(), static_cast<int>(work.numel()), mpi_type(work.dtype()),
-                      mpi_op(op), MPI_COMM_WORLD),
-        "MPI_Allreduce");
-  scale(work, op, size_);
-  if (!work.is_same(buffer)) backend(kCPU).copy(work, buffer);
-  count_ring(2.0 * (size_ - 1) / size_, buffer.nbytes());
-}
-
-void MpiGroup::reduce_scatter(const Tensor& input, const Tensor& output, ReduceKind op) {
-  check_cpu("reduce_scatter", input);
-  check_cpu("reduce_scatter", output);
-  ZG_CHECK(input.numel() == output.numel() * size_ && input.dtype() == output.dtype(), "reduce_scatter: input ",
-           zg::describe(input), " must be world size (", size_, ") times output ", zg::describe(output));
-  agree("reduce_scatter", &input, &output, op, 0);
-  const Tensor send = is_16bit(input.dtype()) ? widened(input) : input;
-  Tensor result;
-  {
-    MemoryScope scope(MemoryCategory::communication);
-    result = empty(output.shape(), TensorOptions(send.dtype()));
+void MpiGroup::run(const Collective& c) {
+  for (const Tensor* t : {&c.input, &c.output})
+    if (t->defined()) check_cpu(name(c.op), *t);
+  agree(c);
+  const int count = static_cast<int>(c.output.defined() ? c.output.numel() : 0);
+  switch (c.op) {
+    case CollectiveOp::all_reduce: {
+      const Tensor work = is_16bit(c.input.dtype()) ? widened(c.input) : c.input;
+      check(MPI_Allreduce(MPI_IN_PLACE, work.data_ptr(), count, mpi_type(work.dtype()), mpi_op(c.reduce),
+                          MPI_COMM_WORLD),
+            "MPI_Allreduce");
+      scale(work, c.reduce, size_);
+      if (!work.is_same(c.input)) backend(kCPU).copy(work, c.input);
+      return;
+    }
+    case CollectiveOp::reduce_scatter: {
+      const Tensor send = is_16bit(c.input.dtype()) ? widened(c.input) : c.input;
+      Tensor result;
+      {
+        MemoryScope scope(MemoryCategory::communication);
+        result = empty(c.output.shape(), TensorOptions(send.dtype()));
+      }
+      check(MPI_Reduce_scatter_block(send.data_ptr(), result.data_ptr(), count, mpi_type(send.dtype()),
+                                     mpi_op(c.reduce), MPI_COMM_WORLD),
+            "MPI_Reduce_scatter_block");
+      scale(result, c.reduce, size_);
+      backend(kCPU).copy(result, c.output);
+      return;
+    }
+    case CollectiveOp::all_gather: {
+      const int bytes = static_cast<int>(c.input.nbytes());
+      const bool in_place =
+          c.input.storage() == c.output.storage() && c.input.offset() == c.output.offset() + rank_ * c.input.numel();
+      check(MPI_Allgather(in_place ? MPI_IN_PLACE : c.input.data_ptr(), in_place ? 0 : bytes, MPI_BYTE,
+                          c.output.data_ptr(), bytes, MPI_BYTE, MPI_COMM_WORLD),
+            "MPI_Allgather");
+      return;
+    }
+    case CollectiveOp::broadcast:
+      check(MPI_Bcast(c.input.data_ptr(), static_cast<int>(c.input.nbytes()), MPI_BYTE, c.root, MPI_COMM_WORLD),
+            "MPI_Bcast");
+      return;
+    case CollectiveOp::barrier: check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); return;
   }
-  check(MPI_Reduce_scatter_block(send.data_ptr(), result.data_ptr(), static_cast<int>(output.numel()),
-                                 mpi_type(send.dtype()), mpi_op(op), MPI_COMM_WORLD),
-        "MPI_Reduce_scatter_block");
-  scale(result, op, size_);
-  backend(kCPU).copy(result, output);
-  count_ring(static_cast<double>(size_ - 1) / size_, input.nbytes());
-}
-
-void MpiGroup::all_gather(const Tensor& input, const Tensor& output) {
-  check_cpu("all_gather", input);
-  check_cpu("all_gather", output);
-  ZG_CHECK(output.numel() == input.numel() * size_ && input.dtype() == output.dtype(), "all_gather: output ",
-           zg::describe(output), " must be world size (", size_, ") times input ", zg::describe(input));
-  agree("all_gather", &input, &output, ReduceKind::sum, 0);
-  const int bytes = static_cast<int>(input.nbytes());
-  const bool in_place = input.storage() == output.storage() && input.offset() == output.offset() + rank_ * input.numel();
-  check(MPI_Allgather(in_place ? MPI_IN_PLACE : input.data_ptr(), in_place ? 0 : bytes, MPI_BYTE, output.data_ptr(),
-                      bytes, MPI_BYTE, MPI_COMM_WORLD),
-        "MPI_Allgather");
-  count_ring(static_cast<double>(size_ - 1) / size_, output.nbytes());
-}
-
-void MpiGroup::broadcast(const Tensor& buffer, int root) {
-  check_cpu("broadcast", buffer);
-  ZG_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of a group of ", size_);
-  agree("broadcast", &buffer, &buffer, ReduceKind::sum, root);
-  check(MPI_Bcast(buffer.data_ptr(), static_cast<int>(buffer.nbytes()), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
-  count_ring(static_cast<double>(size_ - 1) / size_, buffer.nbytes());
-}
-
-void MpiGroup::barrier() {
-  agree("barrier", nullptr, nullptr, ReduceKind::sum, 0);
-  check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
 }
 
 }  // namespace zg::dist

@@ -22,14 +22,11 @@ class MpiGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string kind() const override { return "mpi"; }
-  void all_reduce(const Tensor& buffer, ReduceKind op) override;
-  void reduce_scatter(const Tensor& input, const Tensor& output, ReduceKind op) override;
-  void all_gather(const Tensor& input, const Tensor& output) override;
-  void broadcast(const Tensor& buffer, int root) override;
-  void barrier() override;
+  ~MpiGroup() override { stop_worker(); }
 
  private:
-  void agree(const char* op, const Tensor* input, const Tensor* output, ReduceKind reduce, int root);
+  void run(const Collective& collective) override;
+  void agree(const Collective& collective);
   int rank_ = 0, size_ = 1;
   int64_t calls_ = 0;
 };

@@ -1,8 +1,18 @@
 // Process groups: the collectives every strategy is built from, behind one
 // interface. Implementations: `local` (ranks as threads of one process, data moved
-// through shared memory; tests and single-machine runs) and `fake` (one rank that
+// through shared memory; tests and single-machine runs), `fake` (one rank that
 // believes it is one of N: moves nothing, counts everything; for memory planning
-// at large N on the meta device). `mpi` and `nccl` plug in the same way.
+// at large N on the meta device) and `mpi` (one process per rank, under mpirun).
+//
+// Every collective is asynchronous underneath. `x_async(...)` validates the call,
+// counts its bytes and hands it to the group's communication worker, which runs
+// the group's collectives one at a time in issue order (a CPU "communication
+// stream": the ranks issue the same sequence, so they meet in the same order);
+// the returned Work's wait() blocks until the result is in the output buffer and
+// rethrows the collective's error. The blocking forms are `x_async(...)->wait()`.
+// Until wait() returns, the caller must not touch the buffers; the Work keeps
+// them alive, so a buffer whose handle is dropped early is freed only when the
+// collective is done (how ZeRO-2 frees a unit gradient right after its reduce).
 //
 // Every collective is counted the way a ring implementation moves data, per rank:
 //   all_reduce      2 (N-1)/N x bytes of the buffer
@@ -20,32 +30,76 @@
 namespace zg::dist {
 
 enum class ReduceKind : uint8_t { sum, average, max };
+enum class CollectiveOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
+const char* name(ReduceKind op);
+const char* name(CollectiveOp op);
+
+// One collective call, as every rank must agree on it.
+struct Collective {
+  CollectiveOp op = CollectiveOp::barrier;
+  Tensor input, output;  // all_reduce, broadcast: the same buffer; barrier: none
+  ReduceKind reduce = ReduceKind::sum;
+  int root = 0;
+  std::string describe() const;  // "reduce_scatter(bf16[1024] on cpu -> bf16[256] on cpu, average)"
+  // The bytes one rank sends for it in a ring of `world_size` ranks (table above).
+  int64_t ring_bytes(int world_size) const;
+};
+
+// A collective in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;              // returns once done; rethrows the collective's error
+  virtual bool completed() const = 0;   // never blocks
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+class CommWorker;
 
 class ProcessGroup {
  public:
-  virtual ~ProcessGroup() = default;
+  ProcessGroup();
+  virtual ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string kind() const = 0;  // "local", "fake", ...
+  virtual std::string kind() const = 0;  // "local", "fake", "mpi"
 
   // In place on every rank; buffers must match in dtype and numel across ranks.
-  virtual void all_reduce(const Tensor& buffer, ReduceKind op = ReduceKind::sum) = 0;
+  WorkHandle all_reduce_async(const Tensor& buffer, ReduceKind op = ReduceKind::sum);
   // input [N * S] on every rank -> output [S]: the reduction of every rank's slice `rank`.
   // output may be input's own slice (in place).
-  virtual void reduce_scatter(const Tensor& input, const Tensor& output, ReduceKind op = ReduceKind::sum) = 0;
+  WorkHandle reduce_scatter_async(const Tensor& input, const Tensor& output, ReduceKind op = ReduceKind::sum);
   // input [S] on every rank -> output [N * S], rank q's input in slice q. input may be output's own slice.
-  virtual void all_gather(const Tensor& input, const Tensor& output) = 0;
-  virtual void broadcast(const Tensor& buffer, int root) = 0;
-  virtual void barrier() = 0;
+  WorkHandle all_gather_async(const Tensor& input, const Tensor& output);
+  WorkHandle broadcast_async(const Tensor& buffer, int root);
+
+  void all_reduce(const Tensor& buffer, ReduceKind op = ReduceKind::sum) { all_reduce_async(buffer, op)->wait(); }
+  void reduce_scatter(const Tensor& input, const Tensor& output, ReduceKind op = ReduceKind::sum) {
+    reduce_scatter_async(input, output, op)->wait();
+  }
+  void all_gather(const Tensor& input, const Tensor& output) { all_gather_async(input, output)->wait(); }
+  void broadcast(const Tensor& buffer, int root) { broadcast_async(buffer, root)->wait(); }
+  void barrier();
 
   // Bytes this rank has sent (ring model above), since construction or reset.
   int64_t bytes_sent() const { return bytes_sent_; }
   void reset_bytes_sent() { bytes_sent_ = 0; }
 
  protected:
-  void count_ring(double fraction_of_buffer, int64_t buffer_bytes) {
-    bytes_sent_ += static_cast<int64_t>(fraction_of_buffer * static_cast<double>(buffer_bytes) + 0.5);
-  }
+  // Runs one validated collective to completion. Called on the communication
+  // worker thread, with the issuing rank's Context and memory category current.
+  virtual void run(const Collective& collective) = 0;
+  // A concrete group calls this first thing in its destructor: it finishes the
+  // queued collectives while the group is still whole (they call run()).
+  void stop_worker();
+
+ private:
+  WorkHandle submit(Collective collective);
+
+  std::unique_ptr<CommWorker> worker_;
   int64_t bytes_sent_ = 0;
 };
 

@@ -71,7 +71,55 @@ TEST_CASE("bytes sent follow the ring model") {
   fake.all_reduce(zeros({640}, kMeta));
   CHECK(fake.bytes_sent() == 2 * 63 * 40);
   CHECK_THROWS_WITH_AS(fake.all_gather(zeros({3}, kMeta), zeros({100}, kMeta)),
-                       "all_gather: output f32[100] on meta must be world size (64) times input f32[3] on meta", Error);
+                       "all_gather: output f32[100] on meta must be 1-D and world size (64) times input f32[3] on meta", Error);
+}
+
+TEST_CASE("asynchronous collectives run in issue order and hand results over at wait()") {
+  dist::run_local(3, [](ProcessGroup& pg) {
+    const double r = pg.rank();
+    // Several in flight at once, waited for out of order.
+    std::vector<Tensor> buffers;
+    std::vector<dist::WorkHandle> works;
+    for (int i = 0; i < 5; ++i) {
+      buffers.push_back(full({4}, r + 10.0 * i));
+      works.push_back(pg.all_reduce_async(buffers.back()));
+    }
+    const Tensor shard = zeros({2});
+    const dist::WorkHandle gather_work = pg.all_gather_async(full({2}, r), zeros({6}));
+    const dist::WorkHandle scatter_work = pg.reduce_scatter_async(full({6}, 1.0), shard, ReduceKind::average);
+    for (int i = 4; i >= 0; --i) {
+      works[i]->wait();
+      CHECK(works[i]->completed());
+      CHECK(buffers[i].to_vector<double>() == std::vector<double>(4, 3.0 + 30.0 * i));  // 0 + 1 + 2 + 3 * 10 i
+    }
+    scatter_work->wait();
+    CHECK(shard.to_vector<double>() == std::vector<double>{1.0, 1.0});
+    gather_work->wait();
+
+    // The Work keeps a buffer whose handle the caller dropped; it is freed by the time wait() returns.
+    dist::WorkHandle work;
+    {
+      MemoryScope scope(MemoryCategory::gradient);
+      work = pg.reduce_scatter_async(full({300}, r), zeros({100}), ReduceKind::sum);
+    }
+    work->wait();
+    CHECK(memory_stats()[MemoryCategory::gradient] == 0);
+    CHECK(memory_stats().peak_of(MemoryCategory::gradient) == 1600);  // input and output, both gone
+  });
+}
+
+TEST_CASE("an asynchronous collective's error is raised by wait()") {
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [](ProcessGroup& pg) {
+                                         const dist::WorkHandle work = pg.all_reduce_async(zeros({pg.rank() + 1}));
+                                         work->wait();
+                                       }),
+                       doctest::Contains("rank 0 called all_reduce(f32[1] on cpu, sum), rank 1 called all_reduce(f32[2] on cpu, sum)"),
+                       Error);
+  dist::FakeGroup fake(0, 2);
+  CHECK_THROWS_WITH_AS(fake.reduce_scatter_async(zeros({4}, kMeta), zeros({3}, kMeta)),
+                       "reduce_scatter: input f32[4] on meta must be 1-D and world size (2) times output f32[3] on meta",
+                       Error);  // invalid calls fail when issued
 }
 
 TEST_CASE("each rank keeps its own memory figures") {

@@ -54,8 +54,8 @@ TEST_CASE("mismatched collectives across processes fail with both calls named, n
   int status = 0;
   const std::string out = run_command(mpirun("/tmp mismatch"), status);
   CHECK(status != 0);
-  CHECK(out.find("mpi group: collective #0 does not match across ranks: rank 0 called all_reduce(f32[4]), rank 1 "
-                 "called all_gather(f32[2] -> f32[4])") != std::string::npos);
+  CHECK(out.find("mpi group: collective #0 does not match across ranks: rank 0 called all_reduce(f32[4] on cpu, sum), "
+                 "rank 1 called all_gather(f32[2] on cpu -> f32[4] on cpu)") != std::string::npos);
 }
 
 }  // namespace zg::test

@@ -1,0 +1,198 @@
+#include "dist/process_group.h"
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "tensor/context.h"
+
+namespace zg::dist {
+
+const char* name(ReduceKind op) {
+  switch (op) {
+    case ReduceKind::sum: return "sum";
+    case ReduceKind::average: return "average";
+    case ReduceKind::max: return "max";
+  }
+  return "?";
+}
+
+const char* name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::all_reduce: return "all_reduce";
+    case CollectiveOp::reduce_scatter: return "reduce_scatter";
+    case CollectiveOp::all_gather: return "all_gather";
+    case CollectiveOp::broadcast: return "broadcast";
+    case CollectiveOp::barrier: return "barrier";
+  }
+  return "?";
+}
+
+std::string Collective::describe() const {
+  std::string s = std::string(name(op)) + "(" + (input.defined() ? zg::describe(input) : "");
+  if (output.defined() && !output.is_same(input)) s += " -> " + zg::describe(output);
+  if (op == CollectiveOp::all_reduce || op == CollectiveOp::reduce_scatter) s += std::string(", ") + name(reduce);
+  if (op == CollectiveOp::broadcast) s += ", root " + std::to_string(root);
+  return s + ")";
+}
+
+int64_t Collective::ring_bytes(int world_size) const {
+  const double share = static_cast<double>(world_size - 1) / world_size;
+  double bytes = 0;
+  switch (op) {
+    case CollectiveOp::all_reduce: bytes = 2 * share * static_cast<double>(input.nbytes()); break;
+    case CollectiveOp::reduce_scatter: bytes = share * static_cast<double>(input.nbytes()); break;
+    case CollectiveOp::all_gather: bytes = share * static_cast<double>(output.nbytes()); break;
+    case CollectiveOp::broadcast: bytes = share * static_cast<double>(input.nbytes()); break;
+    case CollectiveOp::barrier: break;
+  }
+  return static_cast<int64_t>(bytes + 0.5);
+}
+
+// ---- the communication worker -------------------------------------------------
+
+namespace {
+
+class HostWork final : public Work {
+ public:
+  void wait() override {
+    std::unique_lock lock(mutex_);
+    done_cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool completed() const override {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
+  void finish(std::exception_ptr error) {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+    error_ = std::move(error);
+    done_cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+// One thread per group that runs its collectives in issue order. A job carries
+// the issuing rank's Context and memory category, so scratch buffers a collective
+// allocates are counted for that rank, under the category its caller chose.
+class CommWorker {
+ public:
+  explicit CommWorker(std::function<void(const Collective&)> run) : run_(std::move(run)) {}
+  ~CommWorker() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+      queue_cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  WorkHandle enqueue(Collective collective) {
+    auto work = std::make_shared<HostWork>();
+    std::lock_guard lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    queue_.push_back({std::move(collective), &Context::current(), MemoryScope::current(), work});
+    queue_cv_.notify_all();
+    return work;
+  }
+
+ private:
+  struct Job {
+    Collective collective;
+    Context* context;
+    MemoryCategory category;
+    std::shared_ptr<HostWork> work;
+  };
+
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mutex_);
+        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and everything issued has run
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        ContextGuard context(*job.context);
+        MemoryScope scope(job.category);
+        run_(job.collective);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      job.collective = Collective{};  // the buffers go before waiters wake: freed memory is freed when wait() returns
+      job.work->finish(error);
+    }
+  }
+
+  std::function<void(const Collective&)> run_;
+  std::mutex mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Job> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// ---- the group ----------------------------------------------------------------
+
+ProcessGroup::ProcessGroup() : worker_(std::make_unique<CommWorker>([this](const Collective& c) { run(c); })) {}
+
+ProcessGroup::~ProcessGroup() = default;
+
+void ProcessGroup::stop_worker() { worker_.reset(); }
+
+WorkHandle ProcessGroup::submit(Collective c) {
+  ZG_CHECK(worker_ != nullptr, name(c.op), ": the ", kind(), " process group is shutting down");
+  bytes_sent_ += c.ring_bytes(size());
+  return worker_->enqueue(std::move(c));
+}
+
+WorkHandle ProcessGroup::all_reduce_async(const Tensor& buffer, ReduceKind op) {
+  ZG_CHECK(buffer.defined(), "all_reduce: the buffer is undefined");
+  return submit({CollectiveOp::all_reduce, buffer, buffer, op, 0});
+}
+
+namespace {
+// The full buffer is world size times the shard, both 1-D, of one dtype and device.
+void check_full_and_shard(const char* op, const char* full_name, const Tensor& full, const char* shard_name,
+                          const Tensor& shard, int world_size) {
+  ZG_CHECK(full.defined() && shard.defined(), op, ": a buffer is undefined");
+  ZG_CHECK(full.dim() == 1 && shard.dim() == 1 && full.numel() == shard.numel() * world_size &&
+               full.dtype() == shard.dtype() && full.device() == shard.device(),
+           op, ": ", full_name, " ", describe(full), " must be 1-D and world size (", world_size, ") times ",
+           shard_name, " ", describe(shard));
+}
+}  // namespace
+
+WorkHandle ProcessGroup::reduce_scatter_async(const Tensor& input, const Tensor& output, ReduceKind op) {
+  check_full_and_shard("reduce_scatter", "input", input, "output", output, size());
+  return submit({CollectiveOp::reduce_scatter, input, output, op, 0});
+}
+
+WorkHandle ProcessGroup::all_gather_async(const Tensor& input, const Tensor& output) {
+  check_full_and_shard("all_gather", "output", output, "input", input, size());
+  return submit({CollectiveOp::all_gather, input, output, ReduceKind::sum, 0});
+}
+
+WorkHandle ProcessGroup::broadcast_async(const Tensor& buffer, int root) {
+  ZG_CHECK(buffer.defined(), "broadcast: the buffer is undefined");
+  ZG_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of a group of ", size());
+  return submit({CollectiveOp::broadcast, buffer, buffer, ReduceKind::sum, root});
+}
+
+void ProcessGroup::barrier() { submit({CollectiveOp::barrier, Tensor(), Tensor(), ReduceKind::sum, 0})->wait(); }
+
+}  // namespace zg::dist
