@@ -18,8 +18,14 @@ namespace zg {
 
 namespace {
 
+thread_local int backward_depth = 0;  // nested passes: a checkpoint recompute runs its own
+
 void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
   NoGradGuard no_grad;
+  struct Depth {
+    Depth() { ++backward_depth; }
+    ~Depth() { --backward_depth; }
+  } depth;
   // Gradients in flight are activation-sized temporaries; only what lands in .grad is `gradient`.
   MemoryScope scope(MemoryCategory::activation);
 
@@ -63,6 +69,8 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
 }
 
 }  // namespace
+
+bool backward_in_progress() { return backward_depth > 0; }
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const {
   ZG_CHECK(requires_grad(), "backward: ", describe(*this), " does not require grad (no recorded op leads to it)");

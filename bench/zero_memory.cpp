@@ -45,9 +45,9 @@ const std::vector<Preset> kPresets = {{"tiny", gpt(2, 2, 32, 64, 64)},        {"
                                       {"7.5b", gpt(36, 32, 4096, 60000, 1024)}};
 
 struct Record {
-  int stage, world_size, rank;
-  int64_t params, parameter, gradient, optimizer_state, activation, communication, peak_allocated, reserved,
-      sent_per_step, formula_states, formula_sent;
+  int stage = 0, world_size = 1, rank = 0;
+  int64_t params = 0, parameter = 0, gradient = 0, optimizer_state = 0, activation = 0, communication = 0,
+          peak_allocated = 0, reserved = 0, sent_per_step = 0, formula_states = 0, formula_sent = 0;
 };
 
 int64_t formula_states(int stage, int64_t psi, int n) {
@@ -69,12 +69,13 @@ Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch,
                dist::ProcessGroup& group) {
   manual_seed(1);
   nn::GPT model(config, TensorOptions(DType::f32).device(device));
-  dist::ShardedModel sharded(model, dist::gpt_block_units(config.n_layer), group, {stage, DType::bf16, {}, 1.0});
+  dist::ShardedModel sharded(model, dist::gpt_unit_plan(config.n_layer), group,
+                             {.stage = stage, .compute_dtype = DType::bf16, .max_grad_norm = 1.0});
   Context& context = Context::current();
   context.allocator(device)->reset_peaks();
   const TensorOptions ids = TensorOptions(DType::i64).device(device);
   const Tensor x = zeros({batch, seq}, ids), y = zeros({batch, seq}, ids);
-  Record r{stage, group.size(), group.rank(), sharded.num_parameters()};
+  Record r{.stage = stage, .world_size = group.size(), .rank = group.rank(), .params = sharded.num_parameters()};
   for (int s = 0; s < steps; ++s) {
     group.reset_bytes_sent();
     sharded.zero_grad();
@@ -128,13 +129,24 @@ int main(int argc, char** argv) {
         ZG_CHECK(i + 1 < argc, "zero_memory: ", a, " needs a value");
         return argv[++i];
       };
+      auto number = [&]() -> int64_t {
+        const std::string v = value();
+        size_t used = 0;
+        int64_t n = 0;
+        try {
+          n = std::stoll(v, &used);
+        } catch (const std::exception&) {
+        }
+        ZG_CHECK(!v.empty() && used == v.size(), "zero_memory: ", a, " needs a whole number, got '", v, "'");
+        return n;
+      };
       if (a == "--model") model_name = value();
-      else if (a == "--world-size") world = std::stoi(value());
+      else if (a == "--world-size") world = static_cast<int>(number());
       else if (a == "--stage") stage_arg = value();
       else if (a == "--device") device_arg = value();
-      else if (a == "--steps") steps = std::stoi(value());
-      else if (a == "--batch") batch = std::stoll(value());
-      else if (a == "--seq") seq = std::stoll(value());
+      else if (a == "--steps") steps = static_cast<int>(number());
+      else if (a == "--batch") batch = number();
+      else if (a == "--seq") seq = number();
       else if (a == "--json") json = true;
       else {
         usage();
@@ -145,10 +157,11 @@ int main(int argc, char** argv) {
     for (const Preset& p : kPresets)
       if (model_name == p.name) preset = &p;
     ZG_CHECK(preset != nullptr, "zero_memory: unknown --model ", model_name, " (tiny, 124m, 350m, 1.5b, 7.5b)");
-    ZG_CHECK(world >= 1 && steps >= 1, "zero_memory: --world-size and --steps must be at least 1");
+    ZG_CHECK(world >= 1 && steps >= 1 && batch >= 1, "zero_memory: --world-size, --steps and --batch must be at least 1");
     std::vector<int> stages;
     if (stage_arg == "all") stages = {0, 1, 2, 3};
-    else stages = {std::stoi(stage_arg)};
+    else if (stage_arg.size() == 1 && stage_arg[0] >= '0' && stage_arg[0] <= '3') stages = {stage_arg[0] - '0'};
+    else fail("zero_memory: --stage must be 0, 1, 2, 3 or all, got '", stage_arg, "'");
     const Device device(device_arg);
     if (seq <= 0) seq = std::min<int64_t>(preset->config.block_size, 1024);
 

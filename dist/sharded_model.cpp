@@ -11,8 +11,6 @@
 
 namespace zg::dist {
 
-
-
 namespace {
 
 Tensor view_of(const Tensor& flat, const optim::FlatParameters::Entry& e) {
@@ -28,22 +26,26 @@ Tensor allocate(const Shape& shape, DType dtype, Device device, MemoryCategory c
 
 }  // namespace
 
-std::vector<std::string> gpt_block_units(int64_t n_layer) {
-  std::vector<std::string> units;
-  for (int64_t i = 0; i < n_layer; ++i) units.push_back("transformer.h." + std::to_string(i));
-  return units;
+UnitPlan gpt_unit_plan(int64_t n_layer) {
+  UnitPlan plan;
+  for (int64_t i = 0; i < n_layer; ++i) plan.units.push_back("transformer.h." + std::to_string(i));
+  plan.root_before = {"transformer.wte", "transformer.wpe"};
+  plan.root_after = {"transformer.ln_f"};
+  return plan;
 }
 
-ShardedModel::ShardedModel(nn::Module& model, std::vector<std::string> unit_modules, ProcessGroup& group,
-                           ZeroConfig config)
+ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config)
     : model_(model), group_(group), config_(config) {
   ZG_CHECK(config.stage >= 0 && config.stage <= 3, "ShardedModel: stage must be 0, 1, 2 or 3, got ", config.stage);
   ZG_CHECK(is_floating(config.compute_dtype), "ShardedModel: compute dtype must be floating, got ",
            name(config.compute_dtype));
+  ZG_CHECK(is_floating(reduce_dtype()), "ShardedModel: reduce dtype must be floating, got ", name(reduce_dtype()));
+  ZG_CHECK(config.bucket_bytes > 0, "ShardedModel: bucket_bytes must be positive, got ", config.bucket_bytes);
+  ZG_CHECK(config.prefetch >= 0, "ShardedModel: prefetch must be >= 0, got ", config.prefetch);
   units_.push_back(std::make_unique<Unit>());
   units_[0]->name = "root";
   const auto modules = model.named_modules();
-  for (const std::string& path : unit_modules) {
+  for (const std::string& path : plan.units) {
     auto unit = std::make_unique<Unit>();
     unit->name = path;
     for (const auto& [p, m] : modules)
@@ -73,7 +75,10 @@ ShardedModel::ShardedModel(nn::Module& model, std::vector<std::string> unit_modu
   for (auto& unit : units_) {
     ZG_CHECK(!unit->entries.empty(), "ShardedModel: unit '", unit->name, "' has no parameters");
     build_unit(*unit);
+    plan_buckets(*unit);
+    buckets_total_ += unit->buckets.size();
   }
+  if (config_.stage == 3) plan_uses(plan, modules);
 }
 
 ShardedModel::~ShardedModel() = default;
@@ -128,8 +133,8 @@ void ShardedModel::build_unit(Unit& unit) {
 
   Unit* u = &unit;
   const std::weak_ptr<int> alive = alive_;
-  for (const auto& e : unit.entries) {
-    if (stage >= 2) {
+  if (stage >= 2)
+    for (const auto& e : unit.entries)
       // Before the first gradient of this unit lands: one zeroed full buffer, the params' grads views into it.
       e.param.register_hook([u, compute, device, alive](const Tensor&) {
         if (!alive.expired() && !u->grad_full.defined()) {
@@ -138,80 +143,16 @@ void ShardedModel::build_unit(Unit& unit) {
         }
         return Tensor();
       });
-    }
-    e.param.register_post_accumulate_grad_hook([this, u, alive](const Tensor&) {
-      if (!alive.expired()) on_grad_arrival(*u);
+  for (size_t i = 0; i < unit.entries.size(); ++i)
+    unit.entries[i].param.register_post_accumulate_grad_hook([this, u, i, alive](const Tensor&) {
+      if (!alive.expired()) on_grad_arrival(*u, i);
     });
-  }
-  if (stage == 3 && unit.module) {
-    unit.module->register_forward_pre_hook([this, u, alive](nn::Module&, const Tensor&) {
-      if (!alive.expired()) gather_unit(*u);
-      return Tensor();
-    });
-    unit.module->register_forward_hook([this, u, alive](nn::Module&, const Tensor&, const Tensor& out) {
-      if (alive.expired()) return Tensor();
-      if (!u->in_backward) release_unit(*u);  // (a recompute inside backward keeps it)
-      if (out.requires_grad())
-        out.register_hook([this, u, alive](const Tensor&) {  // backward reaches this unit: gather it again
-          if (alive.expired()) return Tensor();
-          u->in_backward = true;
-          gather_unit(*u);
-          return Tensor();
-        });
-      return Tensor();
-    });
-  }
-  if (stage == 3) release_unit(unit);
-}
-
-void ShardedModel::gather_unit(Unit& unit) {
-  if (!unit.compute_full.storage()->is_released()) return;
-  unit.compute_full.storage()->materialize();
-  group_.all_gather(unit.compute_shard, unit.compute_full);
-}
-
-void ShardedModel::release_unit(Unit& unit) {
-  if (config_.stage == 3) unit.compute_full.storage()->release();
-}
-
-void ShardedModel::prepare_forward() {
-  if (config_.stage == 3)
-    for (auto& unit : units_)
-      if (!unit->module) gather_unit(*unit);
-}
-
-void ShardedModel::on_grad_arrival(Unit& unit) {
-  if (++unit.arrived < unit.entries.size()) return;
-  unit.arrived = 0;
-  reduce_unit(unit);
-}
-
-// The unit's gradients are complete on this rank: average them across ranks.
-void ShardedModel::reduce_unit(Unit& unit) {
-  NoGradGuard no_grad;
-  switch (config_.stage) {
-    case 0:
-      if (sync_) group_.all_reduce(unit.grad_full, ReduceKind::average);
-      return;
-    case 1:
-      if (sync_) group_.reduce_scatter(unit.grad_full, unit.grad_shard, ReduceKind::average);
-      return;
-    default: {
-      if (!unit.grad_full.defined()) return;
-      const Tensor mine = allocate({unit.shard}, unit.grad_shard.dtype(), unit.grad_shard.device(),
-                                   MemoryCategory::communication, false);
-      group_.reduce_scatter(unit.grad_full, mine, ReduceKind::average);
-      unit.grad_shard.add_(mine);  // accumulates across micro-batches
-      for (const auto& e : unit.entries) e.param.set_grad(Tensor());
-      unit.grad_full = Tensor();  // the full unit gradient is freed at once
-      unit.in_backward = false;
-      release_unit(unit);
-    }
-  }
+  if (stage == 3) unit.compute_full.storage()->release();  // gathered around each use from now on
 }
 
 void ShardedModel::zero_grad() {
   NoGradGuard no_grad;
+  finish_reductions();
   for (auto& unit : units_) {
     if (config_.stage < 2) {
       unit->grad_full.zero_();
@@ -220,18 +161,15 @@ void ShardedModel::zero_grad() {
       for (const auto& e : unit->entries) e.param.set_grad(Tensor());
       unit->grad_full = Tensor();  // a backward that never completed
     }
-    unit->arrived = 0;
+    for (Bucket& bucket : unit->buckets) bucket.arrived = 0;
   }
+  buckets_ready_ = 0;
 }
 
 StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
-  // A unit some of whose parameters got no gradient is reduced now, with zeros for those.
-  for (auto& unit : units_)
-    if (unit->arrived > 0) {
-      unit->arrived = 0;
-      reduce_unit(*unit);
-    }
+  reduce_stragglers();
+  finish_reductions();
   // The global norm: each rank's share of the squared norm, summed across ranks.
   double local = 0;
   for (auto& unit : units_)  // (the meta device has no values: a dry run counts bytes only)
@@ -264,8 +202,11 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   }
   optim::adamw_update(spans, config_.adamw, lr, ++step_,
                       inv_scale * optim::clip_coefficient(result.grad_norm, config_.max_grad_norm));
-  if (config_.stage == 1 || config_.stage == 2)
-    for (auto& unit : units_) group_.all_gather(unit->compute_shard, unit->compute_full);
+  if (config_.stage == 1 || config_.stage == 2) {  // every rank's updated slice, into everyone's compute weights
+    std::vector<WorkHandle> gathers;
+    for (auto& unit : units_) gathers.push_back(group_.all_gather_async(unit->compute_shard, unit->compute_full));
+    for (const WorkHandle& work : gathers) work->wait();
+  }
   return result;
 }
 

@@ -15,12 +15,23 @@
 //   3      shard; full unit gathered (`communication`) before its       shard      16/N
 //          forward and again before its backward, freed after each
 //
-// Gradients are reduced from post-accumulate-grad hooks as soon as a unit's last
-// parameter gradient has landed, so the collective of one unit overlaps the
-// backward of the next. The optimizer sees only spans of the local slices.
+// Gradients are reduced from post-accumulate-grad hooks as soon as a bucket (DDP)
+// or a unit (ZeRO) has all its gradients: the collective runs on the group's
+// communication worker while the backward of the next unit goes on, and every
+// reduction has finished when backward() returns. The optimizer sees only spans of
+// the local slices.
+//
+// ZeRO-3 gathers a unit around each use (dist/parameter_gather.cpp): before a
+// block's forward (prefetching the next `prefetch` blocks) and, if its backward
+// reads weights, when the gradient of its output arrives (prefetching the blocks
+// before it); it frees the gathered copy after the forward and after the block's
+// backward. The root unit is gathered around the modules that use it (UnitPlan).
 #pragma once
 
+#include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,8 +46,32 @@ namespace zg::dist {
 struct ZeroConfig {
   int stage = 0;                      // 0 = DDP, 1, 2, 3
   DType compute_dtype = DType::bf16;  // parameters and gradients; master and Adam state are f32 (f64 for f64)
-  optim::AdamWOptions adamw;
+  optim::AdamWOptions adamw{};
   double max_grad_norm = 0;  // global-norm clipping over all shards; 0 disables
+  // Gradients are reduced in this dtype (e.g. f32 for bf16 compute: exact sums, twice
+  // the traffic), in `communication` buffers, then rounded back. Unset: the compute dtype.
+  std::optional<DType> reduce_dtype{};
+  // DDP (stage 0): gradients are all-reduced in buckets of about this many bytes,
+  // each started as soon as its last gradient lands (PyTorch DDP's default, 25 MiB).
+  // ZeRO stages reduce-scatter whole units (a unit's shard layout spans the unit).
+  int64_t bucket_bytes = 25 << 20;
+  // ZeRO-3: how many units ahead (in forward order, or behind in backward) are
+  // all-gathered while the current one computes. 0: gather each just in time.
+  int prefetch = 1;
+};
+
+// How a model's parameters are split into units, and where the forward uses the rest.
+struct UnitPlan {
+  // Submodules that become units, in forward order (for a GPT: each block).
+  std::vector<std::string> units;
+  // Every other parameter forms the root unit. ZeRO-3 gathers it around the modules
+  // that use it: `root_before` run before the units (a GPT's token and position
+  // embeddings), `root_after` after them (the final norm; the tied head follows it).
+  // The root is gathered for root_before and freed after them, gathered again for
+  // root_after and kept through their backward (which comes next), then freed. With
+  // neither given, prepare_forward() gathers it and it is kept until its gradients
+  // are reduced.
+  std::vector<std::string> root_before, root_after;
 };
 
 struct StepResult {
@@ -46,15 +81,14 @@ struct StepResult {
 
 class ShardedModel {
  public:
-  // `unit_modules`: paths of the submodules that become units, in forward order; every
-  // parameter outside them goes to the root unit. Every rank must pass the same model
-  // (same initial values: seed every rank alike).
-  ShardedModel(nn::Module& model, std::vector<std::string> unit_modules, ProcessGroup& group, ZeroConfig config);
+  // Every rank must pass the same model (same initial values: seed every rank alike).
+  ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config);
   ~ShardedModel();
   ShardedModel(const ShardedModel&) = delete;
   ShardedModel& operator=(const ShardedModel&) = delete;
 
-  // Call before each forward: with ZeRO-3 it gathers the root unit.
+  // Call before each forward: with ZeRO-3 it frees units left gathered by an earlier
+  // forward that had no backward, and gathers a root unit that has no modules in the plan.
   void prepare_forward();
   // Gradient accumulation: with sync off, stages 0 and 1 keep accumulating full
   // gradients locally; turn it back on for the last micro-batch.
@@ -79,19 +113,43 @@ class ShardedModel {
   const ZeroConfig& config() const { return config_; }
 
   struct Unit;
+  struct Bucket;
+  struct Use;
 
  private:
   void build_unit(Unit& unit);
-  void on_grad_arrival(Unit& unit);
-  void reduce_unit(Unit& unit);
+  DType reduce_dtype() const { return config_.reduce_dtype.value_or(config_.compute_dtype); }
+
+  // Gradient reduction (dist/gradient_reduction.cpp).
+  void plan_buckets(Unit& unit);
+  void on_grad_arrival(Unit& unit, size_t entry);
+  void reduce_bucket(Unit& unit, Bucket& bucket);
+  void finish_reductions(size_t keep_in_flight = 0);
+  void reduce_stragglers();  // buckets some of whose parameters got no gradient
+
+  // ZeRO-3 parameter gathering (dist/parameter_gather.cpp).
+  void plan_uses(const UnitPlan& plan, const std::vector<std::pair<std::string, nn::Module*>>& modules);
+  void hook_use(size_t index);
   void gather_unit(Unit& unit);
+  void prefetch_unit(Unit& unit);
   void release_unit(Unit& unit);
+  void prefetch_from(size_t use, int direction);
+
   void refresh_compute();  // compute weights from master after a load
 
   nn::Module& model_;
   ProcessGroup& group_;
   ZeroConfig config_;
   std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<Use> uses_;  // ZeRO-3: where the forward uses each unit, in forward order
+  // Reductions issued and not yet finished, oldest first; each finishes with `then`
+  // (rounding a reduce-dtype result back, adding a shard into the gradient shard).
+  struct InFlight {
+    WorkHandle work;
+    std::function<void()> then;
+  };
+  std::deque<InFlight> in_flight_;
+  size_t buckets_total_ = 0, buckets_ready_ = 0;  // this backward's progress
   bool sync_ = true;
   int64_t step_ = 0;
   // The hooks left on the model's parameters and modules hold a weak reference to this:
@@ -99,7 +157,9 @@ class ShardedModel {
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 
-// The default units of a GPT: transformer.h.0 ... transformer.h.{n_layer-1}.
-std::vector<std::string> gpt_block_units(int64_t n_layer);
+// A GPT's plan: units transformer.h.0 ... transformer.h.{n_layer-1}; the root (tied
+// token embedding and head, position embedding, final norm) used by wte and wpe
+// before the blocks and by ln_f (and the head) after them.
+UnitPlan gpt_unit_plan(int64_t n_layer);
 
 }  // namespace zg::dist

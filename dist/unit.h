@@ -1,11 +1,20 @@
-// ShardedModel's unit: one group of parameters and its flat buffers, one per role
-// (private to dist/; see sharded_model.h for what each stage keeps).
+// ShardedModel's unit, bucket and use: private to dist/ (see sharded_model.h for
+// what each stage keeps).
 #pragma once
 
 #include "dist/sharded_model.h"
 #include "optim/flat_parameters.h"
 
 namespace zg::dist {
+
+// A range [begin, end) of a unit's flat gradient, reduced as soon as the gradients
+// of its `members` parameters have all landed. DDP cuts a unit into buckets of about
+// ZeroConfig::bucket_bytes; the ZeRO stages use one bucket per unit.
+struct ShardedModel::Bucket {
+  int64_t begin = 0, end = 0;
+  size_t members = 0;
+  size_t arrived = 0;  // members whose gradient landed in this backward
+};
 
 struct ShardedModel::Unit {
   std::string name;
@@ -17,8 +26,18 @@ struct ShardedModel::Unit {
   Tensor grad_full;      // [padded]: stages 0-1 always; stages 2-3 only during the unit's backward
   Tensor grad_shard;     // [shard]: slice r of grad_full (stages 0-1) or its own storage
   Tensor master, m, v;   // [padded] (stage 0) or [shard]
-  size_t arrived = 0;    // parameters whose gradient landed in this backward
-  bool in_backward = false;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of;  // entry -> its bucket
+  WorkHandle gathering;           // ZeRO-3: an all-gather of compute_full in flight (a prefetch)
+};
+
+// ZeRO-3: one place where the forward uses a unit -- a block, or the modules of
+// UnitPlan::root_before / root_after -- in forward order.
+struct ShardedModel::Use {
+  Unit* unit = nullptr;
+  std::vector<nn::Module*> modules;
+  bool backward_reads = true;  // some module's backward reads the unit's weights
+  size_t ran = 0;              // modules of this use whose forward has run in this pass
 };
 
 }  // namespace zg::dist

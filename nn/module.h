@@ -23,6 +23,10 @@ class Module {
   // The one-tensor forward of layers and blocks. Call it through operator(), which
   // runs the forward pre-hooks and hooks around it (ZeRO-3 gathers a unit there).
   virtual Tensor forward(const Tensor& input);
+  // Whether this module's backward reads its parameters' values. An embedding's
+  // does not (its weight gradient is a scatter-add of the output gradient), so
+  // ZeRO-3 need not gather its weights again for the backward.
+  virtual bool backward_reads_parameters() const { return true; }
   Tensor operator()(const Tensor& input);
 
   // A parameter is stored as given, in the `parameter` memory category (a tensor

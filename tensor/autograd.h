@@ -38,6 +38,10 @@ class NoGradGuard : public GradModeGuard {
   NoGradGuard() : GradModeGuard(false) {}
 };
 
+// True on a thread that is inside a backward pass (e.g. an activation-checkpointing
+// recompute, whose forward hooks then know they are not in the first forward).
+bool backward_in_progress();
+
 // A tensor kept for backward, with the storage version it had when saved.
 class SavedTensor {
  public:

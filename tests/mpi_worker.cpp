@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
       else pg.all_gather(zeros({2}), t);
     }
     for (int stage = 0; stage <= 3; ++stage) {
-      const nn::NamedTensors weights = test::train_sharded(pg, {DType::f32, stage, 3});
+      const nn::NamedTensors weights = test::train_sharded(pg, {.dtype = DType::f32, .stage = stage, .steps = 3});
       if (pg.rank() == 0)
         save_safetensors(std::string(argv[1]) + "/stage-" + std::to_string(stage) + ".safetensors", weights);
     }

@@ -38,7 +38,7 @@ TEST_CASE("mpirun -n 2 runs every stage and matches the local group") {
   for (int stage = 0; stage <= 3; ++stage) {
     nn::NamedTensors local;
     dist::run_local(2, [&](dist::ProcessGroup& pg) {
-      nn::NamedTensors mine = train_sharded(pg, {DType::f32, stage, 3});
+      nn::NamedTensors mine = train_sharded(pg, {.dtype = DType::f32, .stage = stage, .steps = 3});
       if (pg.rank() == 0) local = std::move(mine);
     });
     const SafetensorsFile file(dir + "/stage-" + std::to_string(stage) + ".safetensors");

@@ -64,18 +64,20 @@ double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
 
 TEST_CASE("every stage at N = 1, 2, 4 trains like one rank with the global batch (f32 and f64)") {
   for (DType dtype : {DType::f32, DType::f64}) {
-    const nn::NamedTensors reference = reference_run({dtype});
+    const nn::NamedTensors reference = reference_run({.dtype = dtype});
     for (int n : {1, 2, 4})
       for (int stage = 0; stage <= 3; ++stage) {
         INFO(std::string(name(dtype)) << " N=" << n << " stage " << stage);
-        CHECK(max_difference(sharded_run({dtype, stage}, n), reference) <= tolerance(dtype));
+        CHECK(max_difference(sharded_run({.dtype = dtype, .stage = stage}, n), reference) <= tolerance(dtype));
       }
   }
 }
 
 TEST_CASE("equivalence holds with gradient accumulation, clipping and activation checkpointing") {
-  const ZeroRun variants[] = {{DType::f32, 0, 5, 2, 0, false}, {DType::f32, 0, 5, 1, 0.05, false},
-                              {DType::f32, 0, 5, 1, 0, true}, {DType::f64, 0, 5, 2, 0.05, true}};
+  const ZeroRun variants[] = {{.dtype = DType::f32, .micro_batches = 2},
+                              {.dtype = DType::f32, .clip = 0.05},
+                              {.dtype = DType::f32, .checkpointing = true},
+                              {.dtype = DType::f64, .micro_batches = 2, .clip = 0.05, .checkpointing = true}};
   for (ZeroRun run : variants) {
     const nn::NamedTensors reference = reference_run(run);
     for (int n : {2, 4})
@@ -90,6 +92,31 @@ TEST_CASE("equivalence holds with gradient accumulation, clipping and activation
   }
 }
 
+TEST_CASE("DDP buckets, a wider reduce dtype and ZeRO-3 prefetch depth change how, not what, is computed") {
+  ZeroRun base{.dtype = DType::f32};
+  const nn::NamedTensors reference = reference_run(base);
+  for (int n : {2, 4}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      ZeroRun run = base;
+      run.stage = stage;
+      run.reduce_dtype = DType::f64;  // sums in f64, rounded back to f32
+      INFO("N=" << n << " stage " << stage << " reduce f64");
+      CHECK(max_difference(sharded_run(run, n), reference) <= 1e-5);
+    }
+    ZeroRun buckets = base;
+    buckets.bucket_bytes = 512;  // a bucket per parameter or two: many all-reduces per unit
+    INFO("N=" << n << " DDP with 512-byte buckets");
+    CHECK(max_difference(sharded_run(buckets, n), reference) <= 1e-5);
+    for (int prefetch : {0, 3})
+      for (bool checkpointing : {false, true}) {
+        ZeroRun run = base;
+        run.stage = 3, run.prefetch = prefetch, run.checkpointing = checkpointing;
+        INFO("N=" << n << " ZeRO-3 prefetch " << prefetch << " checkpointing " << checkpointing);
+        CHECK(max_difference(sharded_run(run, n), checkpointing ? reference_run(run) : reference) <= 1e-5);
+      }
+  }
+}
+
 TEST_CASE("model-state bytes per rank after backward equal the ZeRO formulas (bf16 compute)") {
   for (int n : {1, 2, 4, 8})
     for (int stage = 0; stage <= 3; ++stage) {
@@ -98,10 +125,10 @@ TEST_CASE("model-state bytes per rank after backward equal the ZeRO formulas (bf
       dist::run_local(n, [&](dist::ProcessGroup& pg) {
         manual_seed(1);
         nn::GPT model(zero_config());
-        dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {stage, DType::bf16, kAdamW, 1.0});
+        dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW, .max_grad_norm = 1.0});
         // P = padded parameter count (each unit padded to a multiple of N)
         int64_t padded = 0;
-        for (const std::string& unit : {"root", "transformer.h.0", "transformer.h.1"}) {
+        for (const std::string unit : {"root", "transformer.h.0", "transformer.h.1"}) {
           int64_t count = 0;
           for (const auto& [name, p] : model.named_parameters()) {
             const bool in_block = name.starts_with("transformer.h.");
@@ -142,10 +169,48 @@ static int64_t dry_run_model_states(const nn::GPTConfig& config, int n, int stag
   ContextGuard guard(rank0);
   dist::FakeGroup group(0, n);
   nn::GPT model(config, kMeta);
-  dist::ShardedModel sharded(model, dist::gpt_block_units(config.n_layer), group, {stage, DType::bf16, kAdamW, 0});
+  dist::ShardedModel sharded(model, dist::gpt_unit_plan(config.n_layer), group, {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW});
   psi = sharded.num_parameters();
   const MemoryStats s = memory_stats(kMeta);
   return s[MemoryCategory::parameter] + s[MemoryCategory::gradient] + s[MemoryCategory::optimizer_state];
+}
+
+// One step of rank 0 of N on the meta device: bytes sent, and the peak of gathered units.
+static std::pair<int64_t, int64_t> dry_run_step(const nn::GPTConfig& config, int n, int stage, int prefetch,
+                                                int64_t& psi) {
+  Context rank0;
+  ContextGuard guard(rank0);
+  dist::FakeGroup group(0, n);
+  nn::GPT model(config, kMeta);
+  dist::ShardedModel sharded(model, dist::gpt_unit_plan(config.n_layer), group,
+                             {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW, .prefetch = prefetch});
+  psi = sharded.num_parameters();
+  const Tensor ids = zeros({1, 64}, TensorOptions(DType::i64).device(kMeta));
+  sharded.zero_grad();
+  group.reset_bytes_sent();
+  sharded.prepare_forward();
+  model.forward(ids, ids).loss.backward();
+  sharded.step(1e-3);
+  return {group.bytes_sent(), memory_stats(kMeta).peak_of(MemoryCategory::communication)};
+}
+
+TEST_CASE("GPT-2 124M: bytes sent per step equal 2Ψ (stages 0-2) and 3Ψ (stage 3) elements, ring-counted, within 1%") {
+  const nn::GPTConfig gpt2;
+  for (int n : {2, 4, 8})
+    for (int stage = 0; stage <= 3; ++stage) {
+      int64_t psi = 0;
+      const double sent = static_cast<double>(dry_run_step(gpt2, n, stage, 1, psi).first);
+      const double formula = (stage == 3 ? 3.0 : 2.0) * psi * 2 /* bf16 bytes */ * (n - 1) / n;
+      INFO("N=" << n << " stage " << stage << ": " << sent << " bytes, formula " << formula);
+      CHECK(sent >= formula);  // padding only adds
+      CHECK((sent - formula) / formula < 0.01);
+    }
+  // Prefetching holds more gathered units at once; the traffic stays the same.
+  int64_t psi = 0;
+  const auto [sent0, peak0] = dry_run_step(gpt2, 8, 3, 0, psi);
+  const auto [sent2, peak2] = dry_run_step(gpt2, 8, 3, 2, psi);
+  CHECK(sent0 == sent2);
+  CHECK(peak2 > peak0);
 }
 
 TEST_CASE("the meta dry run reproduces the ZeRO paper's example: 7.5B parameters at N = 64") {
@@ -189,7 +254,7 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
     dist::run_local(n, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
       nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {stage, DType::f32, kAdamW, 0});
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::f32, .adamw = kAdamW});
       if (load_first) sharded.load(dir);
       const int64_t rows = kBatch / n;
       for (int s = first_step; s < last_step; ++s) {
@@ -216,7 +281,7 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
   dist::run_local(2, [&](dist::ProcessGroup& pg) {
     manual_seed(1);
     nn::GPT model(zero_config());
-    dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {1, DType::f32, kAdamW, 0});
+    dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 1, .compute_dtype = DType::f32, .adamw = kAdamW});
     sharded.load(dir);
     sharded.export_consolidated(dir + "/consolidated.safetensors");
   });
@@ -246,7 +311,7 @@ TEST_CASE("a model outlives its ShardedModel: the hooks left behind do nothing")
     nn::GPT model(zero_config());
     const auto [x, y] = global_batch(0);
     {
-      dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {2, DType::f32, kAdamW, 0});
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 2, .compute_dtype = DType::f32, .adamw = kAdamW});
       sharded.prepare_forward();
       model.forward(x, y).loss.backward();
       sharded.step(1e-3);

@@ -35,6 +35,14 @@ struct ZeroRun {
   int micro_batches = 1;  // gradient accumulation
   double clip = 0;
   bool checkpointing = false;
+  std::optional<DType> reduce_dtype{};
+  int64_t bucket_bytes = 25 << 20;
+  int prefetch = 1;
+
+  dist::ZeroConfig config() const {
+    return {.stage = stage, .compute_dtype = dtype, .adamw = kAdamW, .max_grad_norm = clip,
+            .reduce_dtype = reduce_dtype, .bucket_bytes = bucket_bytes, .prefetch = prefetch};
+  }
 };
 
 // Trains on this rank's slice of every global batch; returns the gathered master
@@ -42,7 +50,7 @@ struct ZeroRun {
 inline nn::NamedTensors train_sharded(dist::ProcessGroup& pg, const ZeroRun& run) {
   manual_seed(1);
   nn::GPT model(zero_config(run.checkpointing));
-  dist::ShardedModel sharded(model, dist::gpt_block_units(2), pg, {run.stage, run.dtype, kAdamW, run.clip});
+  dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, run.config());
   const int64_t rows = kBatch / pg.size();
   const int micro = rows >= run.micro_batches ? run.micro_batches : 1;
   for (int s = 0; s < run.steps; ++s) {

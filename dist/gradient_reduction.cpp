@@ -1,0 +1,139 @@
+// Gradient reduction: how each stage averages gradients across ranks, started
+// from post-accumulate-grad hooks while the backward goes on.
+//
+//   stage 0 (DDP)  each bucket of the unit's full gradient is all-reduced in place
+//   stage 1        the unit's full gradient is reduce-scattered into its slice r
+//   stage 2, 3     the unit's full gradient (alive only during its backward) is
+//                  reduce-scattered into a `communication` buffer, added into the
+//                  persistent gradient shard, and freed
+//
+// Reductions are asynchronous (ProcessGroup::*_async): at most two are in flight,
+// so a unit's collective overlaps the next unit's backward while at most two unit
+// gradients wait; all have finished when the backward's last bucket is reduced.
+#include "dist/unit.h"
+
+#include "tensor/autograd.h"
+#include "tensor/backend.h"
+
+namespace zg::dist {
+
+namespace {
+
+Tensor communication_buffer(int64_t numel, DType dtype, Device device) {
+  MemoryScope scope(MemoryCategory::communication);
+  return empty({numel}, TensorOptions(dtype).device(device));
+}
+
+// dst = src rounded to dst's dtype, through the backend (grads are not autograd state).
+void cast_into(const Tensor& src, const Tensor& dst) { backend(dst.device()).copy(src, dst); }
+
+// The buffer a collective works on: `grad` itself, or a copy in the reduce dtype.
+Tensor in_reduce_dtype(const Tensor& grad, DType dtype) {
+  if (grad.dtype() == dtype) return grad;
+  const Tensor wide = communication_buffer(grad.numel(), dtype, grad.device());
+  cast_into(grad, wide);
+  return wide;
+}
+
+}  // namespace
+
+// Buckets cut at parameter boundaries. Gradients land roughly in reverse forward
+// order, i.e. from the end of the flat buffer, so buckets are filled from the end.
+void ShardedModel::plan_buckets(Unit& unit) {
+  const auto& entries = unit.entries;
+  unit.bucket_of.assign(entries.size(), 0);
+  if (config_.stage > 0) {
+    unit.buckets = {{0, unit.padded, entries.size(), 0}};
+    return;
+  }
+  const int64_t cap = std::max<int64_t>(1, config_.bucket_bytes / element_size(reduce_dtype()));
+  std::vector<Bucket> reversed;
+  int64_t end = unit.padded;  // the last bucket carries the padding
+  for (size_t i = entries.size(); i-- > 0;) {
+    if (reversed.empty() || (reversed.back().end - entries[i].offset > cap && reversed.back().members > 0)) {
+      if (!reversed.empty()) end = reversed.back().begin;
+      reversed.push_back({end, end, 0, 0});
+    }
+    Bucket& bucket = reversed.back();
+    bucket.begin = entries[i].offset;
+    ++bucket.members;
+  }
+  unit.buckets.assign(reversed.rbegin(), reversed.rend());
+  for (size_t b = 0; b < unit.buckets.size(); ++b)
+    for (size_t i = 0; i < entries.size(); ++i)
+      if (entries[i].offset >= unit.buckets[b].begin && entries[i].offset < unit.buckets[b].end) unit.bucket_of[i] = b;
+}
+
+void ShardedModel::on_grad_arrival(Unit& unit, size_t entry) {
+  Bucket& bucket = unit.buckets[unit.bucket_of[entry]];
+  if (++bucket.arrived < bucket.members) return;
+  reduce_bucket(unit, bucket);
+  if (++buckets_ready_ == buckets_total_) {  // the end of this backward
+    buckets_ready_ = 0;
+    finish_reductions();
+  }
+}
+
+void ShardedModel::reduce_bucket(Unit& unit, Bucket& bucket) {
+  NoGradGuard no_grad;
+  bucket.arrived = 0;
+  const DType dtype = reduce_dtype();
+  const int64_t shard = unit.shard;
+  InFlight job;
+  switch (config_.stage) {
+    case 0: {
+      if (!sync_) return;
+      const Tensor grads = unit.grad_full.narrow(0, bucket.begin, bucket.end - bucket.begin);
+      const Tensor buffer = in_reduce_dtype(grads, dtype);
+      job.work = group_.all_reduce_async(buffer, ReduceKind::average);
+      if (!buffer.is_same(grads)) job.then = [buffer, grads] { cast_into(buffer, grads); };
+      break;
+    }
+    case 1: {
+      if (!sync_) return;
+      const Tensor buffer = in_reduce_dtype(unit.grad_full, dtype);
+      const Tensor mine = buffer.is_same(unit.grad_full) ? unit.grad_shard : communication_buffer(shard, dtype, buffer.device());
+      job.work = group_.reduce_scatter_async(buffer, mine, ReduceKind::average);
+      if (!mine.is_same(unit.grad_shard)) job.then = [mine, to = unit.grad_shard] { cast_into(mine, to); };
+      break;
+    }
+    default: {
+      if (!unit.grad_full.defined()) return;
+      // The Work holds the full gradient until the collective is done; nothing else does.
+      const Tensor buffer = in_reduce_dtype(unit.grad_full, dtype);
+      for (const auto& e : unit.entries) e.param.set_grad(Tensor());
+      unit.grad_full = Tensor();
+      const Tensor mine = communication_buffer(shard, dtype, buffer.device());
+      job.work = group_.reduce_scatter_async(buffer, mine, ReduceKind::average);
+      // Accumulates across micro-batches: grad_shard += mine.
+      job.then = [mine, to = unit.grad_shard] {
+        backend(to.device()).binary(BinaryOp::add, to, mine.dtype() == to.dtype() ? mine : mine.to(to.dtype()), to);
+      };
+      if (config_.stage == 3) release_unit(unit);
+    }
+  }
+  in_flight_.push_back(std::move(job));
+  finish_reductions(2);
+}
+
+// Waits for the oldest reductions until at most `keep_in_flight` remain.
+void ShardedModel::finish_reductions(size_t keep_in_flight) {
+  NoGradGuard no_grad;
+  while (in_flight_.size() > keep_in_flight) {
+    InFlight job = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    job.work->wait();
+    if (job.then) job.then();
+  }
+}
+
+// A bucket some of whose parameters got no gradient in this backward is reduced
+// now, with zeros for those (every rank reduces the same buckets).
+void ShardedModel::reduce_stragglers() {
+  for (auto& unit : units_)
+    for (Bucket& bucket : unit->buckets)
+      if (bucket.arrived > 0) reduce_bucket(*unit, bucket);
+  buckets_ready_ = 0;
+}
+
+}  // namespace zg::dist

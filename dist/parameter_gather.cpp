@@ -1,0 +1,125 @@
+// ZeRO-3: a unit's full compute weights exist only around its uses.
+//
+// For each use (a block, or the modules of the plan's root_before / root_after),
+// in forward order u_0 ... u_{k-1}:
+//   forward pre-hook   gather the unit (waiting for its prefetch, if one is in
+//                      flight); prefetch the units of u_{i+1} ... u_{i+prefetch}
+//   forward hook       free it -- except for the last use (the backward starts
+//                      there at once) and inside a checkpoint's recompute (the
+//                      backward that follows needs it)
+//   output gradient    (only if the use's backward reads weights) gather it again;
+//                      prefetch the units of u_{i-1} ... u_{i-prefetch}
+//   input gradient     the use's backward is done: free it
+// Each unit is thus gathered twice per step and its gradient reduce-scattered
+// once: 3 Ψ elements of traffic per step, the ZeRO paper's figure. A GPT's tied
+// embedding is needed by wte's forward and the head, not by wte's backward (a
+// scatter-add), so it too is gathered twice.
+#include "dist/unit.h"
+
+#include "tensor/autograd.h"
+
+namespace zg::dist {
+
+void ShardedModel::plan_uses(const UnitPlan& plan,
+                             const std::vector<std::pair<std::string, nn::Module*>>& modules) {
+  const auto module_at = [&](const std::string& path) {
+    for (const auto& [p, m] : modules)
+      if (p == path) return m;
+    fail("ShardedModel: the model has no submodule '", path, "'");
+  };
+  Unit* root = units_.front()->module ? nullptr : units_.front().get();
+  const auto add_root_use = [&](const std::vector<std::string>& paths) {
+    if (paths.empty()) return;
+    ZG_CHECK(root != nullptr, "ShardedModel: the plan names root modules, but every parameter is in a unit");
+    Use use{root, {}, false, 0};
+    for (const std::string& path : paths) {
+      use.modules.push_back(module_at(path));
+      use.backward_reads = use.backward_reads || use.modules.back()->backward_reads_parameters();
+    }
+    uses_.push_back(use);
+  };
+  add_root_use(plan.root_before);
+  for (auto& unit : units_)
+    if (unit->module) uses_.push_back({unit.get(), {unit->module}, true, 0});
+  add_root_use(plan.root_after);
+  for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
+}
+
+void ShardedModel::hook_use(size_t index) {
+  const std::weak_ptr<int> alive = alive_;
+  for (nn::Module* module : uses_[index].modules) {
+    module->register_forward_pre_hook([this, index, alive](nn::Module&, const Tensor& input) {
+      if (alive.expired()) return Tensor();
+      Use& use = uses_[index];
+      gather_unit(*use.unit);
+      if (use.ran == 0 && !backward_in_progress()) prefetch_from(index, +1);
+      if (use.ran == 0 && use.backward_reads && GradMode::is_enabled() && input.defined() && input.requires_grad())
+        input.register_hook([this, index, alive](const Tensor&) {  // this use's backward is done
+          if (!alive.expired()) release_unit(*uses_[index].unit);
+          return Tensor();
+        });
+      return Tensor();
+    });
+    module->register_forward_hook([this, index, alive](nn::Module&, const Tensor&, const Tensor& out) {
+      if (alive.expired()) return Tensor();
+      Use& use = uses_[index];
+      if (++use.ran < use.modules.size()) return Tensor();
+      use.ran = 0;
+      const bool last = index + 1 == uses_.size();
+      if (!last && !backward_in_progress()) release_unit(*use.unit);
+      if (use.backward_reads && out.requires_grad())
+        out.register_hook([this, index, alive](const Tensor&) {  // the backward reaches this use
+          if (alive.expired()) return Tensor();
+          gather_unit(*uses_[index].unit);
+          prefetch_from(index, -1);
+          return Tensor();
+        });
+      return Tensor();
+    });
+  }
+}
+
+// Prefetches the units of the next `prefetch` uses in `direction` (+1 forward,
+// -1 backward; backward skips uses whose backward reads no weights).
+void ShardedModel::prefetch_from(size_t use, int direction) {
+  int issued = 0;
+  for (size_t i = use + direction; i < uses_.size() && issued < config_.prefetch; i += direction) {
+    if (direction < 0 && !uses_[i].backward_reads) continue;
+    prefetch_unit(*uses_[i].unit);
+    ++issued;
+  }
+}
+
+void ShardedModel::prefetch_unit(Unit& unit) {
+  if (unit.gathering || !unit.compute_full.storage()->is_released()) return;
+  unit.compute_full.storage()->materialize();
+  unit.gathering = group_.all_gather_async(unit.compute_shard, unit.compute_full);
+}
+
+void ShardedModel::gather_unit(Unit& unit) {
+  prefetch_unit(unit);
+  if (!unit.gathering) return;  // already whole
+  const WorkHandle work = std::move(unit.gathering);
+  unit.gathering = nullptr;
+  work->wait();
+}
+
+void ShardedModel::release_unit(Unit& unit) {
+  if (config_.stage != 3) return;
+  if (unit.gathering) gather_unit(unit);  // a gather in flight writes into the buffer: let it finish
+  unit.compute_full.storage()->release();
+}
+
+void ShardedModel::prepare_forward() {
+  if (config_.stage != 3) return;
+  finish_reductions();
+  for (auto& unit : units_) release_unit(*unit);  // left whole by a forward without backward
+  for (auto& unit : units_) {
+    bool used = false;
+    for (const Use& use : uses_) used = used || use.unit == unit.get();
+    if (!used) gather_unit(*unit);  // a root with no modules in the plan: kept until reduced
+  }
+  for (Use& use : uses_) use.ran = 0;
+}
+
+}  // namespace zg::dist
