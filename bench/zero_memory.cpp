@@ -6,7 +6,9 @@
 //
 // --device meta (default): a dry run of rank 0 with a fake group -- real code paths,
 // counted bytes, nothing allocated -- so 7.5B parameters at N = 64 take a second.
-// --device cpu: N ranks as threads of this process (local group), real training steps.
+// --device cpu | cuda: N ranks as threads of this process (local group; on one GPU,
+// each rank with its own allocator and streams), real training steps. --device auto:
+// cuda when this build has a usable GPU, else cpu (what scripts/quickstart.sh runs).
 //
 //   build/bench/zero_memory --model 7.5b --world-size 64 --stage all
 //   build/bench/zero_memory --model tiny --world-size 4 --device cpu --json
@@ -102,6 +104,15 @@ Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch,
   return r;
 }
 
+bool cuda_usable() {
+  try {
+    zeros({1}, kCUDA);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 // Tables print in GB (1e9 bytes), or MB for models whose 16Ψ is under a GB.
 double g_unit = 1e9;
 double gb(int64_t bytes) { return static_cast<double>(bytes) / g_unit; }
@@ -109,16 +120,17 @@ double gb(int64_t bytes) { return static_cast<double>(bytes) / g_unit; }
 void usage() {
   std::printf(
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all]\n"
-      "                   [--device meta|cpu|cuda] [--steps K] [--batch B] [--seq T] [--json]\n"
+      "                   [--device meta|cpu|cuda|auto] [--steps K] [--batch B] [--seq T] [--json]\n"
       "Per-rank memory by category and bytes sent per step for DDP and ZeRO-1/2/3, next to the ZeRO\n"
       "paper's formulas. meta (default): rank 0 of N with a fake group, nothing allocated;\n"
-      "cpu: N ranks as threads, real steps.\n");
+      "cpu / cuda: N ranks as threads (sharing the GPU), real steps; auto: cuda if usable, else cpu.\n"
+      "--model defaults to 124m (tiny on the cpu).\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_name = "124m", stage_arg = "all", device_arg = "meta";
+  std::string model_name, stage_arg = "all", device_arg = "meta";
   int world = 4, steps = 1;
   int64_t batch = 1, seq = 0;
   bool json = false;
@@ -153,6 +165,10 @@ int main(int argc, char** argv) {
         return a == "--help" ? 0 : 2;
       }
     }
+    // auto: the GPU when this build has a usable one (N ranks sharing it), else the CPU.
+    if (device_arg == "auto") device_arg = cuda_usable() ? "cuda" : "cpu";
+    // Without --model: GPT-2 124M, or the tiny GPT for real steps on the CPU.
+    if (model_name.empty()) model_name = device_arg == "cpu" ? "tiny" : "124m";
     const Preset* preset = nullptr;
     for (const Preset& p : kPresets)
       if (model_name == p.name) preset = &p;
