@@ -120,10 +120,17 @@ void LocalHub::leave(int rank) {
 // Between the two rendezvous every rank reads the others' posted inputs and
 // computes its result in scratch memory; it writes its own output only after the
 // second, when nobody reads its input any more.
+//
+// On a GPU the ranks' kernels run on their own streams, so each rank synchronizes
+// its stream (on this worker thread, never the training thread) before the first
+// rendezvous -- its input is complete when others read it -- and before the second --
+// its reads of others' inputs are done when they go on.
 void LocalGroup::run(const Collective& c) {
+  const Device device = c.output.defined() ? c.output.device() : kCPU;
+  Backend& kernels = backend(device);
+  kernels.synchronize(device);
   hub_->enter(rank_, c);
   const int n = size();
-  Backend& kernels = c.output.defined() ? backend(c.output.device()) : backend(kCPU);
   const auto input_of = [&](int q) { return hub_->call_of(q).input; };
   Tensor result;  // what this rank writes into its output after the second rendezvous
   switch (c.op) {
@@ -158,6 +165,7 @@ void LocalGroup::run(const Collective& c) {
       break;
     case CollectiveOp::barrier: break;
   }
+  kernels.synchronize(device);
   hub_->leave(rank_);
   if (result.defined()) kernels.copy(result, c.output);
 }

@@ -61,6 +61,11 @@ class Backend {
 
   virtual std::shared_ptr<Allocator> make_allocator(Device device) = 0;
 
+  // Blocks the calling thread until the work this rank has issued on `device` is done
+  // (the CUDA backend: its current stream). Host-side collectives call it so that other
+  // ranks read finished buffers; nothing on the training hot path does.
+  virtual void synchronize(Device device) { (void)device; }
+
   // out[i] = value.
   virtual void fill(const Tensor& out, double value) = 0;
   // out[i] = the Philox value for element i (out contiguous).
