@@ -7,7 +7,7 @@
 
 namespace zg::dist {
 
-class FakeGroup final : public ProcessGroup {
+class FakeGroup final : public HostGroup {
  public:
   FakeGroup(int rank, int size);
   ~FakeGroup() override { stop_worker(); }

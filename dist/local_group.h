@@ -59,7 +59,7 @@ class LocalHub {
   std::string mismatch_;  // set when calls did not match: thrown as is by every rank
 };
 
-class LocalGroup final : public ProcessGroup {
+class LocalGroup final : public HostGroup {
  public:
   LocalGroup(std::shared_ptr<LocalHub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
   ~LocalGroup() override { stop_worker(); }

@@ -20,39 +20,6 @@ void check(int status, const char* call) {
   fail("mpi group: ", call, " failed: ", std::string(text, static_cast<size_t>(length)));
 }
 
-// What a rank calls, as plain bytes every rank can compare.
-struct Descriptor {
-  char op[16];
-  int32_t reduce, root;
-  int32_t in_dtype, out_dtype;  // -1: none
-  int64_t in_numel, out_numel;
-};
-
-Descriptor describe_call(const Collective& c) {
-  Descriptor d{};
-  std::strncpy(d.op, name(c.op), sizeof d.op - 1);
-  d.reduce = static_cast<int32_t>(c.reduce);
-  d.root = c.root;
-  d.in_dtype = c.input.defined() ? static_cast<int32_t>(c.input.dtype()) : -1;
-  d.out_dtype = c.output.defined() ? static_cast<int32_t>(c.output.dtype()) : -1;
-  d.in_numel = c.input.defined() ? c.input.numel() : 0;
-  d.out_numel = c.output.defined() ? c.output.numel() : 0;
-  return d;
-}
-
-// Printed as Collective::describe() prints the call (every MPI buffer is a CPU tensor).
-std::string describe(const Descriptor& d) {
-  auto side = [](int32_t dtype, int64_t n) {
-    return std::string(name(static_cast<DType>(dtype))) + "[" + std::to_string(n) + "] on cpu";
-  };
-  const std::string op = d.op;
-  std::string s = op + "(" + (d.in_dtype >= 0 ? side(d.in_dtype, d.in_numel) : "");
-  if (op == "reduce_scatter" || op == "all_gather") s += " -> " + side(d.out_dtype, d.out_numel);
-  if (op == "all_reduce" || op == "reduce_scatter") s += std::string(", ") + name(static_cast<ReduceKind>(d.reduce));
-  if (op == "broadcast") s += ", root " + std::to_string(d.root);
-  return s + ")";
-}
-
 // Reductions run in f32 for the 16-bit floats (MPI has no type for them), in place otherwise.
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
@@ -114,16 +81,13 @@ bool MpiGroup::launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
 }
 
+// Every rank's call, all-gathered as a signature and compared before any data moves.
 void MpiGroup::agree(const Collective& c) {
-  const Descriptor mine = describe_call(c);
-  std::vector<Descriptor> all(size_);
-  check(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, MPI_COMM_WORLD),
+  const Collective::Signature mine = c.signature();
+  std::vector<Collective::Signature> all(size_);
+  check(MPI_Allgather(mine.data(), mine.size(), MPI_INT64_T, all.data(), mine.size(), MPI_INT64_T, MPI_COMM_WORLD),
         "MPI_Allgather (call check)");
-  const int64_t index = calls_++;
-  for (int q = 1; q < size_; ++q)
-    if (std::memcmp(&all[0], &all[q], sizeof mine) != 0)
-      fail("mpi group: collective #", index, " does not match across ranks: rank 0 called ", describe(all[0]),
-           ", rank ", q, " called ", describe(all[q]));
+  if (std::string problem = Collective::mismatch(all, calls_++, "mpi group", "cpu"); !problem.empty()) fail(problem);
 }
 
 void MpiGroup::run(const Collective& c) {

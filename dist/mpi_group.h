@@ -12,7 +12,7 @@
 
 namespace zg::dist {
 
-class MpiGroup final : public ProcessGroup {
+class MpiGroup final : public HostGroup {
  public:
   // Initialises MPI on first use (MPI_COMM_WORLD). Call MpiGroup::finalize() before exit.
   MpiGroup();

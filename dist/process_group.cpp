@@ -52,6 +52,35 @@ int64_t Collective::ring_bytes(int world_size) const {
   return static_cast<int64_t>(bytes + 0.5);
 }
 
+Collective::Signature Collective::signature() const {
+  const auto dtype = [](const Tensor& t) { return t.defined() ? static_cast<int64_t>(t.dtype()) : -1; };
+  const auto numel = [](const Tensor& t) { return t.defined() ? t.numel() : -1; };
+  return {static_cast<int64_t>(op), static_cast<int64_t>(reduce), root, dtype(input), numel(input), dtype(output),
+          numel(output)};
+}
+
+std::string Collective::mismatch(const std::vector<Signature>& all, int64_t index, const std::string& group,
+                                 const std::string& device_type) {
+  // A signature printed as describe() prints the call.
+  const auto call = [&](const Signature& s) {
+    const auto side = [&](int64_t dtype, int64_t n) {
+      return std::string(name(static_cast<DType>(dtype))) + "[" + std::to_string(n) + "] on " + device_type;
+    };
+    const auto op = static_cast<CollectiveOp>(s[0]);
+    std::string text = std::string(name(op)) + "(" + (s[3] >= 0 ? side(s[3], s[4]) : "");
+    if (op == CollectiveOp::reduce_scatter || op == CollectiveOp::all_gather) text += " -> " + side(s[5], s[6]);
+    if (op == CollectiveOp::all_reduce || op == CollectiveOp::reduce_scatter)
+      text += std::string(", ") + name(static_cast<ReduceKind>(s[1]));
+    if (op == CollectiveOp::broadcast) text += ", root " + std::to_string(s[2]);
+    return text + ")";
+  };
+  for (size_t q = 1; q < all.size(); ++q)
+    if (all[q] != all[0])
+      return group + ": collective #" + std::to_string(index) + " does not match across ranks: rank 0 called " +
+             call(all[0]) + ", rank " + std::to_string(q) + " called " + call(all[q]);
+  return "";
+}
+
 // ---- the communication worker -------------------------------------------------
 
 namespace {
@@ -146,18 +175,22 @@ class CommWorker {
   std::thread thread_;
 };
 
-// ---- the group ----------------------------------------------------------------
+HostGroup::HostGroup() : worker_(std::make_unique<CommWorker>([this](const Collective& c) { run(c); })) {}
 
-ProcessGroup::ProcessGroup() : worker_(std::make_unique<CommWorker>([this](const Collective& c) { run(c); })) {}
+HostGroup::~HostGroup() = default;
 
-ProcessGroup::~ProcessGroup() = default;
+void HostGroup::stop_worker() { worker_.reset(); }
 
-void ProcessGroup::stop_worker() { worker_.reset(); }
+WorkHandle HostGroup::issue(Collective c) {
+  ZG_CHECK(worker_ != nullptr, name(c.op), ": the ", kind(), " process group is shutting down");
+  return worker_->enqueue(std::move(c));
+}
+
+// ---- every group ----------------------------------------------------------------
 
 WorkHandle ProcessGroup::submit(Collective c) {
-  ZG_CHECK(worker_ != nullptr, name(c.op), ": the ", kind(), " process group is shutting down");
   bytes_sent_ += c.ring_bytes(size());
-  return worker_->enqueue(std::move(c));
+  return issue(std::move(c));
 }
 
 WorkHandle ProcessGroup::all_reduce_async(const Tensor& buffer, ReduceKind op) {

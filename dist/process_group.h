@@ -5,14 +5,17 @@
 // at large N on the meta device) and `mpi` (one process per rank, under mpirun).
 //
 // Every collective is asynchronous underneath. `x_async(...)` validates the call,
-// counts its bytes and hands it to the group's communication worker, which runs
-// the group's collectives one at a time in issue order (a CPU "communication
-// stream": the ranks issue the same sequence, so they meet in the same order);
-// the returned Work's wait() blocks until the result is in the output buffer and
-// rethrows the collective's error. The blocking forms are `x_async(...)->wait()`.
-// Until wait() returns, the caller must not touch the buffers; the Work keeps
-// them alive, so a buffer whose handle is dropped early is freed only when the
-// collective is done (how ZeRO-2 frees a unit gradient right after its reduce).
+// counts its bytes and issues it; the returned Work's wait() makes the caller's
+// later work see the result and rethrows the collective's error. The blocking forms
+// are `x_async(...)->wait()`. Until wait() returns, the caller must not touch the
+// buffers. How a group issues:
+//   HostGroup (local, fake, mpi)  a communication worker thread runs the group's
+//       collectives one at a time, in issue order (the ranks issue the same sequence,
+//       so they meet in the same order); wait() blocks until the result is there.
+//       The Work keeps the buffers alive, so a buffer whose handle is dropped early
+//       is freed when the collective is done (how ZeRO-2 frees a unit gradient).
+//   NcclGroup  NCCL kernels on the rank's communication stream; wait() makes the
+//       rank's compute stream wait for them, without blocking the host.
 //
 // Every collective is counted the way a ring implementation moves data, per rank:
 //   all_reduce      2 (N-1)/N x bytes of the buffer
@@ -21,9 +24,11 @@
 //   broadcast         (N-1)/N x bytes (a pipelined ring)
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -43,6 +48,16 @@ struct Collective {
   std::string describe() const;  // "reduce_scatter(bf16[1024] on cpu -> bf16[256] on cpu, average)"
   // The bytes one rank sends for it in a ring of `world_size` ranks (table above).
   int64_t ring_bytes(int world_size) const;
+
+  // What ranks compare to detect a mismatch, as numbers (op, reduce, root, dtypes
+  // and sizes of input and output; -1 for an absent buffer), for groups that
+  // exchange calls between processes.
+  using Signature = std::array<int64_t, 7>;
+  Signature signature() const;
+  // "" if every rank's signature equals rank 0's; else "<group>: collective #<index>
+  // does not match across ranks: rank 0 called ..., rank q called ...".
+  static std::string mismatch(const std::vector<Signature>& all, int64_t index, const std::string& group,
+                              const std::string& device_type);
 };
 
 // A collective in flight.
@@ -54,18 +69,16 @@ class Work {
 };
 using WorkHandle = std::shared_ptr<Work>;
 
-class CommWorker;
-
 class ProcessGroup {
  public:
-  ProcessGroup();
-  virtual ~ProcessGroup();
+  ProcessGroup() = default;
+  virtual ~ProcessGroup() = default;
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string kind() const = 0;  // "local", "fake", "mpi"
+  virtual std::string kind() const = 0;  // "local", "fake", "mpi", "nccl"
 
   // In place on every rank; buffers must match in dtype and numel across ranks.
   WorkHandle all_reduce_async(const Tensor& buffer, ReduceKind op = ReduceKind::sum);
@@ -82,25 +95,41 @@ class ProcessGroup {
   }
   void all_gather(const Tensor& input, const Tensor& output) { all_gather_async(input, output)->wait(); }
   void broadcast(const Tensor& buffer, int root) { broadcast_async(buffer, root)->wait(); }
-  void barrier();
+  void barrier();  // returns when every rank has reached it (the host waits, on every group)
 
   // Bytes this rank has sent (ring model above), since construction or reset.
   int64_t bytes_sent() const { return bytes_sent_; }
   void reset_bytes_sent() { bytes_sent_ = 0; }
 
  protected:
-  // Runs one validated collective to completion. Called on the communication
-  // worker thread, with the issuing rank's Context and memory category current.
+  // Issues one validated collective (see the top of this file).
+  virtual WorkHandle issue(Collective collective) = 0;
+
+ private:
+  WorkHandle submit(Collective collective);
+  int64_t bytes_sent_ = 0;
+};
+
+class CommWorker;
+
+// A group whose collectives run on the host: one communication worker thread per
+// group runs them in issue order.
+class HostGroup : public ProcessGroup {
+ public:
+  HostGroup();
+  ~HostGroup() override;
+
+ protected:
+  // Runs one collective to completion. Called on the communication worker thread,
+  // with the issuing rank's Context and memory category current.
   virtual void run(const Collective& collective) = 0;
   // A concrete group calls this first thing in its destructor: it finishes the
   // queued collectives while the group is still whole (they call run()).
   void stop_worker();
 
  private:
-  WorkHandle submit(Collective collective);
-
+  WorkHandle issue(Collective collective) final;
   std::unique_ptr<CommWorker> worker_;
-  int64_t bytes_sent_ = 0;
 };
 
 }  // namespace zg::dist
