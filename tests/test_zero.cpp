@@ -384,3 +384,43 @@ TEST_CASE("a rank that fails in the middle of a sharded backward ends the others
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("on a GPU: N ranks sharing it train like one rank and hold the formula's model-state bytes" *
+          doctest::skip(!has_cuda())) {
+  const nn::NamedTensors reference = reference_run({.dtype = DType::f32});
+  for (int n : {1, 2, 4})
+    for (int stage = 0; stage <= 3; ++stage) {
+      INFO("cuda N=" << n << " stage " << stage);
+      CHECK(max_difference(sharded_run({.dtype = DType::f32, .stage = stage, .device = kCUDA}, n), reference) <= 1e-4);
+    }
+  for (int n : {2, 4})
+    for (int stage = 0; stage <= 3; ++stage) {
+      INFO("cuda N=" << n << " stage " << stage << " bytes");
+      dist::run_local(n, [&](dist::ProcessGroup& pg) {
+        manual_seed(1);
+        nn::GPT model(zero_config(), TensorOptions(DType::f32).device(kCUDA));
+        dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::bf16});
+        const auto [x, y] = global_batch(0);
+        sharded.zero_grad();
+        sharded.prepare_forward();
+        model.forward(x.narrow(0, 0, 1).to(kCUDA), y.narrow(0, 0, 1).to(kCUDA)).loss.backward();
+        const MemoryStats s = memory_stats(kCUDA);
+        const MemoryStats cpu = memory_stats(kCPU);
+        // The same bytes as the same run on the CPU would hold (16 bytes a parameter at stage 0 ...).
+        const int64_t states = s[MemoryCategory::parameter] + s[MemoryCategory::gradient] + s[MemoryCategory::optimizer_state];
+        const int64_t psi = sharded.num_parameters();
+        const double formula = stage == 0   ? 16.0 * psi
+                               : stage == 1 ? 4.0 * psi + 12.0 * psi / n
+                               : stage == 2 ? 2.0 * psi + 14.0 * psi / n
+                                            : 16.0 * psi / n;
+        CHECK(states >= formula);
+        CHECK((states - formula) / formula < 0.01);  // padding: at most N - 1 elements per unit
+        CHECK(cpu[MemoryCategory::parameter] == 0);   // nothing of the model on the host
+        sharded.step(1e-3);
+      });
+    }
+}
+
+}  // namespace zg::test

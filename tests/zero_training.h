@@ -38,6 +38,7 @@ struct ZeroRun {
   std::optional<DType> reduce_dtype{};
   int64_t bucket_bytes = 25 << 20;
   int prefetch = 1;
+  Device device = kCPU;  // on a GPU, the ranks share it (each with its own allocator and streams)
 
   dist::ZeroConfig config() const {
     return {.stage = stage, .compute_dtype = dtype, .adamw = kAdamW, .max_grad_norm = clip,
@@ -49,13 +50,14 @@ struct ZeroRun {
 // weights (on every rank).
 inline nn::NamedTensors train_sharded(dist::ProcessGroup& pg, const ZeroRun& run) {
   manual_seed(1);
-  nn::GPT model(zero_config(run.checkpointing));
+  nn::GPT model(zero_config(run.checkpointing), TensorOptions(DType::f32).device(run.device));
   dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, run.config());
   const int64_t rows = kBatch / pg.size();
   const int micro = rows >= run.micro_batches ? run.micro_batches : 1;
   for (int s = 0; s < run.steps; ++s) {
     const auto [x, y] = global_batch(s);
-    const Tensor my_x = x.narrow(0, pg.rank() * rows, rows), my_y = y.narrow(0, pg.rank() * rows, rows);
+    const Tensor my_x = x.narrow(0, pg.rank() * rows, rows).to(run.device);
+    const Tensor my_y = y.narrow(0, pg.rank() * rows, rows).to(run.device);
     sharded.zero_grad();
     for (int k = 0; k < micro; ++k) {
       sharded.set_gradient_sync(k == micro - 1);
@@ -66,7 +68,7 @@ inline nn::NamedTensors train_sharded(dist::ProcessGroup& pg, const ZeroRun& run
     sharded.step(1e-3);
   }
   nn::NamedTensors out;
-  for (auto& [name, t] : sharded.gathered_master()) out.emplace_back(name, t.clone());
+  for (auto& [name, t] : sharded.gathered_master()) out.emplace_back(name, t.to(kCPU).clone());
   return out;
 }
 
