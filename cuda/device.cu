@@ -15,9 +15,13 @@ int device_count() {
   return count;
 }
 
-std::string device_description(int index) {
+void check_device(int index) {
   const int count = device_count();
   ZG_CHECK(index >= 0 && index < count, "cuda: device ", index, " does not exist (", count, " GPUs visible)");
+}
+
+std::string device_description(int index) {
+  check_device(index);
   cudaDeviceProp prop{};
   ZG_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
   return std::string(prop.name) + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ", " +

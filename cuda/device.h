@@ -7,6 +7,8 @@
 namespace zg::cuda {
 
 int device_count();
+// Throws zg::Error naming cuda:`index` and the number of visible GPUs unless it exists.
+void check_device(int index);
 // "NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)"; throws zg::Error for a bad index.
 std::string device_description(int index);
 

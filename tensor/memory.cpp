@@ -35,20 +35,28 @@ std::string format_bytes(int64_t bytes) {
 
 std::string memory_report(const MemoryStats& stats, const std::string& title) {
   std::ostringstream os;
-  char line[128];
-  os << title << "\n";
-  std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", "category", "allocated", "peak");
-  os << line;
-  for (int c = 0; c < kMemoryCategories; ++c) {
-    std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", name(static_cast<MemoryCategory>(c)),
-                  format_bytes(stats.allocated[c]).c_str(), format_bytes(stats.peak[c]).c_str());
+  char line[192];
+  auto row = [&](const char* label, const std::string& allocated, const std::string& peak,
+                 const std::string& in_blocks, const std::string& peak_in_blocks) {
+    std::snprintf(line, sizeof line, "  %-16s %14s %14s %14s %14s\n", label, allocated.c_str(), peak.c_str(),
+                  in_blocks.c_str(), peak_in_blocks.c_str());
     os << line;
+  };
+  os << title << "\n";
+  row("category", "allocated", "peak", "in blocks", "peak in blocks");
+  int64_t in_blocks = 0;
+  for (int c = 0; c < kMemoryCategories; ++c) {
+    row(name(static_cast<MemoryCategory>(c)), format_bytes(stats.allocated[c]), format_bytes(stats.peak[c]),
+        format_bytes(stats.reserved_by[c]), format_bytes(stats.peak_reserved_by[c]));
+    in_blocks += stats.reserved_by[c];
   }
-  std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", "total", format_bytes(stats.allocated_total).c_str(),
-                format_bytes(stats.peak_total).c_str());
-  os << line;
-  std::snprintf(line, sizeof line, "  %-16s %14s %14s\n", "reserved", format_bytes(stats.reserved).c_str(),
-                format_bytes(stats.peak_reserved).c_str());
+  row("total", format_bytes(stats.allocated_total), format_bytes(stats.peak_total), format_bytes(in_blocks), "");
+  row("reserved", format_bytes(stats.reserved), format_bytes(stats.peak_reserved), "", "");
+  std::snprintf(line, sizeof line,
+                "  segments %lld taken, %lld returned; %lld retries; largest free block %s; fragmentation %.1f%%\n",
+                static_cast<long long>(stats.segment_allocations), static_cast<long long>(stats.segment_frees),
+                static_cast<long long>(stats.retries), format_bytes(stats.largest_free_block).c_str(),
+                100.0 * stats.fragmentation());
   os << line;
   return os.str();
 }
@@ -68,12 +76,12 @@ Block Allocator::allocate(int64_t bytes, MemoryCategory category) {
   Block block{nullptr, bytes, category};
   if (bytes == 0) return block;
   std::lock_guard lock(mutex_);
-  if (stats_.cap > 0 && stats_.allocated_total + bytes > stats_.cap)
-    throw_out_of_memory(bytes, category, "over the memory cap");
   block.ptr = acquire(bytes, category);
   const int c = static_cast<int>(category);
   stats_.allocated[c] += bytes;
   stats_.peak[c] = std::max(stats_.peak[c], stats_.allocated[c]);
+  stats_.reserved_by[c] += block_size(bytes);
+  stats_.peak_reserved_by[c] = std::max(stats_.peak_reserved_by[c], stats_.reserved_by[c]);
   stats_.allocated_total += bytes;
   stats_.peak_total = std::max(stats_.peak_total, stats_.allocated_total);
   stats_.allocations += 1;
@@ -85,12 +93,15 @@ void Allocator::deallocate(const Block& block) {
   std::lock_guard lock(mutex_);
   release(block.ptr, block.bytes);
   stats_.allocated[static_cast<int>(block.category)] -= block.bytes;
+  stats_.reserved_by[static_cast<int>(block.category)] -= block_size(block.bytes);
   stats_.allocated_total -= block.bytes;
 }
 
 MemoryStats Allocator::stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  MemoryStats stats = stats_;
+  stats.largest_free_block = largest_free_block();
+  return stats;
 }
 
 void Allocator::reset_peaks() {
@@ -98,6 +109,7 @@ void Allocator::reset_peaks() {
   stats_.peak = stats_.allocated;
   stats_.peak_total = stats_.allocated_total;
   stats_.peak_reserved = stats_.reserved;
+  stats_.peak_reserved_by = stats_.reserved_by;
 }
 
 void Allocator::set_cap(int64_t bytes) {
@@ -109,16 +121,26 @@ void Allocator::set_cap(int64_t bytes) {
 void Allocator::add_reserved(int64_t delta) {
   stats_.reserved += delta;
   stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  (delta > 0 ? stats_.segment_allocations : stats_.segment_frees) += 1;
 }
+
+bool Allocator::fits_cap(int64_t more_reserved) const {
+  return stats_.cap == 0 || stats_.reserved + more_reserved <= stats_.cap;
+}
+
+void Allocator::add_retry() { stats_.retries += 1; }
 
 void Allocator::throw_out_of_memory(int64_t bytes, MemoryCategory category, const std::string& reason) const {
   std::ostringstream os;
   os << "out of memory on " << device_.str() << " (" << reason << "): tried to allocate "
-     << format_bytes(bytes) << " for " << name(category) << "; allocated " << format_bytes(stats_.allocated_total);
+     << format_bytes(bytes) << " for " << name(category) << "; reserved " << format_bytes(stats_.reserved);
   if (stats_.cap > 0) os << " of a cap of " << format_bytes(stats_.cap);
-  os << ", reserved " << format_bytes(stats_.reserved) << "; by category:";
+  os << ", allocated " << format_bytes(stats_.allocated_total) << ", largest free block "
+     << format_bytes(largest_free_block()) << "; by category, allocated (reserved):";
   for (int c = 0; c < kMemoryCategories; ++c)
-    if (stats_.allocated[c] > 0) os << " " << name(static_cast<MemoryCategory>(c)) << " " << format_bytes(stats_.allocated[c]);
+    if (stats_.reserved_by[c] > 0)
+      os << " " << name(static_cast<MemoryCategory>(c)) << " " << format_bytes(stats_.allocated[c]) << " ("
+         << format_bytes(stats_.reserved_by[c]) << ")";
   throw OutOfMemory(os.str());
 }
 

@@ -6,6 +6,8 @@
 //   allocated_total == sum(allocated[c])      bytes handed out and not yet freed
 //   peak[c] >= allocated[c], peak_total >= allocated_total
 //   reserved >= allocated_total               bytes taken from the system
+//   reserved >= sum(reserved_by[c])           the rest is cached: free blocks kept for reuse
+//   reserved_by[c] >= allocated[c]            a block holds its request rounded up
 // Figures are per allocator, and each rank context owns its allocators, so ranks
 // running as threads of one process never see each other's bytes.
 #pragma once
@@ -39,14 +41,30 @@ struct MemoryStats {
   int64_t reserved = 0;        // bytes held from the system (>= allocated: caching, rounding)
   int64_t peak_reserved = 0;
   int64_t allocations = 0;     // allocate() calls that returned bytes
-  int64_t cap = 0;             // 0: no cap
+  int64_t cap = 0;             // bound on `reserved`; 0: no cap
+
+  // Bytes of reserved memory occupied by each category's blocks (its requests after
+  // the allocator's rounding), and their high-water marks.
+  std::array<int64_t, kMemoryCategories> reserved_by{};
+  std::array<int64_t, kMemoryCategories> peak_reserved_by{};
+  int64_t segment_allocations = 0;  // times bytes were taken from the system (cudaMalloc calls)
+  int64_t segment_frees = 0;        // times they were given back (cudaFree calls)
+  int64_t retries = 0;              // allocations that had to free the cache and try again
+  int64_t largest_free_block = 0;   // largest cached block ready for reuse (0 without a cache)
 
   int64_t operator[](MemoryCategory c) const { return allocated[static_cast<int>(c)]; }
   int64_t peak_of(MemoryCategory c) const { return peak[static_cast<int>(c)]; }
+  int64_t reserved_of(MemoryCategory c) const { return reserved_by[static_cast<int>(c)]; }
+  // 1 - allocated / reserved: the share of reserved bytes not holding a live allocation
+  // (cached free blocks, rounding). 0 when nothing is reserved.
+  double fragmentation() const {
+    return reserved > 0 ? 1.0 - static_cast<double>(allocated_total) / static_cast<double>(reserved) : 0.0;
+  }
 };
 
 std::string format_bytes(int64_t bytes);  // "4.00 KiB"
-// A table of current and peak bytes per category, then totals and reserved bytes.
+// A table of current and peak bytes per category (allocated, and reserved by its blocks),
+// then totals, reserved bytes, and the segment / retry / fragmentation figures.
 std::string memory_report(const MemoryStats& stats, const std::string& title);
 
 // RAII: allocations made on this thread inside the scope are tagged `category`.
@@ -87,14 +105,27 @@ class Allocator {
 
   MemoryStats stats() const;
   void reset_peaks();  // peaks restart from the current figures
-  // Simulates a smaller device: allocations beyond `bytes` in total fail. 0 removes the cap.
+  // Simulates a smaller device: taking more than `bytes` in total from the system
+  // (reserved bytes, cache included) fails. 0 removes the cap.
   void set_cap(int64_t bytes);
 
  protected:
   // Called with the lock held; bytes > 0. `category` is for the out-of-memory message.
+  // acquire checks the cap (fits_cap) before taking bytes from the system.
   virtual void* acquire(int64_t bytes, MemoryCategory category) = 0;
   virtual void release(void* ptr, int64_t bytes) = 0;
-  void add_reserved(int64_t delta);  // only from acquire/release
+  // The bytes an allocation of `bytes` occupies (after rounding): counted in reserved_by.
+  virtual int64_t block_size(int64_t bytes) const { return bytes; }
+  // The largest cached block ready for reuse; called with the lock held.
+  virtual int64_t largest_free_block() const { return 0; }
+
+  // With the lock held: one call per segment taken from (delta > 0) or given back
+  // to (delta < 0) the system.
+  void add_reserved(int64_t delta);
+  bool fits_cap(int64_t more_reserved) const;  // reserved + more_reserved stays within the cap
+  void add_retry();
+  // Subclass operations outside acquire/release (emptying a cache) take the same lock.
+  std::unique_lock<std::mutex> lock() const { return std::unique_lock(mutex_); }
 
   [[noreturn]] void throw_out_of_memory(int64_t bytes, MemoryCategory category,
                                         const std::string& reason) const;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/storage.h"
 #include "zerograd.h"
 
 namespace zg::test {
@@ -64,6 +65,17 @@ inline std::string run_command(const std::string& command, int& status) {
   while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   status = ::pclose(pipe);
   return out;
+}
+
+// A contiguous f32 tensor over a new storage of `allocator` (one no context owns, e.g. an
+// allocator on a fake device).
+inline Tensor tensor_over(const std::shared_ptr<Allocator>& allocator, int64_t elements,
+                          MemoryCategory category = MemoryCategory::other) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(allocator, elements * 4, category);
+  impl->shape = {elements};
+  impl->strides = {1};
+  return Tensor(impl);
 }
 
 inline bool has_cuda() {

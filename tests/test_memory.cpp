@@ -125,7 +125,8 @@ TEST_CASE("a memory cap simulates a smaller device") {
   const Tensor a = empty({512});  // 2048 bytes
   CHECK_THROWS_WITH_AS(empty({1024}),
                        "out of memory on cpu (over the memory cap): tried to allocate 4.00 KiB for activation; "
-                       "allocated 2.00 KiB of a cap of 4.00 KiB, reserved 2.00 KiB; by category: activation 2.00 KiB",
+                       "reserved 2.00 KiB of a cap of 4.00 KiB, allocated 2.00 KiB, largest free block 0 B; "
+                       "by category, allocated (reserved): activation 2.00 KiB (2.00 KiB)",
                        OutOfMemory);
   CHECK(memory_stats().allocated_total == 2048);  // the failed allocation left nothing behind
   const Tensor b = empty({512});

@@ -21,7 +21,9 @@ class CpuAllocator final : public Allocator {
   static constexpr int64_t kAlignment = 64;
   static int64_t rounded(int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
+  int64_t block_size(int64_t bytes) const override { return rounded(bytes); }
   void* acquire(int64_t bytes, MemoryCategory category) override {
+    if (!fits_cap(rounded(bytes))) throw_out_of_memory(bytes, category, "over the memory cap");
     void* ptr = ::operator new(static_cast<size_t>(rounded(bytes)), std::align_val_t{kAlignment}, std::nothrow);
     if (!ptr) throw_out_of_memory(bytes, category, "the system allocator failed");
     add_reserved(rounded(bytes));

@@ -12,7 +12,8 @@ class MetaAllocator final : public Allocator {
   MetaAllocator() : Allocator(kMeta) {}
 
  private:
-  void* acquire(int64_t bytes, MemoryCategory) override {
+  void* acquire(int64_t bytes, MemoryCategory category) override {
+    if (!fits_cap(bytes)) throw_out_of_memory(bytes, category, "over the memory cap");
     add_reserved(bytes);
     return nullptr;
   }

@@ -1,0 +1,69 @@
+// The caching allocator on a real GPU: the CUDA-independent core
+// (caching_allocator_core.h) with cudaMalloc / cudaFree for segments, the rank's
+// compute stream for ordering, and CUDA events as stream markers.
+#include "cuda/caching_allocator.h"
+
+#include "cuda/caching_allocator_core.h"
+#include "cuda/check.h"
+#include "cuda/device.h"
+#include "cuda/stream.h"
+
+namespace zg::cuda {
+
+namespace {
+
+StreamId id_of(cudaStream_t stream) { return StreamId{reinterpret_cast<std::uintptr_t>(stream)}; }
+cudaStream_t stream_of(StreamId id) { return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(id)); }
+
+class EventMarker final : public StreamMarker {
+ public:
+  explicit EventMarker(cudaStream_t stream) { event_.record(stream); }
+  bool done() const override { return event_.query(); }
+
+ private:
+  Event event_;
+};
+
+class DeviceMemory final : public MemorySource {
+ public:
+  explicit DeviceMemory(Device device) : device_(device) {}
+
+  void* allocate_segment(int64_t bytes) override {
+    DeviceGuard guard(device_.index);
+    void* ptr = nullptr;
+    const cudaError_t status = cudaMalloc(&ptr, static_cast<size_t>(bytes));
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // the allocator answers with its cache, a retry, or OutOfMemory
+      return nullptr;
+    }
+    ZG_CUDA_CHECK(status);
+    return ptr;
+  }
+
+  void free_segment(void* ptr) override {
+    DeviceGuard guard(device_.index);
+    ZG_CUDA_CHECK(cudaFree(ptr));
+  }
+
+  StreamId current_stream() override { return id_of(cuda::current_stream(device_)); }
+
+  std::unique_ptr<StreamMarker> mark(StreamId stream) override {
+    DeviceGuard guard(device_.index);  // an event belongs to the device current at its creation
+    return std::make_unique<EventMarker>(stream_of(stream));
+  }
+
+ private:
+  Device device_;
+};
+
+}  // namespace
+
+std::shared_ptr<Allocator> make_caching_allocator(Device device) {
+  ZG_CHECK(device.type == DeviceType::cuda, "make_caching_allocator: ", device.str(), " is not a GPU");
+  check_device(device.index);
+  return std::make_shared<CachingAllocator>(device, std::make_unique<DeviceMemory>(device));
+}
+
+void record_stream(const Tensor& tensor, cudaStream_t stream) { record_stream(tensor, id_of(stream)); }
+
+}  // namespace zg::cuda

@@ -1,0 +1,62 @@
+#include "cuda/stream.h"
+
+#include "cuda/check.h"
+#include "cuda/device.h"
+#include "cuda/rank_state.h"
+#include "tensor/context.h"
+
+namespace zg::cuda {
+
+// Destructors drop CUDA errors: they must not throw, and at process exit the runtime may
+// already be unloaded.
+
+DeviceGuard::DeviceGuard(int device) {
+  ZG_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (device != previous_) ZG_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
+
+Stream::Stream(int device) : device_(device) {
+  DeviceGuard guard(device);
+  ZG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+Stream::~Stream() { cudaStreamDestroy(stream_); }
+
+// Created on the current device; record it only on that device's streams.
+Event::Event() { ZG_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+
+Event::~Event() { cudaEventDestroy(event_); }
+
+void Event::record(cudaStream_t stream) { ZG_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+
+bool Event::query() const {
+  const cudaError_t status = cudaEventQuery(event_);
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();  // "not yet" is an answer, not an error: do not leave it for the next check
+    return false;
+  }
+  ZG_CUDA_CHECK(status);
+  return true;
+}
+
+void Event::synchronize() const { ZG_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+void Event::block(cudaStream_t waiter) const { ZG_CUDA_CHECK(cudaStreamWaitEvent(waiter, event_, 0)); }
+
+RankState& rank_state(Device device) {
+  ZG_CHECK(device.type == DeviceType::cuda, "cuda: ", device.str(), " is not a GPU");
+  // The slot holds a RankState for every cuda device: only this function fills it.
+  const std::shared_ptr<void> state = Context::current().backend_state(device, [device] {
+    check_device(device.index);
+    return std::static_pointer_cast<void>(std::make_shared<RankState>(device.index));
+  });
+  return *static_cast<RankState*>(state.get());
+}
+
+cudaStream_t current_stream(Device device) { return rank_state(device).compute.get(); }
+
+cudaStream_t communication_stream(Device device) { return rank_state(device).communication.get(); }
+
+}  // namespace zg::cuda
