@@ -65,4 +65,22 @@ ZG_HOST_DEVICE double normal_from_pair(uint32_t radius_bits, uint32_t angle_bits
   return odd_lane ? r * ::sin(theta) : r * ::cos(theta);
 }
 
+// a + b * x with each operation rounded on its own on every device: nvcc would
+// otherwise fuse it into one multiply-add, which the host does not.
+ZG_HOST_DEVICE double affine(double a, double b, double x) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, __dmul_rn(b, x));
+#else
+  return a + b * x;
+#endif
+}
+
+// The value of element `lane` (0..3) of a block, in f64, before rounding to the
+// tensor's dtype: U[a, b) for uniform, N(a, b^2) for normal. Both backends call
+// this, so they agree wherever the f64 library functions of normal_from_pair do.
+ZG_HOST_DEVICE double draw(const U32x4& bits, int lane, bool normal, double a, double b) {
+  if (!normal) return affine(a, b - a, static_cast<double>(uniform01(bits.v[lane])));
+  return affine(a, b, normal_from_pair(bits.v[lane & 2], bits.v[lane | 1], (lane & 1) != 0));
+}
+
 }  // namespace zg::philox

@@ -117,43 +117,48 @@ TEST_CASE("module state round trip, dtype conversion on load, and mismatches") {
 }
 
 TEST_CASE("a training checkpoint round trip is bitwise exact and resumed training continues the same curve") {
-  const Sequence s = fixed_sequence();
-  const std::string path = temp_path("train.safetensors");
-  std::vector<double> uninterrupted;
-  {
-    Context rank;
-    ContextGuard guard(rank);
-    TinyTrainer t(DType::bf16, false, 1, 0.1);
-    for (int i = 0; i < 10; ++i) uninterrupted.push_back(t.step(s, 3e-3));
+  // On every device: a GPU run saves and resumes through the host, and its kernels
+  // (fixed reduction trees, no atomics) repeat the same curve bit for bit.
+  for (Device device : devices()) {
+    INFO("on " << device.str());
+    const Sequence s = fixed_sequence();
+    const std::string path = temp_path("train.safetensors");
+    std::vector<double> uninterrupted;
+    {
+      Context rank;
+      ContextGuard guard(rank);
+      TinyTrainer t(DType::bf16, false, 1, 0.1, device);
+      for (int i = 0; i < 10; ++i) uninterrupted.push_back(t.step(s, 3e-3));
+    }
+    std::vector<double> resumed;
+    std::vector<float> master, m, v, compute;
+    {
+      Context rank;
+      ContextGuard guard(rank);
+      TinyTrainer t(DType::bf16, false, 1, 0.1, device);
+      for (int i = 0; i < 5; ++i) t.step(s, 3e-3);
+      optim::save_checkpoint(path, *t.flat, *t.adamw, nullptr, {{"data_position", "5"}});
+      master = t.flat->master.to_vector<float>();
+      m = t.adamw->m.to_vector<float>();
+      v = t.adamw->v.to_vector<float>();
+      compute = t.flat->compute.to_vector<float>();
+    }
+    {
+      Context rank;
+      ContextGuard guard(rank);
+      TinyTrainer t(DType::bf16, false, 77, 0.1, device);  // different initial weights and RNG state
+      const Metadata meta = optim::load_checkpoint(path, *t.flat, *t.adamw);
+      CHECK(meta.at("data_position") == "5");
+      CHECK(t.adamw->steps() == 5);
+      CHECK(t.flat->master.to_vector<float>() == master);
+      CHECK(t.adamw->m.to_vector<float>() == m);
+      CHECK(t.adamw->v.to_vector<float>() == v);
+      CHECK(t.flat->compute.to_vector<float>() == compute);
+      for (int i = 0; i < 5; ++i) resumed.push_back(t.step(s, 3e-3));
+    }
+    for (int i = 0; i < 5; ++i) CHECK(resumed[i] == uninterrupted[5 + i]);
+    std::remove(path.c_str());
   }
-  std::vector<double> resumed;
-  std::vector<float> master, m, v, compute;
-  {
-    Context rank;
-    ContextGuard guard(rank);
-    TinyTrainer t(DType::bf16, false, 1, 0.1);
-    for (int i = 0; i < 5; ++i) t.step(s, 3e-3);
-    optim::save_checkpoint(path, *t.flat, *t.adamw, nullptr, {{"data_position", "5"}});
-    master = t.flat->master.to_vector<float>();
-    m = t.adamw->m.to_vector<float>();
-    v = t.adamw->v.to_vector<float>();
-    compute = t.flat->compute.to_vector<float>();
-  }
-  {
-    Context rank;
-    ContextGuard guard(rank);
-    TinyTrainer t(DType::bf16, false, 77, 0.1);  // different initial weights and RNG state
-    const Metadata meta = optim::load_checkpoint(path, *t.flat, *t.adamw);
-    CHECK(meta.at("data_position") == "5");
-    CHECK(t.adamw->steps() == 5);
-    CHECK(t.flat->master.to_vector<float>() == master);
-    CHECK(t.adamw->m.to_vector<float>() == m);
-    CHECK(t.adamw->v.to_vector<float>() == v);
-    CHECK(t.flat->compute.to_vector<float>() == compute);
-    for (int i = 0; i < 5; ++i) resumed.push_back(t.step(s, 3e-3));
-  }
-  for (int i = 0; i < 5; ++i) CHECK(resumed[i] == uninterrupted[5 + i]);
-  std::remove(path.c_str());
 }
 
 TEST_CASE("damaged files each give a zg::Error") {

@@ -1,8 +1,41 @@
 // Built only with CUDA. GPU cases report themselves skipped where no GPU is visible.
+// Each compares the CUDA backend with the CPU backend (the reference) on the same
+// inputs: inputs are made on the CPU and copied, so they are identical bit for bit.
 #include "cuda/device.h"
 #include "helpers.h"
+#include "tensor/backend.h"
+#include "tiny_gpt.h"
 
 namespace zg::test {
+
+namespace {
+
+const bool kNoGpu = cuda::device_count() == 0;
+
+TensorOptions on_gpu(DType dtype) { return TensorOptions(dtype).device(kCUDA); }
+
+// Exact equality of two tensors' values (compared as f64: exact for every dtype but large i64).
+void check_identical(const Tensor& got, const Tensor& want, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!(g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i])))) {
+      FAIL_CHECK("element " << i << ": got " << g[i] << ", expected " << w[i]);
+      return;
+    }
+  }
+}
+
+struct Tol {
+  DType dtype;
+  double rtol, atol;
+};
+const Tol kFloatTolerances[] = {{DType::f64, 1e-12, 1e-12}, {DType::f32, 1e-5, 1e-5}, {DType::bf16, 1e-2, 1e-2},
+                                {DType::f16, 2e-3, 2e-3}};
+
+}  // namespace
 
 TEST_CASE("device discovery works with or without a GPU") {
   const int count = cuda::device_count();
@@ -10,10 +43,266 @@ TEST_CASE("device discovery works with or without a GPU") {
   CHECK_THROWS_WITH_AS(cuda::device_description(count), doctest::Contains("does not exist"), Error);
 }
 
-TEST_CASE("a visible GPU describes itself" * doctest::skip(cuda::device_count() == 0)) {
+TEST_CASE("asking for a CUDA device that is not there throws a clear zg::Error") {
+  const int count = cuda::device_count();
+  if (count == 0) {
+    CHECK_THROWS_WITH_AS(zeros({1}, kCUDA), doctest::Contains("cuda:0 requested but no CUDA device is visible"),
+                         Error);
+    CHECK_FALSE(has_cuda());
+  } else {
+    CHECK_THROWS_WITH_AS(zeros({1}, Device(DeviceType::cuda, count)), doctest::Contains("requested but only"), Error);
+  }
+  // CPU work goes on either way.
+  CHECK(sum(ones({3})).item<float>() == 3.0f);
+}
+
+TEST_CASE("a visible GPU describes itself" * doctest::skip(kNoGpu)) {
   const std::string description = cuda::device_description(0);
   MESSAGE(description);
   CHECK(description.find("sm_") != std::string::npos);
+}
+
+TEST_CASE("Philox on the GPU reproduces the CPU's numbers bit for bit" * doctest::skip(kNoGpu)) {
+  // Sizes that are not multiples of 4 and a second draw starting mid-sequence (first_block > 0).
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (int64_t n : {1, 7, 4099, 100003}) {
+      manual_seed(1234);
+      const Tensor cpu_u = uniform({n}, -2.0, 3.0, dtype), cpu_z = normal({n}, 0.5, 2.0, dtype);
+      manual_seed(1234);
+      const Tensor gpu_u = uniform({n}, -2.0, 3.0, on_gpu(dtype)), gpu_z = normal({n}, 0.5, 2.0, on_gpu(dtype));
+      const std::string what = std::string(name(dtype)) + " n=" + std::to_string(n);
+      check_identical(gpu_u.to(kCPU), cpu_u, "uniform " + what);
+      if (dtype != DType::f64) {
+        check_identical(gpu_z.to(kCPU), cpu_z, "normal " + what);
+      } else {
+        // f64 normals pass through the devices' own f64 log/sin/cos, which may differ
+        // in the last bit; anything beyond a few ulps is a real difference.
+        check_close(gpu_z, Host::of(cpu_z), 1e-13, 1e-13, "normal " + what);
+      }
+    }
+  }
+}
+
+TEST_CASE("fill, copy and casts between every dtype and across devices" * doctest::skip(kNoGpu)) {
+  const DType all[] = {DType::f64, DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32, DType::boolean};
+  manual_seed(5);
+  const Tensor base = (randn({5, 6}, DType::f64) * 4.0);
+  for (DType from : all) {
+    const Tensor src_cpu = base.to(from);
+    const Tensor src_gpu = src_cpu.to(kCUDA);
+    check_identical(src_gpu.to(kCPU), src_cpu, std::string("roundtrip ") + name(from));
+    for (DType to : all) {
+      const std::string what = std::string(name(from)) + " -> " + name(to);
+      // Strided (transposed) source, cast on the device, then a strided destination.
+      check_identical(src_gpu.t().to(to).to(kCPU), src_cpu.t().to(to), "cast of a transposed view " + what);
+      Tensor dst_gpu = zeros({6, 10}, on_gpu(to));
+      Tensor dst_cpu = zeros({6, 10}, to);
+      dst_gpu.slice(1, 0, 10, 2).copy_(src_gpu.t());
+      dst_cpu.slice(1, 0, 10, 2).copy_(src_cpu.t());
+      check_identical(dst_gpu.to(kCPU), dst_cpu, "copy into a strided view " + what);
+      // Host -> device and device -> host with a strided, differently-typed other side.
+      Tensor host_dst = zeros({6, 5}, to);
+      host_dst.copy_(src_gpu.t());
+      check_identical(host_dst, src_cpu.t().to(to), "device -> strided host " + what);
+      Tensor gpu_dst = zeros({6, 5}, on_gpu(to));
+      gpu_dst.copy_(src_cpu.t());
+      check_identical(gpu_dst.to(kCPU), src_cpu.t().to(to), "strided host -> device " + what);
+    }
+    // fill, and a broadcast source (stride 0)
+    check_identical(full({3, 3}, -2.75, on_gpu(from)).to(kCPU), full({3, 3}, -2.75, from), std::string("fill ") + name(from));
+    Tensor row_gpu = zeros({4, 6}, on_gpu(from));
+    row_gpu.copy_(src_gpu.narrow(0, 1, 1));
+    Tensor row_cpu = zeros({4, 6}, from);
+    row_cpu.copy_(src_cpu.narrow(0, 1, 1));
+    check_identical(row_gpu.to(kCPU), row_cpu, std::string("broadcast copy ") + name(from));
+  }
+}
+
+TEST_CASE("every backend primitive matches the CPU in f32, bf16, f16 and f64" * doctest::skip(kNoGpu)) {
+  for (const Tol& tol : kFloatTolerances) {
+    const DType dt = tol.dtype;
+    manual_seed(42);
+    const Tensor x = randn({37, 300}, dt), pos = uniform({37, 300}, 0.5, 2.0, dt);
+    const Tensor xg = x.to(kCUDA), pg = pos.to(kCUDA);
+    const std::string in = std::string(" in ") + name(dt);
+    auto same = [&](const Tensor& g, const Tensor& c, const std::string& what) {
+      CHECK(g.device() == kCUDA);
+      check_close(g, Host::of(c), tol.rtol, tol.atol, what + in);
+    };
+    // unary (incl. on a transposed view), binary with broadcasting, where
+    same(gelu(xg.t()), gelu(x.t()), "gelu of a view");
+    same(exp(xg), exp(x), "exp");
+    same(log(pg), log(pos), "log");
+    same(rsqrt(pg), rsqrt(pos), "rsqrt");
+    same(sigmoid(xg), sigmoid(x), "sigmoid");
+    same(tanh(xg), tanh(x), "tanh");
+    same(xg * pg.narrow(0, 0, 1), x * pos.narrow(0, 0, 1), "mul broadcast row");
+    same(xg / pg.narrow(1, 0, 1), x / pos.narrow(1, 0, 1), "div broadcast column");
+    same(pow(pg, xg), pow(pos, x), "pow");
+    same(maximum(xg, xg.t().t() * 0.5), maximum(x, x * 0.5), "maximum");
+    same(where(gt(xg, 0.0), xg, pg), where(gt(x, 0.0), x, pos), "where");
+    check_identical(lt(xg, pg).to(kCPU), lt(x, pos), std::string("lt") + in);
+    // reductions, along rows and across them
+    same(sum(xg, {1}), sum(x, {1}), "sum rows");
+    same(mean(xg, {0}), mean(x, {0}), "mean columns");
+    same(max(xg, {1}), max(x, {1}), "max");
+    same(min(xg, {0}), min(x, {0}), "min");
+    check_identical(argmax(xg, 1).to(kCPU), argmax(x, 1), std::string("argmax") + in);
+    check_identical(argmin(xg, 0).to(kCPU), argmin(x, 0), std::string("argmin") + in);
+    const Tensor ss_g = sum_of_squares(xg), ss_c = sum_of_squares(x);
+    CHECK(ss_g.dtype() == (dt == DType::f64 ? DType::f64 : DType::f32));
+    check_close(ss_g, Host::of(ss_c), 1e-6, 1e-6, "sum_of_squares" + in);
+    // softmax, layer norm (with its statistics), cross-entropy
+    same(softmax(xg, 1), softmax(x, 1), "softmax");
+    same(log_softmax(xg, 0), log_softmax(x, 0), "log_softmax");
+    const Tensor w = randn({300}, dt), b = randn({300}, dt);
+    const LayerNormOutput lg = layer_norm_with_stats(xg, w.to(kCUDA), b.to(kCUDA), 1e-5);
+    const LayerNormOutput lc = layer_norm_with_stats(x, w, b, 1e-5);
+    same(lg.out, lc.out, "layer_norm");
+    check_close(lg.mean, Host::of(lc.mean), 1e-6, 1e-6, "layer_norm mean" + in);
+    check_close(lg.rstd, Host::of(lc.rstd), 1e-6, 1e-6, "layer_norm rstd" + in);
+    const Tensor target = tensor<int64_t>({3, -100, 299, 0, 150, -100, 7}, {7});
+    const Tensor logits = x.narrow(0, 0, 7);
+    for (DType index : {DType::i64, DType::i32}) {
+      same(cross_entropy(logits.to(kCUDA), target.to(index).to(kCUDA)), cross_entropy(logits, target.to(index)),
+           std::string("cross_entropy with ") + name(index) + " targets");
+    }
+    // embedding forward (an exact gather) and backward (repeated rows accumulate)
+    const Tensor idx = tensor<int64_t>({3, 0, 36, 3, 3, 12, 0}, {7});
+    for (DType index : {DType::i64, DType::i32}) {
+      check_identical(embedding(xg, idx.to(index).to(kCUDA)).to(kCPU), embedding(x, idx.to(index)),
+                      std::string("embedding") + in);
+    }
+    const Tensor leaf_c = x.detach().set_requires_grad(true), leaf_g = xg.detach().set_requires_grad(true);
+    const Tensor g = randn({7, 300}, dt);
+    sum(embedding(leaf_c, idx) * g).backward();
+    sum(embedding(leaf_g, idx.to(kCUDA)) * g.to(kCUDA)).backward();
+    check_identical(leaf_g.grad().to(kCPU), leaf_c.grad(), std::string("embedding_backward") + in);
+  }
+}
+
+TEST_CASE("matmul on the GPU: transposes, batches, broadcast batches (stride 0)" * doctest::skip(kNoGpu)) {
+  for (const Tol& tol : kFloatTolerances) {
+    const DType dt = tol.dtype;
+    const double rtol = dt == DType::f32 ? 1e-4 : tol.rtol, atol = dt == DType::f32 ? 1e-4 : tol.atol;
+    manual_seed(3);
+    struct Case {
+      Shape a, b;
+      bool ta, tb;
+    };
+    const Case cases[] = {
+        {{37, 53}, {53, 29}, false, false},        // plain
+        {{53, 37}, {53, 29}, true, false},         // a column-major
+        {{37, 53}, {29, 53}, false, true},         // b column-major
+        {{53, 37}, {29, 53}, true, true},          // both
+        {{4, 17, 33}, {4, 33, 9}, false, false},   // batched
+        {{4, 17, 33}, {33, 9}, false, false},      // b broadcast over the batch: batch stride 0
+        {{17, 33}, {4, 9, 33}, false, true},       // a broadcast, b transposed
+        {{2, 1, 5, 8}, {3, 8, 6}, false, false},   // broadcast batch dims on both sides
+        {{1, 64}, {64, 1}, false, false},          // row times column
+        {{64}, {3, 64, 5}, false, false},          // vector-matrix
+        {{3, 0}, {0, 4}, false, false},            // k = 0: zeros
+    };
+    for (const Case& c : cases) {
+      const Tensor a = randn(c.a, dt), b = randn(c.b, dt);
+      const Tensor got = matmul(a.to(kCUDA), b.to(kCUDA), c.ta, c.tb), want = matmul(a, b, c.ta, c.tb);
+      check_close(got, Host::of(want), rtol, atol,
+                  "matmul " + shape_str(c.a) + " @ " + shape_str(c.b) + (c.ta ? " ta" : "") + (c.tb ? " tb" : "") +
+                      " in " + name(dt));
+    }
+    // Gradients flow through the transposed products on the GPU too.
+    const Tensor a = randn({6, 7}, dt), b = randn({7, 5}, dt);
+    const Tensor ac = a.detach().set_requires_grad(true), bc = b.detach().set_requires_grad(true);
+    const Tensor ag = a.to(kCUDA).detach().set_requires_grad(true), bg = b.to(kCUDA).detach().set_requires_grad(true);
+    sum(matmul(ac, bc) * matmul(ac, bc)).backward();
+    sum(matmul(ag, bg) * matmul(ag, bg)).backward();
+    check_close(ag.grad(), Host::of(ac.grad()), 4 * rtol, 4 * atol, std::string("matmul grad a in ") + name(dt));
+    check_close(bg.grad(), Host::of(bc.grad()), 4 * rtol, 4 * atol, std::string("matmul grad b in ") + name(dt));
+  }
+}
+
+TEST_CASE("an out-of-range index on the GPU becomes a zg::Error at the next synchronisation" *
+          doctest::skip(kNoGpu)) {
+  const Tensor weight = randn({6, 4}, on_gpu(DType::f32));
+  const Tensor bad = tensor<int64_t>({0, 7, 2}, {3}, on_gpu(DType::i64));
+  CHECK_THROWS_WITH_AS(embedding(weight, bad).to(kCPU), doctest::Contains("index 7 is out of range for a weight of 6 rows"),
+                       Error);
+  // The error was reported once; the next (valid) work runs normally.
+  const Tensor good = tensor<int64_t>({5, 0}, {2}, on_gpu(DType::i64));
+  CHECK(embedding(weight, good).to(kCPU).shape() == Shape{2, 4});
+  const Tensor negative = tensor<int32_t>({-1}, {1}, on_gpu(DType::i32));
+  CHECK_THROWS_WITH_AS(embedding(weight, negative).to(kCPU), doctest::Contains("index -1 is out of range"), Error);
+  const Tensor logits = randn({2, 5}, on_gpu(DType::f32));
+  CHECK_THROWS_WITH_AS(cross_entropy(logits, tensor<int64_t>({1, 9}, {2}, on_gpu(DType::i64))).item<float>(),
+                       doctest::Contains("target 9 is out of range for 5 classes"), Error);
+  CHECK(std::isfinite(cross_entropy(logits, tensor<int64_t>({1, 4}, {2}, on_gpu(DType::i64))).item<float>()));
+}
+
+TEST_CASE("fused AdamW on the GPU matches the CPU, compute copy included" * doctest::skip(kNoGpu)) {
+  AdamWStep step;
+  step.lr = 3e-3, step.beta1 = 0.9, step.beta2 = 0.95, step.eps = 1e-8, step.weight_decay = 0.1;
+  step.grad_scale = 0.5, step.step = 3;
+  for (DType master_dtype : {DType::f32, DType::f64}) {
+    for (DType grad_dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+      for (DType compute_dtype : {DType::bf16, DType::f16, master_dtype}) {
+        manual_seed(17);
+        const int64_t n = 1000;
+        const Tensor master = randn({n}, master_dtype), grad = randn({n}, grad_dtype);
+        const Tensor m = randn({n}, master_dtype) * 0.1, v = rand({n}, master_dtype) * 0.01;
+        const bool separate = compute_dtype != master_dtype;
+        // Each device updates its own copies of the same starting values.
+        std::vector<Tensor> cpu{master.clone(), grad.clone(), m.clone(), v.clone()};
+        std::vector<Tensor> gpu{master.to(kCUDA), grad.to(kCUDA), m.to(kCUDA), v.to(kCUDA)};
+        const Tensor compute_cpu = separate ? zeros({n}, compute_dtype) : cpu[0];
+        const Tensor compute_gpu = separate ? zeros({n}, on_gpu(compute_dtype)) : gpu[0];
+        backend(kCPU).adamw(cpu[0], cpu[1], cpu[2], cpu[3], compute_cpu, step);
+        backend(kCUDA).adamw(gpu[0], gpu[1], gpu[2], gpu[3], compute_gpu, step);
+        const std::string what = std::string("master ") + name(master_dtype) + ", grad " + name(grad_dtype) +
+                                 ", compute " + name(compute_dtype);
+        const double tol = master_dtype == DType::f64 ? 1e-12 : 1e-6;
+        check_close(gpu[0], Host::of(cpu[0]), tol, tol, "adamw master, " + what);
+        check_close(gpu[2], Host::of(cpu[2]), tol, tol, "adamw m, " + what);
+        check_close(gpu[3], Host::of(cpu[3]), tol, tol, "adamw v, " + what);
+        // The compute copy is the new master rounded once: at most one ulp apart.
+        const double ulp = compute_dtype == DType::bf16 ? 8e-3 : compute_dtype == DType::f16 ? 1e-3 : tol;
+        check_close(compute_gpu, Host::of(compute_cpu), ulp, ulp, "adamw compute copy, " + what);
+        // And the step actually moved the weights.
+        CHECK(max(abs(gpu[0].to(kCPU).to(DType::f64) - master.to(DType::f64))).item<double>() > 1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("a GPT built on the CPU and moved to cuda:0 gives the CPU's loss before and after one step" *
+          doctest::skip(kNoGpu)) {
+  for (DType compute : {DType::f32, DType::bf16}) {
+    const Sequence s = fixed_sequence();
+    auto losses_on = [&](Device device) {
+      manual_seed(1);
+      auto model = std::make_shared<nn::GPT>(tiny_config());  // built (and initialised) on the CPU
+      model->to(device);
+      optim::FlatParameters flat(model->named_parameters(), compute);
+      optim::AdamW adamw(flat, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+      const Tensor inputs = s.inputs.to(device), targets = s.targets.to(device);
+      std::vector<double> losses;
+      for (int step = 0; step < 2; ++step) {
+        flat.zero_grad();
+        const Tensor loss = model->forward(inputs, targets).loss;
+        CHECK(loss.device() == device);
+        loss.backward();
+        losses.push_back(loss.item<double>());
+        adamw.step(1e-2);
+      }
+      return losses;
+    };
+    const std::vector<double> cpu = losses_on(kCPU), gpu = losses_on(kCUDA);
+    // Before the step the two forward passes differ only by rounding; after it, within
+    // bf16 tolerance (Adam's m / sqrt(v) turns tiny gradient differences into full steps).
+    INFO("compute " << name(compute) << ": cpu " << cpu[0] << ", " << cpu[1] << "; gpu " << gpu[0] << ", " << gpu[1]);
+    CHECK(cpu[1] < cpu[0]);  // the step did something
+    CHECK(gpu[0] == doctest::Approx(cpu[0]).epsilon(compute == DType::f32 ? 1e-5 : 1e-2));
+    CHECK(gpu[1] == doctest::Approx(cpu[1]).epsilon(1e-2));
+  }
 }
 
 }  // namespace zg::test

@@ -331,18 +331,49 @@ TEST_CASE("every op matches its naive reference on every device and dtype") {
   }
 }
 
-TEST_CASE("ops on one device agree with the CPU") {
-  // With a GPU present, every op of the table runs on both and the results are compared directly.
+TEST_CASE("ops on every device agree with the CPU, forward and backward, in every dtype") {
+  // With a GPU present, every op of the table runs on both from the same inputs (the GPU
+  // keeps the strided views, the CPU gets contiguous copies) and the results are compared
+  // directly; so are the gradients of sum(out * w) with respect to every floating input.
   const auto devs = devices();
   if (devs.size() < 2) return;
-  for (const OpCase& op : op_table()) {
-    manual_seed(7);
-    std::vector<Tensor> gpu_inputs, cpu_inputs;
-    for (const Input& in : op.inputs) {
-      gpu_inputs.push_back(make_input(in, DType::f32, devs[1]));
-      cpu_inputs.push_back(gpu_inputs.back().to(kCPU));
+  const Tolerance forward[] = {{DType::f64, 1e-12, 1e-12}, {DType::f32, 1e-5, 1e-5},
+                               {DType::bf16, 1e-2, 1e-2}, {DType::f16, 2e-3, 2e-3}};
+  const Tolerance backward[] = {{DType::f64, 1e-10, 1e-10}, {DType::f32, 1e-4, 1e-4},
+                                {DType::bf16, 4e-2, 4e-2}, {DType::f16, 1e-2, 1e-2}};
+  for (size_t t = 0; t < std::size(forward); ++t) {
+    const DType dtype = forward[t].dtype;
+    for (const OpCase& op : op_table()) {
+      manual_seed(7);
+      std::vector<Tensor> gpu_inputs, cpu_inputs;
+      for (const Input& in : op.inputs) {
+        Tensor gpu = make_input(in, dtype, devs[1]);
+        Tensor cpu = gpu.to(kCPU);
+        if (is_floating(gpu.dtype())) {
+          gpu = gpu.detach().set_requires_grad(true);
+          cpu = cpu.detach().set_requires_grad(true);
+        }
+        gpu_inputs.push_back(gpu);
+        cpu_inputs.push_back(cpu);
+      }
+      const std::string what = op.name + " cuda vs cpu in " + name(dtype);
+      const Tensor gpu_out = op.run(gpu_inputs), cpu_out = op.run(cpu_inputs);
+      CHECK(gpu_out.device() == devs[1]);
+      CHECK(gpu_out.dtype() == cpu_out.dtype());
+      check_close(gpu_out, Host::of(cpu_out), forward[t].rtol, forward[t].atol, what);
+      if (!gpu_out.requires_grad()) continue;
+      const Tensor w = randn(cpu_out.shape(), DType::f64);
+      sum(cpu_out.to(DType::f64) * w).backward();
+      sum(gpu_out.to(DType::f64) * w.to(devs[1])).backward();
+      for (size_t i = 0; i < gpu_inputs.size(); ++i) {
+        if (!gpu_inputs[i].requires_grad()) continue;
+        REQUIRE(gpu_inputs[i].grad().defined() == cpu_inputs[i].grad().defined());
+        if (!gpu_inputs[i].grad().defined()) continue;
+        CHECK(gpu_inputs[i].grad().device() == devs[1]);
+        check_close(gpu_inputs[i].grad(), Host::of(cpu_inputs[i].grad()), backward[t].rtol, backward[t].atol,
+                    what + ", gradient of input " + std::to_string(i));
+      }
     }
-    check_close(op.run(gpu_inputs), Host::of(op.run(cpu_inputs)), 1e-5, 1e-5, op.name + " cuda vs cpu");
   }
 }
 

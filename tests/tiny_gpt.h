@@ -33,19 +33,25 @@ struct TinyTrainer {
   std::unique_ptr<optim::FlatParameters> flat;
   std::unique_ptr<optim::AdamW> adamw;
 
-  explicit TinyTrainer(DType compute = DType::f32, bool checkpointing = false, uint64_t seed = 1, double dropout = 0) {
+  Device device;
+
+  // The model is built (and initialised) on the CPU, then moved to `device`.
+  explicit TinyTrainer(DType compute = DType::f32, bool checkpointing = false, uint64_t seed = 1, double dropout = 0,
+                       Device device = kCPU)
+      : device(device) {
     manual_seed(seed);
     nn::GPTConfig config = tiny_config();
     config.activation_checkpointing = checkpointing;
     config.dropout = dropout;
     model = std::make_shared<nn::GPT>(config);
+    model->to(device);
     flat = std::make_unique<optim::FlatParameters>(model->named_parameters(), compute);
     adamw = std::make_unique<optim::AdamW>(*flat, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.0});
   }
 
   // forward + backward; returns the loss (f32 on the host)
   double forward_backward(const Sequence& s, double loss_scale = 1.0) {
-    const Tensor loss = model->forward(s.inputs, s.targets).loss;
+    const Tensor loss = model->forward(s.inputs.to(device), s.targets.to(device)).loss;
     (loss_scale == 1.0 ? loss : loss * loss_scale).backward();
     return loss.item<double>();
   }

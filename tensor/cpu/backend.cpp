@@ -54,17 +54,11 @@ void CpuBackend::fill_random(const Tensor& out, const RandomSpec& spec) {
     if constexpr (is_float_v<T>) {
       T* y = out.data<T>();
       const int64_t n = out.numel();
+      const bool normal = spec.distribution == Distribution::normal;
       for (int64_t block = 0; block * 4 < n; ++block) {
         const philox::U32x4 bits = philox::block_bits(spec.seed, spec.first_block + block);
-        for (int lane = 0; lane < 4 && block * 4 + lane < n; ++lane) {
-          double value;
-          if (spec.distribution == Distribution::uniform) {
-            value = spec.a + (spec.b - spec.a) * static_cast<double>(philox::uniform01(bits.v[lane]));
-          } else {
-            value = spec.a + spec.b * philox::normal_from_pair(bits.v[lane & 2], bits.v[lane | 1], lane & 1);
-          }
-          y[block * 4 + lane] = convert<T>(value);
-        }
+        for (int lane = 0; lane < 4 && block * 4 + lane < n; ++lane)
+          y[block * 4 + lane] = convert<T>(philox::draw(bits, lane, normal, spec.a, spec.b));
       }
     }
   });

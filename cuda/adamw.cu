@@ -1,0 +1,84 @@
+// The fused AdamW update over flat spans: one pass reads grad, m, v and the
+// master weights, writes m, v, master, and the compute copy (bf16/f16) of the new
+// master -- the weights the model runs with -- rounded once.
+#include <cmath>
+
+#include "cuda/backend.h"
+#include "cuda/kernels.cuh"
+
+namespace zg::cuda {
+
+namespace {
+
+// The step's constants, with the bias corrections computed once on the host.
+struct AdamWConstants {
+  double lr, beta1, beta2, eps, weight_decay, grad_scale;
+  double bias1, bias2;  // 1 - beta1^step, 1 - beta2^step
+};
+
+// Per element, in f64 like the CPU backend (see AdamWStep in tensor/backend.h):
+//   g = grad * grad_scale;  p *= 1 - lr * weight_decay
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+//   p -= lr * (m / bias1) / (sqrt(v / bias2) + eps);  compute = round(p)
+// M: master/m/v (f32 or f64); G: grad; C: the compute copy (void: none).
+template <class M, class G, class C>
+__global__ void adamw_kernel(M* master, const G* grad, M* m, M* v, C* compute, int64_t n, AdamWConstants s) {
+  for (int64_t i = grid_index(); i < n; i += grid_stride()) {
+    const double g = static_cast<double>(widen(grad[i])) * s.grad_scale;
+    double p = static_cast<double>(master[i]) * (1.0 - s.lr * s.weight_decay);
+    const double mi = s.beta1 * static_cast<double>(m[i]) + (1.0 - s.beta1) * g;
+    const double vi = s.beta2 * static_cast<double>(v[i]) + (1.0 - s.beta2) * g * g;
+    p -= s.lr * (mi / s.bias1) / (sqrt(vi / s.bias2) + s.eps);
+    const M new_master = static_cast<M>(p);
+    master[i] = new_master;
+    m[i] = static_cast<M>(mi);
+    v[i] = static_cast<M>(vi);
+    if constexpr (!std::is_void_v<C>) compute[i] = convert<C>(new_master);  // as CPU copy(master, compute)
+  }
+}
+
+}  // namespace
+
+void CudaBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                        const Tensor& compute, const AdamWStep& step) {
+  const int64_t n = master.numel();
+  const bool has_compute = compute.defined() && !compute.is_same(master);
+  for (const Tensor* t : {&master, &grad, &m, &v, &compute}) {
+    if (t == &compute && !has_compute) continue;
+    ZG_CHECK(t->is_contiguous() && t->numel() == n, "adamw: every span must be contiguous with ", n,
+             " elements like the master ", describe(master), ", got ", describe(*t));
+  }
+  ZG_CHECK(m.dtype() == master.dtype() && v.dtype() == master.dtype(), "adamw: m and v must have the master's dtype ",
+           describe(master), ", got ", describe(m), " and ", describe(v));
+  const AdamWConstants s{step.lr,
+                         step.beta1,
+                         step.beta2,
+                         step.eps,
+                         step.weight_decay,
+                         step.grad_scale,
+                         1.0 - std::pow(step.beta1, static_cast<double>(step.step)),
+                         1.0 - std::pow(step.beta2, static_cast<double>(step.step))};
+  OnDevice on(master.device());
+  dispatch_device(master.dtype(), [&]<class M>() {
+    if constexpr (!std::is_same_v<M, float> && !std::is_same_v<M, double>) {
+      fail("adamw: master weights must be f32 or f64, got ", name(master.dtype()));
+    } else {
+      dispatch_device(grad.dtype(), [&]<class G>() {
+        if constexpr (!is_float_v<G>) {
+          fail("adamw: not defined for ", name(grad.dtype()));
+        } else {
+          auto launch = [&]<class C>(C* compute_ptr) {
+            if (n == 0) return;
+            adamw_kernel<M, G, C><<<blocks_for(n), kThreads, 0, on.stream>>>(
+                device_ptr<M>(master), device_ptr<const G>(grad), device_ptr<M>(m), device_ptr<M>(v), compute_ptr, n, s);
+            ZG_CUDA_CHECK_LAUNCH();
+          };
+          if (!has_compute) return launch(static_cast<void*>(nullptr));
+          dispatch_device(compute.dtype(), [&]<class C>() { launch(device_ptr<C>(compute)); });
+        }
+      });
+    }
+  });
+}
+
+}  // namespace zg::cuda

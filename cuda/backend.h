@@ -1,0 +1,51 @@
+// The CUDA backend: every primitive of tensor/backend.h as CUDA kernels (and
+// cuBLAS for GEMM). Its methods are spread over the files of this folder, one
+// family of kernels each, as in tensor/cpu/:
+//
+//   backend.cu        registration, the allocator, "is this GPU there?"
+//   copy.cu           fill, copy (strided views, casts, host <-> device)
+//   random.cu         fill_random (Philox, bit-identical to the CPU)
+//   elementwise.cu    unary, binary, where
+//   reduce.cu         row reductions
+//   nn.cu             softmax, layer_norm, embedding (+ backward), cross_entropy
+//   gemm.cu           matmul through cuBLAS
+//   adamw.cu          the fused AdamW update
+//
+// Conventions of every method: inputs were validated by the front-end as for the
+// CPU; the work is queued on the current rank's compute stream
+// (cuda::current_stream) of the output's device and the method returns without
+// waiting for it -- except copies to the host, which return once the data is there.
+// Temporary buffers come from the rank's caching allocator (Tensor::empty), which
+// is stream-ordered, so freeing one right after queueing the work that uses it is safe.
+#pragma once
+
+#include "tensor/backend.h"
+
+namespace zg::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  std::shared_ptr<Allocator> make_allocator(Device device) override;
+  void fill(const Tensor& out, double value) override;
+  void fill_random(const Tensor& out, const RandomSpec& spec) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void unary(UnaryOp op, const Tensor& in, const Tensor& out) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void reduce(ReduceOp op, const Tensor& in, const Tensor& out) override;
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void softmax(const Tensor& in, bool log, const Tensor& out) override;
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                  const Tensor& mean, const Tensor& rstd) override;
+  void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) override;
+  void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute,
+             const AdamWStep& step) override;
+  void embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) override;
+  void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss) override;
+};
+
+// Throws unless `device` is a CUDA device this process can see, naming why not
+// ("cuda:0 requested but no CUDA device is visible (cudaGetDeviceCount: ...)").
+void require_device(Device device);
+
+}  // namespace zg::cuda

@@ -1,0 +1,141 @@
+// Batched GEMM through cuBLAS (cublasGemmStridedBatchedEx): f32 and f64 in their
+// own precision (no TF32), f16/bf16 inputs on tensor cores with f32 accumulation
+// and no reduced-precision split-K reductions, rounded once to the output.
+//
+// Row-major C = A B is, read column-major, C^T = B^T A^T: cuBLAS computes the
+// [N, M] column-major product of B^T and A^T straight into our row-major C. A
+// row-major operand is its own transpose in column-major memory (op N), a
+// column-major one needs op T; batch strides (0 included: a broadcast operand)
+// pass through unchanged.
+#include <climits>
+#include <map>
+#include <memory>
+
+#include <cublas_v2.h>
+
+#include "cuda/backend.h"
+#include "cuda/check.h"
+#include "cuda/kernels.cuh"
+
+namespace zg::cuda {
+
+namespace {
+
+// cuBLAS workspace per call, taken from the caching allocator (category workspace).
+// 32 MiB is what cuBLAS itself would reserve on Hopper.
+constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
+
+// One cuBLAS handle per thread (a rank) and device, created on first use.
+// The stream and workspace are set on every call, so the handle holds no state
+// that outlives a call.
+class CublasHandle {
+ public:
+  explicit CublasHandle(int device) {
+    DeviceGuard guard(device);
+    ZG_CUBLAS_CHECK(cublasCreate(&handle_));
+    ZG_CUBLAS_CHECK(
+        cublasSetMathMode(handle_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                             CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  }
+  ~CublasHandle() { cublasDestroy(handle_); }  // at thread exit: nothing to report if it fails
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+cublasHandle_t cublas_handle(Device device) {
+  thread_local std::map<int, std::unique_ptr<CublasHandle>> handles;
+  auto& slot = handles[device.index];
+  if (!slot) slot = std::make_unique<CublasHandle>(device.index);
+  return slot->get();
+}
+
+// How cuBLAS reads one [B, R, C] operand: row-major (unit column stride) or
+// column-major (unit row stride), its leading dimension and batch stride.
+struct Operand {
+  bool row_major;
+  int64_t ld;
+  int64_t batch_stride;
+};
+
+Operand operand_layout(const Tensor& t, const char* which) {
+  const int64_t rows = t.size(1), cols = t.size(2);
+  const int64_t sb = t.strides()[0], sr = t.strides()[1], sc = t.strides()[2];
+  Operand o{true, 0, sb};
+  if (sc == 1 && sr >= std::max<int64_t>(cols, 1)) o = {true, sr, sb};
+  else if (sr == 1 && sc >= std::max<int64_t>(rows, 1)) o = {false, sc, sb};
+  // One row or one column: the other stride is never used.
+  else if (rows == 1) o = sc == 1 ? Operand{true, std::max<int64_t>(cols, 1), sb} : Operand{false, sc, sb};
+  else if (cols == 1) o = sr == 1 ? Operand{false, std::max<int64_t>(rows, 1), sb} : Operand{true, sr, sb};
+  else
+    fail("matmul: operand ", which, " (", describe(t), ", strides ", shape_str(t.strides()),
+         ") is neither row- nor column-major");
+  ZG_CHECK(o.ld >= 1 && o.ld <= INT_MAX, "matmul: leading dimension ", o.ld, " of operand ", which, " (",
+           describe(t), ") is outside what cuBLAS takes");
+  return o;
+}
+
+struct GemmTypes {
+  cudaDataType_t data;
+  cublasComputeType_t compute;
+};
+
+template <class T>
+GemmTypes gemm_types() {
+  if constexpr (std::is_same_v<T, double>) return {CUDA_R_64F, CUBLAS_COMPUTE_64F};
+  else if constexpr (std::is_same_v<T, float>) return {CUDA_R_32F, CUBLAS_COMPUTE_32F};
+  else if constexpr (std::is_same_v<T, __half>) return {CUDA_R_16F, CUBLAS_COMPUTE_32F};
+  else return {CUDA_R_16BF, CUBLAS_COMPUTE_32F};
+}
+
+}  // namespace
+
+void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  ZG_CHECK(a.dim() == 3 && b.dim() == 3 && out.dim() == 3 && out.is_contiguous(),
+           "matmul: expected a [B, M, K], b [B, K, N] and a contiguous out [B, M, N], got ", describe(a), ", ",
+           describe(b), " and ", describe(out));
+  ZG_CHECK(a.dtype() == out.dtype() && b.dtype() == out.dtype(), "matmul: dtypes differ: ", describe(a), ", ",
+           describe(b), " -> ", describe(out));
+  const int64_t batches = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
+  ZG_CHECK(a.size(0) == batches && b.size(0) == batches && a.size(1) == m && b.size(1) == k && b.size(2) == n,
+           "matmul: shapes do not match: ", describe(a), " @ ", describe(b), " -> ", describe(out));
+  dispatch_device(out.dtype(), [&]<class T>() {
+    if constexpr (!is_float_v<T>) {
+      fail("matmul: not defined for ", name(out.dtype()));
+    } else {
+      if (batches == 0 || m == 0 || n == 0) return;
+      if (k == 0) return fill(out, 0.0);  // an empty sum
+      for (int64_t size : {batches, m, n, k})
+        ZG_CHECK(size <= INT_MAX, "matmul: size ", size, " is larger than cuBLAS takes (", describe(a), " @ ",
+                 describe(b), ")");
+      const Operand la = operand_layout(a, "a"), lb = operand_layout(b, "b");
+      OnDevice on(out.device());
+      Tensor workspace;
+      {
+        MemoryScope scope(MemoryCategory::workspace);
+        workspace = Tensor::empty({kWorkspaceBytes}, TensorOptions(DType::boolean).device(on.device));
+      }
+      const cublasHandle_t handle = cublas_handle(on.device);
+      // cublasSetStream resets the workspace, so the workspace is set after it.
+      ZG_CUBLAS_CHECK(cublasSetStream(handle, on.stream));
+      ZG_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.data_ptr(), static_cast<size_t>(kWorkspaceBytes)));
+      const GemmTypes types = gemm_types<T>();
+      using Scale = std::conditional_t<std::is_same_v<T, double>, double, float>;
+      const Scale alpha = 1, beta = 0;
+      // out^T [N, M] = op(b^T) [N, K] * op(a^T) [K, M], all column-major.
+      ZG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+          handle, lb.row_major ? CUBLAS_OP_N : CUBLAS_OP_T, la.row_major ? CUBLAS_OP_N : CUBLAS_OP_T,
+          static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b.data_ptr(), types.data,
+          static_cast<int>(lb.ld), lb.batch_stride, a.data_ptr(), types.data, static_cast<int>(la.ld),
+          la.batch_stride, &beta, out.data_ptr(), types.data, static_cast<int>(n), m * n, static_cast<int>(batches),
+          types.compute, CUBLAS_GEMM_DEFAULT));
+      // The workspace goes back to the (stream-ordered) allocator when we return; the
+      // handle still points at it, which is harmless: every call sets a new one first.
+    }
+  });
+}
+
+}  // namespace zg::cuda

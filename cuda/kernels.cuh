@@ -1,0 +1,230 @@
+// What every kernel file of the CUDA backend shares: the element types as the
+// device sees them, value conversion exactly as the CPU backend converts, the
+// strided indexer that lets one kernel read any view, launch shapes, and a
+// block-wide reduction. Included only by cuda/*.cu.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <vector>
+#include <type_traits>
+
+#include "cuda/check.h"
+#include "cuda/stream.h"
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace zg::cuda {
+
+// ---- element types on the device ----
+// zg::Half / zg::BFloat16 are bit-compatible with __half / __nv_bfloat16; kernels
+// use CUDA's types so that conversions are the hardware's round-to-nearest-even,
+// the same rounding as tensor/half.h.
+template <class T>
+struct device_type {
+  using type = T;
+};
+template <>
+struct device_type<Half> {
+  using type = __half;
+};
+template <>
+struct device_type<BFloat16> {
+  using type = __nv_bfloat16;
+};
+template <class T>
+using device_t = typename device_type<T>::type;
+static_assert(sizeof(__half) == sizeof(Half) && sizeof(__nv_bfloat16) == sizeof(BFloat16));
+
+template <class T>
+constexpr bool is_half_v = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+template <class T>
+constexpr bool is_float_v = std::is_floating_point_v<T> || is_half_v<T>;
+
+// The type arithmetic is done in: f32 for the 16-bit floats, the type itself otherwise.
+template <class T>
+using acc_t = std::conditional_t<is_half_v<T>, float, T>;
+
+// Calls f.template operator()<T>() with T the *device* element type of `dtype`.
+template <class F>
+decltype(auto) dispatch_device(DType dtype, F&& f) {
+  return dispatch(dtype, [&]<class T>() -> decltype(auto) { return f.template operator()<device_t<T>>(); });
+}
+
+// A 16-bit value widened to f32; anything else unchanged.
+template <class T>
+__device__ __forceinline__ acc_t<T> widen(T v) {
+  if constexpr (std::is_same_v<T, __half>) return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
+  else return v;
+}
+
+// Value conversion, as cpu::convert (tensor/cpu/loops.h): to bool is "!= 0", to the
+// 16-bit floats goes through f32 (so a double is rounded twice, as on the CPU),
+// everything else is a static_cast of the source's compute value.
+template <class To, class From>
+__device__ __forceinline__ To convert(From v) {
+  const auto c = widen(v);
+  if constexpr (std::is_same_v<To, bool>) return c != decltype(c)(0);
+  else if constexpr (std::is_same_v<To, __half>) return __float2half_rn(static_cast<float>(c));
+  else if constexpr (std::is_same_v<To, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(c));
+  else return static_cast<To>(c);
+}
+
+// ---- strided indexing ----
+// Shapes and strides travel to a kernel by value in this struct. Before launch,
+// dims of size 1 are dropped and dims that are contiguous in every operand are
+// merged, so a contiguous tensor becomes rank 1 and a typical view rank 2-3.
+inline constexpr int kMaxRank = 10;
+
+template <int N>
+struct StridedIndexer {
+  int rank = 0;
+  int64_t shape[kMaxRank] = {};
+  int64_t strides[N][kMaxRank] = {};
+
+  // Element offsets of flat (row-major) position i in each of the N operands.
+  __device__ __forceinline__ void offsets(int64_t i, int64_t (&out)[N]) const {
+    for (int j = 0; j < N; ++j) out[j] = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const int64_t index = i % shape[d];
+      i /= shape[d];
+      for (int j = 0; j < N; ++j) out[j] += index * strides[j][d];
+    }
+  }
+};
+
+// The indexer for `shape` with one stride list per operand (each the same rank as shape).
+template <int N>
+StridedIndexer<N> make_indexer(const Shape& shape, const std::array<const Shape*, N>& strides, const char* op) {
+  // Keep the dims of size != 1, then merge d into d+1 where every operand steps
+  // over d exactly as far as one full run of d+1.
+  std::vector<int64_t> dims;
+  std::array<std::vector<int64_t>, N> st;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    const bool mergeable = !dims.empty() && [&] {
+      for (int j = 0; j < N; ++j)
+        if (st[j].back() != (*strides[j])[d] * shape[d]) return false;
+      return true;
+    }();
+    if (mergeable) {
+      dims.back() *= shape[d];
+      for (int j = 0; j < N; ++j) st[j].back() = (*strides[j])[d];
+    } else {
+      dims.push_back(shape[d]);
+      for (int j = 0; j < N; ++j) st[j].push_back((*strides[j])[d]);
+    }
+  }
+  ZG_CHECK(static_cast<int>(dims.size()) <= kMaxRank, op, ": the CUDA backend handles views of at most ", kMaxRank,
+           " non-mergeable dims, got shape ", shape_str(shape), " (make the tensor contiguous first)");
+  StridedIndexer<N> ix;
+  ix.rank = static_cast<int>(dims.size());
+  for (int d = 0; d < ix.rank; ++d) {
+    ix.shape[d] = dims[d];
+    for (int j = 0; j < N; ++j) ix.strides[j][d] = st[j][d];
+  }
+  return ix;
+}
+
+// ---- launches ----
+inline constexpr int kThreads = 256;  // every kernel of this backend uses 256-thread blocks
+
+// Blocks for a grid-stride loop over n items (n > 0).
+inline unsigned blocks_for(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 16));
+}
+// Blocks for kernels that give each block one row at a time.
+inline unsigned blocks_for_rows(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 16)); }
+
+// Grid-stride loops: for (int64_t i = grid_index(); i < n; i += grid_stride())
+__device__ __forceinline__ int64_t grid_index() { return blockIdx.x * int64_t{kThreads} + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_stride() { return int64_t{gridDim.x} * kThreads; }
+
+// Every launch is followed by this: it reports a bad launch configuration at once
+// (it does not wait for the kernel).
+#define ZG_CUDA_CHECK_LAUNCH() ZG_CUDA_CHECK(cudaGetLastError())
+
+// The device and stream every method of the backend works with: `device` made
+// current for the scope, and the current rank's compute stream on it.
+struct OnDevice {
+  explicit OnDevice(Device d) : device(d), guard(d.index), stream(current_stream(d)) {}
+  Device device;
+  DeviceGuard guard;
+  cudaStream_t stream;
+};
+
+template <class T>
+T* device_ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// ---- block reduction ----
+// combine(a, b) over the 256 values of a block; every thread gets the result.
+// Tree order, so the result does not depend on timing.
+template <class T, class Combine>
+__device__ T block_reduce(T value, Combine combine) {
+  __shared__ __align__(16) unsigned char raw[kThreads * sizeof(T)];
+  T* values = reinterpret_cast<T*>(raw);
+  values[threadIdx.x] = value;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) values[threadIdx.x] = combine(values[threadIdx.x], values[threadIdx.x + half]);
+    __syncthreads();
+  }
+  const T result = values[0];
+  __syncthreads();  // the buffer may be reused by the next call
+  return result;
+}
+
+struct Add {
+  template <class T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// ---- device math in the compute type (f32 or f64) ----
+template <class C>
+__device__ __forceinline__ C math_exp(C x) {
+  if constexpr (std::is_same_v<C, float>) return expf(x);
+  else return exp(x);
+}
+template <class C>
+__device__ __forceinline__ C math_log(C x) {
+  if constexpr (std::is_same_v<C, float>) return logf(x);
+  else return log(x);
+}
+template <class C>
+__device__ __forceinline__ C math_sqrt(C x) {
+  if constexpr (std::is_same_v<C, float>) return sqrtf(x);
+  else return sqrt(x);
+}
+
+template <class C>
+__device__ __forceinline__ C math_abs(C x) {
+  if constexpr (std::is_same_v<C, float>) return fabsf(x);
+  else return fabs(x);
+}
+template <class C>
+__device__ __forceinline__ C math_sin(C x) {
+  if constexpr (std::is_same_v<C, float>) return sinf(x);
+  else return sin(x);
+}
+template <class C>
+__device__ __forceinline__ C math_cos(C x) {
+  if constexpr (std::is_same_v<C, float>) return cosf(x);
+  else return cos(x);
+}
+template <class C>
+__device__ __forceinline__ C math_tanh(C x) {
+  if constexpr (std::is_same_v<C, float>) return tanhf(x);
+  else return tanh(x);
+}
+
+}  // namespace zg::cuda

@@ -1,0 +1,40 @@
+// Philox random fill, bit-identical to the CPU backend's: element i takes lane
+// i % 4 of counter block (first_block + i / 4), and both backends turn the bits
+// into a value with the same function (philox::draw in tensor/philox.h), then
+// round it once to the output dtype.
+#include "cuda/backend.h"
+#include "cuda/kernels.cuh"
+#include "tensor/philox.h"
+
+namespace zg::cuda {
+
+namespace {
+
+// One thread per block of four elements: out[4k + lane] = draw(philox(seed, first_block + k), lane).
+template <class T>
+__global__ void philox_fill_kernel(T* out, int64_t n, uint64_t seed, uint64_t first_block, bool normal, double a,
+                                   double b) {
+  const int64_t blocks = (n + 3) / 4;
+  for (int64_t k = grid_index(); k < blocks; k += grid_stride()) {
+    const philox::U32x4 bits = philox::block_bits(seed, first_block + static_cast<uint64_t>(k));
+    for (int lane = 0; lane < 4 && k * 4 + lane < n; ++lane) out[k * 4 + lane] = convert<T>(philox::draw(bits, lane, normal, a, b));
+  }
+}
+
+}  // namespace
+
+void CudaBackend::fill_random(const Tensor& out, const RandomSpec& spec) {
+  ZG_CHECK(out.is_contiguous(), "fill_random: expected a contiguous output, got a strided ", describe(out));
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  OnDevice on(out.device());
+  dispatch_device(out.dtype(), [&]<class T>() {
+    if constexpr (is_float_v<T>) {
+      philox_fill_kernel<T><<<blocks_for((n + 3) / 4), kThreads, 0, on.stream>>>(
+          device_ptr<T>(out), n, spec.seed, spec.first_block, spec.distribution == Distribution::normal, spec.a, spec.b);
+      ZG_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+}  // namespace zg::cuda
