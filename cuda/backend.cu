@@ -4,6 +4,7 @@
 #include "cuda/backend.h"
 #include "cuda/caching_allocator.h"
 #include "cuda/check.h"
+#include "cuda/stream.h"
 
 namespace zg::cuda {
 
@@ -24,6 +25,12 @@ void require_device(Device device) {
 std::shared_ptr<Allocator> CudaBackend::make_allocator(Device device) {
   require_device(device);
   return make_caching_allocator(device);
+}
+
+// The rank's compute stream, drained (a host-side collective's ranks read each other's buffers).
+void CudaBackend::synchronize(Device device) {
+  DeviceGuard guard(device.index);
+  ZG_CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));
 }
 
 namespace {

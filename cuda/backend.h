@@ -26,6 +26,7 @@ namespace zg::cuda {
 class CudaBackend final : public Backend {
  public:
   std::shared_ptr<Allocator> make_allocator(Device device) override;
+  void synchronize(Device device) override;
   void fill(const Tensor& out, double value) override;
   void fill_random(const Tensor& out, const RandomSpec& spec) override;
   void copy(const Tensor& src, const Tensor& dst) override;

@@ -1,0 +1,237 @@
+#include "dist/nccl_group.h"
+
+#include <nccl.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "cuda/caching_allocator.h"
+#include "cuda/check.h"
+#include "cuda/stream.h"
+#include "tensor/ops.h"
+
+namespace zg::dist {
+
+namespace {
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return ncclFloat64;
+    case DType::f32: return ncclFloat32;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i64: return ncclInt64;
+    case DType::i32: return ncclInt32;
+    default: fail("nccl group: no NCCL type for ", name(dtype));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceKind op) {
+  switch (op) {
+    case ReduceKind::sum: return ncclSum;
+    case ReduceKind::average: return ncclAvg;
+    case ReduceKind::max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+// The communicator and its watchdog. Every NCCL call on the communicator happens
+// under `mutex`, so the watchdog can abort it safely.
+struct NcclGroup::Communicator {
+  ncclComm_t comm = nullptr;
+  int device = 0;
+  std::chrono::milliseconds timeout{};
+  std::mutex mutex;
+  std::condition_variable wake;
+  struct Pending {
+    std::shared_ptr<cuda::Event> done;
+    std::string what;
+    Clock::time_point issued;
+  };
+  std::deque<Pending> pending;  // issued, not yet seen finished; oldest first
+  std::string error;            // once set, every call on the group throws it
+  bool stopping = false;
+  std::thread watchdog;
+
+  void throw_if_failed() {
+    std::lock_guard lock(mutex);
+    if (!error.empty()) throw Error(error);
+  }
+
+  // Every 50 ms: drop finished work; abort the communicator on an asynchronous NCCL
+  // error or when the oldest collective has run past the timeout.
+  void watch() {
+    cuda::DeviceGuard guard(device);
+    std::unique_lock lock(mutex);
+    while (!stopping) {
+      wake.wait_for(lock, std::chrono::milliseconds(50));
+      if (!comm) continue;
+      while (!pending.empty() && pending.front().done->query()) pending.pop_front();
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm, &async);
+      std::string problem;
+      if (async != ncclSuccess && async != ncclInProgress)
+        problem = std::string("nccl group: ") + ncclGetErrorString(async) + ": " + ncclGetLastError(comm);
+      else if (!pending.empty() && Clock::now() - pending.front().issued > timeout)
+        problem = "nccl group: " + pending.front().what + " did not finish within " +
+                  std::to_string(timeout.count()) + " ms (a rank failed, or called another collective)";
+      if (problem.empty()) continue;
+      error = problem;
+      ncclCommAbort(comm);  // ends the NCCL kernels in flight; their streams go on
+      comm = nullptr;
+      pending.clear();
+    }
+  }
+};
+
+namespace {
+
+// Waiting on the device: the caller's compute stream waits for `done`. A barrier
+// also blocks the host, as a barrier must.
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<cuda::Event> done, Device device, std::shared_ptr<NcclGroup::Communicator> communicator,
+           bool block_host)
+      : done_(std::move(done)), device_(device), communicator_(std::move(communicator)), block_host_(block_host) {}
+  void wait() override {
+    communicator_->throw_if_failed();
+    cuda::DeviceGuard guard(device_.index);
+    if (block_host_) done_->synchronize();
+    else done_->block(cuda::current_stream(device_));
+    communicator_->throw_if_failed();
+  }
+  bool completed() const override {
+    cuda::DeviceGuard guard(device_.index);
+    return done_->query();
+  }
+
+ private:
+  std::shared_ptr<cuda::Event> done_;
+  Device device_;
+  std::shared_ptr<NcclGroup::Communicator> communicator_;
+  bool block_host_;
+};
+
+}  // namespace
+
+NcclId NcclGroup::unique_id() {
+  ncclUniqueId id;
+  ZG_NCCL_CHECK(ncclGetUniqueId(&id));
+  NcclId bytes;
+  std::memcpy(bytes.data(), &id, sizeof id);
+  return bytes;
+}
+
+NcclGroup::NcclGroup(const NcclId& id, int rank, int size, Device device, ProcessGroup* host, NcclOptions options)
+    : rank_(rank), size_(size), device_(device), host_(host), options_(options),
+      communicator_(std::make_shared<Communicator>()) {
+  ZG_CHECK(device.type == DeviceType::cuda, "nccl group: needs a cuda device, got ", device.str());
+  ZG_CHECK(size >= 1 && rank >= 0 && rank < size, "nccl group: rank ", rank, " of ", size, " is not valid");
+  ZG_CHECK(!host || (host->rank() == rank && host->size() == size), "nccl group: the host group is rank ",
+           host ? host->rank() : 0, " of ", host ? host->size() : 0, ", this group rank ", rank, " of ", size);
+  static_assert(sizeof(ncclUniqueId) == std::tuple_size_v<NcclId>);
+  ncclUniqueId nccl_id;
+  std::memcpy(&nccl_id, id.data(), sizeof nccl_id);
+  cuda::DeviceGuard guard(device.index);
+  Communicator& c = *communicator_;
+  ZG_NCCL_CHECK(ncclCommInitRank(&c.comm, size, nccl_id, rank));
+  c.device = device.index;
+  c.timeout = options.timeout;
+  c.watchdog = std::thread([&c] { c.watch(); });
+}
+
+std::unique_ptr<NcclGroup> NcclGroup::bootstrap(ProcessGroup& host, Device device, NcclOptions options) {
+  NcclId id{};
+  if (host.rank() == 0) id = unique_id();
+  const Tensor bytes = zeros({static_cast<int64_t>(id.size() / sizeof(int64_t))}, DType::i64);
+  std::memcpy(bytes.data_ptr(), id.data(), id.size());
+  host.broadcast(bytes, 0);
+  std::memcpy(id.data(), bytes.data_ptr(), id.size());
+  return std::make_unique<NcclGroup>(id, host.rank(), host.size(), device, &host, options);
+}
+
+NcclGroup::~NcclGroup() {
+  Communicator& c = *communicator_;
+  {
+    std::lock_guard lock(c.mutex);
+    c.stopping = true;
+  }
+  c.wake.notify_all();
+  c.watchdog.join();
+  if (c.comm) {
+    cuda::DeviceGuard guard(device_.index);
+    ncclCommFinalize(c.comm);  // flushes issued work; errors here cannot be reported from a destructor
+    ncclCommDestroy(c.comm);
+  }
+}
+
+void NcclGroup::agree(const Collective& collective) {
+  const Collective::Signature signature = collective.signature();
+  MemoryScope scope(MemoryCategory::communication);
+  const Tensor mine = tensor(std::vector<int64_t>(signature.begin(), signature.end()));
+  const Tensor all = empty({mine.numel() * size_}, DType::i64);
+  host_->all_gather(mine, all);
+  const std::vector<int64_t> values = all.to_vector<int64_t>();
+  std::vector<Collective::Signature> signatures(size_);
+  for (int q = 0; q < size_; ++q)
+    std::copy_n(values.begin() + q * signature.size(), signature.size(), signatures[q].begin());
+  if (std::string problem = Collective::mismatch(signatures, calls_++, "nccl group", "cuda"); !problem.empty())
+    fail(problem);
+}
+
+WorkHandle NcclGroup::issue(Collective c) {
+  for (const Tensor* t : {&c.input, &c.output})
+    ZG_CHECK(!t->defined() || (t->device() == device_ && t->is_contiguous()), "nccl group: ", name(c.op),
+             " needs contiguous tensors on ", device_.str(), ", got ", describe(*t));
+  if (host_ && options_.check_calls) agree(c);
+  communicator_->throw_if_failed();
+  cuda::DeviceGuard guard(device_.index);
+  const cudaStream_t compute = cuda::current_stream(device_), comm_stream = cuda::communication_stream(device_);
+  if (c.op == CollectiveOp::barrier) {  // a one-element all-reduce that every rank must reach
+    MemoryScope scope(MemoryCategory::communication);
+    c.input = c.output = zeros({1}, TensorOptions(DType::f32).device(device_));
+  }
+  // The inputs are complete where the compute stream is now.
+  cuda::Event ready;
+  ready.record(compute);
+  ready.block(comm_stream);
+  auto done = std::make_shared<cuda::Event>();
+  {
+    Communicator& k = *communicator_;
+    std::lock_guard lock(k.mutex);
+    ZG_CHECK(k.error.empty(), k.error);
+    const ncclDataType_t type = nccl_type(c.input.dtype());
+    void* out = c.output.data_ptr();
+    const void* in = c.input.data_ptr();
+    switch (c.op) {
+      case CollectiveOp::all_reduce:
+      case CollectiveOp::barrier:
+        ZG_NCCL_CHECK(ncclAllReduce(in, out, c.input.numel(), type, nccl_op(c.reduce), k.comm, comm_stream));
+        break;
+      case CollectiveOp::reduce_scatter:
+        ZG_NCCL_CHECK(ncclReduceScatter(in, out, c.output.numel(), type, nccl_op(c.reduce), k.comm, comm_stream));
+        break;
+      case CollectiveOp::all_gather:
+        ZG_NCCL_CHECK(ncclAllGather(in, out, c.input.numel(), type, k.comm, comm_stream));
+        break;
+      case CollectiveOp::broadcast:
+        ZG_NCCL_CHECK(ncclBroadcast(in, out, c.input.numel(), type, c.root, k.comm, comm_stream));
+        break;
+    }
+    done->record(comm_stream);
+    k.pending.push_back({done, c.describe(), Clock::now()});
+  }
+  // Freed by the caller before the collective ends, these blocks wait for it before reuse.
+  cuda::record_stream(c.input, comm_stream);
+  if (!c.output.is_same(c.input)) cuda::record_stream(c.output, comm_stream);
+  return std::make_shared<NcclWork>(done, device_, communicator_, c.op == CollectiveOp::barrier);
+}
+
+}  // namespace zg::dist

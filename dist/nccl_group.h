@@ -1,0 +1,67 @@
+// The `nccl` process group: CUDA tensors, one GPU per rank, collectives as NCCL
+// kernels on the rank's communication stream.
+//
+// Issue order and overlap: when a collective is issued, an event recorded on the
+// rank's compute stream marks where its inputs are complete; the communication
+// stream waits for that event (on the device), runs the NCCL kernel and records a
+// `done` event. Work::wait() makes the compute stream wait for `done` -- the host
+// never blocks -- so a reduction overlaps the backward that continues after it.
+// The buffers are marked as used on the communication stream (record_stream), so
+// the caching allocator reuses them only after the collective has finished.
+//
+// No hangs: NCCL cannot tell that ranks called different collectives. With a host
+// group (the one that bootstrapped it, e.g. MpiGroup) and `check_calls` on, every
+// call's signature is compared across ranks first (a small host all-gather), and a
+// mismatch fails every rank naming both calls. A watchdog thread aborts the NCCL
+// communicator when a collective has not finished within `timeout` (a rank died or
+// diverged), so the others fail with an error instead of waiting forever.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <memory>
+
+#include "dist/process_group.h"
+#include "tensor/device.h"
+
+namespace zg::dist {
+
+using NcclId = std::array<char, 128>;  // ncclUniqueId's bytes
+
+struct NcclOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  bool check_calls = true;  // compare every call across ranks through the host group
+};
+
+class NcclGroup final : public ProcessGroup {
+ public:
+  // A fresh communicator id, made by one rank and given to all (see bootstrap).
+  static NcclId unique_id();
+  // Joins the communicator `id` as rank `rank` of `size`, on `device` (a GPU of its own).
+  NcclGroup(const NcclId& id, int rank, int size, Device device, ProcessGroup* host = nullptr,
+            NcclOptions options = {});
+  // Rank 0 of `host` (e.g. an MpiGroup under mpirun, across processes and nodes) makes
+  // the id and broadcasts it; every rank then joins with the host group's rank and size.
+  static std::unique_ptr<NcclGroup> bootstrap(ProcessGroup& host, Device device, NcclOptions options = {});
+  ~NcclGroup() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string kind() const override { return "nccl"; }
+  Device device() const { return device_; }
+
+  struct Communicator;  // the NCCL communicator, its watchdog and pending work (nccl_group.cpp)
+
+ private:
+  WorkHandle issue(Collective collective) override;
+  void agree(const Collective& collective);  // compares the call across ranks through host_
+
+  int rank_, size_;
+  Device device_;
+  ProcessGroup* host_;
+  NcclOptions options_;
+  int64_t calls_ = 0;
+  std::shared_ptr<Communicator> communicator_;
+};
+
+}  // namespace zg::dist
