@@ -11,6 +11,7 @@
 #include "cuda/device.h"
 #include "cuda/stream.h"
 #include "helpers.h"
+#include "tiny_gpt.h"
 
 namespace zg::test {
 
@@ -159,6 +160,28 @@ TEST_CASE("a block freed while another stream still uses it waits for that strea
   CHECK(when_done.ptr == used);
   allocator->deallocate(while_busy);
   allocator->deallocate(when_done);
+}
+
+TEST_CASE("over 100 identical training steps on cuda:0, reserved bytes stop growing" * doctest::skip(kNoGpu)) {
+  Context rank;  // a fresh allocator: its figures are this test's alone
+  ContextGuard guard(rank);
+  TinyTrainer trainer(DType::bf16, false, 1, 0.0, kCUDA);
+  const Sequence data = fixed_sequence();
+  std::vector<MemoryStats> after;
+  for (int step = 0; step < 100; ++step) {
+    trainer.step(data, 1e-3);
+    after.push_back(memory_stats(kCUDA));
+  }
+  for (int step = 5; step < 100; ++step) {
+    INFO("step " << step);
+    CHECK(after[step].reserved == after[4].reserved);
+    CHECK(after[step].segment_allocations == after[4].segment_allocations);  // no cudaMalloc after warm-up
+    CHECK(after[step].allocated == after[4].allocated);                      // every category, byte for byte
+  }
+  // bf16 weights and grads, f32 master + m + v: 16 bytes a parameter, as on the CPU.
+  const int64_t n = trainer.model->num_parameters();
+  CHECK(after.back()[MemoryCategory::parameter] >= 2 * n);
+  CHECK(after.back()[MemoryCategory::optimizer_state] >= 12 * n);
 }
 
 }  // namespace zg::test
