@@ -2,7 +2,6 @@
 
 #include <condition_variable>
 #include <deque>
-#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -87,18 +86,21 @@ namespace {
 
 class HostWork final : public Work {
  public:
+  // Each waiter gets its own Error with the collective's message: an exception object
+  // is never shared between the worker and the waiting threads.
   void wait() override {
     std::unique_lock lock(mutex_);
     done_cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
+    if (failed_) throw Error(error_);
   }
   bool completed() const override {
     std::lock_guard lock(mutex_);
     return done_;
   }
-  void finish(std::exception_ptr error) {
+  void finish(bool failed, std::string error) {
     std::lock_guard lock(mutex_);
     done_ = true;
+    failed_ = failed;
     error_ = std::move(error);
     done_cv_.notify_all();
   }
@@ -106,8 +108,8 @@ class HostWork final : public Work {
  private:
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
+  bool done_ = false, failed_ = false;
+  std::string error_;
 };
 
 }  // namespace
@@ -154,16 +156,18 @@ class CommWorker {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      std::exception_ptr error;
+      bool failed = false;
+      std::string error;
       try {
         ContextGuard context(*job.context);
         MemoryScope scope(job.category);
         run_(job.collective);
-      } catch (...) {
-        error = std::current_exception();
+      } catch (const std::exception& e) {
+        failed = true;
+        error = e.what();
       }
       job.collective = Collective{};  // the buffers go before waiters wake: freed memory is freed when wait() returns
-      job.work->finish(error);
+      job.work->finish(failed, std::move(error));
     }
   }
 

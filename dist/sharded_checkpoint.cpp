@@ -4,10 +4,11 @@
 //     <role>/<parameter name>/<first element>      role: master, exp_avg, exp_avg_sq
 // Loading at another world size or stage only needs, for each parameter, the
 // pieces that overlap the range a rank owns now -- found from the file headers.
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <regex>
+#include <string_view>
 
 #include "dist/unit.h"
 #include "tensor/autograd.h"
@@ -16,6 +17,29 @@
 namespace zg::dist {
 
 namespace {
+
+// N for a file named rank-R-of-N.safetensors (R < N, plain decimals), else -1.
+int world_size_of(const std::string& file) {
+  const auto number = [&](size_t& at) -> int64_t {
+    int64_t value = 0;
+    const size_t start = at;
+    while (at < file.size() && std::isdigit(static_cast<unsigned char>(file[at])) && at - start < 9)
+      value = value * 10 + (file[at++] - '0');
+    return at > start ? value : -1;
+  };
+  const auto literal = [&](size_t& at, std::string_view text) {
+    if (file.compare(at, text.size(), text) != 0) return false;
+    at += text.size();
+    return true;
+  };
+  size_t at = 0;
+  if (!literal(at, "rank-")) return -1;
+  const int64_t rank = number(at);
+  if (rank < 0 || !literal(at, "-of-")) return -1;
+  const int64_t size = number(at);
+  if (size <= rank || !literal(at, ".safetensors") || at != file.size()) return -1;
+  return static_cast<int>(size);
+}
 
 constexpr const char* kFormat = "zerograd-sharded-checkpoint-1";
 
@@ -90,13 +114,10 @@ Metadata ShardedModel::load(const std::string& dir) {
   NoGradGuard no_grad;
   // The files of one save: rank-R-of-N for every R < N.
   int old_size = -1;
-  const std::regex pattern(R"(rank-(\d+)-of-(\d+)\.safetensors)");
   ZG_CHECK(std::filesystem::is_directory(dir), "ShardedModel::load: ", dir, " is not a directory");
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string file = entry.path().filename().string();
-    if (!std::regex_match(file, m, pattern)) continue;
-    const int n = std::stoi(m[2]);
+    const int n = world_size_of(entry.path().filename().string());
+    if (n < 0) continue;
     ZG_CHECK(old_size < 0 || old_size == n, "ShardedModel::load: ", dir, " mixes saves of ", old_size, " and ", n,
              " ranks");
     old_size = n;
