@@ -424,3 +424,42 @@ TEST_CASE("on a GPU: N ranks sharing it train like one rank and hold the formula
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("an inf gradient on one rank makes every rank skip the step and back off its loss scale") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    std::vector<double> scales(2);
+    std::vector<bool> stepped(2);
+    std::vector<double> moved(2);
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::f16});
+      optim::GradScaler scaler({.init_scale = 1024.0});
+      const nn::NamedTensors before = sharded.gathered_master();
+      std::vector<Tensor> copies;
+      for (const auto& [name, t] : before) copies.push_back(t.clone());
+      const auto [x, y] = global_batch(0);
+      sharded.zero_grad();
+      sharded.prepare_forward();
+      Tensor loss = scaler.scale(model.forward(x.narrow(0, 2 * pg.rank(), 2), y.narrow(0, 2 * pg.rank(), 2)).loss);
+      if (pg.rank() == 1) loss = loss * 1e30;  // overflows f16 gradients on this rank only
+      loss.backward();
+      const dist::StepResult result = sharded.step(1e-3, &scaler);
+      stepped[pg.rank()] = result.stepped;
+      scales[pg.rank()] = scaler.scale_factor();
+      double change = 0;
+      const nn::NamedTensors after = sharded.gathered_master();
+      for (size_t i = 0; i < after.size(); ++i)
+        change = std::max(change, max(abs(after[i].second - copies[i])).item<double>());
+      moved[pg.rank()] = change;
+    });
+    CHECK(stepped == std::vector<bool>{false, false});
+    CHECK(scales == std::vector<double>{512.0, 512.0});
+    CHECK(moved == std::vector<double>{0.0, 0.0});
+  }
+}
+
+}  // namespace zg::test
