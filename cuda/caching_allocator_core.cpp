@@ -70,7 +70,18 @@ void CachingAllocator::release(void* ptr, int64_t) {
   }
   // Work already issued to the other streams may still read or write the bytes: mark it,
   // and keep the block out of the pools until every mark is passed.
-  for (const StreamId stream : block->used_on) block->markers.push_back(source_->mark(stream));
+  // release() runs from a storage's destructor, which must not throw: if the device
+  // cannot mark a stream (a sticky CUDA error, or the runtime already torn down at exit),
+  // the block is never reused rather than reused too early.
+  try {
+    for (const StreamId stream : block->used_on) block->markers.push_back(source_->mark(stream));
+  } catch (const std::exception&) {
+    struct Never final : StreamMarker {
+      bool done() const override { return false; }
+    };
+    block->markers.clear();
+    block->markers.push_back(std::make_unique<Never>());
+  }
   block->state = BlockState::pending_free;
   record(MemoryAction::pending_free, *block);
   pending_.push_back(block);

@@ -8,13 +8,13 @@
 // column-major one needs op T; batch strides (0 included: a broadcast operand)
 // pass through unchanged.
 #include <climits>
-#include <map>
 #include <memory>
 
 #include <cublas_v2.h>
 
 #include "cuda/backend.h"
 #include "cuda/check.h"
+#include "cuda/rank_state.h"
 #include "cuda/kernels.cuh"
 
 namespace zg::cuda {
@@ -24,34 +24,6 @@ namespace {
 // cuBLAS workspace per call, taken from the caching allocator (category workspace).
 // 32 MiB is what cuBLAS itself would reserve on Hopper.
 constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
-
-// One cuBLAS handle per thread (a rank) and device, created on first use.
-// The stream and workspace are set on every call, so the handle holds no state
-// that outlives a call.
-class CublasHandle {
- public:
-  explicit CublasHandle(int device) {
-    DeviceGuard guard(device);
-    ZG_CUBLAS_CHECK(cublasCreate(&handle_));
-    ZG_CUBLAS_CHECK(
-        cublasSetMathMode(handle_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                             CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
-  }
-  ~CublasHandle() { cublasDestroy(handle_); }  // at thread exit: nothing to report if it fails
-  CublasHandle(const CublasHandle&) = delete;
-  CublasHandle& operator=(const CublasHandle&) = delete;
-  cublasHandle_t get() const { return handle_; }
-
- private:
-  cublasHandle_t handle_ = nullptr;
-};
-
-cublasHandle_t cublas_handle(Device device) {
-  thread_local std::map<int, std::unique_ptr<CublasHandle>> handles;
-  auto& slot = handles[device.index];
-  if (!slot) slot = std::make_unique<CublasHandle>(device.index);
-  return slot->get();
-}
 
 // How cuBLAS reads one [B, R, C] operand: row-major (unit column stride) or
 // column-major (unit row stride), its leading dimension and batch stride.
@@ -118,7 +90,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
         MemoryScope scope(MemoryCategory::workspace);
         workspace = Tensor::empty({kWorkspaceBytes}, TensorOptions(DType::boolean).device(on.device));
       }
-      const cublasHandle_t handle = cublas_handle(on.device);
+      const cublasHandle_t handle = rank_state(on.device).cublas();
       // cublasSetStream resets the workspace, so the workspace is set after it.
       ZG_CUBLAS_CHECK(cublasSetStream(handle, on.stream));
       ZG_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.data_ptr(), static_cast<size_t>(kWorkspaceBytes)));

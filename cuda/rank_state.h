@@ -4,15 +4,32 @@
 // the rank's context, before its allocators.
 #pragma once
 
+#include <cublas_v2.h>
+
+#include <mutex>
+
 #include "cuda/stream.h"
 #include "tensor/device.h"
 
 namespace zg::cuda {
 
 struct RankState {
-  explicit RankState(int device) : compute(device), communication(device) {}
+  explicit RankState(int device) : compute(device), communication(device), device_(device) {}
+  ~RankState();  // the library handles go before the streams they were last given
+  RankState(const RankState&) = delete;
+  RankState& operator=(const RankState&) = delete;
+
   Stream compute;        // every kernel of the rank, in issue order
   Stream communication;  // collectives, so they overlap compute
+
+  // The rank's cuBLAS handle, made on first use (full-precision math: no TF32, no
+  // reduced-precision reductions). Callers set its stream and workspace on every call.
+  cublasHandle_t cublas();
+
+ private:
+  int device_;
+  std::once_flag cublas_made_;
+  cublasHandle_t cublas_ = nullptr;
 };
 
 // The current rank context's state for `device`; throws zg::Error for a device that is

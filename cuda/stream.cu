@@ -12,10 +12,14 @@ namespace zg::cuda {
 
 DeviceGuard::DeviceGuard(int device) {
   ZG_CUDA_CHECK(cudaGetDevice(&previous_));
-  if (device != previous_) ZG_CUDA_CHECK(cudaSetDevice(device));
+  if (device == previous_) return;
+  ZG_CUDA_CHECK(cudaSetDevice(device));
+  changed_ = true;
 }
 
-DeviceGuard::~DeviceGuard() { cudaSetDevice(previous_); }
+DeviceGuard::~DeviceGuard() {
+  if (changed_) cudaSetDevice(previous_);
+}
 
 Stream::Stream(int device) : device_(device) {
   DeviceGuard guard(device);
@@ -44,6 +48,20 @@ bool Event::query() const {
 void Event::synchronize() const { ZG_CUDA_CHECK(cudaEventSynchronize(event_)); }
 
 void Event::block(cudaStream_t waiter) const { ZG_CUDA_CHECK(cudaStreamWaitEvent(waiter, event_, 0)); }
+
+RankState::~RankState() {
+  if (cublas_) cublasDestroy(cublas_);
+}
+
+cublasHandle_t RankState::cublas() {
+  std::call_once(cublas_made_, [&] {
+    DeviceGuard guard(device_);
+    ZG_CUBLAS_CHECK(cublasCreate(&cublas_));
+    ZG_CUBLAS_CHECK(cublasSetMathMode(
+        cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+  });
+  return cublas_;
+}
 
 RankState& rank_state(Device device) {
   ZG_CHECK(device.type == DeviceType::cuda, "cuda: ", device.str(), " is not a GPU");

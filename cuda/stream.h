@@ -12,7 +12,9 @@
 
 namespace zg::cuda {
 
-// Makes `device` current for the scope (cudaSetDevice), restoring the previous one.
+// Makes `device` current for the scope (cudaSetDevice), restoring the previous one
+// only if it changed (setting a device creates its context: a thread that never used
+// GPU 0 should not get one there on the way out).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);
@@ -22,6 +24,7 @@ class DeviceGuard {
 
  private:
   int previous_ = 0;
+  bool changed_ = false;
 };
 
 // A non-blocking stream (does not synchronise with the legacy default stream).

@@ -142,7 +142,15 @@ void LocalGroup::run(const Collective& c) {
       };
       result = scratch_like(c.output);
       kernels.copy(part(0), result);
-      for (int q = 1; q < n; ++q) combine(result, part(q), c.reduce);
+      for (int q = 1; q < n; ++q) {
+        Tensor other = part(q);
+        if (other.device() != result.device()) {  // ranks on different GPUs: bring it here first
+          const Tensor local = scratch_like(result);
+          kernels.copy(other, local);
+          other = local;
+        }
+        combine(result, other, c.reduce);
+      }
       finish(result, c.reduce, n);
       break;
     }

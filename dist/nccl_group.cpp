@@ -66,22 +66,28 @@ struct NcclGroup::Communicator {
   }
 
   // Every 50 ms: drop finished work; abort the communicator on an asynchronous NCCL
-  // error or when the oldest collective has run past the timeout.
+  // error, a CUDA error, or when the oldest collective has run past the timeout.
+  // Nothing may escape a thread's body (that would terminate the process), so
+  // every failure becomes `error`, which the training thread throws.
   void watch() {
-    cuda::DeviceGuard guard(device);
     std::unique_lock lock(mutex);
     while (!stopping) {
       wake.wait_for(lock, std::chrono::milliseconds(50));
       if (!comm) continue;
-      while (!pending.empty() && pending.front().done->query()) pending.pop_front();
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm, &async);
       std::string problem;
-      if (async != ncclSuccess && async != ncclInProgress)
-        problem = std::string("nccl group: ") + ncclGetErrorString(async) + ": " + ncclGetLastError(comm);
-      else if (!pending.empty() && Clock::now() - pending.front().issued > timeout)
-        problem = "nccl group: " + pending.front().what + " did not finish within " +
-                  std::to_string(timeout.count()) + " ms (a rank failed, or called another collective)";
+      try {
+        cuda::DeviceGuard guard(device);
+        while (!pending.empty() && pending.front().done->query()) pending.pop_front();
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(comm, &async);
+        if (async != ncclSuccess && async != ncclInProgress)
+          problem = std::string("nccl group: ") + ncclGetErrorString(async) + ": " + ncclGetLastError(comm);
+        else if (!pending.empty() && Clock::now() - pending.front().issued > timeout)
+          problem = "nccl group: " + pending.front().what + " did not finish within " +
+                    std::to_string(timeout.count()) + " ms (a rank failed, or called another collective)";
+      } catch (const std::exception& e) {
+        problem = std::string("nccl group: ") + e.what();
+      }
       if (problem.empty()) continue;
       error = problem;
       ncclCommAbort(comm);  // ends the NCCL kernels in flight; their streams go on

@@ -306,3 +306,20 @@ TEST_CASE("a GPT built on the CPU and moved to cuda:0 gives the CPU's loss befor
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("a copy between overlapping views of one storage matches the CPU (memmove semantics)" *
+          doctest::skip(cuda::device_count() == 0)) {
+  for (Device device : {kCPU, kCUDA}) {
+    INFO(device.str());
+    const Tensor t = arange(10, TensorOptions(DType::f32).device(device));
+    t.narrow(0, 1, 9).copy_(t.narrow(0, 0, 9));
+    CHECK(t.to_vector<double>() == std::vector<double>{0, 0, 1, 2, 3, 4, 5, 6, 7, 8});
+    const Tensor u = arange(10, TensorOptions(DType::f32).device(device));
+    u.narrow(0, 0, 5).copy_(u.slice(0, 1, 10, 2));  // strided, overlapping: u[i] = u[2 i + 1]
+    CHECK(u.to_vector<double>() == std::vector<double>{1, 3, 5, 7, 9, 5, 6, 7, 8, 9});
+  }
+}
+
+}  // namespace zg::test
