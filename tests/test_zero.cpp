@@ -463,3 +463,49 @@ TEST_CASE("an inf gradient on one rank makes every rank skip the step and back o
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("ZeRO-3 holds exactly the units in use (and those prefetched) during the forward") {
+  nn::GPTConfig config = zero_config();
+  config.n_layer = 4;
+  for (int prefetch : {0, 1, 2})
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      INFO("prefetch " << prefetch);
+      manual_seed(1);
+      nn::GPT model(config);
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(config.n_layer), pg,
+                                 {.stage = 3, .compute_dtype = DType::bf16, .prefetch = prefetch});
+      // Gathered bytes of a block and of the root unit: bf16, padded to a multiple of N = 2.
+      int64_t block = 0, root = 0;
+      for (const auto& [name, p] : model.named_parameters()) {
+        if (name.starts_with("transformer.h.0.")) block += p.numel();
+        if (!name.starts_with("transformer.h.")) root += p.numel();
+      }
+      block = (block + 1) / 2 * 2 * 2;
+      root = (root + 1) / 2 * 2 * 2;
+      std::vector<int64_t> seen;  // communication bytes as each block starts (after ShardedModel's own pre-hook)
+      for (size_t i = 0; i < model.h->size(); ++i)
+        (*model.h)[i].register_forward_pre_hook([&](nn::Module&, const Tensor&) {
+          seen.push_back(memory_stats()[MemoryCategory::communication]);
+          return Tensor();
+        });
+      const auto [x, y] = global_batch(0);
+      sharded.prepare_forward();
+      const Tensor loss = model.forward(x.narrow(0, 2 * pg.rank(), 2), y.narrow(0, 2 * pg.rank(), 2)).loss;
+      // Block k, plus the next `prefetch` uses: blocks, then the root (for ln_f and the head).
+      std::vector<int64_t> expected;
+      for (int k = 0; k < 4; ++k) {
+        int64_t bytes = block;
+        for (int ahead = 1; ahead <= prefetch; ++ahead) bytes += k + ahead < 4 ? block : k + ahead == 4 ? root : 0;
+        expected.push_back(bytes);
+      }
+      CHECK(seen == expected);
+      // After the forward only the last use's unit (the root) is whole: the backward starts there.
+      CHECK(memory_stats()[MemoryCategory::communication] == root);
+      loss.backward();
+      CHECK(memory_stats()[MemoryCategory::communication] == 0);
+    });
+}
+
+}  // namespace zg::test
