@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -42,8 +43,10 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-// The communicator and its watchdog. Every NCCL call on the communicator happens
-// under `mutex`, so the watchdog can abort it safely.
+// The communicator and its watchdog. A collective is registered as pending *before*
+// its NCCL call and the mutex is not held during the call, so a call that blocks
+// (NCCL connects peers lazily, inside a rank's first collective with them) is still
+// seen by the watchdog, whose ncclCommAbort -- allowed from another thread -- ends it.
 struct NcclGroup::Communicator {
   ncclComm_t comm = nullptr;
   int device = 0;
@@ -51,11 +54,12 @@ struct NcclGroup::Communicator {
   std::mutex mutex;
   std::condition_variable wake;
   struct Pending {
-    std::shared_ptr<cuda::Event> done;
+    std::shared_ptr<cuda::Event> done;  // recorded once the NCCL call has returned
+    std::atomic<bool> enqueued{false};  // ... which this says
     std::string what;
     Clock::time_point issued;
   };
-  std::deque<Pending> pending;  // issued, not yet seen finished; oldest first
+  std::deque<std::shared_ptr<Pending>> pending;  // issued, not yet seen finished; oldest first
   std::string error;            // once set, every call on the group throws it
   bool stopping = false;
   std::thread watchdog;
@@ -77,22 +81,24 @@ struct NcclGroup::Communicator {
       std::string problem;
       try {
         cuda::DeviceGuard guard(device);
-        while (!pending.empty() && pending.front().done->query()) pending.pop_front();
+        while (!pending.empty() && pending.front()->enqueued && pending.front()->done->query()) pending.pop_front();
+        if (pending.empty()) wake.notify_all();  // a destructor may be waiting for this
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(comm, &async);
         if (async != ncclSuccess && async != ncclInProgress)
           problem = std::string("nccl group: ") + ncclGetErrorString(async) + ": " + ncclGetLastError(comm);
-        else if (!pending.empty() && Clock::now() - pending.front().issued > timeout)
-          problem = "nccl group: " + pending.front().what + " did not finish within " +
+        else if (!pending.empty() && Clock::now() - pending.front()->issued > timeout)
+          problem = "nccl group: " + pending.front()->what + " did not finish within " +
                     std::to_string(timeout.count()) + " ms (a rank failed, or called another collective)";
       } catch (const std::exception& e) {
         problem = std::string("nccl group: ") + e.what();
       }
       if (problem.empty()) continue;
       error = problem;
-      ncclCommAbort(comm);  // ends the NCCL kernels in flight; their streams go on
+      ncclCommAbort(comm);  // ends the NCCL calls and kernels in flight; their streams go on
       comm = nullptr;
       pending.clear();
+      wake.notify_all();
     }
   }
 };
@@ -166,7 +172,10 @@ std::unique_ptr<NcclGroup> NcclGroup::bootstrap(ProcessGroup& host, Device devic
 NcclGroup::~NcclGroup() {
   Communicator& c = *communicator_;
   {
-    std::lock_guard lock(c.mutex);
+    // Issued work finishes first -- or the watchdog aborts it after the timeout -- so
+    // finalizing below cannot wait forever for a rank that is gone.
+    std::unique_lock lock(c.mutex);
+    c.wake.wait(lock, [&] { return c.pending.empty() || !c.comm; });
     c.stopping = true;
   }
   c.wake.notify_all();
@@ -208,36 +217,51 @@ WorkHandle NcclGroup::issue(Collective c) {
   cuda::Event ready;
   ready.record(compute);
   ready.block(comm_stream);
-  auto done = std::make_shared<cuda::Event>();
+  const ncclDataType_t type = nccl_type(c.input.dtype());
+  void* out = c.output.data_ptr();
+  const void* in = c.input.data_ptr();
+  auto pending = std::make_shared<Communicator::Pending>();
+  pending->done = std::make_shared<cuda::Event>();
+  pending->what = c.describe();
+  pending->issued = Clock::now();
+  ncclComm_t comm = nullptr;
   {
     Communicator& k = *communicator_;
     std::lock_guard lock(k.mutex);
     ZG_CHECK(k.error.empty(), k.error);
-    const ncclDataType_t type = nccl_type(c.input.dtype());
-    void* out = c.output.data_ptr();
-    const void* in = c.input.data_ptr();
+    comm = k.comm;
+    k.pending.push_back(pending);
+  }
+  try {
     switch (c.op) {
       case CollectiveOp::all_reduce:
       case CollectiveOp::barrier:
-        ZG_NCCL_CHECK(ncclAllReduce(in, out, c.input.numel(), type, nccl_op(c.reduce), k.comm, comm_stream));
+        ZG_NCCL_CHECK(ncclAllReduce(in, out, c.input.numel(), type, nccl_op(c.reduce), comm, comm_stream));
         break;
       case CollectiveOp::reduce_scatter:
-        ZG_NCCL_CHECK(ncclReduceScatter(in, out, c.output.numel(), type, nccl_op(c.reduce), k.comm, comm_stream));
+        ZG_NCCL_CHECK(ncclReduceScatter(in, out, c.output.numel(), type, nccl_op(c.reduce), comm, comm_stream));
         break;
       case CollectiveOp::all_gather:
-        ZG_NCCL_CHECK(ncclAllGather(in, out, c.input.numel(), type, k.comm, comm_stream));
+        ZG_NCCL_CHECK(ncclAllGather(in, out, c.input.numel(), type, comm, comm_stream));
         break;
       case CollectiveOp::broadcast:
-        ZG_NCCL_CHECK(ncclBroadcast(in, out, c.input.numel(), type, c.root, k.comm, comm_stream));
+        ZG_NCCL_CHECK(ncclBroadcast(in, out, c.input.numel(), type, c.root, comm, comm_stream));
         break;
     }
-    done->record(comm_stream);
-    k.pending.push_back({done, c.describe(), Clock::now()});
+  } catch (...) {  // nothing was enqueued: forget it, so nobody waits for it
+    Communicator& k = *communicator_;
+    std::lock_guard lock(k.mutex);
+    std::erase(k.pending, pending);
+    k.wake.notify_all();
+    throw;
   }
+  pending->done->record(comm_stream);
+  pending->enqueued = true;
+  communicator_->throw_if_failed();  // aborted while we were in the call
   // Freed by the caller before the collective ends, these blocks wait for it before reuse.
   cuda::record_stream(c.input, comm_stream);
   if (!c.output.is_same(c.input)) cuda::record_stream(c.output, comm_stream);
-  return std::make_shared<NcclWork>(done, device_, communicator_, c.op == CollectiveOp::barrier);
+  return std::make_shared<NcclWork>(pending->done, device_, communicator_, c.op == CollectiveOp::barrier);
 }
 
 }  // namespace zg::dist
