@@ -3,7 +3,9 @@
 # needs, in two halves, so the device's minutes go to running, not building.
 #
 #   scripts/gpu-session.sh build   here: configure and build build-gpu/ (sm_90a,
-#                                  release + asserts), to be named in the device tool's carry
+#                                  release + asserts), then copy what runs (library,
+#                                  test and bench binaries, stripped) into gpu-carry/,
+#                                  the folder to name in the device tool's carry (< 64 MiB)
 #   scripts/gpu-session.sh run     on the device: every test binary, compute-sanitizer
 #                                  memcheck on the CUDA areas, bench/zero_memory on
 #                                  cuda for GPT-2 124M and 350M at N = 1, 2, 4, 8;
@@ -13,13 +15,22 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
   build)
     source scripts/env.sh
-    grep -qx 'build-gpu/' .git/info/exclude || echo 'build-gpu/' >> .git/info/exclude
+    for ignored in build-gpu/ gpu-carry/; do
+      grep -qx "$ignored" .git/info/exclude || echo "$ignored" >> .git/info/exclude
+    done
     [ -d build-gpu ] || meson setup build-gpu -Dcuda=enabled -Dcuda-arch=sm_90a -Dbuildtype=release -Db_ndebug=false
     ninja -C build-gpu
-    du -sh build-gpu
+    # Only what runs travels: no objects, no Meson state; build.ninja for the paths.
+    rm -rf gpu-carry && mkdir gpu-carry
+    (cd build-gpu && find . -type f \( -name 'libzerograd.so*' -o -path './tests/test_*' -o -path './bench/*' \
+        -o -path './examples/*' -o -name build.ninja \) -not -path '*.p/*' -not -name '*.cpp' -not -name '*.a' |
+      while read -r f; do mkdir -p "../gpu-carry/$(dirname "$f")"; cp -P "$f" "../gpu-carry/$f"; done)
+    find gpu-carry -type f -perm -u+x -exec strip --strip-unneeded {} + 2>/dev/null || true
+    du -sh gpu-carry
     ;;
   run)
     : "${OUT:?run this on the device machine, where \$OUT is set}"
+    [ -e build-gpu ] || ln -s gpu-carry build-gpu  # the carried copy stands where it was built
     # The binaries name fixtures and example binaries by the absolute paths of the machine
     # that built them: make those paths lead here.
     built_in="$(sed -n 's/^.*-DZG_TEST_FIXTURES="\([^"]*\)\/tests\/fixtures".*$/\1/p' build-gpu/build.ninja | head -n 1)"
