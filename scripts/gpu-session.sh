@@ -36,7 +36,7 @@ case "${1:-}" in
     built_in="$(sed -n 's/^.*-DZG_TEST_FIXTURES="\([^"]*\)\/tests\/fixtures".*$/\1/p' build-gpu/build.ninja | head -n 1)"
     if [ -n "$built_in" ] && [ ! -e "$built_in" ]; then mkdir -p "$(dirname "$built_in")"; ln -s "$PWD" "$built_in"; fi
     libs="$(find / \( -name 'libcudnn.so*' -o -name 'libnccl.so*' -o -name 'libcublasLt.so*' \) -not -path '*/proc/*' \
-            2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')"
+            2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':' || true)"
     export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
     status=0
@@ -45,7 +45,7 @@ case "${1:-}" in
       echo "== $t" >> "$OUT/tests.log"
       timeout 300 "$t" >> "$OUT/tests.log" 2>&1 || { status=1; echo "FAILED: $t" | tee -a "$OUT/tests.log"; }
     done
-    grep -E '^\[doctest\] test cases' "$OUT/tests.log" | tee "$OUT/summary.txt"
+    grep -E '^== |^FAILED|^\[doctest\] test cases' "$OUT/tests.log" | tee "$OUT/summary.txt"
     # (API errors are not reported: test_cuda_runtime asks cudaMalloc for 32 TiB on purpose.)
     for t in cuda cuda_runtime nccl ops; do
       timeout 240 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "build-gpu/tests/test_$t" \
