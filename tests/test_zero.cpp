@@ -509,3 +509,26 @@ TEST_CASE("ZeRO-3 holds exactly the units in use (and those prefetched) during t
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
+  dist::FakeGroup group(0, 2);
+  manual_seed(1);
+  nn::GPT model(zero_config(), kMeta);
+  const auto make = [&](dist::UnitPlan plan, dist::ZeroConfig config) { dist::ShardedModel(model, plan, group, config); };
+  CHECK_THROWS_WITH_AS(make({.units = {"transformer.h.7"}}, {}), "ShardedModel: the model has no submodule 'transformer.h.7'",
+                       Error);
+  CHECK_THROWS_WITH_AS(make({.units = {}, .root_before = {"transformer.wtf"}}, {.stage = 3}),
+                       "ShardedModel: the model has no submodule 'transformer.wtf'", Error);
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.stage = 4}), "ShardedModel: stage must be 0, 1, 2 or 3, got 4", Error);
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.compute_dtype = DType::i32}),
+                       "ShardedModel: compute dtype must be floating, got i32", Error);
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.reduce_dtype = DType::boolean}),
+                       "ShardedModel: reduce dtype must be floating, got bool", Error);
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.bucket_bytes = 0}), "ShardedModel: bucket_bytes must be positive, got 0",
+                       Error);
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.prefetch = -1}), "ShardedModel: prefetch must be >= 0, got -1", Error);
+}
+
+}  // namespace zg::test
