@@ -6,9 +6,11 @@
 //
 // --device meta (default): a dry run of rank 0 with a fake group -- real code paths,
 // counted bytes, nothing allocated -- so 7.5B parameters at N = 64 take a second.
-// --device cpu | cuda: N ranks as threads of this process (local group; on one GPU,
-// each rank with its own allocator and streams), real training steps. --device auto:
-// cuda when this build has a usable GPU, else cpu (what scripts/quickstart.sh runs).
+// --device cpu | cuda: N ranks as threads of this process, real training steps: on
+// the CPU or one GPU through the local group (ranks sharing the GPU, each with its
+// own allocator and streams); with at least N GPUs through the nccl group, rank r on
+// cuda:r (--group picks). --device auto: cuda when this build has a usable GPU, else
+// cpu (what scripts/quickstart.sh runs).
 //
 //   build/bench/zero_memory --model 7.5b --world-size 64 --stage all
 //   build/bench/zero_memory --model tiny --world-size 4 --device cpu --json
@@ -19,6 +21,10 @@
 #include <string>
 #include <vector>
 
+#ifdef ZG_WITH_NCCL
+#include "cuda/device.h"
+#include "dist/nccl_group.h"
+#endif
 #include "dist/fake_group.h"
 #include "dist/local_group.h"
 #include "dist/sharded_model.h"
@@ -47,6 +53,7 @@ const std::vector<Preset> kPresets = {{"tiny", gpt(2, 2, 32, 64, 64)},        {"
                                       {"7.5b", gpt(36, 32, 4096, 60000, 1024)}};
 
 struct Record {
+  std::string group;  // the process group's kind
   int stage = 0, world_size = 1, rank = 0;
   int64_t params = 0, parameter = 0, gradient = 0, optimizer_state = 0, activation = 0, communication = 0,
           peak_allocated = 0, reserved = 0, sent_per_step = 0, formula_states = 0, formula_sent = 0;
@@ -77,7 +84,8 @@ Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch,
   context.allocator(device)->reset_peaks();
   const TensorOptions ids = TensorOptions(DType::i64).device(device);
   const Tensor x = zeros({batch, seq}, ids), y = zeros({batch, seq}, ids);
-  Record r{.stage = stage, .world_size = group.size(), .rank = group.rank(), .params = sharded.num_parameters()};
+  Record r{.group = group.kind(), .stage = stage, .world_size = group.size(), .rank = group.rank(),
+           .params = sharded.num_parameters()};
   for (int s = 0; s < steps; ++s) {
     group.reset_bytes_sent();
     sharded.zero_grad();
@@ -120,17 +128,19 @@ double gb(int64_t bytes) { return static_cast<double>(bytes) / g_unit; }
 void usage() {
   std::printf(
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all]\n"
-      "                   [--device meta|cpu|cuda|auto] [--steps K] [--batch B] [--seq T] [--json]\n"
+      "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
+      "                   [--seq T] [--json]\n"
       "Per-rank memory by category and bytes sent per step for DDP and ZeRO-1/2/3, next to the ZeRO\n"
       "paper's formulas. meta (default): rank 0 of N with a fake group, nothing allocated;\n"
-      "cpu / cuda: N ranks as threads (sharing the GPU), real steps; auto: cuda if usable, else cpu.\n"
+      "cpu / cuda: N ranks as threads, real steps, through the local group (sharing one GPU) or, with\n"
+      "N GPUs, nccl (--group auto picks nccl then); --device auto: cuda if usable, else cpu.\n"
       "--model defaults to 124m (tiny on the cpu).\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_name, stage_arg = "all", device_arg = "meta";
+  std::string model_name, stage_arg = "all", device_arg = "meta", group_arg = "auto";
   int world = 4, steps = 1;
   int64_t batch = 1, seq = 0;
   bool json = false;
@@ -156,6 +166,7 @@ int main(int argc, char** argv) {
       else if (a == "--world-size") world = static_cast<int>(number());
       else if (a == "--stage") stage_arg = value();
       else if (a == "--device") device_arg = value();
+      else if (a == "--group") group_arg = value();
       else if (a == "--steps") steps = static_cast<int>(number());
       else if (a == "--batch") batch = number();
       else if (a == "--seq") seq = number();
@@ -179,6 +190,17 @@ int main(int argc, char** argv) {
     else if (stage_arg.size() == 1 && stage_arg[0] >= '0' && stage_arg[0] <= '3') stages = {stage_arg[0] - '0'};
     else fail("zero_memory: --stage must be 0, 1, 2, 3 or all, got '", stage_arg, "'");
     const Device device(device_arg);
+    ZG_CHECK(group_arg == "auto" || group_arg == "local" || group_arg == "nccl",
+             "zero_memory: --group must be auto, local or nccl, got '", group_arg, "'");
+    bool use_nccl = false;
+#ifdef ZG_WITH_NCCL
+    const bool enough_gpus = device.type == DeviceType::cuda && cuda::device_count() >= world;
+    use_nccl = group_arg == "nccl" || (group_arg == "auto" && enough_gpus);
+    ZG_CHECK(!use_nccl || enough_gpus, "zero_memory: --group nccl needs --device cuda and ", world,
+             " GPUs (one per rank), found ", device.type == DeviceType::cuda ? cuda::device_count() : 0);
+#else
+    ZG_CHECK(group_arg != "nccl", "zero_memory: --group nccl needs a build with CUDA");
+#endif
     if (seq <= 0) seq = std::min<int64_t>(preset->config.block_size, 1024);
 
     std::vector<Record> records;
@@ -191,7 +213,17 @@ int main(int argc, char** argv) {
         records.push_back(measure(preset->config, stage, steps, batch, seq, device, group));
       } else {
         dist::run_local(world, [&](dist::ProcessGroup& group) {
-          const Record r = measure(preset->config, stage, steps, batch, seq, device, group);
+          Record r;
+          if (!use_nccl) {
+            r = measure(preset->config, stage, steps, batch, seq, device, group);
+          } else {
+#ifdef ZG_WITH_NCCL
+            // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
+            const Device mine(DeviceType::cuda, group.rank());
+            const auto nccl = dist::NcclGroup::bootstrap(group, mine);
+            r = measure(preset->config, stage, steps, batch, seq, mine, *nccl);
+#endif
+          }
           std::lock_guard lock(records_mutex);
           records.push_back(r);
         });
@@ -204,11 +236,11 @@ int main(int argc, char** argv) {
       std::printf("[\n");
       for (size_t i = 0; i < records.size(); ++i) {
         const Record& r = records[i];
-        std::printf("  {\"model\": \"%s\", \"device\": \"%s\", \"stage\": %d, \"world_size\": %d, \"rank\": %d, "
+        std::printf("  {\"model\": \"%s\", \"device\": \"%s\", \"group\": \"%s\", \"stage\": %d, \"world_size\": %d, \"rank\": %d, "
                     "\"params\": %lld, \"parameter\": %lld, \"gradient\": %lld, \"optimizer_state\": %lld, "
                     "\"activation\": %lld, \"communication\": %lld, \"peak_allocated\": %lld, \"reserved\": %lld, "
                     "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld}%s\n",
-                    model_name.c_str(), device.str().c_str(), r.stage, r.world_size, r.rank,
+                    model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
                     (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
                     (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
                     (long long)r.reserved, (long long)r.sent_per_step, (long long)r.formula_states,
@@ -217,9 +249,9 @@ int main(int argc, char** argv) {
       std::printf("]\n");
       return 0;
     }
-    std::printf("GPT %s: Ψ = %lld parameters, N = %d, %s, batch %lld x %lld tokens, bf16 compute + fp32 AdamW\n",
-                model_name.c_str(), (long long)records.front().params, world, device.str().c_str(), (long long)batch,
-                (long long)seq);
+    std::printf("GPT %s: Ψ = %lld parameters, N = %d, %s, %s group, batch %lld x %lld tokens, bf16 compute + fp32 AdamW\n",
+                model_name.c_str(), (long long)records.front().params, world, device.str().c_str(),
+                records.front().group.c_str(), (long long)batch, (long long)seq);
     if (16 * records.front().params < 1'000'000'000) g_unit = 1e6;
     std::printf("sizes in %s; model states = parameter + gradient + optimizer_state after backward\n\n",
                 g_unit == 1e9 ? "GB (1e9 bytes)" : "MB (1e6 bytes)");
