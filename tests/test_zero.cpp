@@ -532,3 +532,29 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("a meta dry run gives the same figures, peaks included, every time") {
+  const auto peaks = [](int stage) {
+    Context rank0;
+    ContextGuard guard(rank0);
+    dist::FakeGroup group(0, 8);
+    nn::GPT model(nn::GPTConfig{}, kMeta);
+    dist::ShardedModel sharded(model, dist::gpt_unit_plan(12), group, {.stage = stage, .compute_dtype = DType::bf16});
+    const Tensor ids = zeros({1, 64}, TensorOptions(DType::i64).device(kMeta));
+    sharded.zero_grad();
+    sharded.prepare_forward();
+    model.forward(ids, ids).loss.backward();
+    sharded.step(1e-3);
+    const MemoryStats s = memory_stats(kMeta);
+    return std::vector<int64_t>{s.peak_total, s.peak_of(MemoryCategory::communication), s.peak_of(MemoryCategory::gradient)};
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    const std::vector<int64_t> first = peaks(stage);
+    for (int again = 0; again < 3; ++again) CHECK(peaks(stage) == first);
+  }
+}
+
+}  // namespace zg::test
