@@ -9,13 +9,14 @@
 // later work see the result and rethrows the collective's error. The blocking forms
 // are `x_async(...)->wait()`. Until wait() returns, the caller must not touch the
 // buffers. How a group issues:
-//   HostGroup (local, fake, mpi)  a communication worker thread runs the group's
+//   HostGroup (local, mpi)  a communication worker thread runs the group's
 //       collectives one at a time, in issue order (the ranks issue the same sequence,
 //       so they meet in the same order); wait() blocks until the result is there.
 //       The Work keeps the buffers alive, so a buffer whose handle is dropped early
 //       is freed when the collective is done (how ZeRO-2 frees a unit gradient).
 //   NcclGroup  NCCL kernels on the rank's communication stream; wait() makes the
 //       rank's compute stream wait for them, without blocking the host.
+//   FakeGroup  nothing moves: every collective is complete when issued.
 //
 // Every collective is counted the way a ring implementation moves data, per rank:
 //   all_reduce      2 (N-1)/N x bytes of the buffer
