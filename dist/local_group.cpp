@@ -94,20 +94,9 @@ void LocalHub::enter(int rank, const Collective& call) {
     index = calls_made_[rank]++;
   }
   rendezvous(rank, std::string(name(call.op)) + " #" + std::to_string(index), [&]() -> std::string {
-    // Every call is compared with rank 0's.
-    const Collective& first = posted_[0];
-    auto same = [](const Tensor& a, const Tensor& b) {
-      return a.defined() == b.defined() &&
-             (!a.defined() || (a.numel() == b.numel() && a.dtype() == b.dtype() && a.device().type == b.device().type));
-    };
-    for (int q = 1; q < size_; ++q) {
-      const Collective& other = posted_[q];
-      if (first.op != other.op || first.reduce != other.reduce || first.root != other.root ||
-          !same(first.input, other.input) || !same(first.output, other.output))
-        return "local group: collective #" + std::to_string(index) + " does not match across ranks: rank 0 called " +
-               first.describe() + ", rank " + std::to_string(q) + " called " + other.describe();
-    }
-    return "";
+    std::vector<Collective::Signature> all;
+    for (const Collective& posted : posted_) all.push_back(posted.signature());
+    return Collective::mismatch(all, index, "local group");
   });
 }
 

@@ -87,7 +87,7 @@ void MpiGroup::agree(const Collective& c) {
   std::vector<Collective::Signature> all(size_);
   check(MPI_Allgather(mine.data(), mine.size(), MPI_INT64_T, all.data(), mine.size(), MPI_INT64_T, MPI_COMM_WORLD),
         "MPI_Allgather (call check)");
-  if (std::string problem = Collective::mismatch(all, calls_++, "mpi group", "cpu"); !problem.empty()) fail(problem);
+  if (std::string problem = Collective::mismatch(all, calls_++, "mpi group"); !problem.empty()) fail(problem);
 }
 
 void MpiGroup::run(const Collective& c) {

@@ -197,7 +197,7 @@ void NcclGroup::agree(const Collective& collective) {
   std::vector<Collective::Signature> signatures(size_);
   for (int q = 0; q < size_; ++q)
     std::copy_n(values.begin() + q * signature.size(), signature.size(), signatures[q].begin());
-  if (std::string problem = Collective::mismatch(signatures, calls_++, "nccl group", "cuda"); !problem.empty())
+  if (std::string problem = Collective::mismatch(signatures, calls_++, "nccl group"); !problem.empty())
     fail(problem);
 }
 

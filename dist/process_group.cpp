@@ -30,13 +30,7 @@ const char* name(CollectiveOp op) {
   return "?";
 }
 
-std::string Collective::describe() const {
-  std::string s = std::string(name(op)) + "(" + (input.defined() ? zg::describe(input) : "");
-  if (output.defined() && !output.is_same(input)) s += " -> " + zg::describe(output);
-  if (op == CollectiveOp::all_reduce || op == CollectiveOp::reduce_scatter) s += std::string(", ") + name(reduce);
-  if (op == CollectiveOp::broadcast) s += ", root " + std::to_string(root);
-  return s + ")";
-}
+std::string Collective::describe() const { return describe(signature()); }
 
 int64_t Collective::ring_bytes(int world_size) const {
   const double share = static_cast<double>(world_size - 1) / world_size;
@@ -54,29 +48,31 @@ int64_t Collective::ring_bytes(int world_size) const {
 Collective::Signature Collective::signature() const {
   const auto dtype = [](const Tensor& t) { return t.defined() ? static_cast<int64_t>(t.dtype()) : -1; };
   const auto numel = [](const Tensor& t) { return t.defined() ? t.numel() : -1; };
+  const Tensor& any = input.defined() ? input : output;
   return {static_cast<int64_t>(op), static_cast<int64_t>(reduce), root, dtype(input), numel(input), dtype(output),
-          numel(output)};
+          numel(output), any.defined() ? static_cast<int64_t>(any.device().type) : -1};
 }
 
-std::string Collective::mismatch(const std::vector<Signature>& all, int64_t index, const std::string& group,
-                                 const std::string& device_type) {
-  // A signature printed as describe() prints the call.
-  const auto call = [&](const Signature& s) {
-    const auto side = [&](int64_t dtype, int64_t n) {
-      return std::string(name(static_cast<DType>(dtype))) + "[" + std::to_string(n) + "] on " + device_type;
-    };
-    const auto op = static_cast<CollectiveOp>(s[0]);
-    std::string text = std::string(name(op)) + "(" + (s[3] >= 0 ? side(s[3], s[4]) : "");
-    if (op == CollectiveOp::reduce_scatter || op == CollectiveOp::all_gather) text += " -> " + side(s[5], s[6]);
-    if (op == CollectiveOp::all_reduce || op == CollectiveOp::reduce_scatter)
-      text += std::string(", ") + name(static_cast<ReduceKind>(s[1]));
-    if (op == CollectiveOp::broadcast) text += ", root " + std::to_string(s[2]);
-    return text + ")";
+// "reduce_scatter(bf16[1024] on cpu -> bf16[256] on cpu, average)"
+std::string Collective::describe(const Signature& s) {
+  static constexpr const char* kDeviceTypes[] = {"cpu", "cuda", "meta"};
+  const auto side = [&](int64_t dtype, int64_t n) {
+    return std::string(name(static_cast<DType>(dtype))) + "[" + std::to_string(n) + "] on " + kDeviceTypes[s[7]];
   };
+  const auto op = static_cast<CollectiveOp>(s[0]);
+  std::string text = std::string(name(op)) + "(" + (s[3] >= 0 ? side(s[3], s[4]) : "");
+  if (op == CollectiveOp::reduce_scatter || op == CollectiveOp::all_gather) text += " -> " + side(s[5], s[6]);
+  if (op == CollectiveOp::all_reduce || op == CollectiveOp::reduce_scatter)
+    text += std::string(", ") + name(static_cast<ReduceKind>(s[1]));
+  if (op == CollectiveOp::broadcast) text += ", root " + std::to_string(s[2]);
+  return text + ")";
+}
+
+std::string Collective::mismatch(const std::vector<Signature>& all, int64_t index, const std::string& group) {
   for (size_t q = 1; q < all.size(); ++q)
     if (all[q] != all[0])
       return group + ": collective #" + std::to_string(index) + " does not match across ranks: rank 0 called " +
-             call(all[0]) + ", rank " + std::to_string(q) + " called " + call(all[q]);
+             describe(all[0]) + ", rank " + std::to_string(q) + " called " + describe(all[q]);
   return "";
 }
 

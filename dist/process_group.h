@@ -50,15 +50,15 @@ struct Collective {
   // The bytes one rank sends for it in a ring of `world_size` ranks (table above).
   int64_t ring_bytes(int world_size) const;
 
-  // What ranks compare to detect a mismatch, as numbers (op, reduce, root, dtypes
-  // and sizes of input and output; -1 for an absent buffer), for groups that
-  // exchange calls between processes.
-  using Signature = std::array<int64_t, 7>;
+  // What ranks compare to detect a mismatch, as numbers (op, reduce, root, dtype and
+  // numel of input and output -- -1 for an absent buffer -- and the device type), so
+  // groups can exchange calls between processes and print any rank's call.
+  using Signature = std::array<int64_t, 8>;
   Signature signature() const;
+  static std::string describe(const Signature& signature);
   // "" if every rank's signature equals rank 0's; else "<group>: collective #<index>
   // does not match across ranks: rank 0 called ..., rank q called ...".
-  static std::string mismatch(const std::vector<Signature>& all, int64_t index, const std::string& group,
-                              const std::string& device_type);
+  static std::string mismatch(const std::vector<Signature>& all, int64_t index, const std::string& group);
 };
 
 // A collective in flight.

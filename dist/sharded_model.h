@@ -63,7 +63,7 @@ struct ZeroConfig {
 // How a model's parameters are split into units, and where the forward uses the rest.
 struct UnitPlan {
   // Submodules that become units, in forward order (for a GPT: each block).
-  std::vector<std::string> units;
+  std::vector<std::string> units{};
   // Every other parameter forms the root unit. ZeRO-3 gathers it around the modules
   // that use it: `root_before` run before the units (a GPT's token and position
   // embeddings), `root_after` after them (the final norm; the tied head follows it).
@@ -71,7 +71,7 @@ struct UnitPlan {
   // root_after and kept through their backward (which comes next), then freed. With
   // neither given, prepare_forward() gathers it and it is kept until its gradients
   // are reduced.
-  std::vector<std::string> root_before, root_after;
+  std::vector<std::string> root_before{}, root_after{};
 };
 
 struct StepResult {
