@@ -20,6 +20,11 @@ std::array<Backend*, 3>& registry() {
 
 void register_backend(DeviceType type, Backend* backend) { registry()[static_cast<int>(type)] = backend; }
 
+void Backend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                 const Tensor&, bool, double, const Tensor&, const Tensor&, const Tensor&) {
+  throw Error("attention_backward: this backend has no fused attention (attention() returned false)");
+}
+
 Backend& backend(Device device) {
   Backend* b = registry()[static_cast<int>(device.type)];
   ZG_CHECK(b != nullptr, "device ", device.str(), ": this build of zerograd has no CUDA backend");

@@ -114,6 +114,25 @@ class Backend {
   // loss [N] in f32 (f64 for f64 logits) whatever the logits' dtype.
   virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                              const Tensor& loss) = 0;
+
+  // Fused ("flash") attention: the [T, S] scores are never stored. q [B, H, T, D],
+  // k, v [B, H, S, D] and out [B, H, T, D] have unit stride in D and any other strides
+  // (so [B, T, H, D] buffers pass as transposed views, no copy); stats [B, H, T] is f32
+  // and contiguous. Computes
+  //   out = softmax(q k^T * scale, keys j > i masked when causal) v
+  //   stats[b, h, i] = logsumexp_j (q_i . k_j * scale)     (kept for the backward)
+  // Returns false, touching nothing, where the device has no fused kernel for these
+  // shapes and dtypes: the front-end then composes attention from matmul and softmax.
+  virtual bool attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                         const Tensor& out, const Tensor& stats) {
+    (void)q, (void)k, (void)v, (void)causal, (void)scale, (void)out, (void)stats;
+    return false;
+  }
+  // Its backward, called only after attention() returned true for the same q, k, v:
+  // dq, dk, dv (laid out as q, k, v) from grad_out (as out), using out and stats.
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& stats, const Tensor& grad_out, bool causal, double scale,
+                                  const Tensor& dq, const Tensor& dk, const Tensor& dv);
 };
 
 // The backend for a device. The CPU and meta backends are built in; the CUDA

@@ -2,6 +2,7 @@
 // kernel works on rows of a contiguous [M, C] matrix; these functions bring any
 // input to that form (with recorded views, so gradients find their way back).
 #include <cmath>
+#include <optional>
 
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
@@ -143,8 +144,48 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   return div(sum(losses), counted).to(logits.dtype());
 }
 
+namespace {
+
+// The fused path (Backend::attention): q, k, v [B, H, T, D]. The output is written
+// [B, T, H, D]-contiguous and returned as its [B, H, T, D] view, so the model's
+// transpose back to [B, T, C] is free; stats (the rows' logsumexp) replace the
+// [T, S] probabilities the composite path keeps. nullopt: no fused kernel here.
+std::optional<Tensor> fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal,
+                                      double scale) {
+  if (q_in.dim() != 4 || q_in.device().type == DeviceType::cpu) return std::nullopt;
+  auto unit_inner = [](const Tensor& t) { return t.strides().back() == 1 ? t : t.contiguous(); };
+  const Tensor q = unit_inner(q_in), k = unit_inner(k_in), v = unit_inner(v_in);
+  const int64_t batch = q.size(0), heads = q.size(1), time = q.size(2);
+  // [B, H, T, D] views of fresh [B, T, H, D] buffers, laid out like q (or k, v).
+  auto like = [](const Tensor& t) {
+    return empty({t.size(0), t.size(2), t.size(1), t.size(3)}, options_of(t)).transpose(1, 2);
+  };
+  Tensor out = like(q);
+  const Tensor stats = empty({batch, heads, time}, TensorOptions(DType::f32).device(q.device()));
+  {
+    NoGradGuard no_grad;
+    if (!backend(q.device()).attention(q, k, v, causal, scale, out, stats)) return std::nullopt;
+  }
+  const Tensor out_bthd = out.transpose(1, 2);  // the contiguous buffer the op records
+  const Tensor recorded = differentiable(
+      out_bthd, kAttention, {q, k, v},
+      [q = SavedTensor(q), k = SavedTensor(k), v = SavedTensor(v), o = SavedTensor(out_bthd),
+       lse = SavedTensor(stats), causal, scale, like](const Tensor& g) {
+        const Tensor Q = q.get("attention"), K = k.get("attention"), V = v.get("attention");
+        Tensor dq = like(Q), dk = like(K), dv = like(V);
+        backend(Q.device()).attention_backward(Q, K, V, o.get("attention").transpose(1, 2), lse.get("attention"),
+                                               g.contiguous().transpose(1, 2), causal, scale, dq, dk, dv);
+        return Grads{dq, dk, dv};
+      });
+  return recorded.transpose(1, 2);
+}
+
+}  // namespace
+
 // S = q k^T / sqrt(D) (masked above the diagonal when causal), P = softmax(S), out = P v.
 // Backward with dP = g v^T:  dv = P^T g,  dS = P (dP - sum(dP P)) / sqrt(D),  dq = dS k,  dk = dS^T q.
+// A device with a fused kernel (cuDNN's flash attention on CUDA) runs that instead and
+// keeps only the rows' logsumexp; otherwise P is composed and kept for the backward.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
   const char* name = "scaled_dot_product_attention";
   detail::check_floating(name, q);
@@ -155,6 +196,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   ZG_CHECK(q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2), name, ": q ", describe(q), ", k ", describe(k),
            " and v ", describe(v), " need q, k of one head size and k, v of one length");
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  if (std::optional<Tensor> fused = fused_attention(q, k, v, causal, scale)) return *fused;
   Tensor probs, out;
   {
     NoGradGuard no_grad;  // recorded below as one op with its own backward
