@@ -13,6 +13,7 @@
 
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "tensor/trace.h"
 
 namespace zg {
 
@@ -22,6 +23,7 @@ thread_local int backward_depth = 0;  // nested passes: a checkpoint recompute r
 
 void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
   NoGradGuard no_grad;
+  TraceRange range("backward");
   struct Depth {
     Depth() { ++backward_depth; }
     ~Depth() { --backward_depth; }
@@ -51,6 +53,7 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
     if (grad.defined()) {
       for (const auto& hook : node->pre_hooks)
         if (Tensor replaced = hook(grad); replaced.defined()) grad = replaced;
+      TraceRange range(node->name());  // nested in "backward" on a profiler's timeline
       input_grads = node->apply(grad);
     }
     const auto& edges = node->next_edges();

@@ -21,10 +21,13 @@ struct AdamWConstants {
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   p -= lr * (m / bias1) / (sqrt(v / bias2) + eps);  compute = round(p)
 // M: master/m/v (f32 or f64); G: grad; C: the compute copy (void: none).
+// device_scale (may be null): one f32 on the device that multiplies grad_scale.
 template <class M, class G, class C>
-__global__ void adamw_kernel(M* master, const G* grad, M* m, M* v, C* compute, int64_t n, AdamWConstants s) {
+__global__ void adamw_kernel(M* master, const G* grad, M* m, M* v, C* compute, int64_t n, AdamWConstants s,
+                             const float* device_scale) {
+  const double grad_scale = device_scale ? s.grad_scale * static_cast<double>(*device_scale) : s.grad_scale;
   for (int64_t i = grid_index(); i < n; i += grid_stride()) {
-    const double g = static_cast<double>(widen(grad[i])) * s.grad_scale;
+    const double g = static_cast<double>(widen(grad[i])) * grad_scale;
     double p = static_cast<double>(master[i]) * (1.0 - s.lr * s.weight_decay);
     const double mi = s.beta1 * static_cast<double>(m[i]) + (1.0 - s.beta1) * g;
     const double vi = s.beta2 * static_cast<double>(v[i]) + (1.0 - s.beta2) * g * g;
@@ -50,6 +53,9 @@ void CudaBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& 
   }
   ZG_CHECK(m.dtype() == master.dtype() && v.dtype() == master.dtype(), "adamw: m and v must have the master's dtype ",
            describe(master), ", got ", describe(m), " and ", describe(v));
+  const Tensor& scale = step.device_scale;
+  ZG_CHECK(!scale.defined() || (scale.numel() == 1 && scale.dtype() == DType::f32 && scale.device() == master.device()),
+           "adamw: device_scale must be one f32 on ", master.device().str(), ", got ", describe(scale));
   const AdamWConstants s{step.lr,
                          step.beta1,
                          step.beta2,
@@ -70,7 +76,8 @@ void CudaBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& 
           auto launch = [&]<class C>(C* compute_ptr) {
             if (n == 0) return;
             adamw_kernel<M, G, C><<<blocks_for(n), kThreads, 0, on.stream>>>(
-                device_ptr<M>(master), device_ptr<const G>(grad), device_ptr<M>(m), device_ptr<M>(v), compute_ptr, n, s);
+                device_ptr<M>(master), device_ptr<const G>(grad), device_ptr<M>(m), device_ptr<M>(v), compute_ptr, n, s,
+                scale.defined() ? device_ptr<const float>(scale) : nullptr);
             ZG_CUDA_CHECK_LAUNCH();
           };
           if (!has_compute) return launch(static_cast<void*>(nullptr));

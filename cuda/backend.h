@@ -38,11 +38,16 @@ class CudaBackend final : public Backend {
   void softmax(const Tensor& in, bool log, const Tensor& out) override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                   const Tensor& mean, const Tensor& rstd) override;
+  void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                           const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,
+                           const Tensor& grad_bias) override;
   void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) override;
   void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute,
              const AdamWStep& step) override;
   void embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) override;
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss) override;
+  void cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss,
+                              const Tensor& grad_loss, const Tensor& grad_logits) override;
 };
 
 // Throws unless `device` is a CUDA device this process can see, naming why not

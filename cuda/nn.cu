@@ -1,8 +1,11 @@
 // Row kernels of the neural-network primitives: softmax, layer norm, embedding
-// (forward and backward) and cross-entropy. One block per row; row statistics
+// and cross-entropy (each forward and backward). One block per row; row statistics
 // (max, sums) are accumulated in f64 as on the CPU, elementwise results rounded
 // once to the output dtype.
+#include <climits>
 #include <cmath>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/backend.h"
 #include "cuda/deferred_errors.h"
@@ -79,6 +82,66 @@ __global__ void layer_norm_kernel(const T* x, const T* weight, const T* bias, do
   }
 }
 
+// Layer norm backward, the part per row: with xhat = (x - mean) rstd and gxhat = g w,
+//   dx = rstd (gxhat - mean_C(gxhat) - xhat mean_C(gxhat xhat)).
+template <class T, class S>
+__global__ void layer_norm_backward_kernel(const T* grad_out, const T* x, const T* weight, const S* mean,
+                                           const S* rstd, T* grad_x, int64_t rows, int64_t channels) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* g = grad_out + row * channels;
+    const T* in = x + row * channels;
+    const double mu = static_cast<double>(mean[row]), r = static_cast<double>(rstd[row]);
+    double sum_gxhat = 0, sum_gxhat_xhat = 0;
+    for (int64_t j = threadIdx.x; j < channels; j += kThreads) {
+      const double gxhat = load(g, j) * (weight ? load(weight, j) : 1.0);
+      sum_gxhat += gxhat;
+      sum_gxhat_xhat += gxhat * (load(in, j) - mu) * r;
+    }
+    const double mean_gxhat = block_reduce(sum_gxhat, Add{}) / static_cast<double>(channels);
+    const double mean_gxhat_xhat = block_reduce(sum_gxhat_xhat, Add{}) / static_cast<double>(channels);
+    T* out = grad_x + row * channels;
+    for (int64_t j = threadIdx.x; j < channels; j += kThreads) {
+      const double gxhat = load(g, j) * (weight ? load(weight, j) : 1.0), xhat = (load(in, j) - mu) * r;
+      out[j] = convert<T>(r * (gxhat - mean_gxhat - xhat * mean_gxhat_xhat));
+    }
+  }
+}
+
+// Layer norm backward, the parameters' part: dw = sum_M(g xhat), db = sum_M(g), in two
+// deterministic stages. Stage 1: block (c-tile, chunk) sums its chunk of rows for each
+// channel c into partial[chunk, c] (threads walk channels, so every load is coalesced).
+template <class T, class S>
+__global__ void layer_norm_param_partials_kernel(const T* grad_out, const T* x, const S* mean, const S* rstd,
+                                                 double* partial_dw, double* partial_db, int64_t rows,
+                                                 int64_t channels, int64_t rows_per_chunk) {
+  const int64_t c = blockIdx.x * int64_t{kThreads} + threadIdx.x, chunk = blockIdx.y;
+  if (c >= channels) return;
+  double dw = 0, db = 0;
+  const int64_t end = (chunk + 1) * rows_per_chunk < rows ? (chunk + 1) * rows_per_chunk : rows;
+  for (int64_t row = chunk * rows_per_chunk; row < end; ++row) {
+    const double g = load(grad_out, row * channels + c);
+    dw += g * (load(x, row * channels + c) - static_cast<double>(mean[row])) * static_cast<double>(rstd[row]);
+    db += g;
+  }
+  partial_dw[chunk * channels + c] = dw;
+  partial_db[chunk * channels + c] = db;
+}
+
+// Stage 2: dw[c] = sum over chunks of partial_dw[chunk, c] (likewise db), rounded once to T.
+template <class T>
+__global__ void layer_norm_param_sum_kernel(const double* partial_dw, const double* partial_db, T* grad_weight,
+                                            T* grad_bias, int64_t chunks, int64_t channels) {
+  for (int64_t c = grid_index(); c < channels; c += grid_stride()) {
+    double dw = 0, db = 0;
+    for (int64_t k = 0; k < chunks; ++k) {
+      dw += partial_dw[k * channels + c];
+      db += partial_db[k * channels + c];
+    }
+    if (grad_weight) grad_weight[c] = convert<T>(dw);
+    if (grad_bias) grad_bias[c] = convert<T>(db);
+  }
+}
+
 // out[i, c] = weight[indices[i], c]. A bad index gives a zero row and a deferred error.
 template <class T, class I>
 __global__ void embedding_kernel(const T* weight, const I* indices, T* out, int64_t n, int64_t vocab, int64_t channels,
@@ -95,23 +158,36 @@ __global__ void embedding_kernel(const T* weight, const I* indices, T* out, int6
   }
 }
 
-// grad_weight[indices[i], c] += grad_out[i, c] for i = 0, 1, ..., n-1 in order.
-// One thread per channel walks the indices in order, so repeated rows need no
-// atomics, the result is deterministic, and each addition is rounded to T as on
-// the CPU (bit-identical to it). Parallel only over channels: fine for now.
+// Embedding backward, deterministic and parallel: the positions 0..n-1 are radix-sorted
+// by their index (stable, so each row's positions stay in order of i), which makes the
+// contributions to one row a contiguous segment of the sorted list. Then thread
+// (segment start s, channel c) sums grad_out[position, c] over its segment in f64 and
+// adds the sum to grad_weight[row, c] once -- exactly what the CPU backend does, so the
+// two agree bit for bit; no atomics, and every row is written by one thread a channel.
+template <class I>
+__global__ void iota_kernel(I* values, int64_t n) {
+  for (int64_t i = grid_index(); i < n; i += grid_stride()) values[i] = static_cast<I>(i);
+}
+
+// grid: x = channel tiles, y = sorted positions (the block exits unless its position starts a segment).
 template <class T, class I>
-__global__ void embedding_backward_kernel(const T* grad_out, const I* indices, T* grad_weight, int64_t n, int64_t vocab,
-                                          int64_t channels, DeferredError* error) {
-  for (int64_t c = grid_index(); c < channels; c += grid_stride()) {
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t row = static_cast<int64_t>(indices[i]);
-      if (row < 0 || row >= vocab) {
-        if (c == 0) record_deferred_error(error, DeferredErrorKind::embedding_backward_index, row, vocab);
-        continue;
-      }
-      T& w = grad_weight[row * channels + c];
-      w = convert<T>(widen(w) + widen(grad_out[i * channels + c]));
+__global__ void embedding_backward_kernel(const T* grad_out, const I* sorted_rows, const I* sorted_positions,
+                                          T* grad_weight, int64_t n, int64_t vocab, int64_t channels,
+                                          DeferredError* error) {
+  const int64_t c = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  for (int64_t s = blockIdx.y; s < n; s += gridDim.y) {
+    const I row = sorted_rows[s];
+    if (s > 0 && sorted_rows[s - 1] == row) continue;  // not the start of its row's segment
+    if (row < 0 || row >= vocab) {
+      if (c == 0) record_deferred_error(error, DeferredErrorKind::embedding_backward_index, row, vocab);
+      continue;
     }
+    if (c >= channels) continue;
+    double total = 0;
+    for (int64_t k = s; k < n && sorted_rows[k] == row; ++k)
+      total += load(grad_out, static_cast<int64_t>(sorted_positions[k]) * channels + c);
+    T& w = grad_weight[static_cast<int64_t>(row) * channels + c];
+    w = convert<T>(static_cast<double>(widen(w)) + total);
   }
 }
 
@@ -136,6 +212,31 @@ __global__ void cross_entropy_kernel(const T* logits, const I* target, Loss* los
     const T* x = logits + row * classes;
     const double lse = row_logsumexp(x, classes);
     if (threadIdx.x == 0) loss[row] = static_cast<Loss>(lse - load(x, t));
+  }
+}
+
+// Cross-entropy backward, one block per row, the softmax recomputed from the row's
+// logsumexp, which the forward's loss already holds: lse = loss + x[t]. So the row is
+// read once and written once, and the [N, C] probabilities never exist:
+//   dx_j = g (exp(x_j - lse) - [j == t]),   dx = 0 on ignored rows.
+// (A target out of range was reported by the forward; such rows get NaN here.)
+template <class T, class I, class Loss>
+__global__ void cross_entropy_backward_kernel(const T* logits, const I* target, const Loss* loss,
+                                              const Loss* grad_loss, T* grad_logits, int64_t rows, int64_t classes,
+                                              int64_t ignore_index) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t t = static_cast<int64_t>(target[row]);
+    const T* x = logits + row * classes;
+    T* dx = grad_logits + row * classes;
+    if (t == ignore_index) {
+      for (int64_t j = threadIdx.x; j < classes; j += kThreads) dx[j] = convert<T>(0.0);
+      continue;
+    }
+    const bool valid = t >= 0 && t < classes;
+    const double g = static_cast<double>(grad_loss[row]);
+    const double lse = valid ? static_cast<double>(loss[row]) + load(x, t) : NAN;
+    for (int64_t j = threadIdx.x; j < classes; j += kThreads)
+      dx[j] = convert<T>(g * (exp(load(x, j) - lse) - (j == t ? 1.0 : 0.0)));
   }
 }
 
@@ -192,6 +293,47 @@ void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor
   });
 }
 
+void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                      const Tensor& mean, const Tensor& rstd, const Tensor& grad_x,
+                                      const Tensor& grad_weight, const Tensor& grad_bias) {
+  require_contiguous("layer_norm_backward", {&grad_out, &x, &weight, &mean, &rstd, &grad_x, &grad_weight, &grad_bias});
+  const int64_t rows = x.size(0), channels = x.size(1);
+  OnDevice on(x.device());
+  with_float(x.dtype(), "layer_norm_backward", [&]<class T>() {
+    using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    ZG_CHECK(mean.dtype() == dtype_of<S>() && rstd.dtype() == dtype_of<S>(), "layer_norm_backward: mean and rstd must be ",
+             name(dtype_of<S>()), " for ", describe(x), ", got ", describe(mean), " and ", describe(rstd));
+    if (rows > 0) {
+      layer_norm_backward_kernel<T, S><<<blocks_for_rows(rows), kThreads, 0, on.stream>>>(
+          device_ptr<const T>(grad_out), device_ptr<const T>(x),
+          weight.defined() ? device_ptr<const T>(weight) : nullptr, device_ptr<const S>(mean),
+          device_ptr<const S>(rstd), device_ptr<T>(grad_x), rows, channels);
+      ZG_CUDA_CHECK_LAUNCH();
+    }
+    if (!grad_weight.defined() && !grad_bias.defined()) return;
+    if (rows == 0) {
+      for (const Tensor* p : {&grad_weight, &grad_bias})
+        if (p->defined()) fill(*p, 0.0);
+      return;
+    }
+    // About 32 rows per chunk, at most 512 chunks: enough blocks to fill the GPU, and
+    // partials (2 x chunks x C doubles) that stay small.
+    const int64_t chunks = std::min<int64_t>((rows + 31) / 32, 512), rows_per_chunk = (rows + chunks - 1) / chunks;
+    const Tensor partials = empty({2, chunks, channels}, TensorOptions(DType::f64).device(x.device()));
+    double* partial_dw = device_ptr<double>(partials);
+    double* partial_db = partial_dw + chunks * channels;
+    const dim3 grid(static_cast<unsigned>((channels + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+    layer_norm_param_partials_kernel<T, S><<<grid, kThreads, 0, on.stream>>>(
+        device_ptr<const T>(grad_out), device_ptr<const T>(x), device_ptr<const S>(mean), device_ptr<const S>(rstd),
+        partial_dw, partial_db, rows, channels, rows_per_chunk);
+    ZG_CUDA_CHECK_LAUNCH();
+    layer_norm_param_sum_kernel<T><<<blocks_for(channels), kThreads, 0, on.stream>>>(
+        partial_dw, partial_db, grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
+        grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, chunks, channels);
+    ZG_CUDA_CHECK_LAUNCH();
+  });
+}
+
 // Index checks: the indices live on the GPU, and reading them on the host would
 // cost a synchronisation per call; a bad index is reported as a deferred error
 // instead (cuda/deferred_errors.h): at the next copy to the host, as a zg::Error.
@@ -220,9 +362,29 @@ void CudaBackend::embedding_backward(const Tensor& grad_out, const Tensor& indic
   with_float(grad_weight.dtype(), "embedding_backward", [&]<class T>() {
     with_index(indices.dtype(), "embedding_backward", [&]<class I>() {
       if (n * channels == 0) return;
-      embedding_backward_kernel<T, I><<<blocks_for(channels), kThreads, 0, on.stream>>>(
-          device_ptr<const T>(grad_out), device_ptr<const I>(indices), device_ptr<T>(grad_weight), n, vocab, channels,
-          error);
+      ZG_CHECK(n <= INT_MAX, "embedding_backward: ", n, " indices are more than one sort takes");
+      // Sort (index, position) pairs by index; CUB's temporary storage from the allocator.
+      const TensorOptions index_options = TensorOptions(indices.dtype()).device(on.device);
+      const Tensor positions = empty({n}, index_options), sorted_rows = empty({n}, index_options),
+                   sorted_positions = empty({n}, index_options);
+      iota_kernel<I><<<blocks_for(n), kThreads, 0, on.stream>>>(device_ptr<I>(positions), n);
+      ZG_CUDA_CHECK_LAUNCH();
+      size_t temp_bytes = 0;
+      ZG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, device_ptr<const I>(indices),
+                                                    device_ptr<I>(sorted_rows), device_ptr<const I>(positions),
+                                                    device_ptr<I>(sorted_positions), static_cast<int>(n), 0,
+                                                    static_cast<int>(sizeof(I) * 8), on.stream));
+      const Tensor temp = empty({static_cast<int64_t>(std::max<size_t>(temp_bytes, 1))},
+                                TensorOptions(DType::boolean).device(on.device));
+      ZG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, device_ptr<const I>(indices),
+                                                    device_ptr<I>(sorted_rows), device_ptr<const I>(positions),
+                                                    device_ptr<I>(sorted_positions), static_cast<int>(n), 0,
+                                                    static_cast<int>(sizeof(I) * 8), on.stream));
+      const dim3 grid(static_cast<unsigned>((channels + kThreads - 1) / kThreads),
+                      static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+      embedding_backward_kernel<T, I><<<grid, kThreads, 0, on.stream>>>(
+          device_ptr<const T>(grad_out), device_ptr<const I>(sorted_rows), device_ptr<const I>(sorted_positions),
+          device_ptr<T>(grad_weight), n, vocab, channels, error);
       ZG_CUDA_CHECK_LAUNCH();
     });
   });
@@ -243,6 +405,26 @@ void CudaBackend::cross_entropy(const Tensor& logits, const Tensor& target, int6
       cross_entropy_kernel<T, I, Loss><<<blocks_for_rows(rows), kThreads, 0, on.stream>>>(
           device_ptr<const T>(logits), device_ptr<const I>(target), device_ptr<Loss>(loss), rows, classes,
           ignore_index, error);
+      ZG_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                         const Tensor& loss, const Tensor& grad_loss, const Tensor& grad_logits) {
+  require_contiguous("cross_entropy_backward", {&logits, &target, &loss, &grad_loss, &grad_logits});
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  OnDevice on(logits.device());
+  with_float(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
+    using Loss = std::conditional_t<std::is_same_v<T, double>, double, float>;
+    ZG_CHECK(loss.dtype() == dtype_of<Loss>() && grad_loss.dtype() == dtype_of<Loss>(),
+             "cross_entropy_backward: losses and their gradient must be ", name(dtype_of<Loss>()), " for ",
+             describe(logits), ", got ", describe(loss), " and ", describe(grad_loss));
+    with_index(target.dtype(), "cross_entropy_backward", [&]<class I>() {
+      if (rows == 0) return;
+      cross_entropy_backward_kernel<T, I, Loss><<<blocks_for_rows(rows), kThreads, 0, on.stream>>>(
+          device_ptr<const T>(logits), device_ptr<const I>(target), device_ptr<const Loss>(loss),
+          device_ptr<const Loss>(grad_loss), device_ptr<T>(grad_logits), rows, classes, ignore_index);
       ZG_CUDA_CHECK_LAUNCH();
     });
   });

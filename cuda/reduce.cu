@@ -1,5 +1,8 @@
 // Row reductions over a contiguous [M, R] matrix: one block per row, each thread
-// folding a strided part of the row, then a tree over the block. Floating-point
+// folding a strided part of the row, then a tree over the block. Few long rows (a
+// gradient norm is one row of every parameter) would leave most of the GPU idle, so
+// sums over such rows are split: many blocks fold one chunk each, a second pass adds
+// the chunks in order (deterministic, no atomics). Floating-point
 // sums accumulate in f64 (as on the CPU, which is the reference), integer sums in
 // i64. max/min propagate NaN; argmax/argmin return the first extreme index.
 #include <cmath>
@@ -37,6 +40,66 @@ __global__ void row_sum_kernel(const T* x, Out* out, int64_t rows, int64_t lengt
         out[row] = convert<Out>(total);
     }
   }
+}
+
+// Split sums, pass 1: block (s, r) folds chunk s of row r into partial[r, s]
+// (squared first for SumKind::squares), chunks of chunk_length elements.
+template <SumKind Kind, class T>
+__global__ void row_partial_sum_kernel(const T* x, sum_t<T>* partial, int64_t rows, int64_t length,
+                                       int64_t chunk_length) {
+  using Acc = sum_t<T>;
+  const int64_t split = blockIdx.x, splits = gridDim.x;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const T* line = x + row * length;
+    const int64_t begin = split * chunk_length;
+    const int64_t end = begin + chunk_length < length ? begin + chunk_length : length;
+    Acc total = 0;
+    for (int64_t j = begin + threadIdx.x; j < end; j += kThreads) {
+      const Acc v = static_cast<Acc>(widen(line[j]));
+      total += Kind == SumKind::squares ? v * v : v;
+    }
+    total = block_reduce(total, Add{});
+    if (threadIdx.x == 0) partial[row * splits + split] = total;
+  }
+}
+
+// Split sums, pass 2: out[r] = sum_s partial[r, s] (divided by R for a floating mean).
+template <SumKind Kind, class Acc, class Out>
+__global__ void row_finish_sum_kernel(const Acc* partial, Out* out, int64_t rows, int64_t splits, int64_t length) {
+  for (int64_t row = grid_index(); row < rows; row += grid_stride()) {
+    Acc total = 0;
+    for (int64_t s = 0; s < splits; ++s) total += partial[row * splits + s];
+    if constexpr (Kind == SumKind::mean && std::is_floating_point_v<Acc>)
+      out[row] = convert<Out>(total / static_cast<double>(length));
+    else
+      out[row] = convert<Out>(total);
+  }
+}
+
+// Launches the sum of each row into out: one block per row, or, when the rows are too
+// few to fill the GPU and long enough to share, `splits` blocks per row and a finish.
+template <SumKind Kind, class T, class Out>
+void row_sum(const Tensor& in, Out* out, cudaStream_t stream) {
+  const int64_t rows = in.size(0), length = in.size(1);
+  constexpr int64_t kTargetBlocks = 1024, kMinChunk = 16 * kThreads;  // >= 16 elements a thread
+  const int64_t splits =
+      std::max<int64_t>(1, std::min(kTargetBlocks / std::max<int64_t>(rows, 1), length / kMinChunk));
+  const T* x = device_ptr<const T>(in);
+  if (splits == 1) {
+    row_sum_kernel<Kind, T, Out><<<blocks_for_rows(rows), kThreads, 0, stream>>>(x, out, rows, length);
+    ZG_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  using Acc = sum_t<T>;
+  const int64_t chunk_length = (length + splits - 1) / splits;
+  const Tensor partial =
+      Tensor::empty({rows * splits}, TensorOptions(std::is_floating_point_v<Acc> ? DType::f64 : DType::i64).device(in.device()));
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  row_partial_sum_kernel<Kind, T><<<grid, kThreads, 0, stream>>>(x, device_ptr<Acc>(partial), rows, length, chunk_length);
+  ZG_CUDA_CHECK_LAUNCH();
+  row_finish_sum_kernel<Kind, Acc, Out><<<blocks_for(rows), kThreads, 0, stream>>>(device_ptr<const Acc>(partial), out,
+                                                                                  rows, splits, length);
+  ZG_CUDA_CHECK_LAUNCH();
 }
 
 // The preferred of two candidates (value, index) of a row: an empty one (index < 0)
@@ -103,20 +166,16 @@ void CudaBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
         case ReduceOp::sum:
         case ReduceOp::mean:
           ZG_CHECK(out.dtype() == in.dtype(), "reduce: sum/mean write the input's dtype, got ", describe(out));
-          if (op == ReduceOp::sum)
-            row_sum_kernel<SumKind::sum, T, T><<<blocks, kThreads, 0, on.stream>>>(x, device_ptr<T>(out), rows, length);
-          else
-            row_sum_kernel<SumKind::mean, T, T><<<blocks, kThreads, 0, on.stream>>>(x, device_ptr<T>(out), rows, length);
+          if (op == ReduceOp::sum) row_sum<SumKind::sum, T>(in, device_ptr<T>(out), on.stream);
+          else row_sum<SumKind::mean, T>(in, device_ptr<T>(out), on.stream);
           break;
         case ReduceOp::max: extreme.template operator()<true, false>(); break;
         case ReduceOp::min: extreme.template operator()<false, false>(); break;
         case ReduceOp::argmax: extreme.template operator()<true, true>(); break;
         case ReduceOp::argmin: extreme.template operator()<false, true>(); break;
         case ReduceOp::sum_of_squares:
-          if (out.dtype() == DType::f64)
-            row_sum_kernel<SumKind::squares, T, double><<<blocks, kThreads, 0, on.stream>>>(x, device_ptr<double>(out), rows, length);
-          else if (out.dtype() == DType::f32)
-            row_sum_kernel<SumKind::squares, T, float><<<blocks, kThreads, 0, on.stream>>>(x, device_ptr<float>(out), rows, length);
+          if (out.dtype() == DType::f64) row_sum<SumKind::squares, T>(in, device_ptr<double>(out), on.stream);
+          else if (out.dtype() == DType::f32) row_sum<SumKind::squares, T>(in, device_ptr<float>(out), on.stream);
           else
             fail("reduce: sum_of_squares writes f32 or f64, got ", describe(out));
           break;

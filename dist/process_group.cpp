@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "tensor/context.h"
+#include "tensor/trace.h"
 
 namespace zg::dist {
 
@@ -175,7 +176,11 @@ class CommWorker {
   std::thread thread_;
 };
 
-HostGroup::HostGroup() : worker_(std::make_unique<CommWorker>([this](const Collective& c) { run(c); })) {}
+HostGroup::HostGroup()
+    : worker_(std::make_unique<CommWorker>([this](const Collective& c) {
+        TraceRange range(name(c.op));  // the transfer itself, on the worker's row of the timeline
+        run(c);
+      })) {}
 
 HostGroup::~HostGroup() = default;
 
@@ -189,6 +194,7 @@ WorkHandle HostGroup::issue(Collective c) {
 // ---- every group ----------------------------------------------------------------
 
 WorkHandle ProcessGroup::submit(Collective c) {
+  TraceRange range(name(c.op));
   bytes_sent_ += c.ring_bytes(size());
   return issue(std::move(c));
 }

@@ -1,7 +1,13 @@
 #include "nn/module.h"
 
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <typeinfo>
+
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "tensor/trace.h"
 
 namespace zg::nn {
 
@@ -9,7 +15,20 @@ Tensor Module::forward(const Tensor&) {
   fail("forward: this module has no one-tensor forward; call its own forward method");
 }
 
+// What a profiler shows for a module's forward: its name in its parent and its class,
+// "attn (CausalSelfAttention)"; the class alone for a module nobody registered.
+std::string Module::trace_name() const {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(typeid(*this).name(), nullptr, nullptr, &status);
+  std::string type = status == 0 && demangled ? demangled : typeid(*this).name();
+  std::free(demangled);
+  if (const size_t last = type.rfind("::"); last != std::string::npos) type = type.substr(last + 2);
+  return local_name_.empty() ? type : local_name_ + " (" + type + ")";
+}
+
 Tensor Module::operator()(const Tensor& input) {
+  if (trace_name_.empty()) trace_name_ = trace_name();
+  TraceRange range(trace_name_);
   Tensor x = input;
   for (const auto& hook : pre_hooks_)
     if (Tensor replaced = hook(*this, x); replaced.defined()) x = replaced;
@@ -45,6 +64,8 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
   ZG_CHECK(module != nullptr, "register_module: '", name, "' is null");
   for (const auto& [existing, _] : children_)
     ZG_CHECK(existing != name, "register_module: '", name, "' is already registered");
+  module->local_name_ = name;
+  module->trace_name_.clear();
   children_.emplace_back(name, std::move(module));
 }
 

@@ -66,6 +66,7 @@ class Module {
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> module);
   void collect(const std::string& prefix, bool buffers, NamedTensors& out) const;
+  std::string trace_name() const;
   void convert(const std::function<Tensor(const Tensor&)>& fn);
 
   NamedTensors parameters_, buffers_;
@@ -73,6 +74,8 @@ class Module {
   std::vector<ForwardPreHook> pre_hooks_;
   std::vector<ForwardHook> post_hooks_;
   bool training_ = true;
+  std::string local_name_;  // the name its parent registered it under ("attn", "0")
+  std::string trace_name_;  // its profiler range's name, made on the first call
 };
 
 // A list of modules named "0", "1", ... (transformer.h.0, transformer.h.1, ...).

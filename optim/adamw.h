@@ -23,15 +23,18 @@ struct AdamWSpan {
 };
 
 // One AdamW update of every span (the fused backend kernel per span).
+// device_scale (optional, one f32 on the spans' device) multiplies grad_scale on the
+// device: a clipping coefficient that was never read back to the host.
 void adamw_update(const std::vector<AdamWSpan>& spans, const AdamWOptions& options, double lr, int64_t step,
-                  double grad_scale);
+                  double grad_scale, const Tensor& device_scale = {});
 
 class AdamW {
  public:
   AdamW(FlatParameters& params, AdamWOptions options = {});
   // One update of every span. grad_scale multiplies the gradients first: 1 / loss scale,
-  // times the clipping coefficient.
-  void step(double lr, double grad_scale = 1.0);
+  // times the clipping coefficient -- or that coefficient stays on the device, in
+  // device_scale (optim::clip_coefficient_on_device), and the step never waits for it.
+  void step(double lr, double grad_scale = 1.0, const Tensor& device_scale = {});
   int64_t steps() const { return step_; }
   void set_steps(int64_t step) { step_ = step; }
 

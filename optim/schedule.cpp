@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tensor/autograd.h"
 #include "tensor/ops.h"
 
 namespace zg::optim {
@@ -16,6 +17,15 @@ double warmup_cosine_lr(int64_t step, double max_lr, double min_lr, int64_t warm
 
 double grad_norm(const FlatParameters& params, double inv_scale) {
   return std::sqrt(sum_of_squares(params.grad).item<double>()) * inv_scale;
+}
+
+Tensor clip_coefficient_on_device(const FlatParameters& params, double max_norm) {
+  NoGradGuard no_grad;
+  const Tensor norm = sqrt(sum_of_squares(params.grad).to(DType::f32)).view({1});
+  const Tensor one = ones_like(norm);
+  if (max_norm <= 0) return one;
+  const Tensor coefficient = minimum(div(full_like(norm, max_norm), add(norm, 1e-6)), 1.0);
+  return where(lt(norm, INFINITY), coefficient, one);
 }
 
 double clip_coefficient(double norm, double max_norm) {

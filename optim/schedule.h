@@ -20,4 +20,9 @@ double grad_norm(const FlatParameters& params, double inv_scale = 1.0);
 // max_norm <= 0 disables clipping): min(1, max_norm / (norm + 1e-6)).
 double clip_coefficient(double norm, double max_norm);
 
+// The same coefficient computed where the gradients are, as a one-element f32 tensor
+// for AdamW::step's device_scale: nothing is read back, so a GPU step issues its
+// kernels without waiting. A non-finite norm gives 1 (as clip_coefficient).
+Tensor clip_coefficient_on_device(const FlatParameters& params, double max_norm);
+
 }  // namespace zg::optim

@@ -25,6 +25,7 @@ enum class UnaryOp : uint8_t {
 
 enum class BinaryOp : uint8_t {
   add, sub, mul, div, pow, maximum, minimum,  // out has the inputs' dtype
+  gelu_backward,  // (x, g) -> g * gelu'(x): GELU's gradient in one pass, floating only
   eq, ne, lt, le, gt, ge,                     // out is bool
   logical_and, logical_or,                    // bool x bool -> bool
 };
@@ -53,6 +54,10 @@ struct AdamWStep {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   double grad_scale = 1.0;  // unscales (1 / loss scale) and clips in the same pass
   int64_t step = 1;         // 1 for the first update
+  // Optional: a one-element f32 tensor on the master's device that multiplies
+  // grad_scale -- a clipping coefficient computed on the device, so the step needs no
+  // host read of the gradient norm (optim::clip_coefficient_on_device).
+  Tensor device_scale;
 };
 
 class Backend {
@@ -95,6 +100,16 @@ class Backend {
   virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                           const Tensor& out, const Tensor& mean, const Tensor& rstd) = 0;
 
+  // Layer norm's backward over rows, in one pass (no [M, C] temporaries): x, grad_out,
+  // grad_x [M, C] contiguous; mean, rstd [M] from the forward. With xhat = (x - mean) rstd
+  // and gxhat = grad_out * weight (weight undefined: 1):
+  //   grad_x = rstd (gxhat - mean_C(gxhat) - xhat mean_C(gxhat xhat))
+  //   grad_weight = sum_M(grad_out xhat),  grad_bias = sum_M(grad_out)
+  // grad_weight and grad_bias ([C], x's dtype, overwritten) may be undefined: not wanted.
+  virtual void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,
+                                   const Tensor& grad_bias) = 0;
+
   // out[i, :] = weight[indices[i], :]; weight [V, C] contiguous, indices [N] i32/i64
   // contiguous, out [N, C]. Throws on an index outside [0, V) where it can check.
   virtual void embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) = 0;
@@ -105,7 +120,8 @@ class Backend {
   virtual void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const Tensor& compute, const AdamWStep& step) = 0;
 
-  // grad_weight[indices[i], :] += grad_out[i, :] (rows repeat: accumulate).
+  // grad_weight[indices[i], :] += grad_out[i, :] (rows repeat: accumulate). Each row's
+  // contributions are summed in f64 in order of i and added once (rounded once to its dtype).
   // grad_out [N, C] contiguous, indices [N], grad_weight [V, C] contiguous.
   virtual void embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) = 0;
 
@@ -114,6 +130,13 @@ class Backend {
   // loss [N] in f32 (f64 for f64 logits) whatever the logits' dtype.
   virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                              const Tensor& loss) = 0;
+  // Its backward, softmax recomputed row by row so the [N, C] probabilities are never
+  // stored; the row's logsumexp is read back from the forward's loss (lse = loss + x[t]):
+  //   grad_logits[i, :] = grad_loss[i] (exp(logits[i, :] - lse_i) - onehot(target[i])),
+  // and 0 on rows whose target is ignore_index. loss, grad_loss [N] in the loss dtype;
+  // grad_logits [N, C] contiguous in the logits' dtype.
+  virtual void cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                      const Tensor& loss, const Tensor& grad_loss, const Tensor& grad_logits) = 0;
 
   // Fused ("flash") attention: the [T, S] scores are never stored. q [B, H, T, D],
   // k, v [B, H, S, D] and out [B, H, T, D] have unit stride in D and any other strides

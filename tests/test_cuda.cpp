@@ -178,6 +178,42 @@ TEST_CASE("every backend primitive matches the CPU in f32, bf16, f16 and f64" * 
     sum(embedding(leaf_c, idx) * g).backward();
     sum(embedding(leaf_g, idx.to(kCUDA)) * g.to(kCUDA)).backward();
     check_identical(leaf_g.grad().to(kCPU), leaf_c.grad(), std::string("embedding_backward") + in);
+
+    // The fused backward kernels (GELU, layer norm, cross-entropy) and softmax's, through
+    // autograd: d/dx sum(f(x) * r) on both devices.
+    const Tensor r = randn({37, 300}, dt);
+    auto same_grad = [&](const std::function<Tensor(const Tensor&)>& f, const std::string& what) {
+      const Tensor on_cpu = x.detach().set_requires_grad(true), on_gpu = xg.detach().set_requires_grad(true);
+      sum(f(on_cpu) * r).backward();
+      sum(f(on_gpu) * r.to(kCUDA)).backward();
+      same(on_gpu.grad(), on_cpu.grad(), what + " backward");
+    };
+    same_grad([](const Tensor& v) { return gelu(v); }, "gelu");
+    same_grad([](const Tensor& v) { return softmax(v, 1); }, "softmax");
+    same_grad([&](const Tensor& v) { return layer_norm(v, v.device() == kCUDA ? w.to(kCUDA) : w, Tensor(), 1e-5); },
+              "layer_norm");
+    for (const Tensor* param : {&w, &b}) {  // the weight's and bias's gradients, summed over 37 rows
+      const Tensor pc = param->detach().set_requires_grad(true), pg = param->to(kCUDA).detach().set_requires_grad(true);
+      sum(layer_norm(x, param == &w ? pc : w, param == &b ? pc : b, 1e-5) * r).backward();
+      sum(layer_norm(xg, param == &w ? pg : w.to(kCUDA), param == &b ? pg : b.to(kCUDA), 1e-5) * r.to(kCUDA)).backward();
+      same(pg.grad(), pc.grad(), param == &w ? "layer_norm weight backward" : "layer_norm bias backward");
+    }
+    const Tensor logits_c = logits.detach().set_requires_grad(true), logits_g = logits.to(kCUDA).detach().set_requires_grad(true);
+    cross_entropy(logits_c, target).backward();
+    cross_entropy(logits_g, target.to(kCUDA)).backward();
+    same(logits_g.grad(), logits_c.grad(), "cross_entropy backward");
+  }
+}
+
+TEST_CASE("sums over few long rows (a gradient norm) split across blocks and match the CPU" * doctest::skip(kNoGpu)) {
+  manual_seed(5);
+  for (const int64_t length : {int64_t{4096}, int64_t{100'003}, int64_t{3'000'017}}) {
+    CAPTURE(length);
+    const Tensor x = randn({length}, DType::f32), rows = randn({3, length / 3}, DType::bf16);
+    check_close(sum_of_squares(x.to(kCUDA)), Host::of(sum_of_squares(x)), 1e-6, 1e-6, "sum_of_squares");
+    check_close(sum(x.to(kCUDA)), Host::of(sum(x)), 1e-5, 1e-3, "sum");
+    check_close(mean(rows.to(kCUDA), {1}), Host::of(mean(rows, {1})), 1e-2, 1e-3, "mean of bf16 rows");
+    check_identical(sum(ones({length}, DType::i32).to(kCUDA)).to(kCPU), sum(ones({length}, DType::i32)), "count");
   }
 }
 

@@ -70,6 +70,32 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
             "--stage must be 0, 1, 2, 3 or all, got '4'") != std::string::npos);
   CHECK(status != 0);
 }
+
+// bench/train_step's CPU path, as bench/torch_reference.py reads it: one JSON record,
+// a loss per step (falling: every step trains on the same tokens), positive speed.
+TEST_CASE("bench/train_step --json trains the same token block and reports speed and memory") {
+  int status = 0;
+  const std::string out = run_command(std::string(ZG_BENCH_DIR) +
+                                          "/train_step --device cpu --model tiny --dtype f32 --batch 2 --seq 16 "
+                                          "--steps 6 --warmup 1 --lr 1e-2 --json",
+                                      status);
+  REQUIRE(status == 0);
+  const std::regex record(R"re(\{"impl": "zerograd", "model": "tiny", "device": "cpu", "dtype": "f32", "batch": 2, "seq": 16, "params": (\d+), "steps": 6, "timed_steps": 5, "ms_per_step": ([0-9.]+), "tokens_per_s": ([0-9.]+), .*"peak_allocated": (\d+), .*"losses": \[([^\]]*)\]\})re");
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, record));
+  CHECK(std::stod(m[3]) > 0);
+  CHECK(std::stoll(m[4]) > 0);
+  std::vector<double> losses;
+  const std::string list = m[5];
+  const std::regex number(R"([0-9.]+)");
+  for (auto it = std::sregex_iterator(list.begin(), list.end(), number); it != std::sregex_iterator(); ++it)
+    losses.push_back(std::stod(it->str()));
+  REQUIRE(losses.size() == 6);
+  CHECK(losses.back() < losses.front() - 0.5);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/train_step --dtype f8 2>&1", status).find(
+            "--dtype must be bf16 or f32, got f8") != std::string::npos);
+  CHECK(status != 0);
+}
 #endif
 
 }  // namespace zg::test

@@ -85,6 +85,33 @@ TEST_CASE("warmup + cosine schedule, grad norm and clipping") {
   CHECK(optim::clip_coefficient(0.5, 1.0) == 1.0);
 }
 
+TEST_CASE("clipping on the device: the host's coefficient, and the same AdamW step, without a read-back") {
+  for (const double max_norm : {1.0, 10.0, 0.0}) {
+    CAPTURE(max_norm);
+    OneParam host({0.5, -1.0, 2.0}), device({0.5, -1.0, 2.0});
+    optim::FlatParameters host_flat(host.named_parameters(), DType::f32), device_flat(device.named_parameters(), DType::f32);
+    optim::AdamW host_adamw(host_flat, {}), device_adamw(device_flat, {});
+    for (optim::FlatParameters* flat : {&host_flat, &device_flat}) flat->grad.copy_(tensor<float>({3, 0, 4}));
+    const Tensor coefficient = optim::clip_coefficient_on_device(device_flat, max_norm);
+    CHECK(coefficient.shape() == Shape{1});
+    CHECK(coefficient.dtype() == DType::f32);
+    CHECK(coefficient.item<double>() == doctest::Approx(optim::clip_coefficient(5.0, max_norm)).epsilon(1e-6));
+    host_adamw.step(0.1, optim::clip_coefficient(optim::grad_norm(host_flat), max_norm));
+    device_adamw.step(0.1, 1.0, coefficient);
+    const std::vector<float> a = host_flat.master.to_vector<float>(), b = device_flat.master.to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-6));
+  }
+  // A non-finite norm leaves the gradient alone (the step is then skipped by the caller).
+  OneParam module({0, 0, 0});
+  optim::FlatParameters flat(module.named_parameters(), DType::f32);
+  flat.grad.copy_(tensor<float>({INFINITY, 0, 1}));
+  CHECK(optim::clip_coefficient_on_device(flat, 1.0).item<double>() == 1.0);
+  // A scale that is not one f32 on the master's device is refused by name.
+  optim::AdamW adamw(flat, {});
+  CHECK_THROWS_WITH_AS(adamw.step(0.1, 1.0, tensor<double>({1.0})),
+                       doctest::Contains("adamw: device_scale must be one f32 on cpu"), Error);
+}
+
 TEST_CASE("gradient accumulation over two micro-batches equals one batch") {
   manual_seed(3);
   nn::GPT model(tiny_config());

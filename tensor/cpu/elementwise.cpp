@@ -58,6 +58,14 @@ void with_arithmetic(BinaryOp op, Body&& body) {
     // NaN wins, as in torch.maximum / torch.minimum.
     case BinaryOp::maximum: return body([](auto a, auto b) { return (a != a || a > b) ? a : b; });
     case BinaryOp::minimum: return body([](auto a, auto b) { return (a != a || a < b) ? a : b; });
+    // a = x, b = g:  g (0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) k (1 + 3 c x^2)),  u = k (x + c x^3)
+    case BinaryOp::gelu_backward:
+      return body([](auto x, auto g) {
+        using C = decltype(x);
+        const C k = C(0.7978845608028654), c = C(0.044715);
+        const C t = std::tanh(k * (x + c * x * x * x));
+        return g * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * k * (C(1) + C(3) * c * x * x));
+      });
     default: break;
   }
   fail("binary: op ", static_cast<int>(op), " is not arithmetic");

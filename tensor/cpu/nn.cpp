@@ -1,8 +1,10 @@
 // Row kernels of the neural-network primitives: softmax, layer norm, embedding
 // and cross-entropy. Statistics are accumulated in f64.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loops.h"
@@ -81,6 +83,46 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
   });
 }
 
+// xhat = (x - mean) rstd, gxhat = g w:
+//   dx = rstd (gxhat - mean_C(gxhat) - xhat mean_C(gxhat xhat)),  dw = sum_M(g xhat),  db = sum_M(g).
+void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                     const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,
+                                     const Tensor& grad_bias) {
+  const int64_t rows = x.size(0), channels = x.size(1);
+  const auto width = static_cast<double>(channels);
+  std::vector<double> dw(grad_weight.defined() ? channels : 0), db(grad_bias.defined() ? channels : 0);
+  with_float(x.dtype(), "layer_norm_backward", [&]<class T>() {
+    const T* w = weight.defined() ? weight.data<T>() : nullptr;
+    auto at = [](const T* p, int64_t j) { return static_cast<double>(compute_t<T>(p[j])); };
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* xr = x.data<T>() + i * channels;
+      const T* g = grad_out.data<T>() + i * channels;
+      double mu = 0, r = 0;
+      dispatch(mean.dtype(), [&]<class S>() {
+        mu = static_cast<double>(compute_t<S>(mean.data<S>()[i]));
+        r = static_cast<double>(compute_t<S>(rstd.data<S>()[i]));
+      });
+      double mean_gxhat = 0, mean_gxhat_xhat = 0;
+      for (int64_t j = 0; j < channels; ++j) {
+        const double xhat = (at(xr, j) - mu) * r, gxhat = at(g, j) * (w ? at(w, j) : 1.0);
+        mean_gxhat += gxhat;
+        mean_gxhat_xhat += gxhat * xhat;
+        if (!dw.empty()) dw[j] += at(g, j) * xhat;
+        if (!db.empty()) db[j] += at(g, j);
+      }
+      mean_gxhat /= width;
+      mean_gxhat_xhat /= width;
+      T* dx = grad_x.data<T>() + i * channels;
+      for (int64_t j = 0; j < channels; ++j) {
+        const double xhat = (at(xr, j) - mu) * r, gxhat = at(g, j) * (w ? at(w, j) : 1.0);
+        dx[j] = convert<T>(r * (gxhat - mean_gxhat - xhat * mean_gxhat_xhat));
+      }
+    }
+    for (int64_t j = 0; j < static_cast<int64_t>(dw.size()); ++j) grad_weight.data<T>()[j] = convert<T>(dw[j]);
+    for (int64_t j = 0; j < static_cast<int64_t>(db.size()); ++j) grad_bias.data<T>()[j] = convert<T>(db[j]);
+  });
+}
+
 void CpuBackend::embedding(const Tensor& weight, const Tensor& indices, const Tensor& out) {
   const int64_t vocab = weight.size(0), row_bytes = weight.size(1) * weight.element_size();
   const char* w = static_cast<const char*>(weight.data_ptr());
@@ -98,15 +140,34 @@ void CpuBackend::embedding(const Tensor& weight, const Tensor& indices, const Te
   });
 }
 
+// grad_weight[v, :] += sum over the i with indices[i] = v of grad_out[i, :], each
+// row's sum taken in f64 in order of i and added once: the positions are stably
+// sorted by index, so each row's contributions form one segment. The CUDA backend
+// does the same (a radix sort, then a thread per segment and channel): the two agree
+// bit for bit, and a repeated token loses no precision to bf16 rounding on each add.
 void CpuBackend::embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) {
-  const int64_t channels = grad_weight.size(1);
+  const int64_t channels = grad_weight.size(1), n = indices.numel();
   with_float(grad_weight.dtype(), "embedding_backward", [&]<class T>() {
     dispatch(indices.dtype(), [&]<class I>() {
       if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
-        for (int64_t i = 0; i < indices.numel(); ++i) {
-          const T* g = grad_out.data<T>() + i * channels;
-          T* w = grad_weight.data<T>() + indices.data<I>()[i] * channels;
-          for (int64_t c = 0; c < channels; ++c) w[c] = T(compute_t<T>(w[c]) + compute_t<T>(g[c]));
+        const I* idx = indices.data<I>();
+        std::vector<int64_t> order(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) order[i] = i;
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return idx[a] < idx[b]; });
+        std::vector<double> total(static_cast<size_t>(channels));
+        for (int64_t start = 0; start < n;) {
+          const int64_t row = idx[order[start]];
+          int64_t end = start;
+          std::fill(total.begin(), total.end(), 0.0);
+          for (; end < n && idx[order[end]] == row; ++end) {
+            const T* g = grad_out.data<T>() + order[end] * channels;
+            for (int64_t c = 0; c < channels; ++c) total[c] += static_cast<double>(compute_t<T>(g[c]));
+          }
+          ZG_CHECK(row >= 0 && row < grad_weight.size(0), "embedding_backward: index ", row,
+                   " is out of range for a weight of ", grad_weight.size(0), " rows");
+          T* w = grad_weight.data<T>() + row * channels;
+          for (int64_t c = 0; c < channels; ++c) w[c] = convert<T>(static_cast<double>(compute_t<T>(w[c])) + total[c]);
+          start = end;
         }
       }
     });
@@ -138,6 +199,32 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64
   });
 }
 
+// lse_i = loss_i + x_i[t_i]:  dx_i = g_i (exp(x_i - lse_i) - onehot(t_i)), 0 for ignored rows.
+void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                                        const Tensor& loss, const Tensor& grad_loss, const Tensor& grad_logits) {
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  with_float(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
+    dispatch(target.dtype(), [&]<class I>() {
+      if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
+        using Loss = std::conditional_t<std::is_same_v<T, double>, double, float>;
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t t = target.data<I>()[i];
+          const T* x = logits.data<T>() + i * classes;
+          T* dx = grad_logits.data<T>() + i * classes;
+          if (t == ignore_index) {
+            std::fill(dx, dx + classes, convert<T>(0.0));
+            continue;
+          }
+          const double g = grad_loss.data<Loss>()[i];
+          const double lse = static_cast<double>(loss.data<Loss>()[i]) + static_cast<double>(compute_t<T>(x[t]));
+          for (int64_t j = 0; j < classes; ++j)
+            dx[j] = convert<T>(g * (std::exp(static_cast<double>(compute_t<T>(x[j])) - lse) - (j == t ? 1.0 : 0.0)));
+        }
+      }
+    });
+  });
+}
+
 }  // namespace zg::cpu
 
 namespace zg::cpu {
@@ -148,6 +235,12 @@ void CpuBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& m
                        const Tensor& compute, const AdamWStep& s) {
   const double bias1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
   const double bias2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
+  const Tensor& device_scale = s.device_scale;
+  ZG_CHECK(!device_scale.defined() || (device_scale.numel() == 1 && device_scale.dtype() == DType::f32 &&
+                                       device_scale.device() == master.device()),
+           "adamw: device_scale must be one f32 on ", master.device().str(), ", got ", describe(device_scale));
+  const double grad_scale =
+      device_scale.defined() ? s.grad_scale * static_cast<double>(device_scale.data<float>()[0]) : s.grad_scale;
   with_float(master.dtype(), "adamw", [&]<class M>() {
     if constexpr (std::is_same_v<M, float> || std::is_same_v<M, double>) {
       M* p = master.data<M>();
@@ -156,7 +249,7 @@ void CpuBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& m
       with_float(grad.dtype(), "adamw", [&]<class G>() {
         const G* g = grad.data<G>();
         for (int64_t i = 0; i < master.numel(); ++i) {
-          const double gi = static_cast<double>(compute_t<G>(g[i])) * s.grad_scale;
+          const double gi = static_cast<double>(compute_t<G>(g[i])) * grad_scale;
           double pi = static_cast<double>(p[i]) * (1.0 - s.lr * s.weight_decay);
           const double mi = s.beta1 * m1[i] + (1.0 - s.beta1) * gi;
           const double vi = s.beta2 * m2[i] + (1.0 - s.beta2) * gi * gi;

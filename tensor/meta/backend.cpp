@@ -34,10 +34,14 @@ class MetaBackend final : public Backend {
   void softmax(const Tensor&, bool, const Tensor&) override {}
   void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&,
                   const Tensor&) override {}
+  void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const Tensor&, const Tensor&) override {}
   void embedding(const Tensor&, const Tensor&, const Tensor&) override {}
   void embedding_backward(const Tensor&, const Tensor&, const Tensor&) override {}
   void adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWStep&) override {}
   void cross_entropy(const Tensor&, const Tensor&, int64_t, const Tensor&) override {}
+  void cross_entropy_backward(const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&,
+                              const Tensor&) override {}
 };
 
 }  // namespace

@@ -35,7 +35,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
   check_compatible(name, a, b);
   if (is_logical(op)) {
     ZG_CHECK(a.dtype() == DType::boolean, name, ": expected bool tensors, got ", describe(a), " and ", describe(b));
-  } else if (op == BinaryOp::div || op == BinaryOp::pow) {
+  } else if (op == BinaryOp::div || op == BinaryOp::pow || op == BinaryOp::gelu_backward) {
     detail::check_floating(name, a);
   } else if (!is_comparison(op)) {
     ZG_CHECK(a.dtype() != DType::boolean, name, ": not defined for bool tensors, got ", describe(a), " and ",
@@ -135,14 +135,10 @@ Tensor relu(const Tensor& x) {
 }
 
 // y = x/2 (1 + tanh(u)), u = k (x + c x^3), k = sqrt(2/pi), c = 0.044715:
-// dy = (1 + tanh(u)) / 2 + x/2 (1 - tanh(u)^2) k (1 + 3 c x^2)
+// dy = (1 + tanh(u)) / 2 + x/2 (1 - tanh(u)^2) k (1 + 3 c x^2), one kernel (BinaryOp::gelu_backward)
 Tensor gelu(const Tensor& x) {
   return differentiable(unary(UnaryOp::gelu, x, "gelu"), kGelu, {x}, [x = SavedTensor(x)](const Tensor& g) {
-    const Tensor v = x.get("gelu");
-    const double k = 0.7978845608028654, c = 0.044715;
-    const Tensor t = tanh((v + v * v * v * c) * k);
-    const Tensor slope = (1.0 + t) * 0.5 + v * 0.5 * (1.0 - t * t) * k * (1.0 + v * v * (3 * c));
-    return Grads{g * slope};
+    return Grads{binary(BinaryOp::gelu_backward, x.get("gelu"), g, "gelu_backward")};
   });
 }
 

@@ -52,6 +52,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, t
 
 // y = xhat w + b with xhat = (x - mean) rstd. With gxhat = g w:
 //   dx = rstd (gxhat - mean(gxhat) - xhat mean(gxhat xhat)),  dw = sum_rows(g xhat),  db = sum_rows(g)
+// (one backend kernel: Backend::layer_norm_backward)
 LayerNormOutput layer_norm_with_stats(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   detail::check_floating("layer_norm", x);
   ZG_CHECK(x.dim() >= 1, "layer_norm: expected a tensor of rank >= 1, got ", describe(x));
@@ -72,17 +73,14 @@ LayerNormOutput layer_norm_with_stats(const Tensor& x, const Tensor& weight, con
   backend(x.device()).layer_norm(rows, w, b, eps, result.out, result.mean, result.rstd);
   result.out = differentiable(
       result.out, kLayerNorm, {rows, w, b},
-      [rows = SavedTensor(rows), w = SavedTensor(w), mu = SavedTensor(result.mean),
-       rstd = SavedTensor(result.rstd), has_bias = b.defined()](const Tensor& g_in) {
-        const Tensor r = rstd.get("layer_norm").unsqueeze(1);
-        const DType acc = r.dtype(), dtype = g_in.dtype();
-        const Tensor g = g_in.to(acc);
-        const Tensor xhat = (rows.get("layer_norm").to(acc) - mu.get("layer_norm").unsqueeze(1)) * r;
-        const Tensor weight_v = w.get("layer_norm");
-        const Tensor gxhat = weight_v.defined() ? g * weight_v.to(acc) : g;
-        const Tensor dx = r * (gxhat - mean(gxhat, {1}, true) - xhat * mean(gxhat * xhat, {1}, true));
-        return Grads{dx.to(dtype), weight_v.defined() ? sum(g * xhat, {0}).to(dtype) : Tensor(),
-                     has_bias ? sum(g, {0}).to(dtype) : Tensor()};
+      [rows = SavedTensor(rows), w = SavedTensor(w), mu = SavedTensor(result.mean), rstd = SavedTensor(result.rstd),
+       has_weight = w.defined(), has_bias = b.defined()](const Tensor& g) {
+        const Tensor x = rows.get("layer_norm");
+        Grads grads{empty_like(x), has_weight ? empty({x.size(1)}, options_of(x)) : Tensor(),
+                    has_bias ? empty({x.size(1)}, options_of(x)) : Tensor()};
+        backend(x.device()).layer_norm_backward(g.contiguous(), x, w.get("layer_norm"), mu.get("layer_norm"),
+                                                rstd.get("layer_norm"), grads[0], grads[1], grads[2]);
+        return grads;
       });
   result.out = result.out.view(x.shape());
   result.mean = result.mean.view(stat_shape);
@@ -114,7 +112,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   return out.view(out_shape);
 }
 
-// loss_i = lse(x_i) - x_i[t_i]:  dx_i = g_i (softmax(x_i) - onehot(t_i)), and 0 for ignored rows.
+// loss_i = lse(x_i) - x_i[t_i]:  dx_i = g_i (softmax(x_i) - onehot(t_i)), and 0 for ignored rows
+// (Backend::cross_entropy_backward: the probabilities are recomputed per row, never stored).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
   detail::check_floating("cross_entropy", logits);
   detail::check_index_dtype("cross_entropy", target);
@@ -130,15 +129,16 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   const DType acc = accumulate_type(logits.dtype());
   Tensor losses = empty({rows.size(0)}, TensorOptions(acc).device(logits.device()));
   backend(logits.device()).cross_entropy(rows, flat_target.view({-1}), ignore_index, losses);
-  losses = differentiable(
-      losses, kCrossEntropy, {rows},
-      [rows = SavedTensor(rows), t = SavedTensor(flat_target), ignore_index](const Tensor& g) {
-        const Tensor x = rows.get("cross_entropy"), target_v = t.get("cross_entropy");
-        const Tensor classes = arange(x.size(1), TensorOptions(target_v.dtype()).device(x.device())).unsqueeze(0);
-        const Tensor onehot = eq(classes, target_v).to(g.dtype());
-        const Tensor row_grad = g.unsqueeze(1) * ne(target_v, static_cast<double>(ignore_index)).to(g.dtype());
-        return Grads{((softmax(x.to(g.dtype()), 1) - onehot) * row_grad).to(x.dtype())};
-      });
+  losses = differentiable(losses, kCrossEntropy, {rows},
+                          [rows = SavedTensor(rows), t = SavedTensor(flat_target), l = SavedTensor(losses),
+                           ignore_index](const Tensor& g) {
+                            const Tensor x = rows.get("cross_entropy");
+                            Tensor dx = empty_like(x);
+                            backend(x.device()).cross_entropy_backward(x, t.get("cross_entropy").view({-1}),
+                                                                       ignore_index, l.get("cross_entropy"),
+                                                                       g.contiguous(), dx);
+                            return Grads{dx};
+                          });
   // Mean over the targets that count: sum(losses) / #(target != ignore_index).
   const Tensor counted = sum(ne(target, static_cast<double>(ignore_index))).to(acc);
   return div(sum(losses), counted).to(logits.dtype());

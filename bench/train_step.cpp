@@ -1,0 +1,245 @@
+// train_step: the speed of one GPT training step -- forward, backward, global-norm
+// clipping and a fused AdamW update with fp32 master weights -- and its peak memory
+// by category, next to what bench/torch_reference.py measures for the same model,
+// batch and optimizer in PyTorch (run both in one session on one GPU).
+//
+// The step issues its kernels and returns: the clipping coefficient stays on the
+// device (optim::clip_coefficient_on_device) and each step's loss is kept there
+// until the timing is over, so nothing waits for the GPU inside the timed loop.
+//
+//   tokens/s = steps * batch * seq / seconds
+//   MFU      = tokens/s * flops_per_token / peak flop/s, with (PaLM, appendix B)
+//              flops_per_token = 6 Ψ + 12 L C T   (Ψ parameters, L layers, C width, T sequence)
+//
+// Both programs start from the same weights and tokens: `--write-init FILE` writes
+// them (GPT-2 initialisation from --seed, and a [batch, seq + 1] token block), and
+// `--init FILE` in either program reads them; every step trains on that one block.
+//
+//   build/bench/train_step --model 124m --device cuda --write-init /tmp/init.safetensors
+//   python3 bench/torch_reference.py --init /tmp/init.safetensors --mode eager
+//   build/bench/train_step --device cpu --model tiny --dtype f32 --steps 20 --json
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#ifdef ZG_WITH_CUDA
+#include "cuda/device.h"
+#endif
+#include "nn/gpt.h"
+#include "nn/serialize.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "zerograd.h"
+
+using namespace zg;
+
+namespace {
+
+struct Flags {
+  std::string model = "124m", device = "cuda", dtype = "bf16", init, write_init;
+  int64_t batch = 16, seq = 1024, steps = 20, warmup = 3;
+  double lr = 6e-4, peak_tflops = 0;  // 0: from the device name
+  uint64_t seed = 1337;
+  bool json = false;
+};
+
+// GPT-2 124M as in the issue and llm.c: the vocabulary of 50257 padded to 50304 (a
+// multiple of 128) so the LM head's GEMMs take the fast path; tokens stay < 50257.
+struct Preset {
+  const char* name;
+  int64_t layers, heads, embd, vocab, block, tokens;  // tokens: ids drawn from [0, tokens)
+};
+const Preset kPresets[] = {{"tiny", 2, 2, 64, 512, 64, 500}, {"124m", 12, 12, 768, 50304, 1024, 50257},
+                           {"350m", 24, 16, 1024, 50304, 1024, 50257}};
+
+void usage() {
+  std::printf(
+      "usage: train_step [--model tiny|124m|350m] [--device cuda|cpu] [--dtype bf16|f32] [--batch B] [--seq T]\n"
+      "                  [--steps K] [--warmup W] [--lr X] [--seed S] [--init FILE] [--write-init FILE]\n"
+      "                  [--peak-tflops X] [--json]\n"
+      "  K steps are trained and printed; the first W of them are left out of the timing.\n");
+}
+
+bool parse(int argc, char** argv, Flags& f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      ZG_CHECK(i + 1 < argc, "train_step: ", a, " needs a value");
+      return argv[++i];
+    };
+    auto number = [&]() {
+      const std::string v = value();
+      size_t used = 0;
+      double x = 0;
+      try {
+        x = std::stod(v, &used);
+      } catch (...) {
+      }
+      ZG_CHECK(used == v.size() && !v.empty(), "train_step: ", a, " expects a number, got '", v, "'");
+      return x;
+    };
+    if (a == "--help") return false;
+    else if (a == "--model") f.model = value();
+    else if (a == "--device") f.device = value();
+    else if (a == "--dtype") f.dtype = value();
+    else if (a == "--batch") f.batch = static_cast<int64_t>(number());
+    else if (a == "--seq") f.seq = static_cast<int64_t>(number());
+    else if (a == "--steps") f.steps = static_cast<int64_t>(number());
+    else if (a == "--warmup") f.warmup = static_cast<int64_t>(number());
+    else if (a == "--lr") f.lr = number();
+    else if (a == "--seed") f.seed = static_cast<uint64_t>(number());
+    else if (a == "--init") f.init = value();
+    else if (a == "--write-init") f.write_init = value();
+    else if (a == "--peak-tflops") f.peak_tflops = number();
+    else if (a == "--json") f.json = true;
+    else fail("train_step: unknown flag ", a, " (see --help)");
+  }
+  ZG_CHECK(f.batch > 0 && f.seq > 0 && f.steps > f.warmup && f.warmup >= 0,
+           "train_step: need --batch, --seq > 0 and --steps > --warmup >= 0");
+  return true;
+}
+
+const Preset& preset_named(const std::string& name) {
+  for (const Preset& p : kPresets)
+    if (name == p.name) return p;
+  fail("train_step: unknown --model ", name, " (tiny, 124m, 350m)");
+}
+
+// Dense bf16 tensor-core peak of the GPUs this bench is meant for; 0 when unknown
+// (then MFU is not printed unless --peak-tflops gives it).
+double peak_tflops_of(const std::string& description) {
+  if (description.find("H100") != std::string::npos && description.find("PCIe") != std::string::npos) return 756.0;
+  if (description.find("H100") != std::string::npos || description.find("H200") != std::string::npos) return 989.4;
+  return 0.0;
+}
+
+std::string describe_device(Device device) {
+#ifdef ZG_WITH_CUDA
+  if (device.type == DeviceType::cuda) return cuda::device_description(device.index);
+#endif
+  return device.str();
+}
+
+int run(const Flags& f) {
+  const Preset& p = preset_named(f.model);
+  const Device device(f.device);
+  const DType compute = f.dtype == "bf16" ? DType::bf16 : f.dtype == "f32" ? DType::f32
+                        : throw Error("train_step: --dtype must be bf16 or f32, got " + f.dtype);
+  nn::GPTConfig config;
+  config.n_layer = p.layers, config.n_head = p.heads, config.n_embd = p.embd;
+  config.vocab_size = p.vocab, config.block_size = std::max(p.block, f.seq);
+
+  // Weights and the token block: from --init, or GPT-2's initialisation and Philox draws.
+  manual_seed(f.seed);
+  nn::GPT model(config, TensorOptions(DType::f32).device(device));
+  Tensor tokens;
+  if (!f.init.empty()) {
+    nn::load_state(model, f.init, /*strict=*/false);
+    tokens = SafetensorsFile(f.init).read("tokens");
+    ZG_CHECK(tokens.shape() == Shape({f.batch, f.seq + 1}), "train_step: ", f.init, " holds tokens ",
+             describe(tokens), ", but --batch ", f.batch, " --seq ", f.seq, " need [", f.batch, ", ", f.seq + 1, "]");
+  } else {
+    tokens = (rand({f.batch, f.seq + 1}) * static_cast<double>(p.tokens)).to(DType::i64);  // truncation: [0, tokens)
+  }
+  if (!f.write_init.empty()) {
+    std::vector<std::pair<std::string, Tensor>> state;
+    for (const auto& [name, t] : model.named_parameters()) state.emplace_back(name, t);
+    state.emplace_back("tokens", tokens);
+    save_safetensors(f.write_init, state,
+                     {{"n_layer", std::to_string(p.layers)}, {"n_head", std::to_string(p.heads)},
+                      {"n_embd", std::to_string(p.embd)}, {"vocab_size", std::to_string(p.vocab)},
+                      {"block_size", std::to_string(config.block_size)}, {"batch", std::to_string(f.batch)},
+                      {"seq", std::to_string(f.seq)}, {"lr", std::to_string(f.lr)}});
+  }
+  tokens = tokens.to(device);
+  const Tensor inputs = tokens.narrow(1, 0, f.seq).contiguous(), targets = tokens.narrow(1, 1, f.seq).contiguous();
+
+  // bf16 weights the model computes with, fp32 master and Adam moments (16 bytes a parameter).
+  optim::FlatParameters params(model.named_parameters(), compute);
+  optim::AdamW adamw(params, {0.9, 0.95, 1e-8, 0.1});
+  const double max_grad_norm = 1.0;
+
+  std::vector<Tensor> losses;  // kept on the device until the timing is over
+  auto step = [&]() {
+    params.zero_grad();
+    {
+      MemoryScope scope(MemoryCategory::activation);
+      Tensor loss = model.forward(inputs, targets).loss;
+      loss.backward();
+      losses.push_back(loss.detach());
+    }
+    adamw.step(f.lr, 1.0, optim::clip_coefficient_on_device(params, max_grad_norm));
+  };
+  for (int64_t s = 0; s < f.warmup; ++s) step();
+  backend(device).synchronize(device);
+  Context::current().allocator(device)->reset_peaks();
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t s = f.warmup; s < f.steps; ++s) step();
+  backend(device).synchronize(device);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  const int64_t timed = f.steps - f.warmup, psi = model.num_parameters();
+  const double tokens_per_s = static_cast<double>(timed * f.batch * f.seq) / seconds;
+  const double flops_per_token = 6.0 * static_cast<double>(psi) + 12.0 * static_cast<double>(p.layers * p.embd * f.seq);
+  const std::string description = describe_device(device);
+  const double peak = f.peak_tflops > 0 ? f.peak_tflops : peak_tflops_of(description);
+  const double mfu = peak > 0 ? tokens_per_s * flops_per_token / (peak * 1e12) : 0.0;
+  const MemoryStats mem = memory_stats(device);
+  std::vector<double> loss_values;
+  for (const Tensor& l : losses) loss_values.push_back(l.item<double>());
+
+  if (f.json) {
+    std::printf("{\"impl\": \"zerograd\", \"model\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"batch\": %lld, "
+                "\"seq\": %lld, \"params\": %lld, \"steps\": %lld, \"timed_steps\": %lld, \"ms_per_step\": %.3f, "
+                "\"tokens_per_s\": %.1f, \"flops_per_token\": %.0f, \"mfu\": %.4f, \"peak_allocated\": %lld, "
+                "\"peak_parameter\": %lld, \"peak_gradient\": %lld, \"peak_optimizer_state\": %lld, "
+                "\"peak_activation\": %lld, \"reserved\": %lld, \"losses\": [",
+                f.model.c_str(), description.c_str(), f.dtype.c_str(), static_cast<long long>(f.batch),
+                static_cast<long long>(f.seq), static_cast<long long>(psi), static_cast<long long>(f.steps),
+                static_cast<long long>(timed), 1e3 * seconds / static_cast<double>(timed), tokens_per_s,
+                flops_per_token, mfu, static_cast<long long>(mem.peak_total),
+                static_cast<long long>(mem.peak_of(MemoryCategory::parameter)),
+                static_cast<long long>(mem.peak_of(MemoryCategory::gradient)),
+                static_cast<long long>(mem.peak_of(MemoryCategory::optimizer_state)),
+                static_cast<long long>(mem.peak_of(MemoryCategory::activation)),
+                static_cast<long long>(mem.peak_reserved));
+    for (size_t i = 0; i < loss_values.size(); ++i) std::printf("%s%.6f", i ? ", " : "", loss_values[i]);
+    std::printf("]}\n");
+    return 0;
+  }
+  auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  std::printf("zerograd train_step: GPT %s (%lld parameters), batch %lld x %lld tokens, %s compute, on %s\n",
+              f.model.c_str(), static_cast<long long>(psi), static_cast<long long>(f.batch),
+              static_cast<long long>(f.seq), f.dtype.c_str(), description.c_str());
+  for (size_t i = 0; i < loss_values.size(); ++i)
+    std::printf("step %3zu  loss %.6f%s\n", i + 1, loss_values[i], static_cast<int64_t>(i) < f.warmup ? "  (warm-up)" : "");
+  std::printf("%.2f ms/step, %.0f tokens/s over %lld timed steps\n", 1e3 * seconds / static_cast<double>(timed),
+              tokens_per_s, static_cast<long long>(timed));
+  std::printf("flops/token = 6*%lld + 12*%lld*%lld*%lld = %.4g", static_cast<long long>(psi),
+              static_cast<long long>(p.layers), static_cast<long long>(p.embd), static_cast<long long>(f.seq),
+              flops_per_token);
+  if (peak > 0) std::printf("; MFU %.1f%% of %.1f TFLOP/s", 100.0 * mfu, peak);
+  std::printf("\npeak memory (MiB): parameter %.1f, gradient %.1f, optimizer_state %.1f, activation %.1f; "
+              "peak allocated %.1f, reserved %.1f\n",
+              mib(mem.peak_of(MemoryCategory::parameter)), mib(mem.peak_of(MemoryCategory::gradient)),
+              mib(mem.peak_of(MemoryCategory::optimizer_state)), mib(mem.peak_of(MemoryCategory::activation)),
+              mib(mem.peak_total), mib(mem.peak_reserved));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Flags flags;
+    if (!parse(argc, argv, flags)) {
+      usage();
+      return 0;
+    }
+    return run(flags);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
