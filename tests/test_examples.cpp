@@ -1,6 +1,10 @@
 // The examples run as a user runs them: train_gpt's loss falls and its last line
 // is "final loss: X"; the README's model example trains.
+#include <unistd.h>
+
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "helpers.h"
@@ -70,6 +74,73 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
             "--stage must be 0, 1, 2, 3 or all, got '4'") != std::string::npos);
   CHECK(status != 0);
 }
+
+TEST_CASE("bench/gemm --device cpu --json: a record per size with its TFLOP/s; --reference adds vs_torch") {
+  using nlohmann::json;
+  const std::string gemm = std::string(ZG_BENCH_DIR) + "/gemm --device cpu --sizes 64,128 --iters 2 --json";
+  int status = 0;
+  const json records = json::parse(run_command(gemm, status));
+  REQUIRE(status == 0);
+  REQUIRE(records.size() == 2);
+  for (const json& r : records) {
+    INFO(r.dump());
+    const double m = r.at("m"), n = r.at("n"), k = r.at("k"), ms = r.at("ms"), tflops = r.at("tflops");
+    CHECK(r.at("name") == "square " + std::to_string(r.at("m").get<int>()));
+    CHECK((m == n && n == k));
+    CHECK(r.at("dtype") == "bf16");
+    CHECK(r.at("device") == "cpu");
+    CHECK(ms > 0);
+    CHECK(tflops > 0);
+    CHECK(tflops == doctest::Approx(2 * m * n * k / (ms * 1e-3) / 1e12));  // flops = 2 M N K
+  }
+
+  // A reference in bench/torch_gemm.py's format: a row for 64 only (128 gets null), and a row
+  // this run does not have. vs_torch = ours / torch's.
+  const std::string path = "/tmp/zg_test_gemm_reference_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << R"([
+  {"name": "square 64", "product": "A B", "m": 64, "n": 64, "k": 64, "dtype": "bf16", "device": "cpu", "library": "torch 0", "iters": 2, "ms": 1.0, "tflops": 0.001},
+  {"name": "square 32", "product": "A B", "m": 32, "n": 32, "k": 32, "dtype": "bf16", "device": "cpu", "library": "torch 0", "iters": 2, "ms": 1.0, "tflops": 0.001}
+])";
+  const json compared = json::parse(run_command(gemm + " --reference " + path, status));
+  REQUIRE(status == 0);
+  REQUIRE(compared.size() == 2);
+  CHECK(compared[0].at("vs_torch").get<double>() == doctest::Approx(compared[0].at("tflops").get<double>() / 0.001));
+  CHECK(compared[1].at("vs_torch").is_null());
+  const std::string table =
+      run_command(std::string(ZG_BENCH_DIR) + "/gemm --device cpu --sizes 64 --iters 1 --reference " + path, status);
+  CHECK(status == 0);
+  CHECK(table.find("vs torch") != std::string::npos);
+  // A reference measured on another device is refused.
+  std::ofstream(path) << R"([{"name": "square 64", "dtype": "bf16", "device": "cuda:0", "library": "torch 0",
+                               "tflops": 500.0}])";
+  const std::string refused = run_command(gemm + " --reference " + path + " 2>&1", status);
+  CHECK(refused.find("was measured on cuda:0, this run is on cpu") != std::string::npos);
+  CHECK(status != 0);
+  std::remove(path.c_str());
+
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/gemm --device cpu --dtype f8 2>&1", status).find(
+            "--dtype must be bf16, f16, f32 or all, got 'f8'") != std::string::npos);
+  CHECK(status != 0);
+}
+
+#ifdef ZG_BENCH_ALLOCATOR
+TEST_CASE("bench/allocator --json: pairs per second of each allocator, or [] and exit 0 without a GPU") {
+  using nlohmann::json;
+  int status = 0;
+  const json records =
+      json::parse(run_command(std::string(ZG_BENCH_DIR) + "/allocator --pairs 200 --sizes 4K,1M --json", status));
+  CHECK(status == 0);
+  if (records.empty()) MESSAGE("no GPU: bench/allocator said so and measured nothing");
+  else CHECK(records.size() == 3);  // the two sizes and the mixed pattern
+  for (const json& r : records) {
+    INFO(r.dump());
+    CHECK(r.at("pairs") == 200);
+    CHECK(r.at("zerograd").get<double>() > 0);
+    CHECK(r.at("cudaMalloc").get<double>() > 0);
+    CHECK(r.at("cudaMallocAsync").get<double>() > 0);
+  }
+}
+#endif
 #endif
 
 }  // namespace zg::test
