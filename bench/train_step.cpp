@@ -26,6 +26,7 @@
 #ifdef ZG_WITH_CUDA
 #include "cuda/device.h"
 #endif
+#include "bench/args.h"
 #include "nn/gpt.h"
 #include "nn/serialize.h"
 #include "optim/adamw.h"
@@ -62,41 +63,27 @@ void usage() {
 }
 
 bool parse(int argc, char** argv, Flags& f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      ZG_CHECK(i + 1 < argc, "train_step: ", a, " needs a value");
-      return argv[++i];
-    };
-    auto number = [&]() {
-      const std::string v = value();
-      size_t used = 0;
-      double x = 0;
-      try {
-        x = std::stod(v, &used);
-      } catch (...) {
-      }
-      ZG_CHECK(used == v.size() && !v.empty(), "train_step: ", a, " expects a number, got '", v, "'");
-      return x;
-    };
+  bench::Args args("train_step", argc, argv);
+  while (!args.done()) {
+    const std::string a = args.next();
     if (a == "--help") return false;
-    else if (a == "--model") f.model = value();
-    else if (a == "--device") f.device = value();
-    else if (a == "--dtype") f.dtype = value();
-    else if (a == "--batch") f.batch = static_cast<int64_t>(number());
-    else if (a == "--seq") f.seq = static_cast<int64_t>(number());
-    else if (a == "--steps") f.steps = static_cast<int64_t>(number());
-    else if (a == "--warmup") f.warmup = static_cast<int64_t>(number());
-    else if (a == "--lr") f.lr = number();
-    else if (a == "--seed") f.seed = static_cast<uint64_t>(number());
-    else if (a == "--init") f.init = value();
-    else if (a == "--write-init") f.write_init = value();
-    else if (a == "--peak-tflops") f.peak_tflops = number();
+    else if (a == "--model") f.model = args.value(a);
+    else if (a == "--device") f.device = args.value(a);
+    else if (a == "--dtype") f.dtype = args.value(a);
+    else if (a == "--batch") f.batch = args.count(a);
+    else if (a == "--seq") f.seq = args.count(a);
+    else if (a == "--steps") f.steps = args.count(a);
+    else if (a == "--warmup") f.warmup = static_cast<int64_t>(args.number(a));
+    else if (a == "--lr") f.lr = args.number(a);
+    else if (a == "--seed") f.seed = static_cast<uint64_t>(args.count(a));
+    else if (a == "--init") f.init = args.value(a);
+    else if (a == "--write-init") f.write_init = args.value(a);
+    else if (a == "--peak-tflops") f.peak_tflops = args.number(a);
     else if (a == "--json") f.json = true;
     else fail("train_step: unknown flag ", a, " (see --help)");
   }
-  ZG_CHECK(f.batch > 0 && f.seq > 0 && f.steps > f.warmup && f.warmup >= 0,
-           "train_step: need --batch, --seq > 0 and --steps > --warmup >= 0");
+  ZG_CHECK(f.steps > f.warmup && f.warmup >= 0, "train_step: need --steps > --warmup >= 0, got --steps ", f.steps,
+           " --warmup ", f.warmup);
   return true;
 }
 

@@ -8,7 +8,9 @@
 #                                  the folder to name in the device tool's carry (< 64 MiB)
 #   scripts/gpu-session.sh run     on the device: every test binary, compute-sanitizer
 #                                  memcheck on the CUDA areas, bench/zero_memory on
-#                                  cuda for GPT-2 124M and 350M at N = 1, 2, 4, 8;
+#                                  cuda for GPT-2 124M and 350M at N = 1, 2, 4, 8,
+#                                  bench/gemm (bf16, against bench/torch_gemm.py when
+#                                  the device's python3 has torch) and bench/allocator;
 #                                  logs and JSON into $OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +39,7 @@ case "${1:-}" in
     if [ -n "$built_in" ] && [ ! -e "$built_in" ]; then mkdir -p "$(dirname "$built_in")"; ln -s "$PWD" "$built_in"; fi
     libs="$(find / \( -name 'libcudnn.so*' -o -name 'libnccl.so*' -o -name 'libcublasLt.so*' \) -not -path '*/proc/*' \
             2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':' || true)"
+    ld_library_path_before="${LD_LIBRARY_PATH:-}"  # torch brings its own CUDA libraries
     export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
     status=0
@@ -58,6 +61,20 @@ case "${1:-}" in
           > "$OUT/zero_memory_${model}_n$n.json" 2>&1 || echo "zero_memory $model N=$n failed" | tee -a "$OUT/summary.txt"
       done
     done
+    # GEMM TFLOP/s, next to torch.matmul's on the same GPU when torch is there; allocator pairs/s.
+    gemm_args=(--device cuda --dtype bf16 --sizes 1024,2048,4096,8192 --gpt2)
+    reference=""
+    if LD_LIBRARY_PATH="$ld_library_path_before" timeout 180 python3 bench/torch_gemm.py "${gemm_args[@]}" \
+        --json "$OUT/torch_gemm.json" > "$OUT/torch_gemm.txt" 2>&1; then
+      reference="$OUT/torch_gemm.json"
+    else
+      echo "torch_gemm failed (no torch on the device? see torch_gemm.txt): gemm runs without vs torch" | tee -a "$OUT/summary.txt"
+    fi
+    timeout 120 build-gpu/bench/gemm "${gemm_args[@]}" ${reference:+--reference "$reference"} > "$OUT/gemm.txt" 2>&1 ||
+      echo "gemm failed" | tee -a "$OUT/summary.txt"
+    timeout 120 build-gpu/bench/gemm "${gemm_args[@]}" ${reference:+--reference "$reference"} --json > "$OUT/gemm.json" 2>&1 ||
+      echo "gemm --json failed" | tee -a "$OUT/summary.txt"
+    timeout 120 build-gpu/bench/allocator --json > "$OUT/allocator.json" 2>&1 || echo "allocator failed" | tee -a "$OUT/summary.txt"
     exit $status
     ;;
   *)

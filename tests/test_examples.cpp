@@ -1,6 +1,10 @@
 // The examples run as a user runs them: train_gpt's loss falls and its last line
 // is "final loss: X"; the README's model example trains.
+#include <unistd.h>
+
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "helpers.h"
@@ -71,31 +75,105 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
   CHECK(status != 0);
 }
 
-// bench/train_step's CPU path, as bench/torch_reference.py reads it: one JSON record,
-// a loss per step (falling: every step trains on the same tokens), positive speed.
-TEST_CASE("bench/train_step --json trains the same token block and reports speed and memory") {
+// bench/train_step's CPU path, as bench/torch_reference.py reads it: one JSON record
+// with speed and memory, and a loss per step that PyTorch matches. The fixture holds
+// torch_reference.py's losses for the same weights and tokens (train_step's
+// --write-init), made by tests/fixtures/make_fixtures.py: the whole model, clipping
+// and AdamW agree with PyTorch's step after step.
+TEST_CASE("bench/train_step trains the tiny GPT as PyTorch does, loss for loss, and reports speed and memory") {
+  using nlohmann::json;
+  std::ifstream fixture(std::string(ZG_TEST_FIXTURES) + "/torch_train_step.json");
+  REQUIRE(fixture.good());
+  const json golden = json::parse(fixture);
   int status = 0;
-  const std::string out = run_command(std::string(ZG_BENCH_DIR) +
-                                          "/train_step --device cpu --model tiny --dtype f32 --batch 2 --seq 16 "
-                                          "--steps 6 --warmup 1 --lr 1e-2 --json",
-                                      status);
+  const std::string out =
+      run_command(std::string(ZG_BENCH_DIR) + "/train_step " + golden["flags"].get<std::string>() + " --json", status);
   REQUIRE(status == 0);
-  const std::regex record(R"re(\{"impl": "zerograd", "model": "tiny", "device": "cpu", "dtype": "f32", "batch": 2, "seq": 16, "params": (\d+), "steps": 6, "timed_steps": 5, "ms_per_step": ([0-9.]+), "tokens_per_s": ([0-9.]+), .*"peak_allocated": (\d+), .*"losses": \[([^\]]*)\]\})re");
-  std::smatch m;
-  REQUIRE(std::regex_search(out, m, record));
-  CHECK(std::stod(m[3]) > 0);
-  CHECK(std::stoll(m[4]) > 0);
-  std::vector<double> losses;
-  const std::string list = m[5];
-  const std::regex number(R"([0-9.]+)");
-  for (auto it = std::sregex_iterator(list.begin(), list.end(), number); it != std::sregex_iterator(); ++it)
-    losses.push_back(std::stod(it->str()));
-  REQUIRE(losses.size() == 6);
-  CHECK(losses.back() < losses.front() - 0.5);
+  const json record = json::parse(out);
+  CHECK(record["impl"] == "zerograd");
+  CHECK(record["timed_steps"] == 18);
+  CHECK(record["tokens_per_s"].get<double>() > 0);
+  CHECK(record["peak_allocated"].get<int64_t>() >= record["peak_parameter"].get<int64_t>() +
+                                                       record["peak_gradient"].get<int64_t>() +
+                                                       record["peak_optimizer_state"].get<int64_t>());
+  const auto losses = record["losses"].get<std::vector<double>>(), torch = golden["losses"].get<std::vector<double>>();
+  REQUIRE(losses.size() == torch.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(losses[i] == doctest::Approx(torch[i]).epsilon(1e-5));
+  }
+  CHECK(losses.back() < losses.front() - 1.0);
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/train_step --dtype f8 2>&1", status).find(
             "--dtype must be bf16 or f32, got f8") != std::string::npos);
   CHECK(status != 0);
 }
+
+TEST_CASE("bench/gemm --device cpu --json: a record per size with its TFLOP/s; --reference adds vs_torch") {
+  using nlohmann::json;
+  const std::string gemm = std::string(ZG_BENCH_DIR) + "/gemm --device cpu --sizes 64,128 --iters 2 --json";
+  int status = 0;
+  const json records = json::parse(run_command(gemm, status));
+  REQUIRE(status == 0);
+  REQUIRE(records.size() == 2);
+  for (const json& r : records) {
+    INFO(r.dump());
+    const double m = r.at("m"), n = r.at("n"), k = r.at("k"), ms = r.at("ms"), tflops = r.at("tflops");
+    CHECK(r.at("name") == "square " + std::to_string(r.at("m").get<int>()));
+    CHECK((m == n && n == k));
+    CHECK(r.at("dtype") == "bf16");
+    CHECK(r.at("device") == "cpu");
+    CHECK(ms > 0);
+    CHECK(tflops > 0);
+    CHECK(tflops == doctest::Approx(2 * m * n * k / (ms * 1e-3) / 1e12));  // flops = 2 M N K
+  }
+
+  // A reference in bench/torch_gemm.py's format: a row for 64 only (128 gets null), and a row
+  // this run does not have. vs_torch = ours / torch's.
+  const std::string path = "/tmp/zg_test_gemm_reference_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << R"([
+  {"name": "square 64", "product": "A B", "m": 64, "n": 64, "k": 64, "dtype": "bf16", "device": "cpu", "library": "torch 0", "iters": 2, "ms": 1.0, "tflops": 0.001},
+  {"name": "square 32", "product": "A B", "m": 32, "n": 32, "k": 32, "dtype": "bf16", "device": "cpu", "library": "torch 0", "iters": 2, "ms": 1.0, "tflops": 0.001}
+])";
+  const json compared = json::parse(run_command(gemm + " --reference " + path, status));
+  REQUIRE(status == 0);
+  REQUIRE(compared.size() == 2);
+  CHECK(compared[0].at("vs_torch").get<double>() == doctest::Approx(compared[0].at("tflops").get<double>() / 0.001));
+  CHECK(compared[1].at("vs_torch").is_null());
+  const std::string table =
+      run_command(std::string(ZG_BENCH_DIR) + "/gemm --device cpu --sizes 64 --iters 1 --reference " + path, status);
+  CHECK(status == 0);
+  CHECK(table.find("vs torch") != std::string::npos);
+  // A reference measured on another device is refused.
+  std::ofstream(path) << R"([{"name": "square 64", "dtype": "bf16", "device": "cuda:0", "library": "torch 0",
+                               "tflops": 500.0}])";
+  const std::string refused = run_command(gemm + " --reference " + path + " 2>&1", status);
+  CHECK(refused.find("was measured on cuda:0, this run is on cpu") != std::string::npos);
+  CHECK(status != 0);
+  std::remove(path.c_str());
+
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/gemm --device cpu --dtype f8 2>&1", status).find(
+            "--dtype must be bf16, f16, f32 or all, got 'f8'") != std::string::npos);
+  CHECK(status != 0);
+}
+
+#ifdef ZG_BENCH_ALLOCATOR
+TEST_CASE("bench/allocator --json: pairs per second of each allocator, or [] and exit 0 without a GPU") {
+  using nlohmann::json;
+  int status = 0;
+  const json records =
+      json::parse(run_command(std::string(ZG_BENCH_DIR) + "/allocator --pairs 200 --sizes 4K,1M --json", status));
+  CHECK(status == 0);
+  if (records.empty()) MESSAGE("no GPU: bench/allocator said so and measured nothing");
+  else CHECK(records.size() == 3);  // the two sizes and the mixed pattern
+  for (const json& r : records) {
+    INFO(r.dump());
+    CHECK(r.at("pairs") == 200);
+    CHECK(r.at("zerograd").get<double>() > 0);
+    CHECK(r.at("cudaMalloc").get<double>() > 0);
+    CHECK(r.at("cudaMallocAsync").get<double>() > 0);
+  }
+}
+#endif
 #endif
 
 }  // namespace zg::test
