@@ -6,12 +6,15 @@
 #                                  release + asserts), then copy what runs (library,
 #                                  test and bench binaries, stripped) into gpu-carry/,
 #                                  the folder to name in the device tool's carry (< 64 MiB)
-#   scripts/gpu-session.sh run     on the device: every test binary, compute-sanitizer
-#                                  memcheck on the CUDA areas, bench/zero_memory on
-#                                  cuda for GPT-2 124M and 350M at N = 1, 2, 4, 8,
-#                                  bench/gemm (bf16, against bench/torch_gemm.py when
-#                                  the device's python3 has torch) and bench/allocator;
-#                                  logs and JSON into $OUT
+#   scripts/gpu-session.sh run PART
+#                                  on the device, one call per part (each < 10 minutes),
+#                                  logs and JSON into $OUT:
+#                                  tests     every test binary
+#                                  memcheck  compute-sanitizer on the CUDA areas
+#                                  bench     zero_memory on cuda (GPT-2 124M, 350M at
+#                                            N = 1, 2, 4, 8), gemm against torch_gemm.py,
+#                                            allocator, train_step against
+#                                            torch_reference.py (eager and compile)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -32,6 +35,7 @@ case "${1:-}" in
     ;;
   run)
     : "${OUT:?run this on the device machine, where \$OUT is set}"
+    part="${2:-tests}"
     [ -e build-gpu ] || ln -s gpu-carry build-gpu  # the carried copy stands where it was built
     # The binaries name fixtures and example binaries by the absolute paths of the machine
     # that built them: make those paths lead here.
@@ -43,42 +47,62 @@ case "${1:-}" in
     export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
     status=0
-    for t in build-gpu/tests/test_*; do
-      case "$t" in *test_mpi) continue ;; esac  # OpenMPI is not on the device; CI runs it
-      echo "== $t" >> "$OUT/tests.log"
-      timeout 300 "$t" >> "$OUT/tests.log" 2>&1 || { status=1; echo "FAILED: $t" | tee -a "$OUT/tests.log"; }
-    done
-    grep -E '^== |^FAILED|^\[doctest\] test cases' "$OUT/tests.log" | tee "$OUT/summary.txt"
-    # (API errors are not reported: test_cuda_runtime asks cudaMalloc for 32 TiB on purpose.)
-    for t in cuda cuda_runtime nccl ops; do
-      timeout 240 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "build-gpu/tests/test_$t" \
-        >> "$OUT/memcheck.log" 2>&1 || { status=1; echo "memcheck FAILED: test_$t" | tee -a "$OUT/memcheck.log"; }
-    done
-    grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tee -a "$OUT/summary.txt" || true
-    for model in 124m 350m; do
-      for n in 1 2 4 8; do
-        timeout 120 build-gpu/bench/zero_memory --model "$model" --world-size "$n" --device cuda --json \
-          > "$OUT/zero_memory_${model}_n$n.json" 2>&1 || echo "zero_memory $model N=$n failed" | tee -a "$OUT/summary.txt"
-      done
-    done
-    # GEMM TFLOP/s, next to torch.matmul's on the same GPU when torch is there; allocator pairs/s.
-    gemm_args=(--device cuda --dtype bf16 --sizes 1024,2048,4096,8192 --gpt2)
-    reference=""
-    if LD_LIBRARY_PATH="$ld_library_path_before" timeout 180 python3 bench/torch_gemm.py "${gemm_args[@]}" \
-        --json "$OUT/torch_gemm.json" > "$OUT/torch_gemm.txt" 2>&1; then
-      reference="$OUT/torch_gemm.json"
-    else
-      echo "torch_gemm failed (no torch on the device? see torch_gemm.txt): gemm runs without vs torch" | tee -a "$OUT/summary.txt"
-    fi
-    timeout 120 build-gpu/bench/gemm "${gemm_args[@]}" ${reference:+--reference "$reference"} > "$OUT/gemm.txt" 2>&1 ||
-      echo "gemm failed" | tee -a "$OUT/summary.txt"
-    timeout 120 build-gpu/bench/gemm "${gemm_args[@]}" ${reference:+--reference "$reference"} --json > "$OUT/gemm.json" 2>&1 ||
-      echo "gemm --json failed" | tee -a "$OUT/summary.txt"
-    timeout 120 build-gpu/bench/allocator --json > "$OUT/allocator.json" 2>&1 || echo "allocator failed" | tee -a "$OUT/summary.txt"
+    note() { echo "$*" | tee -a "$OUT/summary.txt"; }
+    case "$part" in
+      tests)  # every test binary (issue 4 and 5's GPU items)
+        for t in build-gpu/tests/test_*; do
+          case "$t" in *test_mpi) continue ;; esac  # OpenMPI is not on the device; CI runs it
+          echo "== $t" >> "$OUT/tests.log"
+          timeout 300 "$t" >> "$OUT/tests.log" 2>&1 || { status=1; echo "FAILED: $t" | tee -a "$OUT/tests.log"; }
+        done
+        grep -E '^== |^FAILED|^\[doctest\] test cases' "$OUT/tests.log" | tee -a "$OUT/summary.txt"
+        ;;
+      memcheck)  # compute-sanitizer on the areas that launch kernels
+        # (API errors are not reported: test_cuda_runtime asks cudaMalloc for 32 TiB on purpose.)
+        for t in cuda cuda_runtime nccl ops; do
+          timeout 240 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "build-gpu/tests/test_$t" \
+            >> "$OUT/memcheck.log" 2>&1 || { status=1; echo "memcheck FAILED: test_$t" | tee -a "$OUT/memcheck.log"; }
+        done
+        grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tee -a "$OUT/summary.txt" || true
+        ;;
+      bench)  # the figures for bench/results: ZeRO memory, GEMM, allocator, the training step
+        for model in 124m 350m; do
+          for n in 1 2 4 8; do
+            timeout 60 build-gpu/bench/zero_memory --model "$model" --world-size "$n" --device cuda --json \
+              > "$OUT/zero_memory_${model}_n$n.json" 2>&1 || note "zero_memory $model N=$n failed"
+          done
+        done
+        # GEMM TFLOP/s, next to torch.matmul's on the same GPU when torch is there; allocator pairs/s.
+        gemm_args=(--device cuda --dtype bf16 --sizes 1024,2048,4096,8192 --gpt2)
+        reference=""
+        if LD_LIBRARY_PATH="$ld_library_path_before" timeout 120 python3 bench/torch_gemm.py "${gemm_args[@]}" \
+            --json "$OUT/torch_gemm.json" > "$OUT/torch_gemm.txt" 2>&1; then
+          reference="$OUT/torch_gemm.json"
+        else
+          note "torch_gemm failed (no torch on the device? see torch_gemm.txt): gemm runs without vs torch"
+        fi
+        timeout 60 build-gpu/bench/gemm "${gemm_args[@]}" ${reference:+--reference "$reference"} > "$OUT/gemm.txt" 2>&1 ||
+          note "gemm failed"
+        timeout 60 build-gpu/bench/allocator --json > "$OUT/allocator.json" 2>&1 || note "allocator failed"
+        # GPT-2 124M, batch 16 x 1024: zerograd, then PyTorch eager and torch.compile from the same
+        # weights and tokens (the init file is 0.5 GB: it stays out of $OUT).
+        init=/tmp/zg_init_124m.safetensors
+        timeout 120 build-gpu/bench/train_step --model 124m --device cuda --write-init "$init" --json \
+          > "$OUT/train_step.json" 2> "$OUT/train_step.err" || note "train_step failed"
+        timeout 60 build-gpu/bench/train_step --model 124m --device cuda --init "$init" > "$OUT/train_step.txt" 2>&1 ||
+          note "train_step (table) failed"
+        for mode in eager compile; do
+          LD_LIBRARY_PATH="$ld_library_path_before" timeout 240 python3 bench/torch_reference.py --init "$init" \
+            --mode "$mode" --compare "$OUT/train_step.json" > "$OUT/torch_$mode.txt" 2>&1 || note "torch $mode failed"
+          tail -n 1 "$OUT/torch_$mode.txt" >> "$OUT/summary.txt"
+        done
+        ;;
+      *) echo "run: part must be tests, memcheck or bench, got '$part'" >&2; exit 2 ;;
+    esac
     exit $status
     ;;
   *)
-    echo "usage: scripts/gpu-session.sh build|run" >&2
+    echo "usage: scripts/gpu-session.sh build | run tests|memcheck|bench" >&2
     exit 2
     ;;
 esac
