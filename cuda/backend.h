@@ -9,6 +9,7 @@
 //   reduce.cu         row reductions
 //   nn.cu             softmax, layer_norm, embedding (+ backward), cross_entropy
 //   gemm.cu           matmul through cuBLAS
+//   linear.cu         linear layers through cuBLASLt: bias, GELU and bias-gradient epilogues
 //   adamw.cu          the fused AdamW update
 //
 // Conventions of every method: inputs were validated by the front-end as for the
@@ -35,6 +36,10 @@ class CudaBackend final : public Backend {
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void reduce(ReduceOp op, const Tensor& in, const Tensor& out) override;
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& out,
+              const Tensor& pre) override;
+  void linear_weight_grad(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                          const Tensor& grad_bias) override;
   void softmax(const Tensor& in, bool log, const Tensor& out) override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                   const Tensor& mean, const Tensor& rstd) override;

@@ -13,6 +13,7 @@
 #include <cublas_v2.h>
 
 #include "cuda/backend.h"
+#include "cuda/gemm.h"
 #include "cuda/check.h"
 #include "cuda/rank_state.h"
 #include "cuda/kernels.cuh"
@@ -20,10 +21,6 @@
 namespace zg::cuda {
 
 namespace {
-
-// cuBLAS workspace per call, taken from the caching allocator (category workspace).
-// 32 MiB is what cuBLAS itself would reserve on Hopper.
-constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
 
 // How cuBLAS reads one [B, R, C] operand: row-major (unit column stride) or
 // column-major (unit row stride), its leading dimension and batch stride.
@@ -50,20 +47,12 @@ Operand operand_layout(const Tensor& t, const char* which) {
   return o;
 }
 
-struct GemmTypes {
-  cudaDataType_t data;
-  cublasComputeType_t compute;
-};
-
-template <class T>
-GemmTypes gemm_types() {
-  if constexpr (std::is_same_v<T, double>) return {CUDA_R_64F, CUBLAS_COMPUTE_64F};
-  else if constexpr (std::is_same_v<T, float>) return {CUDA_R_32F, CUBLAS_COMPUTE_32F};
-  else if constexpr (std::is_same_v<T, __half>) return {CUDA_R_16F, CUBLAS_COMPUTE_32F};
-  else return {CUDA_R_16BF, CUBLAS_COMPUTE_32F};
-}
-
 }  // namespace
+
+Tensor gemm_workspace(Device device) {
+  MemoryScope scope(MemoryCategory::workspace);
+  return Tensor::empty({kGemmWorkspaceBytes}, TensorOptions(DType::boolean).device(device));
+}
 
 void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   ZG_CHECK(a.dim() == 3 && b.dim() == 3 && out.dim() == 3 && out.is_contiguous(),
@@ -85,15 +74,11 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
                  describe(b), ")");
       const Operand la = operand_layout(a, "a"), lb = operand_layout(b, "b");
       OnDevice on(out.device());
-      Tensor workspace;
-      {
-        MemoryScope scope(MemoryCategory::workspace);
-        workspace = Tensor::empty({kWorkspaceBytes}, TensorOptions(DType::boolean).device(on.device));
-      }
+      const Tensor workspace = gemm_workspace(on.device);
       const cublasHandle_t handle = rank_state(on.device).cublas();
       // cublasSetStream resets the workspace, so the workspace is set after it.
       ZG_CUBLAS_CHECK(cublasSetStream(handle, on.stream));
-      ZG_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.data_ptr(), static_cast<size_t>(kWorkspaceBytes)));
+      ZG_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace.data_ptr(), static_cast<size_t>(kGemmWorkspaceBytes)));
       const GemmTypes types = gemm_types<T>();
       using Scale = std::conditional_t<std::is_same_v<T, double>, double, float>;
       const Scale alpha = 1, beta = 0;

@@ -4,6 +4,7 @@
 // the rank's context, before its allocators.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <mutex>
@@ -25,11 +26,14 @@ struct RankState {
   // The rank's cuBLAS handle, made on first use (full-precision math: no TF32, no
   // reduced-precision reductions). Callers set its stream and workspace on every call.
   cublasHandle_t cublas();
+  // The rank's cuBLASLt handle (GEMMs with epilogues, cuda/linear.cu), made on first use.
+  cublasLtHandle_t cublas_lt();
 
  private:
   int device_;
-  std::once_flag cublas_made_;
+  std::once_flag cublas_made_, cublas_lt_made_;
   cublasHandle_t cublas_ = nullptr;
+  cublasLtHandle_t cublas_lt_ = nullptr;
 };
 
 // The current rank context's state for `device`; throws zg::Error for a device that is

@@ -51,6 +51,7 @@ void Event::block(cudaStream_t waiter) const { ZG_CUDA_CHECK(cudaStreamWaitEvent
 
 RankState::~RankState() {
   if (cublas_) cublasDestroy(cublas_);
+  if (cublas_lt_) cublasLtDestroy(cublas_lt_);
 }
 
 cublasHandle_t RankState::cublas() {
@@ -61,6 +62,14 @@ cublasHandle_t RankState::cublas() {
         cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   });
   return cublas_;
+}
+
+cublasLtHandle_t RankState::cublas_lt() {
+  std::call_once(cublas_lt_made_, [&] {
+    DeviceGuard guard(device_);
+    ZG_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
+  });
+  return cublas_lt_;
 }
 
 RankState& rank_state(Device device) {

@@ -26,12 +26,14 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
 
 MLP::MLP(const GPTConfig& config, TensorOptions options) {
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-  c_fc = register_module("c_fc", std::make_shared<Linear>(config.n_embd, 4 * config.n_embd, true, 0.02, options));
+  // c_fc applies GPT-2's GELU itself: one fused op (a GEMM epilogue on CUDA), same parameters.
+  c_fc = register_module("c_fc", std::make_shared<Linear>(config.n_embd, 4 * config.n_embd, true, 0.02, options,
+                                                          Activation::gelu));
   c_proj = register_module("c_proj", std::make_shared<Linear>(4 * config.n_embd, config.n_embd, true, proj_std, options));
   dropout = register_module("dropout", std::make_shared<Dropout>(config.dropout));
 }
 
-Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)(gelu((*c_fc)(x)))); }
+Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*c_fc)(x))); }  // c_fc includes the GELU
 
 Block::Block(const GPTConfig& config, TensorOptions options) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(config.n_embd, 1e-5, true, options));

@@ -30,7 +30,7 @@ class CausalSelfAttention : public Module {
   int64_t n_head;
 };
 
-// c_proj(gelu(c_fc(x))), hidden size 4C.
+// c_proj(gelu(c_fc(x))), hidden size 4C (c_fc applies the GELU in its own fused op).
 class MLP : public Module {
  public:
   MLP(const GPTConfig& config, TensorOptions options);

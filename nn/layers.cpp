@@ -2,7 +2,9 @@
 
 namespace zg::nn {
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, double init_std, TensorOptions options) {
+Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, double init_std, TensorOptions options,
+               Activation act)
+    : activation(act) {
   weight = register_parameter("weight", normal({out_features, in_features}, 0.0, init_std, options));
   if (has_bias) bias = register_parameter("bias", zeros({out_features}, options));
 }
@@ -10,12 +12,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, double 
 Tensor Linear::forward(const Tensor& x) {
   ZG_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "Linear: input ", describe(x), " does not end in ",
            weight.size(1), " features (weight ", describe(weight), ")");
-  // Fold the leading dims into rows: one [rows, in] x [in, out] GEMM.
-  Shape out_shape = x.shape();
-  out_shape.back() = weight.size(0);
-  Tensor y = matmul(x.reshape({-1, weight.size(1)}), weight, false, true);
-  if (bias.defined()) y = y + bias;
-  return y.view(out_shape);
+  return linear(x, weight, bias, activation);  // the leading dims fold into the rows of one GEMM
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, double init_std, TensorOptions options) {

@@ -9,12 +9,15 @@
 namespace zg::nn {
 
 // y = x W^T + b, W [out, in] (PyTorch's layout). Initialised N(0, init_std), bias 0.
+// An activation, if given, is applied in the same op (zg::linear: on CUDA a GEMM
+// epilogue), so y = act(x W^T + b) -- the parameters are the plain layer's.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, double init_std = 0.02,
-         TensorOptions options = {});
+         TensorOptions options = {}, Activation activation = Activation::none);
   Tensor forward(const Tensor& x) override;
   Tensor weight, bias;
+  Activation activation;
 };
 
 // out[...] = weight[index[...]]; weight [num, dim] ~ N(0, init_std).

@@ -13,6 +13,7 @@
 
 #include "tensor/device.h"
 #include "tensor/memory.h"
+#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 namespace zg {
@@ -91,6 +92,21 @@ class Backend {
   // matrix of a and b is row- or column-major (unit stride in one of its two
   // dims); the batch stride may be anything, 0 included.
   virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+
+  // A linear layer in one call -- on CUDA one cuBLASLt GEMM whose epilogue adds the
+  // bias and applies the activation while the tile is still in registers:
+  //   pre = x weight^T + bias,   out = act(pre)
+  // x [M, K], weight [N, K] contiguous; bias [N] or undefined; out [M, N] contiguous;
+  // pre [M, N] is defined (and written, for the backward) only when act != none.
+  // The default composes it from matmul, binary and unary.
+  virtual void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& out,
+                      const Tensor& pre);
+  // The parameter gradients of linear(), given grad = dL/dpre [M, N] and x [M, K]:
+  //   grad_weight [N, K] = grad^T x,   grad_bias [N] = sum over rows of grad
+  // (on CUDA one GEMM whose epilogue also reduces the bias gradient). grad_bias may be
+  // undefined: not wanted. The default composes it from matmul, copy and reduce.
+  virtual void linear_weight_grad(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                                  const Tensor& grad_bias);
 
   // Over the last dim of in [M, C] (contiguous): out = softmax or log_softmax.
   virtual void softmax(const Tensor& in, bool log, const Tensor& out) = 0;

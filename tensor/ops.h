@@ -7,6 +7,7 @@
 // tensors of one op share a dtype and a device; scalars take the tensor's dtype.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -27,6 +28,8 @@ Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 // GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 Tensor gelu(const Tensor& x);
+// grad * gelu'(x) in one kernel: GELU's backward, exposed for fused layers (not differentiable).
+Tensor gelu_backward(const Tensor& x, const Tensor& grad);
 Tensor logical_not(const Tensor& x);
 
 // ---- elementwise, binary, with broadcasting ----
@@ -98,6 +101,13 @@ Tensor sum_of_squares(const Tensor& x);
 // use the transpose of the last two dims (free: a strided view). 1-D operands are
 // promoted as in torch.matmul.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+// A linear layer over the last dim of x [..., K]: act(x weight^T + bias), weight [N, K],
+// bias [N] or undefined, act none or GELU (GPT-2's tanh form). One backend call
+// forward (on CUDA a cuBLASLt GEMM with a bias/GELU epilogue) and a GEMM for the input
+// gradient plus one for the weight's that also reduces the bias gradient.
+enum class Activation : uint8_t { none, gelu };
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act = Activation::none);
 
 // ---- neural-network primitives ----
 Tensor softmax(const Tensor& x, int64_t dim = -1);

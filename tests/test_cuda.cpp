@@ -198,6 +198,24 @@ TEST_CASE("every backend primitive matches the CPU in f32, bf16, f16 and f64" * 
       sum(layer_norm(xg, param == &w ? pg : w.to(kCUDA), param == &b ? pg : b.to(kCUDA), 1e-5) * r.to(kCUDA)).backward();
       same(pg.grad(), pc.grad(), param == &w ? "layer_norm weight backward" : "layer_norm bias backward");
     }
+    // linear through cuBLASLt's epilogues (bias; bias + GELU with its aux output; the bias
+    // gradient) -- and 300 features, not a multiple of 8, through the composed fallback.
+    for (const int64_t features : {int64_t{64}, int64_t{300}}) {
+      const Tensor weight = randn({features, 300}, dt) * 0.1, bias = randn({features}, dt);
+      const Tensor r_out = randn({37, features}, dt);
+      for (const Activation act : {Activation::none, Activation::gelu}) {
+        const std::string what = "linear to " + std::to_string(features) + (act == Activation::gelu ? " + gelu" : "");
+        std::vector<Tensor> cpu_leaves{x, weight, bias}, gpu_leaves{xg, weight.to(kCUDA), bias.to(kCUDA)};
+        for (Tensor& t : cpu_leaves) t = t.detach().set_requires_grad(true);
+        for (Tensor& t : gpu_leaves) t = t.detach().set_requires_grad(true);
+        const Tensor y_c = linear(cpu_leaves[0], cpu_leaves[1], cpu_leaves[2], act);
+        const Tensor y_g = linear(gpu_leaves[0], gpu_leaves[1], gpu_leaves[2], act);
+        same(y_g, y_c, what);
+        sum(y_c * r_out).backward();
+        sum(y_g * r_out.to(kCUDA)).backward();
+        for (size_t i = 0; i < 3; ++i) same(gpu_leaves[i].grad(), cpu_leaves[i].grad(), what + " backward, input " + std::to_string(i));
+      }
+    }
     const Tensor logits_c = logits.detach().set_requires_grad(true), logits_g = logits.to(kCUDA).detach().set_requires_grad(true);
     cross_entropy(logits_c, target).backward();
     cross_entropy(logits_g, target.to(kCUDA)).backward();

@@ -136,9 +136,13 @@ Tensor relu(const Tensor& x) {
 
 // y = x/2 (1 + tanh(u)), u = k (x + c x^3), k = sqrt(2/pi), c = 0.044715:
 // dy = (1 + tanh(u)) / 2 + x/2 (1 - tanh(u)^2) k (1 + 3 c x^2), one kernel (BinaryOp::gelu_backward)
+Tensor gelu_backward(const Tensor& x, const Tensor& grad) {
+  return binary(BinaryOp::gelu_backward, x, grad, "gelu_backward");
+}
+
 Tensor gelu(const Tensor& x) {
   return differentiable(unary(UnaryOp::gelu, x, "gelu"), kGelu, {x}, [x = SavedTensor(x)](const Tensor& g) {
-    return Grads{binary(BinaryOp::gelu_backward, x.get("gelu"), g, "gelu_backward")};
+    return Grads{gelu_backward(x.get("gelu"), g)};
   });
 }
 

@@ -19,7 +19,7 @@ Tensor blas_layout(const Tensor& m) {
   return row_major || col_major ? m : m.contiguous();
 }
 
-const DifferentiableOp kMatmul("matmul");
+const DifferentiableOp kMatmul("matmul"), kLinear("linear");
 
 }  // namespace
 
@@ -58,6 +58,42 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   Shape out_shape = with_batch(m, n);
   if (b_in.dim() == 1) out_shape.erase(out_shape.end() - 1);
   if (a_in.dim() == 1) out_shape.erase(out_shape.end() - (b_in.dim() == 1 ? 1 : 2));
+  return out.view(out_shape);
+}
+
+// pre = x W^T + b, y = act(pre). With g' = dL/dpre (= g * gelu'(pre) for GELU, one pass):
+//   dx = g' W,   dW = g'^T x,   db = sum over rows of g'
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
+  static constexpr const char* name = "linear";
+  detail::check_floating(name, x);
+  detail::check_compatible(name, x, weight);
+  ZG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), name, ": input ", describe(x),
+           " does not end in the ", weight.dim() == 2 ? weight.size(1) : -1, " features of weight ", describe(weight),
+           " ([out, in])");
+  if (bias.defined()) {
+    detail::check_compatible(name, x, bias);
+    ZG_CHECK(bias.shape() == Shape{weight.size(0)}, name, ": bias ", describe(bias), " must be [", weight.size(0), "]");
+  }
+  const int64_t features = weight.size(0);
+  const Tensor rows = x.contiguous().view({-1, x.size(-1)}), w = weight.contiguous();
+  const Tensor b = bias.defined() ? bias.contiguous() : bias;
+  const TensorOptions options = detail::options_of(x);
+  Tensor out = empty({rows.size(0), features}, options);
+  const Tensor pre = act == Activation::none ? Tensor() : empty({rows.size(0), features}, options);
+  backend(x.device()).linear(rows, w, b, act, out, pre);
+  out = differentiable(
+      out, kLinear, {rows, w, b},
+      [rows = SavedTensor(rows), w = SavedTensor(w), pre = SavedTensor(pre), act, has_bias = b.defined()](
+          const Tensor& g_in) {
+        const Tensor x_v = rows.get(name), w_v = w.get(name);
+        const Tensor g = act == Activation::gelu ? gelu_backward(pre.get(name), g_in) : g_in.contiguous();
+        Tensor dw = empty(w_v.shape(), detail::options_of(w_v));
+        Tensor db = has_bias ? empty({w_v.size(0)}, detail::options_of(w_v)) : Tensor();
+        backend(g.device()).linear_weight_grad(g, x_v, dw, db);
+        return std::vector<Tensor>{matmul(g, w_v), dw, db};
+      });
+  Shape out_shape = x.shape();
+  out_shape.back() = features;
   return out.view(out_shape);
 }
 
