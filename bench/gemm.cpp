@@ -14,7 +14,6 @@
 //
 //   build/bench/gemm --dtype bf16 --sizes 1024,2048,4096,8192 --gpt2 --reference torch_gemm.json
 //   build/bench/gemm --device cpu --sizes 64,128 --iters 2 --json
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -23,12 +22,9 @@
 #include <string>
 #include <vector>
 
-#ifdef ZG_WITH_CUDA
-#include "cuda/check.h"
-#include "cuda/device.h"
-#include "cuda/stream.h"
-#endif
 #include "bench/args.h"
+#include "bench/device.h"
+#include "bench/timing.h"
 #include "zerograd.h"
 
 using namespace zg;
@@ -72,39 +68,6 @@ std::vector<Product> gpt2_products(int64_t tokens) {
   return products;
 }
 
-double cpu_ms(const std::function<void()>& product, int64_t iters) {
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < iters; ++i) product();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / iters;
-}
-
-#ifdef ZG_WITH_CUDA
-class TimingEvent {
- public:
-  TimingEvent() { ZG_CUDA_CHECK(cudaEventCreate(&event_)); }
-  ~TimingEvent() { cudaEventDestroy(event_); }
-  TimingEvent(const TimingEvent&) = delete;
-  TimingEvent& operator=(const TimingEvent&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
-double cuda_ms(const std::function<void()>& product, int64_t iters, Device device) {
-  cuda::DeviceGuard guard(device.index);
-  const cudaStream_t stream = cuda::current_stream(device);
-  TimingEvent start, stop;
-  ZG_CUDA_CHECK(cudaEventRecord(start.get(), stream));
-  for (int64_t i = 0; i < iters; ++i) product();
-  ZG_CUDA_CHECK(cudaEventRecord(stop.get(), stream));
-  ZG_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-  float elapsed_ms = 0;
-  ZG_CUDA_CHECK(cudaEventElapsedTime(&elapsed_ms, start.get(), stop.get()));
-  return elapsed_ms / iters;
-}
-#endif
-
 // Milliseconds per product of `p` in `dtype` on `device`, N(0, 1) operands.
 double time_product(const Product& p, DType dtype, Device device, int64_t iters) {
   const TensorOptions options = TensorOptions(dtype).device(device);
@@ -117,10 +80,7 @@ double time_product(const Product& p, DType dtype, Device device, int64_t iters)
              p.n, "]");
   }
   for (int i = 1; i < kWarmup; ++i) product();
-#ifdef ZG_WITH_CUDA
-  if (device.type == DeviceType::cuda) return cuda_ms(product, iters, device);
-#endif
-  return cpu_ms(product, iters);
+  return bench::ms_per_call(product, iters, device);
 }
 
 std::string row_key(const std::string& name, const std::string& dtype) { return name + " / " + dtype; }
@@ -156,26 +116,6 @@ std::vector<DType> parse_dtypes(const std::string& arg) {
   for (DType d : {DType::bf16, DType::f16, DType::f32})
     if (arg == name(d)) return {d};
   fail("gemm: --dtype must be bf16, f16, f32 or all, got '", arg, "'");
-}
-
-Device parse_device(const std::string& arg) {
-  const Device device(arg);
-  ZG_CHECK(device.type != DeviceType::meta, "gemm: --device must be cuda or cpu, got '", arg, "'");
-#ifdef ZG_WITH_CUDA
-  ZG_CHECK(device.type == DeviceType::cpu || device.index < cuda::device_count(), "gemm: --device ", arg,
-           " needs a GPU, and ", cuda::device_count(), " are visible; --device cpu runs on the CPU");
-#else
-  ZG_CHECK(device.type == DeviceType::cpu, "gemm: --device ", arg,
-           " needs a build with CUDA (this one has none); --device cpu runs on the CPU");
-#endif
-  return device;
-}
-
-std::string device_description(Device device) {
-#ifdef ZG_WITH_CUDA
-  if (device.type == DeviceType::cuda) return device.str() + ", " + cuda::device_description(device.index);
-#endif
-  return device.str();
 }
 
 void usage() {
@@ -214,7 +154,7 @@ int main(int argc, char** argv) {
         fail("gemm: unknown flag '", flag, "' (--help lists them)");
       }
     }
-    const Device device = parse_device(device_arg);
+    const Device device = bench::parse_device("gemm", device_arg);
     const std::vector<DType> dtypes = parse_dtypes(dtype_arg);
     if (sizes.empty()) sizes = device.type == DeviceType::cpu ? std::vector<int64_t>{128, 256, 512}
                                                               : std::vector<int64_t>{1024, 2048, 4096, 8192};
@@ -228,7 +168,7 @@ int main(int argc, char** argv) {
 
     if (!json) {
       std::printf("zg::matmul on %s: %lld timed products per row after %d untimed; flops = 2 M N K\n",
-                  device_description(device).c_str(), (long long)iters, kWarmup);
+                  bench::describe_device(device).c_str(), (long long)iters, kWarmup);
       if (!reference_path.empty())
         std::printf("vs torch = ours / %s's TFLOP/s, from %s\n", torch_library.c_str(), reference_path.c_str());
       std::printf("\n%-22s %-7s %6s %6s %6s %5s %10s %9s%s\n", "shape", "product", "M", "N", "K", "dtype", "ms",

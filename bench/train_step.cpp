@@ -23,10 +23,8 @@
 #include <string>
 #include <vector>
 
-#ifdef ZG_WITH_CUDA
-#include "cuda/device.h"
-#endif
 #include "bench/args.h"
+#include "bench/device.h"
 #include "nn/gpt.h"
 #include "nn/serialize.h"
 #include "optim/adamw.h"
@@ -101,18 +99,11 @@ double peak_tflops_of(const std::string& description) {
   return 0.0;
 }
 
-std::string describe_device(Device device) {
-#ifdef ZG_WITH_CUDA
-  if (device.type == DeviceType::cuda) return cuda::device_description(device.index);
-#endif
-  return device.str();
-}
-
 int run(const Flags& f) {
   const Preset& p = preset_named(f.model);
-  const Device device(f.device);
   const DType compute = f.dtype == "bf16" ? DType::bf16 : f.dtype == "f32" ? DType::f32
                         : throw Error("train_step: --dtype must be bf16 or f32, got " + f.dtype);
+  const Device device = bench::parse_device("train_step", f.device);
   nn::GPTConfig config;
   config.n_layer = p.layers, config.n_head = p.heads, config.n_embd = p.embd;
   config.vocab_size = p.vocab, config.block_size = std::max(p.block, f.seq);
@@ -169,7 +160,7 @@ int run(const Flags& f) {
   const int64_t timed = f.steps - f.warmup, psi = model.num_parameters();
   const double tokens_per_s = static_cast<double>(timed * f.batch * f.seq) / seconds;
   const double flops_per_token = 6.0 * static_cast<double>(psi) + 12.0 * static_cast<double>(p.layers * p.embd * f.seq);
-  const std::string description = describe_device(device);
+  const std::string description = bench::describe_device(device);
   const double peak = f.peak_tflops > 0 ? f.peak_tflops : peak_tflops_of(description);
   const double mfu = peak > 0 ? tokens_per_s * flops_per_token / (peak * 1e12) : 0.0;
   const MemoryStats mem = memory_stats(device);

@@ -13,7 +13,7 @@
 #                                  memcheck  compute-sanitizer on the CUDA areas
 #                                  bench     zero_memory on cuda (GPT-2 124M, 350M at
 #                                            N = 1, 2, 4, 8), gemm against torch_gemm.py,
-#                                            allocator, train_step against
+#                                            allocator, adamw, train_step against
 #                                            torch_reference.py (eager and compile)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +84,8 @@ case "${1:-}" in
         timeout 60 build-gpu/bench/gemm "${gemm_args[@]}" ${reference:+--reference "$reference"} > "$OUT/gemm.txt" 2>&1 ||
           note "gemm failed"
         timeout 60 build-gpu/bench/allocator --json > "$OUT/allocator.json" 2>&1 || note "allocator failed"
+        timeout 60 build-gpu/bench/adamw > "$OUT/adamw.txt" 2>&1 || note "adamw failed"
+        tail -n 1 "$OUT/adamw.txt" >> "$OUT/summary.txt"
         # GPT-2 124M, batch 16 x 1024: zerograd, then PyTorch eager and torch.compile from the same
         # weights and tokens (the init file is 0.5 GB: it stays out of $OUT).
         init=/tmp/zg_init_124m.safetensors

@@ -108,6 +108,21 @@ TEST_CASE("bench/train_step trains the tiny GPT as PyTorch does, loss for loss, 
   CHECK(status != 0);
 }
 
+TEST_CASE("bench/adamw --device cpu --json: the fused update's and a copy's bandwidth over the same bytes") {
+  int status = 0;
+  const nlohmann::json record = nlohmann::json::parse(
+      run_command(std::string(ZG_BENCH_DIR) + "/adamw --device cpu --params 100000 --iters 2 --json", status));
+  REQUIRE(status == 0);
+  CHECK(record["params"] == 100000);
+  CHECK(record["adamw_gbps"].get<double>() > 0);
+  CHECK(record["copy_gbps"].get<double>() > 0);
+  CHECK(record["ratio"].get<double>() == doctest::Approx(record["adamw_gbps"].get<double>() /
+                                                         record["copy_gbps"].get<double>()).epsilon(0.01));
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/adamw --params 0 2>&1", status).find(
+            "adamw: --params needs whole numbers of at least 1, got '0'") != std::string::npos);
+  CHECK(status != 0);
+}
+
 TEST_CASE("bench/gemm --device cpu --json: a record per size with its TFLOP/s; --reference adds vs_torch") {
   using nlohmann::json;
   const std::string gemm = std::string(ZG_BENCH_DIR) + "/gemm --device cpu --sizes 64,128 --iters 2 --json";
