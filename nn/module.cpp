@@ -27,8 +27,9 @@ std::string Module::trace_name() const {
 }
 
 Tensor Module::operator()(const Tensor& input) {
-  if (trace_name_.empty()) trace_name_ = trace_name();
-  TraceRange range(trace_name_);
+  // Named when registered; an unregistered module's name is made per call (never cached,
+  // so ranks running one module on several threads never write to it).
+  TraceRange range(trace_name_.empty() ? trace_name() : trace_name_);
   Tensor x = input;
   for (const auto& hook : pre_hooks_)
     if (Tensor replaced = hook(*this, x); replaced.defined()) x = replaced;
@@ -65,7 +66,7 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
   for (const auto& [existing, _] : children_)
     ZG_CHECK(existing != name, "register_module: '", name, "' is already registered");
   module->local_name_ = name;
-  module->trace_name_.clear();
+  module->trace_name_ = module->trace_name();
   children_.emplace_back(name, std::move(module));
 }
 

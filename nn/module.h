@@ -75,7 +75,7 @@ class Module {
   std::vector<ForwardHook> post_hooks_;
   bool training_ = true;
   std::string local_name_;  // the name its parent registered it under ("attn", "0")
-  std::string trace_name_;  // its profiler range's name, made on the first call
+  std::string trace_name_;  // its profiler range's name, made when it is registered
 };
 
 // A list of modules named "0", "1", ... (transformer.h.0, transformer.h.1, ...).
