@@ -50,6 +50,8 @@ void Event::synchronize() const { ZG_CUDA_CHECK(cudaEventSynchronize(event_)); }
 void Event::block(cudaStream_t waiter) const { ZG_CUDA_CHECK(cudaStreamWaitEvent(waiter, event_, 0)); }
 
 RankState::~RankState() {
+  attention_graphs.reset();
+  if (cudnn_) cudnnDestroy(cudnn_);
   if (cublas_) cublasDestroy(cublas_);
 }
 
@@ -61,6 +63,14 @@ cublasHandle_t RankState::cublas() {
         cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   });
   return cublas_;
+}
+
+cudnnHandle_t RankState::cudnn() {
+  std::call_once(cudnn_made_, [&] {
+    DeviceGuard guard(device_);  // a handle belongs to the device current when it is made
+    ZG_CUDNN_CHECK(cudnnCreate(&cudnn_));
+  });
+  return cudnn_;
 }
 
 RankState& rank_state(Device device) {
