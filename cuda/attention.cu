@@ -15,8 +15,8 @@
 // and p -- [T, S] per head -- never reach memory: the forward keeps the O(T) row
 // statistics L instead of the O(T S) probabilities the composite path saves, and the
 // backward recomputes p tile by tile from q, k and L. (On Hopper the backward may still
-// take a transient [T, S] workspace for dP, up to 256 MiB by the frontend's default,
-// CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT.)
+// take a transient workspace for dP, 2 B H T S bytes, when that is at most 256 MiB: the
+// frontend's default, environment variable CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT.)
 //
 // The stats: cuDNN's training forward (generate_stats) writes, per row, the max of s
 // plus the natural log of the sum of exp(s - max) -- L_i above -- in fp32 as
