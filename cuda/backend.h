@@ -11,6 +11,7 @@
 //   gemm.cu           matmul through cuBLAS
 //   linear.cu         linear layers through cuBLASLt: bias, GELU and bias-gradient epilogues
 //   adamw.cu          the fused AdamW update
+//   attention.cu      fused attention (and its backward) through cuDNN's SDPA graphs
 //
 // Conventions of every method: inputs were validated by the front-end as for the
 // CPU; the work is queued on the current rank's compute stream
@@ -53,6 +54,11 @@ class CudaBackend final : public Backend {
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss,
                               const Tensor& grad_loss, const Tensor& grad_logits) override;
+  bool attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const Tensor& out,
+                 const Tensor& stats) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& stats,
+                          const Tensor& grad_out, bool causal, double scale, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv) override;
 };
 
 // Throws unless `device` is a CUDA device this process can see, naming why not

@@ -6,13 +6,17 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cudnn.h>
 
+#include <memory>
 #include <mutex>
 
 #include "cuda/stream.h"
 #include "tensor/device.h"
 
 namespace zg::cuda {
+
+struct AttentionGraphs;  // cuda/attention.cu
 
 struct RankState {
   explicit RankState(int device) : compute(device), communication(device), device_(device) {}
@@ -29,11 +33,22 @@ struct RankState {
   // The rank's cuBLASLt handle (GEMMs with epilogues, cuda/linear.cu), made on first use.
   cublasLtHandle_t cublas_lt();
 
+  // The rank's cuDNN handle, made on first use. Callers set its stream on every call.
+  cudnnHandle_t cudnn();
+
+  // The rank's fused-attention graphs, by layout (cuda/attention.cu, which alone sees
+  // the type, so the cuDNN frontend's headers stay in that one file). Made on first use
+  // under the mutex, which also guards every lookup; dropped before the cuDNN handle
+  // their plans were built with.
+  std::mutex attention_mutex;
+  std::shared_ptr<AttentionGraphs> attention_graphs;
+
  private:
   int device_;
-  std::once_flag cublas_made_, cublas_lt_made_;
+  std::once_flag cublas_made_, cublas_lt_made_, cudnn_made_;
   cublasHandle_t cublas_ = nullptr;
   cublasLtHandle_t cublas_lt_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
 };
 
 // The current rank context's state for `device`; throws zg::Error for a device that is

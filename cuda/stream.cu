@@ -50,6 +50,8 @@ void Event::synchronize() const { ZG_CUDA_CHECK(cudaEventSynchronize(event_)); }
 void Event::block(cudaStream_t waiter) const { ZG_CUDA_CHECK(cudaStreamWaitEvent(waiter, event_, 0)); }
 
 RankState::~RankState() {
+  attention_graphs.reset();
+  if (cudnn_) cudnnDestroy(cudnn_);
   if (cublas_) cublasDestroy(cublas_);
   if (cublas_lt_) cublasLtDestroy(cublas_lt_);
 }
@@ -70,6 +72,14 @@ cublasLtHandle_t RankState::cublas_lt() {
     ZG_CUBLAS_CHECK(cublasLtCreate(&cublas_lt_));
   });
   return cublas_lt_;
+}
+
+cudnnHandle_t RankState::cudnn() {
+  std::call_once(cudnn_made_, [&] {
+    DeviceGuard guard(device_);  // a handle belongs to the device current when it is made
+    ZG_CUDNN_CHECK(cudnnCreate(&cudnn_));
+  });
+  return cudnn_;
 }
 
 RankState& rank_state(Device device) {

@@ -41,7 +41,7 @@ case "${1:-}" in
     # that built them: make those paths lead here.
     built_in="$(sed -n 's/^.*-DZG_TEST_FIXTURES="\([^"]*\)\/tests\/fixtures".*$/\1/p' build-gpu/build.ninja | head -n 1)"
     if [ -n "$built_in" ] && [ ! -e "$built_in" ]; then mkdir -p "$(dirname "$built_in")"; ln -s "$PWD" "$built_in"; fi
-    libs="$(find / \( -name 'libcudnn.so*' -o -name 'libnccl.so*' -o -name 'libcublasLt.so*' \) -not -path '*/proc/*' \
+    libs="$(find / \( -name 'libcudnn.so*' -o -name 'libnccl.so*' -o -name 'libcublasLt.so*' -o -name 'libnvrtc.so*' \) -not -path '*/proc/*' \
             2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':' || true)"
     ld_library_path_before="${LD_LIBRARY_PATH:-}"  # torch brings its own CUDA libraries
     export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:-}"

@@ -3,7 +3,8 @@
 # is already there: a C++20 compiler, Meson >= 1.0 and Ninja, pkg-config,
 # Eigen 3.4, nlohmann-json (safetensors headers), OpenMPI (the mpi process group)
 # and doctest. The CUDA toolkit is optional and never installed here:
-# when /usr/local/cuda (or nvcc on PATH) exists, the build uses it.
+# when /usr/local/cuda (or nvcc on PATH) exists, the build uses it, and this script
+# adds the cuDNN frontend headers (the CUDA backend's fused attention) next to it.
 set -euo pipefail
 
 need=()
@@ -18,6 +19,8 @@ command -v mpirun >/dev/null || need+=(openmpi-bin)
 [ -n "$(find /usr/include /usr/lib -name mpi.h -print -quit 2>/dev/null)" ] || need+=(libopenmpi-dev)
 meson_ok() { command -v meson >/dev/null && meson --version | awk -F. '{exit !($1 >= 1)}'; }
 meson_ok || need+=(meson)
+has_cuda() { command -v nvcc >/dev/null || [ -d /usr/local/cuda ]; }
+has_cuda && ! python3 -m pip --version >/dev/null 2>&1 && need+=(python3-pip)
 
 if ((${#need[@]})); then
   sudo=""
@@ -30,4 +33,40 @@ fi
 if ! meson_ok; then
   echo "install-deps: the distribution's Meson is older than 1.0; installing Meson from PyPI"
   python3 -m pip install --user --quiet 'meson>=1.0' || python3 -m pip install --user --quiet --break-system-packages 'meson>=1.0'
+fi
+
+# The cuDNN frontend: NVIDIA's header-only C++ API over cuDNN's graph backend, which
+# the CUDA backend uses for fused attention (cuda/attention.cu). PyPI ships it as a
+# wheel whose include/ folder holds the headers; we keep only that folder, unpacked
+# where meson.build looks by default (option cudnn-frontend). It must keep its name:
+# one header includes a sibling as "../include/...". The wheel's Python tag does not
+# matter for headers, so one tag is asked for whatever this machine's Python.
+CUDNN_FRONTEND_VERSION=1.32.0
+CUDNN_FRONTEND_DIR=/usr/local/cudnn-frontend/include
+frontend_version() {
+  awk '/define CUDNN_FRONTEND_(MAJOR|MINOR|PATCH)_VERSION/ {v = v (v == "" ? "" : ".") $3} END {print v}' \
+    "$CUDNN_FRONTEND_DIR/cudnn_frontend_version.h" 2>/dev/null
+}
+if has_cuda && [ "$(frontend_version)" != "$CUDNN_FRONTEND_VERSION" ]; then
+  echo "install-deps: installing the cuDNN frontend $CUDNN_FRONTEND_VERSION headers in $CUDNN_FRONTEND_DIR"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  wheel_dir=$(mktemp -d)
+  trap 'rm -rf "$wheel_dir"' EXIT
+  # Without PyPI the build still goes on: fused attention is then off (meson's summary says so).
+  if python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
+      --platform "manylinux_2_28_$(uname -m)" --dest "$wheel_dir" "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION"; then
+    python3 - "$wheel_dir" <<'PY'
+import pathlib, sys, zipfile
+folder = pathlib.Path(sys.argv[1])
+with zipfile.ZipFile(next(folder.glob("*.whl"))) as wheel:
+    wheel.extractall(folder, [m for m in wheel.namelist() if m.startswith("include/")])
+PY
+    $sudo rm -rf "$CUDNN_FRONTEND_DIR"
+    $sudo mkdir -p "$(dirname "$CUDNN_FRONTEND_DIR")"
+    $sudo cp -r "$wheel_dir/include" "$CUDNN_FRONTEND_DIR"
+    $sudo chmod -R a+rX "$CUDNN_FRONTEND_DIR"
+  else
+    echo "install-deps: could not download the cuDNN frontend; the CUDA backend builds without fused attention" >&2
+  fi
 fi

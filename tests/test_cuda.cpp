@@ -1,6 +1,7 @@
 // Built only with CUDA. GPU cases report themselves skipped where no GPU is visible.
 // Each compares the CUDA backend with the CPU backend (the reference) on the same
 // inputs: inputs are made on the CPU and copied, so they are identical bit for bit.
+#include "cuda/attention.h"
 #include "cuda/device.h"
 #include "helpers.h"
 #include "tensor/backend.h"
@@ -356,6 +357,116 @@ TEST_CASE("a GPT built on the CPU and moved to cuda:0 gives the CPU's loss befor
     CHECK(cpu[1] < cpu[0]);  // the step did something
     CHECK(gpu[0] == doctest::Approx(cpu[0]).epsilon(compute == DType::f32 ? 1e-5 : 1e-2));
     CHECK(gpu[1] == doctest::Approx(cpu[1]).epsilon(1e-2));
+  }
+}
+
+namespace {
+
+// ||got - want|| / ||want|| over all elements, in f64: the error of a whole result, which
+// rounding to bf16 or f16 bounds better than it bounds single near-zero elements.
+double relative_error(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.shape() == want.shape());
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < g.size(); ++i) diff += (g[i] - w[i]) * (g[i] - w[i]), norm += w[i] * w[i];
+  return std::sqrt(diff / norm);
+}
+
+// Attention as the model runs it: q, k, v [B, H, T, D] are transposed views of [B, T, H, D]
+// leaves (made from `buffers` on `device` in `dtype`); the loss is sum(out * g). Returns
+// out as [B, T, H, D] and the leaves' gradients.
+std::vector<Tensor> attention_and_grads(const std::vector<Tensor>& buffers, const Tensor& g, bool causal,
+                                        Device device, DType dtype) {
+  std::vector<Tensor> leaves;
+  for (const Tensor& b : buffers) leaves.push_back(b.to(dtype).to(device).detach().set_requires_grad(true));
+  const Tensor out = scaled_dot_product_attention(leaves[0].transpose(1, 2), leaves[1].transpose(1, 2),
+                                                  leaves[2].transpose(1, 2), causal);
+  sum(out * g.to(dtype).to(device).transpose(1, 2)).backward();
+  return {out.transpose(1, 2), leaves[0].grad(), leaves[1].grad(), leaves[2].grad()};
+}
+
+}  // namespace
+
+TEST_CASE("fused attention (cuDNN) matches the CPU's composite in bf16 and f16, causal or not, with gradients" *
+          doctest::skip(kNoGpu)) {
+  struct Case {
+    DType dt;
+    int64_t batch, heads, time, keys, head;
+  };
+  // Few: each builds a forward and a backward cuDNN graph per mask, kernels compiled at run time.
+  const Case cases[] = {{DType::bf16, 2, 3, 64, 64, 64}, {DType::f16, 2, 3, 64, 64, 64},
+                        {DType::bf16, 2, 3, 37, 37, 64}, {DType::bf16, 1, 2, 37, 64, 32}};
+  for (const Case& c : cases) {
+    for (bool causal : {false, true}) {
+      const DType dt = c.dt;
+      const std::string what = std::string(name(dt)) + (causal ? " causal" : "") + " B=" + std::to_string(c.batch) +
+                               " H=" + std::to_string(c.heads) + " T=" + std::to_string(c.time) +
+                               " S=" + std::to_string(c.keys) + " D=" + std::to_string(c.head);
+      INFO(what);
+      manual_seed(5);
+      // Values exact in `dt`, so the f32 reference on the CPU sees the GPU's inputs.
+      auto values = [&](int64_t length) { return randn({c.batch, length, c.heads, c.head}).to(dt).to(DType::f32); };
+      const std::vector<Tensor> buffers{values(c.time), values(c.keys), values(c.keys)};
+      const Tensor g = values(c.time);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.head));
+
+      // The fused path takes these operands (forward and backward), or says why not.
+      std::vector<Tensor> leaves;
+      for (const Tensor& b : buffers) leaves.push_back(b.to(dt).to(kCUDA).detach().set_requires_grad(true));
+      const Tensor q = leaves[0].transpose(1, 2), k = leaves[1].transpose(1, 2), v = leaves[2].transpose(1, 2);
+      const Tensor out = empty({c.batch, c.time, c.heads, c.head}, on_gpu(dt)).transpose(1, 2);
+      const std::string why = cuda::fused_attention_unsupported(q, k, v, out, causal, scale);
+      if (c.time == c.keys) {
+        CHECK_MESSAGE(why.empty(), why);
+      } else if (!why.empty()) {
+        MESSAGE("composed, T != S: " << why);
+      }
+      // Its stats are each row's natural-log logsumexp of the scaled scores s:
+      // L_i = s_i0 - log_softmax(s)_i0 (key 0 is never masked).
+      if (why.empty()) {
+        const Tensor stats = empty({c.batch, c.heads, c.time}, on_gpu(DType::f32));
+        REQUIRE(backend(kCUDA).attention(q, k, v, causal, scale, out, stats));
+        const Tensor qd = buffers[0].to(DType::f64).transpose(1, 2), kd = buffers[1].to(DType::f64).transpose(1, 2);
+        Tensor s = matmul(qd, kd, false, true) * scale;
+        if (causal) s = masked_fill(s, gt(arange(c.keys).unsqueeze(0), arange(c.time).unsqueeze(1)), -INFINITY);
+        const Tensor lse = s.narrow(-1, 0, 1) - log_softmax(s, -1).narrow(-1, 0, 1);
+        check_close(stats, Host::of(lse.view({c.batch, c.heads, c.time})), 1e-3, 1e-3, "stats, " + what);
+      }
+
+      // The whole result's relative error: a few roundings to the dtype (inputs are exact).
+      const double tol = dt == DType::bf16 ? 2e-2 : 5e-3;
+      const std::vector<Tensor> got = attention_and_grads(buffers, g, causal, kCUDA, dt);
+      const std::vector<Tensor> want = attention_and_grads(buffers, g, causal, kCPU, DType::f32);
+      const char* names[] = {"out", "dq", "dk", "dv"};
+      for (size_t i = 0; i < got.size(); ++i) {
+        CHECK(got[i].device() == kCUDA);
+        const double error = relative_error(got[i].to(kCPU), want[i]);
+        CHECK_MESSAGE(error < tol, names[i] << ": relative error " << error);
+      }
+    }
+  }
+}
+
+TEST_CASE("attention the fused kernels decline (f32, head size 12) runs composed on the GPU and matches the CPU" *
+          doctest::skip(kNoGpu)) {
+  const std::pair<DType, int64_t> declined[] = {{DType::f32, 16}, {DType::f16, 12}};
+  for (const auto& [dt, head] : declined) {
+    INFO(name(dt) << ", D=" << head);
+    manual_seed(9);
+    auto values = [&] { return randn({2, 37, 3, head}).to(dt).to(DType::f32); };
+    const std::vector<Tensor> buffers{values(), values(), values()};
+    const Tensor g = values();
+    std::vector<Tensor> qkv;
+    for (const Tensor& b : buffers) qkv.push_back(b.to(dt).to(kCUDA).transpose(1, 2));
+    const Tensor out = empty({2, 37, 3, head}, on_gpu(dt)).transpose(1, 2);
+    const Tensor stats = empty({2, 3, 37}, on_gpu(DType::f32));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(head));
+    CHECK_FALSE(cuda::fused_attention_unsupported(qkv[0], qkv[1], qkv[2], out, true, scale).empty());
+    CHECK_FALSE(backend(kCUDA).attention(qkv[0], qkv[1], qkv[2], true, scale, out, stats));
+    const std::vector<Tensor> got = attention_and_grads(buffers, g, true, kCUDA, dt);
+    const std::vector<Tensor> want = attention_and_grads(buffers, g, true, kCPU, DType::f32);
+    for (size_t i = 0; i < got.size(); ++i)
+      CHECK(relative_error(got[i].to(kCPU), want[i]) < (dt == DType::f32 ? 1e-5 : 2e-2));
   }
 }
 
