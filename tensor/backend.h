@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <memory>
 
+#include "tensor/activation.h"
 #include "tensor/device.h"
 #include "tensor/memory.h"
-#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 namespace zg {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tensor/activation.h"
 #include "tensor/tensor.h"
 
 namespace zg {
@@ -106,7 +107,6 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 // bias [N] or undefined, act none or GELU (GPT-2's tanh form). One backend call
 // forward (on CUDA a cuBLASLt GEMM with a bias/GELU epilogue) and a GEMM for the input
 // gradient plus one for the weight's that also reduces the bias gradient.
-enum class Activation : uint8_t { none, gelu };
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act = Activation::none);
 
 // ---- neural-network primitives ----
