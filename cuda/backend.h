@@ -44,6 +44,8 @@ class CudaBackend final : public Backend {
   void softmax(const Tensor& in, bool log, const Tensor& out) override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                   const Tensor& mean, const Tensor& rstd) override;
+  void add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias, double eps,
+                      const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd) override;
   void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& mean,
                            const Tensor& rstd, const Tensor& grad_x, const Tensor& grad_weight,
                            const Tensor& grad_bias) override;

@@ -54,14 +54,27 @@ __global__ void softmax_kernel(const T* x, T* y, int64_t rows, int64_t length, b
 
 // mean = sum(x) / C,  var = sum((x - mean)^2) / C,  rstd = 1 / sqrt(var + eps),
 // out = (x - mean) * rstd * weight + bias;  mean and rstd kept (S: f32, f64 for f64).
+// With a residual (add_layer_norm), the row normalised is x + residual: the first pass
+// writes it to `sum`, rounded as binary add rounds it, and the later passes read it back
+// from there (each thread reads only the elements it wrote, so no barrier is needed).
 template <class T, class S>
-__global__ void layer_norm_kernel(const T* x, const T* weight, const T* bias, double eps, T* y, S* mean, S* rstd,
-                                  int64_t rows, int64_t channels) {
+__global__ void layer_norm_kernel(const T* x, const T* residual, T* sum, const T* weight, const T* bias, double eps,
+                                  T* y, S* mean, S* rstd, int64_t rows, int64_t channels) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* in = x + row * channels;
+    const T* x_row = x + row * channels;
     T* out = y + row * channels;
     double total = 0;
-    for (int64_t j = threadIdx.x; j < channels; j += kThreads) total += load(in, j);
+    if (residual) {
+      const T* r_row = residual + row * channels;
+      T* s_row = sum + row * channels;
+      for (int64_t j = threadIdx.x; j < channels; j += kThreads) {
+        s_row[j] = convert<T>(widen(x_row[j]) + widen(r_row[j]));
+        total += load(s_row, j);
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < channels; j += kThreads) total += load(x_row, j);
+    }
+    const T* in = residual ? sum + row * channels : x_row;
     const double mu = block_reduce(total, Add{}) / static_cast<double>(channels);
     double squares = 0;
     for (int64_t j = threadIdx.x; j < channels; j += kThreads) {
@@ -275,22 +288,39 @@ void CudaBackend::softmax(const Tensor& in, bool log, const Tensor& out) {
   });
 }
 
-void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
-                             const Tensor& mean, const Tensor& rstd) {
-  require_contiguous("layer_norm", {&x, &weight, &bias, &out, &mean, &rstd});
+namespace {
+
+// Launches layer_norm_kernel; residual and sum undefined for a plain layer norm.
+void launch_layer_norm(const char* op, const Tensor& x, const Tensor& residual, const Tensor& sum,
+                       const Tensor& weight, const Tensor& bias, double eps, const Tensor& out, const Tensor& mean,
+                       const Tensor& rstd) {
+  require_contiguous(op, {&x, &residual, &sum, &weight, &bias, &out, &mean, &rstd});
   const int64_t rows = x.size(0), channels = x.size(1);
   OnDevice on(x.device());
-  with_float(x.dtype(), "layer_norm", [&]<class T>() {
+  with_float(x.dtype(), op, [&]<class T>() {
     using S = std::conditional_t<std::is_same_v<T, double>, double, float>;
-    ZG_CHECK(mean.dtype() == dtype_of<S>() && rstd.dtype() == dtype_of<S>(), "layer_norm: mean and rstd must be ",
+    ZG_CHECK(mean.dtype() == dtype_of<S>() && rstd.dtype() == dtype_of<S>(), op, ": mean and rstd must be ",
              name(dtype_of<S>()), " for ", describe(x), ", got ", describe(mean), " and ", describe(rstd));
     if (rows == 0) return;
+    auto optional = [](const Tensor& t) { return t.defined() ? device_ptr<const T>(t) : nullptr; };
     layer_norm_kernel<T, S><<<blocks_for_rows(rows), kThreads, 0, on.stream>>>(
-        device_ptr<const T>(x), weight.defined() ? device_ptr<const T>(weight) : nullptr,
-        bias.defined() ? device_ptr<const T>(bias) : nullptr, eps, device_ptr<T>(out), device_ptr<S>(mean),
-        device_ptr<S>(rstd), rows, channels);
+        device_ptr<const T>(x), optional(residual), sum.defined() ? device_ptr<T>(sum) : nullptr, optional(weight),
+        optional(bias), eps, device_ptr<T>(out), device_ptr<S>(mean), device_ptr<S>(rstd), rows, channels);
     ZG_CUDA_CHECK_LAUNCH();
   });
+}
+
+}  // namespace
+
+void CudaBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
+                             const Tensor& mean, const Tensor& rstd) {
+  launch_layer_norm("layer_norm", x, Tensor(), Tensor(), weight, bias, eps, out, mean, rstd);
+}
+
+void CudaBackend::add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                                 double eps, const Tensor& sum, const Tensor& out, const Tensor& mean,
+                                 const Tensor& rstd) {
+  launch_layer_norm("add_layer_norm", x, residual, sum, weight, bias, eps, out, mean, rstd);
 }
 
 void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,

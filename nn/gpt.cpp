@@ -42,9 +42,11 @@ Block::Block(const GPTConfig& config, TensorOptions options) {
   mlp = register_module("mlp", std::make_shared<MLP>(config, options));
 }
 
+// h = x + attn(ln_1(x)); out = h + mlp(ln_2(h)). The first residual add and ln_2 are one
+// kernel (add_layer_norm), so ln_2 runs through its weights here rather than its forward.
 Tensor Block::forward(const Tensor& x) {
-  const Tensor h1 = x + (*attn)((*ln_1)(x));
-  return h1 + (*mlp)((*ln_2)(h1));
+  const AddLayerNormOutput h = add_layer_norm(x, (*attn)((*ln_1)(x)), ln_2->weight, ln_2->bias, ln_2->eps);
+  return h.sum + (*mlp)(h.out);
 }
 
 GPT::GPT(const GPTConfig& cfg, TensorOptions options) : config(cfg) {

@@ -35,6 +35,12 @@ void Backend::linear(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   if (act == Activation::gelu) unary(UnaryOp::gelu, pre, out);
 }
 
+void Backend::add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                             double eps, const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  binary(BinaryOp::add, x, residual, sum);
+  layer_norm(sum, weight, bias, eps, out, mean, rstd);
+}
+
 // grad_weight = grad^T x (grad^T is a column-major view, which matmul takes as it is);
 // grad_bias = the rows of grad^T (a contiguous copy) summed.
 void Backend::linear_weight_grad(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,

@@ -116,6 +116,16 @@ class Backend {
   virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                           const Tensor& out, const Tensor& mean, const Tensor& rstd) = 0;
 
+  // The residual add fused with the layer norm that reads it -- a pre-norm block's
+  // h = x + attn(ln_1(x)) followed by ln_2(h) -- so the sum is normalised while it is
+  // being written instead of being read back:
+  //   sum = x + residual (rounded to x's dtype, as binary add),  layer_norm(sum) -> out, mean, rstd
+  // x, residual, sum [M, C] contiguous; the rest as for layer_norm. The default runs
+  // binary add, then layer_norm.
+  virtual void add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                              double eps, const Tensor& sum, const Tensor& out, const Tensor& mean,
+                              const Tensor& rstd);
+
   // Layer norm's backward over rows, in one pass (no [M, C] temporaries): x, grad_out,
   // grad_x [M, C] contiguous; mean, rstd [M] from the forward. With xhat = (x - mean) rstd
   // and gxhat = grad_out * weight (weight undefined: 1):

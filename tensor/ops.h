@@ -123,6 +123,18 @@ struct LayerNormOutput {
 LayerNormOutput layer_norm_with_stats(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 
+// The pre-norm residual step in one kernel: sum = x + residual, out = layer_norm(sum)
+// (a GPT block's h = x + attn(ln_1(x)) and ln_2(h)). Values and gradients are those of
+// the two ops apart -- the sum is rounded to x's dtype before it is normalised -- but
+// the sum is normalised as it is written, not read back. x and residual share shape,
+// dtype and device.
+struct AddLayerNormOutput {
+  Tensor sum;  // x + residual
+  Tensor out;  // layer_norm(sum, weight, bias, eps)
+};
+AddLayerNormOutput add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                                  double eps = 1e-5);
+
 // Rows of weight [V, C] picked by integer indices of any shape: out is indices.shape + [C].
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 

@@ -56,6 +56,20 @@ inline void check_close(const Tensor& got, const Host& want, double rtol, double
   }
 }
 
+// Exact equality of two tensors' values (compared as f64: exact for every dtype but large i64).
+inline void check_identical(const Tensor& got, const Tensor& want, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!(g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i])))) {
+      FAIL_CHECK("element " << i << ": got " << g[i] << ", expected " << w[i]);
+      return;
+    }
+  }
+}
+
 // Runs a shell command; returns its standard output and sets `status` to its exit status.
 inline std::string run_command(const std::string& command, int& status) {
   std::string out;

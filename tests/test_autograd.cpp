@@ -71,6 +71,11 @@ std::map<std::string, GradCase> grad_cases(Device d) {
   c["log_softmax"] = {{normal_leaf({3, 5}, d)}, FN { return log_softmax(x[0], -1); }};
   c["layer_norm"] = {{normal_leaf({2, 3, 6}, d), normal_leaf({6}, d), normal_leaf({6}, d)},
                      FN { return layer_norm(x[0], x[1], x[2]) + layer_norm(x[0], Tensor(), Tensor()); }};
+  c["add_layer_norm"] = {{normal_leaf({2, 3, 6}, d), normal_leaf({2, 3, 6}, d), normal_leaf({6}, d), normal_leaf({6}, d)},
+                         FN {
+                           const AddLayerNormOutput r = add_layer_norm(x[0], x[1], x[2], x[3]);
+                           return r.sum * r.out;  // the sum's gradient comes both ways
+                         }};
   c["embedding"] = {{normal_leaf({5, 3}, d)}, [idx](const std::vector<Tensor>& x) { return embedding(x[0], idx); }};
   c["cross_entropy"] = {{normal_leaf({4, 5}, d)},
                         [target](const std::vector<Tensor>& x) { return cross_entropy(x[0], target); }};

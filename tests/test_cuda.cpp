@@ -15,20 +15,6 @@ const bool kNoGpu = cuda::device_count() == 0;
 
 TensorOptions on_gpu(DType dtype) { return TensorOptions(dtype).device(kCUDA); }
 
-// Exact equality of two tensors' values (compared as f64: exact for every dtype but large i64).
-void check_identical(const Tensor& got, const Tensor& want, const std::string& what) {
-  INFO(what);
-  REQUIRE(got.shape() == want.shape());
-  REQUIRE(got.dtype() == want.dtype());
-  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (!(g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i])))) {
-      FAIL_CHECK("element " << i << ": got " << g[i] << ", expected " << w[i]);
-      return;
-    }
-  }
-}
-
 struct Tol {
   DType dtype;
   double rtol, atol;

@@ -270,6 +270,18 @@ std::vector<OpCase> op_table() {
        H1 { return layer_norm_ref(x[0], &x[1], &x[2], 1e-5); }},
       {"layer_norm plain", {mat}, T1 { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); },
        H1 { return layer_norm_ref(x[0], nullptr, nullptr, 1e-5); }},
+      {"add_layer_norm", {{{2, 3, 8}}, {{2, 3, 8}}, {{8}}, {{8}}},
+       T1 {
+         const AddLayerNormOutput r = add_layer_norm(x[0], x[1], x[2], x[3], 1e-5);
+         return cat({r.sum, r.out}, -1);
+       },
+       H1 {
+         const Host sum = map2(x[0], x[1], std::plus<>()), out = layer_norm_ref(sum, &x[2], &x[3], 1e-5);
+         Host both{{2, 3, 16}, {}};
+         for (size_t row = 0; row < 6; ++row)
+           for (const Host* h : {&sum, &out}) both.data.insert(both.data.end(), &h->data[row * 8], &h->data[row * 8 + 8]);
+         return both;
+       }},
       {"embedding", {{{6, 4}}, {{2, 3}, Kind::index, false, 6}}, T1 { return embedding(x[0], x[1]); },
        H1 {
          Shape shape = x[1].shape;
@@ -417,6 +429,42 @@ TEST_CASE("layer_norm returns the statistics backward needs") {
   CHECK(r.mean.to_vector<float>() == std::vector<float>{2.5f, 10.0f});
   CHECK(r.rstd.to_vector<float>()[0] == doctest::Approx(1 / std::sqrt(1.25 + 1e-5)));
   CHECK(r.rstd.to_vector<float>()[1] == doctest::Approx(1 / std::sqrt(1e-5)));
+}
+
+TEST_CASE("add_layer_norm gives the values and gradients of the add and the layer norm apart") {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    manual_seed(3);
+    const Tensor x = randn({2, 5, 12}, dt), r = randn({2, 5, 12}, dt), w = randn({12}, dt), b = randn({12}, dt);
+    const Tensor g_sum = randn({2, 5, 12}, dt), g_out = randn({2, 5, 12}, dt);
+    std::vector<std::vector<Tensor>> grads;
+    std::vector<Tensor> values;
+    for (const bool fused : {true, false}) {
+      std::vector<Tensor> leaves{x, r, w, b};
+      for (Tensor& t : leaves) t = t.detach().set_requires_grad(true);
+      Tensor sum_, out;
+      if (fused) {
+        const AddLayerNormOutput o = add_layer_norm(leaves[0], leaves[1], leaves[2], leaves[3]);
+        sum_ = o.sum, out = o.out;
+      } else {
+        sum_ = leaves[0] + leaves[1];
+        out = layer_norm(sum_, leaves[2], leaves[3]);
+      }
+      values.push_back(sum_.detach());
+      values.push_back(out.detach());
+      (sum(sum_ * g_sum) + sum(out * g_out)).backward();
+      grads.emplace_back();
+      for (const Tensor& t : leaves) grads.back().push_back(t.grad());
+    }
+    const std::string in = std::string(" in ") + name(dt);
+    check_identical(values[0], values[2], "sum" + in);
+    check_identical(values[1], values[3], "out" + in);
+    for (size_t i = 0; i < 4; ++i) check_identical(grads[0][i], grads[1][i], "gradient " + std::to_string(i) + in);
+  }
+  CHECK_THROWS_WITH_AS(add_layer_norm(zeros({2, 3}), zeros({3}), Tensor(), Tensor()),
+                       "add_layer_norm: x and residual must have one shape, got f32[2, 3] on cpu and f32[3] on cpu",
+                       Error);
+  CHECK_THROWS_WITH_AS(add_layer_norm(zeros({2, 3}), zeros({2, 3}, DType::f64), Tensor(), Tensor()),
+                       doctest::Contains("add_layer_norm"), Error);
 }
 
 TEST_CASE("softmax is stable for large inputs and max propagates NaN") {

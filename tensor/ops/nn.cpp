@@ -18,7 +18,8 @@ namespace {
 using Grads = std::vector<Tensor>;
 
 const DifferentiableOp kSoftmax("softmax"), kLogSoftmax("log_softmax"), kLayerNorm("layer_norm"),
-    kEmbedding("embedding"), kCrossEntropy("cross_entropy"), kAttention("scaled_dot_product_attention");
+    kAddLayerNorm("add_layer_norm"), kEmbedding("embedding"), kCrossEntropy("cross_entropy"),
+    kAttention("scaled_dot_product_attention");
 
 // dx = y (g - sum(g y))            for y = softmax(x)
 // dx = g - exp(y) sum(g)           for y = log_softmax(x)
@@ -50,30 +51,39 @@ DType accumulate_type(DType dtype) { return dtype == DType::f64 ? DType::f64 : D
 Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false, "softmax"); }
 Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true, "log_softmax"); }
 
-// y = xhat w + b with xhat = (x - mean) rstd. With gxhat = g w:
-//   dx = rstd (gxhat - mean(gxhat) - xhat mean(gxhat xhat)),  dw = sum_rows(g xhat),  db = sum_rows(g)
-// (one backend kernel: Backend::layer_norm_backward)
-LayerNormOutput layer_norm_with_stats(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  detail::check_floating("layer_norm", x);
-  ZG_CHECK(x.dim() >= 1, "layer_norm: expected a tensor of rank >= 1, got ", describe(x));
-  ZG_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got ", eps);
+namespace {
+
+// Validates a layer norm over the last dim of x; returns the weight and bias as the kernels take them.
+std::pair<Tensor, Tensor> layer_norm_params(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                            double eps) {
+  detail::check_floating(op, x);
+  ZG_CHECK(x.dim() >= 1, op, ": expected a tensor of rank >= 1, got ", describe(x));
+  ZG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
   const int64_t channels = x.size(-1);
   for (const Tensor* p : {&weight, &bias}) {
     if (!p->defined()) continue;
-    detail::check_compatible("layer_norm", x, *p);
-    ZG_CHECK(p->shape() == Shape{channels}, "layer_norm: expected weight and bias of shape [", channels,
-             "], got ", describe(*p), " for input ", describe(x));
+    detail::check_compatible(op, x, *p);
+    ZG_CHECK(p->shape() == Shape{channels}, op, ": expected weight and bias of shape [", channels, "], got ",
+             describe(*p), " for input ", describe(x));
   }
-  const Tensor rows = as_rows(x);
-  const Shape stat_shape(x.shape().begin(), x.shape().end() - 1);
-  const TensorOptions stat_options = TensorOptions(accumulate_type(x.dtype())).device(x.device());
-  LayerNormOutput result{empty_like(rows), empty({rows.size(0)}, stat_options), empty({rows.size(0)}, stat_options)};
-  const Tensor w = weight.defined() ? weight.contiguous() : weight;
-  const Tensor b = bias.defined() ? bias.contiguous() : bias;
-  backend(x.device()).layer_norm(rows, w, b, eps, result.out, result.mean, result.rstd);
-  result.out = differentiable(
-      result.out, kLayerNorm, {rows, w, b},
-      [rows = SavedTensor(rows), w = SavedTensor(w), mu = SavedTensor(result.mean), rstd = SavedTensor(result.rstd),
+  return {weight.defined() ? weight.contiguous() : weight, bias.defined() ? bias.contiguous() : bias};
+}
+
+// Output, mean and rstd of a layer norm over rows [M, C], allocated for the kernel.
+LayerNormOutput empty_layer_norm(const Tensor& rows) {
+  const TensorOptions stat_options = TensorOptions(accumulate_type(rows.dtype())).device(rows.device());
+  return {empty_like(rows), empty({rows.size(0)}, stat_options), empty({rows.size(0)}, stat_options)};
+}
+
+// y = xhat w + b with xhat = (x - mean) rstd. With gxhat = g w:
+//   dx = rstd (gxhat - mean(gxhat) - xhat mean(gxhat xhat)),  dw = sum_rows(g xhat),  db = sum_rows(g)
+// (one backend kernel: Backend::layer_norm_backward). Records that gradient on the
+// kernel's output `r` for rows [M, C] and returns r shaped as x ([..., C]).
+LayerNormOutput record_layer_norm(LayerNormOutput r, const Tensor& rows, const Tensor& w, const Tensor& b,
+                                  const Shape& shape) {
+  r.out = differentiable(
+      r.out, kLayerNorm, {rows, w, b},
+      [rows = SavedTensor(rows), w = SavedTensor(w), mu = SavedTensor(r.mean), rstd = SavedTensor(r.rstd),
        has_weight = w.defined(), has_bias = b.defined()](const Tensor& g) {
         const Tensor x = rows.get("layer_norm");
         Grads grads{empty_like(x), has_weight ? empty({x.size(1)}, options_of(x)) : Tensor(),
@@ -82,10 +92,35 @@ LayerNormOutput layer_norm_with_stats(const Tensor& x, const Tensor& weight, con
                                                 rstd.get("layer_norm"), grads[0], grads[1], grads[2]);
         return grads;
       });
-  result.out = result.out.view(x.shape());
-  result.mean = result.mean.view(stat_shape);
-  result.rstd = result.rstd.view(stat_shape);
-  return result;
+  const Shape stat_shape(shape.begin(), shape.end() - 1);
+  return {r.out.view(shape), r.mean.view(stat_shape), r.rstd.view(stat_shape)};
+}
+
+}  // namespace
+
+LayerNormOutput layer_norm_with_stats(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const auto [w, b] = layer_norm_params("layer_norm", x, weight, bias, eps);
+  const Tensor rows = as_rows(x);
+  LayerNormOutput r = empty_layer_norm(rows);
+  backend(x.device()).layer_norm(rows, w, b, eps, r.out, r.mean, r.rstd);
+  return record_layer_norm(r, rows, w, b, x.shape());
+}
+
+// sum = x + residual and layer_norm(sum) from one kernel; the graph is the one the two
+// ops would record apart: an add node (both inputs get the gradient as it is) and a
+// layer-norm node whose input is the sum.
+AddLayerNormOutput add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight, const Tensor& bias,
+                                  double eps) {
+  const auto [w, b] = layer_norm_params("add_layer_norm", x, weight, bias, eps);
+  detail::check_compatible("add_layer_norm", x, residual);
+  ZG_CHECK(x.shape() == residual.shape(), "add_layer_norm: x and residual must have one shape, got ", describe(x),
+           " and ", describe(residual));
+  const Tensor rows = as_rows(x), residual_rows = as_rows(residual);
+  Tensor sum = empty_like(rows);
+  LayerNormOutput r = empty_layer_norm(rows);
+  backend(x.device()).add_layer_norm(rows, residual_rows, w, b, eps, sum, r.out, r.mean, r.rstd);
+  sum = differentiable(sum, kAddLayerNorm, {rows, residual_rows}, [](const Tensor& g) { return Grads{g, g}; });
+  return {sum.view(x.shape()), record_layer_norm(r, sum, w, b, x.shape()).out};
 }
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
