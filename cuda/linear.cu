@@ -95,6 +95,11 @@ bool run(Device device, const LtGemm& g) {
   const uint64_t workspace_bytes = kGemmWorkspaceBytes;
   ZG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(call.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                        &workspace_bytes, sizeof(workspace_bytes)));
+  // Split-K partial sums are reduced in the compute type (f32), never rounded to a 16-bit
+  // output first -- the rule the cuBLAS path keeps with DISALLOW_REDUCED_PRECISION_REDUCTION.
+  const uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  ZG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(call.preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                       &reduction_schemes, sizeof(reduction_schemes)));
   // cuBLASLt assumes 256-byte aligned operands unless told otherwise; views may start anywhere.
   const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> alignments[] = {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g.a},
