@@ -86,8 +86,8 @@ int run(int argc, char** argv) {
   const double bytes = static_cast<double>(params * kBytesPerParameter);
   const double adamw_gbps = bytes / (adamw_ms * 1e6), copy_gbps = bytes / (copy_ms * 1e6);
   if (json) {
-    std::printf("{\"device\": \"%s\", \"params\": %lld, \"iters\": %lld, \"adamw_ms\": %.4f, \"adamw_gbps\": %.1f, "
-                "\"copy_ms\": %.4f, \"copy_gbps\": %.1f, \"ratio\": %.4f}\n",
+    std::printf("{\"device\": \"%s\", \"params\": %lld, \"iters\": %lld, \"adamw_ms\": %.6g, \"adamw_gbps\": %.6g, "
+                "\"copy_ms\": %.6g, \"copy_gbps\": %.6g, \"ratio\": %.6g}\n",
                 bench::describe_device(device).c_str(), static_cast<long long>(params), static_cast<long long>(iters),
                 adamw_ms, adamw_gbps, copy_ms, copy_gbps, adamw_gbps / copy_gbps);
     return 0;
