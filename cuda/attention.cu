@@ -46,7 +46,6 @@
 #include <cudnn_frontend.h>
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <map>
 #include <sstream>
@@ -150,18 +149,12 @@ Layout layout(const Shape& dim, Shape stride) {
 
 Layout layout_of(const Tensor& t) { return layout(t.shape(), t.strides()); }
 
-// A fresh tensor of shape `dim` packed in the dim order of `like` (largest stride
-// outermost): how the front-end allocates grad_out and the gradients, next to out.
-Layout packed_as(const Layout& like, const Shape& dim) {
-  std::array<size_t, 4> order{0, 1, 2, 3};
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return like.stride[a] > like.stride[b]; });
-  Shape stride(4);
-  int64_t next = 1;
-  for (size_t i = 4; i-- > 0;) {
-    stride[order[i]] = next;
-    next *= dim[order[i]];
-  }
-  return layout(dim, std::move(stride));
+// A fresh [B, H, T, D] operand as the front-end allocates it (tensor/ops/nn.cpp): a
+// [B, T, H, D]-contiguous buffer seen through its transpose. The order is fixed, not
+// read off `out`: layout() may have given out's size-1 dims any stride.
+Layout bthd_packed(const Shape& dim) {
+  const int64_t heads = dim[1], time = dim[2], head_size = dim[3];
+  return layout(dim, {time * heads * head_size, head_size, heads * head_size, 1});
 }
 
 // One attention call as cuDNN sees it, and the layouts of its backward's other operands.
@@ -181,9 +174,9 @@ Problem problem(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, 
 }
 
 // What the front-end (tensor/ops/nn.cpp) will hand attention_backward after a forward
-// into `out`: out itself, and grad_out and the gradients fresh, packed in out's order.
+// into `out`: out itself, and grad_out and the gradients fresh (Backend::attention_backward).
 BackwardLayouts front_end_backward(const Problem& p, const Layout& out) {
-  return {out, packed_as(out, p.q.dim), packed_as(out, p.q.dim), packed_as(out, p.k.dim), packed_as(out, p.v.dim)};
+  return {out, bthd_packed(p.q.dim), bthd_packed(p.q.dim), bthd_packed(p.k.dim), bthd_packed(p.v.dim)};
 }
 
 // Everything a graph is built for: dtype, mask, scale and its operands' layouts (the
@@ -375,6 +368,11 @@ std::string fused_attention_unsupported(const Tensor& q, const Tensor& k, const 
   return forward_for(q, k, v, out, causal, scale).unsupported;
 }
 
+AttentionGraphCount fused_attention_graphs(Device device) {
+  RankGraphs rank(device);
+  return {static_cast<int64_t>(rank.graphs().forward.size()), static_cast<int64_t>(rank.graphs().backward.size())};
+}
+
 bool CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                             const Tensor& out, const Tensor& stats) {
   ZG_CHECK(out.shape() == q.shape() && out.dtype() == q.dtype() && out.device() == q.device() &&
@@ -423,6 +421,8 @@ std::string fused_attention_unsupported(const Tensor&, const Tensor&, const Tens
   return "this build of zerograd has no cuDNN frontend (meson option cudnn-frontend; scripts/install-deps.sh "
          "installs it)";
 }
+
+AttentionGraphCount fused_attention_graphs(Device) { return {}; }
 
 bool CudaBackend::attention(const Tensor&, const Tensor&, const Tensor&, bool, double, const Tensor&,
                             const Tensor&) {

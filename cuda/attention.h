@@ -2,6 +2,7 @@
 // takes a call, and if not, why.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "tensor/tensor.h"
@@ -16,5 +17,12 @@ namespace zg::cuda {
 // message when it has no engine for the graph.
 std::string fused_attention_unsupported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                         bool causal, double scale);
+
+// How many layouts `device`'s graph cache holds, built or declined: a forward or
+// backward graph is built once per layout, so after warm-up a training step adds none.
+struct AttentionGraphCount {
+  int64_t forward = 0, backward = 0;
+};
+AttentionGraphCount fused_attention_graphs(Device device);
 
 }  // namespace zg::cuda

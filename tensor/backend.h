@@ -172,13 +172,16 @@ class Backend {
   //   stats[b, h, i] = logsumexp_j (q_i . k_j * scale)     (kept for the backward)
   // Returns false, touching nothing, where the device has no fused kernel for these
   // shapes and dtypes: the front-end then composes attention from matmul and softmax.
+  // q, k or v requires grad exactly when attention_backward may follow (the front-end
+  // passes them detached otherwise), so a backend may check its backward up front.
   virtual bool attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                          const Tensor& out, const Tensor& stats) {
     (void)q, (void)k, (void)v, (void)causal, (void)scale, (void)out, (void)stats;
     return false;
   }
   // Its backward, called only after attention() returned true for the same q, k, v:
-  // dq, dk, dv (laid out as q, k, v) from grad_out (as out), using out and stats.
+  // dq, dk, dv from grad_out, using out and stats. The front-end allocates grad_out,
+  // dq, dk and dv as fresh [B, T, H, D] buffers passed as their [B, H, T, D] views.
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& stats, const Tensor& grad_out, bool causal, double scale,
                                   const Tensor& dq, const Tensor& dk, const Tensor& dv);

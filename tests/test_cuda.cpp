@@ -4,6 +4,7 @@
 #include "cuda/attention.h"
 #include "cuda/device.h"
 #include "helpers.h"
+#include "tensor/autograd.h"
 #include "tensor/backend.h"
 #include "tiny_gpt.h"
 
@@ -381,7 +382,8 @@ TEST_CASE("fused attention (cuDNN) matches the CPU's composite in bf16 and f16, 
   };
   // Few: each builds a forward and a backward cuDNN graph per mask, kernels compiled at run time.
   const Case cases[] = {{DType::bf16, 2, 3, 64, 64, 64}, {DType::f16, 2, 3, 64, 64, 64},
-                        {DType::bf16, 2, 3, 37, 37, 64}, {DType::bf16, 1, 2, 37, 64, 32}};
+                        {DType::bf16, 2, 3, 37, 37, 64}, {DType::bf16, 1, 2, 37, 64, 32},
+                        {DType::bf16, 3, 2, 1, 64, 64}};  // T = 1: a size-1 dim among strided ones
   for (const Case& c : cases) {
     for (bool causal : {false, true}) {
       const DType dt = c.dt;
@@ -420,8 +422,12 @@ TEST_CASE("fused attention (cuDNN) matches the CPU's composite in bf16 and f16, 
       }
 
       // The whole result's relative error: a few roundings to the dtype (inputs are exact).
+      // The graphs checked above are the ones the forward and backward use: none is built.
       const double tol = dt == DType::bf16 ? 2e-2 : 5e-3;
+      const cuda::AttentionGraphCount graphs = cuda::fused_attention_graphs(kCUDA);
       const std::vector<Tensor> got = attention_and_grads(buffers, g, causal, kCUDA, dt);
+      CHECK(cuda::fused_attention_graphs(kCUDA).forward == graphs.forward);
+      CHECK(cuda::fused_attention_graphs(kCUDA).backward == graphs.backward);
       const std::vector<Tensor> want = attention_and_grads(buffers, g, causal, kCPU, DType::f32);
       const char* names[] = {"out", "dq", "dk", "dv"};
       for (size_t i = 0; i < got.size(); ++i) {
@@ -431,6 +437,13 @@ TEST_CASE("fused attention (cuDNN) matches the CPU's composite in bf16 and f16, 
       }
     }
   }
+  // Under no_grad no backward can follow: a new layout builds its forward graph alone.
+  NoGradGuard no_grad;
+  const cuda::AttentionGraphCount before = cuda::fused_attention_graphs(kCUDA);
+  const Tensor x = randn({5, 16, 2, 64}).to(DType::bf16).to(kCUDA).set_requires_grad(true).transpose(1, 2);
+  scaled_dot_product_attention(x, x, x, true);
+  CHECK(cuda::fused_attention_graphs(kCUDA).forward == before.forward + 1);
+  CHECK(cuda::fused_attention_graphs(kCUDA).backward == before.backward);
 }
 
 TEST_CASE("attention the fused kernels decline (f32, head size 12) runs composed on the GPU and matches the CPU" *

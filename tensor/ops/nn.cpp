@@ -198,8 +198,12 @@ std::optional<Tensor> fused_attention(const Tensor& q_in, const Tensor& k_in, co
   Tensor out = like(q);
   const Tensor stats = empty({batch, heads, time}, TensorOptions(DType::f32).device(q.device()));
   {
+    // Detached when no backward will be recorded: the backend then need not prepare one.
+    const bool backward_follows = needs_grad({&q, &k, &v});
+    auto as_input = [&](const Tensor& t) { return backward_follows ? t : t.detach(); };
     NoGradGuard no_grad;
-    if (!backend(q.device()).attention(q, k, v, causal, scale, out, stats)) return std::nullopt;
+    if (!backend(q.device()).attention(as_input(q), as_input(k), as_input(v), causal, scale, out, stats))
+      return std::nullopt;
   }
   const Tensor out_bthd = out.transpose(1, 2);  // the contiguous buffer the op records
   const Tensor recorded = differentiable(
