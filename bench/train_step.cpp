@@ -25,6 +25,9 @@
 
 #include "bench/args.h"
 #include "bench/device.h"
+#ifdef ZG_WITH_CUDA
+#include "cuda/stream.h"
+#endif
 #include "nn/gpt.h"
 #include "nn/serialize.h"
 #include "optim/adamw.h"
@@ -34,6 +37,15 @@
 using namespace zg;
 
 namespace {
+
+// How often the host has waited for the GPU so far (cuda::host_waits); the CPU never waits.
+int64_t host_waits() {
+#ifdef ZG_WITH_CUDA
+  return cuda::host_waits();
+#else
+  return 0;
+#endif
+}
 
 struct Flags {
   std::string model = "124m", device = "cuda", dtype = "bf16", init, write_init;
@@ -152,8 +164,10 @@ int run(const Flags& f) {
   for (int64_t s = 0; s < f.warmup; ++s) step();
   backend(device).synchronize(device);
   Context::current().allocator(device)->reset_peaks();
+  const int64_t waits_before = host_waits();
   const auto start = std::chrono::steady_clock::now();
   for (int64_t s = f.warmup; s < f.steps; ++s) step();
+  const int64_t waits_in_steps = host_waits() - waits_before;  // 0: the steps only issue work
   backend(device).synchronize(device);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -172,7 +186,7 @@ int run(const Flags& f) {
                 "\"seq\": %lld, \"params\": %lld, \"steps\": %lld, \"timed_steps\": %lld, \"ms_per_step\": %.3f, "
                 "\"tokens_per_s\": %.1f, \"flops_per_token\": %.0f, \"mfu\": %.4f, \"peak_allocated\": %lld, "
                 "\"peak_parameter\": %lld, \"peak_gradient\": %lld, \"peak_optimizer_state\": %lld, "
-                "\"peak_activation\": %lld, \"reserved\": %lld, \"losses\": [",
+                "\"peak_activation\": %lld, \"reserved\": %lld, \"host_waits_in_steps\": %lld, \"losses\": [",
                 f.model.c_str(), description.c_str(), f.dtype.c_str(), static_cast<long long>(f.batch),
                 static_cast<long long>(f.seq), static_cast<long long>(psi), static_cast<long long>(f.steps),
                 static_cast<long long>(timed), 1e3 * seconds / static_cast<double>(timed), tokens_per_s,
@@ -181,7 +195,7 @@ int run(const Flags& f) {
                 static_cast<long long>(mem.peak_of(MemoryCategory::gradient)),
                 static_cast<long long>(mem.peak_of(MemoryCategory::optimizer_state)),
                 static_cast<long long>(mem.peak_of(MemoryCategory::activation)),
-                static_cast<long long>(mem.peak_reserved));
+                static_cast<long long>(mem.peak_reserved), static_cast<long long>(waits_in_steps));
     for (size_t i = 0; i < loss_values.size(); ++i) std::printf("%s%.6f", i ? ", " : "", loss_values[i]);
     std::printf("]}\n");
     return 0;
@@ -192,8 +206,9 @@ int run(const Flags& f) {
               static_cast<long long>(f.seq), f.dtype.c_str(), description.c_str());
   for (size_t i = 0; i < loss_values.size(); ++i)
     std::printf("step %3zu  loss %.6f%s\n", i + 1, loss_values[i], static_cast<int64_t>(i) < f.warmup ? "  (warm-up)" : "");
-  std::printf("%.2f ms/step, %.0f tokens/s over %lld timed steps\n", 1e3 * seconds / static_cast<double>(timed),
-              tokens_per_s, static_cast<long long>(timed));
+  std::printf("%.2f ms/step, %.0f tokens/s over %lld timed steps (the host waited for the GPU %lld times in them)\n",
+              1e3 * seconds / static_cast<double>(timed), tokens_per_s, static_cast<long long>(timed),
+              static_cast<long long>(waits_in_steps));
   std::printf("flops/token = 6*%lld + 12*%lld*%lld*%lld = %.4g", static_cast<long long>(psi),
               static_cast<long long>(p.layers), static_cast<long long>(p.embd), static_cast<long long>(f.seq),
               flops_per_token);

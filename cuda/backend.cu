@@ -30,7 +30,7 @@ std::shared_ptr<Allocator> CudaBackend::make_allocator(Device device) {
 // The rank's compute stream, drained (a host-side collective's ranks read each other's buffers).
 void CudaBackend::synchronize(Device device) {
   DeviceGuard guard(device.index);
-  ZG_CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));
+  wait_for_stream(current_stream(device));
 }
 
 namespace {

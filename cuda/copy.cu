@@ -3,24 +3,26 @@
 //
 // Host <-> device semantics (the Backend::copy contract lets the caller reuse or
 // free the host memory as soon as copy returns):
-//   host -> device: the host data is first made contiguous in a host staging
-//     buffer (unless it already is), copied with cudaMemcpyAsync on the rank's
-//     stream, and the stream is synchronised before returning, so the host
-//     buffer is no longer needed when copy returns. (For pageable memory CUDA
-//     itself synchronises around such a copy; the explicit wait makes it true
-//     whatever the memory is.) Any cast or scatter into a strided destination
-//     then runs on the device.
+//   host -> device: the host data is first made contiguous in a host buffer (unless it
+//     already is), then passed through the rank's page-locked staging blocks
+//     (cuda/host_staging.h): the CPU copies it into a block and the DMA from there is
+//     queued on the rank's stream, so copy returns without waiting for the GPU -- a
+//     training loop uploading each batch never stalls on it. A copy too large to stage
+//     is queued straight from the host buffer and waited for. Any cast or scatter into
+//     a strided destination then runs on the device.
 //   device -> host: the source is made contiguous on the device (in its own
-//     dtype), copied to a host buffer, the stream synchronised, and the CPU
+//     dtype), copied to a host buffer, the stream waited for, and the CPU
 //     backend casts/scatters into the destination -- the data is valid for the
 //     host reader when copy returns. This is where kernels' deferred errors
 //     (cuda/deferred_errors.h) surface.
-// These are the only places where the backend synchronises the host.
+// The host waits only in the copies to the host, unstaged uploads and copies between
+// GPUs (each through wait_for_stream, counted).
 #include <cstring>
 
 #include "cuda/backend.h"
 #include "cuda/deferred_errors.h"
 #include "cuda/kernels.cuh"
+#include "cuda/rank_state.h"
 #include "tensor/backend.h"
 
 namespace zg::cuda {
@@ -98,10 +100,12 @@ void copy_to_device(const Tensor& src, const Tensor& dst) {
   // Straight into dst when it has the same layout, else into a device buffer cast from afterwards.
   const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype();
   const Tensor landing = direct ? dst : Tensor::empty(src.shape(), TensorOptions(src.dtype()).device(dst.device()));
-  ZG_CUDA_CHECK(cudaMemcpyAsync(landing.data_ptr(), host.data_ptr(), static_cast<size_t>(src.nbytes()),
-                                cudaMemcpyHostToDevice, on.stream));
-  ZG_CUDA_CHECK(cudaStreamSynchronize(on.stream));  // `host` may be freed or reused once we return
-  raise_deferred_errors(on.device);
+  if (!rank_state(on.device).staging.copy_to_device(landing.data_ptr(), host.data_ptr(), src.nbytes(), on.stream)) {
+    ZG_CUDA_CHECK(cudaMemcpyAsync(landing.data_ptr(), host.data_ptr(), static_cast<size_t>(src.nbytes()),
+                                  cudaMemcpyHostToDevice, on.stream));
+    wait_for_stream(on.stream);  // `host` may be freed or reused once we return
+    raise_deferred_errors(on.device);
+  }
   if (!direct) copy_on_device(landing, dst, on.stream);
 }
 
@@ -113,7 +117,7 @@ void copy_to_host(const Tensor& src, const Tensor& dst) {
   const Tensor landing = direct ? dst : Tensor::empty(src.shape(), TensorOptions(src.dtype()).device(kCPU));
   ZG_CUDA_CHECK(cudaMemcpyAsync(landing.data_ptr(), packed.data_ptr(), static_cast<size_t>(src.nbytes()),
                                 cudaMemcpyDeviceToHost, on.stream));
-  ZG_CUDA_CHECK(cudaStreamSynchronize(on.stream));  // the host reads the data next
+  wait_for_stream(on.stream);  // the host reads the data next
   raise_deferred_errors(on.device);
   if (!direct) backend(kCPU).copy(landing, dst);
 }
@@ -127,14 +131,14 @@ void copy_between_devices(const Tensor& src, const Tensor& dst) {
   {
     OnDevice from(src.device());
     packed = contiguous_on_device(src, from.stream);
-    ZG_CUDA_CHECK(cudaStreamSynchronize(from.stream));
+    wait_for_stream(from.stream);
   }
   OnDevice to(dst.device());
   const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype();
   const Tensor landing = direct ? dst : Tensor::empty(src.shape(), TensorOptions(src.dtype()).device(dst.device()));
   ZG_CUDA_CHECK(cudaMemcpyPeerAsync(landing.data_ptr(), dst.device().index, packed.data_ptr(), src.device().index,
                                     static_cast<size_t>(src.nbytes()), to.stream));
-  ZG_CUDA_CHECK(cudaStreamSynchronize(to.stream));
+  wait_for_stream(to.stream);
   if (!direct) copy_on_device(landing, dst, to.stream);
 }
 

@@ -1,6 +1,6 @@
 // What one rank keeps per GPU, in its context's backend_state slot
-// (tensor/context.h): its compute and communication streams, and the place for the
-// library handles the backend needs per rank. Created on first use; destroyed with
+// (tensor/context.h): its compute and communication streams, its host staging
+// blocks, and the place for the library handles the backend needs per rank. Created on first use; destroyed with
 // the rank's context, before its allocators.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 
+#include "cuda/host_staging.h"
 #include "cuda/stream.h"
 #include "tensor/device.h"
 
@@ -19,13 +20,14 @@ namespace zg::cuda {
 struct AttentionGraphs;  // cuda/attention.cu
 
 struct RankState {
-  explicit RankState(int device) : compute(device), communication(device), device_(device) {}
+  explicit RankState(int device) : compute(device), communication(device), staging(device), device_(device) {}
   ~RankState();  // the library handles go before the streams they were last given
   RankState(const RankState&) = delete;
   RankState& operator=(const RankState&) = delete;
 
   Stream compute;        // every kernel of the rank, in issue order
   Stream communication;  // collectives, so they overlap compute
+  HostStaging staging;   // page-locked blocks host -> device copies pass through (goes before the streams)
 
   // The rank's cuBLAS handle, made on first use (full-precision math: no TF32, no
   // reduced-precision reductions). Callers set its stream and workspace on every call.

@@ -1,5 +1,7 @@
 #include "cuda/stream.h"
 
+#include <atomic>
+
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/rank_state.h"
@@ -45,7 +47,21 @@ bool Event::query() const {
   return true;
 }
 
-void Event::synchronize() const { ZG_CUDA_CHECK(cudaEventSynchronize(event_)); }
+namespace {
+std::atomic<int64_t> waits{0};
+}  // namespace
+
+void Event::synchronize() const {
+  waits.fetch_add(1, std::memory_order_relaxed);
+  ZG_CUDA_CHECK(cudaEventSynchronize(event_));
+}
+
+void wait_for_stream(cudaStream_t stream) {
+  waits.fetch_add(1, std::memory_order_relaxed);
+  ZG_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+int64_t host_waits() { return waits.load(std::memory_order_relaxed); }
 
 void Event::block(cudaStream_t waiter) const { ZG_CUDA_CHECK(cudaStreamWaitEvent(waiter, event_, 0)); }
 

@@ -3,10 +3,13 @@
 // Each rank context (tensor/context.h) owns, per GPU, one compute stream (every
 // kernel of that rank runs on it, in issue order) and one communication stream
 // (collectives, so they overlap compute). Ranks that share one GPU therefore
-// never serialise on a common stream. Nothing here synchronises the host.
+// never serialise on a common stream. Nothing here synchronises the host but
+// wait_for_stream and Event::synchronize, which say so and are counted.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "tensor/device.h"
 
@@ -58,6 +61,15 @@ class Event {
  private:
   cudaEvent_t event_ = nullptr;
 };
+
+// Blocks the host until the work queued on `stream` so far has finished. Every wait of
+// the backend goes through here or Event::synchronize (copies to the host,
+// Backend::synchronize), and each is counted in host_waits().
+void wait_for_stream(cudaStream_t stream);
+
+// How many times this process's host has waited for a GPU (all ranks and devices): a
+// training step must not change it (tests/test_cuda.cpp, bench/train_step).
+int64_t host_waits();
 
 // The current rank context's streams on `device` (created on first use).
 cudaStream_t current_stream(Device device);

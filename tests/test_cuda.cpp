@@ -3,9 +3,11 @@
 // inputs: inputs are made on the CPU and copied, so they are identical bit for bit.
 #include "cuda/attention.h"
 #include "cuda/device.h"
+#include "cuda/stream.h"
 #include "helpers.h"
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
+#include "optim/schedule.h"
 #include "tiny_gpt.h"
 
 namespace zg::test {
@@ -345,6 +347,56 @@ TEST_CASE("a GPT built on the CPU and moved to cuda:0 gives the CPU's loss befor
     CHECK(gpu[0] == doctest::Approx(cpu[0]).epsilon(compute == DType::f32 ? 1e-5 : 1e-2));
     CHECK(gpu[1] == doctest::Approx(cpu[1]).epsilon(1e-2));
   }
+}
+
+TEST_CASE("a training step on the GPU, batch upload included, never makes the host wait" * doctest::skip(kNoGpu)) {
+  manual_seed(1);
+  auto model = std::make_shared<nn::GPT>(tiny_config());
+  model->to(kCUDA);
+  optim::FlatParameters flat(model->named_parameters(), DType::bf16);
+  optim::AdamW adamw(flat, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+  const Sequence s = fixed_sequence();
+  // Each step uploads its batch (from pageable memory), trains, clips on the device and
+  // updates; the loss stays on the GPU.
+  auto step = [&] {
+    flat.zero_grad();
+    const Tensor loss = model->forward(s.inputs.to(kCUDA), s.targets.to(kCUDA)).loss;
+    loss.backward();
+    adamw.step(1e-3, 1.0, optim::clip_coefficient_on_device(flat, 1.0));
+    return loss;
+  };
+  const double first = step().item<double>();  // warm-up: handles, plans, segments, staging blocks
+  const int64_t waits = cuda::host_waits();
+  const int64_t segments = memory_stats(kCUDA).segment_allocations;
+  std::vector<Tensor> losses;
+  for (int i = 0; i < 3; ++i) losses.push_back(step());
+  CHECK(cuda::host_waits() == waits);
+  CHECK(memory_stats(kCUDA).segment_allocations == segments);
+  // Reading a loss is the one wait, and the uploads landed: training went on.
+  const double last = losses.back().item<double>();
+  CHECK(cuda::host_waits() == waits + 1);
+  CHECK(last < first);
+}
+
+TEST_CASE("uploads return before the GPU has run them and land in stream order" * doctest::skip(kNoGpu)) {
+  // Many uploads from one reused host buffer, each changed right after its copy returns:
+  // every device copy still holds what the host buffer held at its copy.
+  const int64_t n = 3000;  // 12 KB of f32: staged
+  std::vector<float> host(n);
+  std::vector<Tensor> uploaded;
+  const int64_t waits = cuda::host_waits();
+  for (int k = 0; k < 20; ++k) {
+    for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(k * n + i);
+    uploaded.push_back(tensor<float>(host, {n}, on_gpu(DType::f32)));
+  }
+  CHECK(cuda::host_waits() == waits);
+  for (int k = 0; k < 20; ++k) CHECK(uploaded[k].to_vector<float>()[n - 1] == static_cast<float>(k * n + n - 1));
+  CHECK(max(abs(uploaded[7] - arange(7.0 * n, 8.0 * n, 1.0, on_gpu(DType::f32)))).item<double>() == 0);
+  // Larger than a staging block may be: copied directly, and waited for.
+  const Tensor big = zeros({int64_t{80} << 20}, DType::boolean);
+  const int64_t before = cuda::host_waits();
+  CHECK(big.to(kCUDA).numel() == big.numel());
+  CHECK(cuda::host_waits() == before + 1);
 }
 
 namespace {
