@@ -19,7 +19,8 @@
 // Blocks are allocated on demand (cudaHostAlloc, sizes powers of two from 64 KiB) and
 // kept for reuse. A copy above kMaxStagedBytes, or one that would take the pool past
 // kMaxPoolBytes, is not staged: the caller copies directly and waits (loading a
-// checkpoint, not a training step). One pool per rank and GPU, in its RankState.
+// checkpoint or moving a model, not a batch of tokens). One pool per rank and GPU, in
+// its RankState: at most kMaxPoolBytes of page-locked memory each.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +37,8 @@ namespace zg::cuda {
 class HostStaging {
  public:
   static constexpr int64_t kMinBlockBytes = int64_t{64} << 10;
-  static constexpr int64_t kMaxStagedBytes = int64_t{64} << 20;
-  static constexpr int64_t kMaxPoolBytes = int64_t{256} << 20;
+  static constexpr int64_t kMaxStagedBytes = int64_t{4} << 20;
+  static constexpr int64_t kMaxPoolBytes = int64_t{32} << 20;
 
   explicit HostStaging(int device) : device_(device) {}
   ~HostStaging();  // waits for the DMAs in flight, then frees the blocks
