@@ -4,6 +4,7 @@
 #include "cuda/backend.h"
 #include "cuda/caching_allocator.h"
 #include "cuda/check.h"
+#include "cuda/deferred_errors.h"
 #include "cuda/stream.h"
 
 namespace zg::cuda {
@@ -31,6 +32,7 @@ std::shared_ptr<Allocator> CudaBackend::make_allocator(Device device) {
 void CudaBackend::synchronize(Device device) {
   DeviceGuard guard(device.index);
   wait_for_stream(current_stream(device));
+  raise_deferred_errors(device);
 }
 
 namespace {

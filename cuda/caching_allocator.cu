@@ -40,8 +40,15 @@ class DeviceMemory final : public MemorySource {
     return ptr;
   }
 
+  // cudaFree waits for the device's work, and while it waits it holds a driver lock that
+  // other threads' launches need: with NCCL ranks as threads of one process, a collective
+  // in flight here waits for a peer whose host is stuck launching behind that lock -- a
+  // hang (NCCL's documented cudaFree pitfall). So the device is drained first, holding
+  // nothing; cudaFree then has nothing to wait for. (Only the release path comes here:
+  // empty_cache, the out-of-memory retry, the allocator's end.)
   void free_segment(void* ptr) override {
     DeviceGuard guard(device_.index);
+    ZG_CUDA_CHECK(cudaDeviceSynchronize());
     ZG_CUDA_CHECK(cudaFree(ptr));
   }
 

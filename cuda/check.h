@@ -12,9 +12,12 @@
 
 namespace zg::cuda {
 
+// A failed call also leaves its error as the thread's "last error"; it is cleared here,
+// so the next launch check does not report it again against an unrelated kernel.
 inline void check(cudaError_t status, const char* call, const char* file, int line) {
-  if (status != cudaSuccess)
-    fail(call, " failed: ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ") at ", file, ":", line);
+  if (status == cudaSuccess) return;
+  cudaGetLastError();
+  fail(call, " failed: ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ") at ", file, ":", line);
 }
 
 // The libraries' statuses (cuBLASLt shares cublasStatus_t); defined in check.cu.

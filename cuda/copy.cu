@@ -132,6 +132,7 @@ void copy_between_devices(const Tensor& src, const Tensor& dst) {
     OnDevice from(src.device());
     packed = contiguous_on_device(src, from.stream);
     wait_for_stream(from.stream);
+    raise_deferred_errors(from.device);
   }
   OnDevice to(dst.device());
   const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype();

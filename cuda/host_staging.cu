@@ -28,7 +28,12 @@ bool HostStaging::copy_to_device(void* dst, const void* src, int64_t bytes, cuda
     if (pinned_bytes_ + size > kMaxPoolBytes) return false;
     Block block;
     block.bytes = size;
-    ZG_CUDA_CHECK(cudaHostAlloc(&block.host, static_cast<size_t>(size), cudaHostAllocPortable));
+    const cudaError_t status = cudaHostAlloc(&block.host, static_cast<size_t>(size), cudaHostAllocPortable);
+    if (status == cudaErrorMemoryAllocation) {  // page-locked memory is scarce: copy unstaged
+      cudaGetLastError();
+      return false;
+    }
+    ZG_CUDA_CHECK(status);
     pinned_bytes_ += size;
     blocks_.push_back(std::move(block));
     chosen = &blocks_.back();

@@ -12,11 +12,21 @@ namespace zg::cuda {
 // Destructors drop CUDA errors: they must not throw, and at process exit the runtime may
 // already be unloaded.
 
+namespace {
+// Whether this thread has made a device current. Until it has, cudaGetDevice says 0
+// without a context existing there, and setting 0 back on the way out would create one
+// (cudaSetDevice makes the primary context): under mpirun every rank would hold one on
+// GPU 0. So a thread's first device stays current (as PyTorch's MaybeSetDevice).
+thread_local bool device_chosen = false;
+}  // namespace
+
 DeviceGuard::DeviceGuard(int device) {
   ZG_CUDA_CHECK(cudaGetDevice(&previous_));
-  if (device == previous_) return;
-  ZG_CUDA_CHECK(cudaSetDevice(device));
-  changed_ = true;
+  if (device != previous_) {
+    ZG_CUDA_CHECK(cudaSetDevice(device));
+    changed_ = device_chosen;
+  }
+  device_chosen = true;
 }
 
 DeviceGuard::~DeviceGuard() {

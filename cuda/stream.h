@@ -16,8 +16,9 @@
 namespace zg::cuda {
 
 // Makes `device` current for the scope (cudaSetDevice), restoring the previous one
-// only if it changed (setting a device creates its context: a thread that never used
-// GPU 0 should not get one there on the way out).
+// only if it changed and the thread had chosen it (setting a device creates its
+// context: a thread that never used GPU 0 should not get one there on the way out; a
+// thread's first device simply stays current).
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device);

@@ -15,6 +15,7 @@ class FakeGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string kind() const override { return "fake"; }
+  bool accepts(Device) const override { return true; }
 
  private:
   WorkHandle issue(Collective collective) override;

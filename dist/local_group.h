@@ -66,6 +66,7 @@ class LocalGroup final : public HostGroup {
   int rank() const override { return rank_; }
   int size() const override { return hub_->size(); }
   std::string kind() const override { return "local"; }
+  bool accepts(Device) const override { return true; }
 
  private:
   void run(const Collective& collective) override;

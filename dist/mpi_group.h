@@ -22,6 +22,7 @@ class MpiGroup final : public HostGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string kind() const override { return "mpi"; }
+  bool accepts(Device device) const override { return device == kCPU; }
   ~MpiGroup() override { stop_worker(); }
 
  private:

@@ -48,6 +48,7 @@ class NcclGroup final : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string kind() const override { return "nccl"; }
+  bool accepts(Device device) const override { return device == device_; }
   Device device() const { return device_; }
 
   struct Communicator;  // the NCCL communicator, its watchdog and pending work (nccl_group.cpp)

@@ -80,6 +80,8 @@ class ProcessGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string kind() const = 0;  // "local", "fake", "mpi", "nccl"
+  // Whether its collectives take tensors on `device` (mpi: the CPU only; nccl: its GPU only).
+  virtual bool accepts(Device device) const = 0;
 
   // In place on every rank; buffers must match in dtype and numel across ranks.
   WorkHandle all_reduce_async(const Tensor& buffer, ReduceKind op = ReduceKind::sum);

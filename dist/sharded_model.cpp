@@ -170,11 +170,14 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
   reduce_stragglers();
   finish_reductions();
-  // The global norm: each rank's share of the squared norm, summed across ranks.
-  double local = 0;
-  for (auto& unit : units_)  // (the meta device has no values: a dry run counts bytes only)
-    if (unit->grad_shard.device().type != DeviceType::meta) local += sum_of_squares(unit->grad_shard).item<double>();
-  const Tensor total = tensor<double>({local});
+  // The global norm: each rank's share of the squared norm, summed on its device, then
+  // across ranks, and read once (the step's one host wait: the scaler and StepResult
+  // need it). The meta device has no values: a dry run counts bytes only.
+  const Device device = units_.empty() ? kCPU : units_.front()->grad_shard.device();
+  Tensor total = zeros({1}, TensorOptions(DType::f64).device(device.type == DeviceType::meta ? kCPU : device));
+  if (device.type != DeviceType::meta)
+    for (auto& unit : units_) total = total + sum_of_squares(unit->grad_shard).to(DType::f64);
+  if (!group_.accepts(total.device())) total = total.to(kCPU);  // mpi: host tensors only
   group_.all_reduce(total, ReduceKind::sum);
   const double inv_scale = scaler ? scaler->inv_scale() : 1.0;
   StepResult result{std::sqrt(total.item<double>()) * inv_scale, true};
