@@ -19,6 +19,7 @@ class EventMarker final : public StreamMarker {
  public:
   explicit EventMarker(cudaStream_t stream) { event_.record(stream); }
   bool done() const override { return event_.query(); }
+  void wait() const override { event_.synchronize(); }
 
  private:
   Event event_;

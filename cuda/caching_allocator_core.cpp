@@ -45,6 +45,11 @@ void* CachingAllocator::acquire(int64_t bytes, MemoryCategory category) {
   process_pending_frees();
   CachedBlock* block = (size <= kSmallRequest ? small_ : large_).best_fit(stream, size);
   if (!block) block = take_segment(size, stream, category);
+  if (!block && !pending_.empty()) {  // memory that other streams' queued work still uses: wait for it
+    wait_for_pending_frees();
+    block = (size <= kSmallRequest ? small_ : large_).best_fit(stream, size);
+    if (!block) block = take_segment(size, stream, category);
+  }
   if (!block) {  // the device or the cap is full: give the cache back, then ask once more
     add_retry();
     release_cached_segments();
@@ -78,6 +83,7 @@ void CachingAllocator::release(void* ptr, int64_t) {
   } catch (const std::exception&) {
     struct Never final : StreamMarker {
       bool done() const override { return false; }
+      void wait() const override {}  // nothing to wait for: it is never done
     };
     block->markers.clear();
     block->markers.push_back(std::make_unique<Never>());
@@ -184,6 +190,15 @@ void CachingAllocator::process_pending_frees() {
     record(MemoryAction::free, *block);
     free_block(block);
   }
+}
+
+// The host waits until every pending free's marked work is done, then frees them all:
+// better than failing while the memory is only a few kernels away from free (the host
+// runs ahead of the GPU, and a collective on another stream may hold many blocks).
+void CachingAllocator::wait_for_pending_frees() {
+  for (CachedBlock* block : pending_)
+    for (const auto& marker : block->markers) marker->wait();
+  process_pending_frees();
 }
 
 void CachingAllocator::release_cached_segments() {

@@ -33,7 +33,8 @@
 //      within the cap.
 //
 // Out of memory: when no free block fits and no segment can be had (device full, or the
-// cap reached), completed pending frees are processed, every whole free segment is given
+// cap reached), the host first waits for the pending frees' marked work (the only wait
+// the allocator ever does) and looks again; then every whole free segment is given
 // back (empty_cache), and the segment is asked for once more; then OutOfMemory is thrown
 // with the requested bytes, allocated and reserved bytes per category, cap and largest
 // free block.
@@ -98,6 +99,7 @@ class CachingAllocator final : public Allocator {
   void free_block(CachedBlock* block);
   CachedBlock* merge(CachedBlock* a, CachedBlock* b);
   void process_pending_frees();
+  void wait_for_pending_frees();
   void release_cached_segments();
   void record(MemoryAction action, const CachedBlock& block);
 

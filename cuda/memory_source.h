@@ -18,6 +18,7 @@ class StreamMarker {
  public:
   virtual ~StreamMarker() = default;
   virtual bool done() const = 0;  // true once that work has finished; never blocks
+  virtual void wait() const = 0;  // blocks the host until then (only when memory runs out)
 };
 
 class MemorySource {
