@@ -6,6 +6,7 @@
 #include "cuda/caching_allocator_core.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
+#include "cuda/rank_state.h"
 #include "cuda/stream.h"
 
 namespace zg::cuda {
@@ -53,7 +54,14 @@ class DeviceMemory final : public MemorySource {
     ZG_CUDA_CHECK(cudaFree(ptr));
   }
 
-  StreamId current_stream() override { return id_of(cuda::current_stream(device_)); }
+  // The first call takes a share of the rank's state: the streams that blocks are
+  // ordered on (and marked on at their free) must outlive every block, and a tensor
+  // may outlive its rank's context. (Not in the constructor: that runs under the
+  // context's lock, which rank_state takes too.)
+  StreamId current_stream() override {
+    if (!streams_) streams_ = shared_rank_state(device_);
+    return id_of(cuda::current_stream(device_));
+  }
 
   std::unique_ptr<StreamMarker> mark(StreamId stream) override {
     DeviceGuard guard(device_.index);  // an event belongs to the device current at its creation
@@ -62,6 +70,7 @@ class DeviceMemory final : public MemorySource {
 
  private:
   Device device_;
+  std::shared_ptr<RankState> streams_;
 };
 
 }  // namespace

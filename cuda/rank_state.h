@@ -1,7 +1,9 @@
 // What one rank keeps per GPU, in its context's backend_state slot
 // (tensor/context.h): its compute and communication streams, its host staging
-// blocks, and the place for the library handles the backend needs per rank. Created on first use; destroyed with
-// the rank's context, before its allocators.
+// blocks, and the place for the library handles the backend needs per rank. Created
+// on first use. Held by the context and by the rank's caching allocator for the GPU
+// (cuda/caching_allocator.cu), so it lives until both are gone: a tensor that outlives
+// its rank's context still frees its block against streams that exist.
 #pragma once
 
 #include <cublasLt.h>
@@ -56,5 +58,7 @@ struct RankState {
 // The current rank context's state for `device`; throws zg::Error for a device that is
 // not a visible GPU.
 RankState& rank_state(Device device);
+// The same, shared: for holders that must keep the streams alive (the caching allocator).
+std::shared_ptr<RankState> shared_rank_state(Device device);
 
 }  // namespace zg::cuda

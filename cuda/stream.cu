@@ -108,15 +108,17 @@ cudnnHandle_t RankState::cudnn() {
   return cudnn_;
 }
 
-RankState& rank_state(Device device) {
+std::shared_ptr<RankState> shared_rank_state(Device device) {
   ZG_CHECK(device.type == DeviceType::cuda, "cuda: ", device.str(), " is not a GPU");
   // The slot holds a RankState for every cuda device: only this function fills it.
   const std::shared_ptr<void> state = Context::current().backend_state(device, [device] {
     check_device(device.index);
     return std::static_pointer_cast<void>(std::make_shared<RankState>(device.index));
   });
-  return *static_cast<RankState*>(state.get());
+  return std::static_pointer_cast<RankState>(state);
 }
+
+RankState& rank_state(Device device) { return *shared_rank_state(device); }
 
 cudaStream_t current_stream(Device device) { return rank_state(device).compute.get(); }
 

@@ -51,8 +51,9 @@ class Context {
   MemoryStats memory_stats(Device device = kCPU) { return allocator(device)->stats(); }
   Generator& generator() { return generator_; }
   // Per-rank state a backend keeps for `device` (the CUDA backend: this rank's
-  // streams and library handles), made by `make` on first use and destroyed
-  // before the rank's allocators. Ranks sharing one GPU thus never share a stream.
+  // streams and library handles), made by `make` on first use and released before
+  // the rank's allocators (which may hold it longer: a CUDA allocator keeps the
+  // streams its blocks are ordered on). Ranks sharing one GPU never share a stream.
   std::shared_ptr<void> backend_state(Device device, const std::function<std::shared_ptr<void>()>& make);
 
   // This thread's current context (a per-thread default when no guard is active).

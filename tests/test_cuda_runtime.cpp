@@ -11,6 +11,7 @@
 #include "cuda/device.h"
 #include "cuda/stream.h"
 #include "helpers.h"
+#include "tensor/backend.h"
 #include "tiny_gpt.h"
 
 namespace zg::test {
@@ -160,6 +161,25 @@ TEST_CASE("a block freed while another stream still uses it waits for that strea
   CHECK(when_done.ptr == used);
   allocator->deallocate(while_busy);
   allocator->deallocate(when_done);
+}
+
+TEST_CASE("a GPU tensor that outlives its rank's context still frees its block" * doctest::skip(kNoGpu)) {
+  Tensor survivor;
+  std::shared_ptr<Allocator> allocator;
+  {
+    Context rank(1);
+    ContextGuard guard(rank);
+    allocator = rank.allocator(kCUDA);
+    survivor = randn({1024}, TensorOptions(DType::f32).device(kCUDA));
+    cuda::record_stream(survivor, cuda::communication_stream(kCUDA));  // as a collective's buffer
+    backend(kCUDA).synchronize(kCUDA);
+  }  // the context is gone; the allocator holds the rank's streams
+  survivor = Tensor();  // marked on the rank's communication stream, which must still exist
+  ZG_CUDA_CHECK(cudaDeviceSynchronize());
+  auto& caching = dynamic_cast<cuda::CachingAllocator&>(*allocator);
+  caching.empty_cache();  // the mark is passed: the block is free, its segment given back
+  CHECK(allocator->stats().allocated_total == 0);
+  CHECK(allocator->stats().reserved == 0);
 }
 
 TEST_CASE("over 100 identical training steps on cuda:0, reserved bytes stop growing" * doctest::skip(kNoGpu)) {
