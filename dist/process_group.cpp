@@ -195,8 +195,10 @@ WorkHandle HostGroup::issue(Collective c) {
 
 WorkHandle ProcessGroup::submit(Collective c) {
   TraceRange range(name(c.op));
-  bytes_sent_ += c.ring_bytes(size());
-  return issue(std::move(c));
+  const int64_t bytes = c.ring_bytes(size());
+  WorkHandle work = issue(std::move(c));
+  bytes_sent_ += bytes;  // once issued: a collective refused up front sent nothing
+  return work;
 }
 
 WorkHandle ProcessGroup::all_reduce_async(const Tensor& buffer, ReduceKind op) {
@@ -205,24 +207,32 @@ WorkHandle ProcessGroup::all_reduce_async(const Tensor& buffer, ReduceKind op) {
 }
 
 namespace {
-// The full buffer is world size times the shard, both 1-D, of one dtype and device.
+// The full buffer is world size times the shard, both 1-D, of one dtype and device. In
+// place (one storage), the shard must be exactly this rank's slice of the full buffer --
+// NCCL's rule, and the only overlap where no rank reads bytes that it also writes.
 void check_full_and_shard(const char* op, const char* full_name, const Tensor& full, const char* shard_name,
-                          const Tensor& shard, int world_size) {
+                          const Tensor& shard, int world_size, int rank) {
   ZG_CHECK(full.defined() && shard.defined(), op, ": a buffer is undefined");
   ZG_CHECK(full.dim() == 1 && shard.dim() == 1 && full.numel() == shard.numel() * world_size &&
                full.dtype() == shard.dtype() && full.device() == shard.device(),
            op, ": ", full_name, " ", describe(full), " must be 1-D and world size (", world_size, ") times ",
            shard_name, " ", describe(shard));
+  if (full.storage() != shard.storage()) return;
+  const int64_t own = full.offset() + rank * shard.numel();
+  ZG_CHECK(shard.offset() == own && full.strides()[0] == 1 && shard.strides()[0] == 1, op, ": ", shard_name,
+           " shares its storage with ", full_name, " but is not rank ", rank,
+           "'s contiguous slice of it (elements ", own, " to ", own + shard.numel(), " of the storage; it starts at ",
+           shard.offset(), "): in place, a rank's shard must be its own slice");
 }
 }  // namespace
 
 WorkHandle ProcessGroup::reduce_scatter_async(const Tensor& input, const Tensor& output, ReduceKind op) {
-  check_full_and_shard("reduce_scatter", "input", input, "output", output, size());
+  check_full_and_shard("reduce_scatter", "input", input, "output", output, size(), rank());
   return submit({CollectiveOp::reduce_scatter, input, output, op, 0});
 }
 
 WorkHandle ProcessGroup::all_gather_async(const Tensor& input, const Tensor& output) {
-  check_full_and_shard("all_gather", "output", output, "input", input, size());
+  check_full_and_shard("all_gather", "output", output, "input", input, size(), rank());
   return submit({CollectiveOp::all_gather, input, output, ReduceKind::sum, 0});
 }
 

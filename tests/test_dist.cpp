@@ -120,6 +120,16 @@ TEST_CASE("an asynchronous collective's error is raised by wait()") {
   CHECK_THROWS_WITH_AS(fake.reduce_scatter_async(zeros({4}, kMeta), zeros({3}, kMeta)),
                        "reduce_scatter: input f32[4] on meta must be 1-D and world size (2) times output f32[3] on meta",
                        Error);  // invalid calls fail when issued
+  CHECK(fake.bytes_sent() == 0);  // and send nothing
+  // In place, a rank's shard must be its own slice: rank 0's is elements 0 to 3.
+  const Tensor buffer = zeros({6});
+  CHECK_THROWS_WITH_AS(fake.all_gather_async(buffer.narrow(0, 3, 3), buffer),
+                       "all_gather: input shares its storage with output but is not rank 0's contiguous slice of it "
+                       "(elements 0 to 3 of the storage; it starts at 3): in place, a rank's shard must be its own slice",
+                       Error);
+  CHECK_THROWS_WITH_AS(fake.reduce_scatter_async(buffer, buffer.narrow(0, 3, 3)),
+                       doctest::Contains("output shares its storage with input but is not rank 0's"), Error);
+  fake.all_gather_async(buffer.narrow(0, 0, 3), buffer)->wait();
 }
 
 TEST_CASE("each rank keeps its own memory figures") {
