@@ -7,10 +7,15 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <functional>
+#include <string>
 #include <thread>
+
+#include <unistd.h>  // gethostname
 
 #include "cuda/caching_allocator.h"
 #include "cuda/check.h"
+#include "cuda/device.h"
 #include "cuda/stream.h"
 #include "tensor/ops.h"
 
@@ -159,7 +164,52 @@ NcclGroup::NcclGroup(const NcclId& id, int rank, int size, Device device, Proces
   c.watchdog = std::thread([&c] { c.watch(); });
 }
 
+namespace {
+
+// "host/PCI bus id" of `device`, or why this rank cannot use it.
+struct GpuIdentity {
+  std::string name, problem;
+};
+GpuIdentity identify(Device device) {
+  try {
+    ZG_CHECK(device.type == DeviceType::cuda, "needs a cuda device, got ", device.str());
+    cuda::check_device(device.index);
+    char bus[32] = "";
+    ZG_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device.index));
+    char hostname[256] = "";
+    gethostname(hostname, sizeof hostname - 1);
+    return {std::string(hostname) + "/" + bus, ""};
+  } catch (const std::exception& e) {
+    return {"", e.what()};
+  }
+}
+
+// Before ncclCommInitRank -- which has no timeout: a rank that never arrives leaves the
+// others in it for ever -- the ranks agree over the host group (which has one) that each
+// has a GPU, and a GPU of its own: NCCL does not support two ranks on one GPU.
+void agree_on_gpus(ProcessGroup& host, Device device) {
+  const GpuIdentity mine = identify(device);
+  const int n = host.size();
+  // Each rank's [ok, hash of its identity], gathered.
+  const Tensor gpu = tensor<int64_t>(
+      {mine.problem.empty() ? 1 : 0, static_cast<int64_t>(std::hash<std::string>{}(mine.name))});
+  const Tensor all = empty({2 * n}, DType::i64);
+  host.all_gather(gpu, all);
+  const std::vector<int64_t> seen = all.to_vector<int64_t>();
+  ZG_CHECK(mine.problem.empty(), "nccl group: rank ", host.rank(), " cannot use ", device.str(), ": ", mine.problem);
+  for (int q = 0; q < n; ++q) {
+    ZG_CHECK(seen[2 * q] == 1, "nccl group: rank ", q, " cannot use its GPU (its own error says why)");
+    for (int p = 0; p < q; ++p)
+      ZG_CHECK(seen[2 * p + 1] != seen[2 * q + 1], "nccl group: ranks ", p, " and ", q,
+               " are on one GPU (rank ", host.rank(), " is on ", mine.name,
+               "): NCCL needs a GPU per rank; ranks sharing a GPU use the local group");
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<NcclGroup> NcclGroup::bootstrap(ProcessGroup& host, Device device, NcclOptions options) {
+  agree_on_gpus(host, device);
   NcclId id{};
   if (host.rank() == 0) id = unique_id();
   const Tensor bytes = zeros({static_cast<int64_t>(id.size() / sizeof(int64_t))}, DType::i64);

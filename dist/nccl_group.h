@@ -42,6 +42,8 @@ class NcclGroup final : public ProcessGroup {
             NcclOptions options = {});
   // Rank 0 of `host` (e.g. an MpiGroup under mpirun, across processes and nodes) makes
   // the id and broadcasts it; every rank then joins with the host group's rank and size.
+  // First the ranks agree, over `host`, that each has a GPU of its own: a missing device
+  // or two ranks on one GPU fails every rank, naming them, before NCCL could hang.
   static std::unique_ptr<NcclGroup> bootstrap(ProcessGroup& host, Device device, NcclOptions options = {});
   ~NcclGroup() override;
 
