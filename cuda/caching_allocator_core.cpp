@@ -43,11 +43,17 @@ void* CachingAllocator::acquire(int64_t bytes, MemoryCategory category) {
   const int64_t size = round_size(bytes);
   const StreamId stream = source_->current_stream();
   process_pending_frees();
-  CachedBlock* block = (size <= kSmallRequest ? small_ : large_).best_fit(stream, size);
+  const bool small = size <= kSmallRequest;
+  BlockPool& pool = small ? small_ : large_;
+  CachedBlock* block = pool.best_fit(stream, size);
+  // Reuse before growth: while pending frees that could serve the request add up to it,
+  // wait for the oldest (see "Growth" at the top of caching_allocator_core.h).
+  while (!block && reclaimable(stream, small) >= size && wait_for_oldest_pending(stream, small))
+    block = pool.best_fit(stream, size);
   if (!block) block = take_segment(size, stream, category);
-  if (!block && !pending_.empty()) {  // memory that other streams' queued work still uses: wait for it
+  if (!block && !pending_.empty()) {  // no room: any pending free may merge into a fit
     wait_for_pending_frees();
-    block = (size <= kSmallRequest ? small_ : large_).best_fit(stream, size);
+    block = pool.best_fit(stream, size);
     if (!block) block = take_segment(size, stream, category);
   }
   if (!block) {  // the device or the cap is full: give the cache back, then ask once more
@@ -190,6 +196,27 @@ void CachingAllocator::process_pending_frees() {
     record(MemoryAction::free, *block);
     free_block(block);
   }
+}
+
+// Bytes of pending frees that would return to `stream`'s blocks in the small or large pool.
+int64_t CachingAllocator::reclaimable(StreamId stream, bool small) const {
+  int64_t bytes = 0;
+  for (const CachedBlock* block : pending_)
+    if (block->stream == stream && block->small == small) bytes += block->size;
+  return bytes;
+}
+
+// Waits for the oldest such pending free's marked work, then frees what is done. False
+// when nothing was freed (its marker can never be passed).
+bool CachingAllocator::wait_for_oldest_pending(StreamId stream, bool small) {
+  const auto oldest = std::find_if(pending_.begin(), pending_.end(), [&](const CachedBlock* block) {
+    return block->stream == stream && block->small == small;
+  });
+  if (oldest == pending_.end()) return false;
+  for (const auto& marker : (*oldest)->markers) marker->wait();
+  const size_t before = pending_.size();
+  process_pending_frees();
+  return pending_.size() < before;
 }
 
 // The host waits until every pending free's marked work is done, then frees them all:

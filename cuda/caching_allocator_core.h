@@ -32,9 +32,19 @@
 //      is exact; reserved (in the stats) is the sum of the segments' sizes and stays
 //      within the cap.
 //
+// Growth: when no free block fits but pending frees that would return to this stream's
+// pool add up to the request, the host waits for the oldest of them (its markers) and
+// looks again, before it takes a new segment. Such frees come from buffers other
+// streams used -- a collective's on the communication stream -- freed while the host
+// runs ahead of the GPU: without the wait, each ZeRO-3 gather or ZeRO-2 gradient of a
+// step would take fresh memory until the GPU caught up, and reserved bytes would grow
+// towards the whole model. (PyTorch's FSDP bounds the same thing with its all-gather
+// rate limiter.) Waiting on an issued collective cannot deadlock: each marker needs
+// only collectives every rank has issued or will issue without waiting on this one.
+//
 // Out of memory: when no free block fits and no segment can be had (device full, or the
-// cap reached), the host first waits for the pending frees' marked work (the only wait
-// the allocator ever does) and looks again; then every whole free segment is given
+// cap reached), the host first waits for every pending free's marked work (one may merge
+// with its free neighbours into a fit) and looks again; then every whole free segment is given
 // back (empty_cache), and the segment is asked for once more; then OutOfMemory is thrown
 // with the requested bytes, allocated and reserved bytes per category, cap and largest
 // free block.
@@ -100,6 +110,8 @@ class CachingAllocator final : public Allocator {
   CachedBlock* merge(CachedBlock* a, CachedBlock* b);
   void process_pending_frees();
   void wait_for_pending_frees();
+  int64_t reclaimable(StreamId stream, bool small) const;
+  bool wait_for_oldest_pending(StreamId stream, bool small);
   void release_cached_segments();
   void record(MemoryAction action, const CachedBlock& block);
 

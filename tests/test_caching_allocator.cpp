@@ -236,21 +236,40 @@ TEST_CASE("record_stream: a freed block waits until every other stream that used
   f.free(again);
 }
 
-TEST_CASE("out of memory, the host waits for pending frees before it gives up") {
+TEST_CASE("reuse before growth: the host waits for a pending free that can serve the request") {
   Fixture f;
-  f.device.capacity = 2 * MiB;  // one small segment
-  const Block a = f.alloc(1 * MiB);
+  const Block a = f.alloc(1 * MiB), b = f.alloc(1 * MiB);  // one full small segment
   f.allocator->record_stream(a.ptr, kComm);
   f.free(a);  // pending: a collective on kComm may still read it
-  const Block b = f.alloc(1 * MiB);
-  CHECK(f.device.waits == 0);  // the segment's other half: no wait
-  const Block c = f.alloc(1 * MiB);  // only a's bytes are left, once kComm is done
-  CHECK(at(c) == at(a));
+  const Block c = f.alloc(1 * MiB);
+  CHECK(at(c) == at(a));  // waited for, not a new segment
   CHECK(f.device.waits == 1);
-  CHECK(f.stats().retries == 0);      // nothing was given back
-  CHECK(f.stats().segment_frees == 0);
-  f.free(b);
+  CHECK(f.stats().segment_allocations == 1);
+  // A pending free of the other pool cannot serve a small request: no wait, a new segment.
+  const Block big = f.alloc(4 * MiB);
+  f.allocator->record_stream(big.ptr, kComm);
+  f.free(big);
+  const Block d = f.alloc(1 * MiB);
+  CHECK(f.device.waits == 1);
+  CHECK(f.stats().segment_allocations == 3);
+  for (const Block& block : {b, c, d}) f.free(block);
+}
+
+TEST_CASE("out of memory, the host waits for pending frees that merge into a fit before it gives up") {
+  Fixture f;
+  f.device.capacity = 20 * MiB;  // one large segment: a 5, b 5, c 10 MiB
+  const Block a = f.alloc(5 * MiB), b = f.alloc(5 * MiB), c = f.alloc(10 * MiB);
+  CHECK(f.stats().segment_allocations == 1);
+  f.free(a);
+  f.allocator->record_stream(b.ptr, kComm);
+  f.free(b);  // pending, between two free blocks
   f.free(c);
+  const Block whole = f.alloc(18 * MiB);  // only a + b + c, once b is free and merged
+  CHECK(at(whole) == at(a));
+  CHECK(f.device.waits == 1);
+  CHECK(f.stats().retries == 0);  // nothing was given back
+  CHECK(f.stats().segment_frees == 0);
+  f.free(whole);
 }
 
 TEST_CASE("record_stream on a tensor, and its errors") {
