@@ -3,6 +3,7 @@
 // inputs: inputs are made on the CPU and copied, so they are identical bit for bit.
 #include "cuda/attention.h"
 #include "cuda/device.h"
+#include "cuda/rank_state.h"
 #include "cuda/stream.h"
 #include "helpers.h"
 #include "tensor/autograd.h"
@@ -390,6 +391,9 @@ TEST_CASE("uploads return before the GPU has run them and land in stream order" 
     uploaded.push_back(tensor<float>(host, {n}, on_gpu(DType::f32)));
   }
   CHECK(cuda::host_waits() == waits);
+  const int64_t pinned = cuda::rank_state(kCUDA).staging.pinned_bytes();  // blocks in flight, then reused
+  CHECK(pinned >= cuda::HostStaging::kMinBlockBytes);
+  CHECK(pinned <= cuda::HostStaging::kMaxPoolBytes);
   for (int k = 0; k < 20; ++k) CHECK(uploaded[k].to_vector<float>()[n - 1] == static_cast<float>(k * n + n - 1));
   CHECK(max(abs(uploaded[7] - arange(7.0 * n, 8.0 * n, 1.0, on_gpu(DType::f32)))).item<double>() == 0);
   // Larger than a staging block may be: copied directly, and waited for.
