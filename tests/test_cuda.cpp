@@ -366,7 +366,9 @@ TEST_CASE("a training step on the GPU, batch upload included, never makes the ho
     adamw.step(1e-3, 1.0, optim::clip_coefficient_on_device(flat, 1.0));
     return loss;
   };
-  const double first = step().item<double>();  // warm-up: handles, plans, segments, staging blocks
+  // Warm-up: handles, plans, Adam's moments, the segments of a steady step, staging blocks.
+  const double first = step().item<double>();
+  step();
   const int64_t waits = cuda::host_waits();
   const int64_t segments = memory_stats(kCUDA).segment_allocations;
   std::vector<Tensor> losses;
