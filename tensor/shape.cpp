@@ -6,13 +6,24 @@
 
 namespace zg {
 
+// A shape is valid only if the product of its non-zero sizes fits an int64: that product
+// bounds every contiguous stride and offset, even where a zero size makes it empty.
 int64_t numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
+  bool empty = false;
+  for (int64_t s : shape) {
+    if (s == 0) {
+      empty = true;
+      continue;
+    }
+    ZG_CHECK(!__builtin_mul_overflow(n, s, &n), "shape ", shape_str(shape),
+             " has more elements than an int64 can count");
+  }
+  return empty ? 0 : n;
 }
 
 Shape contiguous_strides(const Shape& shape) {
+  numel(shape);  // throws where the strides would overflow
   Shape strides(shape.size());
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {

@@ -16,6 +16,7 @@ namespace zg {
 namespace {
 
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+  numel(shape);  // throws for a shape whose element count overflows (expand, view)
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = base.storage();
   impl->offset = offset;
@@ -35,7 +36,8 @@ Shape infer_size(Shape shape, int64_t count, const char* op) {
       infer_at = static_cast<int>(i);
     } else {
       ZG_CHECK(shape[i] >= 0, op, ": invalid size ", shape[i], " in shape ", shape_str(shape));
-      known *= shape[i];
+      ZG_CHECK(!__builtin_mul_overflow(known, shape[i], &known), op, ": shape ", shape_str(shape),
+               " has more elements than an int64 can count");
     }
   }
   if (infer_at >= 0) {
@@ -210,7 +212,7 @@ Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
   dim = wrap_dim(dim, this->dim(), "narrow");
   const int64_t size = shape()[dim];
   if (start < 0) start += size;
-  ZG_CHECK(start >= 0 && length >= 0 && start + length <= size, "narrow: start ", start, " and length ", length,
+  ZG_CHECK(start >= 0 && length >= 0 && start <= size && length <= size - start, "narrow: start ", start, " and length ", length,
            " are out of range for dim ", dim, " of size ", size, " (shape ", shape_str(shape()), ")");
   Shape shape = this->shape();
   shape[dim] = length;

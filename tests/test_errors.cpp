@@ -47,6 +47,21 @@ TEST_CASE("bad dims and out-of-range indices") {
   CHECK_THROWS_WITH_AS(a.item<float>(), "item: expected a tensor with exactly 1 element, got f32[2, 3] on cpu", Error);
 }
 
+TEST_CASE("sizes whose sums or products overflow int64 are refused, not wrapped into a view over no memory") {
+  const Tensor a = zeros({4});
+  const int64_t huge = int64_t{1} << 62;
+  CHECK_THROWS_WITH_AS(a.narrow(0, 1, INT64_MAX),
+                       doctest::Contains("narrow: start 1 and length 9223372036854775807 are out of range"), Error);
+  CHECK_THROWS_WITH_AS(zeros({0}).view({huge, 4}),
+                       "view: shape [4611686018427387904, 4] has more elements than an int64 can count", Error);
+  CHECK_THROWS_WITH_AS(zeros({0}).reshape({int64_t{1} << 32, int64_t{1} << 32}),
+                       doctest::Contains("has more elements than an int64 can count"), Error);
+  CHECK_THROWS_WITH_AS(ones({1}).expand({huge + 1, 4}),
+                       "shape [4611686018427387905, 4] has more elements than an int64 can count", Error);
+  CHECK_THROWS_AS(zeros({huge, 4}), Error);
+  CHECK(zeros({0}).view({0, huge}).numel() == 0);  // empty, and its strides still fit
+}
+
 TEST_CASE("views that strides cannot express") {
   const Tensor a = zeros({2, 3});
   CHECK_THROWS_WITH_AS(a.t().view({6}),
