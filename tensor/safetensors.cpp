@@ -126,11 +126,16 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   data_start_ = 8 + static_cast<int64_t>(length);
   const int64_t data_size = file_size - data_start_;
 
-  // Parse, refusing duplicate names (a JSON parser would silently keep the last one).
+  // Parse, refusing duplicate names (a JSON parser would silently keep the last one) and
+  // nesting deeper than the format's header -> entry -> array: a hostile header nested a
+  // million deep would otherwise overflow the stack wherever a value is printed.
+  constexpr int kMaxDepth = 4;
   std::vector<std::string> top_keys;
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(json, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& value) {
+      ZG_CHECK(depth <= kMaxDepth, where, "the header (bytes 8-", 8 + length, ") nests deeper than ", kMaxDepth,
+               " levels: not a safetensors header");
       if (depth == 1 && event == nlohmann::json::parse_event_t::key) top_keys.push_back(value.get<std::string>());
       return true;
     });

@@ -174,6 +174,11 @@ TEST_CASE("damaged files each give a zg::Error") {
       {"header length past the end", raw_file("{}", "", 1000), "runs past the end of the file"},
       {"header not JSON", raw_file("{not json", ""), "is not valid JSON"},
       {"header an array", raw_file("[1,2]", ""), "is not a JSON object"},
+      {"nested a million deep",
+       raw_file(R"({"a":{"dtype":)" + std::string(1000000, '[') + std::string(1000000, ']') +
+                    R"(,"shape":[2],"data_offsets":[0,8]}})",
+                data8),
+       "nests deeper than 4 levels"},
       {"entry not an object", raw_file(R"({"a":5})", ""), "expected exactly dtype, shape and data_offsets"},
       {"missing data_offsets", raw_file(R"({"a":{"dtype":"F32","shape":[2]}})", data8), "expected exactly dtype"},
       {"extra field", raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", data8),
