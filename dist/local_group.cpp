@@ -1,5 +1,6 @@
 #include "dist/local_group.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "tensor/backend.h"
@@ -26,11 +27,20 @@ Tensor scratch_like(const Tensor& t) {
   return empty(t.shape(), TensorOptions(t.dtype()).device(t.device()));
 }
 
+int valid_world_size(int size) {
+  ZG_CHECK(size >= 1, "local group: world size must be at least 1, got ", size);
+  return size;
+}
+
 }  // namespace
 
 LocalHub::LocalHub(int size, std::chrono::milliseconds timeout)
-    : size_(size), timeout_(timeout), posted_(size), calls_made_(size, 0) {
-  ZG_CHECK(size >= 1, "local group: world size must be at least 1, got ", size);
+    : size_(valid_world_size(size)), timeout_(timeout), posted_(size), calls_made_(size, 0), departed_(size, false) {}
+
+void LocalHub::depart(int rank) {
+  std::lock_guard lock(mutex_);
+  departed_[rank] = true;
+  cv_.notify_all();
 }
 
 void LocalHub::abort(int rank, const std::string& reason) {
@@ -72,10 +82,20 @@ void LocalHub::rendezvous(int rank, const std::string& where, const std::functio
     if (aborted_) throw failed();
     return;
   }
+  // A rank that has returned from its function will never arrive.
+  const auto departed = [&] { return std::find(departed_.begin(), departed_.end(), true) != departed_.end(); };
   const bool done =
-      cv_.wait_for(lock, timeout_, [&] { return generation_ != generation || aborted_; });
+      cv_.wait_for(lock, timeout_, [&] { return generation_ != generation || aborted_ || departed(); });
   if (aborted_) throw failed();
   if (generation_ != generation) return;
+  if (departed()) {
+    std::string gone;
+    for (int q = 0; q < size_; ++q)
+      if (departed_[q]) gone += (gone.empty() ? "" : ", ") + std::to_string(q) + " (after " +
+                                std::to_string(calls_made_[q]) + " collectives)";
+    fail_locked("local group: rank " + std::to_string(rank) + " in " + where + " waits for rank(s) " + gone +
+                " that returned from the function without calling it");
+  }
   if (!done) {
     std::string missing;
     for (int q = 0; q < size_; ++q)
@@ -178,17 +198,26 @@ void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, Loc
     threads.emplace_back([&, r] {
       Context context(r);
       ContextGuard guard(context);
-      LocalGroup group(hub, r);
-      try {
-        fn(group);
-      } catch (const std::exception& e) {
-        {
-          std::lock_guard lock(errors_mutex);
-          errors[r] = e.what();
-          if (!first_failure_seen) root_cause[r] = first_failure_seen = true;
+      std::string error;
+      {
+        LocalGroup group(hub, r);
+        try {
+          fn(group);
+        } catch (const std::exception& e) {
+          error = e.what();
+        } catch (...) {  // nothing may escape a thread's body: it would end the process
+          error = "an exception that is not a std::exception";
         }
-        hub->abort(r, e.what());
-      }
+        if (!error.empty()) {
+          {
+            std::lock_guard lock(errors_mutex);
+            errors[r] = error;
+            if (!first_failure_seen) root_cause[r] = first_failure_seen = true;
+          }
+          hub->abort(r, error);
+        }
+      }  // the group's worker has run this rank's queued collectives
+      if (error.empty()) hub->depart(r);
     });
   }
   for (auto& t : threads) t.join();

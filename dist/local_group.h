@@ -9,7 +9,8 @@
 // second, it writes its own buffer, once nobody reads it any more.
 //
 // Nothing waits forever: a rank that fails aborts the hub, which wakes the others
-// with that rank's error, and every wait gives up after the configured timeout.
+// with that rank's error; a rank that returns while others wait for it fails them at
+// once; and every wait gives up after the configured timeout.
 #pragma once
 
 #include <chrono>
@@ -39,6 +40,8 @@ class LocalHub {
   const Collective& call_of(int rank) const { return posted_[rank]; }
   // Second rendezvous; then this rank's call (and its buffer handles) is dropped.
   void leave(int rank);
+  // This rank has returned from its function: a rank still waiting for it fails at once.
+  void depart(int rank);
 
  private:
   // Waits until every rank arrives. The last to arrive runs `check` (all others are
@@ -52,6 +55,7 @@ class LocalHub {
   std::condition_variable cv_;
   std::vector<Collective> posted_;
   std::vector<int64_t> calls_made_;  // per rank: collectives entered so far
+  std::vector<bool> departed_;       // per rank: returned from its function
   int arrived_ = 0;
   uint64_t generation_ = 0;
   bool aborted_ = false;

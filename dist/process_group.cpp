@@ -201,43 +201,56 @@ WorkHandle ProcessGroup::submit(Collective c) {
   return work;
 }
 
-WorkHandle ProcessGroup::all_reduce_async(const Tensor& buffer, ReduceKind op) {
-  ZG_CHECK(buffer.defined(), "all_reduce: the buffer is undefined");
-  return submit({CollectiveOp::all_reduce, buffer, buffer, op, 0});
+namespace {
+
+// Every buffer of a collective: defined and contiguous (no broadcast dims: several
+// elements cannot receive one value each through one address); an average needs a
+// floating dtype (integers would round 1/N to 0).
+void check_buffer(const char* op, const char* which, const Tensor& t, ReduceKind reduce) {
+  ZG_CHECK(t.defined(), op, ": the ", which, " is undefined");
+  ZG_CHECK(t.is_contiguous(), op, ": the ", which, " ", describe(t), " with strides ", shape_str(t.strides()),
+           " is not contiguous");
+  ZG_CHECK(reduce != ReduceKind::average || is_floating(t.dtype()), op, ": average of ", describe(t),
+           " needs a floating-point dtype");
 }
 
-namespace {
 // The full buffer is world size times the shard, both 1-D, of one dtype and device. In
 // place (one storage), the shard must be exactly this rank's slice of the full buffer --
 // NCCL's rule, and the only overlap where no rank reads bytes that it also writes.
 void check_full_and_shard(const char* op, const char* full_name, const Tensor& full, const char* shard_name,
-                          const Tensor& shard, int world_size, int rank) {
-  ZG_CHECK(full.defined() && shard.defined(), op, ": a buffer is undefined");
+                          const Tensor& shard, int world_size, int rank, ReduceKind reduce) {
+  check_buffer(op, full_name, full, reduce);
+  check_buffer(op, shard_name, shard, reduce);
   ZG_CHECK(full.dim() == 1 && shard.dim() == 1 && full.numel() == shard.numel() * world_size &&
                full.dtype() == shard.dtype() && full.device() == shard.device(),
            op, ": ", full_name, " ", describe(full), " must be 1-D and world size (", world_size, ") times ",
            shard_name, " ", describe(shard));
   if (full.storage() != shard.storage()) return;
   const int64_t own = full.offset() + rank * shard.numel();
-  ZG_CHECK(shard.offset() == own && full.strides()[0] == 1 && shard.strides()[0] == 1, op, ": ", shard_name,
-           " shares its storage with ", full_name, " but is not rank ", rank,
-           "'s contiguous slice of it (elements ", own, " to ", own + shard.numel(), " of the storage; it starts at ",
+  ZG_CHECK(shard.offset() == own, op, ": ", shard_name, " shares its storage with ", full_name, " but is not rank ",
+           rank, "'s slice of it (elements ", own, " to ", own + shard.numel(), " of the storage; it starts at ",
            shard.offset(), "): in place, a rank's shard must be its own slice");
 }
+
 }  // namespace
 
+WorkHandle ProcessGroup::all_reduce_async(const Tensor& buffer, ReduceKind op) {
+  check_buffer("all_reduce", "buffer", buffer, op);
+  return submit({CollectiveOp::all_reduce, buffer, buffer, op, 0});
+}
+
 WorkHandle ProcessGroup::reduce_scatter_async(const Tensor& input, const Tensor& output, ReduceKind op) {
-  check_full_and_shard("reduce_scatter", "input", input, "output", output, size(), rank());
+  check_full_and_shard("reduce_scatter", "input", input, "output", output, size(), rank(), op);
   return submit({CollectiveOp::reduce_scatter, input, output, op, 0});
 }
 
 WorkHandle ProcessGroup::all_gather_async(const Tensor& input, const Tensor& output) {
-  check_full_and_shard("all_gather", "output", output, "input", input, size(), rank());
+  check_full_and_shard("all_gather", "output", output, "input", input, size(), rank(), ReduceKind::sum);
   return submit({CollectiveOp::all_gather, input, output, ReduceKind::sum, 0});
 }
 
 WorkHandle ProcessGroup::broadcast_async(const Tensor& buffer, int root) {
-  ZG_CHECK(buffer.defined(), "broadcast: the buffer is undefined");
+  check_buffer("broadcast", "buffer", buffer, ReduceKind::sum);
   ZG_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of a group of ", size());
   return submit({CollectiveOp::broadcast, buffer, buffer, ReduceKind::sum, root});
 }

@@ -2,6 +2,7 @@
 // must end in an error naming what happened, never in a hang.
 #include <atomic>
 #include <chrono>
+#include <thread>
 
 #include "dist/fake_group.h"
 #include "dist/local_group.h"
@@ -124,12 +125,18 @@ TEST_CASE("an asynchronous collective's error is raised by wait()") {
   // In place, a rank's shard must be its own slice: rank 0's is elements 0 to 3.
   const Tensor buffer = zeros({6});
   CHECK_THROWS_WITH_AS(fake.all_gather_async(buffer.narrow(0, 3, 3), buffer),
-                       "all_gather: input shares its storage with output but is not rank 0's contiguous slice of it "
+                       "all_gather: input shares its storage with output but is not rank 0's slice of it "
                        "(elements 0 to 3 of the storage; it starts at 3): in place, a rank's shard must be its own slice",
                        Error);
   CHECK_THROWS_WITH_AS(fake.reduce_scatter_async(buffer, buffer.narrow(0, 3, 3)),
                        doctest::Contains("output shares its storage with input but is not rank 0's"), Error);
   fake.all_gather_async(buffer.narrow(0, 0, 3), buffer)->wait();
+  // Buffers are contiguous (a broadcast dim would make ranks' values land on one element),
+  // and an average needs a floating dtype.
+  CHECK_THROWS_WITH_AS(fake.all_gather_async(zeros({3}), zeros({1}).expand({6})),
+                       "all_gather: the output f32[6] on cpu with strides [0] is not contiguous", Error);
+  CHECK_THROWS_WITH_AS(fake.all_reduce_async(full({2}, 3.0, DType::i64), ReduceKind::average),
+                       "all_reduce: average of i64[2] on cpu needs a floating-point dtype", Error);
 }
 
 TEST_CASE("each rank keeps its own memory figures") {
@@ -168,7 +175,7 @@ TEST_CASE("mismatched collectives fail on every rank with both calls named") {
                        doctest::Contains("rank 1 called all_reduce(bf16[4] on cpu, sum)"), Error);
 }
 
-TEST_CASE("a rank that throws ends the others with its error; a missing rank times out") {
+TEST_CASE("a rank that throws ends the others with its error; one that leaves early ends them at once") {
   const auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(dist::run_local(
                            4,
@@ -182,10 +189,35 @@ TEST_CASE("a rank that throws ends the others with its error; a missing rank tim
                        "rank 2: out of data at step 1", Error);
   CHECK(std::chrono::steady_clock::now() - start < 10s);  // woken, not timed out
 
+  const auto early = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(dist::run_local(
                            2,
                            [](ProcessGroup& pg) {
                              if (pg.rank() == 1) return;  // skips the collective
+                             pg.barrier();
+                           },
+                           {60s}),
+                       "rank 0: local group: rank 0 in barrier #0 waits for rank(s) 1 (after 0 collectives) that "
+                       "returned from the function without calling it",
+                       Error);
+  CHECK(std::chrono::steady_clock::now() - early < 10s);
+
+  // Whatever a rank throws, the others end with it, and the process goes on.
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [](ProcessGroup& pg) {
+                                         if (pg.rank() == 1) throw 42;
+                                         pg.barrier();
+                                       }),
+                       "rank 1: an exception that is not a std::exception", Error);
+  CHECK_THROWS_WITH_AS(dist::run_local(-1, [](ProcessGroup&) {}), "local group: world size must be at least 1, got -1",
+                       Error);
+}
+
+TEST_CASE("a rank still in a collective when the timeout ends says which ranks it waited for") {
+  CHECK_THROWS_WITH_AS(dist::run_local(
+                           2,
+                           [](ProcessGroup& pg) {
+                             if (pg.rank() == 1) std::this_thread::sleep_for(1s);  // late, not gone
                              pg.barrier();
                            },
                            {200ms}),
