@@ -215,6 +215,10 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
             std::fill(dx, dx + classes, convert<T>(0.0));
             continue;
           }
+          // Checked again: the forward checked these targets, but their bytes may have
+          // been written since through a raw pointer, which no version counter sees.
+          ZG_CHECK(t >= 0 && t < classes, "cross_entropy_backward: target ", t, " is out of range for ", classes,
+                   " classes (row ", i, ")");
           const double g = grad_loss.data<Loss>()[i];
           const double lse = static_cast<double>(loss.data<Loss>()[i]) + static_cast<double>(compute_t<T>(x[t]));
           for (int64_t j = 0; j < classes; ++j)
