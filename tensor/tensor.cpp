@@ -16,7 +16,6 @@ namespace zg {
 namespace {
 
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
-  numel(shape);  // throws for a shape whose element count overflows (expand, view)
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = base.storage();
   impl->offset = offset;
@@ -266,6 +265,7 @@ Tensor Tensor::expand(const Shape& target) const {
     shape[i] = want;
     strides[i] = want == old ? this->strides()[i - lead] : 0;
   }
+  zg::numel(shape);  // throws for sizes whose element count overflows int64
   const Tensor out = make_view(*this, shape, strides, offset());
   if (needs_grad({this}))
     record(out, kExpand, {*this}, [original = this->shape()](const Tensor& g) {
