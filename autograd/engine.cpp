@@ -20,6 +20,11 @@ namespace zg {
 namespace {
 
 thread_local int backward_depth = 0;  // nested passes: a checkpoint recompute runs its own
+// The node each enclosing pass of this thread is running (its hooks or its formula). A
+// nested pass is fine on a graph of its own (a checkpoint's recompute); one that reaches
+// a node an enclosing pass is still running would run that node again, and its hook
+// again, without end.
+thread_local std::vector<Node*> running_nodes;
 
 void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
   NoGradGuard no_grad;
@@ -41,6 +46,9 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
       if (seen.insert(edge.node.get()).second) visited.push_back(edge.node);
     }
   }
+  for (Node* running : running_nodes)
+    ZG_CHECK(!seen.contains(running), "backward: called again from within the backward of ", running->name(),
+             " (a hook or formula) on a graph that reaches that node; it would run it again without end");
 
   std::unordered_map<Node*, Tensor> pending{{root.get(), root_grad}};
   std::deque<std::shared_ptr<Node>> ready{root};
@@ -51,6 +59,10 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
     pending.erase(node.get());
     std::vector<Tensor> input_grads;
     if (grad.defined()) {
+      running_nodes.push_back(node.get());
+      struct Done {
+        ~Done() { running_nodes.pop_back(); }
+      } done;
       for (const auto& hook : node->pre_hooks)
         if (Tensor replaced = hook(grad); replaced.defined()) grad = replaced;
       TraceRange range(node->name());  // nested in "backward" on a profiler's timeline

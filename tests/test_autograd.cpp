@@ -212,6 +212,34 @@ TEST_CASE("tensor hooks and post-accumulate-grad hooks") {
   CHECK(x.grad().to_vector<double>() == std::vector<double>{20.5, 20.5});
 }
 
+TEST_CASE("backward called from a hook: on its own graph it runs, on the running graph it is refused") {
+  const Tensor x = leaf(tensor<double>({1, 2}));
+  const Tensor h = x * 2.0;
+  const Tensor loss = sum(h);
+  const Tensor y = leaf(tensor<double>({3}));
+  h.register_hook([&](const Tensor& g) {
+    GradModeGuard record(true);  // a backward pass records nothing unless asked
+    sum(y * 4.0).backward();     // a separate graph: a nested pass, as a checkpoint's recompute runs
+    return g;
+  });
+  loss.backward(Tensor(), /*retain_graph=*/true);
+  CHECK(y.grad().to_vector<double>() == std::vector<double>{4});
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2});
+
+  // Before, this recursed until the stack overflowed.
+  h.register_hook([&](const Tensor& g) {
+    loss.backward(Tensor(), true);
+    return g;
+  });
+  CHECK_THROWS_WITH_AS(loss.backward(Tensor(), true), doctest::Contains("called again from within the backward of"),
+                       Error);
+  // The failed pass left no state behind: the next pass runs.
+  const Tensor x2 = leaf(tensor<double>({5}));
+  sum(x2 * 3.0).backward();
+  CHECK(x2.grad().to_vector<double>() == std::vector<double>{3});
+  CHECK_FALSE(backward_in_progress());
+}
+
 TEST_CASE("a grad that is a view into a flat buffer is accumulated in place") {
   const Tensor flat_grad = zeros({5}, DType::f64);
   const Tensor a = leaf(tensor<double>({1, 2}));
