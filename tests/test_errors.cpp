@@ -30,6 +30,8 @@ TEST_CASE("shape, dtype and device mismatches") {
 TEST_CASE("bad dims and out-of-range indices") {
   const Tensor a = zeros({2, 3});
   CHECK_THROWS_WITH_AS(sum(a, {2}), "sum: dim 2 is out of range for a tensor of rank 2", Error);
+  CHECK_THROWS_WITH_AS(sum(a, {1, -1}), "sum: dim -1 appears more than once in the dims [1, -1] of f32[2, 3] on cpu",
+                       Error);  // before, the repeat was ignored
   CHECK_THROWS_WITH_AS(softmax(a, -3), "softmax: dim -3 is out of range for a tensor of rank 2", Error);
   CHECK_THROWS_WITH_AS(a.transpose(0, 5), "transpose: dim 5 is out of range for a tensor of rank 2", Error);
   CHECK_THROWS_WITH_AS(a.select(1, 3), "select: index 3 is out of range for dim 1 of size 3", Error);

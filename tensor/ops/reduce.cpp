@@ -66,7 +66,11 @@ Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim)
 
   const int64_t rank = x.dim();
   std::vector<bool> reduced(rank, dims.empty());
-  for (int64_t d : dims) reduced[wrap_dim(d, rank, name)] = true;
+  for (int64_t d : dims) {
+    const int64_t wrapped = wrap_dim(d, rank, name);
+    ZG_CHECK(!reduced[wrapped], name, ": dim ", d, " appears more than once in the dims ", shape_str(dims), " of ", describe(input));
+    reduced[wrapped] = true;
+  }
 
   Shape order, kept_shape, out_shape;
   int64_t rows = 1, row_length = 1;
