@@ -228,8 +228,10 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) cons
   start = std::clamp<int64_t>(start, 0, size);
   end = std::clamp<int64_t>(end, start, size);
   Shape shape = this->shape(), strides = this->strides();
-  shape[dim] = (end - start + step - 1) / step;
-  strides[dim] *= step;
+  // ceil((end - start) / step), written so a huge step cannot overflow. With two or more
+  // elements step < size, so stride * step stays within the offsets the input reaches.
+  shape[dim] = end == start ? 0 : (end - start - 1) / step + 1;
+  if (shape[dim] > 1) strides[dim] *= step;
   return record_part(make_view(*this, shape, strides, offset() + start * this->strides()[dim]), *this, kSlice,
                      [dim, start, end, step](const Tensor& t) { return t.slice(dim, start, end, step); });
 }

@@ -88,6 +88,13 @@ TEST_CASE("view shapes and strides") {
   CHECK(x.narrow(2, 1, 2).shape() == Shape{2, 3, 2});
   CHECK(x.narrow(2, 1, 2).offset() == 1);
   CHECK(x.slice(1, -2, 100).shape() == Shape{2, 2, 4});
+  CHECK(x.slice(2, 1, 4, 2).shape() == Shape{2, 3, 2});
+  CHECK(x.slice(2, 1, 4, 2).strides() == Shape{12, 4, 2});
+  // A step past the end keeps one element; before, end - start + step overflowed.
+  CHECK(x.slice(2, 1, 4, INT64_MAX).shape() == Shape{2, 3, 1});
+  const Tensor r = arange(0.0, 24.0, 1.0, DType::f32).view({2, 3, 4});
+  CHECK(r.slice(2, 1, 4, INT64_MAX).contiguous().to_vector<float>() == r.select(2, 1).contiguous().to_vector<float>());
+  CHECK(x.slice(2, 3, 1).shape() == Shape{2, 3, 0});
   CHECK(zeros({3, 1}).expand({2, 3, 4}).strides() == Shape{0, 1, 0});
   CHECK(zeros({3, 1}).expand({-1, 5}).shape() == Shape{3, 5});
   // Splitting a dim of a transposed tensor is still a view; merging across the transpose is not.
