@@ -227,6 +227,14 @@ Tensor SafetensorsFile::read(const std::string& name) const {
     ZG_CHECK(in.good(), "safetensors ", path_, ": tensor '", name, "': reading bytes ", data_start_ + e.begin, "-",
              data_start_ + e.end, " failed (was the file truncated?)");
   }
+  if (e.dtype == DType::boolean) {
+    // A bool is one byte holding 0 or 1; any other byte would be a bool the kernels
+    // cannot represent (it compares unequal to both true and false).
+    const auto* bytes = static_cast<const uint8_t*>(t.data_ptr());
+    for (int64_t i = 0; i < t.numel(); ++i)
+      ZG_CHECK(bytes[i] <= 1, "safetensors ", path_, ": tensor '", name, "' is BOOL but the byte at file offset ",
+               data_start_ + e.begin + i, " is ", int{bytes[i]}, " (a BOOL byte must be 0 or 1)");
+  }
   return t;
 }
 

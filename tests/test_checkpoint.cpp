@@ -229,6 +229,14 @@ TEST_CASE("damaged files each give a zg::Error") {
   CHECK(SafetensorsFile(path).read("a").numel() == 2);
   CHECK_THROWS_WITH_AS(SafetensorsFile(path).read("b"), doctest::Contains("no tensor named 'b'"), Error);
   CHECK_THROWS_WITH_AS(SafetensorsFile("/nonexistent/x.safetensors"), doctest::Contains("cannot open the file"), Error);
+  // A BOOL byte other than 0 or 1 is found when the tensor is read, by its file offset.
+  const std::string bool_header = R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})";
+  write_bytes(path, raw_file(bool_header, std::string("\0\1\2", 3)));
+  const std::string offset = std::to_string(8 + bool_header.size() + 2);
+  CHECK_THROWS_WITH_AS(SafetensorsFile(path).read("m"),
+                       doctest::Contains(("the byte at file offset " + offset + " is 2").c_str()), Error);
+  write_bytes(path, raw_file(bool_header, std::string("\0\1\1", 3)));
+  CHECK(SafetensorsFile(path).read("m").to_vector<bool>() == std::vector<bool>{false, true, true});
   std::remove(path.c_str());
 }
 
