@@ -42,7 +42,6 @@ void ShardedModel::plan_uses(const UnitPlan& plan,
   for (auto& unit : units_)
     if (unit->module) uses_.push_back({unit.get(), {unit->module}, true, 0});
   add_root_use(plan.root_after);
-  for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
 }
 
 void ShardedModel::hook_use(size_t index) {

@@ -42,6 +42,7 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   ZG_CHECK(is_floating(reduce_dtype()), "ShardedModel: reduce dtype must be floating, got ", name(reduce_dtype()));
   ZG_CHECK(config.bucket_bytes > 0, "ShardedModel: bucket_bytes must be positive, got ", config.bucket_bytes);
   ZG_CHECK(config.prefetch >= 0, "ShardedModel: prefetch must be >= 0, got ", config.prefetch);
+  optim::check_options(config.adamw);
   units_.push_back(std::make_unique<Unit>());
   units_[0]->name = "root";
   const auto modules = model.named_modules();
@@ -55,7 +56,9 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   }
   // Each parameter goes to the unit whose path prefixes its name, else to the root.
   std::vector<std::vector<std::pair<std::string, Tensor>>> members(units_.size());
-  for (const auto& [name, p] : model.named_parameters()) {
+  const nn::NamedTensors parameters = model.named_parameters();
+  optim::check_packable("ShardedModel", parameters);
+  for (const auto& [name, p] : parameters) {
     size_t owner = 0;
     for (size_t u = 1; u < units_.size(); ++u)
       if (name.starts_with(units_[u]->name + ".")) owner = u;
@@ -72,13 +75,17 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
         }
   }
   if (units_[0]->entries.empty()) units_.erase(units_.begin());
-  for (auto& unit : units_) {
+  for (auto& unit : units_)
     ZG_CHECK(!unit->entries.empty(), "ShardedModel: unit '", unit->name, "' has no parameters");
+  // The whole plan is checked before any parameter moves into a flat buffer: a refused
+  // plan leaves the model as it was.
+  if (config_.stage == 3) plan_uses(plan, modules);
+  for (auto& unit : units_) {
     build_unit(*unit);
     plan_buckets(*unit);
     buckets_total_ += unit->buckets.size();
   }
-  if (config_.stage == 3) plan_uses(plan, modules);
+  for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
 }
 
 ShardedModel::~ShardedModel() = default;
@@ -167,6 +174,8 @@ void ShardedModel::zero_grad() {
 }
 
 StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
+  // Refused here, before the collectives, not by the update after them.
+  ZG_CHECK(std::isfinite(lr) && lr >= 0, "ShardedModel: step lr must be >= 0 and finite, got ", lr);
   NoGradGuard no_grad;
   reduce_stragglers();
   finish_reductions();
@@ -203,8 +212,9 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
                        separate ? part(compute) : Tensor(), decay});
     }
   }
-  optim::adamw_update(spans, config_.adamw, lr, ++step_,
+  optim::adamw_update(spans, config_.adamw, lr, step_ + 1,
                       inv_scale * optim::clip_coefficient(result.grad_norm, config_.max_grad_norm));
+  ++step_;
   if (config_.stage == 1 || config_.stage == 2) {  // every rank's updated slice, into everyone's compute weights
     std::vector<WorkHandle> gathers;
     for (auto& unit : units_) gathers.push_back(group_.all_gather_async(unit->compute_shard, unit->compute_full));

@@ -128,8 +128,9 @@ class ShardedModel {
   void reduce_stragglers();  // buckets some of whose parameters got no gradient
 
   // ZeRO-3 parameter gathering (dist/parameter_gather.cpp).
+  // The uses of each unit in forward order (checks the plan's module paths; hooks nothing).
   void plan_uses(const UnitPlan& plan, const std::vector<std::pair<std::string, nn::Module*>>& modules);
-  void hook_use(size_t index);
+  void hook_use(size_t index);  // gathers and releases uses_[index]'s unit around its forward and backward
   void gather_unit(Unit& unit);
   void prefetch_unit(Unit& unit);
   void release_unit(Unit& unit);

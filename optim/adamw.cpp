@@ -1,11 +1,28 @@
 #include "optim/adamw.h"
 
+#include <cmath>
+
 #include "tensor/trace.h"
 
 namespace zg::optim {
 
+void check_options(const AdamWOptions& o) {
+  const auto fraction = [](double x) { return std::isfinite(x) && x >= 0 && x < 1; };
+  ZG_CHECK(fraction(o.beta1) && fraction(o.beta2), "AdamW: beta1 and beta2 must lie in [0, 1), got ", o.beta1, " and ",
+           o.beta2);
+  ZG_CHECK(std::isfinite(o.eps) && o.eps > 0, "AdamW: eps must be positive and finite (it keeps m / (sqrt(v) + eps) "
+           "finite where v is 0), got ", o.eps);
+  ZG_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "AdamW: weight_decay must be >= 0 and finite, got ",
+           o.weight_decay);
+}
+
 void adamw_update(const std::vector<AdamWSpan>& spans, const AdamWOptions& options, double lr, int64_t step,
                   double grad_scale, const Tensor& device_scale) {
+  check_options(options);
+  ZG_CHECK(std::isfinite(lr) && lr >= 0, "AdamW: lr must be >= 0 and finite, got ", lr);
+  ZG_CHECK(std::isfinite(grad_scale) && grad_scale >= 0, "AdamW: grad_scale must be >= 0 and finite, got ",
+           grad_scale);
+  ZG_CHECK(step >= 1, "AdamW: step counts from 1 (the bias corrections divide by 1 - beta^step), got ", step);
   TraceRange range("adamw");
   for (const AdamWSpan& span : spans) {
     if (span.master.numel() == 0) continue;
@@ -18,10 +35,16 @@ void adamw_update(const std::vector<AdamWSpan>& spans, const AdamWOptions& optio
 }
 
 AdamW::AdamW(FlatParameters& p, AdamWOptions o) : params(p), options(o) {
+  check_options(options);
   MemoryScope scope(MemoryCategory::optimizer_state);
   const TensorOptions state = TensorOptions(params.master.dtype()).device(params.master.device());
   m = zeros({params.numel()}, state);
   v = zeros({params.numel()}, state);
+}
+
+void AdamW::set_steps(int64_t step) {
+  ZG_CHECK(step >= 0, "AdamW: set_steps needs a count of updates >= 0, got ", step);
+  step_ = step;
 }
 
 void AdamW::step(double lr, double grad_scale, const Tensor& device_scale) {
@@ -31,7 +54,8 @@ void AdamW::step(double lr, double grad_scale, const Tensor& device_scale) {
     spans.push_back({part(params.master), part(params.grad), part(m), part(v),
                      params.compute.is_same(params.master) ? Tensor() : part(params.compute), span.weight_decay});
   }
-  adamw_update(spans, options, lr, ++step_, grad_scale, device_scale);
+  adamw_update(spans, options, lr, step_ + 1, grad_scale, device_scale);
+  ++step_;  // only once the update was issued: a refused one leaves the count
 }
 
 }  // namespace zg::optim

@@ -1,6 +1,7 @@
 #include "optim/checkpoint.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 
 #include "tensor/context.h"
@@ -66,6 +67,13 @@ Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW&
            " is not a zerograd training checkpoint (no format metadata)");
   // Parse everything before changing anything, so a bad file leaves the run as it was.
   const auto step = parse_number<int64_t>(meta, "step", path);
+  ZG_CHECK(step >= 0, "load_checkpoint: ", path, ": metadata 'step' = ", step, " is negative");
+  const bool has_scale = scaler && meta.count("loss_scale");
+  const double loss_scale = has_scale ? parse_number<double>(meta, "loss_scale", path) : 1.0;
+  const int64_t good_steps = has_scale ? parse_number<int64_t>(meta, "loss_scale_good_steps", path) : 0;
+  ZG_CHECK(std::isfinite(loss_scale) && loss_scale > 0 && good_steps >= 0, "load_checkpoint: ", path,
+           ": metadata loss_scale = ", loss_scale, " and loss_scale_good_steps = ", good_steps,
+           " are not a positive scale and a count");
   const auto seed = parse_number<uint64_t>(meta, "rng_seed", path);
   const auto offset = parse_number<uint64_t>(meta, "rng_offset", path);
   for (const auto& e : params.entries)
@@ -82,9 +90,7 @@ Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW&
   }
   params.sync_compute_from_master();
   adamw.set_steps(step);
-  if (scaler && meta.count("loss_scale"))
-    scaler->set_scale(parse_number<double>(meta, "loss_scale", path),
-                      parse_number<int64_t>(meta, "loss_scale_good_steps", path));
+  if (has_scale) scaler->set_scale(loss_scale, good_steps);
   Generator& gen = Context::current().generator();
   gen.manual_seed(seed);
   gen.set_offset(offset);

@@ -7,21 +7,53 @@ namespace zg::optim {
 
 DType master_dtype_for(DType compute_dtype) { return compute_dtype == DType::f64 ? DType::f64 : DType::f32; }
 
+namespace {
+
+// The element range [first, last) of its storage a tensor reaches.
+std::pair<int64_t, int64_t> reach(const Tensor& t) {
+  int64_t last = t.offset() + 1;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
+  return {t.offset(), last};
+}
+
+}  // namespace
+
+void check_packable(const char* who, const nn::NamedTensors& parameters) {
+  ZG_CHECK(!parameters.empty(), who, ": no parameters");
+  const Device device = parameters.front().second.device();
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const auto& [name, p] = parameters[i];
+    ZG_CHECK(p.defined(), who, ": parameter '", name, "' is undefined");
+    ZG_CHECK(is_floating(p.dtype()), who, ": parameter '", name, "' is ", describe(p),
+             "; only floating parameters are trained");
+    ZG_CHECK(p.device() == device, who, ": parameter '", name, "' is on ", p.device().str(), ", '",
+             parameters.front().first, "' on ", device.str());
+    if (p.numel() == 0) continue;
+    const auto [first, last] = reach(p);
+    for (size_t j = 0; j < i; ++j) {
+      const auto& [other_name, other] = parameters[j];
+      if (other.numel() == 0 || other.storage() != p.storage()) continue;
+      const auto [other_first, other_last] = reach(other);
+      ZG_CHECK(last <= other_first || other_last <= first, who, ": parameters '", other_name, "' and '", name,
+               "' share memory (a weight registered twice, or tied); packing would give each its own copy. "
+               "Register it once and use it in both places");
+    }
+  }
+}
+
 Tensor FlatParameters::view_of(const Tensor& flat, const Entry& entry) {
   return flat.narrow(0, entry.offset, zg::numel(entry.shape)).view(entry.shape);
 }
 
 FlatParameters::FlatParameters(const nn::NamedTensors& parameters, DType compute_dtype) {
   ZG_CHECK(is_floating(compute_dtype), "FlatParameters: compute dtype must be floating, got ", name(compute_dtype));
-  ZG_CHECK(!parameters.empty(), "FlatParameters: no parameters");
+  check_packable("FlatParameters", parameters);
   const Device device = parameters.front().second.device();
   // Decayed parameters first, then the others: two contiguous spans.
   int64_t total = 0;
   for (bool decay : {true, false}) {
     const int64_t start = total;
     for (const auto& [name, p] : parameters) {
-      ZG_CHECK(p.device() == device, "FlatParameters: ", name, " is on ", p.device().str(), ", the others on ",
-               device.str());
       if ((p.dim() >= 2) != decay) continue;
       entries.push_back({name, p, total, p.shape()});
       total += p.numel();

@@ -24,6 +24,13 @@ namespace zg::optim {
 // The dtype of master weights and Adam state: f32, or f64 for f64 training.
 DType master_dtype_for(DType compute_dtype);
 
+// What packing parameters into flat buffers needs of them, checked by FlatParameters and
+// the dist layer's ShardedModel (`who` names the caller in the error): at least one,
+// each floating, all on one device, and no two sharing memory. A weight tied by
+// registering it in two modules would be two parameters over one storage; packing
+// would quietly untie them, so it is refused -- register it once and use it twice.
+void check_packable(const char* who, const nn::NamedTensors& parameters);
+
 class FlatParameters {
  public:
   struct Entry {

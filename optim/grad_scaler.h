@@ -20,7 +20,9 @@ struct GradScalerOptions {
 
 class GradScaler {
  public:
-  explicit GradScaler(GradScalerOptions options = {}) : options_(options), scale_(options.enabled ? options.init_scale : 1.0) {}
+  // Throws zg::Error unless init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1
+  // and growth_interval > 0.
+  explicit GradScaler(GradScalerOptions options = {});
 
   Tensor scale(const Tensor& loss) const;  // loss * scale
   double scale_factor() const { return scale_; }
@@ -28,7 +30,7 @@ class GradScaler {
   // After backward: `found_inf` says whether the gradients were finite. Returns whether
   // to take the optimizer step, and moves the scale.
   bool update(bool found_inf);
-  void set_scale(double scale, int64_t good_steps) { scale_ = scale; good_steps_ = good_steps; }
+  void set_scale(double scale, int64_t good_steps);  // a resumed run's: scale > 0, good_steps >= 0
   int64_t good_steps() const { return good_steps_; }
 
  private:

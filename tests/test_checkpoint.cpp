@@ -251,4 +251,30 @@ TEST_CASE("a checkpoint from another model or a plain state file does not load a
   std::remove(path.c_str());
 }
 
+TEST_CASE("a checkpoint whose step or loss scale is out of range is refused before anything changes") {
+  Context rank;
+  ContextGuard guard(rank);
+  TinyTrainer t;
+  optim::GradScaler scaler;
+  const std::string good = temp_path("good_ckpt.safetensors"), bad = temp_path("bad_ckpt.safetensors");
+  optim::save_checkpoint(good, *t.flat, *t.adamw, &scaler);
+  const SafetensorsFile file(good);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : file.names()) tensors.emplace_back(name, file.read(name));
+  const std::vector<float> master = t.flat->master.to_vector<float>();
+  for (const auto& [key, value, message] :
+       {std::tuple{"step", "-3", "'step' = -3 is negative"}, std::tuple{"loss_scale", "0", "loss_scale = 0"},
+        std::tuple{"loss_scale", "nan", "loss_scale = nan"}, std::tuple{"loss_scale_good_steps", "-1", "= -1"}}) {
+    INFO(key << " = " << value);
+    Metadata meta = file.metadata();
+    meta[key] = value;
+    save_safetensors(bad, tensors, meta);
+    CHECK_THROWS_WITH_AS(optim::load_checkpoint(bad, *t.flat, *t.adamw, &scaler), doctest::Contains(message), Error);
+    CHECK(t.adamw->steps() == 0);
+    CHECK(scaler.scale_factor() == 65536.0);
+  }
+  std::remove(good.c_str());
+  std::remove(bad.c_str());
+}
+
 }  // namespace zg::test

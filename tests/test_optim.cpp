@@ -187,4 +187,58 @@ TEST_CASE("f16 with the grad scaler survives an injected inf: step skipped, scal
   CHECK(t.flat->master.to_vector<float>() != master);
 }
 
+TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use") {
+  OneParam module({0.5, -1.0, 2.0});
+  using optim::AdamWOptions;
+  for (const auto& [options, message] :
+       {std::pair{AdamWOptions{1.0, 0.999, 1e-8, 0.0}, "beta1 and beta2 must lie in [0, 1)"},
+        std::pair{AdamWOptions{0.9, -0.1, 1e-8, 0.0}, "beta1 and beta2 must lie in [0, 1)"},
+        std::pair{AdamWOptions{0.9, 0.999, 0.0, 0.0}, "eps must be positive"},
+        std::pair{AdamWOptions{0.9, 0.999, 1e-8, -0.1}, "weight_decay must be >= 0"},
+        std::pair{AdamWOptions{0.9, 0.999, 1e-8, std::nan("")}, "weight_decay must be >= 0"}}) {
+    optim::FlatParameters flat(module.named_parameters(), DType::f32);
+    CHECK_THROWS_WITH_AS(optim::AdamW(flat, options), doctest::Contains(message), Error);
+  }
+  optim::FlatParameters flat(module.named_parameters(), DType::f32);
+  optim::AdamW adamw(flat);
+  const std::vector<float> before = flat.master.to_vector<float>();
+  CHECK_THROWS_WITH_AS(adamw.step(-1e-3), doctest::Contains("lr must be >= 0 and finite, got -0.001"), Error);
+  CHECK_THROWS_WITH_AS(adamw.step(1e-3, std::numeric_limits<double>::infinity()),
+                       doctest::Contains("grad_scale must be >= 0 and finite"), Error);
+  CHECK(adamw.steps() == 0);  // a refused step is not counted
+  CHECK(flat.master.to_vector<float>() == before);
+  CHECK_THROWS_WITH_AS(adamw.set_steps(-1), doctest::Contains("set_steps needs a count of updates >= 0"), Error);
+  adamw.options.beta1 = 2;  // changed after construction: still refused at the update
+  CHECK_THROWS_WITH_AS(adamw.step(1e-3), doctest::Contains("beta1 and beta2"), Error);
+
+  CHECK_THROWS_WITH_AS(optim::GradScaler({.init_scale = 0}), doctest::Contains("init_scale must be positive"), Error);
+  CHECK_THROWS_WITH_AS(optim::GradScaler({.growth_factor = 1}), doctest::Contains("growth_factor must be > 1"), Error);
+  CHECK_THROWS_WITH_AS(optim::GradScaler({.backoff_factor = 1}), doctest::Contains("backoff_factor must lie in (0, 1)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(optim::GradScaler({.growth_interval = 0}), doctest::Contains("growth_interval must be positive"),
+                       Error);
+
+  // Packing: floating parameters, each once, none sharing memory with another.
+  const Tensor w = tensor<double>({1, 2, 3, 4}, {2, 2});
+  CHECK_THROWS_WITH_AS(optim::FlatParameters({{"w", w}, {"n", zeros({2}, DType::i64)}}, DType::f32),
+                       doctest::Contains("FlatParameters: parameter 'n' is i64[2] on cpu; only floating"), Error);
+  CHECK_THROWS_WITH_AS(optim::FlatParameters({{"a", w}, {"b", w}}, DType::f32),
+                       doctest::Contains("parameters 'a' and 'b' share memory"), Error);
+  CHECK_THROWS_WITH_AS(optim::FlatParameters({{"a", w}, {"row", w.select(0, 1)}}, DType::f32),
+                       doctest::Contains("parameters 'a' and 'row' share memory"), Error);
+  // A tied weight registered in two modules: two parameters over one storage.
+  struct Tied : nn::Module {
+    Tied() {
+      const Tensor embedding = register_parameter("embedding", zeros({4, 2}));
+      register_parameter("head", embedding);
+    }
+  } tied;
+  CHECK_THROWS_WITH_AS(optim::FlatParameters(tied.named_parameters(), DType::f32),
+                       doctest::Contains("'embedding' and 'head' share memory"), Error);
+  // Two rows of one buffer that do not overlap pack fine (a model whose parameters are
+  // already views into an earlier FlatParameters' buffer).
+  optim::FlatParameters rows({{"r0", w.select(0, 0)}, {"r1", w.select(0, 1)}}, DType::f32);
+  CHECK(rows.numel() == 4);
+}
+
 }  // namespace zg::test

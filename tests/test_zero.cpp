@@ -519,8 +519,11 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   const auto make = [&](dist::UnitPlan plan, dist::ZeroConfig config) { dist::ShardedModel(model, plan, group, config); };
   CHECK_THROWS_WITH_AS(make({.units = {"transformer.h.7"}}, {}), "ShardedModel: the model has no submodule 'transformer.h.7'",
                        Error);
+  const Tensor wte = model.named_parameters().front().second;
+  const auto wte_storage = wte.storage();
   CHECK_THROWS_WITH_AS(make({.units = {}, .root_before = {"transformer.wtf"}}, {.stage = 3}),
                        "ShardedModel: the model has no submodule 'transformer.wtf'", Error);
+  CHECK(wte.storage() == wte_storage);  // a refused plan left the parameters where they were (was: moved into freed buffers)
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.stage = 4}), "ShardedModel: stage must be 0, 1, 2 or 3, got 4", Error);
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.compute_dtype = DType::i32}),
                        "ShardedModel: compute dtype must be floating, got i32", Error);
@@ -529,6 +532,13 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.bucket_bytes = 0}), "ShardedModel: bucket_bytes must be positive, got 0",
                        Error);
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.prefetch = -1}), "ShardedModel: prefetch must be >= 0, got -1", Error);
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.adamw = {.eps = 0}}), doctest::Contains("AdamW: eps must be positive"),
+                       Error);
+  // A weight registered a second time, in another module: packing would untie it.
+  model.named_children().back().second->register_parameter("tied", wte);
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {}),
+                       doctest::Contains("ShardedModel: parameters 'transformer.tied' and 'transformer.wte.weight' share"),
+                       Error);
 }
 
 }  // namespace zg::test
