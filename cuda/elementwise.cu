@@ -14,10 +14,10 @@ namespace {
 
 template <UnaryOp Op, class C>
 __device__ __forceinline__ C apply_unary(C x) {
-  if constexpr (Op == UnaryOp::neg) return -x;
+  if constexpr (Op == UnaryOp::neg) return wrapping_neg(x);  // integers wrap (tensor/int_math.h)
   else if constexpr (Op == UnaryOp::abs) {
     if constexpr (std::is_floating_point_v<C>) return math_abs(x);
-    else return x < 0 ? -x : x;
+    else return x < 0 ? wrapping_neg(x) : x;
   } else if constexpr (Op == UnaryOp::relu) return x > C(0) ? x : C(0);
   else if constexpr (Op == UnaryOp::exp) return math_exp(x);
   else if constexpr (Op == UnaryOp::log) return math_log(x);
@@ -37,9 +37,9 @@ __device__ __forceinline__ C apply_unary(C x) {
 
 template <BinaryOp Op, class C>
 __device__ __forceinline__ auto apply_binary(C a, C b) {
-  if constexpr (Op == BinaryOp::add) return a + b;
-  else if constexpr (Op == BinaryOp::sub) return a - b;
-  else if constexpr (Op == BinaryOp::mul) return a * b;
+  if constexpr (Op == BinaryOp::add) return wrapping_add(a, b);  // integers wrap (tensor/int_math.h)
+  else if constexpr (Op == BinaryOp::sub) return wrapping_sub(a, b);
+  else if constexpr (Op == BinaryOp::mul) return wrapping_mul(a, b);
   else if constexpr (Op == BinaryOp::div) return a / b;
   else if constexpr (Op == BinaryOp::pow) {
     if constexpr (std::is_same_v<C, float>) return powf(a, b);

@@ -17,6 +17,7 @@
 #include "cuda/check.h"
 #include "cuda/stream.h"
 #include "tensor/dtype.h"
+#include "tensor/int_math.h"
 #include "tensor/tensor.h"
 
 namespace zg::cuda {
@@ -65,14 +66,16 @@ __device__ __forceinline__ acc_t<T> widen(T v) {
 }
 
 // Value conversion, as cpu::convert (tensor/cpu/loops.h): to bool is "!= 0", to the
-// 16-bit floats goes through f32 (so a double is rounded twice, as on the CPU),
-// everything else is a static_cast of the source's compute value.
+// 16-bit floats goes through f32 (so a double is rounded twice, as on the CPU), float to
+// integer saturates with NaN to 0 (tensor/int_math.h), everything else is a static_cast
+// of the source's compute value.
 template <class To, class From>
 __device__ __forceinline__ To convert(From v) {
   const auto c = widen(v);
   if constexpr (std::is_same_v<To, bool>) return c != decltype(c)(0);
   else if constexpr (std::is_same_v<To, __half>) return __float2half_rn(static_cast<float>(c));
   else if constexpr (std::is_same_v<To, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(c));
+  else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<decltype(c)>) return saturating_cast<To>(c);
   else return static_cast<To>(c);
 }
 

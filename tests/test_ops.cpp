@@ -411,6 +411,36 @@ TEST_CASE("integer and bool ops are exact") {
   CHECK(sum(t).dtype() == DType::i64);
 }
 
+TEST_CASE("integer overflow wraps and float -> int saturates, the same on every device") {
+  // C++ leaves both undefined; the GPU's instructions wrap and saturate, and so does the CPU.
+  constexpr int64_t i64_max = INT64_MAX, i64_min = INT64_MIN;
+  constexpr int32_t i32_max = INT32_MAX, i32_min = INT32_MIN;
+  const double nan = std::nan(""), inf = INFINITY;
+  for (Device device : devices()) {
+    INFO("on " << device.str());
+    const Tensor big = tensor<int64_t>({i64_max, i64_min, i64_min}).to(device);
+    CHECK((big + 1.0).to_vector<int64_t>() == std::vector<int64_t>{i64_min, i64_min + 1, i64_min + 1});
+    CHECK((big - 1.0).to_vector<int64_t>() == std::vector<int64_t>{i64_max - 1, i64_max, i64_max});
+    CHECK((big * 2.0).to_vector<int64_t>() == std::vector<int64_t>{-2, 0, 0});
+    CHECK((-big).to_vector<int64_t>() == std::vector<int64_t>{-i64_max, i64_min, i64_min});
+    CHECK(abs(big).to_vector<int64_t>() == std::vector<int64_t>{i64_max, i64_min, i64_min});
+    CHECK(sum(big.narrow(0, 0, 1) + tensor<int64_t>({0, 1}).to(device)).item<int64_t>() == -1);  // max + (max + 1) wraps
+    const Tensor small = tensor<int32_t>({i32_max, i32_min}).to(device);
+    CHECK((small + 1.0).to_vector<int32_t>() == std::vector<int32_t>{i32_min, i32_min + 1});
+    CHECK((small * 3.0).to_vector<int32_t>() == std::vector<int32_t>{i32_max - 2, i32_min});
+
+    const Tensor floats = tensor<double>({nan, inf, -inf, 1e30, -1e30, 3.7, -3.7, 9.3e18}).to(device);
+    CHECK(floats.to(DType::i64).to_vector<int64_t>() ==
+          std::vector<int64_t>{0, i64_max, i64_min, i64_max, i64_min, 3, -3, i64_max});
+    CHECK(floats.to(DType::i32).to_vector<int32_t>() ==
+          std::vector<int32_t>{0, i32_max, i32_min, i32_max, i32_min, 3, -3, i32_max});
+    CHECK(floats.to(DType::f32).to(DType::i32).to_vector<int32_t>() ==
+          std::vector<int32_t>{0, i32_max, i32_min, i32_max, i32_min, 3, -3, i32_max});
+    CHECK(full({2}, 1e300, TensorOptions(DType::i32).device(device)).to_vector<int32_t>() ==
+          std::vector<int32_t>{i32_max, i32_max});
+  }
+}
+
 TEST_CASE("cross_entropy skips ignored targets and is NaN when all are ignored") {
   const Tensor logits = tensor<double>({1, 2, 3, 0, 0, 0, 5, 1, 1}, {3, 3});
   const Tensor target = tensor<int64_t>({2, -100, 0});

@@ -39,8 +39,8 @@ void with_float_unary(UnaryOp op, Body&& body) {
 template <class Body>
 void with_integer_unary(UnaryOp op, Body&& body) {
   switch (op) {
-    case UnaryOp::neg: return body([](auto x) { return -x; });
-    case UnaryOp::abs: return body([](auto x) { return x < 0 ? -x : x; });
+    case UnaryOp::neg: return body([](auto x) { return wrapping_neg(x); });  // wraps, as on the GPU
+    case UnaryOp::abs: return body([](auto x) { return x < 0 ? wrapping_neg(x) : x; });
     case UnaryOp::relu: return body([](auto x) { return x > 0 ? x : decltype(x)(0); });
     default: break;
   }
@@ -50,9 +50,10 @@ void with_integer_unary(UnaryOp op, Body&& body) {
 template <class Body>
 void with_arithmetic(BinaryOp op, Body&& body) {
   switch (op) {
-    case BinaryOp::add: return body([](auto a, auto b) { return a + b; });
-    case BinaryOp::sub: return body([](auto a, auto b) { return a - b; });
-    case BinaryOp::mul: return body([](auto a, auto b) { return a * b; });
+    // Integers wrap around, as on the GPU (tensor/int_math.h); floats are plain + - *.
+    case BinaryOp::add: return body([](auto a, auto b) { return wrapping_add(a, b); });
+    case BinaryOp::sub: return body([](auto a, auto b) { return wrapping_sub(a, b); });
+    case BinaryOp::mul: return body([](auto a, auto b) { return wrapping_mul(a, b); });
     case BinaryOp::div: return body([](auto a, auto b) { return a / b; });
     case BinaryOp::pow: return body([](auto a, auto b) { return static_cast<decltype(a)>(std::pow(a, b)); });
     // NaN wins, as in torch.maximum / torch.minimum.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tensor/dtype.h"
+#include "tensor/int_math.h"
 #include "tensor/shape.h"
 
 namespace zg::cpu {
@@ -53,15 +54,18 @@ void for_each_element(const Shape& shape, const std::array<const Shape*, N>& str
   }
 }
 
-// Value conversion between element types (through f32 for the 16-bit floats).
-template <class To, class From>
-To convert(From v) {
-  if constexpr (std::is_same_v<To, bool>) return static_cast<compute_t<From>>(v) != compute_t<From>(0);
-  else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) return To(static_cast<float>(v));
-  else return static_cast<To>(static_cast<compute_t<From>>(v));
-}
-
 template <class T>
 constexpr bool is_float_v = std::is_floating_point_v<compute_t<T>>;
+
+// Value conversion between element types (through f32 for the 16-bit floats). Float to
+// integer saturates, NaN to 0 (tensor/int_math.h), as the GPU converts.
+template <class To, class From>
+To convert(From v) {
+  const compute_t<From> c = static_cast<compute_t<From>>(v);
+  if constexpr (std::is_same_v<To, bool>) return c != compute_t<From>(0);
+  else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) return To(static_cast<float>(c));
+  else if constexpr (std::is_integral_v<To> && is_float_v<From>) return saturating_cast<To>(c);
+  else return static_cast<To>(c);
+}
 
 }  // namespace zg::cpu

@@ -43,7 +43,7 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
           case ReduceOp::sum:
           case ReduceOp::mean: {
             Acc total = 0;
-            for (int64_t j = 0; j < length; ++j) total += static_cast<Acc>(compute_t<T>(row[j]));
+            for (int64_t j = 0; j < length; ++j) total = wrapping_add(total, static_cast<Acc>(compute_t<T>(row[j])));
             const double value = op == ReduceOp::mean ? static_cast<double>(total) / static_cast<double>(length)
                                                       : static_cast<double>(total);
             if constexpr (is_float_v<T>) out.data<T>()[i] = convert<T>(value);
