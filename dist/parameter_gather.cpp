@@ -91,8 +91,13 @@ void ShardedModel::prefetch_from(size_t use, int direction) {
 
 void ShardedModel::prefetch_unit(Unit& unit) {
   if (unit.gathering || !unit.compute_full.storage()->is_released()) return;
-  unit.compute_full.storage()->materialize();
+  Storage& full = *unit.compute_full.storage();
+  full.materialize();
+  // The same weights as at the last gather (the shard changes only in step()), so the
+  // tensors the forward saved stay valid: the gather keeps the version they recorded.
+  const uint64_t version = full.version();
   unit.gathering = group_.all_gather_async(unit.compute_shard, unit.compute_full);
+  full.restore_version(version);
 }
 
 void ShardedModel::gather_unit(Unit& unit) {

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "tensor/autograd.h"
 #include "tensor/context.h"
 #include "tensor/trace.h"
 
@@ -236,22 +237,26 @@ void check_full_and_shard(const char* op, const char* full_name, const Tensor& f
 
 WorkHandle ProcessGroup::all_reduce_async(const Tensor& buffer, ReduceKind op) {
   check_buffer("all_reduce", "buffer", buffer, op);
+  begin_inplace(buffer, "all_reduce");
   return submit({CollectiveOp::all_reduce, buffer, buffer, op, 0});
 }
 
 WorkHandle ProcessGroup::reduce_scatter_async(const Tensor& input, const Tensor& output, ReduceKind op) {
   check_full_and_shard("reduce_scatter", "input", input, "output", output, size(), rank(), op);
+  begin_inplace(output, "reduce_scatter");
   return submit({CollectiveOp::reduce_scatter, input, output, op, 0});
 }
 
 WorkHandle ProcessGroup::all_gather_async(const Tensor& input, const Tensor& output) {
   check_full_and_shard("all_gather", "output", output, "input", input, size(), rank(), ReduceKind::sum);
+  begin_inplace(output, "all_gather");
   return submit({CollectiveOp::all_gather, input, output, ReduceKind::sum, 0});
 }
 
 WorkHandle ProcessGroup::broadcast_async(const Tensor& buffer, int root) {
   check_buffer("broadcast", "buffer", buffer, ReduceKind::sum);
   ZG_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of a group of ", size());
+  begin_inplace(buffer, "broadcast");
   return submit({CollectiveOp::broadcast, buffer, buffer, ReduceKind::sum, root});
 }
 

@@ -83,6 +83,10 @@ class ProcessGroup {
   // Whether its collectives take tensors on `device` (mpi: the CPU only; nccl: its GPU only).
   virtual bool accepts(Device device) const = 0;
 
+  // The buffer a collective writes is an in-place write (begin_inplace, tensor/autograd.h):
+  // refused if it requires grad while grad mode is on, and its version is bumped, so a
+  // tensor saved for backward that a collective overwrites fails loudly in backward.
+  //
   // In place on every rank; buffers must match in dtype and numel across ranks.
   WorkHandle all_reduce_async(const Tensor& buffer, ReduceKind op = ReduceKind::sum);
   // input [N * S] on every rank -> output [S]: the reduction of every rank's slice `rank`.

@@ -30,6 +30,10 @@ class Storage {
   // the value a saved tensor recorded, to catch modification before backward.
   uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
+  // Sets the version back to one read earlier: only for a write that restores the very
+  // bytes saved tensors were saved with (ZeRO-3 gathering a unit's unchanged weights
+  // again for backward; PyTorch's FSDP does the same).
+  void restore_version(uint64_t version) { version_ = version; }
 
   bool is_released() const { return released_; }
   void release();      // gives the bytes back to the allocator; views stay valid objects

@@ -78,14 +78,6 @@ std::optional<Shape> view_strides(const Shape& old_shape, const Shape& old_strid
   return new_strides;
 }
 
-// An in-place write into a tensor that is part of a graph would silently corrupt
-// its gradient; writes go through here, which also bumps the storage version.
-void begin_inplace(const Tensor& t, const char* op) {
-  ZG_CHECK(!(GradMode::is_enabled() && t.requires_grad()), op, ": in-place write to ", describe(t),
-           ", which requires grad; do it under NoGradGuard (or on a detach()ed tensor)");
-  t.storage()->bump_version();
-}
-
 const DifferentiableOp kView("view"), kPermute("permute"), kTranspose("transpose"), kNarrow("narrow"),
     kSlice("slice"), kSelect("select"), kExpand("expand"), kSqueeze("squeeze"), kUnsqueeze("unsqueeze"),
     kClone("clone"), kToDType("to_dtype"), kToDevice("to_device");
@@ -111,6 +103,12 @@ Tensor record_part(const Tensor& out, const Tensor& in, const DifferentiableOp& 
 }
 
 }  // namespace
+
+void begin_inplace(const Tensor& t, const char* op) {
+  ZG_CHECK(!(GradMode::is_enabled() && t.requires_grad()), op, ": in-place write to ", describe(t),
+           ", which requires grad; do it under NoGradGuard (or on a detach()ed tensor)");
+  t.storage()->bump_version();
+}
 
 TensorImpl& Tensor::impl() const {
   ZG_CHECK(impl_ != nullptr, "tensor: use of an undefined tensor");

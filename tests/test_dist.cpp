@@ -7,6 +7,7 @@
 #include "dist/fake_group.h"
 #include "dist/local_group.h"
 #include "helpers.h"
+#include "tensor/autograd.h"
 
 namespace zg::test {
 
@@ -137,6 +138,26 @@ TEST_CASE("an asynchronous collective's error is raised by wait()") {
                        "all_gather: the output f32[6] on cpu with strides [0] is not contiguous", Error);
   CHECK_THROWS_WITH_AS(fake.all_reduce_async(full({2}, 3.0, DType::i64), ReduceKind::average),
                        "all_reduce: average of i64[2] on cpu needs a floating-point dtype", Error);
+}
+
+TEST_CASE("a collective's output is an in-place write: not into a tensor that requires grad, and saved tensors see it") {
+  dist::FakeGroup fake(0, 2);
+  const Tensor weight = zeros({4}).set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(fake.all_reduce_async(weight), doctest::Contains("all_reduce: in-place write to f32[4] on cpu, which requires grad"),
+                       Error);
+  CHECK_THROWS_WITH_AS(fake.all_gather_async(zeros({2}), weight), doctest::Contains("all_gather: in-place write"), Error);
+  CHECK(fake.bytes_sent() == 0);
+  {
+    NoGradGuard no_grad;  // as the optimizer and the dist layer write
+    fake.all_reduce_async(weight)->wait();
+  }
+  // Before, a collective overwrote a tensor saved for backward without a trace, and the
+  // backward computed with the new values.
+  const Tensor x = full({2}, 3.0).set_requires_grad(true);
+  const Tensor scale = full({2}, 2.0);
+  const Tensor y = sum(x * scale);  // saves scale
+  fake.broadcast_async(scale, 1)->wait();
+  CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("was modified in place after it was saved"), Error);
 }
 
 TEST_CASE("each rank keeps its own memory figures") {
