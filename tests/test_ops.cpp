@@ -441,6 +441,29 @@ TEST_CASE("integer overflow wraps and float -> int saturates, the same on every 
   }
 }
 
+TEST_CASE("a zero-size last dim: empty results where the op is defined, an error naming the op where not") {
+  // Before, each of these failed inside a view(-1, 0) with a message about view.
+  for (Device device : devices()) {
+    INFO("on " << device.str());
+    const TensorOptions options = TensorOptions(DType::f32).device(device);
+    const Tensor x = zeros({2, 0}, options).set_requires_grad(true);
+    CHECK(softmax(x, -1).shape() == Shape{2, 0});
+    sum(log_softmax(x, -1)).backward();
+    CHECK(x.grad().shape() == Shape{2, 0});
+    // x W^T over no features is an empty sum: the output is the bias.
+    const Tensor bias = tensor<float>({1, 2, 3}).to(device);
+    CHECK(linear(zeros({2, 0}, options), zeros({3, 0}, options), bias).to_vector<float>() ==
+          std::vector<float>{1, 2, 3, 1, 2, 3});
+    CHECK(linear(zeros({2, 0}, options), zeros({3, 0}, options), bias, Activation::gelu).shape() == Shape{2, 3});
+    CHECK_THROWS_WITH_AS(layer_norm(zeros({2, 0}, options), Tensor(), Tensor()),
+                         doctest::Contains("layer_norm: cannot normalise over a zero-size last dim"), Error);
+    CHECK_THROWS_WITH_AS(add_layer_norm(zeros({2, 0}, options), zeros({2, 0}, options), Tensor(), Tensor()),
+                         doctest::Contains("add_layer_norm: cannot normalise over a zero-size last dim"), Error);
+    CHECK_THROWS_WITH_AS(cross_entropy(zeros({2, 0}, options), zeros({2}, TensorOptions(DType::i64).device(device))),
+                         doctest::Contains("cross_entropy: logits f32[2, 0]"), Error);
+  }
+}
+
 TEST_CASE("cross_entropy skips ignored targets and is NaN when all are ignored") {
   const Tensor logits = tensor<double>({1, 2, 3, 0, 0, 0, 5, 1, 1}, {3, 3});
   const Tensor target = tensor<int64_t>({2, -100, 0});

@@ -25,6 +25,13 @@ void check_index_dtype(const char* op, const Tensor& indices) {
 
 TensorOptions options_of(const Tensor& t) { return TensorOptions(t.dtype()).device(t.device()); }
 
+Tensor as_rows(const Tensor& x) {
+  const int64_t channels = x.size(-1);
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);  // <= numel or 0: cannot overflow
+  return x.contiguous().view({rows, channels});
+}
+
 Tensor scalar_like(const Tensor& t, double value) { return full({}, value, options_of(t)); }
 
 }  // namespace zg::detail

@@ -12,6 +12,10 @@ void check_compatible(const char* op, const Tensor& a, const Tensor& b);
 void check_floating(const char* op, const Tensor& x);
 void check_index_dtype(const char* op, const Tensor& indices);  // i32 or i64
 
+// [..., C] -> rows [M, C], M the product of the leading dims (given, not inferred with
+// -1, which a zero-size C leaves ambiguous). A view where the layout allows, else a copy.
+Tensor as_rows(const Tensor& x);
+
 TensorOptions options_of(const Tensor& t);
 // A 0-dim tensor holding `value` in t's dtype, on t's device.
 Tensor scalar_like(const Tensor& t, double value);

@@ -75,7 +75,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
     ZG_CHECK(bias.shape() == Shape{weight.size(0)}, name, ": bias ", describe(bias), " must be [", weight.size(0), "]");
   }
   const int64_t features = weight.size(0);
-  const Tensor rows = x.contiguous().view({-1, x.size(-1)}), w = weight.contiguous();
+  const Tensor rows = detail::as_rows(x), w = weight.contiguous();
   const Tensor b = bias.defined() ? bias.contiguous() : bias;
   const TensorOptions options = detail::options_of(x);
   Tensor out = empty({rows.size(0), features}, options);

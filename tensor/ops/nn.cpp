@@ -28,10 +28,9 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   if (x.dim() == 0) return softmax_impl(x.view({1}), 0, log, name).view({});
   dim = wrap_dim(dim, x.dim(), name);
   const Tensor moved = x.transpose(dim, -1).contiguous();
-  const int64_t classes = moved.size(-1);
-  const Tensor rows = moved.view({-1, classes});
+  const Tensor rows = detail::as_rows(moved);
   Tensor out = empty_like(rows);
-  backend(x.device()).softmax(rows, log, out);
+  if (out.numel() > 0) backend(x.device()).softmax(rows, log, out);  // a zero-size dim: nothing to normalise
   out = differentiable(out, log ? kLogSoftmax : kSoftmax, {rows}, [y = SavedTensor(out), log](const Tensor& g) {
     const Tensor v = y.get(log ? "log_softmax" : "softmax");
     if (log) return Grads{g - exp(v) * sum(g, {1}, true)};
@@ -39,9 +38,6 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   });
   return out.view(moved.shape()).transpose(dim, -1).contiguous();
 }
-
-// Leading dims of `x` flattened: [..., C] -> rows of C.
-Tensor as_rows(const Tensor& x) { return x.contiguous().view({-1, x.size(-1)}); }
 
 // The type statistics and per-row losses are kept in: f32, or f64 for f64 inputs.
 DType accumulate_type(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
@@ -60,6 +56,7 @@ std::pair<Tensor, Tensor> layer_norm_params(const char* op, const Tensor& x, con
   ZG_CHECK(x.dim() >= 1, op, ": expected a tensor of rank >= 1, got ", describe(x));
   ZG_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
   const int64_t channels = x.size(-1);
+  ZG_CHECK(channels > 0, op, ": cannot normalise over a zero-size last dim (", describe(x), ")");
   for (const Tensor* p : {&weight, &bias}) {
     if (!p->defined()) continue;
     detail::check_compatible(op, x, *p);
@@ -100,7 +97,7 @@ LayerNormOutput record_layer_norm(LayerNormOutput r, const Tensor& rows, const T
 
 LayerNormOutput layer_norm_with_stats(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   const auto [w, b] = layer_norm_params("layer_norm", x, weight, bias, eps);
-  const Tensor rows = as_rows(x);
+  const Tensor rows = detail::as_rows(x);
   LayerNormOutput r = empty_layer_norm(rows);
   backend(x.device()).layer_norm(rows, w, b, eps, r.out, r.mean, r.rstd);
   return record_layer_norm(r, rows, w, b, x.shape());
@@ -115,7 +112,7 @@ AddLayerNormOutput add_layer_norm(const Tensor& x, const Tensor& residual, const
   detail::check_compatible("add_layer_norm", x, residual);
   ZG_CHECK(x.shape() == residual.shape(), "add_layer_norm: x and residual must have one shape, got ", describe(x),
            " and ", describe(residual));
-  const Tensor rows = as_rows(x), residual_rows = as_rows(residual);
+  const Tensor rows = detail::as_rows(x), residual_rows = detail::as_rows(residual);
   Tensor sum = empty_like(rows);
   LayerNormOutput r = empty_layer_norm(rows);
   backend(x.device()).add_layer_norm(rows, residual_rows, w, b, eps, sum, r.out, r.mean, r.rstd);
@@ -157,7 +154,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   const Shape lead(logits.shape().begin(), logits.shape().end() - (logits.dim() > 0 ? 1 : 0));
   ZG_CHECK(logits.dim() >= 1 && target.shape() == lead, "cross_entropy: logits ", describe(logits),
            " need targets of shape ", shape_str(lead), ", got ", describe(target));
-  const Tensor rows = as_rows(logits);
+  ZG_CHECK(logits.size(-1) > 0 || target.numel() == 0, "cross_entropy: logits ", describe(logits),
+           " have no classes for the targets to name");
+  const Tensor rows = detail::as_rows(logits);
   const Tensor flat_target = target.contiguous().view({-1, 1});
   // Per-row losses and their mean stay in f32 (f64 for f64) so that bf16/f16 logits
   // lose precision once, in the final cast, not in the count or the sum.
