@@ -48,18 +48,31 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-// The communicator and its watchdog. A collective is registered as pending *before*
-// its NCCL call and the mutex is not held during the call, so a call that blocks
-// (NCCL connects peers lazily, inside a rank's first collective with them) is still
-// seen by the watchdog, whose ncclCommAbort -- allowed from another thread -- ends it.
+// The communicator and its watchdog.
+//
+// The communicator is non-blocking (NCCL's config.blocking = 0): no NCCL call waits for
+// the other ranks. A call that needs them -- creating the communicator, a rank's first
+// collective with a peer (NCCL connects lazily), finalizing -- returns ncclInProgress,
+// and the caller polls until NCCL has settled it, for at most `timeout`. So no NCCL
+// call can block for ever, whatever the other ranks do.
+//
+// Two locks, always taken in this order:
+//   call   held around every NCCL call that uses or frees `comm`, until it has settled,
+//          so ncclCommAbort never frees a communicator another thread is inside
+//   mutex  guards the state below; held briefly
+// The watchdog looks every 50 ms: it drops finished work, and aborts the communicator on
+// an asynchronous NCCL error, a CUDA error, or a collective running past the timeout.
+// Nothing may escape a thread's body (that would terminate the process), so every
+// failure becomes `error`, which the training thread throws.
 struct NcclGroup::Communicator {
-  ncclComm_t comm = nullptr;
+  ncclComm_t comm = nullptr;  // null once aborted or destroyed
   int device = 0;
   std::chrono::milliseconds timeout{};
+  std::mutex call;
   std::mutex mutex;
   std::condition_variable wake;
   struct Pending {
-    std::shared_ptr<cuda::Event> done;  // recorded once the NCCL call has returned
+    std::shared_ptr<cuda::Event> done;  // recorded once NCCL has enqueued the collective
     std::atomic<bool> enqueued{false};  // ... which this says
     std::string what;
     Clock::time_point issued;
@@ -74,36 +87,75 @@ struct NcclGroup::Communicator {
     if (!error.empty()) throw Error(error);
   }
 
-  // Every 50 ms: drop finished work; abort the communicator on an asynchronous NCCL
-  // error, a CUDA error, or when the oldest collective has run past the timeout.
-  // Nothing may escape a thread's body (that would terminate the process), so
-  // every failure becomes `error`, which the training thread throws.
+  // With `call` held: records the error, aborts the communicator (ending its calls and
+  // kernels in flight; the streams go on) and forgets the pending work.
+  void abort(const std::string& problem) {
+    std::lock_guard lock(mutex);
+    if (error.empty()) error = problem;
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+    pending.clear();
+    wake.notify_all();
+  }
+
+  // With `call` held, after a call on `comm` returned `result`: polls until NCCL has
+  // settled it, for at most `timeout`. An error or the timeout aborts the communicator
+  // and throws.
+  void settle(ncclResult_t result, const std::string& what) {
+    const Clock::time_point deadline = Clock::now() + timeout;
+    while (result == ncclInProgress && comm) {
+      if (Clock::now() > deadline) {
+        const std::string problem = "nccl group: " + what + " did not finish within " +
+                                    std::to_string(timeout.count()) + " ms (a rank is missing, failed or stuck)";
+        abort(problem);
+        throw Error(problem);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+      result = query != ncclSuccess ? query : state;
+    }
+    if (result == ncclSuccess) return;
+    const std::string problem = "nccl group: " + what + ": " + ncclGetErrorString(result) +
+                                (comm ? std::string(": ") + ncclGetLastError(comm) : std::string());
+    abort(problem);
+    throw Error(problem);
+  }
+
+  // The watchdog's look, with `mutex` held: what is wrong, or "".
+  std::string problem() {
+    try {
+      cuda::DeviceGuard guard(device);
+      while (!pending.empty() && pending.front()->enqueued && pending.front()->done->query()) pending.pop_front();
+      if (pending.empty()) wake.notify_all();  // a destructor may be waiting for this
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm, &async);
+      if (async != ncclSuccess && async != ncclInProgress)
+        return std::string("nccl group: ") + ncclGetErrorString(async) + ": " + ncclGetLastError(comm);
+      if (!pending.empty() && Clock::now() - pending.front()->issued > timeout)
+        return "nccl group: " + pending.front()->what + " did not finish within " + std::to_string(timeout.count()) +
+               " ms (a rank failed, or called another collective)";
+      return "";
+    } catch (const std::exception& e) {
+      return std::string("nccl group: ") + e.what();
+    }
+  }
+
   void watch() {
     std::unique_lock lock(mutex);
     while (!stopping) {
       wake.wait_for(lock, std::chrono::milliseconds(50));
       if (!comm) continue;
-      std::string problem;
-      try {
-        cuda::DeviceGuard guard(device);
-        while (!pending.empty() && pending.front()->enqueued && pending.front()->done->query()) pending.pop_front();
-        if (pending.empty()) wake.notify_all();  // a destructor may be waiting for this
-        ncclResult_t async = ncclSuccess;
-        ncclCommGetAsyncError(comm, &async);
-        if (async != ncclSuccess && async != ncclInProgress)
-          problem = std::string("nccl group: ") + ncclGetErrorString(async) + ": " + ncclGetLastError(comm);
-        else if (!pending.empty() && Clock::now() - pending.front()->issued > timeout)
-          problem = "nccl group: " + pending.front()->what + " did not finish within " +
-                    std::to_string(timeout.count()) + " ms (a rank failed, or called another collective)";
-      } catch (const std::exception& e) {
-        problem = std::string("nccl group: ") + e.what();
+      const std::string found = problem();
+      if (found.empty()) continue;
+      error = found;  // new calls are refused from here on
+      lock.unlock();  // the lock order is call, then mutex
+      {
+        // Waits for a call being issued to settle (bounded by its own timeout).
+        std::lock_guard calling(call);
+        abort(found);
       }
-      if (problem.empty()) continue;
-      error = problem;
-      ncclCommAbort(comm);  // ends the NCCL calls and kernels in flight; their streams go on
-      comm = nullptr;
-      pending.clear();
-      wake.notify_all();
+      lock.lock();
     }
   }
 };
@@ -156,11 +208,23 @@ NcclGroup::NcclGroup(const NcclId& id, int rank, int size, Device device, Proces
   static_assert(sizeof(ncclUniqueId) == std::tuple_size_v<NcclId>);
   ncclUniqueId nccl_id;
   std::memcpy(&nccl_id, id.data(), sizeof nccl_id);
+  ZG_CHECK(options.timeout.count() > 0, "nccl group: the timeout must be positive, got ", options.timeout.count(),
+           " ms");
   cuda::DeviceGuard guard(device.index);
   Communicator& c = *communicator_;
-  ZG_NCCL_CHECK(ncclCommInitRank(&c.comm, size, nccl_id, rank));
   c.device = device.index;
   c.timeout = options.timeout;
+  {
+    // Creating it waits for every rank: non-blocking, so a rank that never arrives ends
+    // this one with an error after the timeout instead of leaving it here for ever.
+    std::lock_guard calling(c.call);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t result = ncclCommInitRankConfig(&c.comm, size, nccl_id, rank, &config);
+    ZG_CHECK(c.comm != nullptr || result == ncclSuccess, "nccl group: rank ", rank, " of ", size,
+             ": ncclCommInitRankConfig failed: ", ncclGetErrorString(result));
+    c.settle(result, "creating the communicator (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")");
+  }
   c.watchdog = std::thread([&c] { c.watch(); });
 }
 
@@ -184,9 +248,10 @@ GpuIdentity identify(Device device) {
   }
 }
 
-// Before ncclCommInitRank -- which has no timeout: a rank that never arrives leaves the
-// others in it for ever -- the ranks agree over the host group (which has one) that each
-// has a GPU, and a GPU of its own: NCCL does not support two ranks on one GPU.
+// Before creating the communicator -- which would fail only after the timeout, saying
+// no more than that a rank is missing -- the ranks agree over the host group that each
+// has a GPU, and a GPU of its own (NCCL does not support two ranks on one GPU), so a
+// misplaced rank fails every rank at once, naming the cause.
 void agree_on_gpus(ProcessGroup& host, Device device) {
   const GpuIdentity mine = identify(device);
   const int n = host.size();
@@ -230,10 +295,17 @@ NcclGroup::~NcclGroup() {
   }
   c.wake.notify_all();
   c.watchdog.join();
-  if (c.comm) {
-    cuda::DeviceGuard guard(device_.index);
-    ncclCommFinalize(c.comm);  // flushes issued work; errors here cannot be reported from a destructor
+  std::lock_guard calling(c.call);
+  if (!c.comm) return;
+  cuda::DeviceGuard guard(device_.index);
+  try {
+    // Finalizing flushes issued work and waits for the other ranks to be done with this
+    // one: settled with the timeout, like every call; on failure it was aborted instead.
+    c.settle(ncclCommFinalize(c.comm), "finalizing the communicator");
     ncclCommDestroy(c.comm);
+    c.comm = nullptr;
+  } catch (const std::exception&) {
+    // A destructor reports nothing; the communicator is aborted and its resources freed.
   }
 }
 
@@ -274,40 +346,34 @@ WorkHandle NcclGroup::issue(Collective c) {
   pending->done = std::make_shared<cuda::Event>();
   pending->what = c.describe();
   pending->issued = Clock::now();
-  ncclComm_t comm = nullptr;
+  Communicator& k = *communicator_;
+  std::lock_guard calling(k.call);
   {
-    Communicator& k = *communicator_;
     std::lock_guard lock(k.mutex);
-    ZG_CHECK(k.error.empty(), k.error);
-    comm = k.comm;
+    ZG_CHECK(k.error.empty() && k.comm, k.error.empty() ? "nccl group: the communicator is gone" : k.error);
     k.pending.push_back(pending);
   }
-  try {
-    switch (c.op) {
-      case CollectiveOp::all_reduce:
-      case CollectiveOp::barrier:
-        ZG_NCCL_CHECK(ncclAllReduce(in, out, c.input.numel(), type, nccl_op(c.reduce), comm, comm_stream));
-        break;
-      case CollectiveOp::reduce_scatter:
-        ZG_NCCL_CHECK(ncclReduceScatter(in, out, c.output.numel(), type, nccl_op(c.reduce), comm, comm_stream));
-        break;
-      case CollectiveOp::all_gather:
-        ZG_NCCL_CHECK(ncclAllGather(in, out, c.input.numel(), type, comm, comm_stream));
-        break;
-      case CollectiveOp::broadcast:
-        ZG_NCCL_CHECK(ncclBroadcast(in, out, c.input.numel(), type, c.root, comm, comm_stream));
-        break;
-    }
-  } catch (...) {  // nothing was enqueued: forget it, so nobody waits for it
-    Communicator& k = *communicator_;
-    std::lock_guard lock(k.mutex);
-    std::erase(k.pending, pending);
-    k.wake.notify_all();
-    throw;
+  ncclResult_t result = ncclSuccess;
+  switch (c.op) {
+    case CollectiveOp::all_reduce:
+    case CollectiveOp::barrier:
+      result = ncclAllReduce(in, out, c.input.numel(), type, nccl_op(c.reduce), k.comm, comm_stream);
+      break;
+    case CollectiveOp::reduce_scatter:
+      result = ncclReduceScatter(in, out, c.output.numel(), type, nccl_op(c.reduce), k.comm, comm_stream);
+      break;
+    case CollectiveOp::all_gather:
+      result = ncclAllGather(in, out, c.input.numel(), type, k.comm, comm_stream);
+      break;
+    case CollectiveOp::broadcast:
+      result = ncclBroadcast(in, out, c.input.numel(), type, c.root, k.comm, comm_stream);
+      break;
   }
+  // Until it settles the collective may not be on the stream yet (a first call connects
+  // to its peers). A failure aborts the communicator: every rank then fails.
+  k.settle(result, pending->what);
   pending->done->record(comm_stream);
   pending->enqueued = true;
-  communicator_->throw_if_failed();  // aborted while we were in the call
   // Freed by the caller before the collective ends, these blocks wait for it before reuse.
   cuda::record_stream(c.input, comm_stream);
   if (!c.output.is_same(c.input)) cuda::record_stream(c.output, comm_stream);

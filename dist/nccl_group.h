@@ -12,9 +12,12 @@
 // No hangs: NCCL cannot tell that ranks called different collectives. With a host
 // group (the one that bootstrapped it, e.g. MpiGroup) and `check_calls` on, every
 // call's signature is compared across ranks first (a small host all-gather), and a
-// mismatch fails every rank naming both calls. A watchdog thread aborts the NCCL
-// communicator when a collective has not finished within `timeout` (a rank died or
-// diverged), so the others fail with an error instead of waiting forever.
+// mismatch fails every rank naming both calls. The communicator is non-blocking: no
+// NCCL call -- creating the communicator, a first collective that connects to its
+// peers, finalizing it -- waits more than `timeout` for the other ranks. A watchdog
+// thread aborts the communicator when a collective has not finished on the device
+// within `timeout` (a rank died or diverged), so the others fail with an error
+// instead of waiting forever.
 #pragma once
 
 #include <array>

@@ -65,6 +65,22 @@ TEST_CASE("nccl group arguments are checked before anything is created" * doctes
   const dist::NcclId id = dist::NcclGroup::unique_id();
   CHECK_THROWS_WITH_AS(dist::NcclGroup(id, 0, 1, kCPU), "nccl group: needs a cuda device, got cpu", Error);
   CHECK_THROWS_WITH_AS(dist::NcclGroup(id, 2, 2, kCUDA), "nccl group: rank 2 of 2 is not valid", Error);
+  CHECK_THROWS_WITH_AS(dist::NcclGroup(id, 0, 1, kCUDA, nullptr, {.timeout = std::chrono::milliseconds(0)}),
+                       "nccl group: the timeout must be positive, got 0 ms", Error);
+}
+
+TEST_CASE("a rank that never joins ends the others' communicator creation after the timeout" * doctest::skip(kNoGpu)) {
+  // Rank 1 of 2 never arrives. A blocking ncclCommInitRank would wait for it for ever;
+  // the non-blocking one is polled and aborted when the timeout passes.
+  const dist::NcclId id = dist::NcclGroup::unique_id();
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(dist::NcclGroup(id, 0, 2, kCUDA, nullptr, {.timeout = std::chrono::milliseconds(2000)}),
+                       "nccl group: creating the communicator (rank 0 of 2) did not finish within 2000 ms (a rank is "
+                       "missing, failed or stuck)",
+                       Error);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  // The GPU is still usable.
+  CHECK(sum(ones({4}, TensorOptions(DType::f32).device(kCUDA))).item<double>() == 4);
 }
 
 }  // namespace zg::test
