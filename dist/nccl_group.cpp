@@ -3,6 +3,8 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -57,13 +59,16 @@ using Clock = std::chrono::steady_clock;
 // call can block for ever, whatever the other ranks do.
 //
 // Two locks, always taken in this order:
-//   call   held around every NCCL call that uses or frees `comm`, until it has settled,
-//          so ncclCommAbort never frees a communicator another thread is inside
-//   mutex  guards the state below; held briefly
-// The watchdog looks every 50 ms: it drops finished work, and aborts the communicator on
-// an asynchronous NCCL error, a CUDA error, or a collective running past the timeout.
-// Nothing may escape a thread's body (that would terminate the process), so every
-// failure becomes `error`, which the training thread throws.
+//   call   held around every NCCL call on `comm` -- ncclCommGetAsyncError included: NCCL
+//          allows one thread at a time on a communicator -- until it has settled, and
+//          around ncclCommAbort, so the communicator is never freed under a call
+//   mutex  guards the state below; held briefly, never across an NCCL call
+// `comm` itself changes only with `call` held.
+// The watchdog looks every 50 ms: it drops finished work, and aborts the communicator
+// when the oldest collective has been the oldest for longer than the timeout (a rank
+// died or diverged: the kernel waits on the device for ever), on a CUDA error, or on an
+// asynchronous NCCL error. Nothing may escape a thread's body (that would terminate the
+// process), so every failure becomes `error`, which the training thread throws.
 struct NcclGroup::Communicator {
   ncclComm_t comm = nullptr;  // null once aborted or destroyed
   int device = 0;
@@ -75,10 +80,11 @@ struct NcclGroup::Communicator {
     std::shared_ptr<cuda::Event> done;  // recorded once NCCL has enqueued the collective
     std::atomic<bool> enqueued{false};  // ... which this says
     std::string what;
-    Clock::time_point issued;
   };
   std::deque<std::shared_ptr<Pending>> pending;  // issued, not yet seen finished; oldest first
-  std::string error;            // once set, every call on the group throws it
+  const Pending* oldest = nullptr;               // pending.front() when the watchdog last looked
+  Clock::time_point oldest_since;                // ... and since when it has been the oldest
+  std::string error;                             // once set, every call on the group throws it
   bool stopping = false;
   std::thread watchdog;
 
@@ -87,15 +93,21 @@ struct NcclGroup::Communicator {
     if (!error.empty()) throw Error(error);
   }
 
-  // With `call` held: records the error, aborts the communicator (ending its calls and
-  // kernels in flight; the streams go on) and forgets the pending work.
+  // With `call` held: records the error, forgets the pending work, and aborts the
+  // communicator (ending its calls and kernels in flight; the streams go on). The abort
+  // runs outside `mutex`: it joins NCCL's threads, and waits go on failing meanwhile.
   void abort(const std::string& problem) {
-    std::lock_guard lock(mutex);
-    if (error.empty()) error = problem;
-    if (comm) ncclCommAbort(comm);
-    comm = nullptr;
-    pending.clear();
-    wake.notify_all();
+    ncclComm_t aborted = nullptr;
+    {
+      std::lock_guard lock(mutex);
+      if (error.empty()) error = problem;
+      aborted = comm;
+      comm = nullptr;
+      pending.clear();
+      oldest = nullptr;
+      wake.notify_all();
+    }
+    if (aborted) ncclCommAbort(aborted);
   }
 
   // With `call` held, after a call on `comm` returned `result`: polls until NCCL has
@@ -116,23 +128,29 @@ struct NcclGroup::Communicator {
       result = query != ncclSuccess ? query : state;
     }
     if (result == ncclSuccess) return;
-    const std::string problem = "nccl group: " + what + ": " + ncclGetErrorString(result) +
-                                (comm ? std::string(": ") + ncclGetLastError(comm) : std::string());
+    const std::string problem = "nccl group: " + what + ": " + ncclGetErrorString(result) + ": " +
+                                ncclGetLastError(nullptr);
     abort(problem);
     throw Error(problem);
   }
 
-  // The watchdog's look, with `mutex` held: what is wrong, or "".
-  std::string problem() {
+  // With `mutex` held: drops finished work; what is wrong on the device, or "".
+  std::string overdue() {
     try {
       cuda::DeviceGuard guard(device);
       while (!pending.empty() && pending.front()->enqueued && pending.front()->done->query()) pending.pop_front();
-      if (pending.empty()) wake.notify_all();  // a destructor may be waiting for this
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm, &async);
-      if (async != ncclSuccess && async != ncclInProgress)
-        return std::string("nccl group: ") + ncclGetErrorString(async) + ": " + ncclGetLastError(comm);
-      if (!pending.empty() && Clock::now() - pending.front()->issued > timeout)
+      if (pending.empty()) {
+        oldest = nullptr;
+        wake.notify_all();  // a destructor may be waiting for this
+        return "";
+      }
+      // Timed from when a collective became the oldest, not from its issue: the host
+      // issues ahead of the device, and a queue of collectives is not a stuck one.
+      if (pending.front().get() != oldest) {
+        oldest = pending.front().get();
+        oldest_since = Clock::now();
+      }
+      if (Clock::now() - oldest_since > timeout)
         return "nccl group: " + pending.front()->what + " did not finish within " + std::to_string(timeout.count()) +
                " ms (a rank failed, or called another collective)";
       return "";
@@ -141,19 +159,33 @@ struct NcclGroup::Communicator {
     }
   }
 
+  // With `call` held: NCCL's asynchronous error, or "".
+  std::string async_error() {
+    if (!comm) return "";
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t query = ncclCommGetAsyncError(comm, &async);
+    if (query != ncclSuccess) async = query;
+    if (async == ncclSuccess || async == ncclInProgress) return "";
+    return std::string("nccl group: ") + ncclGetErrorString(async) + ": " + ncclGetLastError(nullptr);
+  }
+
   void watch() {
     std::unique_lock lock(mutex);
     while (!stopping) {
       wake.wait_for(lock, std::chrono::milliseconds(50));
       if (!comm) continue;
-      const std::string found = problem();
-      if (found.empty()) continue;
-      error = found;  // new calls are refused from here on
-      lock.unlock();  // the lock order is call, then mutex
+      std::string found = overdue();
+      if (!found.empty()) error = found;  // new calls are refused from here on
+      lock.unlock();                      // the lock order is call, then mutex
       {
-        // Waits for a call being issued to settle (bounded by its own timeout).
-        std::lock_guard calling(call);
-        abort(found);
+        std::unique_lock calling(call, std::defer_lock);
+        if (!found.empty()) {
+          calling.lock();  // waits for a call being issued to settle (bounded by its own timeout)
+          abort(found);
+        } else if (calling.try_lock()) {  // else a call is being issued, and it polls the same state
+          found = async_error();
+          if (!found.empty()) abort(found);
+        }
       }
       lock.lock();
     }
@@ -214,6 +246,9 @@ NcclGroup::NcclGroup(const NcclId& id, int rank, int size, Device device, Proces
   Communicator& c = *communicator_;
   c.device = device.index;
   c.timeout = options.timeout;
+  if (const char* blocking = std::getenv("NCCL_COMM_BLOCKING"); blocking && std::string(blocking) != "0")
+    std::fprintf(stderr, "zerograd: NCCL_COMM_BLOCKING=%s makes NCCL calls block again; the nccl group's timeouts "
+                 "then cover only collectives already on the device\n", blocking);
   {
     // Creating it waits for every rank: non-blocking, so a rank that never arrives ends
     // this one with an error after the timeout instead of leaving it here for ever.
@@ -222,7 +257,7 @@ NcclGroup::NcclGroup(const NcclId& id, int rank, int size, Device device, Proces
     config.blocking = 0;
     const ncclResult_t result = ncclCommInitRankConfig(&c.comm, size, nccl_id, rank, &config);
     ZG_CHECK(c.comm != nullptr || result == ncclSuccess, "nccl group: rank ", rank, " of ", size,
-             ": ncclCommInitRankConfig failed: ", ncclGetErrorString(result));
+             ": ncclCommInitRankConfig failed: ", ncclGetErrorString(result), ": ", ncclGetLastError(nullptr));
     c.settle(result, "creating the communicator (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")");
   }
   c.watchdog = std::thread([&c] { c.watch(); });
@@ -345,7 +380,6 @@ WorkHandle NcclGroup::issue(Collective c) {
   auto pending = std::make_shared<Communicator::Pending>();
   pending->done = std::make_shared<cuda::Event>();
   pending->what = c.describe();
-  pending->issued = Clock::now();
   Communicator& k = *communicator_;
   std::lock_guard calling(k.call);
   {
@@ -372,7 +406,13 @@ WorkHandle NcclGroup::issue(Collective c) {
   // Until it settles the collective may not be on the stream yet (a first call connects
   // to its peers). A failure aborts the communicator: every rank then fails.
   k.settle(result, pending->what);
-  pending->done->record(comm_stream);
+  try {
+    pending->done->record(comm_stream);
+  } catch (...) {  // no event to wait for: forget it, or the destructor would wait a timeout for it
+    std::lock_guard lock(k.mutex);
+    std::erase(k.pending, pending);
+    throw;
+  }
   pending->enqueued = true;
   // Freed by the caller before the collective ends, these blocks wait for it before reuse.
   cuda::record_stream(c.input, comm_stream);

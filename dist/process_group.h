@@ -66,7 +66,7 @@ class Work {
  public:
   virtual ~Work() = default;
   virtual void wait() = 0;              // returns once done; rethrows the collective's error
-  virtual bool completed() const = 0;   // never blocks
+  virtual bool completed() const = 0;   // never blocks; true once it ended, with or without an error
 };
 using WorkHandle = std::shared_ptr<Work>;
 
