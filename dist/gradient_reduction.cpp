@@ -2,7 +2,9 @@
 // from post-accumulate-grad hooks while the backward goes on.
 //
 //   stage 0 (DDP)  each bucket of the unit's full gradient is all-reduced in place
-//   stage 1        the unit's full gradient is reduce-scattered into its slice r
+//   stage 1        the unit's full gradient is reduce-scattered (summed) into its
+//                  slice r and the other slices are zeroed, so a later synced
+//                  micro-batch adds only new gradients; step() divides by N once
 //   stage 2, 3     the unit's full gradient (alive only during its backward) is
 //                  reduce-scattered into a `communication` buffer, added into the
 //                  persistent gradient shard, and freed
@@ -82,6 +84,7 @@ void ShardedModel::reduce_bucket(Unit& unit, Bucket& bucket) {
   InFlight job;
   switch (config_.stage) {
     case 0: {
+      unsynced_ = !sync_;
       if (!sync_) return;
       const Tensor grads = unit.grad_full.narrow(0, bucket.begin, bucket.end - bucket.begin);
       const Tensor buffer = in_reduce_dtype(grads, dtype);
@@ -90,11 +93,20 @@ void ShardedModel::reduce_bucket(Unit& unit, Bucket& bucket) {
       break;
     }
     case 1: {
+      unsynced_ = !sync_;
       if (!sync_) return;
+      // Summed, not averaged: slice r keeps the sum of every rank's gradients so far, and
+      // the others are zeroed once reduced, so the next synced micro-batch's reduction
+      // adds only what came since. (An in-place average would average slice r's earlier
+      // average again.) step() divides by N.
       const Tensor buffer = in_reduce_dtype(unit.grad_full, dtype);
       const Tensor mine = buffer.is_same(unit.grad_full) ? unit.grad_shard : communication_buffer(shard, dtype, buffer.device());
-      job.work = group_.reduce_scatter_async(buffer, mine, ReduceKind::average);
-      if (!mine.is_same(unit.grad_shard)) job.then = [mine, to = unit.grad_shard] { cast_into(mine, to); };
+      job.work = group_.reduce_scatter_async(buffer, mine, ReduceKind::sum);
+      job.then = [mine, full = unit.grad_full, to = unit.grad_shard, r = group_.rank(), shard] {
+        if (!mine.is_same(to)) cast_into(mine, to);
+        backend(full.device()).fill(full.narrow(0, 0, r * shard), 0.0);
+        backend(full.device()).fill(full.narrow(0, (r + 1) * shard, full.numel() - (r + 1) * shard), 0.0);
+      };
       break;
     }
     default: {

@@ -171,6 +171,7 @@ void ShardedModel::zero_grad() {
     for (Bucket& bucket : unit->buckets) bucket.arrived = 0;
   }
   buckets_ready_ = 0;
+  unsynced_ = false;
 }
 
 StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
@@ -178,7 +179,11 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   ZG_CHECK(std::isfinite(lr) && lr >= 0, "ShardedModel: step lr must be >= 0 and finite, got ", lr);
   NoGradGuard no_grad;
   reduce_stragglers();
+  ZG_CHECK(!unsynced_, "ShardedModel: step() after a backward with gradient sync off: its gradients were never "
+           "reduced across ranks; turn sync on (set_gradient_sync(true)) for the last micro-batch");
   finish_reductions();
+  if (config_.stage == 1)  // stage 1 sums across ranks (gradient_reduction.cpp): the average is taken here
+    for (auto& unit : units_) unit->grad_shard.mul_(1.0 / group_.size());
   // The global norm: each rank's share of the squared norm, summed on its device, then
   // across ranks, and read once (the step's one host wait: the scaler and StepResult
   // need it). The meta device has no values: a dry run counts bytes only.

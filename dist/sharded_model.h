@@ -91,7 +91,9 @@ class ShardedModel {
   // forward that had no backward, and gathers a root unit that has no modules in the plan.
   void prepare_forward();
   // Gradient accumulation: with sync off, stages 0 and 1 keep accumulating full
-  // gradients locally; turn it back on for the last micro-batch.
+  // gradients locally; turn it back on for the last micro-batch (step() refuses to run
+  // after a backward whose gradients were never reduced). Leaving it on for every
+  // micro-batch is correct too, at the cost of a reduction per micro-batch.
   void set_gradient_sync(bool sync) { sync_ = sync; }
   void zero_grad();
   // Norm (reduced across ranks), inf/NaN check, clipping, AdamW on the local slices,
@@ -152,6 +154,7 @@ class ShardedModel {
   std::deque<InFlight> in_flight_;
   size_t buckets_total_ = 0, buckets_ready_ = 0;  // this backward's progress
   bool sync_ = true;
+  bool unsynced_ = false;  // stages 0, 1: the last backward kept its gradients local (sync off)
   int64_t step_ = 0;
   // The hooks left on the model's parameters and modules hold a weak reference to this:
   // after the ShardedModel is gone they do nothing.

@@ -33,6 +33,7 @@ struct ZeroRun {
   int stage = 0;
   int steps = 5;
   int micro_batches = 1;  // gradient accumulation
+  bool sync_every_micro_batch = false;  // else gradient sync only for the last one
   double clip = 0;
   bool checkpointing = false;
   std::optional<DType> reduce_dtype{};
@@ -60,7 +61,7 @@ inline nn::NamedTensors train_sharded(dist::ProcessGroup& pg, const ZeroRun& run
     const Tensor my_y = y.narrow(0, pg.rank() * rows, rows).to(run.device);
     sharded.zero_grad();
     for (int k = 0; k < micro; ++k) {
-      sharded.set_gradient_sync(k == micro - 1);
+      sharded.set_gradient_sync(run.sync_every_micro_batch || k == micro - 1);
       sharded.prepare_forward();
       const int64_t r = rows / micro;
       (model.forward(my_x.narrow(0, k * r, r), my_y.narrow(0, k * r, r)).loss * (1.0 / micro)).backward();
