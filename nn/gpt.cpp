@@ -6,9 +6,17 @@
 
 namespace zg::nn {
 
+void check_config(const GPTConfig& c) {
+  ZG_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.vocab_size > 0 && c.block_size > 0,
+           "GPT: every size in the config must be positive, got n_layer ", c.n_layer, ", n_head ", c.n_head,
+           ", n_embd ", c.n_embd, ", vocab_size ", c.vocab_size, ", block_size ", c.block_size);
+  ZG_CHECK(c.n_embd % c.n_head == 0, "GPT: n_embd ", c.n_embd, " is not a multiple of n_head ", c.n_head);
+  ZG_CHECK(c.n_embd <= INT64_MAX / 4, "GPT: n_embd ", c.n_embd, " is too large (4 n_embd overflows int64)");
+  ZG_CHECK(c.dropout >= 0 && c.dropout < 1, "GPT: dropout must be in [0, 1), got ", c.dropout);
+}
+
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, TensorOptions options) : n_head(config.n_head) {
-  ZG_CHECK(config.n_embd % config.n_head == 0, "GPT: n_embd ", config.n_embd, " is not a multiple of n_head ",
-           config.n_head);
+  check_config(config);
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
   c_attn = register_module("c_attn", std::make_shared<Linear>(config.n_embd, 3 * config.n_embd, true, 0.02, options));
   c_proj = register_module("c_proj", std::make_shared<Linear>(config.n_embd, config.n_embd, true, proj_std, options));
@@ -16,6 +24,8 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, TensorOptions 
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
+  ZG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == c_attn->weight.size(1), "CausalSelfAttention: expected input [B, T, ",
+           c_attn->weight.size(1), "], got ", describe(x));
   const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2), head = channels / n_head;
   // qkv [B, T, 3C] -> q, k, v each [B, H, T, D]
   const std::vector<Tensor> qkv = split((*c_attn)(x), channels, 2);
@@ -25,6 +35,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
 }
 
 MLP::MLP(const GPTConfig& config, TensorOptions options) {
+  check_config(config);
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
   // c_fc applies GPT-2's GELU itself: one fused op (a GEMM epilogue on CUDA), same parameters.
   c_fc = register_module("c_fc", std::make_shared<Linear>(config.n_embd, 4 * config.n_embd, true, 0.02, options,
@@ -36,6 +47,7 @@ MLP::MLP(const GPTConfig& config, TensorOptions options) {
 Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*c_fc)(x))); }  // c_fc includes the GELU
 
 Block::Block(const GPTConfig& config, TensorOptions options) {
+  check_config(config);
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(config.n_embd, 1e-5, true, options));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(config, options));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(config.n_embd, 1e-5, true, options));
@@ -50,9 +62,7 @@ Tensor Block::forward(const Tensor& x) {
 }
 
 GPT::GPT(const GPTConfig& cfg, TensorOptions options) : config(cfg) {
-  ZG_CHECK(config.n_layer > 0 && config.n_head > 0 && config.n_embd > 0 && config.vocab_size > 0 &&
-               config.block_size > 0,
-           "GPT: every size in the config must be positive");
+  check_config(config);
   transformer = register_module("transformer", std::make_shared<Module>());
   wte = transformer->register_module("wte", std::make_shared<Embedding>(config.vocab_size, config.n_embd, 0.02, options));
   wpe = transformer->register_module("wpe", std::make_shared<Embedding>(config.block_size, config.n_embd, 0.02, options));

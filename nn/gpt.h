@@ -19,6 +19,10 @@ struct GPTConfig {
   double dropout = 0.0;
   bool activation_checkpointing = false;  // recompute each block's activations in backward
 };
+// Throws zg::Error unless every size is positive, n_embd is a multiple of n_head, the
+// widest layer (4 n_embd) and the c_attn projection (3 n_embd) fit in int64, and dropout
+// lies in [0, 1). Every module built from a config checks it.
+void check_config(const GPTConfig& config);
 
 // softmax(q k^T / sqrt(d)) v per head, causal; q, k, v from one projection c_attn.
 class CausalSelfAttention : public Module {

@@ -35,6 +35,8 @@ Dropout::Dropout(double p_) : p(p_) {
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
 
 Tensor dropout(const Tensor& x, double p, bool training) {
+  ZG_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
+  ZG_CHECK(x.defined() && is_floating(x.dtype()), "dropout: expected a floating tensor, got ", describe(x));
   if (!training || p == 0) return x;
   const Tensor keep = lt(rand(x.shape(), TensorOptions(DType::f32).device(x.device())), 1.0 - p);
   return x * keep.to(x.dtype()) * (1.0 / (1.0 - p));

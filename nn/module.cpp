@@ -39,11 +39,26 @@ Tensor Module::operator()(const Tensor& input) {
   return out;
 }
 
+void Module::check_new_name(const char* op, const std::string& name) const {
+  ZG_CHECK(!name.empty() && name.find('.') == std::string::npos, op, ": invalid name '", name,
+           "' (names are non-empty and have no '.')");
+  bool taken = false;
+  for (const NamedTensors* tensors : {&parameters_, &buffers_})
+    for (const auto& [existing, _] : *tensors) taken = taken || existing == name;
+  for (const auto& [existing, _] : children_) taken = taken || existing == name;
+  ZG_CHECK(!taken, op, ": '", name, "' is already registered (as a parameter, buffer or submodule)");
+}
+
+bool Module::contains(const Module* module) const {
+  if (module == this) return true;
+  for (const auto& [_, child] : children_)
+    if (child->contains(module)) return true;
+  return false;
+}
+
 Tensor Module::register_parameter(const std::string& name, const Tensor& value, bool requires_grad) {
+  check_new_name("register_parameter", name);
   ZG_CHECK(value.defined(), "register_parameter: '", name, "' is an undefined tensor");
-  ZG_CHECK(name.find('.') == std::string::npos && !name.empty(), "register_parameter: invalid name '", name, "'");
-  for (const auto& [existing, _] : parameters_)
-    ZG_CHECK(existing != name, "register_parameter: '", name, "' is already registered");
   Tensor param = value.detach();
   if (param.storage()->category() != MemoryCategory::parameter) {
     MemoryScope scope(MemoryCategory::parameter);
@@ -56,15 +71,18 @@ Tensor Module::register_parameter(const std::string& name, const Tensor& value, 
 }
 
 Tensor Module::register_buffer(const std::string& name, const Tensor& value) {
-  ZG_CHECK(!name.empty() && name.find('.') == std::string::npos, "register_buffer: invalid name '", name, "'");
+  check_new_name("register_buffer", name);
+  ZG_CHECK(value.defined(), "register_buffer: '", name, "' is an undefined tensor");
   buffers_.emplace_back(name, value.detach());
   return buffers_.back().second;
 }
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
+  check_new_name("register_module", name);
   ZG_CHECK(module != nullptr, "register_module: '", name, "' is null");
-  for (const auto& [existing, _] : children_)
-    ZG_CHECK(existing != name, "register_module: '", name, "' is already registered");
+  // A module under itself would make every walk of the tree (named_parameters...) endless.
+  ZG_CHECK(!module->contains(this), "register_module: '", name,
+           "' is this module or one of its ancestors; modules form a tree");
   module->local_name_ = name;
   module->trace_name_ = module->trace_name();
   children_.emplace_back(name, std::move(module));

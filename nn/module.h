@@ -65,6 +65,10 @@ class Module {
 
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> module);
+  // A name for a new parameter, buffer or submodule: non-empty, no '.', not taken by any
+  // of the three (the dotted names of named_parameters() must be unambiguous).
+  void check_new_name(const char* op, const std::string& name) const;
+  bool contains(const Module* module) const;  // this module or one below it
   void collect(const std::string& prefix, bool buffers, NamedTensors& out) const;
   std::string trace_name() const;
   void convert(const std::function<Tensor(const Tensor&)>& fn);
@@ -83,11 +87,15 @@ class ModuleList : public Module {
  public:
   template <class M>
   std::shared_ptr<M> push_back(std::shared_ptr<M> module) {
-    items_.push_back(module);
-    return register_module(std::to_string(items_.size() - 1), std::move(module));
+    std::shared_ptr<M> registered = register_module(std::to_string(items_.size()), std::move(module));
+    items_.push_back(registered);
+    return registered;
   }
   size_t size() const { return items_.size(); }
-  Module& operator[](size_t i) const { return *items_.at(i); }
+  Module& operator[](size_t i) const {
+    ZG_CHECK(i < items_.size(), "ModuleList: index ", i, " is out of range for a list of ", items_.size());
+    return *items_[i];
+  }
 
  private:
   std::vector<std::shared_ptr<Module>> items_;

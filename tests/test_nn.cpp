@@ -131,4 +131,48 @@ TEST_CASE("activation checkpointing: the same gradients, a lower activation peak
   CHECK(worst <= 1e-6);
 }
 
+TEST_CASE("modules refuse names, trees, configs and inputs that would break them") {
+  // Each of these crashed or misbehaved before (found by fuzzing): a 4-D input read past
+  // the split's end; n_head 0 divided by zero; a module under itself recursed for ever.
+  nn::GPTConfig config{.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab_size = 16, .block_size = 8};
+  nn::CausalSelfAttention attn(config, DType::f32);
+  CHECK_THROWS_WITH_AS(attn(zeros({1, 2, 4, 8})), "CausalSelfAttention: expected input [B, T, 8], got f32[1, 2, 4, 8] on cpu",
+                       Error);
+  CHECK_THROWS_WITH_AS(attn(zeros({2, 8})), doctest::Contains("expected input [B, T, 8]"), Error);
+  for (const auto& [bad, message] :
+       {std::pair{nn::GPTConfig{.n_head = 0}, "every size in the config must be positive"},
+        std::pair{nn::GPTConfig{.n_layer = 0}, "every size in the config must be positive"},
+        std::pair{nn::GPTConfig{.n_head = 1, .n_embd = int64_t{1} << 62}, "4 n_embd overflows int64"},
+        std::pair{nn::GPTConfig{.n_head = 5}, "n_embd 768 is not a multiple of n_head 5"},
+        std::pair{nn::GPTConfig{.dropout = 1.0}, "dropout must be in [0, 1)"}}) {
+    CHECK_THROWS_WITH_AS(nn::CausalSelfAttention(bad, kMeta), doctest::Contains(message), Error);
+    CHECK_THROWS_WITH_AS(nn::MLP(bad, kMeta), doctest::Contains(message), Error);
+    CHECK_THROWS_WITH_AS(nn::Block(bad, kMeta), doctest::Contains(message), Error);
+    CHECK_THROWS_WITH_AS(nn::GPT(bad, kMeta), doctest::Contains(message), Error);
+  }
+  CHECK_THROWS_WITH_AS(nn::dropout(ones({4}), 1.0, true), "dropout: p must be in [0, 1), got 1", Error);
+  CHECK_THROWS_WITH_AS(nn::dropout(ones({4}), std::nan(""), true), doctest::Contains("dropout: p must be"), Error);
+  CHECK_THROWS_WITH_AS(nn::dropout(ones({4}, DType::i64), 0.5, true), doctest::Contains("expected a floating tensor"),
+                       Error);
+
+  auto root = std::make_shared<nn::Module>();
+  auto child = root->register_module("child", std::make_shared<nn::Module>());
+  CHECK_THROWS_WITH_AS(root->register_module("self", root), doctest::Contains("modules form a tree"), Error);
+  CHECK_THROWS_WITH_AS(child->register_module("parent", root), doctest::Contains("modules form a tree"), Error);
+  CHECK_THROWS_WITH_AS(root->register_module("", std::make_shared<nn::Module>()), doctest::Contains("invalid name ''"),
+                       Error);
+  CHECK_THROWS_WITH_AS(root->register_module("a.b", std::make_shared<nn::Module>()),
+                       doctest::Contains("invalid name 'a.b'"), Error);
+  root->register_buffer("steps", zeros({1}));
+  CHECK_THROWS_WITH_AS(root->register_buffer("steps", zeros({1})), doctest::Contains("'steps' is already registered"),
+                       Error);
+  CHECK_THROWS_WITH_AS(root->register_parameter("child", zeros({1})), doctest::Contains("'child' is already registered"),
+                       Error);
+  CHECK_THROWS_WITH_AS(root->register_buffer("empty", Tensor()), "register_buffer: 'empty' is an undefined tensor", Error);
+  nn::ModuleList list;
+  list.push_back(std::make_shared<nn::Module>());
+  CHECK_THROWS_WITH_AS(list[1], "ModuleList: index 1 is out of range for a list of 1", Error);
+  CHECK(root->named_parameters().empty());  // the refused registrations left nothing behind
+}
+
 }  // namespace zg::test
