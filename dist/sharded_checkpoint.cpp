@@ -4,6 +4,7 @@
 //     <role>/<parameter name>/<first element>      role: master, exp_avg, exp_avg_sq
 // Loading at another world size or stage only needs, for each parameter, the
 // pieces that overlap the range a rank owns now -- found from the file headers.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -110,62 +111,148 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra) {
   group_.barrier();  // every rank's file exists when save returns
 }
 
-Metadata ShardedModel::load(const std::string& dir) {
-  NoGradGuard no_grad;
+namespace {
+
+// What a load will do, found and checked before anything changes: every file's
+// metadata, every piece's name, shape, dtype and range, that the pieces of a parameter
+// neither overlap nor reach past its end, that nothing in the files is unknown to the
+// model, and that this rank's range is covered.
+struct LoadPlan {
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, std::vector<Piece>> pieces;  // key: role/parameter, sorted by begin
+  int64_t step = 0;
+  uint64_t seed = 0, offset = 0;
+};
+
+LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<ShardedModel::Unit>>& units, int r,
+                   int stage) {
+  constexpr const char* who = "ShardedModel::load";
+  LoadPlan plan;
   // The files of one save: rank-R-of-N for every R < N.
   int old_size = -1;
-  ZG_CHECK(std::filesystem::is_directory(dir), "ShardedModel::load: ", dir, " is not a directory");
+  ZG_CHECK(std::filesystem::is_directory(dir), who, ": ", dir, " is not a directory");
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const int n = world_size_of(entry.path().filename().string());
     if (n < 0) continue;
-    ZG_CHECK(old_size < 0 || old_size == n, "ShardedModel::load: ", dir, " mixes saves of ", old_size, " and ", n,
-             " ranks");
+    ZG_CHECK(old_size < 0 || old_size == n, who, ": ", dir, " mixes saves of ", old_size, " and ", n, " ranks");
     old_size = n;
   }
-  ZG_CHECK(old_size > 0, "ShardedModel::load: ", dir, " has no rank-R-of-N.safetensors files");
-  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  ZG_CHECK(old_size > 0, who, ": ", dir, " has no rank-R-of-N.safetensors files");
   for (int q = 0; q < old_size; ++q) {
     const std::string path = rank_file(dir, q, old_size);
-    ZG_CHECK(std::filesystem::exists(path), "ShardedModel::load: ", path, " is missing (a save of ", old_size,
-             " ranks)");
-    files.push_back(std::make_unique<SafetensorsFile>(path));
-    ZG_CHECK(files.back()->metadata().count("format") && files.back()->metadata().at("format") == kFormat,
-             "ShardedModel::load: ", path, " is not a zerograd sharded checkpoint");
+    ZG_CHECK(std::filesystem::is_regular_file(path), who, ": ", path, " is missing (a save of ", old_size, " ranks)");
+    plan.files.push_back(std::make_unique<SafetensorsFile>(path));
+    const Metadata& meta = plan.files.back()->metadata();
+    ZG_CHECK(meta.count("format") && meta.at("format") == kFormat, who, ": ", path,
+             " is not a zerograd sharded checkpoint");
+    ZG_CHECK(metadata_number<int64_t>(meta, "world_size", path, who) == old_size &&
+                 metadata_number<int64_t>(meta, "rank", path, who) == q,
+             who, ": ", path, " says it is rank ", meta.at("rank"), " of ", meta.at("world_size"));
+    const int64_t step = metadata_number<int64_t>(meta, "step", path, who);
+    ZG_CHECK(step >= 0 && step < INT64_MAX, who, ": ", path, ": metadata 'step' = ", step,
+             " is not a count of updates that can go on");
+    ZG_CHECK(q == 0 || step == plan.step, who, ": ", path, " was saved at step ", step, ", ",
+             plan.files.front()->path(), " at step ", plan.step, ": the files come from different saves");
+    plan.step = step;
+    // Every rank checks every file's generator state: all ranks accept the same files.
+    metadata_number<uint64_t>(meta, "rng_seed", path, who);
+    metadata_number<uint64_t>(meta, "rng_offset", path, who);
   }
-  // Index every saved piece by role and parameter.
-  std::map<std::string, std::vector<Piece>> pieces;  // key: role/parameter
-  for (const auto& file : files)
-    for (const std::string& tensor : file->names()) {
-      const size_t last = tensor.rfind('/');
-      ZG_CHECK(last != std::string::npos, "ShardedModel::load: ", file->path(), ": unexpected tensor '", tensor, "'");
-      pieces[tensor.substr(0, last)].push_back(
-          {file.get(), tensor, std::stoll(tensor.substr(last + 1)), numel(file->entry(tensor).shape)});
-    }
+  const SafetensorsFile& mine = *plan.files[std::min(r, old_size - 1)];
+  plan.seed = metadata_number<uint64_t>(mine.metadata(), "rng_seed", mine.path(), who);
+  plan.offset = metadata_number<uint64_t>(mine.metadata(), "rng_offset", mine.path(), who);
 
+  // The model's parameters by name, to check every piece against.
+  std::map<std::string, const optim::FlatParameters::Entry*> parameters;
+  for (const auto& unit : units)
+    for (const auto& e : unit->entries) parameters[e.name] = &e;
+  // Index every saved piece by role and parameter: "<role>/<name>/<first element>".
+  for (const auto& file : plan.files)
+    for (const std::string& tensor : file->names()) {
+      const size_t last = tensor.rfind('/'), first = tensor.find('/');
+      int64_t begin = -1;
+      ZG_CHECK(first != last && last != std::string::npos &&
+                   parse_number(std::string_view(tensor).substr(last + 1), begin) && begin >= 0,
+               who, ": ", file->path(), ": tensor '", tensor, "' is not named <role>/<parameter>/<first element>");
+      const std::string role = tensor.substr(0, first), parameter = tensor.substr(first + 1, last - first - 1);
+      ZG_CHECK(role == "master" || role == "exp_avg" || role == "exp_avg_sq", who, ": ", file->path(), ": tensor '",
+               tensor, "' has no role master, exp_avg or exp_avg_sq");
+      const auto known = parameters.find(parameter);
+      ZG_CHECK(known != parameters.end(), who, ": ", file->path(), " holds '", tensor,
+               "' but the model has no parameter '", parameter, "'");
+      const SafetensorsFile::Entry& entry = file->entry(tensor);
+      ZG_CHECK(entry.shape.size() == 1 && is_floating(entry.dtype), who, ": ", file->path(), ": tensor '", tensor,
+               "' is ", name(entry.dtype), shape_str(entry.shape), ", expected a 1-D floating piece");
+      const int64_t size = numel(known->second->shape);
+      ZG_CHECK(begin <= size && entry.shape[0] <= size - begin, who, ": ", file->path(), ": tensor '", tensor,
+               "' holds elements [", begin, ", ", begin + entry.shape[0], ") but the model's '", parameter, "' has ",
+               size, " (shape ", shape_str(known->second->shape), "): a checkpoint of another model");
+      plan.pieces[tensor.substr(0, last)].push_back({file.get(), tensor, begin, entry.shape[0]});
+    }
+  for (auto& [key, list] : plan.pieces) {
+    std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < list.size(); ++i)
+      ZG_CHECK(list[i - 1].begin + list[i - 1].length <= list[i].begin, who, ": ", dir, ": pieces '",
+               list[i - 1].tensor, "' (", list[i - 1].file->path(), ") and '", list[i].tensor, "' (",
+               list[i].file->path(), ") overlap");
+  }
+  // This rank's range, covered.
+  for (const auto& unit : units)
+    for_each_part(*unit, loaded_range(*unit, r, stage),
+                  [&](const std::string& key, const Tensor&, const auto& e, int64_t a, int64_t b) {
+                    int64_t covered = 0;
+                    for (const Piece& p : plan.pieces[key])
+                      covered += std::max<int64_t>(0, std::min(b - e.offset, p.begin + p.length) -
+                                                          std::max(a - e.offset, p.begin));
+                    ZG_CHECK(covered == b - a, who, ": ", dir, " does not cover ", key, " elements [", a - e.offset,
+                             ", ", b - e.offset, ") (", covered, " of ", b - a, " found)");
+                  });
+  return plan;
+}
+
+}  // namespace
+
+// Each rank plans its part; then all ranks agree, so that either every rank loads or
+// none does -- a rank whose range is not covered must not leave the others loaded.
+Metadata ShardedModel::load(const std::string& dir) {
+  NoGradGuard no_grad;
+  LoadPlan plan;
+  std::string problem;
+  try {
+    plan = plan_load(dir, units_, group_.rank(), config_.stage);
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  const Device device = units_.front()->master.device();
+  Tensor failures = full({1}, problem.empty() ? 0.0 : 1.0,
+                         TensorOptions(DType::f32).device(device.type == DeviceType::meta ? kCPU : device));
+  if (!group_.accepts(failures.device())) failures = failures.to(kCPU);  // mpi: host tensors only
+  group_.all_reduce(failures, ReduceKind::sum);
+  if (!problem.empty()) throw Error(problem + " (nothing was loaded, on any rank)");
+  const double failed = failures.item<double>();
+  ZG_CHECK(failed == 0, "ShardedModel::load: ", failed, " other rank(s) could not load ", dir,
+           " (their errors say why); nothing was loaded, on any rank");
+
+  // Everything checked, everywhere: now copy.
   const int r = group_.rank();
   for (auto& unit : units_) {
     const Owned own = loaded_range(*unit, r, config_.stage);
     for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
-      int64_t covered = 0;
-      for (const Piece& p : pieces[key]) {
+      for (const Piece& p : plan.pieces[key]) {
         // Overlap of the piece and [a, b), in parameter-local elements.
         const int64_t lo = std::max(a - e.offset, p.begin), hi = std::min(b - e.offset, p.begin + p.length);
         if (hi <= lo) continue;
         const Tensor data = p.file->read(p.tensor);
         Tensor(buffer.narrow(0, e.offset + lo - own.local_base, hi - lo)).copy_(data.narrow(0, lo - p.begin, hi - lo));
-        covered += hi - lo;
       }
-      ZG_CHECK(covered == b - a, "ShardedModel::load: ", dir, " does not cover ", key, " elements [", a - e.offset,
-               ", ", b - e.offset, ") (", covered, " of ", b - a, " found)");
     });
   }
-  const Metadata& mine = files[std::min(r, old_size - 1)]->metadata();
-  step_ = std::stoll(mine.at("step"));
+  step_ = plan.step;
   Generator& gen = Context::current().generator();
-  gen.manual_seed(std::stoull(mine.at("rng_seed")));
-  gen.set_offset(std::stoull(mine.at("rng_offset")));
+  gen.manual_seed(plan.seed);
+  gen.set_offset(plan.offset);
   refresh_compute();
-  return files[0]->metadata();
+  return plan.files[0]->metadata();
 }
 
 void ShardedModel::refresh_compute() {

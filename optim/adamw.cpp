@@ -43,7 +43,7 @@ AdamW::AdamW(FlatParameters& p, AdamWOptions o) : params(p), options(o) {
 }
 
 void AdamW::set_steps(int64_t step) {
-  ZG_CHECK(step >= 0, "AdamW: set_steps needs a count of updates >= 0, got ", step);
+  ZG_CHECK(step >= 0 && step < INT64_MAX, "AdamW: set_steps needs a count of updates in [0, INT64_MAX), got ", step);
   step_ = step;
 }
 

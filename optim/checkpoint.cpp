@@ -1,6 +1,5 @@
 #include "optim/checkpoint.h"
 
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 
@@ -15,24 +14,6 @@ std::string exact(double v) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
-}
-
-template <class T>
-T parse_number(const Metadata& meta, const std::string& key, const std::string& path) {
-  const auto it = meta.find(key);
-  ZG_CHECK(it != meta.end(), "load_checkpoint: ", path, " has no '", key, "' in its metadata");
-  T value{};
-  if constexpr (std::is_floating_point_v<T>) {
-    char* end = nullptr;
-    value = std::strtod(it->second.c_str(), &end);
-    ZG_CHECK(end && *end == '\0' && !it->second.empty(), "load_checkpoint: ", path, ": metadata '", key, "' = '",
-             it->second, "' is not a number");
-  } else {
-    const auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), value);
-    ZG_CHECK(ec == std::errc() && end == it->second.data() + it->second.size(), "load_checkpoint: ", path,
-             ": metadata '", key, "' = '", it->second, "' is not an integer");
-  }
-  return value;
 }
 
 }  // namespace
@@ -66,16 +47,18 @@ Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW&
   ZG_CHECK(format != meta.end() && format->second == "zerograd-training-checkpoint-1", "load_checkpoint: ", path,
            " is not a zerograd training checkpoint (no format metadata)");
   // Parse everything before changing anything, so a bad file leaves the run as it was.
-  const auto step = parse_number<int64_t>(meta, "step", path);
-  ZG_CHECK(step >= 0, "load_checkpoint: ", path, ": metadata 'step' = ", step, " is negative");
+  const auto step = metadata_number<int64_t>(meta, "step", path, "load_checkpoint");
+  ZG_CHECK(step >= 0 && step < INT64_MAX, "load_checkpoint: ", path, ": metadata 'step' = ", step,
+           " is not a count of updates that can go on");
   const bool has_scale = scaler && meta.count("loss_scale");
-  const double loss_scale = has_scale ? parse_number<double>(meta, "loss_scale", path) : 1.0;
-  const int64_t good_steps = has_scale ? parse_number<int64_t>(meta, "loss_scale_good_steps", path) : 0;
-  ZG_CHECK(std::isfinite(loss_scale) && loss_scale > 0 && good_steps >= 0, "load_checkpoint: ", path,
+  const double loss_scale = has_scale ? metadata_number<double>(meta, "loss_scale", path, "load_checkpoint") : 1.0;
+  const int64_t good_steps =
+      has_scale ? metadata_number<int64_t>(meta, "loss_scale_good_steps", path, "load_checkpoint") : 0;
+  ZG_CHECK(std::isfinite(loss_scale) && loss_scale > 0 && std::isfinite(1 / loss_scale) && good_steps >= 0, "load_checkpoint: ", path,
            ": metadata loss_scale = ", loss_scale, " and loss_scale_good_steps = ", good_steps,
            " are not a positive scale and a count");
-  const auto seed = parse_number<uint64_t>(meta, "rng_seed", path);
-  const auto offset = parse_number<uint64_t>(meta, "rng_offset", path);
+  const auto seed = metadata_number<uint64_t>(meta, "rng_seed", path, "load_checkpoint");
+  const auto offset = metadata_number<uint64_t>(meta, "rng_offset", path, "load_checkpoint");
   for (const auto& e : params.entries)
     for (const std::string& prefix : {std::string(), std::string("optimizer.exp_avg."), std::string("optimizer.exp_avg_sq.")}) {
       const auto& entry = file.entry(prefix + e.name);

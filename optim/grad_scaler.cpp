@@ -8,8 +8,8 @@ namespace zg::optim {
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.enabled ? options.init_scale : 1.0) {
   const GradScalerOptions& o = options_;
-  ZG_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0, "GradScaler: init_scale must be positive and finite, got ",
-           o.init_scale);
+  ZG_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0 && std::isfinite(1 / o.init_scale),
+           "GradScaler: init_scale must be positive and finite, with a finite inverse, got ", o.init_scale);
   ZG_CHECK(std::isfinite(o.growth_factor) && o.growth_factor > 1, "GradScaler: growth_factor must be > 1, got ",
            o.growth_factor);
   ZG_CHECK(o.backoff_factor > 0 && o.backoff_factor < 1, "GradScaler: backoff_factor must lie in (0, 1), got ",
@@ -18,7 +18,8 @@ GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(op
 }
 
 void GradScaler::set_scale(double scale, int64_t good_steps) {
-  ZG_CHECK(std::isfinite(scale) && scale > 0, "GradScaler: set_scale needs a positive finite scale, got ", scale);
+  ZG_CHECK(std::isfinite(scale) && scale > 0 && std::isfinite(1 / scale),
+           "GradScaler: set_scale needs a positive finite scale with a finite inverse, got ", scale);
   ZG_CHECK(good_steps >= 0, "GradScaler: set_scale needs good_steps >= 0, got ", good_steps);
   scale_ = scale;
   good_steps_ = good_steps;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -248,5 +250,37 @@ void SafetensorsFile::read_into(const std::string& name, const Tensor& destinati
   NoGradGuard no_grad;
   Tensor(destination).copy_(read(name));
 }
+
+template <class T>
+bool parse_number(std::string_view text, T& out) {
+  if (text.empty()) return false;
+  if constexpr (std::is_floating_point_v<T>) {
+    const std::string copy(text);  // strtod needs a terminated string
+    char* end = nullptr;
+    out = std::strtod(copy.c_str(), &end);
+    return end == copy.c_str() + copy.size();
+  } else {
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+    return ec == std::errc() && end == text.data() + text.size();
+  }
+}
+
+template <class T>
+T metadata_number(const Metadata& metadata, const std::string& key, const std::string& path, const char* who) {
+  const auto it = metadata.find(key);
+  ZG_CHECK(it != metadata.end(), who, ": ", path, " has no '", key, "' in its metadata");
+  T value{};
+  ZG_CHECK(parse_number(it->second, value), who, ": ", path, ": metadata '", key, "' = '", it->second, "' is not ",
+           std::is_floating_point_v<T> ? "a number" : std::is_signed_v<T> ? "an integer" : "a non-negative integer");
+  return value;
+}
+
+#define ZG_INSTANTIATE(T)                                  \
+  template bool parse_number<T>(std::string_view, T&);     \
+  template T metadata_number<T>(const Metadata&, const std::string&, const std::string&, const char*);
+ZG_INSTANTIATE(int64_t)
+ZG_INSTANTIATE(uint64_t)
+ZG_INSTANTIATE(double)
+#undef ZG_INSTANTIATE
 
 }  // namespace zg

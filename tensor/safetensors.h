@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,14 @@ using Metadata = std::map<std::string, std::string>;
 // fsync of the folder. Tensors may live on any device with data (not meta).
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const Metadata& metadata = {});
+
+// Numbers in metadata are text (the format's rule). parse_number reads all of `text`
+// as a T (int64_t, uint64_t or double) and says whether it was one; metadata_number looks
+// `key` up and parses it, or throws a zg::Error naming `who`, the file and the key.
+template <class T>
+bool parse_number(std::string_view text, T& out);
+template <class T>
+T metadata_number(const Metadata& metadata, const std::string& key, const std::string& path, const char* who);
 
 class SafetensorsFile {
  public:

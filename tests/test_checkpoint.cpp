@@ -263,7 +263,11 @@ TEST_CASE("a checkpoint whose step or loss scale is out of range is refused befo
   for (const std::string& name : file.names()) tensors.emplace_back(name, file.read(name));
   const std::vector<float> master = t.flat->master.to_vector<float>();
   for (const auto& [key, value, message] :
-       {std::tuple{"step", "-3", "'step' = -3 is negative"}, std::tuple{"loss_scale", "0", "loss_scale = 0"},
+       {std::tuple{"step", "-3", "'step' = -3 is not a count"},
+        std::tuple{"step", "9223372036854775807", "is not a count of updates that can go on"},
+        std::tuple{"step", "12abc", "metadata 'step' = '12abc' is not an integer"},
+        std::tuple{"rng_seed", "-1", "metadata 'rng_seed' = '-1' is not a non-negative integer"},
+        std::tuple{"loss_scale", "1e-320", "loss_scale = 9.99989e-321"}, std::tuple{"loss_scale", "0", "loss_scale = 0"},
         std::tuple{"loss_scale", "nan", "loss_scale = nan"}, std::tuple{"loss_scale_good_steps", "-1", "= -1"}}) {
     INFO(key << " = " << value);
     Metadata meta = file.metadata();

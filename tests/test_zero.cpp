@@ -327,6 +327,93 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
 
 namespace zg::test {
 
+TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused before anything changes") {
+  // Before (found by fuzzing): a checkpoint of a bigger vocabulary loaded without a word,
+  // i64 pieces were converted, overlapping pieces counted twice, files of two saves mixed,
+  // bad names gave "stoll", and a bad step threw after the weights had been overwritten.
+  const std::string dir = "/tmp/zg_test_bad_sharded_" + std::to_string(::getpid());
+  const std::string file0 = dir + "/rank-00000-of-00002.safetensors", file1 = dir + "/rank-00001-of-00002.safetensors";
+  const auto config = [](int64_t vocab) {
+    nn::GPTConfig c = zero_config();
+    c.vocab_size = vocab;
+    return c;
+  };
+  const int64_t vocab = zero_config().vocab_size;
+  dist::run_local(2, [&](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(config(vocab));
+    dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 1, .compute_dtype = DType::f32});
+    sharded.save(dir);
+  });
+  // Rewrites one file of the save: its tensors through `tensors`, its metadata through `meta`.
+  const auto rewrite = [](const std::string& path, auto tensors, auto meta) {
+    const SafetensorsFile file(path);
+    std::vector<std::pair<std::string, Tensor>> content;
+    for (const std::string& name : file.names()) content.emplace_back(name, file.read(name));
+    Metadata metadata = file.metadata();
+    tensors(content);
+    meta(metadata);
+    save_safetensors(path, content, metadata);
+  };
+  const auto same = [](auto&) {};
+  const auto attempt = [&](int64_t model_vocab) {
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      manual_seed(9);
+      nn::GPT model(config(model_vocab));
+      // Stage 1: each rank checks only its own slice's coverage; either all load or none.
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 1, .compute_dtype = DType::f32});
+      nn::NamedTensors before;
+      for (const auto& [name, p] : sharded.gathered_master()) before.emplace_back(name, p.clone());
+      std::string error;
+      try {
+        sharded.load(dir);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      const double changed = max_difference(sharded.gathered_master(), before);  // a collective: every rank
+      if (error.empty()) return;
+      CHECK(changed == 0);  // refused: on every rank, nothing changed
+      throw Error(error);
+    });
+  };
+  CHECK_THROWS_WITH_AS(attempt(vocab - 2), doctest::Contains("a checkpoint of another model"), Error);
+  // Only rank 0's slice misses the extra rows: rank 1 agrees not to load either, and
+  // run_local reports whichever error came first.
+  CHECK_THROWS_WITH_AS(attempt(vocab + 2), doctest::Contains("nothing was loaded, on any rank"), Error);
+  attempt(vocab);  // the undamaged save loads
+
+  const std::string backup = dir + "/backup";
+  std::filesystem::copy_file(file0, backup);
+  const auto restore = [&] { std::filesystem::copy_file(backup, file0, std::filesystem::copy_options::overwrite_existing); };
+  struct Damage {
+    std::string what;
+    std::function<void(std::vector<std::pair<std::string, Tensor>>&)> tensors;
+    std::function<void(Metadata&)> meta;
+    std::string message;
+  };
+  const std::vector<Damage> damages = {
+      {"another save's step", same, [](Metadata& m) { m["step"] = "7"; }, "the files come from different saves"},
+      {"a step that is not a number", same, [](Metadata& m) { m["step"] = "x"; }, "metadata 'step' = 'x' is not an integer"},
+      {"a negative seed", same, [](Metadata& m) { m["rng_seed"] = "-1"; }, "is not a non-negative integer"},
+      {"the wrong rank", same, [](Metadata& m) { m["rank"] = "1"; }, "says it is rank 1 of 2"},
+      {"an unknown parameter", [](auto& t) { t.front().first = "master/no.such.weight/0"; }, [](Metadata&) {},
+       "the model has no parameter 'no.such.weight'"},
+      {"a name without an offset", [](auto& t) { t.front().first = "master/transformer.wte.weight/x"; }, [](Metadata&) {},
+       "is not named <role>/<parameter>/<first element>"},
+      {"an integer piece", [](auto& t) { t.front().second = t.front().second.to(DType::i64); }, [](Metadata&) {},
+       "expected a 1-D floating piece"},
+      {"an overlapping copy", [](auto& t) { t.push_back({t.front().first.substr(0, t.front().first.rfind('/')) + "/1", t.front().second.narrow(0, 0, 1).clone()}); },
+       [](Metadata&) {}, "overlap"},
+  };
+  for (const Damage& d : damages) {
+    INFO(d.what);
+    rewrite(file0, d.tensors, d.meta);
+    CHECK_THROWS_WITH_AS(attempt(vocab), doctest::Contains(d.message.c_str()), Error);
+    restore();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a model outlives its ShardedModel: the hooks left behind do nothing") {
   dist::run_local(2, [](dist::ProcessGroup& pg) {
     manual_seed(1);
