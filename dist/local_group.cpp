@@ -1,6 +1,7 @@
 #include "dist/local_group.h"
 
 #include <algorithm>
+#include <system_error>
 #include <thread>
 
 #include "tensor/backend.h"
@@ -193,32 +194,40 @@ void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, Loc
   std::vector<bool> root_cause(world_size, false);
   std::mutex errors_mutex;
   bool first_failure_seen = false;
+  const auto fail_rank = [&](int r, const std::string& error) {
+    {
+      std::lock_guard lock(errors_mutex);
+      errors[r] = error;
+      if (!first_failure_seen) root_cause[r] = first_failure_seen = true;
+    }
+    hub->abort(r, error);
+  };
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] {
-      Context context(r);
-      ContextGuard guard(context);
-      std::string error;
-      {
-        LocalGroup group(hub, r);
+    try {
+      threads.emplace_back([&, r] {
+        std::string error;
         try {
-          fn(group);
-        } catch (const std::exception& e) {
-          error = e.what();
-        } catch (...) {  // nothing may escape a thread's body: it would end the process
-          error = "an exception that is not a std::exception";
-        }
-        if (!error.empty()) {
-          {
-            std::lock_guard lock(errors_mutex);
-            errors[r] = error;
-            if (!first_failure_seen) root_cause[r] = first_failure_seen = true;
+          Context context(r);
+          ContextGuard guard(context);
+          LocalGroup group(hub, r);
+          try {
+            fn(group);
+          } catch (const std::exception& e) {
+            error = e.what();
+          } catch (...) {  // nothing may escape a thread's body: it would end the process
+            error = "an exception that is not a std::exception";
           }
-          hub->abort(r, error);
-        }
-      }  // the group's worker has run this rank's queued collectives
-      if (error.empty()) hub->depart(r);
-    });
+          if (!error.empty()) fail_rank(r, error);
+        } catch (const std::exception& e) {  // the rank's context or group could not be made, or went wrong
+          if (error.empty()) fail_rank(r, error = e.what());
+        }  // the group's worker has run this rank's queued collectives
+        if (error.empty()) hub->depart(r);
+      });
+    } catch (const std::system_error& e) {  // no thread for rank r: the started ranks must not wait for it
+      fail_rank(r, std::string("could not start its thread: ") + e.what());
+      break;
+    }
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < world_size; ++r)

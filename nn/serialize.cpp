@@ -17,6 +17,7 @@ Metadata load_state(Module& module, const std::string& path, bool strict) {
   std::set<std::string> expected;
   for (const auto& [name, t] : state) {
     ZG_CHECK(file.contains(name), "load_state: ", path, " has no tensor '", name, "'");
+    file.check_readable_into(name, t);  // all checked before anything is overwritten
     expected.insert(name);
   }
   if (strict)

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -71,13 +72,21 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     header[name] = {{"dtype", format_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
-  std::string json = header.dump();
+  std::string json;
+  try {
+    json = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    fail("save_safetensors: ", path, ": a tensor name or metadata entry is not valid UTF-8, which the JSON header needs (",
+         e.what(), ")");
+  }
   json.append((8 - json.size() % 8) % 8, ' ');  // pad so the data starts 8-byte aligned
   const uint64_t length = json.size();
   char length_bytes[8];
   for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<char>((length >> (8 * i)) & 0xff);
 
-  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  // A temporary name of its own per call: threads saving to one path must not share it.
+  static std::atomic<uint64_t> saves{0};
+  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(saves++);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   ZG_CHECK(fd >= 0, "save_safetensors: cannot create ", temp, ": ", errno_text());
   try {
@@ -241,14 +250,18 @@ Tensor SafetensorsFile::read(const std::string& name) const {
 }
 
 void SafetensorsFile::read_into(const std::string& name, const Tensor& destination) const {
+  check_readable_into(name, destination);
+  NoGradGuard no_grad;
+  Tensor(destination).copy_(read(name));
+}
+
+void SafetensorsFile::check_readable_into(const std::string& name, const Tensor& destination) const {
   const Entry& e = entry(name);
   ZG_CHECK(e.shape == destination.shape(), "safetensors ", path_, ": tensor '", name, "' has shape ",
            shape_str(e.shape), ", expected ", shape_str(destination.shape()));
   ZG_CHECK(e.dtype == destination.dtype() || (is_floating(e.dtype) && is_floating(destination.dtype())),
            "safetensors ", path_, ": tensor '", name, "' is ", format_name(e.dtype), ", expected ",
            format_name(destination.dtype()));
-  NoGradGuard no_grad;
-  Tensor(destination).copy_(read(name));
 }
 
 template <class T>

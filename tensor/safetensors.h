@@ -54,6 +54,9 @@ class SafetensorsFile {
   Tensor read(const std::string& name) const;  // a new CPU tensor
   // Reads into an existing tensor of the same shape (any device); floating dtypes convert.
   void read_into(const std::string& name, const Tensor& destination) const;
+  // What read_into checks first (shape, and dtype: the same or both floating): call it for
+  // every tensor before reading any, so a mismatch leaves every destination as it was.
+  void check_readable_into(const std::string& name, const Tensor& destination) const;
 
  private:
   std::string path_;

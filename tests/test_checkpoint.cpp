@@ -111,6 +111,15 @@ TEST_CASE("module state round trip, dtype conversion on load, and mismatches") {
   nn::GPT c(other);
   CHECK_THROWS_WITH_AS(nn::load_state(c, path),
                        doctest::Contains("tensor 'transformer.wte.weight' has shape [64, 32], expected [64, 16]"), Error);
+  // A mismatch further down (the position table) leaves every tensor as it was; before,
+  // wte was already overwritten when wpe was found not to fit.
+  nn::GPTConfig shorter = tiny_config();
+  shorter.block_size /= 2;
+  manual_seed(10);
+  nn::GPT d(shorter);
+  const std::vector<float> wte_before = d.wte->weight.view({-1}).to_vector<float>();
+  CHECK_THROWS_WITH_AS(nn::load_state(d, path), doctest::Contains("tensor 'transformer.wpe.weight' has shape"), Error);
+  CHECK(d.wte->weight.view({-1}).to_vector<float>() == wte_before);
   nn::Linear lin(2, 2);
   CHECK_THROWS_WITH_AS(nn::load_state(lin, path), doctest::Contains("has no tensor 'weight'"), Error);
   std::remove(path.c_str());
@@ -229,6 +238,9 @@ TEST_CASE("damaged files each give a zg::Error") {
   CHECK(SafetensorsFile(path).read("a").numel() == 2);
   CHECK_THROWS_WITH_AS(SafetensorsFile(path).read("b"), doctest::Contains("no tensor named 'b'"), Error);
   CHECK_THROWS_WITH_AS(SafetensorsFile("/nonexistent/x.safetensors"), doctest::Contains("cannot open the file"), Error);
+  // A name that is not UTF-8 cannot go into the JSON header: a zg::Error (was a json exception).
+  CHECK_THROWS_WITH_AS(save_safetensors(path, {{std::string("bad\xff"), zeros({1})}}),
+                       doctest::Contains("is not valid UTF-8"), Error);
   // A BOOL byte other than 0 or 1 is found when the tensor is read, by its file offset.
   const std::string bool_header = R"({"m":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})";
   write_bytes(path, raw_file(bool_header, std::string("\0\1\2", 3)));
