@@ -76,6 +76,11 @@ Block Allocator::allocate(int64_t bytes, MemoryCategory category) {
   Block block{nullptr, bytes, category};
   if (bytes == 0) return block;
   std::lock_guard lock(mutex_);
+  // The byte counters stay far from int64's end (a meta dry run can ask for anything):
+  // no device holds 2^61 bytes, so a request that would take them past it is out of memory.
+  constexpr int64_t kMostBytes = int64_t{1} << 61;
+  if (bytes > kMostBytes - stats_.reserved || bytes > kMostBytes - stats_.allocated_total)
+    throw_out_of_memory(bytes, category, "more than 2^61 bytes in all, more than any device holds");
   block.ptr = acquire(bytes, category);
   const int c = static_cast<int>(category);
   stats_.allocated[c] += bytes;

@@ -41,6 +41,13 @@ TEST_CASE("meta allocations are counted exactly without being backed") {
   }
   CHECK(memory_stats(kMeta)[MemoryCategory::parameter] == 0);
   CHECK(memory_stats(kMeta).peak_of(MemoryCategory::parameter) == 30'000'000'000);
+
+  // Counts that would overflow int64 are out of memory, not negative figures (found by fuzzing).
+  const TensorOptions meta = TensorOptions(DType::f32).device(kMeta);
+  const Tensor huge = empty({int64_t{1} << 58}, meta);  // 2^60 bytes: counted
+  CHECK_THROWS_WITH_AS(empty({int64_t{1} << 59}, meta), doctest::Contains("more than 2^61 bytes in all"), OutOfMemory);
+  CHECK(memory_stats(kMeta).allocated_total == int64_t{1} << 60);
+  CHECK(memory_stats(kMeta).peak_total >= int64_t{1} << 60);
 }
 
 TEST_CASE("meta tensors have no data to read") {
