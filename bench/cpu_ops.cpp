@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/safetensors.h"  // parse_number
 #include "zerograd.h"
 
 using namespace zg;
@@ -40,7 +41,13 @@ int main(int argc, char** argv) {
   int repeat = 5;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) json = true;
-    else if (std::strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
+    else if (int64_t n = 0; std::strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
+      if (!parse_number(argv[++i], n) || n < 1 || n > 1000000) {
+        std::fprintf(stderr, "cpu_ops: --repeat needs a whole number in [1, 1000000], got '%s'\n", argv[i]);
+        return 2;
+      }
+      repeat = static_cast<int>(n);
+    }
     else {
       std::printf("usage: cpu_ops [--json] [--repeat N]\n");
       return std::strcmp(argv[i], "--help") == 0 ? 0 : 2;

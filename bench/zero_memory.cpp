@@ -151,25 +151,21 @@ int main(int argc, char** argv) {
         ZG_CHECK(i + 1 < argc, "zero_memory: ", a, " needs a value");
         return argv[++i];
       };
-      auto number = [&]() -> int64_t {
+      auto number = [&](int64_t least, int64_t most) -> int64_t {
         const std::string v = value();
-        size_t used = 0;
         int64_t n = 0;
-        try {
-          n = std::stoll(v, &used);
-        } catch (const std::exception&) {
-        }
-        ZG_CHECK(!v.empty() && used == v.size(), "zero_memory: ", a, " needs a whole number, got '", v, "'");
+        ZG_CHECK(parse_number(v, n) && n >= least && n <= most, "zero_memory: ", a, " needs a whole number in [",
+                 least, ", ", most, "], got '", v, "'");
         return n;
       };
       if (a == "--model") model_name = value();
-      else if (a == "--world-size") world = static_cast<int>(number());
+      else if (a == "--world-size") world = static_cast<int>(number(1, 1 << 20));
       else if (a == "--stage") stage_arg = value();
       else if (a == "--device") device_arg = value();
       else if (a == "--group") group_arg = value();
-      else if (a == "--steps") steps = static_cast<int>(number());
-      else if (a == "--batch") batch = number();
-      else if (a == "--seq") seq = number();
+      else if (a == "--steps") steps = static_cast<int>(number(1, 1 << 20));
+      else if (a == "--batch") batch = number(1, INT64_MAX);
+      else if (a == "--seq") seq = number(1, INT64_MAX);
       else if (a == "--json") json = true;
       else {
         usage();

@@ -66,34 +66,39 @@ bool parse(int argc, char** argv, Flags& f) {
       ZG_CHECK(i + 1 < argc, "train_gpt: ", a, " needs a value");
       return argv[++i];
     };
-    auto number = [&]() {
+    auto number = [&]() {  // a real number: --lr, --dropout
       const std::string v = value();
-      size_t used = 0;
       double x = 0;
-      try {
-        x = std::stod(v, &used);
-      } catch (...) {
-      }
-      ZG_CHECK(used == v.size() && !v.empty(), "train_gpt: ", a, " expects a number, got '", v, "'");
+      ZG_CHECK(parse_number(v, x), "train_gpt: ", a, " expects a number, got '", v, "'");
       return x;
+    };
+    auto count = [&](int64_t least) {  // a whole number >= least: sizes, steps
+      const std::string v = value();
+      int64_t n = 0;
+      ZG_CHECK(parse_number(v, n) && n >= least, "train_gpt: ", a, " expects a whole number >= ", least, ", got '", v,
+               "'");
+      return n;
     };
     if (a == "--help") return false;
     else if (a == "--data") f.data = value();
-    else if (a == "--steps") f.steps = static_cast<int64_t>(number());
-    else if (a == "--batch") f.batch = static_cast<int64_t>(number());
-    else if (a == "--seq") f.seq = static_cast<int64_t>(number());
-    else if (a == "--layers") f.layers = static_cast<int64_t>(number());
-    else if (a == "--heads") f.heads = static_cast<int64_t>(number());
-    else if (a == "--embd") f.embd = static_cast<int64_t>(number());
+    else if (a == "--steps") f.steps = count(1);
+    else if (a == "--batch") f.batch = count(1);
+    else if (a == "--seq") f.seq = count(2);
+    else if (a == "--layers") f.layers = count(1);
+    else if (a == "--heads") f.heads = count(1);
+    else if (a == "--embd") f.embd = count(1);
     else if (a == "--lr") f.lr = number(), f.min_lr = f.lr / 10;
     else if (a == "--dtype") f.dtype = value();
     else if (a == "--device") f.device = value();
     else if (a == "--checkpointing") f.checkpointing = true;
     else if (a == "--dropout") f.dropout = number();
     else if (a == "--save") f.save = value();
-    else if (a == "--save-every") f.save_every = static_cast<int64_t>(number());
+    else if (a == "--save-every") f.save_every = count(0);
     else if (a == "--resume") f.resume = value();
-    else if (a == "--seed") f.seed = static_cast<uint64_t>(number());
+    else if (a == "--seed") {
+      const std::string v = value();
+      ZG_CHECK(parse_number(v, f.seed), "train_gpt: --seed expects a whole number >= 0, got '", v, "'");
+    }
     else fail("train_gpt: unknown flag ", a, " (see --help)");
   }
   ZG_CHECK(f.steps > 0 && f.batch > 0 && f.seq > 1, "train_gpt: --steps, --batch must be positive and --seq > 1");
@@ -154,7 +159,8 @@ int run(const Flags& f) {
   optim::GradScaler scaler({65536.0, 2.0, 0.5, 2000, compute == DType::f16});
   if (!f.resume.empty()) {
     const Metadata meta = optim::load_checkpoint(f.resume, params, adamw, &scaler);
-    if (meta.count("data_position")) data.position = std::stoll(meta.at("data_position"));
+    if (meta.count("data_position"))
+      data.position = metadata_number<int64_t>(meta, "data_position", f.resume, "train_gpt");
     std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(adamw.steps()));
   }
   std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s compute on %s; %zu bytes of text\n",

@@ -38,6 +38,18 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
   const std::string out = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --dtype f8 2>&1", status);
   CHECK(status != 0);
   CHECK(out.find("--dtype must be f32, bf16 or f16, got f8") != std::string::npos);
+  // Numbers are whole and in range (before: --steps 1.5 ran 1 step, --seed -1 was undefined
+  // behaviour, --save-every -3 was taken).
+  for (const auto& [flags, message] :
+       {std::pair{"--steps 1.5", "--steps expects a whole number >= 1, got '1.5'"},
+        std::pair{"--seed -1", "--seed expects a whole number >= 0, got '-1'"},
+        std::pair{"--save-every -3", "--save-every expects a whole number >= 0, got '-3'"},
+        std::pair{"--lr fast", "--lr expects a number, got 'fast'"}}) {
+    INFO(flags);
+    const std::string bad = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt " + flags + " 2>&1", status);
+    CHECK(status != 0);
+    CHECK(bad.find(message) != std::string::npos);
+  }
 }
 
 TEST_CASE("the README's write-your-own-model example trains") {
