@@ -182,8 +182,6 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   ZG_CHECK(!unsynced_, "ShardedModel: step() after a backward with gradient sync off: its gradients were never "
            "reduced across ranks; turn sync on (set_gradient_sync(true)) for the last micro-batch");
   finish_reductions();
-  if (config_.stage == 1)  // stage 1 sums across ranks (gradient_reduction.cpp): the average is taken here
-    for (auto& unit : units_) unit->grad_shard.mul_(1.0 / group_.size());
   // The global norm: each rank's share of the squared norm, summed on its device, then
   // across ranks, and read once (the step's one host wait: the scaler and StepResult
   // need it). The meta device has no values: a dry run counts bytes only.
@@ -193,7 +191,10 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
     for (auto& unit : units_) total = total + sum_of_squares(unit->grad_shard).to(DType::f64);
   if (!group_.accepts(total.device())) total = total.to(kCPU);  // mpi: host tensors only
   group_.all_reduce(total, ReduceKind::sum);
-  const double inv_scale = scaler ? scaler->inv_scale() : 1.0;
+  // What the gradients are multiplied by before use: 1 / loss scale, and for stage 1 the
+  // 1 / N its summed reduction leaves to the step (gradient_reduction.cpp) -- folded into
+  // the norm and the update, so no pass over the gradients takes the average.
+  const double inv_scale = (scaler ? scaler->inv_scale() : 1.0) / (config_.stage == 1 ? group_.size() : 1);
   StepResult result{std::sqrt(total.item<double>()) * inv_scale, true};
   const bool finite = std::isfinite(result.grad_norm);
   result.stepped = scaler ? scaler->update(!finite) : finite;

@@ -9,42 +9,32 @@
 #include <limits>
 #include <type_traits>
 
-#if defined(__CUDACC__)
-#define ZG_HOST_DEVICE __host__ __device__
-#else
-#define ZG_HOST_DEVICE
-#endif
+#include "tensor/host_device.h"
 
 namespace zg {
 
 // The arithmetic is done in the unsigned type, where it wraps by definition, and
-// converted back, which C++20 defines as modulo 2^bits.
-template <class T>
-ZG_HOST_DEVICE constexpr T wrapping_add(T a, T b) {
+// converted back, which C++20 defines as modulo 2^bits. Floats go through as they are.
+template <class T, class Op>
+ZG_HOST_DEVICE constexpr T wrapping(T a, T b, Op op) {
   if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
     using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+    return static_cast<T>(op(static_cast<U>(a), static_cast<U>(b)));
   } else {
-    return a + b;
+    return op(a, b);
   }
+}
+template <class T>
+ZG_HOST_DEVICE constexpr T wrapping_add(T a, T b) {
+  return wrapping(a, b, [](auto x, auto y) { return x + y; });
 }
 template <class T>
 ZG_HOST_DEVICE constexpr T wrapping_sub(T a, T b) {
-  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
-  } else {
-    return a - b;
-  }
+  return wrapping(a, b, [](auto x, auto y) { return x - y; });
 }
 template <class T>
 ZG_HOST_DEVICE constexpr T wrapping_mul(T a, T b) {
-  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-  } else {
-    return a * b;
-  }
+  return wrapping(a, b, [](auto x, auto y) { return x * y; });
 }
 template <class T>
 ZG_HOST_DEVICE constexpr T wrapping_neg(T a) {

@@ -11,11 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ZG_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define ZG_HOST_DEVICE inline
-#endif
+#include "tensor/host_device.h"
 
 namespace zg::philox {
 
