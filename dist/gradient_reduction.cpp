@@ -113,7 +113,7 @@ void ShardedModel::reduce_bucket(Unit& unit, Bucket& bucket) {
       if (!unit.grad_full.defined()) return;
       // The Work holds the full gradient until the collective is done; nothing else does.
       const Tensor buffer = in_reduce_dtype(unit.grad_full, dtype);
-      for (const auto& e : unit.entries) e.param.set_grad(Tensor());
+      for (const auto& e : unit.entries) point_grad(e.param, Tensor());
       unit.grad_full = Tensor();
       const Tensor mine = communication_buffer(shard, dtype, buffer.device());
       job.work = group_.reduce_scatter_async(buffer, mine, ReduceKind::average);

@@ -45,7 +45,7 @@ void ShardedModel::plan_uses(const UnitPlan& plan,
 }
 
 void ShardedModel::hook_use(size_t index) {
-  const std::weak_ptr<int> alive = alive_;
+  const std::weak_ptr<ParameterOwner> alive = this->alive();
   for (nn::Module* module : uses_[index].modules) {
     module->register_forward_pre_hook([this, index, alive](nn::Module&, const Tensor& input) {
       if (alive.expired()) return Tensor();

@@ -86,9 +86,15 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
     buckets_total_ += unit->buckets.size();
   }
   for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
+  for (auto& unit : units_)
+    for (const auto& e : unit->entries) own(e.param, e.name);
 }
 
 ShardedModel::~ShardedModel() = default;
+
+std::string ShardedModel::describe() const {
+  return config_.stage == 0 ? "a DDP (stage 0) ShardedModel" : "a ZeRO-" + std::to_string(config_.stage) + " ShardedModel";
+}
 
 void ShardedModel::build_unit(Unit& unit) {
   NoGradGuard no_grad;
@@ -116,8 +122,8 @@ void ShardedModel::build_unit(Unit& unit) {
     unit.compute_full.copy_(values);
   }
   for (const auto& e : unit.entries) {
-    e.param.set_data(view_of(unit.compute_full, e));
-    e.param.set_grad(Tensor());
+    point_data(e.param, view_of(unit.compute_full, e));
+    point_grad(e.param, Tensor());
   }
 
   const Tensor& master_source = stage == 0 ? values : my_slice(values);
@@ -132,21 +138,21 @@ void ShardedModel::build_unit(Unit& unit) {
 
   if (stage < 2) {
     unit.grad_full = allocate({unit.padded}, compute, device, MemoryCategory::gradient, true);
-    for (const auto& e : unit.entries) e.param.set_grad(view_of(unit.grad_full, e));
+    for (const auto& e : unit.entries) point_grad(e.param, view_of(unit.grad_full, e));
     unit.grad_shard = my_slice(unit.grad_full);
   } else {
     unit.grad_shard = allocate({unit.shard}, compute, device, MemoryCategory::gradient, true);
   }
 
   Unit* u = &unit;
-  const std::weak_ptr<int> alive = alive_;
+  const std::weak_ptr<ParameterOwner> alive = this->alive();
   if (stage >= 2)
     for (const auto& e : unit.entries)
       // Before the first gradient of this unit lands: one zeroed full buffer, the params' grads views into it.
       e.param.register_hook([u, compute, device, alive](const Tensor&) {
         if (!alive.expired() && !u->grad_full.defined()) {
           u->grad_full = allocate({u->padded}, compute, device, MemoryCategory::gradient, true);
-          for (const auto& member : u->entries) member.param.set_grad(view_of(u->grad_full, member));
+          for (const auto& member : u->entries) point_grad(member.param, view_of(u->grad_full, member));
         }
         return Tensor();
       });
@@ -165,7 +171,7 @@ void ShardedModel::zero_grad() {
       unit->grad_full.zero_();
     } else {
       unit->grad_shard.zero_();
-      for (const auto& e : unit->entries) e.param.set_grad(Tensor());
+      for (const auto& e : unit->entries) point_grad(e.param, Tensor());
       unit->grad_full = Tensor();  // a backward that never completed
     }
     for (Bucket& bucket : unit->buckets) bucket.arrived = 0;

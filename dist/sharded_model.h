@@ -39,6 +39,7 @@
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
+#include "tensor/autograd.h"
 #include "tensor/safetensors.h"
 
 namespace zg::dist {
@@ -79,13 +80,16 @@ struct StepResult {
   bool stepped = true;   // false when the gradients held inf/NaN (the step was skipped)
 };
 
-class ShardedModel {
+class ShardedModel final : public ParameterOwner {
  public:
   // Every rank must pass the same model (same initial values: seed every rank alike).
+  // While it lives it is the parameters' ParameterOwner: the model's zero_grad() calls
+  // this one's, and moving the parameters elsewhere (Module::to, load_state) is refused.
+  // Destroyed, it leaves stages 0-2's parameters holding the compute weights; ZeRO-3's
+  // are left unmaterialized (each rank held a shard), so save or export first.
   ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config);
-  ~ShardedModel();
-  ShardedModel(const ShardedModel&) = delete;
-  ShardedModel& operator=(const ShardedModel&) = delete;
+  ~ShardedModel() override;
+  std::string describe() const override;  // "a ZeRO-2 ShardedModel"
 
   // Call before each forward: with ZeRO-3 it frees units left gathered by an earlier
   // forward that had no backward, and gathers a root unit that has no modules in the plan.
@@ -95,7 +99,8 @@ class ShardedModel {
   // after a backward whose gradients were never reduced). Leaving it on for every
   // micro-batch is correct too, at the cost of a reduction per micro-batch.
   void set_gradient_sync(bool sync) { sync_ = sync; }
-  void zero_grad();
+  // Also what the model's Module::zero_grad() calls (ParameterOwner).
+  void zero_grad() override;
   // Norm (reduced across ranks), inf/NaN check, clipping, AdamW on the local slices,
   // then (stages 1, 2) all-gather of the updated compute weights.
   StepResult step(double lr, optim::GradScaler* scaler = nullptr);
@@ -156,9 +161,6 @@ class ShardedModel {
   bool sync_ = true;
   bool unsynced_ = false;  // stages 0, 1: the last backward kept its gradients local (sync off)
   int64_t step_ = 0;
-  // The hooks left on the model's parameters and modules hold a weak reference to this:
-  // after the ShardedModel is gone they do nothing.
-  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 
 // A GPT's plan: units transformer.h.0 ... transformer.h.{n_layer-1}; the root (tied

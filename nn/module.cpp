@@ -2,6 +2,7 @@
 
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <typeinfo>
 
@@ -128,6 +129,10 @@ void Module::apply(const std::function<void(const std::string&, Module&)>& fn) {
 }
 
 void Module::convert(const std::function<Tensor(const Tensor&)>& fn) {
+  for (const auto& [name, p] : named_parameters())
+    if (const ParameterOwner* owner = ParameterOwner::of(p))
+      fail("to: parameter '", name, "' lives in the flat buffers of ", owner->describe(),
+           ", which would not follow it; move or convert the model before building that");
   NoGradGuard no_grad;
   for (auto& [_, m] : named_modules()) {
     for (auto& [name, p] : m->parameters_) {
@@ -147,8 +152,28 @@ void Module::to(DType dtype) {
   convert([dtype](const Tensor& t) { return is_floating(t.dtype()) ? t.to(dtype) : t; });
 }
 
+// A parameter in flat buffers (FlatParameters, ShardedModel) keeps its .grad view: its
+// owner zeroes its whole gradient buffer, so this module must hold all of the owner's
+// parameters, not a part of them.
 void Module::zero_grad() {
-  for (const Tensor& p : parameters()) p.set_grad(Tensor());
+  std::vector<Tensor> unowned;
+  std::vector<std::pair<ParameterOwner*, int64_t>> owners;  // each with how many of its parameters are here
+  for (const Tensor& p : parameters()) {
+    ParameterOwner* owner = ParameterOwner::of(p);
+    if (owner == nullptr) {
+      unowned.push_back(p);
+      continue;
+    }
+    auto seen = std::find_if(owners.begin(), owners.end(), [&](const auto& o) { return o.first == owner; });
+    if (seen == owners.end()) owners.emplace_back(owner, 1);
+    else ++seen->second;
+  }
+  for (const auto& [owner, count] : owners)
+    ZG_CHECK(count == owner->num_owned(), "zero_grad: this module has ", count, " of the ", owner->num_owned(),
+             " parameters in the flat buffers of ", owner->describe(), ", which are zeroed whole; call zero_grad() on "
+             "the model it was built on");
+  for (const Tensor& p : unowned) p.set_grad(Tensor());
+  for (const auto& [owner, _] : owners) owner->zero_grad();
 }
 
 }  // namespace zg::nn

@@ -51,12 +51,14 @@ class Module {
   bool is_training() const { return training_; }
 
   // Moves or converts every parameter and buffer in place: the Tensor handles held
-  // elsewhere (an optimizer, a hook) see the new data. to(dtype) converts floating
-  // tensors only.
+  // elsewhere (a hook) see the new data. to(dtype) converts floating tensors only.
+  // Refused once the parameters live in a FlatParameters' or ShardedModel's buffers.
   void to(Device device);
   void to(DType dtype);
   void apply(const std::function<void(const std::string& path, Module& module)>& fn);
-  void zero_grad();  // drops every parameter's .grad
+  // Drops every parameter's .grad -- or, for parameters in the flat buffers of a
+  // FlatParameters or a ShardedModel, has that owner zero its gradients (the views stay).
+  void zero_grad();
 
   using ForwardPreHook = std::function<Tensor(Module&, const Tensor& input)>;  // defined result replaces input
   using ForwardHook = std::function<Tensor(Module&, const Tensor& input, const Tensor& output)>;  // ... output

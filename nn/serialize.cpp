@@ -2,10 +2,15 @@
 
 #include <set>
 
+#include "tensor/autograd.h"
+
 namespace zg::nn {
 
 void save_state(const Module& module, const std::string& path, const Metadata& metadata) {
   NamedTensors state = module.named_parameters();
+  for (const auto& [name, p] : state)
+    ZG_CHECK(!p.storage()->is_released(), "save_state: parameter '", name, "' is not materialized (ZeRO-3 keeps only "
+             "a shard per rank); save with ShardedModel::save or export_consolidated");
   for (auto& entry : module.named_buffers()) state.push_back(entry);
   save_safetensors(path, state, metadata);
 }
@@ -16,6 +21,10 @@ Metadata load_state(Module& module, const std::string& path, bool strict) {
   for (auto& entry : module.named_buffers()) state.push_back(entry);
   std::set<std::string> expected;
   for (const auto& [name, t] : state) {
+    if (const ParameterOwner* owner = ParameterOwner::of(t))
+      fail("load_state: parameter '", name, "' lives in the flat buffers of ", owner->describe(), ", whose master weights "
+           "would overwrite what is loaded at the next step; load before building that (or resume with "
+           "ShardedModel::load or optim::load_checkpoint)");
     ZG_CHECK(file.contains(name), "load_state: ", path, " has no tensor '", name, "'");
     file.check_readable_into(name, t);  // all checked before anything is overwritten
     expected.insert(name);

@@ -28,6 +28,8 @@ void check_packable(const char* who, const nn::NamedTensors& parameters) {
              "; only floating parameters are trained");
     ZG_CHECK(p.device() == device, who, ": parameter '", name, "' is on ", p.device().str(), ", '",
              parameters.front().first, "' on ", device.str());
+    if (const ParameterOwner* owner = ParameterOwner::of(p))
+      fail(who, ": parameter '", name, "' already lives in the flat buffers of ", owner->describe());
     if (p.numel() == 0) continue;
     const auto [first, last] = reach(p);
     for (size_t j = 0; j < i; ++j) {
@@ -80,8 +82,9 @@ FlatParameters::FlatParameters(const nn::NamedTensors& parameters, DType compute
     grad = zeros({total}, TensorOptions(compute_dtype).device(device));
   }
   for (const Entry& e : entries) {
-    e.param.set_data(view_of(compute, e));
-    e.param.set_grad(view_of(grad, e));
+    point_data(e.param, view_of(compute, e));
+    point_grad(e.param, view_of(grad, e));
+    own(e.param, e.name);
   }
 }
 

@@ -11,13 +11,16 @@
 // Parameters that get weight decay (rank >= 2: matrices and embeddings) come first
 // and the rest (biases, norms) after, so each group is one contiguous span. The
 // optimizer never sees a parameter tensor: it updates spans of these buffers,
-// which is what lets the dist layer hand it only a shard.
+// which is what lets the dist layer hand it only a shard. While it lives it is the
+// parameters' ParameterOwner (tensor/autograd.h): Module::zero_grad() zeroes `grad`,
+// and repointing a parameter (set_data, Module::to) is refused.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "nn/module.h"
+#include "tensor/autograd.h"
 
 namespace zg::optim {
 
@@ -26,12 +29,13 @@ DType master_dtype_for(DType compute_dtype);
 
 // What packing parameters into flat buffers needs of them, checked by FlatParameters and
 // the dist layer's ShardedModel (`who` names the caller in the error): at least one,
-// each floating, all on one device, and no two sharing memory. A weight tied by
+// each floating, all on one device, none already packed by another live owner, and no
+// two sharing memory. A weight tied by
 // registering it in two modules would be two parameters over one storage; packing
 // would quietly untie them, so it is refused -- register it once and use it twice.
 void check_packable(const char* who, const nn::NamedTensors& parameters);
 
-class FlatParameters {
+class FlatParameters final : public ParameterOwner {
  public:
   struct Entry {
     std::string name;
@@ -53,7 +57,8 @@ class FlatParameters {
   int64_t numel() const { return compute.numel(); }
   DType compute_dtype() const { return compute.dtype(); }
 
-  void zero_grad();
+  std::string describe() const override { return "a FlatParameters"; }
+  void zero_grad() override;
   // After changing `master` (a loaded checkpoint), refresh the compute copy.
   void sync_compute_from_master();
   // The slice of a flat buffer that belongs to one entry, shaped like the parameter.

@@ -139,7 +139,40 @@ const Tensor& Tensor::grad() const {
   return impl().autograd ? impl().autograd->grad : undefined;
 }
 
+namespace {
+
+// Refuses to repoint a parameter that lives in a ParameterOwner's buffers.
+void check_not_owned(const Tensor& t, const char* op) {
+  if (const ParameterOwner* owner = ParameterOwner::of(t))
+    fail(op, ": ", describe(t), " is a parameter in the flat buffers of ", owner->describe(),
+         " (its data and .grad are views into them); repointing it would detach it from what the "
+         "optimizer updates. Zero gradients with zero_grad() on the model or on the owner");
+}
+
+}  // namespace
+
+ParameterOwner* ParameterOwner::of(const Tensor& param) {
+  return param.defined() && param.impl().autograd ? param.impl().autograd->owner.lock().get() : nullptr;
+}
+
+void ParameterOwner::own(const Tensor& param, const std::string& name) {
+  const ParameterOwner* current = of(param);
+  ZG_CHECK(current == nullptr || current == this, describe(), ": parameter '", name, "' already lives in the flat buffers of ",
+           current->describe());
+  if (current == nullptr) ++owned_;
+  meta_of(param).owner = alive_;
+}
+
+void ParameterOwner::point_data(const Tensor& param, const Tensor& data) { param.set_data_unchecked(data); }
+
+void ParameterOwner::point_grad(const Tensor& param, const Tensor& grad) { param.set_grad_unchecked(grad); }
+
 void Tensor::set_grad(const Tensor& grad) const {
+  check_not_owned(*this, "set_grad");
+  set_grad_unchecked(grad);
+}
+
+void Tensor::set_grad_unchecked(const Tensor& grad) const {
   if (grad.defined())
     ZG_CHECK(grad.shape() == shape() && grad.dtype() == dtype() && grad.device() == device(),
              "set_grad: gradient ", describe(grad), " does not match the tensor ", describe(*this));
@@ -167,6 +200,11 @@ void Tensor::register_post_accumulate_grad_hook(std::function<void(const Tensor&
 }
 
 void Tensor::set_data(const Tensor& source) const {
+  check_not_owned(*this, "set_data");
+  set_data_unchecked(source);
+}
+
+void Tensor::set_data_unchecked(const Tensor& source) const {
   ZG_CHECK(source.defined(), "set_data: got an undefined tensor for ", describe(*this));
   TensorImpl& self = impl();
   const bool same_kind = source.shape() == self.shape && source.dtype() == self.dtype &&

@@ -107,6 +107,8 @@ class AccumulateGrad final : public Node {
   std::weak_ptr<TensorImpl> leaf_;
 };
 
+class ParameterOwner;  // below
+
 struct AutogradMeta {
   bool requires_grad = false;
   Tensor grad;
@@ -115,6 +117,45 @@ struct AutogradMeta {
   // Leaves keep their hooks here (non-leaves on grad_fn), so they outlive any one graph.
   std::vector<std::function<Tensor(const Tensor&)>> hooks;
   std::vector<std::function<void(const Tensor&)>> post_accumulate_hooks;
+  std::weak_ptr<ParameterOwner> owner;  // set while a FlatParameters or ShardedModel holds it
+};
+
+// ---- Parameters that live in someone else's buffers ----
+// optim::FlatParameters and dist::ShardedModel make each parameter's data, and its
+// .grad, views into flat buffers they own: backward accumulates into one buffer and
+// the optimizer updates another. Pointing such a parameter anywhere else -- set_data,
+// set_grad, Module::to, a zero_grad that drops .grad -- would leave the optimizer
+// working on buffers the model no longer reads, and training would silently stop. So
+// the owner is recorded on each of its parameters while it lives: those calls are
+// refused, and Module::zero_grad() asks the owner to zero its gradients instead.
+class ParameterOwner {
+ public:
+  ParameterOwner(ParameterOwner&) = delete;
+  ParameterOwner& operator=(ParameterOwner&) = delete;
+  virtual ~ParameterOwner() = default;
+
+  // The live owner of `param`, or nullptr.
+  static ParameterOwner* of(const Tensor& param);
+  virtual std::string describe() const = 0;  // names it in errors: "a FlatParameters"
+  virtual void zero_grad() = 0;              // every gradient it owns
+  int64_t num_owned() const { return owned_; }
+
+ protected:
+  ParameterOwner() = default;
+  // Records this as the owner of `param` (named `name` in errors); one owner at a time.
+  void own(const Tensor& param, const std::string& name);
+  // set_data and set_grad without the ownership check: the owner repointing its own.
+  static void point_data(const Tensor& param, const Tensor& data);
+  static void point_grad(const Tensor& param, const Tensor& grad);
+  // Expires when the owner is destroyed: hooks it leaves on the model hold this and do
+  // nothing after.
+  std::weak_ptr<ParameterOwner> alive() const { return alive_; }
+
+ private:
+  // Points at this object but shares the lifetime of its own control block, which only
+  // this member holds: the parameters' weak references expire exactly when it goes.
+  std::shared_ptr<ParameterOwner> alive_{std::make_shared<char>(), this};
+  int64_t owned_ = 0;
 };
 
 // The names of all differentiable ops, each registered once by the op's source

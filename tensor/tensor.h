@@ -36,6 +36,7 @@ class TensorOptions {
 };
 
 struct AutogradMeta;  // tensor/autograd.h
+class ParameterOwner;
 class Node;
 
 struct TensorImpl {
@@ -132,9 +133,14 @@ class Tensor {
   void register_post_accumulate_grad_hook(std::function<void(const Tensor&)> fn) const;
   // Shares `source`'s storage, offset, shape, strides and dtype (param.data = ... in PyTorch),
   // keeping autograd state; .grad is dropped if the shape, dtype or device changed.
+  // Both refuse a parameter that lives in a FlatParameters' or ShardedModel's flat
+  // buffers (ParameterOwner, tensor/autograd.h).
   void set_data(const Tensor& source) const;
 
  private:
+  friend class ParameterOwner;  // repoints its own parameters
+  void set_grad_unchecked(const Tensor& grad) const;
+  void set_data_unchecked(const Tensor& source) const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

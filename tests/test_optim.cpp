@@ -1,9 +1,14 @@
 // optim: AdamW against hand-computed and PyTorch values, SGD, clipping and the
 // schedule, gradient accumulation, and mixed precision (bf16 compute tracking
 // f32; f16 with the grad scaler surviving an inf).
+#include "nn/serialize.h"
 #include "optim/sgd.h"
 #include "tensor/autograd.h"
 #include "tiny_gpt.h"
+
+#include <unistd.h>
+
+#include <cstdio>
 
 namespace zg::test {
 
@@ -185,6 +190,56 @@ TEST_CASE("f16 with the grad scaler survives an injected inf: step skipped, scal
   CHECK(t.flat->compute.to_vector<float>() == weights);
   CHECK(train_step(false));  // and training goes on
   CHECK(t.flat->master.to_vector<float>() != master);
+}
+
+TEST_CASE("parameters stay in their FlatParameters: Module::zero_grad zeroes the buffer, repointing is refused") {
+  struct Net : nn::Module {
+    std::shared_ptr<nn::Linear> first = register_module("first", std::make_shared<nn::Linear>(3, 2));
+    std::shared_ptr<nn::Linear> second = register_module("second", std::make_shared<nn::Linear>(2, 1));
+  } net;
+  const Tensor x = tensor<float>({1, -2, 0.5, 3, 1, -1}, {2, 3});
+  const auto backward = [&] { sum((*net.second)((*net.first)(x))).backward(); };
+  {
+    optim::FlatParameters flat(net.named_parameters(), DType::f32);
+    backward();
+    const std::vector<float> once = flat.grad.to_vector<float>();
+    backward();
+    // It used to drop the .grad views: the next backward made new tensors and the
+    // optimizer went on reading the stale flat buffer.
+    net.zero_grad();
+    CHECK(flat.grad.to_vector<float>() == std::vector<float>(once.size(), 0.0f));
+    CHECK(net.first->weight.grad().storage() == flat.grad.storage());
+    backward();
+    CHECK(flat.grad.to_vector<float>() == once);
+
+    const auto weight_storage = net.first->weight.storage();
+    CHECK_THROWS_WITH_AS(net.to(DType::bf16),
+                         "to: parameter 'first.weight' lives in the flat buffers of a FlatParameters, which would not follow "
+                         "it; move or convert the model before building that", Error);
+    CHECK((net.first->weight.storage() == weight_storage && net.second->bias.dtype() == DType::f32));
+    CHECK_THROWS_WITH_AS(net.first->zero_grad(),
+                         doctest::Contains("zero_grad: this module has 2 of the 4 parameters in the flat buffers of a FlatParameters"), Error);
+    CHECK(flat.grad.to_vector<float>() == once);  // nothing zeroed
+    CHECK_THROWS_WITH_AS(net.first->bias.set_grad(Tensor()),
+                         doctest::Contains("set_grad: f32[2] on cpu is a parameter in the flat buffers of a FlatParameters"),
+                         Error);
+    CHECK_THROWS_WITH_AS(net.first->bias.set_data(zeros({2})), doctest::Contains("set_data: f32[2] on cpu is a parameter"),
+                         Error);
+    CHECK_THROWS_WITH_AS(optim::FlatParameters(net.named_parameters(), DType::f32),
+                         "FlatParameters: parameter 'first.weight' already lives in the flat buffers of a FlatParameters", Error);
+    const std::string path = "/tmp/zg_test_owned_" + std::to_string(::getpid()) + ".safetensors";
+    nn::save_state(net, path);
+    CHECK_THROWS_WITH_AS(nn::load_state(net, path),
+                         doctest::Contains("load_state: parameter 'first.weight' lives in the flat buffers of a FlatParameters, "
+                                           "whose master weights would overwrite what is loaded"),
+                         Error);
+    std::remove(path.c_str());
+  }
+  // Once the FlatParameters is gone the parameters are the model's own again.
+  net.zero_grad();
+  CHECK_FALSE(net.first->weight.grad().defined());
+  net.to(DType::f64);
+  CHECK(net.first->weight.dtype() == DType::f64);
 }
 
 TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use") {

@@ -80,7 +80,11 @@ TEST_CASE("equivalence holds with gradient accumulation, clipping and activation
                               {.dtype = DType::f64, .micro_batches = 2, .clip = 0.05, .checkpointing = true},
                               // Sync left on for every micro-batch: ZeRO-1 averaged its slice's
                               // earlier average again (max difference 0.02 before the fix).
-                              {.dtype = DType::f64, .micro_batches = 2, .sync_every_micro_batch = true}};
+                              {.dtype = DType::f64, .micro_batches = 2, .sync_every_micro_batch = true},
+                              // The model's own zero_grad(): it used to drop the .grad views into
+                              // the flat buffers (stages 0, 1 then reduced stale gradients) or do
+                              // nothing to the gradient shards (stages 2, 3 kept accumulating).
+                              {.dtype = DType::f64, .micro_batches = 2, .zero_grad_through_model = true}};
   for (ZeroRun run : variants) {
     const nn::NamedTensors reference = reference_run(run);
     for (int n : {2, 4})
@@ -89,7 +93,8 @@ TEST_CASE("equivalence holds with gradient accumulation, clipping and activation
         // With 4 ranks each has one row: accumulation then runs as a single micro-batch
         // against a reference that still accumulates two.
         INFO(std::string(name(run.dtype)) << " micro-batches " << run.micro_batches << " sync every "
-                                          << run.sync_every_micro_batch << " clip " << run.clip
+                                          << run.sync_every_micro_batch << " through model "
+                                          << run.zero_grad_through_model << " clip " << run.clip
                                           << " checkpointing " << run.checkpointing << " N=" << n << " stage " << stage);
         CHECK(max_difference(sharded_run(run, n), reference) <= tolerance(run.dtype));
       }
@@ -643,6 +648,20 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.prefetch = -1}), "ShardedModel: prefetch must be >= 0, got -1", Error);
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.adamw = {.eps = 0}}), doctest::Contains("AdamW: eps must be positive"),
                        Error);
+  // Parameters another ShardedModel (or a FlatParameters) already holds in its buffers.
+  {
+    dist::ShardedModel first(model, dist::gpt_unit_plan(2), group, {.stage = 1});
+    CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.stage = 2}),
+                         "ShardedModel: parameter 'transformer.wte.weight' already lives in the flat buffers of a ZeRO-1 "
+                         "ShardedModel", Error);
+    CHECK_THROWS_WITH_AS(model.to(DType::f16), doctest::Contains("to: parameter 'transformer.wte.weight' lives in the flat "
+                                                                 "buffers of a ZeRO-1 ShardedModel"), Error);
+    nn::Module* block = nullptr;
+    for (const auto& [path, m] : model.named_modules())
+      if (path == "transformer.h.0") block = m;
+    REQUIRE(block != nullptr);
+    CHECK_THROWS_WITH_AS(block->zero_grad(), doctest::Contains("zero_grad: this module has 12 of the 28 parameters"), Error);
+  }
   // A weight registered a second time, in another module: packing would untie it.
   model.named_children().back().second->register_parameter("tied", wte);
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {}),

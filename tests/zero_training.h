@@ -34,6 +34,7 @@ struct ZeroRun {
   int steps = 5;
   int micro_batches = 1;  // gradient accumulation
   bool sync_every_micro_batch = false;  // else gradient sync only for the last one
+  bool zero_grad_through_model = false;  // Module::zero_grad(), which the ShardedModel serves
   double clip = 0;
   bool checkpointing = false;
   std::optional<DType> reduce_dtype{};
@@ -59,7 +60,8 @@ inline nn::NamedTensors train_sharded(dist::ProcessGroup& pg, const ZeroRun& run
     const auto [x, y] = global_batch(s);
     const Tensor my_x = x.narrow(0, pg.rank() * rows, rows).to(run.device);
     const Tensor my_y = y.narrow(0, pg.rank() * rows, rows).to(run.device);
-    sharded.zero_grad();
+    if (run.zero_grad_through_model) model.zero_grad();
+    else sharded.zero_grad();
     for (int k = 0; k < micro; ++k) {
       sharded.set_gradient_sync(run.sync_every_micro_batch || k == micro - 1);
       sharded.prepare_forward();
