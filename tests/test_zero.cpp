@@ -7,7 +7,9 @@
 #include "tiny_gpt.h"
 #include "zero_training.h"
 
+#include <atomic>
 #include <filesystem>
+#include <functional>
 #include <unistd.h>
 
 namespace zg::test {
@@ -117,6 +119,39 @@ TEST_CASE("step() after a backward whose gradients were never reduced is refused
                                          }),
                          doctest::Contains("step() after a backward with gradient sync off"), Error);
   }
+}
+
+TEST_CASE("every rank must step with the same lr and loss scale: a difference is refused on all of them") {
+  std::atomic<int> refused{0};
+  dist::run_local(2, [&](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, ZeroRun{.stage = 1}.config());
+    const auto [x, y] = global_batch(0);
+    model.forward(x, y).loss.backward();
+    const auto snapshot = [&] {
+      nn::NamedTensors copy;
+      for (const auto& [name, t] : sharded.gathered_master()) copy.emplace_back(name, t.clone());
+      return copy;
+    };
+    const nn::NamedTensors before = snapshot();
+    optim::GradScaler scaler({.init_scale = pg.rank() == 0 ? 1024.0 : 2048.0});
+    for (const auto& [step, message] : std::vector<std::pair<std::function<void()>, const char*>>{
+             {[&] { sharded.step(pg.rank() == 0 ? 1e-3 : 2e-3); }, "different lr on some ranks (mean 0.0015)"},
+             {[&] { sharded.step(1e-3, &scaler); }, "different loss scale on some ranks (mean 1536)"}}) {
+      try {
+        step();
+      } catch (const Error& e) {
+        CHECK_MESSAGE(std::string(e.what()).find(message) != std::string::npos, e.what());
+        ++refused;
+      }
+    }
+    CHECK(max_difference(snapshot(), before) == 0);  // refused before any update
+    CHECK(scaler.scale_factor() == (pg.rank() == 0 ? 1024.0 : 2048.0));
+    sharded.step(1e-3);
+    CHECK(max_difference(snapshot(), before) > 0);
+  });
+  CHECK(refused == 4);
 }
 
 TEST_CASE("DDP buckets, a wider reduce dtype and ZeRO-3 prefetch depth change how, not what, is computed") {
