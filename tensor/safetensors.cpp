@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -118,6 +119,13 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   const std::string where = "safetensors " + path_ + ": ";
+  // Only a regular file has a size to check the header against: a directory would give a
+  // bogus one, and reading a FIFO or a device could block for ever.
+  std::error_code error;
+  const std::filesystem::file_type type = std::filesystem::status(path_, error).type();
+  ZG_CHECK(type == std::filesystem::file_type::regular || type == std::filesystem::file_type::not_found || error,
+           where, "not a regular file (", type == std::filesystem::file_type::directory ? "a directory" : "a FIFO, "
+           "socket or device", ")");
   std::ifstream in(path_, std::ios::binary | std::ios::ate);
   ZG_CHECK(in.good(), where, "cannot open the file");
   const int64_t file_size = static_cast<int64_t>(in.tellg());

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "nn/serialize.h"
@@ -238,6 +239,12 @@ TEST_CASE("damaged files each give a zg::Error") {
   CHECK(SafetensorsFile(path).read("a").numel() == 2);
   CHECK_THROWS_WITH_AS(SafetensorsFile(path).read("b"), doctest::Contains("no tensor named 'b'"), Error);
   CHECK_THROWS_WITH_AS(SafetensorsFile("/nonexistent/x.safetensors"), doctest::Contains("cannot open the file"), Error);
+  // Not a regular file: a directory gave a bogus header length, a FIFO blocked for ever.
+  CHECK_THROWS_WITH_AS(SafetensorsFile("/tmp"), doctest::Contains("not a regular file (a directory)"), Error);
+  const std::string fifo = temp_path("fifo.safetensors");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(SafetensorsFile{fifo}, doctest::Contains("not a regular file (a FIFO, socket or device)"), Error);
+  std::remove(fifo.c_str());
   // A name that is not UTF-8 cannot go into the JSON header: a zg::Error (was a json exception).
   CHECK_THROWS_WITH_AS(save_safetensors(path, {{std::string("bad\xff"), zeros({1})}}),
                        doctest::Contains("is not valid UTF-8"), Error);
