@@ -10,7 +10,7 @@ const DifferentiableOp kCheckpoint("checkpoint");
 }
 
 Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs) {
-  Generator& generator = Context::current().generator();
+  const Generator& generator = Generator::current();
   const uint64_t seed = generator.seed(), offset = generator.offset();
   Tensor out;
   {
@@ -33,17 +33,13 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
       if (input_needs_grad[i]) x.set_requires_grad(true);
       replay.push_back(x);
     }
-    Generator& gen = Context::current().generator();
-    const uint64_t now_seed = gen.seed(), now_offset = gen.offset();
-    gen.manual_seed(seed);
-    gen.set_offset(offset);
+    Generator forward_state(seed, offset);  // the forward's random numbers (dropout masks), again
     Tensor recomputed;
     {
+      GeneratorGuard replaying(forward_state);
       GradModeGuard grad_on(true);
       recomputed = fn(replay);
     }
-    gen.manual_seed(now_seed);
-    gen.set_offset(now_offset);
     if (recomputed.requires_grad()) recomputed.backward(g);
     std::vector<Tensor> grads;
     for (const Tensor& x : replay) grads.push_back(x.defined() && x.requires_grad() ? x.grad() : Tensor());

@@ -20,7 +20,8 @@ std::shared_ptr<void> Context::backend_state(Device device, const std::function<
 
 namespace {
 thread_local Context* current_context = nullptr;
-}
+thread_local Generator* current_generator = nullptr;  // a GeneratorGuard's
+}  // namespace
 
 Context& Context::current() {
   if (current_context) return *current_context;
@@ -30,5 +31,10 @@ Context& Context::current() {
 
 ContextGuard::ContextGuard(Context& context) : previous_(current_context) { current_context = &context; }
 ContextGuard::~ContextGuard() { current_context = previous_; }
+
+Generator& Generator::current() { return current_generator ? *current_generator : Context::current().generator(); }
+
+GeneratorGuard::GeneratorGuard(Generator& generator) : previous_(current_generator) { current_generator = &generator; }
+GeneratorGuard::~GeneratorGuard() { current_generator = previous_; }
 
 }  // namespace zg

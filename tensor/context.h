@@ -4,6 +4,7 @@
 // of its own, and a ContextGuard makes another one current for a scope.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -17,26 +18,41 @@ namespace zg {
 
 // Philox state: a seed (the key) and an offset (the next unused counter block).
 // Every random op reserves ceil(n / 4) blocks, so a sequence of random ops gives
-// the same numbers on every device and however the work is split.
+// the same numbers on every device and however the work is split. A context may be
+// current on several threads: reserving is atomic, so no two ops get the same blocks.
 class Generator {
  public:
   static constexpr uint64_t kDefaultSeed = 0x5eed;
-  explicit Generator(uint64_t seed = kDefaultSeed) : seed_(seed) {}
+  explicit Generator(uint64_t seed = kDefaultSeed, uint64_t offset = 0) : seed_(seed), offset_(offset) {}
 
   void manual_seed(uint64_t seed) { seed_ = seed; offset_ = 0; }
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_; }
   void set_offset(uint64_t offset) { offset_ = offset; }
   // Reserves the counter blocks for `n` values; returns the first block.
-  uint64_t reserve(int64_t n) {
-    const uint64_t first = offset_;
-    offset_ += (static_cast<uint64_t>(n) + 3) / 4;
-    return first;
-  }
+  uint64_t reserve(int64_t n) { return offset_.fetch_add((static_cast<uint64_t>(n) + 3) / 4); }
+
+  // The generator this thread's random ops draw from: the current context's, unless a
+  // GeneratorGuard put another in its place.
+  static Generator& current();
 
  private:
-  uint64_t seed_;
-  uint64_t offset_ = 0;
+  std::atomic<uint64_t> seed_, offset_;
+};
+
+// Makes `generator` the one this thread's random ops draw from, for a scope. An
+// activation-checkpointing recompute replays its forward's numbers from its own copy
+// of the state this way: the context's generator, which other threads may be drawing
+// from, is never rewound, and an exception in the replay leaves nothing to restore.
+class GeneratorGuard {
+ public:
+  explicit GeneratorGuard(Generator& generator);
+  ~GeneratorGuard();
+  GeneratorGuard(const GeneratorGuard&) = delete;
+  GeneratorGuard& operator=(const GeneratorGuard&) = delete;
+
+ private:
+  Generator* previous_;
 };
 
 class Context {

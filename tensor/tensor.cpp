@@ -452,7 +452,7 @@ ZG_INSTANTIATE(bool)
 static Tensor random(const Shape& shape, RandomSpec spec, TensorOptions options, const char* op) {
   ZG_CHECK(is_floating(options.dtype()), op, ": expected a floating-point dtype, got ", name(options.dtype()));
   Tensor out = Tensor::empty(shape, options);
-  Generator& generator = Context::current().generator();
+  Generator& generator = Generator::current();
   spec.seed = generator.seed();
   spec.first_block = generator.reserve(out.numel());
   backend(out.device()).fill_random(out, spec);

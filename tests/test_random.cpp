@@ -1,7 +1,11 @@
 // Philox-4x32-10: the published known-answer vectors, and the properties the
-// tensor API promises (same seed, same numbers; independent of how calls split).
+// tensor API promises (same seed, same numbers, however calls split or threads share a context).
 #include "helpers.h"
+#include "nn/checkpoint.h"
+#include "tensor/autograd.h"
 #include "tensor/philox.h"
+
+#include <thread>
 
 namespace zg::test {
 
@@ -86,6 +90,46 @@ TEST_CASE("distributions have the right range and moments") {
   CHECK(m == doctest::Approx(1.0).epsilon(0.02));
   CHECK(std::sqrt(var) == doctest::Approx(2.0).epsilon(0.01));
   CHECK_THROWS_WITH_AS(randn({2}, DType::i64), "normal: expected a floating-point dtype, got i64", Error);
+}
+
+}  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("threads sharing a context never draw the same counter blocks") {
+  Context shared;
+  shared.generator().manual_seed(9);
+  constexpr int kThreads = 4, kDraws = 20000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&] {
+      ContextGuard guard(shared);
+      for (int i = 0; i < kDraws; ++i) Generator::current().reserve(5);  // 2 blocks each
+    });
+  for (std::thread& t : threads) t.join();
+  CHECK(shared.generator().offset() == uint64_t(kThreads) * kDraws * 2);  // none lost to a race
+}
+
+TEST_CASE("an activation-checkpoint replay draws from its own copy, even when it throws") {
+  manual_seed(11);
+  const Tensor x = ones({8}).set_requires_grad(true);
+  bool fail_replay = false;
+  std::vector<float> forward_noise, replay_noise;
+  const Tensor out = nn::checkpoint(
+      [&](const std::vector<Tensor>& in) {
+        ZG_CHECK(!(backward_in_progress() && fail_replay), "replay failed");
+        const Tensor noise = rand({8});
+        (backward_in_progress() ? replay_noise : forward_noise) = noise.to_vector<float>();
+        return in[0] * noise;
+      },
+      {x});
+  const uint64_t offset = Context::current().generator().offset();
+  sum(out).backward(Tensor(), /*retain_graph=*/true);
+  CHECK(replay_noise == forward_noise);  // the forward's numbers again
+  CHECK(Context::current().generator().offset() == offset);
+  fail_replay = true;
+  CHECK_THROWS_WITH_AS(sum(out).backward(), doctest::Contains("replay failed"), Error);
+  CHECK(Context::current().generator().offset() == offset);  // was left rewound to the forward's
 }
 
 }  // namespace zg::test
