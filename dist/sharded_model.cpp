@@ -160,7 +160,13 @@ void ShardedModel::build_unit(Unit& unit) {
     unit.entries[i].param.register_post_accumulate_grad_hook([this, u, i, alive](const Tensor&) {
       if (!alive.expired()) on_grad_arrival(*u, i);
     });
-  if (stage == 3) unit.compute_full.storage()->release();  // gathered around each use from now on
+  if (stage == 3) {  // gathered around each use from now on
+    unit.compute_full.storage()->set_release_note(
+        "the full weights of ZeRO-3 unit '" + unit.name + "', gathered only around the uses its UnitPlan names: "
+        "a forward through them and the backward that follows; not for a module missing from the plan, a second "
+        "backward through a retained graph, or after the ShardedModel is gone");
+    unit.compute_full.storage()->release();
+  }
 }
 
 void ShardedModel::zero_grad() {

@@ -14,8 +14,9 @@ Storage::~Storage() {
 }
 
 void* Storage::data() const {
-  ZG_CHECK(!released_, "storage: the ", format_bytes(bytes_), " ", name(category_), " storage on ",
-           device().str(), " was released; materialize it (e.g. all-gather the unit) before use");
+  ZG_CHECK(!released_, "storage: the ", format_bytes(bytes_), " ", name(category_), " storage on ", device().str(),
+           " was released", release_note_.empty() ? "" : " (", release_note_, release_note_.empty() ? "" : ")",
+           "; materialize it (e.g. all-gather the unit) before use");
   return block_.ptr;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "tensor/memory.h"
 
@@ -38,6 +39,9 @@ class Storage {
   bool is_released() const { return released_; }
   void release();      // gives the bytes back to the allocator; views stay valid objects
   void materialize();  // allocates again (contents undefined until written)
+  // What data() adds to its error when the storage is released: who releases it, and
+  // when it exists (ZeRO-3 names the unit and the uses it is gathered around).
+  void set_release_note(std::string note) { release_note_ = std::move(note); }
 
  private:
   std::shared_ptr<Allocator> allocator_;  // kept alive: the bytes return to the rank that took them
@@ -46,6 +50,7 @@ class Storage {
   Block block_;
   bool released_ = false;
   uint64_t version_ = 0;
+  std::string release_note_;
 };
 
 }  // namespace zg

@@ -661,6 +661,29 @@ TEST_CASE("ZeRO-3 holds exactly the units in use (and those prefetched) during t
 
 namespace zg::test {
 
+TEST_CASE("ZeRO-3 weights used outside the uses the plan names: an error naming the unit") {
+  dist::FakeGroup group(0, 1);
+  const auto [x, y] = global_batch(0);
+  const std::string released = "was released (the full weights of ZeRO-3 unit 'root', gathered only around the uses "
+                               "its UnitPlan names";
+  {
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), group, ZeroRun{.stage = 3}.config());
+    sharded.prepare_forward();
+    const Tensor loss = model.forward(x, y).loss;
+    loss.backward(Tensor(), /*retain_graph=*/true);
+    CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains(released.c_str()), Error);
+  }
+  dist::UnitPlan plan = dist::gpt_unit_plan(2);
+  plan.root_before = {"transformer.wte"};  // wpe's forward uses the root too
+  manual_seed(1);
+  nn::GPT model(zero_config());
+  dist::ShardedModel sharded(model, plan, group, ZeroRun{.stage = 3}.config());
+  sharded.prepare_forward();
+  CHECK_THROWS_WITH_AS(model.forward(x, y), doctest::Contains(released.c_str()), Error);
+}
+
 TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   dist::FakeGroup group(0, 2);
   manual_seed(1);
