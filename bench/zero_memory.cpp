@@ -17,9 +17,12 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #ifdef ZG_WITH_NCCL
 #include "cuda/device.h"
@@ -71,6 +74,32 @@ int64_t formula_states(int stage, int64_t psi, int n) {
 int64_t formula_sent(int stage, int64_t psi, int n) {
   const double elements = stage == 3 ? 3.0 * psi : 2.0 * psi;
   return static_cast<int64_t>(elements * 2 * (n - 1) / n);
+}
+
+// The host memory this process can still take (Linux's MemAvailable estimate).
+int64_t available_host_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return int64_t(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
+// Refuses a real CPU run that cannot fit, before it starts: every rank (a thread of
+// this process) builds the f32 model (4Ψ bytes), then keeps its model states (the
+// formula). Without this, a model too big for the machine initialised for minutes
+// before the kernel killed the process.
+void check_host_memory(const Preset& preset, const std::vector<int>& stages, int world) {
+  int64_t psi = 0;
+  for (const Tensor& p : nn::GPT(preset.config, kMeta).parameters()) psi += p.numel();
+  int64_t states = 0;
+  for (int stage : stages) states = std::max(states, formula_states(stage, psi, world));
+  const int64_t per_rank = std::max(4 * psi, states), available = available_host_bytes();
+  ZG_CHECK(per_rank <= available / world, "zero_memory: ", world, " ranks of the ", preset.name,
+           " model on the cpu need at least ", format_bytes(per_rank), " of host memory each (the f32 model, 4Ψ, "
+           "and then its model states, ", format_bytes(states), "); ", format_bytes(available),
+           " is available. --device meta gives the figures without allocating them");
 }
 
 // One training step on this rank; returns the record read after the step.
@@ -198,6 +227,7 @@ int main(int argc, char** argv) {
     ZG_CHECK(group_arg != "nccl", "zero_memory: --group nccl needs a build with CUDA");
 #endif
     if (seq <= 0) seq = std::min<int64_t>(preset->config.block_size, 1024);
+    if (device.type == DeviceType::cpu) check_host_memory(*preset, stages, world);
 
     std::vector<Record> records;
     std::mutex records_mutex;

@@ -85,6 +85,10 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --stage 4 2>&1", status).find(
             "--stage must be 0, 1, 2, 3 or all, got '4'") != std::string::npos);
   CHECK(status != 0);
+  // Real steps that cannot fit are refused at once (4 x 120 GB here), not killed minutes later.
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --device cpu --model 7.5b --world-size 4 2>&1", status)
+            .find("zero_memory: 4 ranks of the 7.5b model on the cpu need at least") != std::string::npos);
+  CHECK(status != 0);
 }
 
 // bench/train_step's CPU path, as bench/torch_reference.py reads it: one JSON record
