@@ -76,14 +76,17 @@ int64_t formula_sent(int stage, int64_t psi, int n) {
   return static_cast<int64_t>(elements * 2 * (n - 1) / n);
 }
 
-// The host memory this process can still take (Linux's MemAvailable estimate).
+// The host memory this process can still take: Linux's MemAvailable estimate, or less
+// where a cgroup (a container's limit) allows less.
 int64_t available_host_bytes() {
+  int64_t available = int64_t(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (meminfo >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return int64_t(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  for (std::string line; std::getline(meminfo, line);)
+    if (line.starts_with("MemAvailable:")) available = std::stoll(line.substr(13)) * 1024;
+  int64_t limit = 0, used = 0;
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  if (max_file >> limit && current_file >> used) available = std::min(available, limit - used);  // "max": no limit
+  return available;
 }
 
 // Refuses a real CPU run that cannot fit, before it starts: every rank (a thread of

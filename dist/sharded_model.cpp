@@ -2,6 +2,7 @@
 
 #include "dist/unit.h"
 
+#include <charconv>
 #include <cmath>
 
 #include "optim/flat_parameters.h"
@@ -15,6 +16,12 @@ namespace {
 
 Tensor view_of(const Tensor& flat, const optim::FlatParameters::Entry& e) {
   return optim::FlatParameters::view_of(flat, e);
+}
+
+// The shortest decimal that reads back as x: values that differ show how.
+std::string shortest(double x) {
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
 }
 
 Tensor allocate(const Shape& shape, DType dtype, Device device, MemoryCategory category, bool zeroed) {
@@ -87,7 +94,7 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   }
   for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
   for (auto& unit : units_)
-    for (const auto& e : unit->entries) own(e.param, e.name);
+    for (const auto& e : unit->entries) own(e.param);
 }
 
 ShardedModel::~ShardedModel() = default;
@@ -194,34 +201,34 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   ZG_CHECK(!unsynced_, "ShardedModel: step() after a backward with gradient sync off: its gradients were never "
            "reduced across ranks; turn sync on (set_gradient_sync(true)) for the last micro-batch");
   finish_reductions();
-  // The global norm: each rank's share of the squared norm, summed on its device, then
-  // across ranks, and read once (the step's one host wait: the scaler and StepResult
-  // need it). The meta device has no values: a dry run counts bytes only.
-  //   The same all-reduce checks that every rank passed the same lr and loss scale (a
-  // rank-dependent schedule would make the replicas drift apart unnoticed): it also sums
-  // a 1 from each rank (n: N, or 1 for a fake group, which moves nothing) and each value
-  // x and x^2, and n * sum(x^2) = sum(x)^2 exactly when all n are equal (checked to 1e-9
-  // relative: far above rounding, catching values apart by 1e-4 or more).
+  // Every rank must pass the same lr and loss scale (a rank-dependent schedule would make
+  // the replicas drift apart unnoticed). A max-reduction of [x, -x] gives every rank the
+  // largest and the smallest value of each -- the same figures on all, so all refuse
+  // together, before anything changes.
+  //   The global norm: each rank's share of the squared norm, summed on its device, then
+  // across ranks. Both are read once (the step's one host wait: the scaler and StepResult
+  // need the norm). The meta device has no values: a dry run counts bytes only.
   const double loss_scale = scaler ? scaler->scale_factor() : 1.0;
   const Device device = units_.empty() ? kCPU : units_.front()->grad_shard.device();
   const Device reduce_on = device.type == DeviceType::meta || !group_.accepts(device) ? kCPU : device;  // mpi: host only
-  Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(reduce_on));
+  const Tensor bounds = tensor<double>({lr, -lr, loss_scale, -loss_scale}).to(reduce_on);
+  const WorkHandle agree = group_.all_reduce_async(bounds, ReduceKind::max);
+  Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(device.type == DeviceType::meta ? kCPU : device));
   if (device.type != DeviceType::meta)
-    for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard).to(DType::f64).to(reduce_on);
-  Tensor sums =
-      cat({norm_sq, tensor<double>({1.0, lr, lr * lr, loss_scale, loss_scale * loss_scale}).to(reduce_on)});
-  group_.all_reduce(sums, ReduceKind::sum);
-  const std::vector<double> summed = sums.to_vector<double>();
-  for (const auto& [what, at] : {std::pair{"lr", 2}, std::pair{"loss scale", 4}}) {
-    const double n = summed[1], sum = summed[at], sum_sq = summed[at + 1];
-    ZG_CHECK(std::abs(n * sum_sq - sum * sum) <= 1e-9 * sum * sum, "ShardedModel: step() was given a different ", what,
-             " on some ranks (mean ", sum / n, "); every rank must pass the same");
-  }
+    for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard).to(DType::f64);
+  norm_sq = norm_sq.to(reduce_on);
+  group_.all_reduce(norm_sq, ReduceKind::sum);
+  agree->wait();
+  const std::vector<double> extremes = bounds.to_vector<double>();
+  for (const auto& [what, at] : {std::pair{"lr", 0}, std::pair{"loss scale", 2}})
+    ZG_CHECK(extremes[at] == -extremes[at + 1], "ShardedModel: step() was given a different ", what,
+             " on some ranks (from ", shortest(-extremes[at + 1]), " to ", shortest(extremes[at]),
+             "); every rank must pass the same");
   // What the gradients are multiplied by before use: 1 / loss scale, and for stage 1 the
   // 1 / N its summed reduction leaves to the step (gradient_reduction.cpp) -- folded into
   // the norm and the update, so no pass over the gradients takes the average.
   const double inv_scale = (scaler ? scaler->inv_scale() : 1.0) / (config_.stage == 1 ? group_.size() : 1);
-  StepResult result{std::sqrt(summed[0]) * inv_scale, true};
+  StepResult result{std::sqrt(norm_sq.item<double>()) * inv_scale, true};
   const bool finite = std::isfinite(result.grad_norm);
   result.stepped = scaler ? scaler->update(!finite) : finite;
   if (!result.stepped) return result;

@@ -10,7 +10,7 @@ void save_state(const Module& module, const std::string& path, const Metadata& m
   NamedTensors state = module.named_parameters();
   for (const auto& [name, p] : state)
     ZG_CHECK(!p.storage()->is_released(), "save_state: parameter '", name, "' is not materialized (ZeRO-3 keeps only "
-             "a shard per rank); save with ShardedModel::save or export_consolidated");
+             "a shard per rank): save through the ShardedModel, while it lives, with save or export_consolidated");
   for (auto& entry : module.named_buffers()) state.push_back(entry);
   save_safetensors(path, state, metadata);
 }

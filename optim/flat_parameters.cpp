@@ -84,7 +84,7 @@ FlatParameters::FlatParameters(const nn::NamedTensors& parameters, DType compute
   for (const Entry& e : entries) {
     point_data(e.param, view_of(compute, e));
     point_grad(e.param, view_of(grad, e));
-    own(e.param, e.name);
+    own(e.param);
   }
 }
 

@@ -155,12 +155,9 @@ ParameterOwner* ParameterOwner::of(const Tensor& param) {
   return param.defined() && param.impl().autograd ? param.impl().autograd->owner.lock().get() : nullptr;
 }
 
-void ParameterOwner::own(const Tensor& param, const std::string& name) {
-  const ParameterOwner* current = of(param);
-  ZG_CHECK(current == nullptr || current == this, describe(), ": parameter '", name, "' already lives in the flat buffers of ",
-           current->describe());
-  if (current == nullptr) ++owned_;
+void ParameterOwner::own(const Tensor& param) {
   meta_of(param).owner = alive_;
+  ++owned_;
 }
 
 void ParameterOwner::point_data(const Tensor& param, const Tensor& data) { param.set_data_unchecked(data); }

@@ -130,11 +130,12 @@ struct AutogradMeta {
 // refused, and Module::zero_grad() asks the owner to zero its gradients instead.
 class ParameterOwner {
  public:
-  ParameterOwner(ParameterOwner&) = delete;
-  ParameterOwner& operator=(ParameterOwner&) = delete;
+  ParameterOwner(const ParameterOwner&) = delete;
+  ParameterOwner& operator=(const ParameterOwner&) = delete;
   virtual ~ParameterOwner() = default;
 
-  // The live owner of `param`, or nullptr.
+  // The live owner of `param`, or nullptr. A plain pointer: valid while the owner lives,
+  // which is the caller's to ensure (the same thread that would destroy it).
   static ParameterOwner* of(const Tensor& param);
   virtual std::string describe() const = 0;  // names it in errors: "a FlatParameters"
   virtual void zero_grad() = 0;              // every gradient it owns
@@ -142,8 +143,9 @@ class ParameterOwner {
 
  protected:
   ParameterOwner() = default;
-  // Records this as the owner of `param` (named `name` in errors); one owner at a time.
-  void own(const Tensor& param, const std::string& name);
+  // Records this as the owner of `param`. One at a time: the caller has refused a
+  // parameter that already has one (optim::check_packable).
+  void own(const Tensor& param);
   // set_data and set_grad without the ownership check: the owner repointing its own.
   static void point_data(const Tensor& param, const Tensor& data);
   static void point_grad(const Tensor& param, const Tensor& grad);

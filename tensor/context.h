@@ -19,7 +19,9 @@ namespace zg {
 // Philox state: a seed (the key) and an offset (the next unused counter block).
 // Every random op reserves ceil(n / 4) blocks, so a sequence of random ops gives
 // the same numbers on every device and however the work is split. A context may be
-// current on several threads: reserving is atomic, so no two ops get the same blocks.
+// current on several threads: reserving is atomic, so no two ops get the same blocks
+// (which op gets which blocks then depends on timing, and a manual_seed while another
+// thread draws may pair the old seed with the new offset: seed from one thread).
 class Generator {
  public:
   static constexpr uint64_t kDefaultSeed = 0x5eed;
@@ -42,8 +44,11 @@ class Generator {
 
 // Makes `generator` the one this thread's random ops draw from, for a scope. An
 // activation-checkpointing recompute replays its forward's numbers from its own copy
-// of the state this way: the context's generator, which other threads may be drawing
-// from, is never rewound, and an exception in the replay leaves nothing to restore.
+// of the state this way: the context's generator is never rewound, and an exception in
+// the replay leaves nothing to restore. The replay is exact when the checkpointed
+// forward drew its blocks in one run -- no other thread drawing from the same context
+// meanwhile (PyTorch's checkpoint assumes the same) -- and when the function draws on
+// the thread that calls it (the guard is per thread).
 class GeneratorGuard {
  public:
   explicit GeneratorGuard(Generator& generator);
