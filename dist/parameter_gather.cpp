@@ -93,11 +93,15 @@ void ShardedModel::prefetch_unit(Unit& unit) {
   if (unit.gathering || !unit.compute_full.storage()->is_released()) return;
   Storage& full = *unit.compute_full.storage();
   full.materialize();
-  // The same weights as at the last gather (the shard changes only in step()), so the
-  // tensors the forward saved stay valid: the gather keeps the version they recorded.
+  // Gathering the same weights as last time keeps the version the forward's saved tensors
+  // recorded, so they stay valid. Once a step or a load has written the shard, it does not:
+  // a backward through a graph the old weights made fails, as at the other stages, instead
+  // of computing gradients with weights the forward never used.
+  const uint64_t shard_version = unit.compute_shard.storage()->version();
   const uint64_t version = full.version();
   unit.gathering = group_.all_gather_async(unit.compute_shard, unit.compute_full);
-  full.restore_version(version);
+  if (shard_version == unit.gathered_from) full.restore_version(version);
+  unit.gathered_from = shard_version;
 }
 
 void ShardedModel::gather_unit(Unit& unit) {

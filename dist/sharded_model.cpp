@@ -173,6 +173,7 @@ void ShardedModel::build_unit(Unit& unit) {
         "a forward through them and the backward that follows; not for a module missing from the plan, a second "
         "backward through a retained graph, or after the ShardedModel is gone");
     unit.compute_full.storage()->release();
+    unit.gathered_from = unit.compute_shard.storage()->version();
   }
 }
 

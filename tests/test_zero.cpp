@@ -664,7 +664,7 @@ TEST_CASE("ZeRO-3 holds exactly the units in use (and those prefetched) during t
 
 namespace zg::test {
 
-TEST_CASE("ZeRO-3 weights used outside the uses the plan names: an error naming the unit") {
+TEST_CASE("ZeRO-3 weights used outside the uses the plan names, or changed since: an error, not wrong gradients") {
   dist::FakeGroup group(0, 1);
   const auto [x, y] = global_batch(0);
   const std::string released = "was released (the full weights of ZeRO-3 unit 'root', gathered only around the uses "
@@ -677,6 +677,16 @@ TEST_CASE("ZeRO-3 weights used outside the uses the plan names: an error naming 
     const Tensor loss = model.forward(x, y).loss;
     loss.backward(Tensor(), /*retain_graph=*/true);
     CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains(released.c_str()), Error);
+  }
+  {  // A step between the forward and its backward: the re-gathered weights are not the
+     // ones the forward used (was: gradients computed with them, silently).
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), group, ZeroRun{.stage = 3}.config());
+    sharded.prepare_forward();
+    const Tensor loss = model.forward(x, y).loss;
+    sharded.step(1e-3);
+    CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("modified in place"), Error);
   }
   dist::UnitPlan plan = dist::gpt_unit_plan(2);
   plan.root_before = {"transformer.wte"};  // wpe's forward uses the root too
