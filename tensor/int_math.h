@@ -36,9 +36,12 @@ template <class T>
 ZG_HOST_DEVICE constexpr T wrapping_mul(T a, T b) {
   return wrapping(a, b, [](auto x, auto y) { return x * y; });
 }
+// Floats negate by flipping the sign (-0.0 for 0.0, as IEEE and PyTorch do; 0 - x would
+// give +0.0).
 template <class T>
 ZG_HOST_DEVICE constexpr T wrapping_neg(T a) {
-  return wrapping_sub(T(0), a);
+  if constexpr (std::is_integral_v<T>) return wrapping_sub(T(0), a);
+  else return -a;
 }
 
 // Float -> integer I. The range test is done in F: I's max rounds up to a power of two

@@ -438,6 +438,11 @@ TEST_CASE("integer overflow wraps and float -> int saturates, the same on every 
           std::vector<int32_t>{0, i32_max, i32_min, i32_max, i32_min, 3, -3, i32_max});
     CHECK(full({2}, 1e300, TensorOptions(DType::i32).device(device)).to_vector<int32_t>() ==
           std::vector<int32_t>{i32_max, i32_max});
+    // Float negation flips the sign bit: -0.0 for 0.0 (was +0.0, from 0 - x).
+    for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+      const std::vector<double> negated = (-zeros({1}, TensorOptions(dtype).device(device))).to_vector<double>();
+      CHECK(std::signbit(negated[0]));
+    }
   }
 }
 
