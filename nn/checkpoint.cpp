@@ -17,6 +17,10 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
     NoGradGuard no_grad;  // nothing inside is saved for backward
     out = fn(inputs);
   }
+  ZG_CHECK(out.defined(), "checkpoint: the function returned an undefined tensor");
+  // A fresh handle on the result: fn may return an input or a captured parameter as it
+  // is (an eval-mode dropout does), and recording onto that would make it a non-leaf.
+  out = out.detach();
   // Recorded even when no input requires grad: the parameters inside fn may.
   if (!GradMode::is_enabled()) return out;
   std::vector<SavedTensor> saved;

@@ -28,6 +28,8 @@ void check_packable(const char* who, const nn::NamedTensors& parameters) {
              "; only floating parameters are trained");
     ZG_CHECK(p.device() == device, who, ": parameter '", name, "' is on ", p.device().str(), ", '",
              parameters.front().first, "' on ", device.str());
+    ZG_CHECK(p.requires_grad(), who, ": parameter '", name, "' does not require grad (frozen); every parameter in "
+             "flat buffers is trained, so pack only the trainable ones");
     if (const ParameterOwner* owner = ParameterOwner::of(p))
       fail(who, ": parameter '", name, "' already lives in the flat buffers of ", owner->describe());
     if (p.numel() == 0) continue;

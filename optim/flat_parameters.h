@@ -29,8 +29,8 @@ DType master_dtype_for(DType compute_dtype);
 
 // What packing parameters into flat buffers needs of them, checked by FlatParameters and
 // the dist layer's ShardedModel (`who` names the caller in the error): at least one,
-// each floating, all on one device, none already packed by another live owner, and no
-// two sharing memory. A weight tied by
+// each floating and trainable (requires grad), all on one device, none already packed by
+// another live owner, and no two sharing memory. A weight tied by
 // registering it in two modules would be two parameters over one storage; packing
 // would quietly untie them, so it is refused -- register it once and use it twice.
 void check_packable(const char* who, const nn::NamedTensors& parameters);

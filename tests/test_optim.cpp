@@ -273,13 +273,21 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
   CHECK_THROWS_WITH_AS(optim::GradScaler({.growth_interval = 0}), doctest::Contains("growth_interval must be positive"),
                        Error);
 
-  // Packing: floating parameters, each once, none sharing memory with another.
-  const Tensor w = tensor<double>({1, 2, 3, 4}, {2, 2});
+  // Packing: trainable floating parameters, each once, none sharing memory with another.
+  const auto trainable = [](const Tensor& t) {
+    Tensor p = t.detach();  // a leaf over the same memory
+    p.set_requires_grad(true);
+    return p;
+  };
+  const Tensor base = tensor<double>({1, 2, 3, 4}, {2, 2}), w = trainable(base);
   CHECK_THROWS_WITH_AS(optim::FlatParameters({{"w", w}, {"n", zeros({2}, DType::i64)}}, DType::f32),
                        doctest::Contains("FlatParameters: parameter 'n' is i64[2] on cpu; only floating"), Error);
+  // A frozen one would be weight-decayed all the same (was: accepted).
+  CHECK_THROWS_WITH_AS(optim::FlatParameters({{"w", w}, {"frozen", zeros({2})}}, DType::f32),
+                       doctest::Contains("FlatParameters: parameter 'frozen' does not require grad (frozen)"), Error);
   CHECK_THROWS_WITH_AS(optim::FlatParameters({{"a", w}, {"b", w}}, DType::f32),
                        doctest::Contains("parameters 'a' and 'b' share memory"), Error);
-  CHECK_THROWS_WITH_AS(optim::FlatParameters({{"a", w}, {"row", w.select(0, 1)}}, DType::f32),
+  CHECK_THROWS_WITH_AS(optim::FlatParameters({{"a", w}, {"row", trainable(base.select(0, 1))}}, DType::f32),
                        doctest::Contains("parameters 'a' and 'row' share memory"), Error);
   // A tied weight registered in two modules: two parameters over one storage.
   struct Tied : nn::Module {
@@ -292,7 +300,7 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
                        doctest::Contains("'embedding' and 'head' share memory"), Error);
   // Two rows of one buffer that do not overlap pack fine (a model whose parameters are
   // already views into an earlier FlatParameters' buffer).
-  optim::FlatParameters rows({{"r0", w.select(0, 0)}, {"r1", w.select(0, 1)}}, DType::f32);
+  optim::FlatParameters rows({{"r0", trainable(base.select(0, 0))}, {"r1", trainable(base.select(0, 1))}}, DType::f32);
   CHECK(rows.numel() == 4);
 }
 

@@ -128,6 +128,11 @@ TEST_CASE("an activation-checkpoint replay draws from its own copy, even when it
   CHECK(replay_noise == forward_noise);  // the forward's numbers again
   CHECK(Context::current().generator().offset() == offset);
   fail_replay = true;
+  // A function that returns its input as it is: the caller's tensor stays a leaf.
+  const Tensor same = nn::checkpoint([](const std::vector<Tensor>& in) { return in[0]; }, {x});
+  CHECK((x.is_leaf() && !same.is_leaf()));
+  CHECK_THROWS_WITH_AS(nn::checkpoint([](const std::vector<Tensor>&) { return Tensor(); }, {x}),
+                       "checkpoint: the function returned an undefined tensor", Error);
   CHECK_THROWS_WITH_AS(sum(out).backward(), doctest::Contains("replay failed"), Error);
   CHECK(Context::current().generator().offset() == offset);  // was left rewound to the forward's
 }

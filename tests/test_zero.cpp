@@ -733,6 +733,15 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
     REQUIRE(block != nullptr);
     CHECK_THROWS_WITH_AS(block->zero_grad(), doctest::Contains("zero_grad: this module has 12 of the 28 parameters"), Error);
   }
+  // A frozen parameter: refused before any parameter moves (was: an error from a hook,
+  // with the units before it already repointed).
+  Tensor wpe = model.named_parameters()[1].second;
+  wpe.set_requires_grad(false);
+  const auto storage_now = wte.storage();
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.stage = 3}), doctest::Contains("does not require grad (frozen)"),
+                       Error);
+  CHECK(wte.storage() == storage_now);
+  wpe.set_requires_grad(true);
   // A weight registered a second time, in another module: packing would untie it.
   model.named_children().back().second->register_parameter("tied", wte);
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {}),
