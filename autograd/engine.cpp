@@ -63,8 +63,8 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
       struct Done {
         ~Done() { running_nodes.pop_back(); }
       } done;
-      for (const auto& hook : node->pre_hooks)
-        if (Tensor replaced = hook(grad); replaced.defined()) grad = replaced;
+      if (!node->pre_hooks.empty())
+        grad = run_tensor_hooks(node->pre_hooks, std::move(grad), "the output of " + node->name());
       TraceRange range(node->name());  // nested in "backward" on a profiler's timeline
       input_grads = node->apply(grad);
     }

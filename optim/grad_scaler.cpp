@@ -29,15 +29,18 @@ Tensor GradScaler::scale(const Tensor& loss) const { return scale_ == 1.0 ? loss
 
 bool GradScaler::update(bool found_inf) {
   if (!options_.enabled) return !found_inf;
-  if (found_inf) {
-    scale_ *= options_.backoff_factor;
+  // The scale stays where the constructor requires it, finite with a finite inverse:
+  // growth that would overflow to inf (inv_scale 0, and inf * backoff stays inf: no step
+  // would ever be taken again), or a backoff so deep that 1 / scale overflows, is skipped.
+  const auto move_to = [&](double next) {
+    if (std::isfinite(next) && std::isfinite(1.0 / next)) scale_ = next;
     good_steps_ = 0;
+  };
+  if (found_inf) {
+    move_to(scale_ * options_.backoff_factor);
     return false;
   }
-  if (++good_steps_ >= options_.growth_interval) {
-    scale_ *= options_.growth_factor;
-    good_steps_ = 0;
-  }
+  if (++good_steps_ >= options_.growth_interval) move_to(scale_ * options_.growth_factor);
   return true;
 }
 

@@ -48,9 +48,7 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   if (!impl) return {};  // the leaf no longer exists: nothing to accumulate into
   const Tensor leaf(impl);
   AutogradMeta& meta = meta_of(leaf);
-  Tensor g = grad;
-  for (const auto& hook : meta.hooks)
-    if (Tensor replaced = hook(g); replaced.defined()) g = replaced;
+  const Tensor g = meta.hooks.empty() ? grad : run_tensor_hooks(meta.hooks, grad, "a leaf " + describe(leaf));
   if (meta.grad.defined()) {
     meta.grad.add_(g);  // in place: a .grad that is a view into a flat buffer stays one
   } else {
@@ -60,6 +58,19 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   }
   for (const auto& hook : meta.post_accumulate_hooks) hook(leaf);
   return {};
+}
+
+Tensor run_tensor_hooks(const std::vector<std::function<Tensor(const Tensor&)>>& hooks, Tensor grad,
+                        const std::string& where) {
+  for (const auto& hook : hooks) {
+    Tensor replaced = hook(grad);
+    if (!replaced.defined()) continue;
+    ZG_CHECK(replaced.shape() == grad.shape() && replaced.dtype() == grad.dtype() && replaced.device() == grad.device(),
+             "backward: a tensor hook on ", where, " returned ", describe(replaced), " for the gradient ",
+             describe(grad), "; a hook returns a tensor of the gradient's shape, dtype and device, or none");
+    grad = std::move(replaced);
+  }
+  return grad;
 }
 
 namespace {

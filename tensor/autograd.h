@@ -172,6 +172,11 @@ class DifferentiableOp {
   const char* name_;
 };
 
+// Runs tensor hooks on a gradient arriving at `where` (a node's or leaf's name): each
+// may replace it, with a tensor of the same shape, dtype and device (else zg::Error).
+Tensor run_tensor_hooks(const std::vector<std::function<Tensor(const Tensor&)>>& hooks, Tensor grad,
+                        const std::string& where);
+
 // Where a gradient for `t` enters the graph: its grad_fn, or a leaf's accumulator.
 std::shared_ptr<Node> gradient_edge(const Tensor& t);
 

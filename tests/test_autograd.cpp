@@ -210,6 +210,17 @@ TEST_CASE("tensor hooks and post-accumulate-grad hooks") {
   x.register_hook([](const Tensor& g) { return g * 0.5; });  // leaf hook: before accumulation
   sum(x * 1.0).backward();
   CHECK(x.grad().to_vector<double>() == std::vector<double>{20.5, 20.5});
+
+  // A replacement must fit the gradient (was: broadcast or cast silently on a leaf, an
+  // error from deep inside a backward formula on a node).
+  const Tensor y = leaf(tensor<double>({1, 2, 3}));
+  y.register_hook([](const Tensor&) { return full({1}, 7.0, DType::f64); });
+  CHECK_THROWS_WITH_AS(sum(y * 1.0).backward(),
+                       "backward: a tensor hook on a leaf f64[3] on cpu returned f64[1] on cpu for the gradient f64[3] "
+                       "on cpu; a hook returns a tensor of the gradient's shape, dtype and device, or none", Error);
+  const Tensor z = leaf(tensor<double>({1, 2, 3})) * 3.0;
+  z.register_hook([](const Tensor& g) { return g.to(DType::f32); });
+  CHECK_THROWS_WITH_AS(sum(z).backward(), doctest::Contains("a tensor hook on the output of mul returned f32[3]"), Error);
 }
 
 TEST_CASE("backward called from a hook: on its own graph it runs, on the running graph it is refused") {

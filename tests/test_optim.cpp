@@ -272,6 +272,14 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
                        Error);
   CHECK_THROWS_WITH_AS(optim::GradScaler({.growth_interval = 0}), doctest::Contains("growth_interval must be positive"),
                        Error);
+  // The scale never overflows to inf (which stuck every later step) nor backs off so far
+  // that its inverse does.
+  optim::GradScaler huge({.init_scale = 1e308, .growth_interval = 1});
+  CHECK(huge.update(false));
+  CHECK(huge.scale_factor() == 1e308);
+  optim::GradScaler tiny({.init_scale = 1e-300});
+  for (int i = 0; i < 100; ++i) CHECK_FALSE(tiny.update(true));
+  CHECK((tiny.scale_factor() > 0 && std::isfinite(tiny.inv_scale())));
 
   // Packing: trainable floating parameters, each once, none sharing memory with another.
   const auto trainable = [](const Tensor& t) {
