@@ -94,8 +94,7 @@ int64_t available_host_bytes() {
 // formula). Without this, a model too big for the machine initialised for minutes
 // before the kernel killed the process.
 void check_host_memory(const Preset& preset, const std::vector<int>& stages, int world) {
-  int64_t psi = 0;
-  for (const Tensor& p : nn::GPT(preset.config, kMeta).parameters()) psi += p.numel();
+  const int64_t psi = nn::GPT(preset.config, kMeta).num_parameters();
   int64_t states = 0;
   for (int stage : stages) states = std::max(states, formula_states(stage, psi, world));
   const int64_t per_rank = std::max(4 * psi, states), available = available_host_bytes();

@@ -211,11 +211,13 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   // need the norm). The meta device has no values: a dry run counts bytes only.
   const double loss_scale = scaler ? scaler->scale_factor() : 1.0;
   const Device device = units_.empty() ? kCPU : units_.front()->grad_shard.device();
-  const Device reduce_on = device.type == DeviceType::meta || !group_.accepts(device) ? kCPU : device;  // mpi: host only
+  const bool dry_run = device.type == DeviceType::meta;
+  const Device sum_on = dry_run ? kCPU : device;
+  const Device reduce_on = group_.accepts(sum_on) ? sum_on : kCPU;  // mpi: host tensors only
   const Tensor bounds = tensor<double>({lr, -lr, loss_scale, -loss_scale}).to(reduce_on);
   const WorkHandle agree = group_.all_reduce_async(bounds, ReduceKind::max);
-  Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(device.type == DeviceType::meta ? kCPU : device));
-  if (device.type != DeviceType::meta)
+  Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(sum_on));
+  if (!dry_run)
     for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard).to(DType::f64);
   norm_sq = norm_sq.to(reduce_on);
   group_.all_reduce(norm_sq, ReduceKind::sum);
