@@ -135,7 +135,21 @@ void LocalHub::leave(int rank) {
 // its stream (on this worker thread, never the training thread) before the first
 // rendezvous -- its input is complete when others read it -- and before the second --
 // its reads of others' inputs are done when they go on.
+//
+// A failure inside (a scratch buffer over the memory cap, a device error) aborts the
+// hub: the others are mid-collective with this rank, and a retry would pair its next
+// call with their previous one -- wrong sums, silently. As with NCCL, a group whose
+// collective failed is finished; every rank ends with this rank's error.
 void LocalGroup::run(const Collective& c) {
+  try {
+    exchange(c);
+  } catch (const std::exception& e) {
+    hub_->abort(rank_, std::string(name(c.op)) + ": " + e.what());
+    throw;
+  }
+}
+
+void LocalGroup::exchange(const Collective& c) {
   const Device device = c.output.defined() ? c.output.device() : kCPU;
   Backend& kernels = backend(device);
   kernels.synchronize(device);

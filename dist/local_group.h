@@ -74,6 +74,7 @@ class LocalGroup final : public HostGroup {
 
  private:
   void run(const Collective& collective) override;
+  void exchange(const Collective& collective);  // run()'s work, without the abort on failure
   std::shared_ptr<LocalHub> hub_;
   int rank_;
 };

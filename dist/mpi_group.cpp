@@ -90,35 +90,38 @@ void MpiGroup::agree(const Collective& c) {
   if (std::string problem = Collective::mismatch(all, calls_++, "mpi group"); !problem.empty()) fail(problem);
 }
 
+// Scratch buffers are allocated before the ranks agree on the call: a rank that runs
+// out of memory fails before the others post anything, so it can free memory and call
+// again in step. After agree(), a failing rank exits and mpirun ends the others.
 void MpiGroup::run(const Collective& c) {
   for (const Tensor* t : {&c.input, &c.output})
     if (t->defined()) check_cpu(name(c.op), *t);
+  const bool reduces = c.op == CollectiveOp::all_reduce || c.op == CollectiveOp::reduce_scatter;
+  // What MPI reduces (the input, widened to f32 for 16-bit floats) and where a
+  // reduce-scatter lands before the copy into the output.
+  const Tensor send = reduces && is_16bit(c.input.dtype()) ? widened(c.input) : c.input;
+  Tensor result;
+  if (c.op == CollectiveOp::reduce_scatter) {
+    MemoryScope scope(MemoryCategory::communication);
+    result = empty(c.output.shape(), TensorOptions(send.dtype()));
+  }
   agree(c);
   const int count = static_cast<int>(c.output.defined() ? c.output.numel() : 0);
   switch (c.op) {
-    case CollectiveOp::all_reduce: {
-      const Tensor work = is_16bit(c.input.dtype()) ? widened(c.input) : c.input;
-      check(MPI_Allreduce(MPI_IN_PLACE, work.data_ptr(), count, mpi_type(work.dtype()), mpi_op(c.reduce),
+    case CollectiveOp::all_reduce:
+      check(MPI_Allreduce(MPI_IN_PLACE, send.data_ptr(), count, mpi_type(send.dtype()), mpi_op(c.reduce),
                           MPI_COMM_WORLD),
             "MPI_Allreduce");
-      scale(work, c.reduce, size_);
-      if (!work.is_same(c.input)) backend(kCPU).copy(work, c.input);
+      scale(send, c.reduce, size_);
+      if (!send.is_same(c.input)) backend(kCPU).copy(send, c.input);
       return;
-    }
-    case CollectiveOp::reduce_scatter: {
-      const Tensor send = is_16bit(c.input.dtype()) ? widened(c.input) : c.input;
-      Tensor result;
-      {
-        MemoryScope scope(MemoryCategory::communication);
-        result = empty(c.output.shape(), TensorOptions(send.dtype()));
-      }
+    case CollectiveOp::reduce_scatter:
       check(MPI_Reduce_scatter_block(send.data_ptr(), result.data_ptr(), count, mpi_type(send.dtype()),
                                      mpi_op(c.reduce), MPI_COMM_WORLD),
             "MPI_Reduce_scatter_block");
       scale(result, c.reduce, size_);
       backend(kCPU).copy(result, c.output);
       return;
-    }
     case CollectiveOp::all_gather: {
       const int bytes = static_cast<int>(c.input.nbytes());
       const bool in_place =

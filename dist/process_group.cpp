@@ -85,20 +85,23 @@ namespace {
 class HostWork final : public Work {
  public:
   // Each waiter gets its own Error with the collective's message: an exception object
-  // is never shared between the worker and the waiting threads.
+  // is never shared between the worker and the waiting threads. An OutOfMemory stays
+  // one, so a caller can tell a full device from a broken call.
   void wait() override {
     std::unique_lock lock(mutex_);
     done_cv_.wait(lock, [&] { return done_; });
+    if (out_of_memory_) throw OutOfMemory(error_);
     if (failed_) throw Error(error_);
   }
   bool completed() const override {
     std::lock_guard lock(mutex_);
     return done_;
   }
-  void finish(bool failed, std::string error) {
+  void finish(bool failed, bool out_of_memory, std::string error) {
     std::lock_guard lock(mutex_);
     done_ = true;
     failed_ = failed;
+    out_of_memory_ = out_of_memory;
     error_ = std::move(error);
     done_cv_.notify_all();
   }
@@ -106,7 +109,7 @@ class HostWork final : public Work {
  private:
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
-  bool done_ = false, failed_ = false;
+  bool done_ = false, failed_ = false, out_of_memory_ = false;
   std::string error_;
 };
 
@@ -154,18 +157,21 @@ class CommWorker {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      bool failed = false;
+      bool failed = false, out_of_memory = false;
       std::string error;
       try {
         ContextGuard context(*job.context);
         MemoryScope scope(job.category);
         run_(job.collective);
+      } catch (const OutOfMemory& e) {
+        failed = out_of_memory = true;
+        error = e.what();
       } catch (const std::exception& e) {
         failed = true;
         error = e.what();
       }
       job.collective = Collective{};  // the buffers go before waiters wake: freed memory is freed when wait() returns
-      job.work->finish(failed, std::move(error));
+      job.work->finish(failed, out_of_memory, std::move(error));
     }
   }
 

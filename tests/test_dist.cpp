@@ -234,6 +234,41 @@ TEST_CASE("a rank that throws ends the others with its error; one that leaves ea
                        Error);
 }
 
+TEST_CASE("a collective that fails on one rank ends the group: the others get its error, a retry does not pair out of step") {
+  // Rank 1's scratch buffer does not fit its memory cap. Before, the others went on to
+  // the next collective with it, so rank 1's retry met their next call: wrong sums.
+  std::vector<std::string> seen(2);
+  std::atomic<bool> out_of_memory_kept{false};
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(dist::run_local(
+                      2,
+                      [&](ProcessGroup& pg) {
+                        const Tensor grads = full({4096}, 1.0);
+                        if (pg.rank() == 1) Context::current().allocator(kCPU)->set_cap(20000);
+                        try {
+                          pg.all_reduce(grads);
+                        } catch (const OutOfMemory&) {
+                          out_of_memory_kept = true;  // the type survives the worker thread
+                          Context::current().allocator(kCPU)->set_cap(0);
+                        } catch (const Error& e) {
+                          seen[pg.rank()] = e.what();
+                        }
+                        try {
+                          pg.all_reduce(grads);  // the retry (rank 1) and the next step (rank 0)
+                        } catch (const Error& e) {
+                          if (pg.rank() == 1) seen[1] = e.what();
+                          throw;
+                        }
+                      },
+                      {60s}),
+                  Error);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  CHECK(out_of_memory_kept);
+  CHECK(seen[0].find("rank 1 failed: all_reduce: out of memory on cpu (over the memory cap): tried to allocate "
+                     "16.00 KiB for communication") != std::string::npos);
+  CHECK(seen[1].find("rank 1 failed: all_reduce: out of memory") != std::string::npos);
+}
+
 TEST_CASE("a rank still in a collective when the timeout ends says which ranks it waited for") {
   CHECK_THROWS_WITH_AS(dist::run_local(
                            2,
