@@ -56,15 +56,6 @@ bool is_cpu(const Tensor& t) { return t.device().type == DeviceType::cpu; }
 void copy_on_device(const Tensor& src, const Tensor& dst, cudaStream_t stream) {
   const int64_t n = dst.numel();
   if (n == 0) return;
-  // Two views of one storage may overlap (t[1:] = t[:-1]): neither cudaMemcpy nor an
-  // elementwise kernel defines that, so go through a temporary, as memmove would.
-  if (src.storage() == dst.storage() &&
-      !(src.data_ptr() == dst.data_ptr() && src.strides() == dst.strides() && src.dtype() == dst.dtype())) {
-    const Tensor staged = Tensor::empty(src.shape(), TensorOptions(src.dtype()).device(src.device()));
-    copy_on_device(src, staged, stream);
-    copy_on_device(staged, dst, stream);
-    return;
-  }
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
     if (src.data_ptr() == dst.data_ptr()) return;  // copying a tensor onto itself
     ZG_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(dst.nbytes()),

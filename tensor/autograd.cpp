@@ -1,6 +1,7 @@
 #include "tensor/autograd.h"
 
 #include "tensor/ops.h"
+#include "tensor/ops/checks.h"
 
 namespace zg {
 
@@ -181,9 +182,11 @@ void Tensor::set_grad(const Tensor& grad) const {
 }
 
 void Tensor::set_grad_unchecked(const Tensor& grad) const {
-  if (grad.defined())
+  if (grad.defined()) {
     ZG_CHECK(grad.shape() == shape() && grad.dtype() == dtype() && grad.device() == device(),
              "set_grad: gradient ", describe(grad), " does not match the tensor ", describe(*this));
+    detail::check_no_broadcast_dims("set_grad", "gradient", grad);  // backward accumulates into it
+  }
   meta_of(*this).grad = grad;
 }
 
@@ -214,6 +217,8 @@ void Tensor::set_data(const Tensor& source) const {
 
 void Tensor::set_data_unchecked(const Tensor& source) const {
   ZG_CHECK(source.defined(), "set_data: got an undefined tensor for ", describe(*this));
+  ZG_CHECK(!requires_grad() || is_floating(source.dtype()), "set_data: ", describe(*this),
+           " requires grad, so its data must be floating-point, not ", describe(source));
   TensorImpl& self = impl();
   const bool same_kind = source.shape() == self.shape && source.dtype() == self.dtype &&
                          source.device() == self.storage->device();

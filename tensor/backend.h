@@ -78,6 +78,9 @@ class Backend {
   virtual void fill_random(const Tensor& out, const RandomSpec& spec) = 0;
   // dst[i] = cast(src[i]); same shape, both any strides, dtypes may differ.
   // Devices may differ when one of them is the CPU (host <-> device transfer).
+  // Like every kernel that writes an operand it reads (binary's out = a), src and dst
+  // are either the same elements or disjoint: Tensor::copy_ and add_ stage a source
+  // that overlaps otherwise (x.copy_(x.t())).
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
 
   virtual void unary(UnaryOp op, const Tensor& in, const Tensor& out) = 0;

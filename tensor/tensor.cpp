@@ -102,6 +102,38 @@ Tensor record_part(const Tensor& out, const Tensor& in, const DifferentiableOp& 
   return out;
 }
 
+// The bytes [first, last] a view can touch; nullopt when it has no elements.
+std::optional<std::pair<int64_t, int64_t>> byte_extent(const Tensor& t) {
+  if (t.numel() == 0) return std::nullopt;
+  int64_t last = t.offset();
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
+  const int64_t size = element_size(t.dtype());
+  return std::pair{t.offset() * size, (last + 1) * size - 1};
+}
+
+// The source of an in-place write (dst[i] op= src[i], src already expanded to dst's
+// shape), as the write may read it: a copy when the two overlap other than element for
+// element (x.copy_(x.t()), x[1:] += x[:-1]) -- read while written, those would see
+// values already overwritten. memmove's rule, for strided views.
+Tensor unaliased_source(const Tensor& src, const Tensor& dst) {
+  if (src.storage() != dst.storage()) return src;
+  const bool same_elements = src.offset() == dst.offset() && src.strides() == dst.strides() &&
+                             element_size(src.dtype()) == element_size(dst.dtype());
+  const auto a = byte_extent(src), b = byte_extent(dst);
+  if (same_elements || !a || !b || a->second < b->first || b->second < a->first) return src;
+  Tensor staged = Tensor::empty(src.shape(), TensorOptions(src.dtype()).device(src.device()));
+  backend(src.device()).copy(src, staged);
+  return staged;
+}
+
+// An in-place write records no gradient: from a source that requires grad (under grad
+// mode) the gradient would be lost without a trace.
+void check_source_needs_no_grad(const Tensor& src, const char* op) {
+  ZG_CHECK(!(GradMode::is_enabled() && src.requires_grad()), op, ": the source ", describe(src),
+           " requires grad, and an in-place write records no gradient for it; use an op that does "
+           "(clone(), to(), +), or write a detach()ed source or under NoGradGuard");
+}
+
 }  // namespace
 
 void begin_inplace(const Tensor& t, const char* op) {
@@ -310,11 +342,11 @@ Tensor Tensor::contiguous() const {
 // ---- copies and conversions ----
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  detail::check_defined("copy_", src);
+  detail::check_no_broadcast_dims("copy_", "destination", *this);
+  check_source_needs_no_grad(src, "copy_");
   begin_inplace(*this, "copy_");
-  for (int64_t d = 0; d < dim(); ++d)
-    ZG_CHECK(strides()[d] != 0 || shape()[d] <= 1, "copy_: the destination ", describe(*this),
-             " has broadcast (stride 0) dims, so several elements share one memory location");
-  const Tensor source = src.shape() == shape() ? src : src.expand(shape());
+  const Tensor source = unaliased_source(src.shape() == shape() ? src : src.expand(shape()), *this);
   const Device from = source.device(), to = device();
   if (to.type == DeviceType::meta) return *this;  // meta tensors hold no data
   ZG_CHECK(from.type != DeviceType::meta, "copy_: cannot copy data out of a meta tensor (", describe(source),
@@ -333,14 +365,17 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   detail::check_compatible("add_", *this, other);
   ZG_CHECK(broadcast_shapes(shape(), other.shape(), "add_") == shape(), "add_: ", describe(other),
            " does not broadcast to ", describe(*this));
+  detail::check_no_broadcast_dims("add_", "destination", *this);
+  check_source_needs_no_grad(other, "add_");
   const Tensor scaled = alpha == 1.0 ? other : mul(other, alpha);
   begin_inplace(*this, "add_");
-  backend(device()).binary(BinaryOp::add, *this, scaled.expand(shape()), *this);
+  backend(device()).binary(BinaryOp::add, *this, unaliased_source(scaled.expand(shape()), *this), *this);
   return *this;
 }
 
 Tensor& Tensor::mul_(double factor) {
   const Tensor scalar = detail::scalar_like(*this, factor);
+  detail::check_no_broadcast_dims("mul_", "destination", *this);
   begin_inplace(*this, "mul_");
   backend(device()).binary(BinaryOp::mul, *this, scalar.expand(shape()), *this);
   return *this;

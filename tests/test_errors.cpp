@@ -2,6 +2,7 @@
 #include <functional>
 
 #include "helpers.h"
+#include "tensor/autograd.h"
 
 namespace zg::test {
 
@@ -76,6 +77,35 @@ TEST_CASE("views that strides cannot express") {
   CHECK_THROWS_WITH_AS(zeros({3, 1}).expand({3, 4}).fill_(1).copy_(zeros({3, 4})),
                        "copy_: the destination f32[3, 4] on cpu has broadcast (stride 0) dims, so several elements "
                        "share one memory location",
+                       Error);
+  // add_ and mul_ into a broadcast view updated one value several times; set_grad
+  // handed backward such a tensor to accumulate into.
+  CHECK_THROWS_WITH_AS(zeros({3, 1}).expand({3, 4}).add_(ones({3, 4})),
+                       "add_: the destination f32[3, 4] on cpu has broadcast (stride 0) dims, so several elements "
+                       "share one memory location",
+                       Error);
+  CHECK_THROWS_WITH_AS(ones({1}).expand({4}).mul_(2.0), doctest::Contains("mul_: the destination f32[4] on cpu has broadcast"),
+                       Error);
+  CHECK_THROWS_WITH_AS(zeros({4}).set_requires_grad(true).set_grad(zeros({1}).expand({4})),
+                       "set_grad: the gradient f32[4] on cpu has broadcast (stride 0) dims, so several elements "
+                       "share one memory location",
+                       Error);
+  CHECK_NOTHROW(ones({1, 4}).expand({1, 4}).mul_(2.0));  // a size-1 dim's stride is never used
+  // An in-place write from a source that requires grad dropped its gradient silently.
+  const Tensor w = ones({3}).set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(zeros({3}).copy_(w),
+                       "copy_: the source f32[3] on cpu requires grad, and an in-place write records no gradient for "
+                       "it; use an op that does (clone(), to(), +), or write a detach()ed source or under NoGradGuard",
+                       Error);
+  CHECK_THROWS_WITH_AS(zeros({3}).add_(w * 2.0), doctest::Contains("add_: the source f32[3] on cpu requires grad"), Error);
+  CHECK_NOTHROW(zeros({3}).copy_(w.detach()));
+  {
+    NoGradGuard no_grad;
+    CHECK_NOTHROW(zeros({3}).add_(w));
+  }
+  // set_data could make an integer tensor require grad.
+  CHECK_THROWS_WITH_AS(w.set_data(zeros({3}, DType::i64)),
+                       "set_data: f32[3] on cpu requires grad, so its data must be floating-point, not i64[3] on cpu",
                        Error);
   CHECK_THROWS_WITH_AS(zeros({-1}), "empty: negative size in shape [-1]", Error);
   CHECK_THROWS_WITH_AS(zeros({1, 3}).expand({2, -3}), "expand: cannot expand shape [1, 3] to [2, -3]", Error);

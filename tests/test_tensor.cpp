@@ -73,6 +73,29 @@ TEST_CASE("writing through a view changes the base") {
   }
 }
 
+TEST_CASE("an in-place write whose source overlaps the destination reads the values from before the write") {
+  // Before, the CPU read elements it had already overwritten: x.copy_(x.t()) gave a
+  // half-transposed matrix and x[1:] += x[:-1] a running sum.
+  for (const Device device : devices()) {
+    INFO(device.str());
+    const auto square = [&] { return arange(0.0, 9.0, 1.0, DType::f32).view({3, 3}).to(device); };
+    Tensor x = square();
+    x.copy_(x.t());
+    CHECK(x.to_vector<float>() == std::vector<float>{0, 3, 6, 1, 4, 7, 2, 5, 8});
+    const Tensor row = arange(0.0, 5.0, 1.0, DType::f32).to(device);
+    row.narrow(0, 1, 4).add_(row.narrow(0, 0, 4));
+    CHECK(row.to_vector<float>() == std::vector<float>{0, 1, 3, 5, 7});
+    const Tensor shifted = arange(0.0, 5.0, 1.0, DType::f32).to(device);
+    shifted.narrow(0, 0, 4).copy_(shifted.narrow(0, 1, 4));  // memmove's direction, the other way round
+    CHECK(shifted.to_vector<float>() == std::vector<float>{1, 2, 3, 4, 4});
+    Tensor y = square();
+    y.add_(y);  // the same elements: no staging needed, and none wrong
+    CHECK(y.to_vector<float>() == std::vector<float>{0, 2, 4, 6, 8, 10, 12, 14, 16});
+    y.select(0, 0).copy_(y.select(1, 0));  // a row from a column: they share element 0
+    CHECK(y.to_vector<float>() == std::vector<float>{0, 6, 12, 6, 8, 10, 12, 14, 16});
+  }
+}
+
 TEST_CASE("view shapes and strides") {
   const Tensor x = zeros({2, 3, 4});
   CHECK(x.permute({2, 0, 1}).shape() == Shape{4, 2, 3});

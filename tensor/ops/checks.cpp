@@ -6,6 +6,12 @@ void check_defined(const char* op, const Tensor& t) {
   ZG_CHECK(t.defined(), op, ": got an undefined tensor");
 }
 
+void check_no_broadcast_dims(const char* op, const char* what, const Tensor& t) {
+  for (int64_t d = 0; d < t.dim(); ++d)
+    ZG_CHECK(t.strides()[d] != 0 || t.shape()[d] <= 1, op, ": the ", what, " ", describe(t),
+             " has broadcast (stride 0) dims, so several elements share one memory location");
+}
+
 void check_compatible(const char* op, const Tensor& a, const Tensor& b) {
   check_defined(op, a);
   check_defined(op, b);

@@ -16,6 +16,11 @@ void check_index_dtype(const char* op, const Tensor& indices);  // i32 or i64
 // -1, which a zero-size C leaves ambiguous). A view where the layout allows, else a copy.
 Tensor as_rows(const Tensor& x);
 
+// A tensor written element by element (the destination of an in-place op, a gradient
+// that backward accumulates into) needs one memory location per element: through a
+// broadcast (stride 0) dim, several elements would update one value.
+void check_no_broadcast_dims(const char* op, const char* what, const Tensor& t);
+
 TensorOptions options_of(const Tensor& t);
 // A 0-dim tensor holding `value` in t's dtype, on t's device.
 Tensor scalar_like(const Tensor& t, double value);
