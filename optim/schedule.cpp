@@ -9,6 +9,8 @@
 namespace zg::optim {
 
 double warmup_cosine_lr(int64_t step, double max_lr, double min_lr, int64_t warmup, int64_t total) {
+  ZG_CHECK(step >= 0 && warmup >= 0, "warmup_cosine_lr: step and warmup count from 0, got step ", step,
+           " and warmup ", warmup);
   if (step < warmup) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
   if (step >= total) return min_lr;
   const double t = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(total - warmup, 1));

@@ -74,6 +74,25 @@ TEST_CASE("AdamW leaves biases and norms undecayed; SGD with momentum by hand") 
   }
   // buf: 1, then 1.9; p: 1 - 0.1 - 0.19 = 0.71
   CHECK(module.p.to_vector<float>()[0] == doctest::Approx(0.71));
+
+  // f64 training keeps its momentum in f64 (it was always f32, and the step failed).
+  OneParam wide({1.0, 2.0, 3.0});
+  wide.to(DType::f64);
+  optim::FlatParameters wide_flat(wide.named_parameters(), DType::f64);
+  optim::SGD wide_sgd(wide_flat, {0.9, 0.0});
+  CHECK(wide_sgd.momentum_buffer.dtype() == DType::f64);
+  for (int t = 0; t < 2; ++t) {
+    wide_flat.grad.fill_(1.0);
+    wide_sgd.step(0.1);
+  }
+  CHECK(wide.p.to_vector<double>()[0] == doctest::Approx(0.71).epsilon(1e-15));
+
+  // A NaN lr made every weight NaN.
+  CHECK_THROWS_WITH_AS(sgd.step(NAN), "SGD: lr must be >= 0 and finite, got nan", Error);
+  CHECK_THROWS_WITH_AS(sgd.step(0.1, -1.0), "SGD: grad_scale must be >= 0 and finite, got -1", Error);
+  CHECK_THROWS_WITH_AS(optim::SGD(sgd_flat, {INFINITY, 0.0}), "SGD: momentum must be >= 0 and finite, got inf", Error);
+  CHECK_THROWS_WITH_AS(optim::SGD(sgd_flat, {0.9, -0.1}), "SGD: weight_decay must be >= 0 and finite, got -0.1", Error);
+  CHECK(module.p.to_vector<float>()[0] == doctest::Approx(0.71));  // refused steps changed nothing
 }
 
 TEST_CASE("warmup + cosine schedule, grad norm and clipping") {
@@ -81,6 +100,8 @@ TEST_CASE("warmup + cosine schedule, grad norm and clipping") {
   CHECK(optim::warmup_cosine_lr(9, 1.0, 0.1, 10, 110) == doctest::Approx(1.0));
   CHECK(optim::warmup_cosine_lr(60, 1.0, 0.1, 10, 110) == doctest::Approx(0.55));
   CHECK(optim::warmup_cosine_lr(110, 1.0, 0.1, 10, 110) == doctest::Approx(0.1));
+  CHECK_THROWS_WITH_AS(optim::warmup_cosine_lr(-1, 1.0, 0.1, 10, 110),  // gave a negative lr
+                       "warmup_cosine_lr: step and warmup count from 0, got step -1 and warmup 10", Error);
   OneParam module({0, 0, 0});
   optim::FlatParameters flat(module.named_parameters(), DType::bf16);
   flat.grad.copy_(tensor<float>({3, 0, 4}));
