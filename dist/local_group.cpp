@@ -23,10 +23,11 @@ void finish(const Tensor& acc, ReduceKind op, int size) {
   backend(acc.device()).binary(BinaryOp::mul, acc, factor.expand(acc.shape()), acc);
 }
 
-Tensor scratch_like(const Tensor& t) {
+Tensor scratch_like(const Tensor& t, DType dtype) {
   MemoryScope scope(MemoryCategory::communication);
-  return empty(t.shape(), TensorOptions(t.dtype()).device(t.device()));
+  return empty(t.shape(), TensorOptions(dtype).device(t.device()));
 }
+Tensor scratch_like(const Tensor& t) { return scratch_like(t, t.dtype()); }
 
 int valid_world_size(int size) {
   ZG_CHECK(size >= 1, "local group: world size must be at least 1, got ", size);
@@ -164,14 +165,16 @@ void LocalGroup::exchange(const Collective& c) {
       const auto part = [&](int q) {
         return c.op == CollectiveOp::all_reduce ? input_of(q) : input_of(q).narrow(0, rank_ * shard, shard);
       };
-      result = scratch_like(c.output);
+      // Accumulated in host_reduction_dtype (f32 for 16-bit floats), as the mpi group does.
+      result = scratch_like(c.output, host_reduction_dtype(c.output.dtype()));
       kernels.copy(part(0), result);
+      Tensor staged;  // another rank's part, cast or brought from its GPU to this one
       for (int q = 1; q < n; ++q) {
         Tensor other = part(q);
-        if (other.device() != result.device()) {  // ranks on different GPUs: bring it here first
-          const Tensor local = scratch_like(result);
-          kernels.copy(other, local);
-          other = local;
+        if (other.device() != result.device() || other.dtype() != result.dtype()) {
+          if (!staged.defined()) staged = scratch_like(result);
+          kernels.copy(other, staged);
+          other = staged;
         }
         combine(result, other, c.reduce);
       }

@@ -20,7 +20,8 @@ void check(int status, const char* call) {
   fail("mpi group: ", call, " failed: ", std::string(text, static_cast<size_t>(length)));
 }
 
-// Reductions run in f32 for the 16-bit floats (MPI has no type for them), in place otherwise.
+// Reductions run in f32 for the 16-bit floats (MPI has no type for them, and see
+// host_reduction_dtype), in place otherwise.
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
     case DType::f64: return MPI_DOUBLE;
@@ -31,11 +32,11 @@ MPI_Datatype mpi_type(DType dtype) {
   }
 }
 
-bool is_16bit(DType d) { return d == DType::f16 || d == DType::bf16; }
-
+// t itself, or a copy in the dtype MPI reduces it in (f32 for 16-bit floats).
 Tensor widened(const Tensor& t) {
+  if (host_reduction_dtype(t.dtype()) == t.dtype()) return t;
   MemoryScope scope(MemoryCategory::communication);
-  Tensor wide = empty(t.shape(), TensorOptions(DType::f32));
+  Tensor wide = empty(t.shape(), TensorOptions(host_reduction_dtype(t.dtype())));
   backend(kCPU).copy(t, wide);
   return wide;
 }
@@ -99,7 +100,7 @@ void MpiGroup::run(const Collective& c) {
   const bool reduces = c.op == CollectiveOp::all_reduce || c.op == CollectiveOp::reduce_scatter;
   // What MPI reduces (the input, widened to f32 for 16-bit floats) and where a
   // reduce-scatter lands before the copy into the output.
-  const Tensor send = reduces && is_16bit(c.input.dtype()) ? widened(c.input) : c.input;
+  const Tensor send = reduces ? widened(c.input) : c.input;
   Tensor result;
   if (c.op == CollectiveOp::reduce_scatter) {
     MemoryScope scope(MemoryCategory::communication);

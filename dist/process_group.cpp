@@ -78,6 +78,8 @@ std::string Collective::mismatch(const std::vector<Signature>& all, int64_t inde
   return "";
 }
 
+DType host_reduction_dtype(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16 ? DType::f32 : dtype; }
+
 // ---- the communication worker -------------------------------------------------
 
 namespace {

@@ -58,6 +58,23 @@ TEST_CASE("local collectives compute the right values for N = 1, 2, 4") {
   }
 }
 
+TEST_CASE("16-bit floats are reduced in f32 and rounded once, as the mpi group does") {
+  dist::run_local(4, [](ProcessGroup& pg) {
+    // f16's largest value is 65504: summed first in f16, the average of 40000s was inf.
+    Tensor half = full({2}, 40000.0, DType::f16);
+    pg.all_reduce(half, ReduceKind::average);
+    CHECK(half.to_vector<float>() == std::vector<float>{40000, 40000});
+    // 256 + 1 + 1 + 1 in bf16 steps stays 256 (each +1 is a tie, rounded to even);
+    // in f32 it is 259, which rounds to 260.
+    Tensor wide = full({1}, pg.rank() == 0 ? 256.0 : 1.0, DType::bf16);
+    pg.all_reduce(wide);
+    CHECK(wide.item<float>() == 260.0f);
+    Tensor shard = zeros({1}, DType::bf16);
+    pg.reduce_scatter(full({4}, pg.rank() == 0 ? 256.0 : 1.0, DType::bf16), shard);
+    CHECK(shard.item<float>() == 260.0f);
+  });
+}
+
 TEST_CASE("bytes sent follow the ring model") {
   dist::run_local(4, [](ProcessGroup& pg) {
     Tensor buffer = zeros({1000});  // 4000 bytes
