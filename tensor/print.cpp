@@ -16,66 +16,64 @@ namespace {
 constexpr int64_t kSummarizeThreshold = 1000;  // elements; as torch.set_printoptions
 constexpr int64_t kEdgeItems = 3;
 
-// How every element of one tensor is written: one shared style and width.
-struct Formatter {
-  enum class Style { integer, fixed, scientific, whole_float, boolean } style = Style::fixed;
+// Every shown element as text, and the width they are padded to.
+struct Cells {
+  std::vector<std::string> text;
   int width = 1;
+};
 
-  std::string operator()(double v) const {
+// Floats, as PyTorch chooses: all whole as "1."; scientific when the magnitudes span
+// more than 1e3 or leave [1e-4, 1e8]; else 4 decimals. The width comes from the finite
+// non-zero values, so nan, inf and 0 don't pad.
+Cells format_floats(const std::vector<double>& values) {
+  bool whole = true;
+  double lo = INFINITY, hi = 0;
+  for (double v : values) {
+    if (!std::isfinite(v)) continue;
+    whole = whole && v == std::nearbyint(v);
+    if (v != 0) {
+      lo = std::min(lo, std::fabs(v));
+      hi = std::max(hi, std::fabs(v));
+    }
+  }
+  const char* style = "%.4f";
+  if (hi == 0) style = "%.0f.";
+  else if (whole) style = hi > 1e8 ? "%.4e" : "%.0f.";
+  else if (hi / lo > 1e3 || hi > 1e8 || lo < 1e-4) style = "%.4e";
+  Cells cells;
+  for (double v : values) {
     char buf[64];
     if (std::isnan(v)) std::snprintf(buf, sizeof buf, "nan");
     else if (std::isinf(v)) std::snprintf(buf, sizeof buf, v > 0 ? "inf" : "-inf");
-    else switch (style) {
-        case Style::boolean: std::snprintf(buf, sizeof buf, "%s", v != 0 ? "True" : "False"); break;
-        case Style::integer: std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v)); break;
-        case Style::whole_float: std::snprintf(buf, sizeof buf, "%.0f.", v); break;
-        case Style::fixed: std::snprintf(buf, sizeof buf, "%.4f", v); break;
-        case Style::scientific: std::snprintf(buf, sizeof buf, "%.4e", v); break;
-      }
-    return buf;
+    else std::snprintf(buf, sizeof buf, style, v);
+    cells.text.emplace_back(buf);
+    if (std::isfinite(v) && v != 0) cells.width = std::max<int>(cells.width, static_cast<int>(cells.text.back().size()));
   }
-};
+  return cells;
+}
 
-// PyTorch's choice: integers as integers; floats that are all whole as "1.";
-// scientific when the magnitudes span more than 1e3 or leave [1e-4, 1e8]; else 4 decimals.
-Formatter make_formatter(const std::vector<double>& values, DType dtype) {
-  Formatter f;
-  if (dtype == DType::boolean) f.style = Formatter::Style::boolean;
-  else if (!is_floating(dtype)) f.style = Formatter::Style::integer;
-  else {
-    bool whole = true;
-    double lo = INFINITY, hi = 0;
-    for (double v : values) {
-      if (!std::isfinite(v)) continue;
-      whole = whole && v == std::nearbyint(v);
-      if (v != 0) {
-        lo = std::min(lo, std::fabs(v));
-        hi = std::max(hi, std::fabs(v));
-      }
-    }
-    if (hi == 0) f.style = Formatter::Style::whole_float;
-    else if (whole) f.style = hi > 1e8 ? Formatter::Style::scientific : Formatter::Style::whole_float;
-    else if (hi / lo > 1e3 || hi > 1e8 || lo < 1e-4) f.style = Formatter::Style::scientific;
+// Integers exactly (read as int64: through a double, INT64_MAX printed as 2^63), bools
+// as True/False; every value counts for the width.
+Cells format_exact(const Tensor& part) {
+  Cells cells;
+  for (int64_t v : part.to_vector<int64_t>()) {
+    cells.text.push_back(part.dtype() == DType::boolean ? (v != 0 ? "True" : "False") : std::to_string(v));
+    cells.width = std::max<int>(cells.width, static_cast<int>(cells.text.back().size()));
   }
-  // As PyTorch: the width comes from the finite values (non-zero ones for floats), so nan/inf don't pad.
-  for (double v : values)
-    if (std::isfinite(v) && (v != 0 || !is_floating(dtype)))
-      f.width = std::max<int>(f.width, static_cast<int>(f(v).size()));
-  return f;
+  return cells;
 }
 
 // Renders nested brackets. `values` holds only the shown part (row-major, with
 // `strides`); `shape` is the full shape, which decides where "..." goes.
 struct Printer {
-  const std::vector<double>& values;
+  const Cells& cells;
   const Shape& shape;
   const Shape strides;
-  const Formatter& format;
   bool summarize;
 
   std::string element(int64_t index) const {
-    const std::string s = format(values[index]);
-    return std::string(std::max<int>(format.width - static_cast<int>(s.size()), 0), ' ') + s;
+    const std::string& s = cells.text[index];
+    return std::string(std::max<int>(cells.width - static_cast<int>(s.size()), 0), ' ') + s;
   }
 
   // Positions (in the shown part) along a dim of full `size`: all of them, or the
@@ -129,9 +127,8 @@ std::string Tensor::str() const {
     for (int64_t d = 0; summarize && d < dim(); ++d)
       if (shape()[d] > 2 * kEdgeItems)
         part = cat({part.narrow(d, 0, kEdgeItems), part.narrow(d, shape()[d] - kEdgeItems, kEdgeItems)}, d);
-    const std::vector<double> values = part.to_vector<double>();
-    const Formatter format = make_formatter(values, dtype());
-    const Printer printer{values, shape(), contiguous_strides(part.shape()), format, summarize};
+    const Cells cells = is_floating(dtype()) ? format_floats(part.to_vector<double>()) : format_exact(part);
+    const Printer printer{cells, shape(), contiguous_strides(part.shape()), summarize};
     body = dim() == 0 ? printer.element(0) : printer.render(0, 0, 7);  // 7 = strlen("tensor(")
     if (dim() == 0) body.erase(0, body.find_first_not_of(' '));
   }

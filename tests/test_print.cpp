@@ -9,6 +9,8 @@ TEST_CASE("tensors print like PyTorch") {
   CHECK(tensor<int64_t>({1, 20, 3, 4}, {2, 2}).str() == "tensor([[ 1, 20],\n        [ 3,  4]])");
   CHECK(tensor<double>({0.5}, {}).str() == "tensor(0.5000, dtype=f64)");
   CHECK(tensor<bool>({true, false}).str() == "tensor([ True, False])");
+  // Read through a double, INT64_MAX printed as 9223372036854775808.
+  CHECK(tensor<int64_t>({INT64_MAX, INT64_MIN}).str() == "tensor([ 9223372036854775807, -9223372036854775808])");
   CHECK(tensor<float>({1e-5f, 1.0f}).str() == "tensor([1.0000e-05, 1.0000e+00])");
   CHECK(zeros({2, 1, 2}, DType::i32).str() == "tensor([[[0, 0]],\n\n        [[0, 0]]], dtype=i32)");
   CHECK(zeros({0}).str() == "tensor([])");
