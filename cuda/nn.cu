@@ -247,7 +247,10 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const I* target, 
     }
     const bool valid = t >= 0 && t < classes;
     const double g = static_cast<double>(grad_loss[row]);
-    const double lse = valid ? static_cast<double>(loss[row]) + load(x, t) : NAN;
+    double lse = valid ? static_cast<double>(loss[row]) + load(x, t) : NAN;
+    // x[t] = -inf makes the loss inf, and inf - inf no lse: read the row again (the
+    // branch is the same for the whole block, which row_logsumexp needs).
+    if (valid && !isfinite(lse)) lse = row_logsumexp(x, classes);
     for (int64_t j = threadIdx.x; j < classes; j += kThreads)
       dx[j] = convert<T>(g * (exp(load(x, j) - lse) - (j == t ? 1.0 : 0.0)));
   }

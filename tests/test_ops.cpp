@@ -480,6 +480,23 @@ TEST_CASE("cross_entropy skips ignored targets and is NaN when all are ignored")
   CHECK(std::isnan(cross_entropy(logits, tensor<int64_t>({-100, -100, -100})).item<double>()));
 }
 
+TEST_CASE("cross_entropy of a -inf target logit: the loss is inf and the gradient softmax - onehot, as in PyTorch") {
+  // The backward rebuilt the logsumexp as loss + x[t] = inf - inf: a NaN row.
+  for (const Device device : devices()) {
+    INFO(device.str());
+    const Tensor logits =
+        tensor<float>({-INFINITY, 0, 0, 1, 2, 3}, {2, 3}).to(device).set_requires_grad(true);
+    const Tensor loss = cross_entropy(logits, tensor<int64_t>({0, 2}).to(device));
+    CHECK(std::isinf(loss.item<float>()));
+    loss.backward();
+    const std::vector<float> grad = logits.grad().to_vector<float>();
+    const double z = std::exp(1.0) + std::exp(2.0) + std::exp(3.0);
+    const std::vector<double> want{-0.5, 0.25, 0.25, std::exp(1.0) / z / 2, std::exp(2.0) / z / 2,
+                                   (std::exp(3.0) / z - 1) / 2};
+    for (size_t j = 0; j < want.size(); ++j) CHECK(grad[j] == doctest::Approx(want[j]).epsilon(1e-6));
+  }
+}
+
 TEST_CASE("layer_norm returns the statistics backward needs") {
   const Tensor x = tensor<float>({1, 2, 3, 4, 10, 10, 10, 10}, {2, 4});
   const LayerNormOutput r = layer_norm_with_stats(x, Tensor(), Tensor(), 1e-5);

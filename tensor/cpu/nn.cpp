@@ -199,7 +199,8 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64
   });
 }
 
-// lse_i = loss_i + x_i[t_i]:  dx_i = g_i (exp(x_i - lse_i) - onehot(t_i)), 0 for ignored rows.
+// lse_i = loss_i + x_i[t_i] (recomputed where that is not finite):
+//   dx_i = g_i (exp(x_i - lse_i) - onehot(t_i)), 0 for ignored rows.
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                         const Tensor& loss, const Tensor& grad_loss, const Tensor& grad_logits) {
   const int64_t rows = logits.size(0), classes = logits.size(1);
@@ -220,7 +221,8 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
           ZG_CHECK(t >= 0 && t < classes, "cross_entropy_backward: target ", t, " is out of range for ", classes,
                    " classes (row ", i, ")");
           const double g = grad_loss.data<Loss>()[i];
-          const double lse = static_cast<double>(loss.data<Loss>()[i]) + static_cast<double>(compute_t<T>(x[t]));
+          double lse = static_cast<double>(loss.data<Loss>()[i]) + static_cast<double>(compute_t<T>(x[t]));
+          if (!std::isfinite(lse)) lse = logsumexp(x, classes);  // x[t] = -inf: the loss is inf, and inf - inf no lse
           for (int64_t j = 0; j < classes; ++j)
             dx[j] = convert<T>(g * (std::exp(static_cast<double>(compute_t<T>(x[j])) - lse) - (j == t ? 1.0 : 0.0)));
         }
