@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <typeinfo>
+#include <unordered_set>
 
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -60,6 +61,15 @@ bool Module::contains(const Module* module) const {
 Tensor Module::register_parameter(const std::string& name, const Tensor& value, bool requires_grad) {
   check_new_name("register_parameter", name);
   ZG_CHECK(value.defined(), "register_parameter: '", name, "' is an undefined tensor");
+  // Another module's parameter is registered as itself -- one tensor, one .grad -- so
+  // a weight shared by two modules stays shared (PyTorch's rule). Anything else is
+  // detached into a new leaf.
+  const bool is_parameter = value.requires_grad() && value.is_leaf() && requires_grad &&
+                            value.storage()->category() == MemoryCategory::parameter;
+  if (is_parameter) {
+    parameters_.emplace_back(name, value);
+    return value;
+  }
   Tensor param = value.detach();
   if (param.storage()->category() != MemoryCategory::parameter) {
     MemoryScope scope(MemoryCategory::parameter);
@@ -94,9 +104,14 @@ void Module::collect(const std::string& prefix, bool buffers, NamedTensors& out)
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", buffers, out);
 }
 
+// A parameter registered in several modules (a shared weight) is listed once, under
+// the first name the walk meets.
 NamedTensors Module::named_parameters() const {
-  NamedTensors out;
-  collect("", false, out);
+  NamedTensors all, out;
+  collect("", false, all);
+  std::unordered_set<const TensorImpl*> seen;
+  for (auto& entry : all)
+    if (seen.insert(&entry.second.impl()).second) out.push_back(std::move(entry));
   return out;
 }
 
@@ -134,13 +149,12 @@ void Module::convert(const std::function<Tensor(const Tensor&)>& fn) {
       fail("to: parameter '", name, "' lives in the flat buffers of ", owner->describe(),
            ", which would not follow it; move or convert the model before building that");
   NoGradGuard no_grad;
-  for (auto& [_, m] : named_modules()) {
-    for (auto& [name, p] : m->parameters_) {
-      MemoryScope scope(MemoryCategory::parameter);
-      p.set_data(fn(p.detach()));
-    }
-    for (auto& [name, b] : m->buffers_) b.set_data(fn(b.detach()));
+  for (auto& [_, p] : named_parameters()) {  // a shared parameter once: its handles all see the new data
+    MemoryScope scope(MemoryCategory::parameter);
+    p.set_data(fn(p.detach()));
   }
+  for (auto& [_, m] : named_modules())
+    for (auto& [name, b] : m->buffers_) b.set_data(fn(b.detach()));
 }
 
 void Module::to(Device device) {

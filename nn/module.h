@@ -30,7 +30,8 @@ class Module {
   Tensor operator()(const Tensor& input);
 
   // A parameter is stored as given, in the `parameter` memory category (a tensor
-  // made outside that category is copied into it) and set to require grad.
+  // made outside that category is copied into it) and set to require grad. Another
+  // module's parameter is registered as that same tensor: a shared (tied) weight.
   Tensor register_parameter(const std::string& name, const Tensor& value, bool requires_grad = true);
   Tensor register_buffer(const std::string& name, const Tensor& value);
   template <class M>
@@ -39,7 +40,7 @@ class Module {
     return module;
   }
 
-  NamedTensors named_parameters() const;
+  NamedTensors named_parameters() const;  // a shared parameter once, under its first name
   std::vector<Tensor> parameters() const;
   NamedTensors named_buffers() const;
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }

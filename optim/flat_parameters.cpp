@@ -39,8 +39,8 @@ void check_packable(const char* who, const nn::NamedTensors& parameters) {
       if (other.numel() == 0 || other.storage() != p.storage()) continue;
       const auto [other_first, other_last] = reach(other);
       ZG_CHECK(last <= other_first || other_last <= first, who, ": parameters '", other_name, "' and '", name,
-               "' share memory (a weight registered twice, or tied); packing would give each its own copy. "
-               "Register it once and use it in both places");
+               "' share memory; packing would give each its own copy. A shared weight is one tensor: register "
+               "that tensor in both modules, or use it in both places");
     }
   }
 }

@@ -30,9 +30,10 @@ DType master_dtype_for(DType compute_dtype);
 // What packing parameters into flat buffers needs of them, checked by FlatParameters and
 // the dist layer's ShardedModel (`who` names the caller in the error): at least one,
 // each floating and trainable (requires grad), all on one device, none already packed by
-// another live owner, and no two sharing memory. A weight tied by
-// registering it in two modules would be two parameters over one storage; packing
-// would quietly untie them, so it is refused -- register it once and use it twice.
+// another live owner, and no two sharing memory. (A weight registered in two modules
+// is one parameter, listed once by named_parameters; two different tensors over one
+// storage -- a list naming one twice, views of one tensor -- would be untied by packing,
+// so they are refused.)
 void check_packable(const char* who, const nn::NamedTensors& parameters);
 
 class FlatParameters final : public ParameterOwner {

@@ -318,15 +318,23 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
                        doctest::Contains("parameters 'a' and 'b' share memory"), Error);
   CHECK_THROWS_WITH_AS(optim::FlatParameters({{"a", w}, {"row", trainable(base.select(0, 1))}}, DType::f32),
                        doctest::Contains("parameters 'a' and 'row' share memory"), Error);
-  // A tied weight registered in two modules: two parameters over one storage.
+  // A weight registered in two modules is one parameter: listed once, packed once, one
+  // gradient from both uses. (It was two leaves over one storage, so packing refused it.)
   struct Tied : nn::Module {
+    Tensor embedding, head;
     Tied() {
-      const Tensor embedding = register_parameter("embedding", zeros({4, 2}));
-      register_parameter("head", embedding);
+      embedding = register_parameter("embedding", zeros({4, 2}));
+      head = register_parameter("head", embedding);
     }
   } tied;
-  CHECK_THROWS_WITH_AS(optim::FlatParameters(tied.named_parameters(), DType::f32),
-                       doctest::Contains("'embedding' and 'head' share memory"), Error);
+  REQUIRE(tied.named_parameters().size() == 1);
+  CHECK(tied.named_parameters()[0].first == "embedding");
+  tied.to(DType::f64);  // converted once, and still one tensor
+  CHECK(tied.head.is_same(tied.embedding));
+  optim::FlatParameters tied_flat(tied.named_parameters(), DType::f64);
+  CHECK(tied_flat.numel() == 8);
+  sum(tied.embedding * 2.0 + tied.head).backward();
+  CHECK(tied.head.grad().to_vector<double>() == std::vector<double>(8, 3.0));
   // Two rows of one buffer that do not overlap pack fine (a model whose parameters are
   // already views into an earlier FlatParameters' buffer).
   optim::FlatParameters rows({{"r0", trainable(base.select(0, 0))}, {"r1", trainable(base.select(0, 1))}}, DType::f32);

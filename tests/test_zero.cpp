@@ -742,11 +742,12 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
                        Error);
   CHECK(wte.storage() == storage_now);
   wpe.set_requires_grad(true);
-  // A weight registered a second time, in another module: packing would untie it.
+  // A weight registered a second time, in another module, is that same parameter:
+  // listed once (it was a second leaf over the same storage, which packing refused).
+  const size_t count = model.named_parameters().size();
   model.named_children().back().second->register_parameter("tied", wte);
-  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {}),
-                       doctest::Contains("ShardedModel: parameters 'transformer.tied' and 'transformer.wte.weight' share"),
-                       Error);
+  CHECK(model.named_parameters().size() == count);
+  CHECK_NOTHROW(make(dist::gpt_unit_plan(2), {}));
 }
 
 }  // namespace zg::test
