@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <set>
 
 #include "tensor/context.h"
 
@@ -16,16 +17,37 @@ std::string exact(double v) {
   return buf;
 }
 
+// m and v are laid out by the entries of `params`: an AdamW built on another
+// FlatParameters has other offsets (or another length) for them.
+void check_same_parameters(const char* op, const FlatParameters& params, const AdamW& adamw) {
+  ZG_CHECK(&adamw.params == &params, op, ": the AdamW was built on another FlatParameters (", adamw.params.entries.size(),
+           " parameters, ", adamw.params.numel(), " elements) than the one given (", params.entries.size(),
+           " parameters, ", params.numel(), " elements)");
+}
+
+// One tensor of a checkpoint: its name in the file and its view into a flat buffer.
+struct Slot {
+  std::string name;
+  Tensor view;
+};
+
+// Every tensor of a checkpoint: master weights, then Adam m, then v, by parameter name.
+std::vector<Slot> checkpoint_slots(const FlatParameters& params, const AdamW& adamw) {
+  std::vector<Slot> slots;
+  for (const auto& [prefix, flat] : {std::pair<std::string, const Tensor*>{"", &params.master},
+                                     {"optimizer.exp_avg.", &adamw.m},
+                                     {"optimizer.exp_avg_sq.", &adamw.v}})
+    for (const auto& e : params.entries) slots.push_back({prefix + e.name, FlatParameters::view_of(*flat, e)});
+  return slots;
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const FlatParameters& params, const AdamW& adamw,
                      const GradScaler* scaler, const Metadata& extra) {
+  check_same_parameters("save_checkpoint", params, adamw);
   std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& e : params.entries) tensors.emplace_back(e.name, FlatParameters::view_of(params.master, e));
-  for (const auto& e : params.entries)
-    tensors.emplace_back("optimizer.exp_avg." + e.name, FlatParameters::view_of(adamw.m, e));
-  for (const auto& e : params.entries)
-    tensors.emplace_back("optimizer.exp_avg_sq." + e.name, FlatParameters::view_of(adamw.v, e));
+  for (Slot& slot : checkpoint_slots(params, adamw)) tensors.emplace_back(std::move(slot.name), std::move(slot.view));
   Metadata meta = extra;
   const Generator& gen = Context::current().generator();
   meta["format"] = "zerograd-training-checkpoint-1";
@@ -41,6 +63,7 @@ void save_checkpoint(const std::string& path, const FlatParameters& params, cons
 }
 
 Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW& adamw, GradScaler* scaler) {
+  check_same_parameters("load_checkpoint", params, adamw);
   const SafetensorsFile file(path);
   const Metadata& meta = file.metadata();
   const auto format = meta.find("format");
@@ -59,18 +82,20 @@ Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW&
            " are not a positive scale and a count");
   const auto seed = metadata_number<uint64_t>(meta, "rng_seed", path, "load_checkpoint");
   const auto offset = metadata_number<uint64_t>(meta, "rng_offset", path, "load_checkpoint");
-  for (const auto& e : params.entries)
-    for (const std::string& prefix : {std::string(), std::string("optimizer.exp_avg."), std::string("optimizer.exp_avg_sq.")}) {
-      const auto& entry = file.entry(prefix + e.name);
-      ZG_CHECK(entry.shape == e.shape && entry.dtype == params.master.dtype(), "load_checkpoint: ", path, ": '",
-               prefix + e.name, "' is ", name(entry.dtype), shape_str(entry.shape), ", expected ",
-               name(params.master.dtype()), shape_str(e.shape));
-    }
-  for (const auto& e : params.entries) {
-    file.read_into(e.name, FlatParameters::view_of(params.master, e));
-    file.read_into("optimizer.exp_avg." + e.name, FlatParameters::view_of(adamw.m, e));
-    file.read_into("optimizer.exp_avg_sq." + e.name, FlatParameters::view_of(adamw.v, e));
+  const std::vector<Slot> slots = checkpoint_slots(params, adamw);
+  std::set<std::string> expected;
+  for (const Slot& slot : slots) {
+    const auto& entry = file.entry(slot.name);
+    ZG_CHECK(entry.shape == slot.view.shape() && entry.dtype == slot.view.dtype(), "load_checkpoint: ", path, ": '",
+             slot.name, "' is ", name(entry.dtype), shape_str(entry.shape), ", expected ", describe(slot.view));
+    expected.insert(slot.name);
   }
+  // A tensor the parameters lack: a checkpoint of another (larger) model, whose state
+  // would be dropped without a word.
+  for (const std::string& tensor : file.names())
+    ZG_CHECK(expected.count(tensor), "load_checkpoint: ", path, " has a tensor '", tensor,
+             "' that none of the parameters given has; it is a checkpoint of another model");
+  for (const Slot& slot : slots) file.read_into(slot.name, slot.view);
   params.sync_compute_from_master();
   adamw.set_steps(step);
   if (has_scale) scaler->set_scale(loss_scale, good_steps);

@@ -267,7 +267,27 @@ TEST_CASE("a checkpoint from another model or a plain state file does not load a
   nn::save_state(*t.model, path);
   CHECK_THROWS_WITH_AS(optim::load_checkpoint(path, *t.flat, *t.adamw),
                        doctest::Contains("is not a zerograd training checkpoint"), Error);
+  // A checkpoint with a tensor these parameters lack (a larger model's) loaded its
+  // matching part and dropped the rest without a word.
+  optim::save_checkpoint(path, *t.flat, *t.adamw);
+  const SafetensorsFile file(path);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : file.names()) tensors.emplace_back(name, file.read(name));
+  tensors.emplace_back("transformer.h.9.ln_1.weight", ones({8}));
+  const std::string larger = temp_path("larger_model.safetensors");
+  save_safetensors(larger, tensors, file.metadata());
+  CHECK_THROWS_WITH_AS(optim::load_checkpoint(larger, *t.flat, *t.adamw),
+                       doctest::Contains("has a tensor 'transformer.h.9.ln_1.weight' that none of the parameters given "
+                                         "has; it is a checkpoint of another model"),
+                       Error);
+  // m and v are laid out by the FlatParameters their AdamW was built on.
+  TinyTrainer other;
+  CHECK_THROWS_WITH_AS(optim::save_checkpoint(path, *t.flat, *other.adamw),
+                       doctest::Contains("save_checkpoint: the AdamW was built on another FlatParameters"), Error);
+  CHECK_THROWS_WITH_AS(optim::load_checkpoint(path, *t.flat, *other.adamw),
+                       doctest::Contains("load_checkpoint: the AdamW was built on another FlatParameters"), Error);
   std::remove(path.c_str());
+  std::remove(larger.c_str());
 }
 
 TEST_CASE("a checkpoint whose step or loss scale is out of range is refused before anything changes") {
