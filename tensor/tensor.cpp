@@ -142,6 +142,13 @@ void begin_inplace(const Tensor& t, const char* op) {
   t.storage()->bump_version();
 }
 
+int64_t Tensor::nbytes() const {
+  int64_t bytes = 0;
+  ZG_CHECK(!__builtin_mul_overflow(numel(), element_size(), &bytes), "nbytes: ", describe(*this),
+           " has more bytes than an int64 can count");
+  return bytes;
+}
+
 TensorImpl& Tensor::impl() const {
   ZG_CHECK(impl_ != nullptr, "tensor: use of an undefined tensor");
   return *impl_;
@@ -497,11 +504,14 @@ static Tensor random(const Shape& shape, RandomSpec spec, TensorOptions options,
 Tensor rand(const Shape& shape, TensorOptions options) { return uniform(shape, 0.0, 1.0, options); }
 Tensor randn(const Shape& shape, TensorOptions options) { return normal(shape, 0.0, 1.0, options); }
 Tensor uniform(const Shape& shape, double low, double high, TensorOptions options) {
-  ZG_CHECK(low <= high, "uniform: low ", low, " is greater than high ", high);
+  // high - low scales every draw: an infinite range (or bound) would give inf - inf = NaN.
+  ZG_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high && std::isfinite(high - low),
+           "uniform: needs finite low <= high whose difference is finite, got low ", low, " and high ", high);
   return random(shape, {Distribution::uniform, low, high}, options, "uniform");
 }
 Tensor normal(const Shape& shape, double mean, double std, TensorOptions options) {
-  ZG_CHECK(std >= 0, "normal: std must be non-negative, got ", std);
+  ZG_CHECK(std::isfinite(mean) && std::isfinite(std) && std >= 0, "normal: needs a finite mean and a finite std >= 0, got mean ",
+           mean, " and std ", std);
   return random(shape, {Distribution::normal, mean, std}, options, "normal");
 }
 

@@ -67,7 +67,7 @@ class Tensor {
   DType dtype() const { return impl().dtype; }
   Device device() const { return impl().storage->device(); }
   int64_t element_size() const { return zg::element_size(dtype()); }
-  int64_t nbytes() const { return numel() * element_size(); }
+  int64_t nbytes() const;  // throws where a (broadcast) view spans more bytes than an int64 counts
   bool is_contiguous() const;
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }

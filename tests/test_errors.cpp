@@ -107,6 +107,14 @@ TEST_CASE("views that strides cannot express") {
   CHECK_THROWS_WITH_AS(w.set_data(zeros({3}, DType::i64)),
                        "set_data: f32[3] on cpu requires grad, so its data must be floating-point, not i64[3] on cpu",
                        Error);
+  // Infinite bounds drew NaN (inf - inf); a huge broadcast view's byte count overflowed.
+  CHECK_THROWS_WITH_AS(uniform({2}, -INFINITY, INFINITY),
+                       "uniform: needs finite low <= high whose difference is finite, got low -inf and high inf", Error);
+  CHECK_THROWS_WITH_AS(uniform({2}, -1e308, 1e308), doctest::Contains("uniform: needs finite low <= high"), Error);
+  CHECK_THROWS_WITH_AS(normal({2}, NAN, 1.0), "normal: needs a finite mean and a finite std >= 0, got mean nan and std 1",
+                       Error);
+  CHECK_THROWS_WITH_AS(zeros({1}).expand({int64_t(1) << 62}).nbytes(),
+                       "nbytes: f32[4611686018427387904] on cpu has more bytes than an int64 can count", Error);
   CHECK_THROWS_WITH_AS(zeros({-1}), "empty: negative size in shape [-1]", Error);
   CHECK_THROWS_WITH_AS(zeros({1, 3}).expand({2, -3}), "expand: cannot expand shape [1, 3] to [2, -3]", Error);
   CHECK_THROWS_WITH_AS(empty({int64_t(1) << 40, int64_t(1) << 40}),
