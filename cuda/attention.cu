@@ -34,9 +34,11 @@
 // A graph is built once per layout -- dtype, mask, scale, every operand's dims and
 // strides -- since building chooses and compiles an engine (milliseconds to seconds)
 // while executing only queues kernels; a layout cuDNN refuses is remembered with its
-// reason and not asked again. attention() says yes only once the backward graph that
-// will follow builds too (when q, k or v requires grad: otherwise none can follow),
-// for the layouts the front-end will pass, because attention_backward cannot decline.
+// reason and not asked again (while among the most recently used: AttentionGraphs).
+// attention() says yes only once the backward graph that will follow builds too (when
+// q, k or v requires grad: otherwise none can follow), for the layouts the front-end
+// will pass, because attention_backward cannot decline. (Evicted in between, that graph
+// is built again by the backward: it built once for this very layout.)
 #include "cuda/attention.h"
 #include "cuda/backend.h"
 
@@ -63,14 +65,23 @@ namespace zg::cuda {
 namespace fe = cudnn_frontend;
 
 // One rank's graphs (RankState::attention_graphs), keyed by everything a graph is built
-// for (graph_key), each built or holding why it could not be.
+// for (graph_key), each built or holding why it could not be. Each direction keeps at
+// most kCapacity layouts, the least recently used going first: a run whose shapes keep
+// changing (generation with a growing T) holds a bounded set of graphs, not one for
+// every shape it ever saw. Callers get entries by value -- the graph is shared -- so an
+// eviction never pulls a graph from under a call that is executing it.
 struct AttentionGraphs {
   struct Entry {
     std::shared_ptr<fe::graph::Graph> graph;
     int64_t workspace_bytes = 0;
     std::string unsupported;  // "" when built
   };
-  std::map<std::vector<int64_t>, Entry> forward, backward;
+  static constexpr size_t kCapacity = 128;
+  struct Cache {
+    std::map<std::vector<int64_t>, std::pair<Entry, uint64_t>> entries;  // with the tick of its last use
+    uint64_t tick = 0;
+  };
+  Cache forward, backward;
 };
 
 namespace {
@@ -291,11 +302,18 @@ Entry build(Make make, cudnnHandle_t handle, const char* which) {
 
 // The entry for `key`, built by `make` the first time (the caller holds the rank's lock).
 template <class Make>
-const Entry& find_or_build(std::map<std::vector<int64_t>, Entry>& graphs, std::vector<int64_t> key, Make make,
-                           cudnnHandle_t handle, const char* which) {
-  auto it = graphs.find(key);
-  if (it == graphs.end()) it = graphs.emplace(std::move(key), build(make, handle, which)).first;
-  return it->second;
+Entry find_or_build(AttentionGraphs::Cache& cache, std::vector<int64_t> key, Make make, cudnnHandle_t handle,
+                    const char* which) {
+  auto it = cache.entries.find(key);
+  if (it == cache.entries.end()) {
+    if (cache.entries.size() >= AttentionGraphs::kCapacity)
+      cache.entries.erase(std::min_element(cache.entries.begin(), cache.entries.end(), [](const auto& a, const auto& b) {
+        return a.second.second < b.second.second;
+      }));
+    it = cache.entries.emplace(std::move(key), std::pair{build(make, handle, which), uint64_t{0}}).first;
+  }
+  it->second.second = ++cache.tick;
+  return it->second.first;
 }
 
 // The rank's graphs on `device`, locked for the holder's scope, with the GPU current
@@ -313,7 +331,7 @@ struct RankGraphs {
   std::lock_guard<std::mutex> lock;
 };
 
-const Entry& backward_entry(RankGraphs& rank, const Problem& p, const BackwardLayouts& b) {
+Entry backward_entry(RankGraphs& rank, const Problem& p, const BackwardLayouts& b) {
   return find_or_build(rank.graphs().backward,
                        graph_key(p, {&p.q, &p.k, &p.v, &b.out, &b.grad_out, &b.grad_q, &b.grad_k, &b.grad_v}),
                        [&] { return backward_graph(p, b); }, rank.handle, "backward");
@@ -323,10 +341,10 @@ const Entry& backward_entry(RankGraphs& rank, const Problem& p, const BackwardLa
 // `with_backward`, the backward the front-end will ask for after it.
 Entry forward_graph_for(const Problem& p, const Layout& out, bool with_backward, Device device) {
   RankGraphs rank(device);
-  const Entry& forward = find_or_build(rank.graphs().forward, graph_key(p, {&p.q, &p.k, &p.v, &out}),
+  const Entry forward = find_or_build(rank.graphs().forward, graph_key(p, {&p.q, &p.k, &p.v, &out}),
                                        [&] { return forward_graph(p, out); }, rank.handle, "forward");
   if (!forward.unsupported.empty() || !with_backward) return forward;
-  const Entry& backward = backward_entry(rank, p, front_end_backward(p, out));
+  const Entry backward = backward_entry(rank, p, front_end_backward(p, out));
   return backward.unsupported.empty() ? forward : declined(backward.unsupported);
 }
 
@@ -370,7 +388,8 @@ std::string fused_attention_unsupported(const Tensor& q, const Tensor& k, const 
 
 AttentionGraphCount fused_attention_graphs(Device device) {
   RankGraphs rank(device);
-  return {static_cast<int64_t>(rank.graphs().forward.size()), static_cast<int64_t>(rank.graphs().backward.size())};
+  return {static_cast<int64_t>(rank.graphs().forward.entries.size()),
+          static_cast<int64_t>(rank.graphs().backward.entries.size())};
 }
 
 bool CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,

@@ -11,7 +11,8 @@
 //   dW^T  [K, N] = x^T [K, M] * op_T(g^T stored [N, M])      BGRADB: sums B = g over the
 //                                                            GEMM's k = M, one per column of D (N)
 // Where cuBLASLt has nothing for a case -- f64, an aux leading dimension that is not a
-// multiple of 8, a bias not 16-byte aligned, no algorithm from the heuristic -- the
+// multiple of 8, a bias, its gradient or the aux matrix not 16-byte aligned, no
+// algorithm from the heuristic -- the
 // composed default of Backend runs instead, with the same results up to rounding.
 #include <cublasLt.h>
 
@@ -139,7 +140,8 @@ void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor& bi
   dispatch_device(x.dtype(), [&]<class T>() {
     if constexpr (lt_type_v<T>) {
       if (rows == 0 || features == 0 || in == 0 || (!gelu && !bias.defined())) return;  // plain GEMM: cuBLAS
-      if ((gelu && features % 8 != 0) || (bias.defined() && alignment_of(bias.data_ptr()) < 16)) return;
+      if (gelu && (features % 8 != 0 || alignment_of(pre.data_ptr()) < 16)) return;
+      if (bias.defined() && alignment_of(bias.data_ptr()) < 16) return;
       const cublasLtEpilogue_t epilogue = !gelu                ? CUBLASLT_EPILOGUE_BIAS
                                           : bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                                            : CUBLASLT_EPILOGUE_GELU_AUX;
@@ -159,6 +161,7 @@ void CudaBackend::linear_weight_grad(const Tensor& grad, const Tensor& x, const 
   dispatch_device(x.dtype(), [&]<class T>() {
     if constexpr (lt_type_v<T>) {
       if (rows == 0 || features == 0 || in == 0 || !grad_bias.defined()) return;  // plain GEMM: cuBLAS
+      if (alignment_of(grad_bias.data_ptr()) < 16) return;  // a view into a flat gradient buffer may start anywhere
       fused = run(grad.device(), {gemm_types<T>().data, CUBLAS_OP_N, CUBLAS_OP_T, in, features, rows, x.data_ptr(),
                                   in, grad.data_ptr(), features, grad_weight.data_ptr(), in, CUBLASLT_EPILOGUE_BGRADB,
                                   grad_bias.data_ptr()});
