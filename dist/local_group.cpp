@@ -156,27 +156,40 @@ void LocalGroup::exchange(const Collective& c) {
   kernels.synchronize(device);
   hub_->enter(rank_, c);
   const int n = size();
-  const auto input_of = [&](int q) { return hub_->call_of(q).input; };
+  // Buffers are contiguous and matched by dtype and element count, not shape (as in
+  // NCCL): every rank's buffer is read as a flat run of elements.
+  const auto flat = [](const Tensor& t) { return t.view({t.numel()}); };
+  const auto input_of = [&](int q) { return flat(hub_->call_of(q).input); };
+  const Tensor output = c.output.defined() ? flat(c.output) : Tensor();
   Tensor result;  // what this rank writes into its output after the second rendezvous
   switch (c.op) {
     case CollectiveOp::all_reduce:
     case CollectiveOp::reduce_scatter: {
-      const int64_t shard = c.output.numel();
+      const int64_t count = output.numel();
       const auto part = [&](int q) {
-        return c.op == CollectiveOp::all_reduce ? input_of(q) : input_of(q).narrow(0, rank_ * shard, shard);
+        return c.op == CollectiveOp::all_reduce ? input_of(q) : input_of(q).narrow(0, rank_ * count, count);
       };
-      // Accumulated in host_reduction_dtype (f32 for 16-bit floats), as the mpi group does.
-      result = scratch_like(c.output, host_reduction_dtype(c.output.dtype()));
+      // Summed in the buffer's dtype, as NCCL does -- except f16, summed in f32: its range
+      // ends at 65504, and a sum of N (loss-scaled) gradients overflows where their
+      // average does not. A part in another dtype (or on another GPU) is brought over
+      // kStage elements at a time, so the scratch past the result stays small.
+      constexpr int64_t kStage = int64_t(1) << 20;
+      result = scratch_like(output, output.dtype() == DType::f16 ? DType::f32 : output.dtype());
       kernels.copy(part(0), result);
-      Tensor staged;  // another rank's part, cast or brought from its GPU to this one
+      Tensor staged;
       for (int q = 1; q < n; ++q) {
-        Tensor other = part(q);
-        if (other.device() != result.device() || other.dtype() != result.dtype()) {
-          if (!staged.defined()) staged = scratch_like(result);
-          kernels.copy(other, staged);
-          other = staged;
+        const Tensor other = part(q);
+        if (other.device() == result.device() && other.dtype() == result.dtype()) {
+          combine(result, other, c.reduce);
+          continue;
         }
-        combine(result, other, c.reduce);
+        if (!staged.defined()) staged = scratch_like(result.narrow(0, 0, std::min(count, kStage)));
+        for (int64_t begin = 0; begin < count; begin += kStage) {
+          const int64_t length = std::min(kStage, count - begin);
+          const Tensor piece = staged.narrow(0, 0, length);
+          kernels.copy(other.narrow(0, begin, length), piece);
+          combine(result.narrow(0, begin, length), piece, c.reduce);
+        }
       }
       finish(result, c.reduce, n);
       break;
@@ -185,8 +198,8 @@ void LocalGroup::exchange(const Collective& c) {
       // Written now: others read only our input, which is our own slot if it lies in our output.
       const int64_t shard = c.input.numel();
       for (int q = 0; q < n; ++q) {
-        const Tensor& source = input_of(q);
-        const Tensor slot = c.output.narrow(0, q * shard, shard);
+        const Tensor source = input_of(q);
+        const Tensor slot = output.narrow(0, q * shard, shard);
         if (source.storage() == slot.storage() && source.offset() == slot.offset()) continue;  // already in place
         kernels.copy(source, slot);
       }
@@ -194,7 +207,7 @@ void LocalGroup::exchange(const Collective& c) {
     }
     case CollectiveOp::broadcast:
       if (rank_ != c.root) {
-        result = scratch_like(c.output);
+        result = scratch_like(output);
         kernels.copy(input_of(c.root), result);
       }
       break;
@@ -202,7 +215,7 @@ void LocalGroup::exchange(const Collective& c) {
   }
   kernels.synchronize(device);
   hub_->leave(rank_);
-  if (result.defined()) kernels.copy(result, c.output);
+  if (result.defined()) kernels.copy(result, output);
 }
 
 void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, LocalRunOptions options) {

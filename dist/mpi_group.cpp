@@ -20,8 +20,7 @@ void check(int status, const char* call) {
   fail("mpi group: ", call, " failed: ", std::string(text, static_cast<size_t>(length)));
 }
 
-// Reductions run in f32 for the 16-bit floats (MPI has no type for them, and see
-// host_reduction_dtype), in place otherwise.
+// Reductions run in f32 for the 16-bit floats (MPI has no type for them), in place otherwise.
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
     case DType::f64: return MPI_DOUBLE;
@@ -32,11 +31,13 @@ MPI_Datatype mpi_type(DType dtype) {
   }
 }
 
-// t itself, or a copy in the dtype MPI reduces it in (f32 for 16-bit floats).
+bool is_16bit(DType d) { return d == DType::f16 || d == DType::bf16; }
+
+// t itself, or for 16-bit floats an f32 copy: what MPI reduces.
 Tensor widened(const Tensor& t) {
-  if (host_reduction_dtype(t.dtype()) == t.dtype()) return t;
+  if (!is_16bit(t.dtype())) return t;
   MemoryScope scope(MemoryCategory::communication);
-  Tensor wide = empty(t.shape(), TensorOptions(host_reduction_dtype(t.dtype())));
+  Tensor wide = empty(t.shape(), TensorOptions(DType::f32));
   backend(kCPU).copy(t, wide);
   return wide;
 }

@@ -78,8 +78,6 @@ std::string Collective::mismatch(const std::vector<Signature>& all, int64_t inde
   return "";
 }
 
-DType host_reduction_dtype(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16 ? DType::f32 : dtype; }
-
 // ---- the communication worker -------------------------------------------------
 
 namespace {
@@ -213,12 +211,18 @@ WorkHandle ProcessGroup::submit(Collective c) {
 namespace {
 
 // Every buffer of a collective: defined and contiguous (no broadcast dims: several
-// elements cannot receive one value each through one address); an average needs a
-// floating dtype (integers would round 1/N to 0).
-void check_buffer(const char* op, const char* which, const Tensor& t, ReduceKind reduce) {
+// elements cannot receive one value each through one address).
+void check_buffer(const char* op, const char* which, const Tensor& t) {
   ZG_CHECK(t.defined(), op, ": the ", which, " is undefined");
   ZG_CHECK(t.is_contiguous(), op, ": the ", which, " ", describe(t), " with strides ", shape_str(t.strides()),
            " is not contiguous");
+}
+
+// What a reduction adds up: numbers (bools have no sum), and for an average floating
+// ones (integers would round 1/N to 0).
+void check_reducible(const char* op, const Tensor& t, ReduceKind reduce) {
+  ZG_CHECK(t.dtype() != DType::boolean, op, ": cannot reduce ", describe(t), " (", name(reduce),
+           " of bools); use an integer dtype");
   ZG_CHECK(reduce != ReduceKind::average || is_floating(t.dtype()), op, ": average of ", describe(t),
            " needs a floating-point dtype");
 }
@@ -227,9 +231,9 @@ void check_buffer(const char* op, const char* which, const Tensor& t, ReduceKind
 // place (one storage), the shard must be exactly this rank's slice of the full buffer --
 // NCCL's rule, and the only overlap where no rank reads bytes that it also writes.
 void check_full_and_shard(const char* op, const char* full_name, const Tensor& full, const char* shard_name,
-                          const Tensor& shard, int world_size, int rank, ReduceKind reduce) {
-  check_buffer(op, full_name, full, reduce);
-  check_buffer(op, shard_name, shard, reduce);
+                          const Tensor& shard, int world_size, int rank) {
+  check_buffer(op, full_name, full);
+  check_buffer(op, shard_name, shard);
   ZG_CHECK(full.dim() == 1 && shard.dim() == 1 && full.numel() == shard.numel() * world_size &&
                full.dtype() == shard.dtype() && full.device() == shard.device(),
            op, ": ", full_name, " ", describe(full), " must be 1-D and world size (", world_size, ") times ",
@@ -244,25 +248,27 @@ void check_full_and_shard(const char* op, const char* full_name, const Tensor& f
 }  // namespace
 
 WorkHandle ProcessGroup::all_reduce_async(const Tensor& buffer, ReduceKind op) {
-  check_buffer("all_reduce", "buffer", buffer, op);
+  check_buffer("all_reduce", "buffer", buffer);
+  check_reducible("all_reduce", buffer, op);
   begin_inplace(buffer, "all_reduce");
   return submit({CollectiveOp::all_reduce, buffer, buffer, op, 0});
 }
 
 WorkHandle ProcessGroup::reduce_scatter_async(const Tensor& input, const Tensor& output, ReduceKind op) {
-  check_full_and_shard("reduce_scatter", "input", input, "output", output, size(), rank(), op);
+  check_full_and_shard("reduce_scatter", "input", input, "output", output, size(), rank());
+  check_reducible("reduce_scatter", input, op);
   begin_inplace(output, "reduce_scatter");
   return submit({CollectiveOp::reduce_scatter, input, output, op, 0});
 }
 
 WorkHandle ProcessGroup::all_gather_async(const Tensor& input, const Tensor& output) {
-  check_full_and_shard("all_gather", "output", output, "input", input, size(), rank(), ReduceKind::sum);
+  check_full_and_shard("all_gather", "output", output, "input", input, size(), rank());
   begin_inplace(output, "all_gather");
   return submit({CollectiveOp::all_gather, input, output, ReduceKind::sum, 0});
 }
 
 WorkHandle ProcessGroup::broadcast_async(const Tensor& buffer, int root) {
-  check_buffer("broadcast", "buffer", buffer, ReduceKind::sum);
+  check_buffer("broadcast", "buffer", buffer);
   ZG_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of a group of ", size());
   begin_inplace(buffer, "broadcast");
   return submit({CollectiveOp::broadcast, buffer, buffer, ReduceKind::sum, root});

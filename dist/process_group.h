@@ -117,11 +117,6 @@ class ProcessGroup {
   int64_t bytes_sent_ = 0;
 };
 
-// The dtype a host group (local, mpi) reduces in: f32 for the 16-bit floats -- a sum
-// of N f16 values overflows where their average does not, and the result is rounded
-// once -- and the buffer's own dtype otherwise.
-DType host_reduction_dtype(DType dtype);
-
 class CommWorker;
 
 // A group whose collectives run on the host: one communication worker thread per

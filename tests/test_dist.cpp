@@ -58,20 +58,32 @@ TEST_CASE("local collectives compute the right values for N = 1, 2, 4") {
   }
 }
 
-TEST_CASE("16-bit floats are reduced in f32 and rounded once, as the mpi group does") {
+TEST_CASE("f16 is summed in f32: an average does not overflow where a sum would") {
   dist::run_local(4, [](ProcessGroup& pg) {
     // f16's largest value is 65504: summed first in f16, the average of 40000s was inf.
     Tensor half = full({2}, 40000.0, DType::f16);
     pg.all_reduce(half, ReduceKind::average);
     CHECK(half.to_vector<float>() == std::vector<float>{40000, 40000});
-    // 256 + 1 + 1 + 1 in bf16 steps stays 256 (each +1 is a tie, rounded to even);
-    // in f32 it is 259, which rounds to 260.
-    Tensor wide = full({1}, pg.rank() == 0 ? 256.0 : 1.0, DType::bf16);
-    pg.all_reduce(wide);
-    CHECK(wide.item<float>() == 260.0f);
-    Tensor shard = zeros({1}, DType::bf16);
-    pg.reduce_scatter(full({4}, pg.rank() == 0 ? 256.0 : 1.0, DType::bf16), shard);
-    CHECK(shard.item<float>() == 260.0f);
+    Tensor shard = zeros({1}, DType::f16);
+    pg.reduce_scatter(full({4}, 30000.0, DType::f16), shard, ReduceKind::average);
+    CHECK(shard.item<float>() == 30000.0f);
+    Tensor sum = full({1}, 30000.0, DType::f16);
+    pg.all_reduce(sum);
+    CHECK(std::isinf(sum.item<float>()));  // the sum itself does not fit
+  });
+}
+
+TEST_CASE("buffers of one element count but different shapes are read as flat runs, as NCCL does") {
+  // Before, the shapes' strides indexed the other rank's buffer: permuted values, or a
+  // read past its end ([1 << 20] against [1024, 1024] crashed).
+  dist::run_local(2, [](ProcessGroup& pg) {
+    Tensor mine = pg.rank() == 0 ? zeros({2, 3}) : arange(0.0, 6.0, 1.0, DType::f32).view({3, 2});
+    pg.all_reduce(mine);
+    CHECK(mine.reshape({6}).to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4, 5});
+    Tensor big = pg.rank() == 0 ? ones({1 << 16}) : ones({256, 256});
+    pg.broadcast(big, 1);
+    pg.all_reduce(big);
+    CHECK(big.reshape({1 << 16}).to_vector<float>() == std::vector<float>(1 << 16, 2.0f));
   });
 }
 
@@ -155,6 +167,11 @@ TEST_CASE("an asynchronous collective's error is raised by wait()") {
                        "all_gather: the output f32[6] on cpu with strides [0] is not contiguous", Error);
   CHECK_THROWS_WITH_AS(fake.all_reduce_async(full({2}, 3.0, DType::i64), ReduceKind::average),
                        "all_reduce: average of i64[2] on cpu needs a floating-point dtype", Error);
+  // A bool sum failed inside the collective (aborting the group) with a message naming neither.
+  CHECK_THROWS_WITH_AS(fake.all_reduce_async(zeros({2}, DType::boolean)),
+                       "all_reduce: cannot reduce bool[2] on cpu (sum of bools); use an integer dtype", Error);
+  CHECK_THROWS_WITH_AS(fake.reduce_scatter_async(zeros({4}, DType::boolean), zeros({2}, DType::boolean), ReduceKind::max),
+                       doctest::Contains("reduce_scatter: cannot reduce bool[4] on cpu (max of bools)"), Error);
 }
 
 TEST_CASE("a collective's output is an in-place write: not into a tensor that requires grad, and saved tensors see it") {
