@@ -2,6 +2,8 @@
 // owns (for DDP: the same slice of its full buffers, so the ranks share the
 // writing), cut at parameter boundaries and named
 //     <role>/<parameter name>/<first element>      role: master, exp_avg, exp_avg_sq
+// with each such parameter's shape in the metadata ("shape/<parameter name>"): the
+// pieces are flat, and a parameter of another shape but as many elements must not load.
 // Loading at another world size or stage only needs, for each parameter, the
 // pieces that overlap the range a rank owns now -- found from the file headers.
 #include <algorithm>
@@ -42,7 +44,7 @@ int world_size_of(const std::string& file) {
   return static_cast<int>(size);
 }
 
-constexpr const char* kFormat = "zerograd-sharded-checkpoint-1";
+constexpr const char* kFormat = "zerograd-sharded-checkpoint-2";
 
 std::string rank_file(const std::string& dir, int rank, int size) {
   char name[64];
@@ -91,13 +93,14 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra) {
   std::filesystem::create_directories(dir);
   const int r = group_.rank();
   std::vector<std::pair<std::string, Tensor>> tensors;
+  Metadata meta = extra;
   for (auto& unit : units_) {
     const Owned own = saved_range(*unit, r, config_.stage);
     for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
       tensors.emplace_back(key + "/" + std::to_string(a - e.offset), buffer.narrow(0, a - own.local_base, b - a));
+      meta["shape/" + e.name] = shape_str(e.shape);
     });
   }
-  Metadata meta = extra;
   const Generator& gen = Context::current().generator();
   meta["format"] = kFormat;
   meta["world_size"] = std::to_string(group_.size());
@@ -183,6 +186,11 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
       const SafetensorsFile::Entry& entry = file->entry(tensor);
       ZG_CHECK(entry.shape.size() == 1 && is_floating(entry.dtype), who, ": ", file->path(), ": tensor '", tensor,
                "' is ", name(entry.dtype), shape_str(entry.shape), ", expected a 1-D floating piece");
+      const auto shape = file->metadata().find("shape/" + parameter);
+      ZG_CHECK(shape != file->metadata().end() && shape->second == shape_str(known->second->shape), who, ": ",
+               file->path(), ": tensor '", tensor, "' is a piece of a parameter of shape ",
+               shape == file->metadata().end() ? std::string("(not recorded)") : shape->second, "; the model's '",
+               parameter, "' has shape ", shape_str(known->second->shape), ": a checkpoint of another model");
       const int64_t size = numel(known->second->shape);
       ZG_CHECK(begin <= size && entry.shape[0] <= size - begin, who, ": ", file->path(), ": tensor '", tensor,
                "' holds elements [", begin, ", ", begin + entry.shape[0], ") but the model's '", parameter, "' has ",

@@ -439,6 +439,13 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
       {"a step that is not a number", same, [](Metadata& m) { m["step"] = "x"; }, "metadata 'step' = 'x' is not an integer"},
       {"a negative seed", same, [](Metadata& m) { m["rng_seed"] = "-1"; }, "is not a non-negative integer"},
       {"the wrong rank", same, [](Metadata& m) { m["rank"] = "1"; }, "says it is rank 1 of 2"},
+      // Pieces are flat: a parameter of another shape with as many elements loaded scrambled.
+      {"a parameter of another shape", same,
+       [](Metadata& m) { m["shape/transformer.wte.weight"] = "[32, 64]"; },
+       "is a piece of a parameter of shape [32, 64]; the model's 'transformer.wte.weight' has shape [64, 32]: a "
+       "checkpoint of another model"},
+      {"no shape recorded", same, [](Metadata& m) { m.erase("shape/transformer.wte.weight"); },
+       "is a piece of a parameter of shape (not recorded)"},
       {"an unknown parameter", [](auto& t) { t.front().first = "master/no.such.weight/0"; }, [](Metadata&) {},
        "the model has no parameter 'no.such.weight'"},
       {"a name without an offset", [](auto& t) { t.front().first = "master/transformer.wte.weight/x"; }, [](Metadata&) {},
