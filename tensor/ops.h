@@ -139,7 +139,10 @@ AddLayerNormOutput add_layer_norm(const Tensor& x, const Tensor& residual, const
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 
 // Mean over the targets != ignore_index of -log softmax(logits)[target];
-// logits [..., C], target [...] (i32/i64). NaN when every target is ignored.
+// logits [..., C], target [...] (i32/i64). NaN when every target is ignored. The loss is
+// f32 for 16-bit logits (f64 for f64), as under PyTorch's autocast: an f16 loss scaled
+// by a GradScaler (65536) overflowed for any loss above 1, and f16 holds a loss near 3
+// only to 0.002.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100);
 
 // softmax(q k^T / sqrt(D)) v over the last two dims, batched over the rest; `causal`

@@ -381,7 +381,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 }
 
 Tensor& Tensor::mul_(double factor) {
-  const Tensor scalar = detail::scalar_like(*this, factor);
+  const Tensor scalar = detail::scalar_like("mul_", *this, factor);
   detail::check_no_broadcast_dims("mul_", "destination", *this);
   begin_inplace(*this, "mul_");
   backend(device()).binary(BinaryOp::mul, *this, scalar.expand(shape()), *this);

@@ -115,6 +115,21 @@ TEST_CASE("views that strides cannot express") {
                        Error);
   CHECK_THROWS_WITH_AS(zeros({1}).expand({int64_t(1) << 62}).nbytes(),
                        "nbytes: f32[4611686018427387904] on cpu has more bytes than an int64 can count", Error);
+  // A scalar takes the tensor's dtype; one the dtype cannot hold was silently changed:
+  // lt(ints, 2.5) compared with 2, mul(ints, 1e30) saturated, an f16 mask value became inf.
+  const Tensor ints = tensor<int64_t>({1, 2, 3});
+  CHECK_THROWS_WITH_AS(lt(ints, 2.5),
+                       "lt: the scalar 2.5 does not fit i64[3] on cpu (a scalar takes the tensor's dtype); convert the "
+                       "tensor first, e.g. to(DType::f32)",
+                       Error);
+  CHECK_THROWS_WITH_AS(mul(ints, 1e30), doctest::Contains("mul: the scalar 1e+30 does not fit i64[3]"), Error);
+  CHECK_THROWS_WITH_AS(add(ints, NAN), doctest::Contains("add: the scalar nan does not fit"), Error);
+  CHECK_THROWS_WITH_AS(masked_fill(zeros({2}, DType::f16), tensor<bool>({true, false}), -1e9),
+                       doctest::Contains("where: the scalar -1e+09 does not fit f16[2] on cpu"), Error);
+  CHECK_THROWS_WITH_AS(eq(tensor<bool>({true}), 2.0), doctest::Contains("eq: the scalar 2 does not fit bool[1]"), Error);
+  CHECK(lt(ints, 2.0).to_vector<bool>() == std::vector<bool>{true, false, false});
+  CHECK(lt(lt(ints, 3.0), 1.0).to_vector<bool>() == std::vector<bool>{false, false, true});
+  CHECK(std::isinf(masked_fill(zeros({2}, DType::f16), tensor<bool>({true, false}), -INFINITY).to_vector<float>()[0]));
   CHECK_THROWS_WITH_AS(zeros({-1}), "empty: negative size in shape [-1]", Error);
   CHECK_THROWS_WITH_AS(zeros({1, 3}).expand({2, -3}), "expand: cannot expand shape [1, 3] to [2, -3]", Error);
   CHECK_THROWS_WITH_AS(empty({int64_t(1) << 40, int64_t(1) << 40}),

@@ -480,6 +480,21 @@ TEST_CASE("cross_entropy skips ignored targets and is NaN when all are ignored")
   CHECK(std::isnan(cross_entropy(logits, tensor<int64_t>({-100, -100, -100})).item<double>()));
 }
 
+TEST_CASE("cross_entropy of 16-bit logits is an f32 loss that a GradScaler can scale") {
+  // It was cast back to the logits' dtype: an f16 loss times 65536 was inf for any loss above 1.
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    INFO(std::string(name(dtype)));
+    const Tensor logits = tensor<float>({0, 0, 0, 0, 5, 0}, {2, 3}).to(dtype).set_requires_grad(true);
+    const Tensor loss = cross_entropy(logits, tensor<int64_t>({1, 0}));
+    CHECK(loss.dtype() == DType::f32);
+    const double want = (std::log(3.0) + 5 + std::log1p(2 * std::exp(-5.0))) / 2;
+    CHECK(loss.item<double>() == doctest::Approx(want).epsilon(1e-6));
+    (loss * 65536.0).backward();
+    CHECK(std::isfinite(max(abs(logits.grad().to(DType::f32))).item<double>()));
+    CHECK(logits.grad().dtype() == dtype);
+  }
+}
+
 TEST_CASE("cross_entropy of a -inf target logit: the loss is inf and the gradient softmax - onehot, as in PyTorch") {
   // The backward rebuilt the logsumexp as loss + x[t] = inf - inf: a NaN row.
   for (const Device device : devices()) {

@@ -1,5 +1,7 @@
 #include "tensor/ops/checks.h"
 
+#include <cmath>
+
 namespace zg::detail {
 
 void check_defined(const char* op, const Tensor& t) {
@@ -38,6 +40,29 @@ Tensor as_rows(const Tensor& x) {
   return x.contiguous().view({rows, channels});
 }
 
-Tensor scalar_like(const Tensor& t, double value) { return full({}, value, options_of(t)); }
+namespace {
+
+// Whether `dtype` holds v: exactly for integers and bools; for floats, without a finite
+// value overflowing to inf (rounding is the dtype's business).
+bool holds(DType dtype, double v) {
+  switch (dtype) {
+    case DType::f64: return true;
+    case DType::f32: return !std::isfinite(v) || std::isfinite(static_cast<float>(v));
+    case DType::f16: return !std::isfinite(v) || std::isfinite(static_cast<float>(Half(static_cast<float>(v))));
+    case DType::bf16: return !std::isfinite(v) || std::isfinite(static_cast<float>(BFloat16(static_cast<float>(v))));
+    case DType::i64: return v == std::trunc(v) && v >= -0x1p63 && v < 0x1p63;  // NaN is not its own trunc
+    case DType::i32: return v == std::trunc(v) && v >= -0x1p31 && v < 0x1p31;
+    case DType::boolean: return v == 0 || v == 1;
+  }
+  return false;
+}
+
+}  // namespace
+
+Tensor scalar_like(const char* op, const Tensor& t, double value) {
+  ZG_CHECK(holds(t.dtype(), value), op, ": the scalar ", value, " does not fit ", describe(t),
+           " (a scalar takes the tensor's dtype); convert the tensor first, e.g. to(DType::f32)");
+  return full({}, value, options_of(t));
+}
 
 }  // namespace zg::detail

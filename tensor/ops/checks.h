@@ -22,7 +22,10 @@ Tensor as_rows(const Tensor& x);
 void check_no_broadcast_dims(const char* op, const char* what, const Tensor& t);
 
 TensorOptions options_of(const Tensor& t);
-// A 0-dim tensor holding `value` in t's dtype, on t's device.
-Tensor scalar_like(const Tensor& t, double value);
+// A scalar operand of `op`: a 0-dim tensor holding `value` in t's dtype, on t's device.
+// Refused where the dtype cannot hold it -- a fraction, NaN or an out-of-range value for
+// an integer or bool tensor, a finite value that overflows a float dtype -- since the
+// op would silently use another value (lt(int_tensor, 2.5) compared with 2).
+Tensor scalar_like(const char* op, const Tensor& t, double value);
 
 }  // namespace zg::detail

@@ -222,7 +222,7 @@ Tensor logical_or(const Tensor& a, const Tensor& b) { return binary(BinaryOp::lo
 #define ZG_SCALAR_RHS(fn)                         \
   Tensor fn(const Tensor& a, double b) {          \
     check_defined(#fn, a);                        \
-    return fn(a, scalar_like(a, b));              \
+    return fn(a, scalar_like(#fn, a, b));              \
   }
 ZG_SCALAR_RHS(add)
 ZG_SCALAR_RHS(sub)
@@ -260,7 +260,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 
 Tensor where(const Tensor& cond, double a, const Tensor& b) {
   check_defined("where", b);
-  return where(cond, scalar_like(b, a), b);
+  return where(cond, scalar_like("where", b, a), b);
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
@@ -281,8 +281,8 @@ Tensor operator-(const Tensor& a, double b) { return sub(a, b); }
 Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
 Tensor operator/(const Tensor& a, double b) { return div(a, b); }
 Tensor operator+(double a, const Tensor& b) { return add(b, a); }
-Tensor operator-(double a, const Tensor& b) { check_defined("sub", b); return sub(scalar_like(b, a), b); }
+Tensor operator-(double a, const Tensor& b) { check_defined("sub", b); return sub(scalar_like("sub", b, a), b); }
 Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
-Tensor operator/(double a, const Tensor& b) { check_defined("div", b); return div(scalar_like(b, a), b); }
+Tensor operator/(double a, const Tensor& b) { check_defined("div", b); return div(scalar_like("div", b, a), b); }
 
 }  // namespace zg

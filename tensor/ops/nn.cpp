@@ -158,8 +158,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
            " have no classes for the targets to name");
   const Tensor rows = detail::as_rows(logits);
   const Tensor flat_target = target.contiguous().view({-1, 1});
-  // Per-row losses and their mean stay in f32 (f64 for f64) so that bf16/f16 logits
-  // lose precision once, in the final cast, not in the count or the sum.
+  // Per-row losses and their mean stay in f32 (f64 for f64), the loss returned included.
   const DType acc = accumulate_type(logits.dtype());
   Tensor losses = empty({rows.size(0)}, TensorOptions(acc).device(logits.device()));
   backend(logits.device()).cross_entropy(rows, flat_target.view({-1}), ignore_index, losses);
@@ -175,7 +174,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                           });
   // Mean over the targets that count: sum(losses) / #(target != ignore_index).
   const Tensor counted = sum(ne(target, static_cast<double>(ignore_index))).to(acc);
-  return div(sum(losses), counted).to(logits.dtype());
+  return div(sum(losses), counted);
 }
 
 namespace {
