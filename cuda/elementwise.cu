@@ -18,7 +18,7 @@ __device__ __forceinline__ C apply_unary(C x) {
   else if constexpr (Op == UnaryOp::abs) {
     if constexpr (std::is_floating_point_v<C>) return math_abs(x);
     else return x < 0 ? wrapping_neg(x) : x;
-  } else if constexpr (Op == UnaryOp::relu) return x > C(0) ? x : C(0);
+  } else if constexpr (Op == UnaryOp::relu) return !(x <= C(0)) ? x : C(0);  // NaN passes through
   else if constexpr (Op == UnaryOp::exp) return math_exp(x);
   else if constexpr (Op == UnaryOp::log) return math_log(x);
   else if constexpr (Op == UnaryOp::sqrt) return math_sqrt(x);

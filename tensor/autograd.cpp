@@ -50,6 +50,11 @@ std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   const Tensor leaf(impl);
   AutogradMeta& meta = meta_of(leaf);
   const Tensor g = meta.hooks.empty() ? grad : run_tensor_hooks(meta.hooks, grad, "a leaf " + describe(leaf));
+  // The gradient has the leaf's kind as the graph recorded it; set_data since then may
+  // have changed the leaf (copy_ would broadcast or cast the gradient into it).
+  ZG_CHECK(g.shape() == leaf.shape() && g.dtype() == leaf.dtype() && g.device() == leaf.device(),
+           "backward: the gradient ", describe(g), " does not fit the leaf ", describe(leaf),
+           ": its data was replaced (set_data) after the graph through it was recorded");
   if (meta.grad.defined()) {
     meta.grad.add_(g);  // in place: a .grad that is a view into a flat buffer stays one
   } else {

@@ -103,6 +103,16 @@ TEST_CASE("views that strides cannot express") {
     NoGradGuard no_grad;
     CHECK_NOTHROW(zeros({3}).add_(w));
   }
+  // A leaf whose data changed shape after the graph was recorded got the old gradient broadcast into it.
+  {
+    const Tensor leaf = ones({3}).set_requires_grad(true);
+    const Tensor y = sum(leaf * 2.0);
+    leaf.set_data(zeros({2, 3}));
+    CHECK_THROWS_WITH_AS(y.backward(),
+                         "backward: the gradient f32[3] on cpu does not fit the leaf f32[2, 3] on cpu: its data was "
+                         "replaced (set_data) after the graph through it was recorded",
+                         Error);
+  }
   // set_data could make an integer tensor require grad.
   CHECK_THROWS_WITH_AS(w.set_data(zeros({3}, DType::i64)),
                        "set_data: f32[3] on cpu requires grad, so its data must be floating-point, not i64[3] on cpu",

@@ -204,7 +204,7 @@ std::vector<OpCase> op_table() {
       {"cos", {mat}, T1 { return cos(x[0]); }, H1 { return map1(x[0], [](double v) { return std::cos(v); }); }},
       {"tanh", {mat}, T1 { return tanh(x[0]); }, H1 { return map1(x[0], [](double v) { return std::tanh(v); }); }},
       {"sigmoid", {mat}, T1 { return sigmoid(x[0]); }, H1 { return map1(x[0], [](double v) { return 1 / (1 + std::exp(-v)); }); }},
-      {"relu", {mat}, T1 { return relu(x[0]); }, H1 { return map1(x[0], [](double v) { return v > 0 ? v : 0.0; }); }},
+      {"relu", {mat}, T1 { return relu(x[0]); }, H1 { return map1(x[0], [](double v) { return !(v <= 0) ? v : 0.0; }); }},
       {"gelu", {mat}, T1 { return gelu(x[0]); }, H1 { return map1(x[0], gelu_ref); }},
       {"add broadcast", {{{2, 3, 4}}, {{3, 1}}}, T1 { return add(x[0], x[1]); },
        H1 { return map2(x[0], x[1], std::plus<>()); }},
@@ -478,6 +478,18 @@ TEST_CASE("cross_entropy skips ignored targets and is NaN when all are ignored")
   CHECK(cross_entropy(logits, tensor<int64_t>({-1, 1, 2}), -1).item<double>() ==
         doctest::Approx((std::log(3.0) + std::log(std::exp(5) + 2 * std::exp(1)) - 1) / 2).epsilon(1e-12));
   CHECK(std::isnan(cross_entropy(logits, tensor<int64_t>({-100, -100, -100})).item<double>()));
+}
+
+TEST_CASE("relu passes NaN through, as PyTorch does") {
+  // It gave 0 for NaN, hiding a diverged activation.
+  for (const Device device : devices()) {
+    INFO(device.str());
+    const std::vector<float> out = relu(tensor<float>({1, NAN, -2, 0}).to(device)).to_vector<float>();
+    CHECK(out[0] == 1);
+    CHECK(std::isnan(out[1]));
+    CHECK(out[2] == 0);
+    CHECK(out[3] == 0);
+  }
 }
 
 TEST_CASE("cross_entropy of 16-bit logits is an f32 loss that a GradScaler can scale") {

@@ -23,7 +23,8 @@ void with_float_unary(UnaryOp op, Body&& body) {
     case UnaryOp::cos: return body([](auto x) { return std::cos(x); });
     case UnaryOp::tanh: return body([](auto x) { return std::tanh(x); });
     case UnaryOp::sigmoid: return body([](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); });
-    case UnaryOp::relu: return body([](auto x) { return x > decltype(x)(0) ? x : decltype(x)(0); });
+    // NaN passes through (!(NaN <= 0)), as in PyTorch: a NaN activation stays visible.
+    case UnaryOp::relu: return body([](auto x) { return !(x <= decltype(x)(0)) ? x : decltype(x)(0); });
     case UnaryOp::gelu:
       // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
       return body([](auto x) {
