@@ -1,5 +1,7 @@
 #include "dist/fake_group.h"
 
+#include "tensor/backend.h"
+
 namespace zg::dist {
 
 FakeGroup::FakeGroup(int rank, int size) : rank_(rank), size_(size) {
@@ -14,6 +16,35 @@ class Done final : public Work {
 };
 }  // namespace
 
-WorkHandle FakeGroup::issue(Collective) { return std::make_shared<Done>(); }
+// Tensors with data get what this rank would get if every rank held the same buffers
+// -- where that is knowable without the others:
+//   all_reduce   sum: N x; average, max: x          broadcast: x (the root holds the same)
+//   N = 1        every collective is the identity (a copy where the output is another buffer)
+// A reduce_scatter or all_gather at N > 1 needs the other ranks' shards, which do not
+// exist here: refused, where it used to leave the output as it was (uninitialised
+// gathered weights, a grad norm of inf). Meta tensors hold nothing to compute.
+WorkHandle FakeGroup::issue(Collective c) {
+  const Tensor& out = c.output;
+  if (!out.defined() || out.device().type == DeviceType::meta) return std::make_shared<Done>();
+  Backend& kernels = backend(out.device());
+  switch (c.op) {
+    case CollectiveOp::all_reduce:
+      if (c.reduce == ReduceKind::sum && size_ > 1) {
+        const Tensor n = full({}, size_, TensorOptions(out.dtype()).device(out.device()));
+        kernels.binary(BinaryOp::mul, out, n.expand(out.shape()), out);
+      }
+      break;
+    case CollectiveOp::reduce_scatter:
+    case CollectiveOp::all_gather:
+      ZG_CHECK(size_ == 1, "fake group: rank ", rank_, " of ", size_, " cannot compute ", c.describe(),
+               " on tensors with data: the other ranks' shards do not exist here; use meta tensors (a dry run) or "
+               "run_local");
+      if (c.input.storage() != out.storage() || c.input.offset() != out.offset()) kernels.copy(c.input, out);
+      break;
+    case CollectiveOp::broadcast:
+    case CollectiveOp::barrier: break;
+  }
+  return std::make_shared<Done>();
+}
 
 }  // namespace zg::dist

@@ -1,6 +1,9 @@
 // The `fake` process group: this process is rank r of N, alone. Collectives are
 // validated and counted as a real ring would send them (ProcessGroup does both),
 // but move nothing -- with the meta device this plans memory and traffic for any N.
+// Tensors with data get what this rank would if every rank held the same buffers,
+// where that is knowable alone (all_reduce, broadcast; everything at N = 1); a
+// reduce_scatter or all_gather of them at N > 1 is refused (fake_group.cpp).
 // Each one is complete when issued (no worker thread), so a dry run's peaks do not
 // depend on when a thread lets go of a buffer: the same run gives the same figures.
 #pragma once

@@ -160,7 +160,8 @@ TEST_CASE("an asynchronous collective's error is raised by wait()") {
                        Error);
   CHECK_THROWS_WITH_AS(fake.reduce_scatter_async(buffer, buffer.narrow(0, 3, 3)),
                        doctest::Contains("output shares its storage with input but is not rank 0's"), Error);
-  fake.all_gather_async(buffer.narrow(0, 0, 3), buffer)->wait();
+  const Tensor meta_buffer = zeros({6}, kMeta);
+  fake.all_gather_async(meta_buffer.narrow(0, 0, 3), meta_buffer)->wait();
   // Buffers are contiguous (a broadcast dim would make ranks' values land on one element),
   // and an average needs a floating dtype.
   CHECK_THROWS_WITH_AS(fake.all_gather_async(zeros({3}), zeros({1}).expand({6})),
@@ -172,6 +173,32 @@ TEST_CASE("an asynchronous collective's error is raised by wait()") {
                        "all_reduce: cannot reduce bool[2] on cpu (sum of bools); use an integer dtype", Error);
   CHECK_THROWS_WITH_AS(fake.reduce_scatter_async(zeros({4}, DType::boolean), zeros({2}, DType::boolean), ReduceKind::max),
                        doctest::Contains("reduce_scatter: cannot reduce bool[4] on cpu (max of bools)"), Error);
+}
+
+TEST_CASE("a fake group computes on tensors with data what it can know alone, and refuses the rest") {
+  // It left outputs as they were: a reduce-scatter's shard, a gathered unit uninitialised.
+  dist::FakeGroup fake(1, 4);
+  Tensor x = tensor<float>({1, 2});
+  fake.all_reduce(x);  // four ranks holding the same buffer
+  CHECK(x.to_vector<float>() == std::vector<float>{4, 8});
+  fake.all_reduce(x, ReduceKind::average);
+  fake.all_reduce(x, ReduceKind::max);
+  fake.broadcast(x, 3);
+  CHECK(x.to_vector<float>() == std::vector<float>{4, 8});
+  CHECK_THROWS_WITH_AS(fake.reduce_scatter(zeros({8}), zeros({2})),
+                       "fake group: rank 1 of 4 cannot compute reduce_scatter(f32[8] on cpu -> f32[2] on cpu, sum) on "
+                       "tensors with data: the other ranks' shards do not exist here; use meta tensors (a dry run) or "
+                       "run_local",
+                       Error);
+  CHECK_THROWS_WITH_AS(fake.all_gather(zeros({2}), zeros({8})), doctest::Contains("cannot compute all_gather"), Error);
+  fake.all_gather(zeros({2}, kMeta), zeros({8}, kMeta));  // a dry run: nothing to compute
+  dist::FakeGroup one(0, 1);  // a group of one: the identity
+  Tensor shard = zeros({3});
+  one.reduce_scatter(tensor<float>({1, 2, 3}), shard);
+  CHECK(shard.to_vector<float>() == std::vector<float>{1, 2, 3});
+  Tensor gathered = zeros({3});
+  one.all_gather(tensor<float>({4, 5, 6}), gathered);
+  CHECK(gathered.to_vector<float>() == std::vector<float>{4, 5, 6});
 }
 
 TEST_CASE("a collective's output is an in-place write: not into a tensor that requires grad, and saved tensors see it") {

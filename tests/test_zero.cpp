@@ -761,6 +761,20 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
 
 namespace zg::test {
 
+TEST_CASE("on a fake group with real tensors: DDP trains as one rank, and sharded stages are refused") {
+  // Its collectives moved nothing, so at stage 2 the grad norm was inf and at stage 3 the loss NaN.
+  Context rank0;
+  ContextGuard guard(rank0);
+  dist::FakeGroup one(0, 1), two(0, 2);
+  const nn::NamedTensors alone = train_sharded(one, {.stage = 3, .steps = 2});
+  for (const auto& [name, t] : alone) CHECK(std::isfinite(sum(t).item<double>()));
+  CHECK(max_difference(train_sharded(one, {.stage = 0, .steps = 2}), alone) <= 1e-6);
+  for (const auto& [name, t] : train_sharded(two, {.stage = 0, .steps = 2})) CHECK(std::isfinite(sum(t).item<double>()));
+  for (int stage = 1; stage <= 3; ++stage)
+    CHECK_THROWS_WITH_AS(train_sharded(two, {.stage = stage, .steps = 1}),
+                         doctest::Contains("fake group: rank 0 of 2 cannot compute"), Error);
+}
+
 TEST_CASE("a meta dry run gives the same figures, peaks included, every time") {
   const auto peaks = [](int stage) {
     Context rank0;
