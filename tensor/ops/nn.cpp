@@ -249,11 +249,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return differentiable(out, kAttention, {q, k, v},
                         [q = SavedTensor(q), k = SavedTensor(k), v = SavedTensor(v), p = SavedTensor(probs),
                          scale](const Tensor& g) {
-                          const Tensor P = p.get("attention"), V = v.get("attention");
+                          const Tensor Q = q.get("attention"), K = k.get("attention"), V = v.get("attention");
+                          const Tensor P = p.get("attention");
                           const Tensor dP = matmul(g, V, false, true);
                           const Tensor dS = P * (dP - sum(dP * P, {-1}, true)) * scale;
-                          return Grads{matmul(dS, k.get("attention")), matmul(dS, q.get("attention"), true, false),
-                                       matmul(P, g, true, false)};
+                          // Batch dims broadcast as in matmul: each gradient summed back to its input's shape.
+                          return Grads{sum_to(matmul(dS, K), Q.shape()), sum_to(matmul(dS, Q, true, false), K.shape()),
+                                       sum_to(matmul(P, g, true, false), V.shape())};
                         });
 }
 
