@@ -49,6 +49,8 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   ZG_CHECK(is_floating(reduce_dtype()), "ShardedModel: reduce dtype must be floating, got ", name(reduce_dtype()));
   ZG_CHECK(config.bucket_bytes > 0, "ShardedModel: bucket_bytes must be positive, got ", config.bucket_bytes);
   ZG_CHECK(config.prefetch >= 0, "ShardedModel: prefetch must be >= 0, got ", config.prefetch);
+  ZG_CHECK(std::isfinite(config.max_grad_norm) && config.max_grad_norm >= 0,
+           "ShardedModel: max_grad_norm must be >= 0 and finite (0 disables clipping), got ", config.max_grad_norm);
   optim::check_options(config.adamw);
   units_.push_back(std::make_unique<Unit>());
   units_[0]->name = "root";

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -185,14 +186,20 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     ZG_CHECK(value["dtype"].is_string() && parse_dtype(value["dtype"].get<std::string>(), e.dtype), what,
              "unsupported dtype ", value["dtype"].dump());
     ZG_CHECK(value["shape"].is_array(), what, "shape is not an array");
-    int64_t bytes = element_size(e.dtype);
+    // The product of the non-zero sizes must fit (zg::numel's rule: a zero size empties a
+    // tensor, but its strides and the other sizes still have to be counted).
+    int64_t extent = element_size(e.dtype);
+    bool empty = false;
     for (const auto& dim : value["shape"]) {
       ZG_CHECK(dim.is_number_unsigned(), what, "shape ", value["shape"].dump(), " has a non-integer or negative size");
       const uint64_t d = dim.get<uint64_t>();
-      ZG_CHECK(d <= static_cast<uint64_t>(INT64_MAX) && !__builtin_mul_overflow(bytes, static_cast<int64_t>(d), &bytes),
+      ZG_CHECK(d <= static_cast<uint64_t>(INT64_MAX) &&
+                   (d == 0 || !__builtin_mul_overflow(extent, static_cast<int64_t>(d), &extent)),
                what, "shape ", value["shape"].dump(), " is too large");
+      empty = empty || d == 0;
       e.shape.push_back(static_cast<int64_t>(d));
     }
+    const int64_t bytes = empty ? 0 : extent;
     const auto& offsets = value["data_offsets"];
     ZG_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
                  offsets[1].is_number_unsigned(),
@@ -274,16 +281,12 @@ void SafetensorsFile::check_readable_into(const std::string& name, const Tensor&
 
 template <class T>
 bool parse_number(std::string_view text, T& out) {
-  if (text.empty()) return false;
-  if constexpr (std::is_floating_point_v<T>) {
-    const std::string copy(text);  // strtod needs a terminated string
-    char* end = nullptr;
-    out = std::strtod(copy.c_str(), &end);
-    return end == copy.c_str() + copy.size();
-  } else {
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-    return ec == std::errc() && end == text.data() + text.size();
-  }
+  // The whole text, no space or sign prefix; for floats a finite value (from_chars
+  // refuses one that overflows, and inf and nan are refused here).
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  if (ec != std::errc() || text.empty() || end != text.data() + text.size()) return false;
+  if constexpr (std::is_floating_point_v<T>) return std::isfinite(out);
+  return true;
 }
 
 template <class T>
@@ -292,7 +295,7 @@ T metadata_number(const Metadata& metadata, const std::string& key, const std::s
   ZG_CHECK(it != metadata.end(), who, ": ", path, " has no '", key, "' in its metadata");
   T value{};
   ZG_CHECK(parse_number(it->second, value), who, ": ", path, ": metadata '", key, "' = '", it->second, "' is not ",
-           std::is_floating_point_v<T> ? "a number" : std::is_signed_v<T> ? "an integer" : "a non-negative integer");
+           std::is_floating_point_v<T> ? "a finite number" : std::is_signed_v<T> ? "an integer" : "a non-negative integer");
   return value;
 }
 

@@ -203,6 +203,10 @@ TEST_CASE("damaged files each give a zg::Error") {
        "shape is not an array"},
       {"shape overflows", raw_file(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", data8),
        "is too large"},
+      // Empty, but its other sizes overflow: accepted at open, it failed on read with a
+      // message naming neither file nor tensor.
+      {"empty shape that overflows", raw_file(R"({"a":{"dtype":"F32","shape":[0,4611686018427387904,4611686018427387904],"data_offsets":[0,0]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data8),
+       "is too large"},
       {"offsets reversed", raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", data8),
        "do not lie within"},
       {"offsets past the end", raw_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", data8),
@@ -307,7 +311,10 @@ TEST_CASE("a checkpoint whose step or loss scale is out of range is refused befo
         std::tuple{"step", "12abc", "metadata 'step' = '12abc' is not an integer"},
         std::tuple{"rng_seed", "-1", "metadata 'rng_seed' = '-1' is not a non-negative integer"},
         std::tuple{"loss_scale", "1e-320", "loss_scale = 9.99989e-321"}, std::tuple{"loss_scale", "0", "loss_scale = 0"},
-        std::tuple{"loss_scale", "nan", "loss_scale = nan"}, std::tuple{"loss_scale_good_steps", "-1", "= -1"}}) {
+        std::tuple{"loss_scale", "nan", "metadata 'loss_scale' = 'nan' is not a finite number"},
+        std::tuple{"loss_scale", "1e999", "'1e999' is not a finite number"},
+        std::tuple{"loss_scale", " 5", "' 5' is not a finite number"},  // was read as 5
+        std::tuple{"loss_scale_good_steps", "-1", "= -1"}}) {
     INFO(key << " = " << value);
     Metadata meta = file.metadata();
     meta[key] = value;

@@ -724,6 +724,10 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.bucket_bytes = 0}), "ShardedModel: bucket_bytes must be positive, got 0",
                        Error);
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.prefetch = -1}), "ShardedModel: prefetch must be >= 0, got -1", Error);
+  // A NaN or negative clip silently disabled clipping.
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.max_grad_norm = NAN}),
+                       "ShardedModel: max_grad_norm must be >= 0 and finite (0 disables clipping), got nan", Error);
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.max_grad_norm = -1}), doctest::Contains("got -1"), Error);
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.adamw = {.eps = 0}}), doctest::Contains("AdamW: eps must be positive"),
                        Error);
   // Parameters another ShardedModel (or a FlatParameters) already holds in its buffers.
