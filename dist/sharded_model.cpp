@@ -173,7 +173,8 @@ void ShardedModel::build_unit(Unit& unit) {
     unit.compute_full.storage()->set_release_note(
         "the full weights of ZeRO-3 unit '" + unit.name + "', gathered only around the uses its UnitPlan names: "
         "a forward through them and the backward that follows; not for a module missing from the plan, a second "
-        "backward through a retained graph, or after the ShardedModel is gone");
+        "backward through a retained graph, the backward of an earlier forward when two forwards ran first (run each "
+        "forward's backward before the next forward), or after the ShardedModel is gone");
     unit.compute_full.storage()->release();
     unit.gathered_from = unit.compute_shard.storage()->version();
   }
