@@ -140,7 +140,9 @@ void LocalHub::leave(int rank) {
 // A failure inside (a scratch buffer over the memory cap, a device error) aborts the
 // hub: the others are mid-collective with this rank, and a retry would pair its next
 // call with their previous one -- wrong sums, silently. As with NCCL, a group whose
-// collective failed is finished; every rank ends with this rank's error.
+// collective failed is finished; every rank ends with this rank's error. Its posted
+// buffers stay held by the hub until the group ends: the others may still be reading
+// them when this rank's wait() returns (what they compute is thrown away).
 void LocalGroup::run(const Collective& c) {
   try {
     exchange(c);
@@ -169,10 +171,12 @@ void LocalGroup::exchange(const Collective& c) {
       const auto part = [&](int q) {
         return c.op == CollectiveOp::all_reduce ? input_of(q) : input_of(q).narrow(0, rank_ * count, count);
       };
-      // Summed in the buffer's dtype, as NCCL does -- except f16, summed in f32: its range
-      // ends at 65504, and a sum of N (loss-scaled) gradients overflows where their
-      // average does not. A part in another dtype (or on another GPU) is brought over
-      // kStage elements at a time, so the scratch past the result stays small.
+      // Summed in the buffer's dtype, as NCCL does (bf16 rounded after each rank's add) --
+      // except f16, summed in f32: its range ends at 65504, and a sum of N (loss-scaled)
+      // gradients overflows where their average does not. (The mpi group sums both 16-bit
+      // dtypes in f32, MPI having no type for them: its bf16 sums can differ in the last
+      // bit.) A part in another dtype (or on another GPU) is brought over kStage elements
+      // at a time, so the scratch past the result stays small.
       constexpr int64_t kStage = int64_t(1) << 20;
       result = scratch_like(output, output.dtype() == DType::f16 ? DType::f32 : output.dtype());
       kernels.copy(part(0), result);

@@ -20,7 +20,9 @@ void check(int status, const char* call) {
   fail("mpi group: ", call, " failed: ", std::string(text, static_cast<size_t>(length)));
 }
 
-// Reductions run in f32 for the 16-bit floats (MPI has no type for them), in place otherwise.
+// Reductions run in f32 for the 16-bit floats (MPI has no type for them), in place
+// otherwise. So a bf16 sum is rounded once here, where the local and nccl groups round
+// after each rank's add: they can differ in the last bit.
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
     case DType::f64: return MPI_DOUBLE;

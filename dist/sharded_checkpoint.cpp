@@ -44,7 +44,10 @@ int world_size_of(const std::string& file) {
   return static_cast<int>(size);
 }
 
+// Format 2 records parameter shapes; format 1 files (without them) still load, their
+// pieces checked by element counts only.
 constexpr const char* kFormat = "zerograd-sharded-checkpoint-2";
+constexpr const char* kFormatWithoutShapes = "zerograd-sharded-checkpoint-1";
 
 std::string rank_file(const std::string& dir, int rank, int size) {
   char name[64];
@@ -146,8 +149,8 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
     ZG_CHECK(std::filesystem::is_regular_file(path), who, ": ", path, " is missing (a save of ", old_size, " ranks)");
     plan.files.push_back(std::make_unique<SafetensorsFile>(path));
     const Metadata& meta = plan.files.back()->metadata();
-    ZG_CHECK(meta.count("format") && meta.at("format") == kFormat, who, ": ", path,
-             " is not a zerograd sharded checkpoint");
+    ZG_CHECK(meta.count("format") && (meta.at("format") == kFormat || meta.at("format") == kFormatWithoutShapes), who,
+             ": ", path, " is not a zerograd sharded checkpoint");
     ZG_CHECK(metadata_number<int64_t>(meta, "world_size", path, who) == old_size &&
                  metadata_number<int64_t>(meta, "rank", path, who) == q,
              who, ": ", path, " says it is rank ", meta.at("rank"), " of ", meta.at("world_size"));
@@ -187,7 +190,8 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
       ZG_CHECK(entry.shape.size() == 1 && is_floating(entry.dtype), who, ": ", file->path(), ": tensor '", tensor,
                "' is ", name(entry.dtype), shape_str(entry.shape), ", expected a 1-D floating piece");
       const auto shape = file->metadata().find("shape/" + parameter);
-      ZG_CHECK(shape != file->metadata().end() && shape->second == shape_str(known->second->shape), who, ": ",
+      const bool shapes_recorded = file->metadata().at("format") == kFormat;
+      ZG_CHECK(!shapes_recorded || (shape != file->metadata().end() && shape->second == shape_str(known->second->shape)), who, ": ",
                file->path(), ": tensor '", tensor, "' is a piece of a parameter of shape ",
                shape == file->metadata().end() ? std::string("(not recorded)") : shape->second, "; the model's '",
                parameter, "' has shape ", shape_str(known->second->shape), ": a checkpoint of another model");

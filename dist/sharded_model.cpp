@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <map>
 
 #include "optim/flat_parameters.h"
 #include "optim/schedule.h"
@@ -64,14 +65,28 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
     units_.push_back(std::move(unit));
   }
   // Each parameter goes to the unit whose path prefixes its name, else to the root.
-  std::vector<std::vector<std::pair<std::string, Tensor>>> members(units_.size());
-  const nn::NamedTensors parameters = model.named_parameters();
-  optim::check_packable("ShardedModel", parameters);
-  for (const auto& [name, p] : parameters) {
+  const auto unit_of = [&](const std::string& name) {
     size_t owner = 0;
     for (size_t u = 1; u < units_.size(); ++u)
       if (name.starts_with(units_[u]->name + ".")) owner = u;
-    members[owner].emplace_back(name, p);
+    return owner;
+  };
+  std::vector<std::vector<std::pair<std::string, Tensor>>> members(units_.size());
+  const nn::NamedTensors parameters = model.named_parameters();
+  optim::check_packable("ShardedModel", parameters);
+  for (const auto& [name, p] : parameters) members[unit_of(name)].emplace_back(name, p);
+  // A weight shared by modules of two units: at stage 3 a unit's weights exist only
+  // around its own uses, so the other unit's forward would find them released.
+  if (config_.stage == 3) {
+    std::map<const TensorImpl*, std::string> first_name;
+    for (const auto& [name, p] : parameters) first_name[&p.impl()] = name;
+    for (const auto& [name, p] : model.named_parameters(/*remove_duplicates=*/false)) {
+      const std::string& first = first_name.at(&p.impl());
+      ZG_CHECK(unit_of(name) == unit_of(first), "ShardedModel: parameter '", first, "' is also registered as '", name,
+               "', in another unit ('", units_[unit_of(first)]->name, "' and '", units_[unit_of(name)]->name,
+               "'); at stage 3 a unit's weights exist only around its own forward, so modules that share a weight "
+               "belong to one unit");
+    }
   }
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = *units_[u];

@@ -106,9 +106,10 @@ void Module::collect(const std::string& prefix, bool buffers, NamedTensors& out)
 
 // A parameter registered in several modules (a shared weight) is listed once, under
 // the first name the walk meets.
-NamedTensors Module::named_parameters() const {
+NamedTensors Module::named_parameters(bool remove_duplicates) const {
   NamedTensors all, out;
   collect("", false, all);
+  if (!remove_duplicates) return all;
   std::unordered_set<const TensorImpl*> seen;
   for (auto& entry : all)
     if (seen.insert(&entry.second.impl()).second) out.push_back(std::move(entry));

@@ -40,7 +40,9 @@ class Module {
     return module;
   }
 
-  NamedTensors named_parameters() const;  // a shared parameter once, under its first name
+  // A shared parameter (registered in several modules) once, under its first name; with
+  // remove_duplicates false, under every name it has.
+  NamedTensors named_parameters(bool remove_duplicates = true) const;
   std::vector<Tensor> parameters() const;
   NamedTensors named_buffers() const;
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }

@@ -25,7 +25,11 @@ void GradScaler::set_scale(double scale, int64_t good_steps) {
   good_steps_ = good_steps;
 }
 
-Tensor GradScaler::scale(const Tensor& loss) const { return scale_ == 1.0 ? loss : loss * scale_; }
+Tensor GradScaler::scale(const Tensor& loss) const {
+  if (scale_ == 1.0) return loss;
+  const bool is_16bit = loss.dtype() == DType::f16 || loss.dtype() == DType::bf16;
+  return (is_16bit ? loss.to(DType::f32) : loss) * scale_;
+}
 
 bool GradScaler::update(bool found_inf) {
   if (!options_.enabled) return !found_inf;

@@ -24,7 +24,9 @@ class GradScaler {
   // and growth_interval > 0.
   explicit GradScaler(GradScalerOptions options = {});
 
-  Tensor scale(const Tensor& loss) const;  // loss * scale
+  // loss * scale, in f32 for a 16-bit loss (as autocast keeps losses): the default scale,
+  // 65536, is past f16's largest value, and any f16 loss above 1 times it would be inf.
+  Tensor scale(const Tensor& loss) const;
   double scale_factor() const { return scale_; }
   double inv_scale() const { return 1.0 / scale_; }
   // After backward: `found_inf` says whether the gradients were finite. Returns whether

@@ -63,7 +63,7 @@ Cells format_exact(const Tensor& part) {
   return cells;
 }
 
-// Renders nested brackets. `values` holds only the shown part (row-major, with
+// Renders nested brackets. `cells` holds only the shown part (row-major, with
 // `strides`); `shape` is the full shape, which decides where "..." goes.
 struct Printer {
   const Cells& cells;

@@ -374,7 +374,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
            " does not broadcast to ", describe(*this));
   detail::check_no_broadcast_dims("add_", "destination", *this);
   check_source_needs_no_grad(other, "add_");
-  const Tensor scaled = alpha == 1.0 ? other : mul(other, alpha);
+  const Tensor scaled = alpha == 1.0 ? other : mul(other, detail::scalar_like("add_", other, alpha));
   begin_inplace(*this, "add_");
   backend(device()).binary(BinaryOp::add, *this, unaliased_source(scaled.expand(shape()), *this), *this);
   return *this;

@@ -58,7 +58,7 @@ TEST_CASE("local collectives compute the right values for N = 1, 2, 4") {
   }
 }
 
-TEST_CASE("f16 is summed in f32: an average does not overflow where a sum would") {
+TEST_CASE("f16 is summed in f32 (an average does not overflow where a sum would), bf16 in bf16") {
   dist::run_local(4, [](ProcessGroup& pg) {
     // f16's largest value is 65504: summed first in f16, the average of 40000s was inf.
     Tensor half = full({2}, 40000.0, DType::f16);
@@ -70,6 +70,11 @@ TEST_CASE("f16 is summed in f32: an average does not overflow where a sum would"
     Tensor sum = full({1}, 30000.0, DType::f16);
     pg.all_reduce(sum);
     CHECK(std::isinf(sum.item<float>()));  // the sum itself does not fit
+    // bf16 (f32's range) is summed in bf16, rank after rank, as NCCL does: 256 + 1 + 1 + 1
+    // stays 256 (each +1 is a tie, rounded to even), where one rounding of 259 gives 260.
+    Tensor wide = full({1}, pg.rank() == 0 ? 256.0 : 1.0, DType::bf16);
+    pg.all_reduce(wide);
+    CHECK(wide.item<float>() == 256.0f);
   });
 }
 

@@ -135,7 +135,9 @@ TEST_CASE("views that strides cannot express") {
   CHECK_THROWS_WITH_AS(mul(ints, 1e30), doctest::Contains("mul: the scalar 1e+30 does not fit i64[3]"), Error);
   CHECK_THROWS_WITH_AS(add(ints, NAN), doctest::Contains("add: the scalar nan does not fit"), Error);
   CHECK_THROWS_WITH_AS(masked_fill(zeros({2}, DType::f16), tensor<bool>({true, false}), -1e9),
-                       doctest::Contains("where: the scalar -1e+09 does not fit f16[2] on cpu"), Error);
+                       doctest::Contains("masked_fill: the scalar -1e+09 does not fit f16[2] on cpu"), Error);
+  CHECK_THROWS_WITH_AS(tensor<int64_t>({1}).add_(tensor<int64_t>({1}), 0.5),
+                       doctest::Contains("add_: the scalar 0.5 does not fit i64[1]"), Error);
   CHECK_THROWS_WITH_AS(eq(tensor<bool>({true}), 2.0), doctest::Contains("eq: the scalar 2 does not fit bool[1]"), Error);
   CHECK(lt(ints, 2.0).to_vector<bool>() == std::vector<bool>{true, false, false});
   CHECK(lt(lt(ints, 3.0), 1.0).to_vector<bool>() == std::vector<bool>{false, false, true});

@@ -484,11 +484,15 @@ TEST_CASE("relu passes NaN through, as PyTorch does") {
   // It gave 0 for NaN, hiding a diverged activation.
   for (const Device device : devices()) {
     INFO(device.str());
-    const std::vector<float> out = relu(tensor<float>({1, NAN, -2, 0}).to(device)).to_vector<float>();
+    const Tensor x = tensor<float>({1, NAN, -2, 0}).to(device).set_requires_grad(true);
+    const Tensor y = relu(x);
+    const std::vector<float> out = y.to_vector<float>();
     CHECK(out[0] == 1);
     CHECK(std::isnan(out[1]));
     CHECK(out[2] == 0);
     CHECK(out[3] == 0);
+    sum(y).backward();  // PyTorch's threshold_backward: g unless x <= 0
+    CHECK(x.grad().to_vector<float>() == std::vector<float>{1, 1, 0, 0});
   }
 }
 

@@ -301,6 +301,15 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
   optim::GradScaler tiny({.init_scale = 1e-300});
   for (int i = 0; i < 100; ++i) CHECK_FALSE(tiny.update(true));
   CHECK((tiny.scale_factor() > 0 && std::isfinite(tiny.inv_scale())));
+  // A 16-bit loss is scaled in f32: the default 65536 is past f16's largest value.
+  for (const DType dtype : {DType::f16, DType::bf16}) {
+    const Tensor loss = full({}, 3.0, dtype).set_requires_grad(true);
+    const Tensor scaled = optim::GradScaler().scale(loss);
+    CHECK(scaled.dtype() == DType::f32);
+    CHECK(scaled.item<double>() == 3.0 * 65536);
+    scaled.backward();
+    CHECK(loss.grad().dtype() == dtype);
+  }
 
   // Packing: trainable floating parameters, each once, none sharing memory with another.
   const auto trainable = [](const Tensor& t) {

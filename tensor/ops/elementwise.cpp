@@ -130,7 +130,7 @@ Tensor sigmoid(const Tensor& x) {
 
 Tensor relu(const Tensor& x) {
   return differentiable(unary(UnaryOp::relu, x, "relu"), kRelu, {x}, [x = SavedTensor(x)](const Tensor& g) {
-    return Grads{where(gt(x.get("relu"), 0.0), g, zeros_as(g))};
+    return Grads{where(le(x.get("relu"), 0.0), zeros_as(g), g)};  // NaN passes g through, as the forward passes NaN
   });
 }
 
@@ -268,7 +268,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   check_defined("masked_fill", mask);
   ZG_CHECK(broadcast_shapes(mask.shape(), x.shape(), "masked_fill") == x.shape(), "masked_fill: mask shape ",
            shape_str(mask.shape()), " does not broadcast to the tensor's shape ", shape_str(x.shape()));
-  return where(mask, value, x);
+  return where(mask, scalar_like("masked_fill", x, value), x);
 }
 
 Tensor operator-(const Tensor& x) { return neg(x); }
