@@ -17,7 +17,11 @@ __global__ void philox_fill_kernel(T* out, int64_t n, uint64_t seed, uint64_t fi
   const int64_t blocks = (n + 3) / 4;
   for (int64_t k = grid_index(); k < blocks; k += grid_stride()) {
     const philox::U32x4 bits = philox::block_bits(seed, first_block + static_cast<uint64_t>(k));
-    for (int lane = 0; lane < 4 && k * 4 + lane < n; ++lane) out[k * 4 + lane] = convert<T>(philox::draw(bits, lane, normal, a, b));
+    for (int lane = 0; lane < 4 && k * 4 + lane < n; ++lane) {
+      const T v = convert<T>(philox::draw(bits, lane, normal, a, b));
+      const bool on_upper_bound = !normal && static_cast<double>(widen(v)) >= b;
+      out[k * 4 + lane] = on_upper_bound ? convert<T>(a) : v;  // U[a, b): philox::draw
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "tensor/device.h"
+#include "tensor/error.h"
 #include "tensor/memory.h"
 
 namespace zg {
@@ -32,7 +33,16 @@ class Generator {
   uint64_t offset() const { return offset_; }
   void set_offset(uint64_t offset) { offset_ = offset; }
   // Reserves the counter blocks for `n` values; returns the first block.
-  uint64_t reserve(int64_t n) { return offset_.fetch_add((static_cast<uint64_t>(n) + 3) / 4); }
+  // Refused where the offset would wrap around (and the stream repeat).
+  uint64_t reserve(int64_t n) {
+    const uint64_t blocks = (static_cast<uint64_t>(n) + 3) / 4;
+    uint64_t first = offset_.load();
+    do {
+      ZG_CHECK(blocks <= UINT64_MAX - first, "random: the generator at offset ", first, " cannot reserve ", blocks,
+               " more counter blocks without wrapping around to numbers it gave before; reseed it (manual_seed)");
+    } while (!offset_.compare_exchange_weak(first, first + blocks));
+    return first;
+  }
 
   // The generator this thread's random ops draw from: the current context's, unless a
   // GeneratorGuard put another in its place.

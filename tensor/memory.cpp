@@ -65,7 +65,17 @@ namespace {
 thread_local MemoryCategory current_category = MemoryCategory::other;
 }
 
+namespace {
+// Categories index the statistics' arrays: a value cast from outside the enum would
+// write past them.
+void check_category(MemoryCategory category, const char* where) {
+  ZG_CHECK(static_cast<int>(category) < kMemoryCategories, where, ": ", static_cast<int>(category),
+           " is not a memory category (0 to ", kMemoryCategories - 1, ")");
+}
+}  // namespace
+
 MemoryScope::MemoryScope(MemoryCategory category) : previous_(current_category) {
+  check_category(category, "MemoryScope");
   current_category = category;
 }
 MemoryScope::~MemoryScope() { current_category = previous_; }
@@ -73,6 +83,7 @@ MemoryCategory MemoryScope::current() { return current_category; }
 
 Block Allocator::allocate(int64_t bytes, MemoryCategory category) {
   ZG_CHECK(bytes >= 0, "allocate: negative size ", bytes, " bytes on ", device_.str());
+  check_category(category, "allocate");
   Block block{nullptr, bytes, category};
   if (bytes == 0) return block;
   std::lock_guard lock(mutex_);

@@ -74,6 +74,9 @@ ZG_HOST_DEVICE double affine(double a, double b, double x) {
 // The value of element `lane` (0..3) of a block, in f64, before rounding to the
 // tensor's dtype: U[a, b) for uniform, N(a, b^2) for normal. Both backends call
 // this, so they agree wherever the f64 library functions of normal_from_pair do.
+// Rounding to the dtype can carry a uniform draw just below b onto b itself (bf16
+// keeps 8 bits: 1 - 2^-24 rounds to 1); both backends then write a instead -- what
+// PyTorch's CUDA generator does with a draw of 1 -- so the result stays in [a, b).
 ZG_HOST_DEVICE double draw(const U32x4& bits, int lane, bool normal, double a, double b) {
   if (!normal) return affine(a, b - a, static_cast<double>(uniform01(bits.v[lane])));
   return affine(a, b, normal_from_pair(bits.v[lane & 2], bits.v[lane | 1], (lane & 1) != 0));

@@ -142,6 +142,19 @@ TEST_CASE("views that strides cannot express") {
   CHECK(lt(ints, 2.0).to_vector<bool>() == std::vector<bool>{true, false, false});
   CHECK(lt(lt(ints, 3.0), 1.0).to_vector<bool>() == std::vector<bool>{false, false, true});
   CHECK(std::isinf(masked_fill(zeros({2}, DType::f16), tensor<bool>({true, false}), -INFINITY).to_vector<float>()[0]));
+  // A category from outside the enum indexed past the statistics' arrays.
+  CHECK_THROWS_WITH_AS(MemoryScope(static_cast<MemoryCategory>(7)), "MemoryScope: 7 is not a memory category (0 to 6)",
+                       Error);
+  // Philox's offset wrapped around and repeated earlier numbers.
+  {
+    Context rank;
+    ContextGuard guard(rank);
+    Generator::current().set_offset(UINT64_MAX - 1);
+    CHECK_THROWS_WITH_AS(rand({8}), doctest::Contains("random: the generator at offset 18446744073709551614 cannot "
+                                                      "reserve 2 more counter blocks without wrapping around"),
+                         Error);
+    CHECK(rand({4}).numel() == 4);  // one block still fits
+  }
   CHECK_THROWS_WITH_AS(zeros({-1}), "empty: negative size in shape [-1]", Error);
   CHECK_THROWS_WITH_AS(zeros({1, 3}).expand({2, -3}), "expand: cannot expand shape [1, 3] to [2, -3]", Error);
   CHECK_THROWS_WITH_AS(empty({int64_t(1) << 40, int64_t(1) << 40}),

@@ -57,8 +57,11 @@ void CpuBackend::fill_random(const Tensor& out, const RandomSpec& spec) {
       const bool normal = spec.distribution == Distribution::normal;
       for (int64_t block = 0; block * 4 < n; ++block) {
         const philox::U32x4 bits = philox::block_bits(spec.seed, spec.first_block + block);
-        for (int lane = 0; lane < 4 && block * 4 + lane < n; ++lane)
-          y[block * 4 + lane] = convert<T>(philox::draw(bits, lane, normal, spec.a, spec.b));
+        for (int lane = 0; lane < 4 && block * 4 + lane < n; ++lane) {
+          const T v = convert<T>(philox::draw(bits, lane, normal, spec.a, spec.b));
+          const bool on_upper_bound = !normal && static_cast<double>(static_cast<compute_t<T>>(v)) >= spec.b;
+          y[block * 4 + lane] = on_upper_bound ? convert<T>(spec.a) : v;  // U[a, b): philox::draw
+        }
       }
     }
   });
