@@ -105,7 +105,7 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }

@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
     }
     if (json) std::printf("]\n");
     else std::printf("\nzg segments: cudaMalloc calls the caching allocator made in the timed replay\n");
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }

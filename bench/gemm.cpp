@@ -15,6 +15,7 @@
 //   build/bench/gemm --dtype bf16 --sizes 1024,2048,4096,8192 --gpt2 --reference torch_gemm.json
 //   build/bench/gemm --device cpu --sizes 64,128 --iters 2 --json
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -88,7 +89,7 @@ std::string row_key(const std::string& name, const std::string& dtype) { return 
 // TFLOP/s of bench/torch_gemm.py's rows, by row_key; checks they were measured on `device`.
 std::map<std::string, double> read_reference(const std::string& path, const std::string& device, std::string& library) {
   std::ifstream file(path);
-  ZG_CHECK(file.good(), "gemm: cannot open --reference ", path);
+  ZG_CHECK(std::filesystem::is_regular_file(path) && file.good(), "gemm: cannot open --reference ", path);
   Json records;
   try {
     records = Json::parse(file);
@@ -203,7 +204,7 @@ int main(int argc, char** argv) {
         std::printf("  %s%s\n", records[i].dump().c_str(), i + 1 < records.size() ? "," : "");
       std::printf("]\n");
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }

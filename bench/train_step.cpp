@@ -19,6 +19,7 @@
 //   python3 bench/torch_reference.py --init /tmp/init.safetensors --mode eager
 //   build/bench/train_step --device cpu --model tiny --dtype f32 --steps 20 --json
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -83,12 +84,20 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--batch") f.batch = args.count(a);
     else if (a == "--seq") f.seq = args.count(a);
     else if (a == "--steps") f.steps = args.count(a);
-    else if (a == "--warmup") f.warmup = static_cast<int64_t>(args.number(a));
+    else if (a == "--warmup") {
+      const double steps = args.number(a);
+      ZG_CHECK(steps >= 0 && steps == std::floor(steps) && steps < 0x1p62, "train_step: --warmup needs a whole number "
+               ">= 0, got ", steps);
+      f.warmup = static_cast<int64_t>(steps);
+    }
     else if (a == "--lr") f.lr = args.number(a);
     else if (a == "--seed") f.seed = static_cast<uint64_t>(args.count(a));
     else if (a == "--init") f.init = args.value(a);
     else if (a == "--write-init") f.write_init = args.value(a);
-    else if (a == "--peak-tflops") f.peak_tflops = args.number(a);
+    else if (a == "--peak-tflops") {
+      f.peak_tflops = args.number(a);
+      ZG_CHECK(f.peak_tflops > 0, "train_step: --peak-tflops needs a positive number, got ", f.peak_tflops);
+    }
     else if (a == "--json") f.json = true;
     else fail("train_step: unknown flag ", a, " (see --help)");
   }
@@ -231,7 +240,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     return run(flags);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }

@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
                   gb(r.parameter), gb(r.gradient), gb(r.optimizer_state),
                   gb(r.parameter + r.gradient + r.optimizer_state), gb(r.formula_states), gb(r.activation),
                   gb(r.communication), gb(r.peak_allocated), gb(r.sent_per_step), gb(r.formula_sent));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }

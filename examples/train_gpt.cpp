@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -102,6 +103,8 @@ bool parse(int argc, char** argv, Flags& f) {
     else fail("train_gpt: unknown flag ", a, " (see --help)");
   }
   ZG_CHECK(f.steps > 0 && f.batch > 0 && f.seq > 1, "train_gpt: --steps, --batch must be positive and --seq > 1");
+  ZG_CHECK(f.batch <= (int64_t{1} << 40) / f.seq, "train_gpt: --batch ", f.batch, " x --seq ", f.seq,
+           " tokens a step is more than 2^40");
   return true;
 }
 
@@ -110,16 +113,19 @@ struct TextData {
   std::vector<int64_t> tokens;
   int64_t position = 0;
 
-  explicit TextData(const std::string& path) {
+  int64_t windows = 0;  // start positions of a window of seq + 1 bytes
+
+  TextData(const std::string& path, int64_t seq) {
+    ZG_CHECK(std::filesystem::is_regular_file(path), "train_gpt: --data ", path, " is not a readable file");
     std::ifstream in(path, std::ios::binary);
     ZG_CHECK(in.good(), "train_gpt: cannot read ", path);
     for (char c; in.get(c);) tokens.push_back(static_cast<unsigned char>(c));
+    windows = static_cast<int64_t>(tokens.size()) - seq - 1;
+    ZG_CHECK(windows > 0, "train_gpt: the text has ", tokens.size(), " bytes, fewer than --seq + 2");
   }
 
   // inputs [B, T] and targets [B, T] (the next byte of each input byte)
   std::pair<Tensor, Tensor> next_batch(int64_t batch, int64_t seq, Device device) {
-    const int64_t windows = static_cast<int64_t>(tokens.size()) - seq - 1;
-    ZG_CHECK(windows > 0, "train_gpt: the text has ", tokens.size(), " bytes, fewer than --seq + 2");
     std::vector<int64_t> x, y;
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t start = (position + b * seq) % windows;
@@ -146,7 +152,12 @@ int run(const Flags& f) {
   const Device device(f.device);
   const DType compute = f.dtype == "f32" ? DType::f32 : f.dtype == "bf16" ? DType::bf16 : f.dtype == "f16" ? DType::f16
                         : throw Error("train_gpt: --dtype must be f32, bf16 or f16, got " + f.dtype);
-  TextData data(f.data);
+  TextData data(f.data, f.seq);
+  if (!f.save.empty()) {  // found out before training, not after it
+    const std::filesystem::path dir = std::filesystem::path(f.save).parent_path();
+    ZG_CHECK(dir.empty() || std::filesystem::is_directory(dir), "train_gpt: --save ", f.save, ": ", dir.string(),
+             " is not a directory");
+  }
   manual_seed(f.seed);
 
   nn::GPTConfig config;
@@ -161,6 +172,10 @@ int run(const Flags& f) {
     const Metadata meta = optim::load_checkpoint(f.resume, params, adamw, &scaler);
     if (meta.count("data_position"))
       data.position = metadata_number<int64_t>(meta, "data_position", f.resume, "train_gpt");
+    ZG_CHECK(data.position >= 0 && data.position < data.windows, "train_gpt: ", f.resume, ": data_position ",
+             data.position, " is not a window of this text (0 to ", data.windows - 1, ")");
+    ZG_CHECK(adamw.steps() < f.steps, "train_gpt: ", f.resume, " is at step ", adamw.steps(), ": --steps ", f.steps,
+             " leaves nothing to train");
     std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(adamw.steps()));
   }
   std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s compute on %s; %zu bytes of text\n",
@@ -213,7 +228,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     return run(flags);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::cerr << e.what() << "\n";
     return 1;
   }

@@ -1,5 +1,6 @@
 // The examples run as a user runs them: train_gpt's loss falls and its last line
 // is "final loss: X"; the README's model example trains.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -44,12 +45,26 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
        {std::pair{"--steps 1.5", "--steps expects a whole number >= 1, got '1.5'"},
         std::pair{"--seed -1", "--seed expects a whole number >= 0, got '-1'"},
         std::pair{"--save-every -3", "--save-every expects a whole number >= 0, got '-3'"},
-        std::pair{"--lr fast", "--lr expects a number, got 'fast'"}}) {
+        std::pair{"--lr fast", "--lr expects a number, got 'fast'"},
+        // Found by fuzzing: a batch that never finished building, a directory read as an
+        // empty text, a save path found bad only after training.
+        std::pair{"--batch 4611686018427387904 --seq 8", "tokens a step is more than 2^40"},
+        std::pair{"--data /tmp", "--data /tmp is not a readable file"},
+        std::pair{"--save /nonexistent/ck.safetensors", "/nonexistent is not a directory"}}) {
     INFO(flags);
     const std::string bad = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt " + flags + " 2>&1", status);
     CHECK(status != 0);
     CHECK(bad.find(message) != std::string::npos);
   }
+  // A resume whose --steps leaves nothing to train said "final loss: nan" and exited 0.
+  const std::string path = "/tmp/zg_test_train_gpt_" + std::to_string(::getpid()) + ".safetensors";
+  const std::string small = std::string(ZG_EXAMPLES_DIR) + "/train_gpt --layers 1 --heads 1 --embd 8 --seq 8 --batch 1";
+  run_command(small + " --steps 2 --save " + path + " 2>&1", status);
+  REQUIRE(status == 0);
+  const std::string done = run_command(small + " --steps 2 --resume " + path + " 2>&1", status);
+  CHECK(status != 0);
+  CHECK(done.find("is at step 2: --steps 2 leaves nothing to train") != std::string::npos);
+  std::remove(path.c_str());
 }
 
 TEST_CASE("the README's write-your-own-model example trains") {
@@ -122,6 +137,9 @@ TEST_CASE("bench/train_step trains the tiny GPT as PyTorch does, loss for loss, 
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/train_step --dtype f8 2>&1", status).find(
             "--dtype must be bf16 or f32, got f8") != std::string::npos);
   CHECK(status != 0);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/train_step --warmup 0.5 2>&1", status).find(
+            "--warmup needs a whole number >= 0, got 0.5") != std::string::npos);  // was truncated to 0
+  CHECK(status != 0);
 }
 
 TEST_CASE("bench/adamw --device cpu --json: the fused update's and a copy's bandwidth over the same bytes") {
@@ -181,6 +199,10 @@ TEST_CASE("bench/gemm --device cpu --json: a record per size with its TFLOP/s; -
   CHECK(refused.find("was measured on cuda:0, this run is on cpu") != std::string::npos);
   CHECK(status != 0);
   std::remove(path.c_str());
+  // A directory as the reference ended the process in std::terminate.
+  CHECK(run_command(gemm + " --reference /tmp 2>&1", status).find("gemm: cannot open --reference /tmp") !=
+        std::string::npos);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 1));  // an exit, not an abort
 
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/gemm --device cpu --dtype f8 2>&1", status).find(
             "--dtype must be bf16, f16, f32 or all, got 'f8'") != std::string::npos);
