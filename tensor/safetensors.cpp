@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tensor/autograd.h"
+#include "tensor/ops.h"
 
 namespace zg {
 
@@ -277,6 +278,18 @@ void SafetensorsFile::check_readable_into(const std::string& name, const Tensor&
   ZG_CHECK(e.dtype == destination.dtype() || (is_floating(e.dtype) && is_floating(destination.dtype())),
            "safetensors ", path_, ": tensor '", name, "' is ", format_name(e.dtype), ", expected ",
            format_name(destination.dtype()));
+  // Into a dtype of narrower range (f16; f32 or bf16 from f64), a value past its largest
+  // would load as inf: the data is read once more here, so a load refuses it before
+  // overwriting anything.
+  const DType to = destination.dtype();
+  const bool narrower = (to == DType::f16 && e.dtype != DType::f16) ||
+                        ((to == DType::f32 || to == DType::bf16) && e.dtype == DType::f64);
+  if (!narrower) return;
+  NoGradGuard no_grad;
+  const Tensor source = read(name);
+  const auto infinities = [](const Tensor& t) { return sum(eq(abs(t), INFINITY)).item<int64_t>(); };
+  ZG_CHECK(infinities(source.to(to)) == infinities(source), "safetensors ", path_, ": tensor '", name, "' (",
+           format_name(e.dtype), ") holds values beyond the range of ", format_name(to), ", which would load as inf");
 }
 
 template <class T>

@@ -123,6 +123,19 @@ TEST_CASE("module state round trip, dtype conversion on load, and mismatches") {
   CHECK(d.wte->weight.view({-1}).to_vector<float>() == wte_before);
   nn::Linear lin(2, 2);
   CHECK_THROWS_WITH_AS(nn::load_state(lin, path), doctest::Contains("has no tensor 'weight'"), Error);
+  // Into f16, a value past 65504 loaded as inf without a word; refused before anything changes.
+  nn::Linear wide(2, 2), half(2, 2);
+  {
+    NoGradGuard no_grad;
+    wide.bias.copy_(tensor<float>({1e30f, 1.0f}));
+  }
+  nn::save_state(wide, path);
+  half.to(DType::f16);
+  const std::vector<float> weight_before = half.weight.to(DType::f32).view({-1}).to_vector<float>();
+  CHECK_THROWS_WITH_AS(nn::load_state(half, path),
+                       doctest::Contains("tensor 'bias' (F32) holds values beyond the range of F16, which would load as inf"),
+                       Error);
+  CHECK(half.weight.to(DType::f32).view({-1}).to_vector<float>() == weight_before);
   std::remove(path.c_str());
 }
 
