@@ -26,20 +26,16 @@ class Done final : public Work {
 WorkHandle FakeGroup::issue(Collective c) {
   const Tensor& out = c.output;
   if (!out.defined() || out.device().type == DeviceType::meta) return std::make_shared<Done>();
-  Backend& kernels = backend(out.device());
   switch (c.op) {
     case CollectiveOp::all_reduce:
-      if (c.reduce == ReduceKind::sum && size_ > 1) {
-        const Tensor n = full({}, size_, TensorOptions(out.dtype()).device(out.device()));
-        kernels.binary(BinaryOp::mul, out, n.expand(out.shape()), out);
-      }
+      if (c.reduce == ReduceKind::sum && size_ > 1) scale_buffer(out, size_);
       break;
     case CollectiveOp::reduce_scatter:
     case CollectiveOp::all_gather:
       ZG_CHECK(size_ == 1, "fake group: rank ", rank_, " of ", size_, " cannot compute ", c.describe(),
                " on tensors with data: the other ranks' shards do not exist here; use meta tensors (a dry run) or "
                "run_local");
-      if (c.input.storage() != out.storage() || c.input.offset() != out.offset()) kernels.copy(c.input, out);
+      if (c.input.storage() != out.storage() || c.input.offset() != out.offset()) backend(out.device()).copy(c.input, out);
       break;
     case CollectiveOp::broadcast:
     case CollectiveOp::barrier: break;

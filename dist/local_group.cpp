@@ -18,9 +18,7 @@ void combine(const Tensor& acc, const Tensor& x, ReduceKind op) {
 }
 
 void finish(const Tensor& acc, ReduceKind op, int size) {
-  if (op != ReduceKind::average) return;
-  const Tensor factor = full({}, 1.0 / size, TensorOptions(acc.dtype()).device(acc.device()));
-  backend(acc.device()).binary(BinaryOp::mul, acc, factor.expand(acc.shape()), acc);
+  if (op == ReduceKind::average) scale_buffer(acc, 1.0 / size);
 }
 
 Tensor scratch_like(const Tensor& t, DType dtype) {

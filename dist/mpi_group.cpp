@@ -50,9 +50,7 @@ void check_cpu(const char* op, const Tensor& t) {
 }
 
 void scale(const Tensor& t, ReduceKind op, int size) {
-  if (op != ReduceKind::average) return;
-  const Tensor factor = full({}, 1.0 / size, TensorOptions(t.dtype()));
-  backend(kCPU).binary(BinaryOp::mul, t, factor.expand(t.shape()), t);
+  if (op == ReduceKind::average) scale_buffer(t, 1.0 / size);
 }
 
 MPI_Op mpi_op(ReduceKind op) { return op == ReduceKind::max ? MPI_MAX : MPI_SUM; }

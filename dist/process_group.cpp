@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "tensor/autograd.h"
+#include "tensor/backend.h"
 #include "tensor/context.h"
 #include "tensor/trace.h"
 
@@ -76,6 +77,11 @@ std::string Collective::mismatch(const std::vector<Signature>& all, int64_t inde
       return group + ": collective #" + std::to_string(index) + " does not match across ranks: rank 0 called " +
              describe(all[0]) + ", rank " + std::to_string(q) + " called " + describe(all[q]);
   return "";
+}
+
+void scale_buffer(const Tensor& buffer, double factor) {
+  const Tensor scalar = full({}, factor, TensorOptions(buffer.dtype()).device(buffer.device()));
+  backend(buffer.device()).binary(BinaryOp::mul, buffer, scalar.expand(buffer.shape()), buffer);
 }
 
 // ---- the communication worker -------------------------------------------------

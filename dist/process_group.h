@@ -117,6 +117,10 @@ class ProcessGroup {
   int64_t bytes_sent_ = 0;
 };
 
+// buffer *= factor through the backend, as collectives write their outputs: no version
+// bump (the caller's begin_inplace made the one). An average's 1/N, a fake sum's N.
+void scale_buffer(const Tensor& buffer, double factor);
+
 class CommWorker;
 
 // A group whose collectives run on the host: one communication worker thread per

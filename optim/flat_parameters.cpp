@@ -5,18 +5,7 @@
 
 namespace zg::optim {
 
-DType master_dtype_for(DType compute_dtype) { return compute_dtype == DType::f64 ? DType::f64 : DType::f32; }
-
-namespace {
-
-// The element range [first, last) of its storage a tensor reaches.
-std::pair<int64_t, int64_t> reach(const Tensor& t) {
-  int64_t last = t.offset() + 1;
-  for (int64_t d = 0; d < t.dim(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
-  return {t.offset(), last};
-}
-
-}  // namespace
+DType master_dtype_for(DType compute_dtype) { return accumulate_type(compute_dtype); }
 
 void check_packable(const char* who, const nn::NamedTensors& parameters) {
   ZG_CHECK(!parameters.empty(), who, ": no parameters");
@@ -33,11 +22,11 @@ void check_packable(const char* who, const nn::NamedTensors& parameters) {
     if (const ParameterOwner* owner = ParameterOwner::of(p))
       fail(who, ": parameter '", name, "' already lives in the flat buffers of ", owner->describe());
     if (p.numel() == 0) continue;
-    const auto [first, last] = reach(p);
+    const auto [first, last] = storage_range(p);
     for (size_t j = 0; j < i; ++j) {
       const auto& [other_name, other] = parameters[j];
       if (other.numel() == 0 || other.storage() != p.storage()) continue;
-      const auto [other_first, other_last] = reach(other);
+      const auto [other_first, other_last] = storage_range(other);
       ZG_CHECK(last <= other_first || other_last <= first, who, ": parameters '", other_name, "' and '", name,
                "' share memory; packing would give each its own copy. A shared weight is one tensor: register "
                "that tensor in both modules, or use it in both places");

@@ -27,8 +27,7 @@ void GradScaler::set_scale(double scale, int64_t good_steps) {
 
 Tensor GradScaler::scale(const Tensor& loss) const {
   if (scale_ == 1.0) return loss;
-  const bool is_16bit = loss.dtype() == DType::f16 || loss.dtype() == DType::bf16;
-  return (is_16bit ? loss.to(DType::f32) : loss) * scale_;
+  return loss.to(accumulate_type(loss.dtype())) * scale_;
 }
 
 bool GradScaler::update(bool found_inf) {

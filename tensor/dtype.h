@@ -24,6 +24,9 @@ int64_t element_size(DType dtype);
 const char* name(DType dtype);  // "f32", "bf16", "bool", ...
 bool is_floating(DType dtype);
 bool is_integral(DType dtype);  // i64, i32 (not bool)
+// What floating-point math on `dtype` accumulates in (statistics, losses, master
+// weights, a scaled loss): f64 for f64, f32 otherwise.
+inline DType accumulate_type(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 
 // The C++ type that holds one element of a dtype, and back.
 template <class T>

@@ -102,25 +102,16 @@ Tensor record_part(const Tensor& out, const Tensor& in, const DifferentiableOp& 
   return out;
 }
 
-// The bytes [first, last] a view can touch; nullopt when it has no elements.
-std::optional<std::pair<int64_t, int64_t>> byte_extent(const Tensor& t) {
-  if (t.numel() == 0) return std::nullopt;
-  int64_t last = t.offset();
-  for (int64_t d = 0; d < t.dim(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
-  const int64_t size = element_size(t.dtype());
-  return std::pair{t.offset() * size, (last + 1) * size - 1};
-}
-
 // The source of an in-place write (dst[i] op= src[i], src already expanded to dst's
 // shape), as the write may read it: a copy when the two overlap other than element for
 // element (x.copy_(x.t()), x[1:] += x[:-1]) -- read while written, those would see
 // values already overwritten. memmove's rule, for strided views.
 Tensor unaliased_source(const Tensor& src, const Tensor& dst) {
-  if (src.storage() != dst.storage()) return src;
-  const bool same_elements = src.offset() == dst.offset() && src.strides() == dst.strides() &&
-                             element_size(src.dtype()) == element_size(dst.dtype());
-  const auto a = byte_extent(src), b = byte_extent(dst);
-  if (same_elements || !a || !b || a->second < b->first || b->second < a->first) return src;
+  if (src.storage() != dst.storage() || src.numel() == 0 || dst.numel() == 0) return src;
+  if (src.offset() == dst.offset() && src.strides() == dst.strides()) return src;  // the same elements
+  const auto [src_first, src_last] = storage_range(src);
+  const auto [dst_first, dst_last] = storage_range(dst);
+  if (src_last <= dst_first || dst_last <= src_first) return src;
   Tensor staged = Tensor::empty(src.shape(), TensorOptions(src.dtype()).device(src.device()));
   backend(src.device()).copy(src, staged);
   return staged;
@@ -434,6 +425,12 @@ std::vector<T> Tensor::to_vector() const {
 std::string describe(const Tensor& t) {
   if (!t.defined()) return "undefined tensor";
   return std::string(name(t.dtype())) + shape_str(t.shape()) + " on " + t.device().str();
+}
+
+std::pair<int64_t, int64_t> storage_range(const Tensor& t) {
+  int64_t last = t.offset() + 1;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.shape()[d] - 1) * t.strides()[d];
+  return {t.offset(), last};
 }
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }

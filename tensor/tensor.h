@@ -147,6 +147,10 @@ class Tensor {
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 // "f32[2, 3] on cpu": how error messages name a tensor.
 std::string describe(const Tensor& t);
+// The elements [first, last) of its storage that a view with elements reaches (strides
+// are never negative). Two views of one storage (which share its dtype) whose ranges
+// are disjoint share no element.
+std::pair<int64_t, int64_t> storage_range(const Tensor& t);
 
 // ---- factories ----
 Tensor empty(const Shape& shape, TensorOptions options = {});

@@ -39,9 +39,6 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   return out.view(moved.shape()).transpose(dim, -1).contiguous();
 }
 
-// The type statistics and per-row losses are kept in: f32, or f64 for f64 inputs.
-DType accumulate_type(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
-
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false, "softmax"); }
