@@ -272,4 +272,14 @@ TEST_CASE("set_data re-points a parameter into a flat buffer, keeping its autogr
   CHECK(p.grad().to_vector<double>() == std::vector<double>{4, 6, 8, 10});
 }
 
+TEST_CASE("checkpoint of a function whose result does not depend on its inputs gives them no gradient") {
+  // The output requires grad (fn ran without a graph, so that is known only at
+  // recompute); backward then finds nothing to differentiate and adds nothing.
+  const Tensor x = normal_leaf({3}, kCPU);
+  const Tensor out = nn::checkpoint([](const std::vector<Tensor>& in) { return in[0].detach() * 2.0; }, {x});
+  CHECK(out.requires_grad());
+  sum(out + x).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 1, 1});
+}
+
 }  // namespace zg::test

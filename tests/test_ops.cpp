@@ -469,6 +469,19 @@ TEST_CASE("a zero-size last dim: empty results where the op is defined, an error
   }
 }
 
+TEST_CASE("a 0-d tensor reduces over dim 0 or -1 as its one element, as in PyTorch") {
+  // argmax(scalar, 0) was refused as out of range.
+  const Tensor x = full({}, 2.5, TensorOptions(DType::f64)).set_requires_grad(true);
+  CHECK(argmax(x, 0).item<int64_t>() == 0);
+  CHECK(argmin(x, -1, true).shape() == Shape{});
+  const Tensor s = sum(x, {0});
+  CHECK(s.shape() == Shape{});
+  CHECK(max(x, {-1}).item<double>() == 2.5);
+  s.backward();
+  CHECK(x.grad().item<double>() == 1);
+  CHECK_THROWS_WITH_AS(mean(x, {1}), doctest::Contains("mean: dim 1 is out of range for a 0-d tensor"), Error);
+}
+
 TEST_CASE("cross_entropy skips ignored targets and is NaN when all are ignored") {
   const Tensor logits = tensor<double>({1, 2, 3, 0, 0, 0, 5, 1, 1}, {3, 3});
   const Tensor target = tensor<int64_t>({2, -100, 0});
