@@ -49,7 +49,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <map>
 #include <sstream>
 #include <tuple>
 #include <unordered_map>
@@ -58,6 +57,7 @@
 
 #include "cuda/check.h"
 #include "cuda/kernels.cuh"
+#include "cuda/lru_cache.h"
 #include "cuda/rank_state.h"
 
 namespace zg::cuda {
@@ -66,10 +66,9 @@ namespace fe = cudnn_frontend;
 
 // One rank's graphs (RankState::attention_graphs), keyed by everything a graph is built
 // for (graph_key), each built or holding why it could not be. Each direction keeps at
-// most kCapacity layouts, the least recently used going first: a run whose shapes keep
-// changing (generation with a growing T) holds a bounded set of graphs, not one for
-// every shape it ever saw. Callers get entries by value -- the graph is shared -- so an
-// eviction never pulls a graph from under a call that is executing it.
+// most kCapacity layouts, the least recently used going first (LruCache). Callers get
+// entries by value -- the graph is shared -- so an eviction never pulls a graph from
+// under a call that is executing it.
 struct AttentionGraphs {
   struct Entry {
     std::shared_ptr<fe::graph::Graph> graph;
@@ -77,11 +76,8 @@ struct AttentionGraphs {
     std::string unsupported;  // "" when built
   };
   static constexpr size_t kCapacity = 128;
-  struct Cache {
-    std::map<std::vector<int64_t>, std::pair<Entry, uint64_t>> entries;  // with the tick of its last use
-    uint64_t tick = 0;
-  };
-  Cache forward, backward;
+  using Cache = LruCache<std::vector<int64_t>, Entry>;
+  Cache forward{kCapacity}, backward{kCapacity};
 };
 
 namespace {
@@ -302,18 +298,9 @@ Entry build(Make make, cudnnHandle_t handle, const char* which) {
 
 // The entry for `key`, built by `make` the first time (the caller holds the rank's lock).
 template <class Make>
-Entry find_or_build(AttentionGraphs::Cache& cache, std::vector<int64_t> key, Make make, cudnnHandle_t handle,
-                    const char* which) {
-  auto it = cache.entries.find(key);
-  if (it == cache.entries.end()) {
-    if (cache.entries.size() >= AttentionGraphs::kCapacity)
-      cache.entries.erase(std::min_element(cache.entries.begin(), cache.entries.end(), [](const auto& a, const auto& b) {
-        return a.second.second < b.second.second;
-      }));
-    it = cache.entries.emplace(std::move(key), std::pair{build(make, handle, which), uint64_t{0}}).first;
-  }
-  it->second.second = ++cache.tick;
-  return it->second.first;
+Entry find_or_build(AttentionGraphs::Cache& cache, const std::vector<int64_t>& key, Make make,
+                    cudnnHandle_t handle, const char* which) {
+  return cache.get_or_make(key, [&] { return build(make, handle, which); });
 }
 
 // The rank's graphs on `device`, locked for the holder's scope, with the GPU current
@@ -388,8 +375,8 @@ std::string fused_attention_unsupported(const Tensor& q, const Tensor& k, const 
 
 AttentionGraphCount fused_attention_graphs(Device device) {
   RankGraphs rank(device);
-  return {static_cast<int64_t>(rank.graphs().forward.entries.size()),
-          static_cast<int64_t>(rank.graphs().backward.entries.size())};
+  return {static_cast<int64_t>(rank.graphs().forward.size()),
+          static_cast<int64_t>(rank.graphs().backward.size())};
 }
 
 bool CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cuda/caching_allocator_core.h"
+#include "cuda/lru_cache.h"
 #include "helpers.h"
 
 namespace zg::test {
@@ -543,6 +544,30 @@ TEST_CASE("two threads share one allocator safely") {
   t1.join();
   CHECK(f.stats().allocated_total == 0);
   CHECK(f.stats().allocations == 800);
+}
+
+// The rule of the attention graph cache (cuda/attention.cu), which keeps at most 128
+// cuDNN graphs per direction: building 129 graphs on a GPU is too slow for the suite.
+TEST_CASE("LruCache keeps at most its capacity, the least recently used going first") {
+  cuda::LruCache<int, std::string> cache(3);
+  int made = 0;
+  const auto get = [&](int key) { return cache.get_or_make(key, [&] { ++made; return std::to_string(key); }); };
+  CHECK(get(1) == "1");
+  CHECK(get(2) == "2");
+  CHECK(get(3) == "3");
+  CHECK(get(1) == "1");  // found: 1 is now the most recently used
+  CHECK(made == 3);
+  CHECK(get(4) == "4");  // full: 2, used longest ago, goes
+  CHECK(cache.size() == 3);
+  CHECK_FALSE(cache.contains(2));
+  CHECK((cache.contains(1) && cache.contains(3) && cache.contains(4)));
+  CHECK(get(2) == "2");  // made again; 3 goes
+  CHECK(made == 5);
+  CHECK_FALSE(cache.contains(3));
+  // A make() that throws leaves the cache as it was: nothing evicted, nothing added.
+  CHECK_THROWS_AS(cache.get_or_make(9, []() -> std::string { throw Error("cannot build"); }), Error);
+  CHECK(cache.size() == 3);
+  CHECK((cache.contains(1) && cache.contains(4) && cache.contains(2)));
 }
 
 }  // namespace zg::test
