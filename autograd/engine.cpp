@@ -26,6 +26,30 @@ thread_local int backward_depth = 0;  // nested passes: a checkpoint recompute r
 // again, without end.
 thread_local std::vector<Node*> running_nodes;
 
+// A formula's gradient for input i, held to what that input was when the op recorded
+// it (as PyTorch's validate_outputs): a gradient of a shape the input broadcasts to is
+// summed back to it, another dtype is cast to the input's; any other shape, or another
+// device, is a wrong formula (a custom op's), refused with the op's name.
+Tensor fit_to_edge(Tensor grad, const Edge& edge, const Node& node, size_t i) {
+  const auto wrong = [&](const std::string& what) {
+    fail("backward of ", node.name(), ": the gradient for input ", i, " is ", describe(grad), ", but that input was ",
+         name(edge.dtype), shape_str(edge.shape), " on ", edge.device.str(), " (", what, ")");
+  };
+  if (grad.device() != edge.device) wrong("another device");
+  if (grad.shape() != edge.shape) {
+    const auto& to = edge.shape;
+    const auto& from = grad.shape();
+    bool expandable = to.size() <= from.size();
+    for (size_t d = 0; expandable && d < to.size(); ++d) {
+      const int64_t t = to[to.size() - 1 - d], f = from[from.size() - 1 - d];
+      expandable = t == f || t == 1;
+    }
+    if (!expandable) wrong("a shape it does not broadcast to");
+    grad = sum_to(grad, to);
+  }
+  return grad.dtype() == edge.dtype ? grad : grad.to(edge.dtype);
+}
+
 void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
   NoGradGuard no_grad;
   TraceRange range("backward");
@@ -73,8 +97,9 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
       Node* next = edges[i].node.get();
       if (!next) continue;
       if (i < input_grads.size() && input_grads[i].defined()) {
+        const Tensor grad_in = fit_to_edge(std::move(input_grads[i]), edges[i], *node, i);
         Tensor& slot = pending[next];
-        slot = slot.defined() ? add(slot, input_grads[i]) : input_grads[i];
+        slot = slot.defined() ? add(slot, grad_in) : grad_in;
       }
       if (--dependencies[next] == 0) ready.push_back(edges[i].node);
     }
@@ -86,6 +111,19 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
 }  // namespace
 
 bool backward_in_progress() { return backward_depth > 0; }
+
+void release_graph(const std::shared_ptr<Node>& root, uint64_t first) {
+  if (!root || root->sequence_nr() < first) return;
+  // Edges point at nodes made before their own, so a walk through the new nodes only
+  // finds every new node that the root reaches.
+  std::vector<Node*> visited{root.get()};
+  std::unordered_set<Node*> seen{root.get()};
+  for (size_t i = 0; i < visited.size(); ++i)
+    for (const Edge& edge : visited[i]->next_edges())
+      if (edge.node && edge.node->sequence_nr() >= first && seen.insert(edge.node.get()).second)
+        visited.push_back(edge.node.get());
+  for (Node* node : visited) node->release();
+}
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const {
   ZG_CHECK(requires_grad(), "backward: ", describe(*this), " does not require grad (no recorded op leads to it)");

@@ -10,20 +10,36 @@ namespace zg {
 
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                           const std::vector<Tensor>& inputs, double eps, double atol, double rtol) {
-  const Tensor probe = fn(inputs);
+  ZG_CHECK(std::isfinite(eps) && eps > 0, "gradcheck: eps must be positive and finite, got ", eps);
+  ZG_CHECK(std::isfinite(atol) && atol >= 0 && std::isfinite(rtol) && rtol >= 0,
+           "gradcheck: atol and rtol must be >= 0 and finite, got ", atol, " and ", rtol);
+  GradModeGuard grad_on(true);  // the analytic side needs a graph, whatever the caller's mode
+  // Each input that requires grad is checked as a leaf of its own (a detached handle on
+  // its data): non-leaf inputs work, the caller's .grad is left alone, and a tensor
+  // passed twice is two inputs, each differentiated with the other held fixed -- as
+  // the finite differences below shift one input at a time.
+  std::vector<Tensor> leaves;
+  for (const Tensor& x : inputs) {
+    if (!x.defined() || !x.requires_grad()) {
+      leaves.push_back(x);
+      continue;
+    }
+    leaves.push_back(x.detach().set_requires_grad(true));
+  }
+  const Tensor probe = fn(leaves);
+  ZG_CHECK(probe.defined() && is_floating(probe.dtype()), "gradcheck: fn must return a floating-point tensor, got ",
+           describe(probe));
   const Tensor weights = randn(probe.shape(), TensorOptions(probe.dtype()).device(probe.device()));
   auto loss = [&](const std::vector<Tensor>& xs) { return sum(fn(xs) * weights); };
 
-  for (const Tensor& x : inputs)
-    if (x.requires_grad()) x.set_grad(Tensor());
-  const Tensor l = loss(inputs);
+  const Tensor l = loss(leaves);
   if (l.requires_grad()) l.backward();
 
   GradcheckResult result;
   NoGradGuard no_grad;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const Tensor& x = inputs[i];
-    if (!x.requires_grad()) continue;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const Tensor& x = leaves[i];
+    if (!x.defined() || !x.requires_grad()) continue;
     const std::vector<double> analytic =
         x.grad().defined() ? x.grad().to_vector<double>() : std::vector<double>(x.numel(), 0.0);
     const std::vector<double> values = x.to_vector<double>();
@@ -31,7 +47,7 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
       auto shifted = [&](double delta) {
         std::vector<double> v = values;
         v[j] += delta;
-        std::vector<Tensor> xs = inputs;
+        std::vector<Tensor> xs = leaves;
         xs[i] = tensor(v, x.shape(), TensorOptions(x.dtype()).device(x.device()));
         return loss(xs).item<double>();
       };

@@ -38,13 +38,20 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
       replay.push_back(x);
     }
     Generator forward_state(seed, offset);  // the forward's random numbers (dropout masks), again
+    const uint64_t first_recomputed = Node::next_sequence_nr();
     Tensor recomputed;
     {
       GeneratorGuard replaying(forward_state);
       GradModeGuard grad_on(true);
       recomputed = fn(replay);
     }
-    if (recomputed.requires_grad()) recomputed.backward(g);
+    if (recomputed.requires_grad()) {
+      // fn may use a tensor of the outer graph it did not take as an input (a captured
+      // h = f(x)): this pass then goes on into that graph, whose nodes the outer pass may
+      // still run. So it frees only what the recompute made.
+      recomputed.backward(g, /*retain_graph=*/true);
+      release_graph(recomputed.grad_fn(), first_recomputed);
+    }
     std::vector<Tensor> grads;
     for (const Tensor& x : replay) grads.push_back(x.defined() && x.requires_grad() ? x.grad() : Tensor());
     return grads;

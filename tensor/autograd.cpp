@@ -1,5 +1,7 @@
 #include "tensor/autograd.h"
 
+#include <atomic>
+
 #include "tensor/ops.h"
 #include "tensor/ops/checks.h"
 
@@ -43,6 +45,12 @@ std::vector<Tensor> Node::apply(const Tensor& grad) {
 }
 
 void Node::release() { backward_ = nullptr; }
+
+namespace {
+std::atomic<uint64_t> node_count{0};
+}
+uint64_t Node::take_sequence_nr() { return node_count.fetch_add(1, std::memory_order_relaxed); }
+uint64_t Node::next_sequence_nr() { return node_count.load(std::memory_order_relaxed); }
 
 std::vector<Tensor> AccumulateGrad::apply(const Tensor& grad) {
   const std::shared_ptr<TensorImpl> impl = leaf_.lock();
@@ -110,11 +118,15 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
 
 void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
             Node::Backward backward) {
+  // Only floating-point results are differentiable (PyTorch's rule): a cast to an
+  // integer type or bool starts no gradient path -- its gradient would be zero, not the
+  // incoming one passed back as if the rounding were the identity.
+  if (!is_floating(out.dtype())) return;
   std::vector<Edge> edges;
   edges.reserve(inputs.size());
   for (const Tensor& input : inputs) {
     if (!input.defined() || !input.requires_grad()) edges.push_back({});
-    else edges.push_back({gradient_edge(input)});
+    else edges.push_back({gradient_edge(input), input.shape(), input.dtype(), input.device()});
   }
   AutogradMeta& meta = meta_of(out);
   meta.requires_grad = true;

@@ -64,8 +64,14 @@ class SavedTensor {
 };
 
 class Node;
+// Where an input's gradient goes, and what that input was when the op recorded it: the
+// engine holds each gradient a formula returns to it (shape, dtype, device), as
+// PyTorch's validate_outputs does.
 struct Edge {
   std::shared_ptr<Node> node;  // null: this input needs no gradient
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
 };
 
 // One recorded op: its backward formula and one edge per input. An op has one
@@ -75,10 +81,15 @@ class Node {
   using Backward = std::function<std::vector<Tensor>(const Tensor& grad)>;
 
   Node(std::string name, std::vector<Edge> next, Backward backward)
-      : name_(std::move(name)), next_(std::move(next)), backward_(std::move(backward)) {}
+      : name_(std::move(name)), next_(std::move(next)), backward_(std::move(backward)),
+        sequence_nr_(take_sequence_nr()) {}
   virtual ~Node() = default;
 
   const std::string& name() const { return name_; }
+  // Nodes are numbered in the order they are made, across threads: a node numbered at
+  // least next_sequence_nr() read at some moment was made after that moment.
+  uint64_t sequence_nr() const { return sequence_nr_; }
+  static uint64_t next_sequence_nr();
   const std::vector<Edge>& next_edges() const { return next_; }
   // Gradients for the inputs, one per edge (undefined where an input needs none).
   virtual std::vector<Tensor> apply(const Tensor& grad);
@@ -89,9 +100,12 @@ class Node {
   std::vector<std::function<Tensor(const Tensor&)>> pre_hooks;
 
  private:
+  static uint64_t take_sequence_nr();
+
   std::string name_;
   std::vector<Edge> next_;
   Backward backward_;
+  uint64_t sequence_nr_;
 };
 
 // The node at the end of every path to a leaf: adds the gradient into leaf.grad()
@@ -183,7 +197,8 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t);
 // True when grad mode is on and any of `inputs` requires grad.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
-// Makes `out` the output of a node for `op` with these inputs and backward formula.
+// Makes `out` the output of a node for `op` with these inputs and backward formula;
+// an `out` that is not floating-point is left as it is (not differentiable).
 void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
             Node::Backward backward);
 
@@ -191,6 +206,11 @@ void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Ten
 // Ops read as: return differentiable(forward..., op, {inputs}, backward);
 Tensor differentiable(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
                       Node::Backward backward);
+
+// Frees the saved tensors of the nodes reachable from `root` numbered `first` or later
+// (Node::next_sequence_nr() read before they were made), as a backward without
+// retain_graph would, leaving older nodes -- a graph that is not the caller's -- alone.
+void release_graph(const std::shared_ptr<Node>& root, uint64_t first);
 
 // Sums a gradient over the dims that broadcasting expanded, back to `shape`.
 Tensor sum_to(const Tensor& grad, const Shape& shape);

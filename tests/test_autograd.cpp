@@ -282,4 +282,67 @@ TEST_CASE("checkpoint of a function whose result does not depend on its inputs g
   CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 1, 1});
 }
 
+TEST_CASE("a cast to an integer type or bool is not differentiable") {
+  // Its gradient passed through as if rounding were the identity: d/dx sum(x * int(x))
+  // was x + int(x) instead of int(x), and sum(int(x) * 2.7) had a gradient of 2.
+  const Tensor x = tensor<double>({1.5, 2.5}).set_requires_grad(true);
+  CHECK_FALSE(x.to(DType::i64).requires_grad());
+  CHECK_FALSE(x.to(DType::boolean).requires_grad());
+  sum(x * x.to(DType::i64).to(DType::f64)).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 2});
+  CHECK_THROWS_AS(sum(x.to(DType::i64).to(DType::f64) * 2.7).backward(), Error);
+}
+
+TEST_CASE("checkpoint of a function that captures a tensor of the outer graph") {
+  // The recompute's backward goes on into the outer graph through h; it freed those
+  // nodes, so the outer backward failed when it came to them after the checkpoint.
+  const auto run = [](const std::function<Tensor(const Tensor& w, const Tensor& x, const Tensor& h)>& loss, bool twice) {
+    const Tensor w = tensor<double>({1, 2}).set_requires_grad(true), x = tensor<double>({3, 4}).set_requires_grad(true);
+    const Tensor l = loss(w, x, w * 2.0);
+    l.backward(Tensor(), twice);
+    if (twice) l.backward();
+    return std::pair{w.grad().to_vector<double>(), x.grad().to_vector<double>()};
+  };
+  const auto times_h = [](const Tensor& h) {
+    return [h](const std::vector<Tensor>& in) { return in[0] * h; };
+  };
+  // L = sum(x * h) + sum(h), h = 2w: dL/dw = 2x + 2, dL/dx = h.
+  for (bool checkpoint_first : {true, false}) {
+    const auto [w_grad, x_grad] = run(
+        [&](const Tensor&, const Tensor& x, const Tensor& h) {
+          const Tensor y = sum(nn::checkpoint(times_h(h), {x}));
+          return checkpoint_first ? y + sum(h) : sum(h) + y;
+        },
+        false);
+    CHECK(w_grad == std::vector<double>{8, 10});
+    CHECK(x_grad == std::vector<double>{2, 4});
+  }
+  // Two checkpoints capturing one h, and an outer backward run twice with retain_graph.
+  const auto [w_grad, x_grad] = run(
+      [&](const Tensor&, const Tensor& x, const Tensor& h) {
+        return sum(nn::checkpoint(times_h(h), {x})) + sum(nn::checkpoint(times_h(h), {x}));
+      },
+      true);
+  CHECK(w_grad == std::vector<double>{24, 32});
+  CHECK(x_grad == std::vector<double>{8, 16});
+}
+
+TEST_CASE("gradcheck differentiates copies of its inputs, in any grad mode") {
+  const Tensor a = normal_leaf({3}, kCPU);
+  const Tensor before = ones({3}, DType::f64);
+  a.set_grad(before);
+  const Tensor non_leaf = a * 2.0;
+  {
+    NoGradGuard no_grad;  // the caller's mode does not matter
+    CHECK(gradcheck(FN { return x[0] * x[1]; }, {a, a}).ok);  // one tensor twice: two inputs
+  }
+  CHECK(gradcheck(FN { return sin(x[0]); }, {non_leaf}).ok);
+  CHECK(a.grad().is_same(before));  // the caller's .grad is left alone
+  CHECK(before.to_vector<double>() == std::vector<double>{1, 1, 1});
+  CHECK_THROWS_WITH_AS(gradcheck(FN { return x[0]; }, {a}, 0.0), "gradcheck: eps must be positive and finite, got 0",
+                       Error);
+  CHECK_THROWS_WITH_AS(gradcheck(FN { return gt(x[0], 0.0); }, {a}),
+                       "gradcheck: fn must return a floating-point tensor, got bool[3] on cpu", Error);
+}
+
 }  // namespace zg::test

@@ -248,4 +248,37 @@ TEST_CASE("random misuse throws zg::Error and nothing else") {
   CHECK(refused > 100);
 }
 
+namespace {
+const DifferentiableOp kCustom("custom_op");  // a user's op; test_autograd's table does not see it
+// y = x, whose backward formula returns `grad_of(g)` for x.
+Tensor custom_op(const Tensor& x, std::function<Tensor(const Tensor&)> grad_of) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = x * 1.0;
+  }
+  return differentiable(out, kCustom, {x}, [grad_of](const Tensor& g) { return std::vector<Tensor>{grad_of(g)}; });
+}
+}  // namespace
+
+TEST_CASE("the engine holds a formula's gradient to its input: summed back from a broadcast shape, cast, or refused") {
+  // PyTorch's validate_outputs. Before, a wrong shape was reshaped or broadcast by the
+  // next node, or blamed on set_data when it reached a leaf.
+  const Tensor x = tensor<double>({1, 2}).set_requires_grad(true);
+  sum(custom_op(x * 3.0, [](const Tensor&) { return ones({5, 2}, DType::f64); })).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{15, 15});  // [5, 2] summed to [2], times 3
+  const Tensor y = tensor<double>({1, 2}).set_requires_grad(true);
+  sum(custom_op(y, [](const Tensor& g) { return g.to(DType::f32); })).backward();
+  CHECK(y.grad().dtype() == DType::f64);
+  const Tensor z = tensor<double>({1, 2, 3, 4}, {2, 2}).set_requires_grad(true);
+  CHECK_THROWS_WITH_AS(sum(custom_op(z * 1.0, [](const Tensor&) { return ones({4, 1}, DType::f64); })).backward(),
+                       "backward of custom_op: the gradient for input 0 is f64[4, 1] on cpu, but that input was "
+                       "f64[2, 2] on cpu (a shape it does not broadcast to)",
+                       Error);
+  CHECK_THROWS_WITH_AS(sum(custom_op(z, [](const Tensor& g) { return empty_like(g).to(kMeta); })).backward(),
+                       doctest::Contains("backward of custom_op: the gradient for input 0 is f64[2, 2] on meta, but "
+                                         "that input was f64[2, 2] on cpu (another device)"),
+                       Error);
+}
+
 }  // namespace zg::test
