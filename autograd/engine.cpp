@@ -25,6 +25,8 @@ thread_local int backward_depth = 0;  // nested passes: a checkpoint recompute r
 // a node an enclosing pass is still running would run that node again, and its hook
 // again, without end.
 thread_local std::vector<Node*> running_nodes;
+// queue_backward_callback's, run when the outermost pass ends.
+thread_local std::vector<std::function<void()>> end_of_pass_callbacks;
 
 // A formula's gradient for input i, held to what that input was when the op recorded
 // it (as PyTorch's validate_outputs): a gradient of a shape the input broadcasts to is
@@ -55,7 +57,9 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
   TraceRange range("backward");
   struct Depth {
     Depth() { ++backward_depth; }
-    ~Depth() { --backward_depth; }
+    ~Depth() {
+      if (--backward_depth == 0) end_of_pass_callbacks.clear();  // left unrun by a pass that threw
+    }
   } depth;
   // Gradients in flight are activation-sized temporaries; only what lands in .grad is `gradient`.
   MemoryScope scope(MemoryCategory::activation);
@@ -106,11 +110,22 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
   }
   if (!retain_graph)
     for (const auto& node : visited) node->release();
+  // A callback may queue another (or run a backward of its own): run until none is left.
+  while (backward_depth == 1 && !end_of_pass_callbacks.empty()) {
+    const std::function<void()> callback = std::move(end_of_pass_callbacks.front());
+    end_of_pass_callbacks.erase(end_of_pass_callbacks.begin());
+    callback();
+  }
 }
 
 }  // namespace
 
 bool backward_in_progress() { return backward_depth > 0; }
+
+void queue_backward_callback(std::function<void()> fn) {
+  ZG_CHECK(backward_depth > 0, "queue_backward_callback: called outside a backward pass");
+  end_of_pass_callbacks.push_back(std::move(fn));
+}
 
 void release_graph(const std::shared_ptr<Node>& root, uint64_t first) {
   if (!root || root->sequence_nr() < first) return;

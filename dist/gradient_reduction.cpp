@@ -11,7 +11,7 @@
 //
 // Reductions are asynchronous (ProcessGroup::*_async): at most two are in flight,
 // so a unit's collective overlaps the next unit's backward while at most two unit
-// gradients wait; all have finished when the backward's last bucket is reduced.
+// gradients wait; all have finished when the backward ends (end_of_backward).
 #include "dist/unit.h"
 
 #include "tensor/autograd.h"
@@ -67,13 +67,31 @@ void ShardedModel::plan_buckets(Unit& unit) {
 }
 
 void ShardedModel::on_grad_arrival(Unit& unit, size_t entry) {
+  // The first gradient of a backward pass queues the pass's end. The token lives in the
+  // queued callback: expired once it ran, or was dropped by a pass that threw.
+  if (end_of_backward_queued_.expired()) {
+    const auto token = std::make_shared<char>();
+    end_of_backward_queued_ = token;
+    queue_backward_callback([this, token, alive = alive()] {
+      if (!alive.expired()) end_of_backward();
+    });
+  }
   Bucket& bucket = unit.buckets[unit.bucket_of[entry]];
   if (++bucket.arrived < bucket.members) return;
   reduce_bucket(unit, bucket);
-  if (++buckets_ready_ == buckets_total_) {  // the end of this backward
-    buckets_ready_ = 0;
-    finish_reductions();
-  }
+}
+
+// After the backward's last node: the buckets some of whose parameters got no gradient
+// (an unused parameter) are reduced now -- before, they waited for step(), and with
+// gradient accumulation the next micro-batch's first gradient completed the count and
+// started a reduction while the rest of its bucket was still being written. Then every
+// reduction finishes, and ZeRO-3 frees every unit still gathered (one prefetched in
+// backward for a use whose backward had already run would stay whole, and stale).
+void ShardedModel::end_of_backward() {
+  reduce_stragglers();
+  finish_reductions();
+  if (config_.stage == 3)
+    for (auto& unit : units_) release_unit(*unit);
 }
 
 void ShardedModel::reduce_bucket(Unit& unit, Bucket& bucket) {
@@ -140,12 +158,12 @@ void ShardedModel::finish_reductions(size_t keep_in_flight) {
 }
 
 // A bucket some of whose parameters got no gradient in this backward is reduced
-// now, with zeros for those (every rank reduces the same buckets).
+// now, with zeros for those (every rank reduces the same buckets; a parameter used on
+// some ranks only makes the collectives differ, an error naming both calls).
 void ShardedModel::reduce_stragglers() {
   for (auto& unit : units_)
     for (Bucket& bucket : unit->buckets)
       if (bucket.arrived > 0) reduce_bucket(*unit, bucket);
-  buckets_ready_ = 0;
 }
 
 }  // namespace zg::dist

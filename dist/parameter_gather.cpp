@@ -16,6 +16,9 @@
 // scatter-add), so it too is gathered twice.
 #include "dist/unit.h"
 
+#include <map>
+#include <set>
+
 #include "tensor/autograd.h"
 
 namespace zg::dist {
@@ -78,6 +81,66 @@ void ShardedModel::hook_use(size_t index) {
   }
 }
 
+// A check under the plan: every module that holds a unit's parameters itself must find
+// the unit whole and current before its forward and, if its backward reads weights,
+// when its output's gradient arrives. Under a plan that names each unit's module, it
+// always does. Under one that does not -- a ModuleList as a unit, whose own forward
+// never runs; a root module missing from root_before / root_after -- the module would
+// read a released buffer, one a prefetch is still writing, or the weights from before a
+// step: refused, naming the module and the unit.
+void ShardedModel::hook_holders(const std::vector<std::pair<std::string, nn::Module*>>& modules) {
+  std::map<const TensorImpl*, Unit*> unit_of;
+  for (auto& unit : units_)
+    for (const auto& e : unit->entries) unit_of[&e.param.impl()] = unit.get();
+  const std::weak_ptr<ParameterOwner> alive = this->alive();
+  for (const auto& [path, module] : modules) {
+    std::set<Unit*> held;
+    for (const auto& [name, p] : module->named_parameters(/*remove_duplicates=*/false))
+      if (name.find('.') == std::string::npos) held.insert(unit_of.at(&p.impl()));
+    for (Unit* unit : held) {
+      const auto check = [this, unit, alive, path](const char* when) {
+        if (alive.expired()) return;
+        const Storage& full = *unit->compute_full.storage();
+        const char* state = unit->gathering              ? "still being gathered (a prefetch is writing them)"
+                            : full.is_released()         ? "released"
+                            : !is_current(*unit)         ? "from before the last step or load"
+                                                         : nullptr;
+        if (state)
+          fail("ShardedModel: the ", when, " of '", path, "' reads the weights of ZeRO-3 unit '", unit->name,
+               "' while they are ", state, ": ", release_note(*unit));
+      };
+      module->register_forward_pre_hook([check](nn::Module&, const Tensor&) {
+        check("forward");
+        return Tensor();
+      });
+      if (!module->backward_reads_parameters()) continue;
+      module->register_forward_hook([check](nn::Module&, const Tensor&, const Tensor& out) {
+        if (out.defined() && out.requires_grad())
+          out.register_hook([check](const Tensor&) {
+            check("backward");
+            return Tensor();
+          });
+        return Tensor();
+      });
+    }
+  }
+}
+
+// Whole and gathered from the shard as it is now (not from before a step or a load).
+bool ShardedModel::is_current(const Unit& unit) const {
+  return !unit.compute_full.storage()->is_released() &&
+         unit.compute_shard.storage()->version() == unit.gathered_from;
+}
+
+std::string ShardedModel::release_note(const Unit& unit) {
+  return "the full weights of ZeRO-3 unit '" + unit.name +
+         "', gathered only around the uses its UnitPlan names: a forward through them and the backward that "
+         "follows (prepare_forward() gathers a root unit no module of the plan uses); not for a module missing "
+         "from the plan, a unit module whose own forward never runs (a ModuleList: name its items), a second "
+         "backward through a retained graph, the backward of an earlier forward when two forwards ran first "
+         "(run each forward's backward before the next forward), or after the ShardedModel is gone";
+}
+
 // Prefetches the units of the next `prefetch` uses in `direction` (+1 forward,
 // -1 backward; backward skips uses whose backward reads no weights).
 void ShardedModel::prefetch_from(size_t use, int direction) {
@@ -90,7 +153,8 @@ void ShardedModel::prefetch_from(size_t use, int direction) {
 }
 
 void ShardedModel::prefetch_unit(Unit& unit) {
-  if (unit.gathering || !unit.compute_full.storage()->is_released()) return;
+  // A unit left whole across a step or a load holds the old weights: gathered again.
+  if (unit.gathering || is_current(unit)) return;
   Storage& full = *unit.compute_full.storage();
   full.materialize();
   // Gathering the same weights as last time keeps the version the forward's saved tensors

@@ -107,9 +107,9 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   for (auto& unit : units_) {
     build_unit(*unit);
     plan_buckets(*unit);
-    buckets_total_ += unit->buckets.size();
   }
   for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
+  if (config_.stage == 3) hook_holders(modules);
   for (auto& unit : units_)
     for (const auto& e : unit->entries) own(e.param);
 }
@@ -185,11 +185,7 @@ void ShardedModel::build_unit(Unit& unit) {
       if (!alive.expired()) on_grad_arrival(*u, i);
     });
   if (stage == 3) {  // gathered around each use from now on
-    unit.compute_full.storage()->set_release_note(
-        "the full weights of ZeRO-3 unit '" + unit.name + "', gathered only around the uses its UnitPlan names: "
-        "a forward through them and the backward that follows; not for a module missing from the plan, a second "
-        "backward through a retained graph, the backward of an earlier forward when two forwards ran first (run each "
-        "forward's backward before the next forward), or after the ShardedModel is gone");
+    unit.compute_full.storage()->set_release_note(release_note(unit));
     unit.compute_full.storage()->release();
     unit.gathered_from = unit.compute_shard.storage()->version();
   }
@@ -208,7 +204,6 @@ void ShardedModel::zero_grad() {
     }
     for (Bucket& bucket : unit->buckets) bucket.arrived = 0;
   }
-  buckets_ready_ = 0;
   unsynced_ = false;
 }
 

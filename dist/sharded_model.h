@@ -133,11 +133,15 @@ class ShardedModel final : public ParameterOwner {
   void reduce_bucket(Unit& unit, Bucket& bucket);
   void finish_reductions(size_t keep_in_flight = 0);
   void reduce_stragglers();  // buckets some of whose parameters got no gradient
+  void end_of_backward();    // queued by a backward's first gradient (queue_backward_callback)
 
   // ZeRO-3 parameter gathering (dist/parameter_gather.cpp).
   // The uses of each unit in forward order (checks the plan's module paths; hooks nothing).
   void plan_uses(const UnitPlan& plan, const std::vector<std::pair<std::string, nn::Module*>>& modules);
   void hook_use(size_t index);  // gathers and releases uses_[index]'s unit around its forward and backward
+  void hook_holders(const std::vector<std::pair<std::string, nn::Module*>>& modules);  // checks the plan covers them
+  bool is_current(const Unit& unit) const;
+  static std::string release_note(const Unit& unit);  // when a unit's full weights exist
   void gather_unit(Unit& unit);
   void prefetch_unit(Unit& unit);
   void release_unit(Unit& unit);
@@ -157,7 +161,7 @@ class ShardedModel final : public ParameterOwner {
     std::function<void()> then;
   };
   std::deque<InFlight> in_flight_;
-  size_t buckets_total_ = 0, buckets_ready_ = 0;  // this backward's progress
+  std::weak_ptr<void> end_of_backward_queued_;  // live while this backward's end is queued
   bool sync_ = true;
   bool unsynced_ = false;  // stages 0, 1: the last backward kept its gradients local (sync off)
   int64_t step_ = 0;

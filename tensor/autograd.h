@@ -47,6 +47,13 @@ void begin_inplace(const Tensor& t, const char* op);
 // recompute, whose forward hooks then know they are not in the first forward).
 bool backward_in_progress();
 
+// Runs `fn` once the backward pass this thread is in has run its last node (the
+// outermost pass, when checkpoint recomputes nest), as PyTorch's queue_callback: DDP
+// and ZeRO finish a backward's reductions there -- including buckets some of whose
+// parameters got no gradient. A pass that throws drops its callbacks unrun. Outside a
+// backward pass: zg::Error.
+void queue_backward_callback(std::function<void()> fn);
+
 // A tensor kept for backward, with the storage version it had when saved.
 class SavedTensor {
  public:

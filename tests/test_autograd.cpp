@@ -345,4 +345,28 @@ TEST_CASE("gradcheck differentiates copies of its inputs, in any grad mode") {
                        "gradcheck: fn must return a floating-point tensor, got bool[3] on cpu", Error);
 }
 
+TEST_CASE("queue_backward_callback runs once the outermost backward pass has run its last node") {
+  CHECK_THROWS_WITH_AS(queue_backward_callback([] {}), "queue_backward_callback: called outside a backward pass", Error);
+  const Tensor x = normal_leaf({2}, kCPU), w = normal_leaf({2}, kCPU);
+  std::vector<std::string> order;
+  bool fail = false;
+  w.register_post_accumulate_grad_hook([&](const Tensor&) {
+    order.push_back("accumulated");
+    queue_backward_callback([&] { order.push_back("end of pass"); });
+    if (fail) throw Error("hook failed");
+  });
+  // w accumulates inside the checkpoint's recompute (a nested pass) and outside it:
+  // both callbacks wait for the outer pass.
+  const Tensor y = nn::checkpoint([&w](const std::vector<Tensor>& in) { return in[0] * w; }, {x});
+  sum(y + w).backward();
+  CHECK(order == std::vector<std::string>{"accumulated", "accumulated", "end of pass", "end of pass"});
+  // A pass that throws drops what it queued.
+  order.clear();
+  fail = true;
+  CHECK_THROWS_AS(sum(w * 2.0).backward(), Error);
+  fail = false;
+  sum(w * 2.0).backward();
+  CHECK(order == std::vector<std::string>{"accumulated", "accumulated", "end of pass"});
+}
+
 }  // namespace zg::test

@@ -21,7 +21,8 @@ nn::NamedTensors reference_run(const ZeroRun& run) {
   Context rank;
   ContextGuard guard(rank);
   manual_seed(1);
-  nn::GPT model(zero_config(run.checkpointing));
+  const std::unique_ptr<nn::GPT> model_owned = zero_model(run);
+  nn::GPT& model = *model_owned;
   optim::FlatParameters flat(model.named_parameters(), run.dtype);
   optim::AdamW adamw(flat, kAdamW);
   for (int s = 0; s < run.steps; ++s) {
@@ -83,6 +84,12 @@ TEST_CASE("equivalence holds with gradient accumulation, clipping and activation
                               // Sync left on for every micro-batch: ZeRO-1 averaged its slice's
                               // earlier average again (max difference 0.02 before the fix).
                               {.dtype = DType::f64, .micro_batches = 2, .sync_every_micro_batch = true},
+                              // A parameter no forward uses: its bucket never filled, so the next
+                              // micro-batch's first gradient started the bucket's reduction while
+                              // the rest of it was still being written (up to 5e-4 off).
+                              {.dtype = DType::f64, .micro_batches = 2, .sync_every_micro_batch = true,
+                               .unused_parameter = true},
+                              {.dtype = DType::f32, .micro_batches = 2, .unused_parameter = true},
                               // The model's own zero_grad(): it used to drop the .grad views into
                               // the flat buffers (stages 0, 1 then reduced stale gradients) or do
                               // nothing to the gradient shards (stages 2, 3 kept accumulating).
@@ -95,7 +102,8 @@ TEST_CASE("equivalence holds with gradient accumulation, clipping and activation
         // With 4 ranks each has one row: accumulation then runs as a single micro-batch
         // against a reference that still accumulates two.
         INFO(std::string(name(run.dtype)) << " micro-batches " << run.micro_batches << " sync every "
-                                          << run.sync_every_micro_batch << " through model "
+                                          << run.sync_every_micro_batch << " unused parameter "
+                                          << run.unused_parameter << " through model "
                                           << run.zero_grad_through_model << " clip " << run.clip
                                           << " checkpointing " << run.checkpointing << " N=" << n << " stage " << stage);
         CHECK(max_difference(sharded_run(run, n), reference) <= tolerance(run.dtype));
@@ -685,6 +693,8 @@ TEST_CASE("ZeRO-3 weights used outside the uses the plan names, or changed since
   const auto [x, y] = global_batch(0);
   const std::string released = "was released (the full weights of ZeRO-3 unit 'root', gathered only around the uses "
                                "its UnitPlan names";
+  const std::string read_released = "ShardedModel: the forward of 'transformer.wpe' reads the weights of ZeRO-3 unit "
+                                    "'root' while they are released: the full weights of ZeRO-3 unit 'root'";
   {
     manual_seed(1);
     nn::GPT model(zero_config());
@@ -706,11 +716,91 @@ TEST_CASE("ZeRO-3 weights used outside the uses the plan names, or changed since
   }
   dist::UnitPlan plan = dist::gpt_unit_plan(2);
   plan.root_before = {"transformer.wte"};  // wpe's forward uses the root too
-  manual_seed(1);
-  nn::GPT model(zero_config());
-  dist::ShardedModel sharded(model, plan, group, ZeroRun{.stage = 3}.config());
-  sharded.prepare_forward();
-  CHECK_THROWS_WITH_AS(model.forward(x, y), doctest::Contains(released.c_str()), Error);
+  {
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, plan, group, ZeroRun{.stage = 3}.config());
+    sharded.prepare_forward();
+    CHECK_THROWS_WITH_AS(model.forward(x, y), doctest::Contains(read_released.c_str()), Error);
+  }
+  // The blocks' ModuleList as one unit: its own forward never runs, so nothing gathers
+  // it -- but a prefetch had started, and the blocks computed with weights it was still
+  // writing (a loss that changed from run to run).
+  for (int prefetch : {0, 1}) {
+    INFO("prefetch " << prefetch);
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    dist::UnitPlan list_plan = dist::gpt_unit_plan(2);
+    list_plan.units = {"transformer.h"};
+    dist::ShardedModel sharded(model, list_plan, group, ZeroRun{.stage = 3, .prefetch = prefetch}.config());
+    sharded.prepare_forward();
+    const std::string state = prefetch ? "still being gathered (a prefetch is writing them)" : "released";
+    CHECK_THROWS_WITH_AS(model.forward(x, y),
+                         doctest::Contains(("ShardedModel: the forward of 'transformer.h.0.ln_1' reads the weights of "
+                                            "ZeRO-3 unit 'transformer.h' while they are " + state).c_str()),
+                         Error);
+  }
+}
+
+// x [B, 3] -> a: Linear(3, 4) -> gelu -> b: Linear(4, 1), each a unit; b also holds a
+// parameter no forward uses.
+struct TwoLayers : nn::Module {
+  std::shared_ptr<nn::Linear> a, b;
+  TwoLayers() {
+    a = register_module("a", std::make_shared<nn::Linear>(3, 4, true, 0.5, TensorOptions(DType::f64)));
+    b = register_module("b", std::make_shared<nn::Linear>(4, 1, true, 0.5, TensorOptions(DType::f64)));
+    b->register_parameter("unused", ones({2}, DType::f64));
+  }
+  Tensor forward(const Tensor& x) override { return (*b)(gelu((*a)(x))); }
+};
+
+TEST_CASE("each backward ends with its reductions done and nothing gathered, whatever got no gradient") {
+  // Before, the end of a backward was the moment every bucket had all its gradients:
+  //  - with a parameter that gets none, that never came. Stage 2 kept the unit's full
+  //    gradient after backward, and under gradient accumulation the next micro-batch's
+  //    first gradient completed the count and started the bucket's reduction while the
+  //    rest of it was still being written (stage 1 up to 5e-4 off);
+  //  - ZeRO-3 released a unit after its backward only through its input's gradient: the
+  //    first unit (its input needs none) stayed gathered, and without prepare_forward()
+  //    the next forward used its weights from before the step.
+  const auto train = [](int n, int stage) {
+    nn::NamedTensors result;
+    dist::run_local(n, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      TwoLayers model;
+      dist::ShardedModel sharded(model, {.units = {"a", "b"}}, pg,
+                                 {.stage = stage, .compute_dtype = DType::f64, .adamw = kAdamW});
+      const int64_t gradient_bytes = memory_stats()[MemoryCategory::gradient];
+      for (int s = 0; s < 3; ++s) {
+        Context scratch;
+        Tensor x, y;
+        {
+          ContextGuard guard(scratch);
+          manual_seed(500 + s);
+          x = rand({4, 3}, DType::f64), y = rand({4, 1}, DType::f64);
+        }
+        sharded.zero_grad();
+        const int64_t rows = 4 / n, micro = rows / 2;
+        for (int k = 0; k < 2; ++k) {
+          const int64_t begin = pg.rank() * rows + k * micro;
+          (mean(pow(model(x.narrow(0, begin, micro)) - y.narrow(0, begin, micro), 2.0)) * 0.5).backward();
+          INFO("N=" << n << " stage " << stage << " step " << s << " micro-batch " << k);
+          if (stage >= 2) CHECK(memory_stats()[MemoryCategory::gradient] == gradient_bytes);
+          CHECK(memory_stats()[MemoryCategory::communication] == 0);
+        }
+        sharded.step(1e-2);
+      }
+      nn::NamedTensors gathered = sharded.gathered_master();
+      if (pg.rank() == 0)
+        for (auto& [name, t] : gathered) result.emplace_back(name, t.clone());
+    });
+    return result;
+  };
+  const nn::NamedTensors reference = train(1, 0);
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    CHECK(max_difference(train(2, stage), reference) <= 1e-12);
+  }
 }
 
 TEST_CASE("a bad plan or config is a clear error naming what is wrong") {

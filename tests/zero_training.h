@@ -40,6 +40,7 @@ struct ZeroRun {
   std::optional<DType> reduce_dtype{};
   int64_t bucket_bytes = 25 << 20;
   int prefetch = 1;
+  bool unused_parameter = false;  // a parameter registered on the model that no forward uses
   Device device = kCPU;  // on a GPU, the ranks share it (each with its own allocator and streams)
 
   dist::ZeroConfig config() const {
@@ -48,11 +49,19 @@ struct ZeroRun {
   }
 };
 
+// The tiny GPT of a run (seed 1 before it), with its unused parameter if it has one.
+inline std::unique_ptr<nn::GPT> zero_model(const ZeroRun& run) {
+  auto model = std::make_unique<nn::GPT>(zero_config(run.checkpointing), TensorOptions(DType::f32).device(run.device));
+  if (run.unused_parameter) model->register_parameter("unused", ones({3}, TensorOptions(DType::f32).device(run.device)));
+  return model;
+}
+
 // Trains on this rank's slice of every global batch; returns the gathered master
 // weights (on every rank).
 inline nn::NamedTensors train_sharded(dist::ProcessGroup& pg, const ZeroRun& run) {
   manual_seed(1);
-  nn::GPT model(zero_config(run.checkpointing), TensorOptions(DType::f32).device(run.device));
+  const std::unique_ptr<nn::GPT> owned = zero_model(run);
+  nn::GPT& model = *owned;
   dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, run.config());
   const int64_t rows = kBatch / pg.size();
   const int micro = rows >= run.micro_batches ? run.micro_batches : 1;
