@@ -163,6 +163,7 @@ void ShardedModel::prefetch_unit(Unit& unit) {
   // of computing gradients with weights the forward never used.
   const uint64_t shard_version = unit.compute_shard.storage()->version();
   const uint64_t version = full.version();
+  CollectiveTag tag(unit.tag);
   unit.gathering = group_.all_gather_async(unit.compute_shard, unit.compute_full);
   if (shard_version == unit.gathered_from) full.restore_version(version);
   unit.gathered_from = shard_version;

@@ -53,7 +53,7 @@ Collective::Signature Collective::signature() const {
   const auto numel = [](const Tensor& t) { return t.defined() ? t.numel() : -1; };
   const Tensor& any = input.defined() ? input : output;
   return {static_cast<int64_t>(op), static_cast<int64_t>(reduce), root, dtype(input), numel(input), dtype(output),
-          numel(output), any.defined() ? static_cast<int64_t>(any.device().type) : -1};
+          numel(output), any.defined() ? static_cast<int64_t>(any.device().type) : -1, tag};
 }
 
 // "reduce_scatter(bf16[1024] on cpu -> bf16[256] on cpu, average)"
@@ -68,8 +68,17 @@ std::string Collective::describe(const Signature& s) {
   if (op == CollectiveOp::all_reduce || op == CollectiveOp::reduce_scatter)
     text += std::string(", ") + name(static_cast<ReduceKind>(s[1]));
   if (op == CollectiveOp::broadcast) text += ", root " + std::to_string(s[2]);
+  if (s[8] != 0) text += ", tag " + std::to_string(s[8]);
   return text + ")";
 }
+
+namespace {
+thread_local int64_t collective_tag = 0;
+}
+
+CollectiveTag::CollectiveTag(int64_t tag) : previous_(collective_tag) { collective_tag = tag; }
+CollectiveTag::~CollectiveTag() { collective_tag = previous_; }
+int64_t CollectiveTag::current() { return collective_tag; }
 
 std::string Collective::mismatch(const std::vector<Signature>& all, int64_t index, const std::string& group) {
   for (size_t q = 1; q < all.size(); ++q)
@@ -208,6 +217,7 @@ WorkHandle HostGroup::issue(Collective c) {
 
 WorkHandle ProcessGroup::submit(Collective c) {
   TraceRange range(name(c.op));
+  c.tag = CollectiveTag::current();
   const int64_t bytes = c.ring_bytes(size());
   WorkHandle work = issue(std::move(c));
   bytes_sent_ += bytes;  // once issued: a collective refused up front sent nothing

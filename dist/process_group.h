@@ -46,19 +46,37 @@ struct Collective {
   Tensor input, output;  // all_reduce, broadcast: the same buffer; barrier: none
   ReduceKind reduce = ReduceKind::sum;
   int root = 0;
+  int64_t tag = 0;  // the issuing thread's CollectiveTag
   std::string describe() const;  // "reduce_scatter(bf16[1024] on cpu -> bf16[256] on cpu, average)"
   // The bytes one rank sends for it in a ring of `world_size` ranks (table above).
   int64_t ring_bytes(int world_size) const;
 
   // What ranks compare to detect a mismatch, as numbers (op, reduce, root, dtype and
-  // numel of input and output -- -1 for an absent buffer -- and the device type), so
-  // groups can exchange calls between processes and print any rank's call.
-  using Signature = std::array<int64_t, 8>;
+  // numel of input and output -- -1 for an absent buffer --, the device type and the
+  // tag), so groups can exchange calls between processes and print any rank's call.
+  using Signature = std::array<int64_t, 9>;
   Signature signature() const;
   static std::string describe(const Signature& signature);
   // "" if every rank's signature equals rank 0's; else "<group>: collective #<index>
   // does not match across ranks: rank 0 called ..., rank q called ...".
   static std::string mismatch(const std::vector<Signature>& all, int64_t index, const std::string& group);
+};
+
+// Collectives issued on this thread within a CollectiveTag's scope carry its tag, which
+// ranks compare with the rest of the call. Two calls alike in op, dtype and size but
+// for different things -- ShardedModel tags each unit's gathers and reductions with the
+// unit's number -- then no longer pair silently when ranks issue them in another order:
+// the mismatch error names both.
+class CollectiveTag {
+ public:
+  explicit CollectiveTag(int64_t tag);
+  ~CollectiveTag();
+  CollectiveTag(const CollectiveTag&) = delete;
+  CollectiveTag& operator=(const CollectiveTag&) = delete;
+  static int64_t current();  // 0 outside any scope
+
+ private:
+  int64_t previous_;
 };
 
 // A collective in flight.

@@ -276,6 +276,7 @@ void ShardedModel::refresh_compute() {
       continue;
     }
     if (separate) unit->compute_shard.copy_(unit->master);
+    CollectiveTag tag(unit->tag);
     if (config_.stage < 3) group_.all_gather(unit->compute_shard, unit->compute_full);
   }
 }

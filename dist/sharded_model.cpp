@@ -104,6 +104,7 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   // The whole plan is checked before any parameter moves into a flat buffer: a refused
   // plan leaves the model as it was.
   if (config_.stage == 3) plan_uses(plan, modules);
+  for (size_t u = 0; u < units_.size(); ++u) units_[u]->tag = static_cast<int64_t>(u) + 1;
   for (auto& unit : units_) {
     build_unit(*unit);
     plan_buckets(*unit);
@@ -272,7 +273,10 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   ++step_;
   if (config_.stage == 1 || config_.stage == 2) {  // every rank's updated slice, into everyone's compute weights
     std::vector<WorkHandle> gathers;
-    for (auto& unit : units_) gathers.push_back(group_.all_gather_async(unit->compute_shard, unit->compute_full));
+    for (auto& unit : units_) {
+      CollectiveTag tag(unit->tag);
+      gathers.push_back(group_.all_gather_async(unit->compute_shard, unit->compute_full));
+    }
     for (const WorkHandle& work : gathers) work->wait();
   }
   return result;
@@ -285,6 +289,7 @@ nn::NamedTensors ShardedModel::gathered_master() {
     Tensor full = unit->master;
     if (config_.stage >= 1) {
       full = allocate({unit->padded}, unit->master.dtype(), unit->master.device(), MemoryCategory::other, false);
+      CollectiveTag tag(unit->tag);
       group_.all_gather(unit->master, full);
     }
     for (const auto& e : unit->entries) out.emplace_back(e.name, view_of(full, e));

@@ -18,6 +18,7 @@ struct ShardedModel::Bucket {
 
 struct ShardedModel::Unit {
   std::string name;
+  int64_t tag = 0;               // its collectives' CollectiveTag: its place in the units, from 1
   nn::Module* module = nullptr;  // null for the root unit
   std::vector<optim::FlatParameters::Entry> entries;
   int64_t numel = 0, decay_numel = 0, padded = 0, shard = 0;

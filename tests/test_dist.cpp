@@ -260,6 +260,16 @@ TEST_CASE("mismatched collectives fail on every rank with both calls named") {
                                          pg.all_reduce(t);
                                        }),
                        doctest::Contains("rank 1 called all_reduce(bf16[4] on cpu, sum)"), Error);
+  // Alike but tagged for different things (ShardedModel: two units of one size gathered
+  // in another order on one rank; the gathers paired rank 0's p with rank 1's q).
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [](ProcessGroup& pg) {
+                                         dist::CollectiveTag tag(pg.rank() + 1);
+                                         pg.all_gather(zeros({2}), zeros({4}));
+                                       }),
+                       doctest::Contains("rank 0 called all_gather(f32[2] on cpu -> f32[4] on cpu, tag 1), rank 1 "
+                                         "called all_gather(f32[2] on cpu -> f32[4] on cpu, tag 2)"),
+                       Error);
 }
 
 TEST_CASE("a rank that throws ends the others with its error; one that leaves early ends them at once") {

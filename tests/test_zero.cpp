@@ -803,6 +803,29 @@ TEST_CASE("each backward ends with its reductions done and nothing gathered, wha
   }
 }
 
+TEST_CASE("ZeRO-3: ranks that run units of one size in different orders get an error, not each other's weights") {
+  // Each unit's collectives carry its tag: before, the gathers of two same-sized units
+  // paired rank 0's first with rank 1's second (0.05 off, silently).
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [](dist::ProcessGroup& pg) {
+                                         manual_seed(1);
+                                         struct Twins : nn::Module {  // two units of 6 parameters each
+                                           std::shared_ptr<nn::Linear> p = register_module(
+                                               "p", std::make_shared<nn::Linear>(2, 2, true, 0.5, TensorOptions(DType::f64)));
+                                           std::shared_ptr<nn::Linear> q = register_module(
+                                               "q", std::make_shared<nn::Linear>(2, 2, true, 0.5, TensorOptions(DType::f64)));
+                                         } model;
+                                         dist::ShardedModel sharded(model, {.units = {"p", "q"}}, pg,
+                                                                    {.stage = 3, .compute_dtype = DType::f64, .prefetch = 0});
+                                         const Tensor x = ones({1, 2}, DType::f64);
+                                         if (pg.rank() == 0) (*model.p)((*model.q)(x));
+                                         else (*model.q)((*model.p)(x));
+                                       }),
+                       doctest::Contains("rank 0 called all_gather(f64[3] on cpu -> f64[6] on cpu, tag 2), rank 1 called "
+                                         "all_gather(f64[3] on cpu -> f64[6] on cpu, tag 1)"),
+                       Error);
+}
+
 TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   dist::FakeGroup group(0, 2);
   manual_seed(1);
