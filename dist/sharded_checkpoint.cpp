@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string_view>
 
 #include "dist/unit.h"
@@ -93,6 +94,12 @@ void for_each_part(const ShardedModel::Unit& unit, const Owned& own, Fn fn) {
 
 void ShardedModel::save(const std::string& dir, const Metadata& extra) {
   NoGradGuard no_grad;
+  // The checkpoint's own keys would overwrite the caller's values (every rank refuses alike).
+  static const std::set<std::string> written = {"format", "world_size", "rank", "stage", "step", "compute_dtype",
+                                                "rng_seed", "rng_offset"};
+  for (const auto& [key, value] : extra)
+    ZG_CHECK(!key.starts_with("shape/") && !written.contains(key), "ShardedModel::save: the metadata key '", key,
+             "' is one the checkpoint writes itself; name it otherwise");
   std::filesystem::create_directories(dir);
   const int r = group_.rank();
   std::vector<std::pair<std::string, Tensor>> tensors;

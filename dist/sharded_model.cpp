@@ -57,6 +57,8 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   units_[0]->name = "root";
   const auto modules = model.named_modules();
   for (const std::string& path : plan.units) {
+    for (const auto& unit : units_)
+      ZG_CHECK(unit->name != path, "ShardedModel: the plan lists unit '", path, "' twice");
     auto unit = std::make_unique<Unit>();
     unit->name = path;
     for (const auto& [p, m] : modules)
@@ -64,11 +66,14 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
     ZG_CHECK(unit->module != nullptr, "ShardedModel: the model has no submodule '", path, "'");
     units_.push_back(std::move(unit));
   }
-  // Each parameter goes to the unit whose path prefixes its name, else to the root.
+  // Each parameter goes to the innermost unit whose path prefixes its name (a unit
+  // inside another takes its own parameters, whichever the plan lists first), else to
+  // the root.
   const auto unit_of = [&](const std::string& name) {
     size_t owner = 0;
     for (size_t u = 1; u < units_.size(); ++u)
-      if (name.starts_with(units_[u]->name + ".")) owner = u;
+      if (name.starts_with(units_[u]->name + ".") && (owner == 0 || units_[u]->name.size() > units_[owner]->name.size()))
+        owner = u;
     return owner;
   };
   std::vector<std::vector<std::pair<std::string, Tensor>>> members(units_.size());

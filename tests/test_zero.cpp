@@ -826,6 +826,33 @@ TEST_CASE("ZeRO-3: ranks that run units of one size in different orders get an e
                        Error);
 }
 
+TEST_CASE("a unit of empty parameters steps like any other; save refuses metadata keys it writes itself") {
+  dist::run_local(2, [](dist::ProcessGroup& pg) {
+    struct WithEmpty : nn::Module {
+      std::shared_ptr<nn::Linear> a = register_module("a", std::make_shared<nn::Linear>(2, 2));
+      std::shared_ptr<nn::Module> e = register_module("e", std::make_shared<nn::Module>());
+      WithEmpty() { e->register_parameter("w", zeros({0, 4})); }
+    } model;
+    for (int stage = 0; stage <= 3; ++stage) {
+      // Every step() failed: the norm took sum_of_squares of the empty gradient shard.
+      dist::ShardedModel sharded(model, {.units = {"e", "a"}}, pg, {.stage = stage, .compute_dtype = DType::f32});
+      sharded.prepare_forward();
+      sum((*model.a)(ones({1, 2}))).backward();
+      CHECK(sharded.step(1e-3).stepped);
+      if (stage < 3) continue;
+      // A caller's "step" was replaced by the checkpoint's, silently.
+      CHECK_THROWS_WITH_AS(sharded.save("/tmp/zg_test_reserved_keys", {{"step", "7"}}),
+                           "ShardedModel::save: the metadata key 'step' is one the checkpoint writes itself; name it "
+                           "otherwise",
+                           Error);
+      CHECK_THROWS_WITH_AS(sharded.save("/tmp/zg_test_reserved_keys", {{"shape/a.weight", "[9]"}}),
+                           doctest::Contains("the metadata key 'shape/a.weight'"), Error);
+      CHECK_FALSE(std::filesystem::exists("/tmp/zg_test_reserved_keys"));  // refused before anything is written
+    }
+  });
+  CHECK(sum_of_squares(zeros({0})).item<float>() == 0);  // an empty sum
+}
+
 TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   dist::FakeGroup group(0, 2);
   manual_seed(1);
@@ -833,6 +860,17 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   const auto make = [&](dist::UnitPlan plan, dist::ZeroConfig config) { dist::ShardedModel(model, plan, group, config); };
   CHECK_THROWS_WITH_AS(make({.units = {"transformer.h.7"}}, {}), "ShardedModel: the model has no submodule 'transformer.h.7'",
                        Error);
+  // Listed twice, or a unit inside another listed first: both said the unit "has no
+  // parameters" (the later match took them). A unit inside another now takes its own.
+  CHECK_THROWS_WITH_AS(make({.units = {"transformer.h.0", "transformer.h.0"}}, {}),
+                       "ShardedModel: the plan lists unit 'transformer.h.0' twice", Error);
+  for (const std::vector<std::string>& units : {std::vector<std::string>{"transformer.h.0.attn", "transformer.h.0"},
+                                                std::vector<std::string>{"transformer.h.0", "transformer.h.0.attn"}}) {
+    nn::GPT nested(zero_config(), kMeta);
+    dist::ShardedModel sharded(nested, {.units = units}, group, {});
+    const nn::NamedTensors gathered = sharded.gathered_master();
+    CHECK(gathered.size() == nested.named_parameters().size());
+  }
   const Tensor wte = model.named_parameters().front().second;
   const auto wte_storage = wte.storage();
   CHECK_THROWS_WITH_AS(make({.units = {}, .root_before = {"transformer.wtf"}}, {.stage = 3}),

@@ -92,7 +92,7 @@ Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim)
     }
     if (keepdim || !reduced[d]) out_shape.push_back(reduced[d] ? 1 : x.shape()[d]);
   }
-  ZG_CHECK(row_length > 0 || op == ReduceOp::sum || op == ReduceOp::mean, name,
+  ZG_CHECK(row_length > 0 || op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::sum_of_squares, name,
            ": cannot reduce over a zero-size dimension (", describe(x), ")");
 
   const Tensor rows_view = x.permute(order).contiguous().view({rows, row_length});
