@@ -144,8 +144,8 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
   ZG_CHECK(requires_grad(), "backward: ", describe(*this), " does not require grad (no recorded op leads to it)");
   Tensor root_grad = grad;
   if (!root_grad.defined()) {
-    ZG_CHECK(numel() == 1, "backward: ", describe(*this),
-             " has more than one element; pass the gradient of the output (only a single element gets 1)");
+    ZG_CHECK(numel() == 1, "backward: ", describe(*this), " has ", numel(),
+             " elements; pass the gradient of the output (only a single element gets 1)");
     root_grad = ones_like(*this);
   }
   ZG_CHECK(root_grad.shape() == shape() && root_grad.dtype() == dtype() && root_grad.device() == device(),

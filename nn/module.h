@@ -55,6 +55,8 @@ class Module {
 
   // Moves or converts every parameter and buffer in place: the Tensor handles held
   // elsewhere (a hook) see the new data. to(dtype) converts floating tensors only.
+  // A parameter whose device or dtype changes drops its .grad (set_data: a gradient of
+  // the old kind no longer fits); PyTorch's converts it along.
   // Refused once the parameters live in a FlatParameters' or ShardedModel's buffers.
   void to(Device device);
   void to(DType dtype);

@@ -3,6 +3,11 @@
 // output to attach its backward formula. Ops keep forward and backward side by
 // side (tensor/ops/*.cpp, Tensor's view methods); the engine that runs a
 // backward pass over these nodes lives in autograd/.
+//
+// Threads: grad mode and a running pass are per thread, and each thread may record
+// and run backward on graphs of its own (the local group's ranks each train their
+// own model). Two threads must not run backward into the same leaf at once: its
+// .grad is accumulated without a lock (PyTorch takes one; here nothing needs it).
 #pragma once
 
 #include <functional>

@@ -16,6 +16,7 @@
 
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "tensor/ops/checks.h"
 
 namespace zg {
 
@@ -273,6 +274,12 @@ void SafetensorsFile::read_into(const std::string& name, const Tensor& destinati
 
 void SafetensorsFile::check_readable_into(const std::string& name, const Tensor& destination) const {
   const Entry& e = entry(name);
+  // What copy_ would refuse, refused here too, so a load checks every destination before
+  // it overwrites any.
+  const std::string into = "safetensors " + path_ + ": loading '" + name + "' into";
+  detail::check_no_broadcast_dims(into.c_str(), "destination", destination);
+  ZG_CHECK(!destination.storage()->is_released(), into, " ", describe(destination),
+           ": its storage is released (a ZeRO-3 parameter holds only a shard; load through the ShardedModel)");
   ZG_CHECK(e.shape == destination.shape(), "safetensors ", path_, ": tensor '", name, "' has shape ",
            shape_str(e.shape), ", expected ", shape_str(destination.shape()));
   ZG_CHECK(e.dtype == destination.dtype() || (is_floating(e.dtype) && is_floating(destination.dtype())),

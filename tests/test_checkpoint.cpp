@@ -136,6 +136,19 @@ TEST_CASE("module state round trip, dtype conversion on load, and mismatches") {
                        doctest::Contains("tensor 'bias' (F32) holds values beyond the range of F16, which would load as inf"),
                        Error);
   CHECK(half.weight.to(DType::f32).view({-1}).to_vector<float>() == weight_before);
+  // A destination copy_ refuses (a broadcast buffer) was found only when its turn came,
+  // after the tensors before it were overwritten.
+  nn::Module with_buffers, broadcast;
+  with_buffers.register_buffer("x", tensor<float>({1, 2}));
+  with_buffers.register_buffer("y", tensor<float>({3, 4}));
+  nn::save_state(with_buffers, path);
+  const Tensor x = zeros({2});
+  broadcast.register_buffer("x", x);
+  broadcast.register_buffer("y", zeros({1}).expand({2}));
+  CHECK_THROWS_WITH_AS(nn::load_state(broadcast, path),
+                       doctest::Contains("loading 'y' into: the destination f32[2] on cpu has broadcast (stride 0) dims"),
+                       Error);
+  CHECK(x.to_vector<float>() == std::vector<float>{0, 0});
   std::remove(path.c_str());
 }
 
