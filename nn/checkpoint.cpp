@@ -45,6 +45,9 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
       GradModeGuard grad_on(true);
       recomputed = fn(replay);
     }
+    ZG_CHECK(recomputed.defined() && recomputed.shape() == g.shape() && recomputed.dtype() == g.dtype(),
+             "checkpoint: the recompute in backward returned ", describe(recomputed), " where the forward returned ",
+             describe(g), "; fn must compute the same thing each time it runs");
     if (recomputed.requires_grad()) {
       // fn may use a tensor of the outer graph it did not take as an input (a captured
       // h = f(x)): this pass then goes on into that graph, whose nodes the outer pass may

@@ -281,6 +281,13 @@ TEST_CASE("checkpoint of a function whose result does not depend on its inputs g
   CHECK(out.requires_grad());
   sum(out + x).backward();
   CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 1, 1});
+  // A function that computes something else the second time (its error named neither).
+  const Tensor y = nn::checkpoint(
+      [](const std::vector<Tensor>& in) { return backward_in_progress() ? in[0].narrow(0, 0, 1) : in[0] * 1.0; }, {x});
+  CHECK_THROWS_WITH_AS(sum(y).backward(),
+                       "checkpoint: the recompute in backward returned f64[1] on cpu where the forward returned "
+                       "f64[3] on cpu; fn must compute the same thing each time it runs",
+                       Error);
 }
 
 TEST_CASE("a cast to an integer type or bool is not differentiable") {

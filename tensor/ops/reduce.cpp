@@ -66,7 +66,8 @@ Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim)
 
   // A 0-d tensor reduces as the one element it holds, over dim 0 or -1 (as in PyTorch).
   if (x.dim() == 0) {
-    for (int64_t d : dims) ZG_CHECK(d == 0 || d == -1, name, ": dim ", d, " is out of range for a 0-d tensor (", describe(input), ")");
+    for (int64_t d : dims)
+      ZG_CHECK(d == 0 || d == -1, name, ": dim ", d, " is out of range for a 0-d tensor (", describe(input), ")");
     return reduce(op, x.reshape({1}), {0}, false).reshape({});
   }
   const int64_t rank = x.dim();
