@@ -27,6 +27,7 @@ thread_local int backward_depth = 0;  // nested passes: a checkpoint recompute r
 thread_local std::vector<Node*> running_nodes;
 // queue_backward_callback's, run when the outermost pass ends.
 thread_local std::vector<std::function<void()>> end_of_pass_callbacks;
+thread_local bool outermost_retains_graph = false;  // the outermost pass's retain_graph
 
 // A formula's gradient for input i, held to what that input was when the op recorded
 // it (as PyTorch's validate_outputs): a gradient of a shape the input broadcasts to is
@@ -52,15 +53,10 @@ Tensor fit_to_edge(Tensor grad, const Edge& edge, const Node& node, size_t i) {
   return grad.dtype() == edge.dtype ? grad : grad.to(edge.dtype);
 }
 
-void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
+// One pass over the graph from `root` (steps 1-3 above).
+void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
   NoGradGuard no_grad;
   TraceRange range("backward");
-  struct Depth {
-    Depth() { ++backward_depth; }
-    ~Depth() {
-      if (--backward_depth == 0) end_of_pass_callbacks.clear();  // left unrun by a pass that threw
-    }
-  } depth;
   // Gradients in flight are activation-sized temporaries; only what lands in .grad is `gradient`.
   MemoryScope scope(MemoryCategory::activation);
 
@@ -110,7 +106,22 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
   }
   if (!retain_graph)
     for (const auto& node : visited) node->release();
-  // A callback may queue another (or run a backward of its own): run until none is left.
+}
+
+// A pass, and once the outermost pass of this thread has run its graph, the callbacks
+// queued during it -- in the caller's grad mode and memory category. A callback may queue
+// another or run a backward of its own: they run until none is left. A throw (from the
+// pass or a callback) drops those not yet run.
+void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
+  struct Depth {
+    explicit Depth(bool retain_graph) {
+      if (backward_depth++ == 0) outermost_retains_graph = retain_graph;
+    }
+    ~Depth() {
+      if (--backward_depth == 0) end_of_pass_callbacks.clear();
+    }
+  } depth(retain_graph);
+  run_graph(root, root_grad, retain_graph);
   while (backward_depth == 1 && !end_of_pass_callbacks.empty()) {
     const std::function<void()> callback = std::move(end_of_pass_callbacks.front());
     end_of_pass_callbacks.erase(end_of_pass_callbacks.begin());
@@ -127,17 +138,22 @@ void queue_backward_callback(std::function<void()> fn) {
   end_of_pass_callbacks.push_back(std::move(fn));
 }
 
-void release_graph(const std::shared_ptr<Node>& root, uint64_t first) {
-  if (!root || root->sequence_nr() < first) return;
-  // Edges point at nodes made before their own, so a walk through the new nodes only
-  // finds every new node that the root reaches.
-  std::vector<Node*> visited{root.get()};
+void release_nested_graph(const std::shared_ptr<Node>& root, uint64_t first) {
+  ZG_CHECK(backward_depth > 0, "release_nested_graph: called outside a backward pass");
+  if (!root) return;
+  std::vector<std::shared_ptr<Node>> visited{root}, older;
   std::unordered_set<Node*> seen{root.get()};
-  for (size_t i = 0; i < visited.size(); ++i)
-    for (const Edge& edge : visited[i]->next_edges())
-      if (edge.node && edge.node->sequence_nr() >= first && seen.insert(edge.node.get()).second)
-        visited.push_back(edge.node.get());
-  for (Node* node : visited) node->release();
+  for (size_t i = 0; i < visited.size(); ++i) {
+    Node& node = *visited[i];
+    if (node.sequence_nr() >= first) node.release();
+    else if (!node.next_edges().empty()) older.push_back(visited[i]);  // (an AccumulateGrad holds nothing)
+    for (const Edge& edge : node.next_edges())
+      if (edge.node && seen.insert(edge.node.get()).second) visited.push_back(edge.node);
+  }
+  if (!older.empty() && !outermost_retains_graph)
+    end_of_pass_callbacks.push_back([older = std::move(older)] {
+      for (const auto& node : older) node->release();
+    });
 }
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const {

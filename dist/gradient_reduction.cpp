@@ -96,7 +96,7 @@ void ShardedModel::end_of_backward() {
 
 void ShardedModel::reduce_bucket(Unit& unit, Bucket& bucket) {
   NoGradGuard no_grad;
-  CollectiveTag tag(unit.tag);
+  CollectiveTag tag(bucket.tag);
   bucket.arrived = 0;
   const DType dtype = reduce_dtype();
   const int64_t shard = unit.shard;

@@ -349,6 +349,7 @@ void NcclGroup::agree(const Collective& collective) {
   MemoryScope scope(MemoryCategory::communication);
   const Tensor mine = tensor(std::vector<int64_t>(signature.begin(), signature.end()));
   const Tensor all = empty({mine.numel() * size_}, DType::i64);
+  CollectiveTag untagged(0);  // the tag is in the signature; the exchange itself is not the caller's call
   host_->all_gather(mine, all);
   const std::vector<int64_t> values = all.to_vector<int64_t>();
   std::vector<Collective::Signature> signatures(size_);

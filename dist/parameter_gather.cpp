@@ -10,6 +10,9 @@
 //   output gradient    (only if the use's backward reads weights) gather it again;
 //                      prefetch the units of u_{i-1} ... u_{i-prefetch}
 //   input gradient     the use's backward is done: free it
+//   end of backward    free every unit still whole (end_of_backward): one whose
+//                      use's input needs no gradient, or one a backward prefetch
+//                      gathered again after its use's backward had run
 // Each unit is thus gathered twice per step and its gradient reduce-scattered
 // once: 3 Ψ elements of traffic per step, the ZeRO paper's figure. A GPT's tied
 // embedding is needed by wte's forward and the head, not by wte's backward (a

@@ -109,10 +109,15 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   // The whole plan is checked before any parameter moves into a flat buffer: a refused
   // plan leaves the model as it was.
   if (config_.stage == 3) plan_uses(plan, modules);
+  // Collective tags: each unit's number, from 1; a ZeRO unit's one bucket has its unit's,
+  // DDP's buckets numbers of their own after those (two buckets of one size would pair
+  // silently between ranks that reduce them in different orders).
   for (size_t u = 0; u < units_.size(); ++u) units_[u]->tag = static_cast<int64_t>(u) + 1;
+  int64_t next_tag = static_cast<int64_t>(units_.size()) + 1;
   for (auto& unit : units_) {
     build_unit(*unit);
     plan_buckets(*unit);
+    for (Bucket& bucket : unit->buckets) bucket.tag = config_.stage == 0 ? next_tag++ : unit->tag;
   }
   for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
   if (config_.stage == 3) hook_holders(modules);

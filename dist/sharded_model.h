@@ -70,8 +70,7 @@ struct UnitPlan {
   // embeddings), `root_after` after them (the final norm; the tied head follows it).
   // The root is gathered for root_before and freed after them, gathered again for
   // root_after and kept through their backward (which comes next), then freed. With
-  // neither given, prepare_forward() gathers it and it is kept until its gradients
-  // are reduced.
+  // neither given, prepare_forward() gathers it and it is kept until the backward ends.
   std::vector<std::string> root_before{}, root_after{};
 };
 

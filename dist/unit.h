@@ -14,11 +14,12 @@ struct ShardedModel::Bucket {
   int64_t begin = 0, end = 0;
   size_t members = 0;
   size_t arrived = 0;  // members whose gradient landed in this backward
+  int64_t tag = 0;     // its reduction's CollectiveTag: the unit's, or (DDP) one of its own
 };
 
 struct ShardedModel::Unit {
   std::string name;
-  int64_t tag = 0;               // its collectives' CollectiveTag: its place in the units, from 1
+  int64_t tag = 0;               // its gathers' CollectiveTag: its place in the units, from 1
   nn::Module* module = nullptr;  // null for the root unit
   std::vector<optim::FlatParameters::Entry> entries;
   int64_t numel = 0, decay_numel = 0, padded = 0, shard = 0;

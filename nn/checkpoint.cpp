@@ -51,9 +51,9 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
     if (recomputed.requires_grad()) {
       // fn may use a tensor of the outer graph it did not take as an input (a captured
       // h = f(x)): this pass then goes on into that graph, whose nodes the outer pass may
-      // still run. So it frees only what the recompute made.
+      // still run. So it frees what the recompute made now, the rest when the outer pass ends.
       recomputed.backward(g, /*retain_graph=*/true);
-      release_graph(recomputed.grad_fn(), first_recomputed);
+      release_nested_graph(recomputed.grad_fn(), first_recomputed);
     }
     std::vector<Tensor> grads;
     for (const Tensor& x : replay) grads.push_back(x.defined() && x.requires_grad() ? x.grad() : Tensor());

@@ -125,8 +125,8 @@ void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Ten
   std::vector<Edge> edges;
   edges.reserve(inputs.size());
   for (const Tensor& input : inputs) {
-    if (!input.defined() || !input.requires_grad()) edges.push_back({});
-    else edges.push_back({gradient_edge(input), input.shape(), input.dtype(), input.device()});
+    if (!input.defined() || !input.requires_grad()) edges.emplace_back();
+    else edges.emplace_back(gradient_edge(input), input);
   }
   AutogradMeta& meta = meta_of(out);
   meta.requires_grad = true;

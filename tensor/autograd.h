@@ -53,10 +53,11 @@ void begin_inplace(const Tensor& t, const char* op);
 bool backward_in_progress();
 
 // Runs `fn` once the backward pass this thread is in has run its last node (the
-// outermost pass, when checkpoint recomputes nest), as PyTorch's queue_callback: DDP
-// and ZeRO finish a backward's reductions there -- including buckets some of whose
-// parameters got no gradient. A pass that throws drops its callbacks unrun. Outside a
-// backward pass: zg::Error.
+// outermost pass, when checkpoint recomputes nest), in the grad mode and memory
+// category of the caller of backward(), as PyTorch's queue_callback: DDP and ZeRO
+// finish a backward's reductions there -- including buckets some of whose parameters
+// got no gradient. A pass or a callback that throws drops the callbacks not yet run.
+// Outside a backward pass: zg::Error.
 void queue_backward_callback(std::function<void()> fn);
 
 // A tensor kept for backward, with the storage version it had when saved.
@@ -80,7 +81,10 @@ class Node;
 // engine holds each gradient a formula returns to it (shape, dtype, device), as
 // PyTorch's validate_outputs does.
 struct Edge {
-  std::shared_ptr<Node> node;  // null: this input needs no gradient
+  Edge() = default;  // this input needs no gradient
+  Edge(std::shared_ptr<Node> to, const Tensor& input)
+      : node(std::move(to)), shape(input.shape()), dtype(input.dtype()), device(input.device()) {}
+  std::shared_ptr<Node> node;
   Shape shape;
   DType dtype = DType::f32;
   Device device;
@@ -219,10 +223,13 @@ void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Ten
 Tensor differentiable(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
                       Node::Backward backward);
 
-// Frees the saved tensors of the nodes reachable from `root` numbered `first` or later
-// (Node::next_sequence_nr() read before they were made), as a backward without
-// retain_graph would, leaving older nodes -- a graph that is not the caller's -- alone.
-void release_graph(const std::shared_ptr<Node>& root, uint64_t first);
+// For a pass nested in another (a checkpoint's recompute), run with retain_graph on a
+// graph of its own that may reach into older nodes (a tensor fn captured): frees the
+// saved tensors of the nodes reachable from `root` numbered `first` or later
+// (Node::next_sequence_nr() read before they were made) now, and those of the older
+// nodes it reached when the outermost pass ends -- unless that pass retains its graph --
+// as one backward over both graphs would.
+void release_nested_graph(const std::shared_ptr<Node>& root, uint64_t first);
 
 // Sums a gradient over the dims that broadcasting expanded, back to `shape`.
 Tensor sum_to(const Tensor& grad, const Shape& shape);

@@ -333,6 +333,16 @@ TEST_CASE("checkpoint of a function that captures a tensor of the outer graph") 
       true);
   CHECK(w_grad == std::vector<double>{24, 32});
   CHECK(x_grad == std::vector<double>{8, 16});
+  // An h used only inside the checkpoint: the outer pass never reaches its graph, so
+  // the recompute's pass frees it when the outer pass ends (as one backward over both
+  // graphs would) -- unless the outer pass retains its graph.
+  for (bool retain : {false, true}) {
+    const Tensor w = tensor<double>({1, 2}).set_requires_grad(true), x = tensor<double>({3, 4}).set_requires_grad(true);
+    const Tensor h = exp(w);
+    sum(nn::checkpoint(times_h(h), {x})).backward(Tensor(), retain);
+    if (retain) sum(h).backward();
+    else CHECK_THROWS_WITH_AS(sum(h).backward(), doctest::Contains("the graph through exp was freed"), Error);
+  }
 }
 
 TEST_CASE("gradcheck differentiates copies of its inputs, in any grad mode") {
@@ -360,7 +370,10 @@ TEST_CASE("queue_backward_callback runs once the outermost backward pass has run
   bool fail = false;
   w.register_post_accumulate_grad_hook([&](const Tensor&) {
     order.push_back("accumulated");
-    queue_backward_callback([&] { order.push_back("end of pass"); });
+    queue_backward_callback([&] {
+      order.push_back("end of pass");
+      CHECK(GradMode::is_enabled());  // the caller's mode, not the pass's no-grad
+    });
     if (fail) throw Error("hook failed");
   });
   // w accumulates inside the checkpoint's recompute (a nested pass) and outside it:

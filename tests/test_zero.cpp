@@ -853,6 +853,22 @@ TEST_CASE("a unit of empty parameters steps like any other; save refuses metadat
   CHECK(sum_of_squares(zeros({0})).item<float>() == 0);  // an empty sum
 }
 
+TEST_CASE("DDP: ranks that leave different parameters without gradient get an error, not each other's buckets") {
+  // Two one-element buckets, each reduced at the end of the backward on the rank that
+  // used its parameter: the all-reduces paired rank 0's p with rank 1's q (p.grad 1.5).
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [](dist::ProcessGroup& pg) {
+                                         struct Pair : nn::Module {
+                                           Tensor p = register_parameter("p", ones({1}));
+                                           Tensor q = register_parameter("q", ones({1}));
+                                         } model;
+                                         dist::ShardedModel sharded(model, {}, pg,
+                                                                    {.stage = 0, .compute_dtype = DType::f32, .bucket_bytes = 4});
+                                         sum(pg.rank() == 0 ? model.p : model.q * 2.0).backward();
+                                       }),
+                       doctest::Contains("does not match across ranks"), Error);
+}
+
 TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   dist::FakeGroup group(0, 2);
   manual_seed(1);
