@@ -1,6 +1,7 @@
 #include "tensor/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,8 +11,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "tensor/autograd.h"
@@ -88,6 +87,15 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   char length_bytes[8];
   for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<char>((length >> (8 * i)) & 0xff);
 
+  // The rename below replaces whatever is at `path`: only a regular file may be there (a
+  // symlink would be replaced, not written through; a device node by a plain file).
+  struct stat existing {};
+  if (::lstat(path.c_str(), &existing) == 0)
+    ZG_CHECK(S_ISREG(existing.st_mode), "save_safetensors: ", path, " exists and is not a regular file (",
+             S_ISDIR(existing.st_mode)   ? "a directory"
+             : S_ISLNK(existing.st_mode) ? "a symbolic link"
+                                         : "a FIFO, socket or device",
+             "); it is not replaced");
   // A temporary name of its own per call: threads saving to one path must not share it.
   static std::atomic<uint64_t> saves{0};
   const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(saves++);
@@ -120,22 +128,40 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   }
 }
 
+struct SafetensorsFile::OpenFile {
+  int fd = -1;
+  ~OpenFile() {
+    if (fd >= 0) ::close(fd);
+  }
+  // `size` bytes at `offset`, or false at the end of the file.
+  bool read_at(void* into, int64_t size, int64_t offset) const {
+    auto* out = static_cast<char*>(into);
+    while (size > 0) {
+      const ssize_t n = ::pread(fd, out, static_cast<size_t>(size), offset);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      out += n, size -= n, offset += n;
+    }
+    return true;
+  }
+};
+
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   const std::string where = "safetensors " + path_ + ": ";
-  // Only a regular file has a size to check the header against: a directory would give a
-  // bogus one, and reading a FIFO or a device could block for ever.
-  std::error_code error;
-  const std::filesystem::file_type type = std::filesystem::status(path_, error).type();
-  ZG_CHECK(type == std::filesystem::file_type::regular || type == std::filesystem::file_type::not_found || error,
-           where, "not a regular file (", type == std::filesystem::file_type::directory ? "a directory" : "a FIFO, "
-           "socket or device", ")");
-  std::ifstream in(path_, std::ios::binary | std::ios::ate);
-  ZG_CHECK(in.good(), where, "cannot open the file");
-  const int64_t file_size = static_cast<int64_t>(in.tellg());
+  // Opened without blocking (a FIFO would wait for a writer), then checked: only a regular
+  // file has a size to check the header against (a directory gives a bogus one).
+  auto file = std::make_shared<OpenFile>();
+  file->fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ZG_CHECK(file->fd >= 0, where, "cannot open the file: ", errno_text());
+  struct stat info {};
+  ZG_CHECK(::fstat(file->fd, &info) == 0, where, "cannot stat the file: ", errno_text());
+  ZG_CHECK(S_ISREG(info.st_mode), where, "not a regular file (",
+           S_ISDIR(info.st_mode) ? "a directory" : "a FIFO, socket or device", ")");
+  file_ = file;
+  const int64_t file_size = static_cast<int64_t>(info.st_size);
   ZG_CHECK(file_size >= 8, where, "the file is ", file_size, " bytes, shorter than its 8-byte header length");
   unsigned char length_bytes[8];
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(length_bytes), 8);
+  ZG_CHECK(file_->read_at(length_bytes, 8, 0), where, "reading the 8-byte header length failed");
   uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];
   ZG_CHECK(length <= static_cast<uint64_t>(kMaxHeaderBytes), where, "header length ", length,
@@ -143,8 +169,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   ZG_CHECK(static_cast<int64_t>(length) <= file_size - 8, where, "header length ", length,
            " (bytes 0-7) runs past the end of the file (", file_size, " bytes)");
   std::string json(length, '\0');
-  in.read(json.data(), static_cast<std::streamsize>(length));
-  ZG_CHECK(in.good(), where, "reading the ", length, "-byte header failed");
+  ZG_CHECK(file_->read_at(json.data(), static_cast<int64_t>(length), 8), where, "reading the ", length,
+           "-byte header failed");
   data_start_ = 8 + static_cast<int64_t>(length);
   const int64_t data_size = file_size - data_start_;
 
@@ -248,13 +274,10 @@ const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) co
 Tensor SafetensorsFile::read(const std::string& name) const {
   const Entry& e = entry(name);
   Tensor t = empty(e.shape, e.dtype);
-  if (e.end > e.begin) {
-    std::ifstream in(path_, std::ios::binary);
-    in.seekg(data_start_ + e.begin);
-    in.read(static_cast<char*>(t.data_ptr()), e.end - e.begin);
-    ZG_CHECK(in.good(), "safetensors ", path_, ": tensor '", name, "': reading bytes ", data_start_ + e.begin, "-",
-             data_start_ + e.end, " failed (was the file truncated?)");
-  }
+  if (e.end > e.begin)
+    ZG_CHECK(file_->read_at(t.data_ptr(), e.end - e.begin, data_start_ + e.begin), "safetensors ", path_, ": tensor '",
+             name, "': reading bytes ", data_start_ + e.begin, "-", data_start_ + e.end,
+             " failed (was the file truncated?)");
   if (e.dtype == DType::boolean) {
     // A bool is one byte holding 0 or 1; any other byte would be a bool the kernels
     // cannot represent (it compares unequal to both true and false).

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -43,7 +44,10 @@ class SafetensorsFile {
     int64_t begin, end;  // byte range within the data section
   };
 
-  explicit SafetensorsFile(std::string path);  // reads and validates the header
+  // Opens `path` and reads and validates the header. The file stays open: every read
+  // comes from the file the header described, even if a save renames a new one over
+  // `path` meanwhile (reopening would read the new file at the old offsets).
+  explicit SafetensorsFile(std::string path);
 
   const std::string& path() const { return path_; }
   const Metadata& metadata() const { return metadata_; }
@@ -59,6 +63,8 @@ class SafetensorsFile {
   void check_readable_into(const std::string& name, const Tensor& destination) const;
 
  private:
+  struct OpenFile;
+  std::shared_ptr<const OpenFile> file_;
   std::string path_;
   int64_t data_start_ = 0;
   Metadata metadata_;

@@ -267,6 +267,18 @@ TEST_CASE("damaged files each give a zg::Error") {
   }
   write_bytes(path, raw_file(ok_header, data8));  // and the undamaged one loads
   CHECK(SafetensorsFile(path).read("a").numel() == 2);
+  {
+    // A save that renames a new file over the path while it is open: reads still come
+    // from the file the header described (they reopened the path: the new file's bytes
+    // at the old offsets, or values from two saves mixed in one load).
+    const std::string renamed = temp_path("renamed.safetensors");
+    save_safetensors(renamed, {{"a", tensor<float>({1, 2})}, {"b", tensor<float>({3, 4})}});
+    const SafetensorsFile open(renamed);
+    save_safetensors(renamed, {{"b", tensor<float>({5, 6, 7})}, {"a", tensor<float>({8})}}, {{"note", "another"}});
+    CHECK(open.read("a").to_vector<float>() == std::vector<float>{1, 2});
+    CHECK(open.read("b").to_vector<float>() == std::vector<float>{3, 4});
+    std::remove(renamed.c_str());
+  }
   CHECK_THROWS_WITH_AS(SafetensorsFile(path).read("b"), doctest::Contains("no tensor named 'b'"), Error);
   CHECK_THROWS_WITH_AS(SafetensorsFile("/nonexistent/x.safetensors"), doctest::Contains("cannot open the file"), Error);
   // Not a regular file: a directory gave a bogus header length, a FIFO blocked for ever.
@@ -274,6 +286,13 @@ TEST_CASE("damaged files each give a zg::Error") {
   const std::string fifo = temp_path("fifo.safetensors");
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   CHECK_THROWS_WITH_AS(SafetensorsFile{fifo}, doctest::Contains("not a regular file (a FIFO, socket or device)"), Error);
+  // A save replaces only a regular file: the FIFO (or a device node, a directory, a
+  // symlink) was swapped for a plain file.
+  CHECK_THROWS_WITH_AS(save_safetensors(fifo, {{"a", zeros({1})}}),
+                       doctest::Contains((fifo + " exists and is not a regular file (a FIFO, socket or device); it "
+                                                 "is not replaced").c_str()),
+                       Error);
+  CHECK_THROWS_WITH_AS(save_safetensors("/tmp", {{"a", zeros({1})}}), doctest::Contains("(a directory)"), Error);
   std::remove(fifo.c_str());
   // A name that is not UTF-8 cannot go into the JSON header: a zg::Error (was a json exception).
   CHECK_THROWS_WITH_AS(save_safetensors(path, {{std::string("bad\xff"), zeros({1})}}),
