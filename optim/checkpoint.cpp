@@ -55,7 +55,7 @@ void save_checkpoint(const std::string& path, const FlatParameters& params, cons
   meta["compute_dtype"] = name(params.compute_dtype());
   meta["rng_seed"] = std::to_string(gen.seed());
   meta["rng_offset"] = std::to_string(gen.offset());
-  if (scaler) {
+  if (scaler && scaler->enabled()) {  // a disabled scaler has no state (PyTorch: an empty state_dict)
     meta["loss_scale"] = exact(scaler->scale_factor());
     meta["loss_scale_good_steps"] = std::to_string(scaler->good_steps());
   }
@@ -73,13 +73,15 @@ Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW&
   const auto step = metadata_number<int64_t>(meta, "step", path, "load_checkpoint");
   ZG_CHECK(step >= 0 && step < INT64_MAX, "load_checkpoint: ", path, ": metadata 'step' = ", step,
            " is not a count of updates that can go on");
-  const bool has_scale = scaler && meta.count("loss_scale");
+  // Into a disabled scaler nothing loads; an enabled one keeps its own state when the
+  // file has none (saved without a scaler, or with a disabled one: an f32 run's scale 1).
+  const bool has_scale = scaler && scaler->enabled() && meta.count("loss_scale");
   const double loss_scale = has_scale ? metadata_number<double>(meta, "loss_scale", path, "load_checkpoint") : 1.0;
   const int64_t good_steps =
       has_scale ? metadata_number<int64_t>(meta, "loss_scale_good_steps", path, "load_checkpoint") : 0;
-  ZG_CHECK(std::isfinite(loss_scale) && loss_scale > 0 && std::isfinite(1 / loss_scale) && good_steps >= 0, "load_checkpoint: ", path,
+  ZG_CHECK(GradScaler::is_valid_scale(loss_scale) && good_steps >= 0, "load_checkpoint: ", path,
            ": metadata loss_scale = ", loss_scale, " and loss_scale_good_steps = ", good_steps,
-           " are not a positive scale and a count");
+           " are not a valid scale and a count");
   const auto seed = metadata_number<uint64_t>(meta, "rng_seed", path, "load_checkpoint");
   const auto offset = metadata_number<uint64_t>(meta, "rng_offset", path, "load_checkpoint");
   const std::vector<Slot> slots = checkpoint_slots(params, adamw);

@@ -1,5 +1,7 @@
 #include "optim/flat_parameters.h"
 
+#include <set>
+
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
 
@@ -9,16 +11,22 @@ DType master_dtype_for(DType compute_dtype) { return accumulate_type(compute_dty
 
 void check_packable(const char* who, const nn::NamedTensors& parameters) {
   ZG_CHECK(!parameters.empty(), who, ": no parameters");
+  for (const auto& [name, p] : parameters) ZG_CHECK(p.defined(), who, ": parameter '", name, "' is undefined");
   const Device device = parameters.front().second.device();
+  std::set<std::string> names;
   for (size_t i = 0; i < parameters.size(); ++i) {
     const auto& [name, p] = parameters[i];
-    ZG_CHECK(p.defined(), who, ": parameter '", name, "' is undefined");
+    ZG_CHECK(names.insert(name).second, who, ": two parameters are named '", name,
+             "' (a checkpoint names each parameter)");
     ZG_CHECK(is_floating(p.dtype()), who, ": parameter '", name, "' is ", describe(p),
              "; only floating parameters are trained");
     ZG_CHECK(p.device() == device, who, ": parameter '", name, "' is on ", p.device().str(), ", '",
              parameters.front().first, "' on ", device.str());
     ZG_CHECK(p.requires_grad(), who, ": parameter '", name, "' does not require grad (frozen); every parameter in "
              "flat buffers is trained, so pack only the trainable ones");
+    // Its gradient would go to the tensors it was computed from, never to its flat slice.
+    ZG_CHECK(p.is_leaf(), who, ": parameter '", name, "' is the output of ", p.grad_fn()->name(),
+             ", not a leaf; a parameter is a leaf tensor (PyTorch: can't optimize a non-leaf Tensor)");
     if (const ParameterOwner* owner = ParameterOwner::of(p))
       fail(who, ": parameter '", name, "' already lives in the flat buffers of ", owner->describe());
     if (p.numel() == 0) continue;

@@ -1,6 +1,8 @@
 #include "optim/grad_scaler.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "tensor/ops.h"
 
@@ -8,8 +10,8 @@ namespace zg::optim {
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.enabled ? options.init_scale : 1.0) {
   const GradScalerOptions& o = options_;
-  ZG_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0 && std::isfinite(1 / o.init_scale),
-           "GradScaler: init_scale must be positive and finite, with a finite inverse, got ", o.init_scale);
+  ZG_CHECK(is_valid_scale(o.init_scale),
+           "GradScaler: init_scale must be positive, with it and its inverse finite in f32, got ", o.init_scale);
   ZG_CHECK(std::isfinite(o.growth_factor) && o.growth_factor > 1, "GradScaler: growth_factor must be > 1, got ",
            o.growth_factor);
   ZG_CHECK(o.backoff_factor > 0 && o.backoff_factor < 1, "GradScaler: backoff_factor must lie in (0, 1), got ",
@@ -17,12 +19,20 @@ GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(op
   ZG_CHECK(o.growth_interval > 0, "GradScaler: growth_interval must be positive, got ", o.growth_interval);
 }
 
+bool GradScaler::is_valid_scale(double scale) {
+  constexpr double kF32Max = std::numeric_limits<float>::max();
+  return scale > 0 && scale <= kF32Max && 1.0 / scale <= kF32Max;
+}
+
 void GradScaler::set_scale(double scale, int64_t good_steps) {
-  ZG_CHECK(std::isfinite(scale) && scale > 0 && std::isfinite(1 / scale),
-           "GradScaler: set_scale needs a positive finite scale with a finite inverse, got ", scale);
+  ZG_CHECK(options_.enabled, "GradScaler: set_scale on a disabled scaler (its scale stays 1)");
+  ZG_CHECK(is_valid_scale(scale),
+           "GradScaler: set_scale needs a positive scale, with it and its inverse finite in f32, got ", scale);
   ZG_CHECK(good_steps >= 0, "GradScaler: set_scale needs good_steps >= 0, got ", good_steps);
   scale_ = scale;
-  good_steps_ = good_steps;
+  // More good steps than the interval grow the scale at the next good step, as the
+  // interval's own count would; kept below it, the count cannot overflow.
+  good_steps_ = std::min(good_steps, options_.growth_interval - 1);
 }
 
 Tensor GradScaler::scale(const Tensor& loss) const {
@@ -32,11 +42,11 @@ Tensor GradScaler::scale(const Tensor& loss) const {
 
 bool GradScaler::update(bool found_inf) {
   if (!options_.enabled) return !found_inf;
-  // The scale stays where the constructor requires it, finite with a finite inverse:
-  // growth that would overflow to inf (inv_scale 0, and inf * backoff stays inf: no step
-  // would ever be taken again), or a backoff so deep that 1 / scale overflows, is skipped.
+  // The scale stays where the constructor requires it (is_valid_scale): growth past f32's
+  // range (an f32 loss times it would be inf, and inf * backoff stays inf: no step would
+  // ever be taken again), or a backoff so deep that 1 / scale overflows, is skipped.
   const auto move_to = [&](double next) {
-    if (std::isfinite(next) && std::isfinite(1.0 / next)) scale_ = next;
+    if (is_valid_scale(next)) scale_ = next;
     good_steps_ = 0;
   };
   if (found_inf) {

@@ -20,8 +20,8 @@ struct GradScalerOptions {
 
 class GradScaler {
  public:
-  // Throws zg::Error unless init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1
-  // and growth_interval > 0.
+  // Throws zg::Error unless init_scale is a valid scale (is_valid_scale), growth_factor > 1,
+  // 0 < backoff_factor < 1 and growth_interval > 0.
   explicit GradScaler(GradScalerOptions options = {});
 
   // loss * scale, in f32 for a 16-bit loss (as autocast keeps losses): the default scale,
@@ -32,8 +32,13 @@ class GradScaler {
   // After backward: `found_inf` says whether the gradients were finite. Returns whether
   // to take the optimizer step, and moves the scale.
   bool update(bool found_inf);
-  void set_scale(double scale, int64_t good_steps);  // a resumed run's: scale > 0, good_steps >= 0
+  // A resumed run's state: a valid scale, good_steps >= 0 (counted up to the growth
+  // interval). Refused on a disabled scaler, whose scale stays 1.
+  void set_scale(double scale, int64_t good_steps);
   int64_t good_steps() const { return good_steps_; }
+  bool enabled() const { return options_.enabled; }
+  // A scale the f32 loss and gradients can carry: positive, it and its inverse finite in f32.
+  static bool is_valid_scale(double scale);
 
  private:
   GradScalerOptions options_;

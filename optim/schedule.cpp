@@ -11,7 +11,10 @@ namespace zg::optim {
 double warmup_cosine_lr(int64_t step, double max_lr, double min_lr, int64_t warmup, int64_t total) {
   ZG_CHECK(step >= 0 && warmup >= 0, "warmup_cosine_lr: step and warmup count from 0, got step ", step,
            " and warmup ", warmup);
-  if (step < warmup) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  ZG_CHECK(std::isfinite(max_lr) && max_lr >= 0 && std::isfinite(min_lr) && min_lr >= 0,
+           "warmup_cosine_lr: max_lr and min_lr must be >= 0 and finite, got ", max_lr, " and ", min_lr);
+  // The fraction first: max_lr (step + 1) could overflow where the result does not.
+  if (step < warmup) return max_lr * (static_cast<double>(step + 1) / static_cast<double>(warmup));
   if (step >= total) return min_lr;
   const double t = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(total - warmup, 1));
   return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * t));
@@ -21,7 +24,14 @@ double grad_norm(const FlatParameters& params, double inv_scale) {
   return std::sqrt(sum_of_squares(params.grad).item<double>()) * inv_scale;
 }
 
+namespace {
+void check_max_norm(const char* who, double max_norm) {
+  ZG_CHECK(!std::isnan(max_norm), who, ": max_norm is NaN (0 or less disables clipping)");
+}
+}  // namespace
+
 Tensor clip_coefficient_on_device(const FlatParameters& params, double max_norm) {
+  check_max_norm("clip_coefficient_on_device", max_norm);  // min(NaN, 1) would scale every update by NaN
   NoGradGuard no_grad;
   const Tensor norm = sqrt(sum_of_squares(params.grad).to(DType::f32)).view({1});
   const Tensor one = ones_like(norm);
@@ -31,6 +41,7 @@ Tensor clip_coefficient_on_device(const FlatParameters& params, double max_norm)
 }
 
 double clip_coefficient(double norm, double max_norm) {
+  check_max_norm("clip_coefficient", max_norm);
   if (max_norm <= 0 || !std::isfinite(norm)) return 1.0;
   return std::min(1.0, max_norm / (norm + 1e-6));
 }

@@ -152,6 +152,24 @@ TEST_CASE("module state round trip, dtype conversion on load, and mismatches") {
   std::remove(path.c_str());
 }
 
+TEST_CASE("a disabled GradScaler has no state: it saves none and loads none") {
+  // An f32 run's checkpoint (scale 1) set an f16 run's scaler to 1 on resume.
+  nn::Linear model(2, 2);
+  optim::FlatParameters flat(model.named_parameters(), DType::f32);
+  optim::AdamW adamw(flat);
+  const std::string path = temp_path("scaler.safetensors");
+  optim::GradScaler disabled({.enabled = false}), enabled;
+  optim::save_checkpoint(path, flat, adamw, &disabled);
+  CHECK(SafetensorsFile(path).metadata().count("loss_scale") == 0);
+  optim::load_checkpoint(path, flat, adamw, &enabled);
+  CHECK(enabled.scale_factor() == 65536);
+  enabled.update(true);  // 32768
+  optim::save_checkpoint(path, flat, adamw, &enabled);
+  optim::load_checkpoint(path, flat, adamw, &disabled);  // a disabled scaler took the file's scale
+  CHECK(disabled.scale_factor() == 1);
+  std::remove(path.c_str());
+}
+
 TEST_CASE("a training checkpoint round trip is bitwise exact and resumed training continues the same curve") {
   // On every device: a GPU run saves and resumes through the host, and its kernels
   // (fixed reduction trees, no atomics) repeat the same curve bit for bit.

@@ -102,6 +102,9 @@ TEST_CASE("warmup + cosine schedule, grad norm and clipping") {
   CHECK(optim::warmup_cosine_lr(110, 1.0, 0.1, 10, 110) == doctest::Approx(0.1));
   CHECK_THROWS_WITH_AS(optim::warmup_cosine_lr(-1, 1.0, 0.1, 10, 110),  // gave a negative lr
                        "warmup_cosine_lr: step and warmup count from 0, got step -1 and warmup 10", Error);
+  CHECK(optim::warmup_cosine_lr(2, 1e308, 0, 20, 100) == doctest::Approx(1.5e307));  // was inf: max_lr (step + 1) first
+  CHECK_THROWS_WITH_AS(optim::warmup_cosine_lr(2, NAN, 0, 20, 100),
+                       "warmup_cosine_lr: max_lr and min_lr must be >= 0 and finite, got nan and 0", Error);
   OneParam module({0, 0, 0});
   optim::FlatParameters flat(module.named_parameters(), DType::bf16);
   flat.grad.copy_(tensor<float>({3, 0, 4}));
@@ -109,6 +112,10 @@ TEST_CASE("warmup + cosine schedule, grad norm and clipping") {
   CHECK(optim::grad_norm(flat, 0.5) == doctest::Approx(2.5));
   CHECK(optim::clip_coefficient(5.0, 1.0) == doctest::Approx(0.2).epsilon(1e-5));
   CHECK(optim::clip_coefficient(0.5, 1.0) == 1.0);
+  // A NaN max_norm: the device coefficient was NaN, and every weight NaN after the step.
+  CHECK_THROWS_WITH_AS(optim::clip_coefficient_on_device(flat, NAN),
+                       "clip_coefficient_on_device: max_norm is NaN (0 or less disables clipping)", Error);
+  CHECK_THROWS_WITH_AS(optim::clip_coefficient(5.0, NAN), doctest::Contains("max_norm is NaN"), Error);
 }
 
 TEST_CASE("clipping on the device: the host's coefficient, and the same AdamW step, without a read-back") {
@@ -293,14 +300,29 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
                        Error);
   CHECK_THROWS_WITH_AS(optim::GradScaler({.growth_interval = 0}), doctest::Contains("growth_interval must be positive"),
                        Error);
-  // The scale never overflows to inf (which stuck every later step) nor backs off so far
-  // that its inverse does.
-  optim::GradScaler huge({.init_scale = 1e308, .growth_interval = 1});
+  // The scale stays within f32's range, it and its inverse: growth past it (an f32 loss
+  // times it was inf, and scale() threw once it passed f32's largest) and a backoff so
+  // deep that the inverse would overflow are skipped.
+  CHECK_THROWS_WITH_AS(optim::GradScaler({.init_scale = 1e39}),
+                       doctest::Contains("init_scale must be positive, with it and its inverse finite in f32"), Error);
+  optim::GradScaler huge({.init_scale = 2e38, .growth_interval = 1});
   CHECK(huge.update(false));
-  CHECK(huge.scale_factor() == 1e308);
-  optim::GradScaler tiny({.init_scale = 1e-300});
+  CHECK(huge.scale_factor() == 2e38);
+  CHECK(std::isfinite(huge.scale(tensor<float>({1e-3f})).item<float>()));
+  optim::GradScaler tiny({.init_scale = 1e-37});
   for (int i = 0; i < 100; ++i) CHECK_FALSE(tiny.update(true));
-  CHECK((tiny.scale_factor() > 0 && std::isfinite(tiny.inv_scale())));
+  CHECK((tiny.scale_factor() > 0 && 1.0 / tiny.scale_factor() <= std::numeric_limits<float>::max()));
+  // good_steps past the interval (another run's interval, a file's value) grow at the
+  // next good step; INT64_MAX overflowed the count.
+  optim::GradScaler resumed({.growth_interval = 10});
+  resumed.set_scale(4.0, INT64_MAX);
+  CHECK(resumed.update(false));
+  CHECK(resumed.scale_factor() == 8.0);
+  CHECK(resumed.good_steps() == 0);
+  // A disabled scaler's scale stays 1 (it took one from set_scale, then scaled every loss).
+  optim::GradScaler disabled({.enabled = false});
+  CHECK_THROWS_WITH_AS(disabled.set_scale(65536, 0), "GradScaler: set_scale on a disabled scaler (its scale stays 1)",
+                       Error);
   // A 16-bit loss is scaled in f32: the default 65536 is past f16's largest value.
   for (const DType dtype : {DType::f16, DType::bf16}) {
     const Tensor loss = full({}, 3.0, dtype).set_requires_grad(true);
@@ -311,6 +333,16 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
     CHECK(loss.grad().dtype() == dtype);
   }
 
+  // A non-leaf "parameter" never trained: its gradient went to what it was computed from.
+  {
+    const Tensor a = tensor<float>({1, 2}).set_requires_grad(true), c = tensor<float>({3}).set_requires_grad(true);
+    CHECK_THROWS_WITH_AS(optim::FlatParameters(nn::NamedTensors{{"b", a * 2.0}}, DType::f32),
+                         doctest::Contains("parameter 'b' is the output of mul, not a leaf"), Error);
+    CHECK_THROWS_WITH_AS(optim::FlatParameters(nn::NamedTensors{{"a", a}, {"a", c}}, DType::f32),
+                         doctest::Contains("two parameters are named 'a'"), Error);
+    CHECK_THROWS_WITH_AS(optim::FlatParameters(nn::NamedTensors{{"u", Tensor()}, {"a", a}}, DType::f32),
+                         doctest::Contains("FlatParameters: parameter 'u' is undefined"), Error);
+  }
   // Packing: trainable floating parameters, each once, none sharing memory with another.
   const auto trainable = [](const Tensor& t) {
     Tensor p = t.detach();  // a leaf over the same memory
