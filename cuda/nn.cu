@@ -24,29 +24,35 @@ __device__ __forceinline__ double load(const T* p, int64_t j) {
   return static_cast<double>(widen(p[j]));
 }
 
-// lse(row) = max + log(sum_j exp(row_j - max)), by the whole block; an infinite
-// max is returned as it is (as on the CPU).
+// A row's log(sum(exp(row))) as two parts, lse = max + log_total with log_total =
+// log(sum_j exp(row_j - max)), by the whole block (as on the CPU: tensor/cpu/nn.cpp).
+// x - lse is formed as (x - max) - log_total: added up first, max + log_total loses
+// log_total where |max| is large. A NaN or +inf in the row makes the whole row NaN.
+struct RowLse {
+  double max, log_total;
+  __device__ double shifted(double x) const { return (x - max) - log_total; }  // x - lse
+};
+
 template <class T>
-__device__ double row_logsumexp(const T* row, int64_t length) {
+__device__ RowLse row_lse(const T* row, int64_t length) {
   double max = -INFINITY;
   for (int64_t j = threadIdx.x; j < length; j += kThreads) max = fmax(max, load(row, j));
   max = block_reduce(max, Max{});
-  if (isinf(max)) return max;
   double total = 0;
   for (int64_t j = threadIdx.x; j < length; j += kThreads) total += exp(load(row, j) - max);
   total = block_reduce(total, Add{});
-  return max + log(total);
+  return {max, log(total)};
 }
 
-// softmax(x)_j = exp(x_j - lse(x)),  log_softmax(x)_j = x_j - lse(x).
+// softmax(x)_j = exp(x_j - lse(x)),  log_softmax(x)_j = x_j - lse(x)  (RowLse::shifted).
 template <class T>
 __global__ void softmax_kernel(const T* x, T* y, int64_t rows, int64_t length, bool log_output) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* in = x + row * length;
     T* out = y + row * length;
-    const double lse = row_logsumexp(in, length);
+    const RowLse lse = row_lse(in, length);
     for (int64_t j = threadIdx.x; j < length; j += kThreads) {
-      const double shifted = load(in, j) - lse;
+      const double shifted = lse.shifted(load(in, j));
       out[j] = convert<T>(log_output ? shifted : exp(shifted));
     }
   }
@@ -223,14 +229,14 @@ __global__ void cross_entropy_kernel(const T* logits, const I* target, Loss* los
       continue;
     }
     const T* x = logits + row * classes;
-    const double lse = row_logsumexp(x, classes);
-    if (threadIdx.x == 0) loss[row] = static_cast<Loss>(lse - load(x, t));
+    const RowLse lse = row_lse(x, classes);
+    if (threadIdx.x == 0) loss[row] = static_cast<Loss>(-lse.shifted(load(x, t)));
   }
 }
 
-// Cross-entropy backward, one block per row, the softmax recomputed from the row's
-// logsumexp, which the forward's loss already holds: lse = loss + x[t]. So the row is
-// read once and written once, and the [N, C] probabilities never exist:
+// Cross-entropy backward, one block per row, the softmax recomputed from the loss, which
+// holds lse - x[t]: x_j - lse = (x_j - x[t]) - loss. So the row is read once and written
+// once, and the [N, C] probabilities never exist:
 //   dx_j = g (exp(x_j - lse) - [j == t]),   dx = 0 on ignored rows.
 // (A target out of range was reported by the forward; such rows get NaN here.)
 template <class T, class I, class Loss>
@@ -247,12 +253,13 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const I* target, 
     }
     const bool valid = t >= 0 && t < classes;
     const double g = static_cast<double>(grad_loss[row]);
-    double lse = valid ? static_cast<double>(loss[row]) + load(x, t) : NAN;
+    const double target_logit = valid ? load(x, t) : NAN, loss_row = static_cast<double>(loss[row]);
+    RowLse lse{target_logit, loss_row};
     // x[t] = -inf makes the loss inf, and inf - inf no lse: read the row again (the
-    // branch is the same for the whole block, which row_logsumexp needs).
-    if (valid && !isfinite(lse)) lse = row_logsumexp(x, classes);
+    // branch is the same for the whole block, which row_lse needs).
+    if (valid && !isfinite(loss_row + target_logit)) lse = row_lse(x, classes);
     for (int64_t j = threadIdx.x; j < classes; j += kThreads)
-      dx[j] = convert<T>(g * (exp(load(x, j) - lse) - (j == t ? 1.0 : 0.0)));
+      dx[j] = convert<T>(g * (exp(lse.shifted(load(x, j))) - (j == t ? 1.0 : 0.0)));
   }
 }
 

@@ -493,6 +493,36 @@ TEST_CASE("cross_entropy skips ignored targets and is NaN when all are ignored")
   CHECK(std::isnan(cross_entropy(logits, tensor<int64_t>({-100, -100, -100})).item<double>()));
 }
 
+TEST_CASE("softmax and cross_entropy keep the logsumexp's small part beside a large max, and NaN rows whole") {
+  // x - lse was x - (max + log_total): 1e20 + 0.69 is 1e20, so softmax([1e20, 1e20]) was
+  // [1, 1] and the cross-entropy 0 with gradient [0, 1] (PyTorch: [0.5, 0.5], 0.693, [-0.5, 0.5]).
+  for (const Device device : devices()) {
+    INFO(device.str());
+    const Tensor big = tensor<double>({1e20, 1e20}, {1, 2}).to(device);
+    CHECK(softmax(big, -1).to_vector<double>() == std::vector<double>{0.5, 0.5});
+    CHECK(log_softmax(big, -1).to_vector<double>()[0] == doctest::Approx(-std::log(2.0)));
+    const Tensor logits = big.detach().set_requires_grad(true);
+    const Tensor loss = cross_entropy(logits, tensor<int64_t>({0}).to(device));
+    CHECK(loss.item<double>() == doctest::Approx(std::log(2.0)));
+    loss.backward();
+    CHECK(logits.grad().to_vector<double>() == std::vector<double>{-0.5, 0.5});
+    // A +inf, or a NaN anywhere, makes the whole row NaN (was [nan, 0, 0] and [nan, nan, 0]).
+    for (const std::vector<double>& row : {std::vector<double>{INFINITY, 1, 2}, std::vector<double>{NAN, INFINITY, 1},
+                                           std::vector<double>{1, 2, NAN}})
+      for (const double v : softmax(tensor<double>(row).to(device), -1).to_vector<double>()) CHECK(std::isnan(v));
+  }
+}
+
+TEST_CASE("pow's gradients at a = 0 are the limits PyTorch takes, not 0 * inf") {
+  const Tensor a = tensor<double>({0, 0, 2}).set_requires_grad(true), b = tensor<double>({0, 2, 0}).set_requires_grad(true);
+  sum(pow(a, b)).backward();
+  CHECK(a.grad().to_vector<double>() == std::vector<double>{0, 0, 0});  // d/da a^0 = 0; d/da a^2 = 0 at 0
+  CHECK(b.grad().to_vector<double>() == std::vector<double>{0, 0, std::log(2.0)});  // 0^b for b >= 0: 0
+  const Tensor x = tensor<double>({0, 3}).set_requires_grad(true);
+  sum(pow(x, 0.0)).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 0});
+}
+
 TEST_CASE("relu passes NaN through, as PyTorch does") {
   // It gave 0 for NaN, hiding a diverged activation.
   for (const Device device : devices()) {

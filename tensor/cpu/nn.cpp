@@ -13,15 +13,22 @@ namespace zg::cpu {
 
 namespace {
 
-// log(sum(exp(row))) computed stably as max + log(sum(exp(row - max))).
+// A row's log(sum(exp(row))) as two parts, lse = max + log_total with log_total =
+// log(sum(exp(row - max))). Callers form x - lse as (x - max) - log_total: added up first,
+// max + log_total loses log_total where |max| is large (1e20 + 0.69 is 1e20). A NaN or
+// +inf in the row makes the total NaN, and so the whole row's result (as in PyTorch).
+struct RowLse {
+  double max, log_total;
+  double shifted(double x) const { return (x - max) - log_total; }  // x - lse
+};
+
 template <class T>
-double logsumexp(const T* row, int64_t length) {
+RowLse row_lse(const T* row, int64_t length) {
   double max = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < length; ++j) max = std::max(max, static_cast<double>(compute_t<T>(row[j])));
-  if (std::isinf(max)) return max;
   double total = 0;
   for (int64_t j = 0; j < length; ++j) total += std::exp(static_cast<double>(compute_t<T>(row[j])) - max);
-  return max + std::log(total);
+  return {max, std::log(total)};
 }
 
 template <class Body>
@@ -34,16 +41,16 @@ void with_float(DType dtype, const char* op, Body&& body) {
 
 }  // namespace
 
-// softmax(x)_j = exp(x_j - lse(x)),  log_softmax(x)_j = x_j - lse(x).
+// softmax(x)_j = exp(x_j - lse(x)),  log_softmax(x)_j = x_j - lse(x)  (RowLse::shifted).
 void CpuBackend::softmax(const Tensor& in, bool log, const Tensor& out) {
   const int64_t rows = in.size(0), length = in.size(1);
   with_float(in.dtype(), "softmax", [&]<class T>() {
     for (int64_t i = 0; i < rows; ++i) {
       const T* x = in.data<T>() + i * length;
       T* y = out.data<T>() + i * length;
-      const double lse = logsumexp(x, length);
+      const RowLse lse = row_lse(x, length);
       for (int64_t j = 0; j < length; ++j) {
-        const double shifted = static_cast<double>(compute_t<T>(x[j])) - lse;
+        const double shifted = lse.shifted(static_cast<double>(compute_t<T>(x[j])));
         y[j] = convert<T>(log ? shifted : std::exp(shifted));
       }
     }
@@ -192,14 +199,16 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64
                    " classes (row ", i, ")");
           const T* row = logits.data<T>() + i * classes;
           loss.data<Loss>()[i] =
-              static_cast<Loss>(logsumexp(row, classes) - static_cast<double>(compute_t<T>(row[t])));
+              static_cast<Loss>(-row_lse(row, classes).shifted(static_cast<double>(compute_t<T>(row[t]))));
         }
       }
     });
   });
 }
 
-// lse_i = loss_i + x_i[t_i] (recomputed where that is not finite):
+// The softmax from the loss, which holds lse_i - x_i[t_i]: x_ij - lse_i = (x_ij - x_i[t_i])
+// - loss_i, without adding up a large lse (the row's stats again where that is not
+// finite: x[t] = -inf makes the loss inf):
 //   dx_i = g_i (exp(x_i - lse_i) - onehot(t_i)), 0 for ignored rows.
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                         const Tensor& loss, const Tensor& grad_loss, const Tensor& grad_logits) {
@@ -221,10 +230,12 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
           ZG_CHECK(t >= 0 && t < classes, "cross_entropy_backward: target ", t, " is out of range for ", classes,
                    " classes (row ", i, ")");
           const double g = grad_loss.data<Loss>()[i];
-          double lse = static_cast<double>(loss.data<Loss>()[i]) + static_cast<double>(compute_t<T>(x[t]));
-          if (!std::isfinite(lse)) lse = logsumexp(x, classes);  // x[t] = -inf: the loss is inf, and inf - inf no lse
+          const double target_logit = static_cast<double>(compute_t<T>(x[t]));
+          const double loss_i = static_cast<double>(loss.data<Loss>()[i]);
+          // x - lse as (x - x[t]) - loss, or from the row's stats: x - lse = (x - max) - log_total.
+          const RowLse lse = std::isfinite(loss_i + target_logit) ? RowLse{target_logit, loss_i} : row_lse(x, classes);
           for (int64_t j = 0; j < classes; ++j)
-            dx[j] = convert<T>(g * (std::exp(static_cast<double>(compute_t<T>(x[j])) - lse) - (j == t ? 1.0 : 0.0)));
+            dx[j] = convert<T>(g * (std::exp(lse.shifted(static_cast<double>(compute_t<T>(x[j])))) - (j == t ? 1.0 : 0.0)));
         }
       }
     });

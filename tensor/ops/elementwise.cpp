@@ -184,14 +184,18 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 // d(a^b) = b a^(b-1) da + a^b log(a) db; the second term only when b needs it (log a < 0 is NaN).
+// At a = 0 the formulas hold 0 * inf; the limits are taken, as PyTorch does: da's term is 0
+// where b = 0 (a^0 is constant), db's where a = 0 and b >= 0.
 Tensor pow(const Tensor& a, const Tensor& b) {
   const Tensor y = binary(BinaryOp::pow, a, b, "pow");
   return differentiable(y, kPow, {a, b},
                         [a = SavedTensor(a), b = SavedTensor(b), y = SavedTensor(y),
                          b_needs = b.requires_grad()](const Tensor& g) {
                           const Tensor va = a.get("pow"), vb = b.get("pow");
-                          Grads grads{sum_to(g * vb * pow(va, vb - 1.0), va.shape()), Tensor()};
-                          if (b_needs) grads[1] = sum_to(g * y.get("pow") * log(va), vb.shape());
+                          Grads grads{sum_to(where(eq(vb, 0.0), 0.0, g * vb * pow(va, vb - 1.0)), va.shape()), Tensor()};
+                          if (b_needs)
+                            grads[1] = sum_to(where(logical_and(eq(va, 0.0), ge(vb, 0.0)), 0.0, g * y.get("pow") * log(va)),
+                                              vb.shape());
                           return grads;
                         });
 }
