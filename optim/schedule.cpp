@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -36,7 +37,9 @@ Tensor clip_coefficient_on_device(const FlatParameters& params, double max_norm)
   const Tensor norm = sqrt(sum_of_squares(params.grad).to(DType::f32)).view({1});
   const Tensor one = ones_like(norm);
   if (max_norm <= 0) return one;
-  const Tensor coefficient = minimum(div(full_like(norm, max_norm), add(norm, 1e-6)), 1.0);
+  // A max_norm past f32's range clips nothing, like inf (full_like refuses what f32 cannot hold).
+  const double limit = max_norm > std::numeric_limits<float>::max() ? INFINITY : max_norm;
+  const Tensor coefficient = minimum(div(full_like(norm, limit), add(norm, 1e-6)), 1.0);
   return where(lt(norm, INFINITY), coefficient, one);
 }
 

@@ -324,6 +324,9 @@ Tensor Tensor::squeeze(int64_t dim) const {
 }
 
 Tensor Tensor::unsqueeze(int64_t dim) const {
+  // dim indexes the result, of rank dim() + 1 (the error names both).
+  ZG_CHECK(dim >= -(this->dim() + 1) && dim <= this->dim(), "unsqueeze: dim ", dim, " is out of range for ",
+           describe(*this), " (a new dim goes at -", this->dim() + 1, " to ", this->dim(), ")");
   dim = wrap_dim(dim, this->dim() + 1, "unsqueeze");
   Shape shape = this->shape(), strides = this->strides();
   const int64_t stride = dim < this->dim() ? this->strides()[dim] * this->shape()[dim] : 1;
@@ -354,6 +357,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::fill_(double value) {
+  // As a scalar operand (scalar_like): saturating 1e20 into an i32, NaN into 0 or 1e6
+  // into an f16 inf would fill with another value than the one asked for.
+  ZG_CHECK(detail::holds(dtype(), value), "fill_: the value ", value, " does not fit ", describe(*this));
+  detail::check_no_broadcast_dims("fill_", "destination", *this);
   begin_inplace(*this, "fill_");
   backend(device()).fill(*this, value);
   return *this;
@@ -458,6 +465,7 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
            "arange: invalid range start=", start, " end=", end, " step=", step);
   const double count = std::max(0.0, std::ceil((end - start) / step));
   ZG_CHECK(count < 9e18, "arange: range start=", start, " end=", end, " step=", step, " is too long");
+  if (options.device().type == DeviceType::meta) return Tensor::empty({static_cast<int64_t>(count)}, options);
   // Written on the host in f64 (through the allocator, so a huge range is a clean OutOfMemory), then converted.
   Tensor host = Tensor::empty({static_cast<int64_t>(count)}, DType::f64);
   double* values = host.data<double>();

@@ -436,8 +436,13 @@ TEST_CASE("integer overflow wraps and float -> int saturates, the same on every 
           std::vector<int32_t>{0, i32_max, i32_min, i32_max, i32_min, 3, -3, i32_max});
     CHECK(floats.to(DType::f32).to(DType::i32).to_vector<int32_t>() ==
           std::vector<int32_t>{0, i32_max, i32_min, i32_max, i32_min, 3, -3, i32_max});
-    CHECK(full({2}, 1e300, TensorOptions(DType::i32).device(device)).to_vector<int32_t>() ==
-          std::vector<int32_t>{i32_max, i32_max});
+    // A fill value the dtype cannot hold is refused, as a scalar operand is (it saturated;
+    // PyTorch: "value cannot be converted ... without overflow").
+    CHECK_THROWS_WITH_AS(full({2}, 1e300, TensorOptions(DType::i32).device(device)),
+                         doctest::Contains("fill_: the value 1e+300 does not fit i32[2]"), Error);
+    CHECK_THROWS_AS(full({2}, NAN, TensorOptions(DType::i64).device(device)), Error);
+    CHECK_THROWS_AS(full({2}, 1e6, TensorOptions(DType::f16).device(device)), Error);
+    CHECK(full({1}, -INFINITY, TensorOptions(DType::f16).device(device)).to_vector<float>()[0] == -INFINITY);
     // Float negation flips the sign bit: -0.0 for 0.0 (was +0.0, from 0 - x).
     for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
       const std::vector<double> negated = (-zeros({1}, TensorOptions(dtype).device(device))).to_vector<double>();
@@ -511,6 +516,24 @@ TEST_CASE("softmax and cross_entropy keep the logsumexp's small part beside a la
                                            std::vector<double>{1, 2, NAN}})
       for (const double v : softmax(tensor<double>(row).to(device), -1).to_vector<double>()) CHECK(std::isnan(v));
   }
+}
+
+TEST_CASE("edge cases as PyTorch: maximum's gradient beside NaN, a zero-size split, 0-d dims, meta arange") {
+  // maximum(NaN, 1): neither input lost, so both take the gradient (b took all of it).
+  const Tensor a = tensor<double>({NAN, 3}).set_requires_grad(true), b = tensor<double>({1, 3}).set_requires_grad(true);
+  sum(maximum(a, b)).backward();
+  CHECK(a.grad().to_vector<double>() == std::vector<double>{1, 0.5});
+  CHECK(b.grad().to_vector<double>() == std::vector<double>{1, 0.5});
+  const std::vector<Tensor> parts = split(zeros({0, 3}), 2, 0);  // one empty part (was none)
+  REQUIRE(parts.size() == 1);
+  CHECK(parts[0].shape() == Shape{0, 3});
+  const Tensor scalar = full({}, 1.0);
+  CHECK_THROWS_WITH_AS(softmax(scalar, 5), doctest::Contains("softmax: dim 5 is out of range for a 0-d tensor"), Error);
+  CHECK_THROWS_WITH_AS(sum(scalar, {0, -1}), doctest::Contains("name the one dim of a 0-d tensor more than once"), Error);
+  CHECK_THROWS_WITH_AS(zeros({3}).unsqueeze(2),
+                       "unsqueeze: dim 2 is out of range for f32[3] on cpu (a new dim goes at -2 to 1)", Error);
+  // On the meta device nothing is written: arange built the whole range on the host first.
+  CHECK(arange(0.0, 1e17, 1.0, TensorOptions(DType::i64).device(kMeta)).numel() == int64_t(1e17));
 }
 
 TEST_CASE("pow's gradients at a = 0 are the limits PyTorch takes, not 0 * inf") {

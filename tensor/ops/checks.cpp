@@ -40,10 +40,6 @@ Tensor as_rows(const Tensor& x) {
   return x.contiguous().view({rows, channels});
 }
 
-namespace {
-
-// Whether `dtype` holds v: exactly for integers and bools; for floats, without a finite
-// value overflowing to inf (rounding is the dtype's business).
 bool holds(DType dtype, double v) {
   switch (dtype) {
     case DType::f64: return true;
@@ -56,8 +52,6 @@ bool holds(DType dtype, double v) {
   }
   return false;
 }
-
-}  // namespace
 
 Tensor scalar_like(const char* op, const Tensor& t, double value) {
   ZG_CHECK(holds(t.dtype(), value), op, ": the scalar ", value, " does not fit ", describe(t),

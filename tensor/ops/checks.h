@@ -22,6 +22,9 @@ Tensor as_rows(const Tensor& x);
 void check_no_broadcast_dims(const char* op, const char* what, const Tensor& t);
 
 TensorOptions options_of(const Tensor& t);
+// Whether `dtype` holds v: exactly for integers and bools; for floats, without a finite
+// value overflowing to inf (rounding is the dtype's business).
+bool holds(DType dtype, double v);
 // A scalar operand of `op`: a 0-dim tensor holding `value` in t's dtype, on t's device.
 // Refused where the dtype cannot hold it -- a fraction, NaN or an out-of-range value for
 // an integer or bool tensor, a finite value that overflows a float dtype -- since the

@@ -200,14 +200,18 @@ Tensor pow(const Tensor& a, const Tensor& b) {
                         });
 }
 
-// The larger (smaller) input takes the gradient; a tie splits it in half, as in PyTorch.
+// The larger (smaller) input takes the gradient; a tie splits it in half; an input that
+// did not lose takes all of it -- so where a NaN makes the comparison false both do, as in
+// PyTorch.
 static Tensor extremum(BinaryOp op, const Tensor& a, const Tensor& b, const char* name, const DifferentiableOp& def) {
   const Tensor out = binary(op, a, b, name);
   return differentiable(out, def, {a, b}, [a = SavedTensor(a), b = SavedTensor(b), op, name](const Tensor& g) {
     const Tensor va = a.get(name), vb = b.get(name);
-    const Tensor a_wins = op == BinaryOp::maximum ? gt(va, vb) : lt(va, vb);
-    const Tensor share = where(a_wins, 1.0, where(eq(va, vb), full_like(g, 0.5), zeros_as(g)));
-    return Grads{sum_to(g * share, va.shape()), sum_to(g * (1.0 - share), vb.shape())};
+    const Tensor a_loses = op == BinaryOp::maximum ? lt(va, vb) : gt(va, vb);
+    const Tensor b_loses = op == BinaryOp::maximum ? gt(va, vb) : lt(va, vb);
+    const Tensor tie = eq(va, vb);
+    const auto share = [&](const Tensor& loses) { return where(tie, 0.5, where(loses, 0.0, ones_like(g))); };
+    return Grads{sum_to(g * share(a_loses), va.shape()), sum_to(g * share(b_loses), vb.shape())};
   });
 }
 Tensor maximum(const Tensor& a, const Tensor& b) { return extremum(BinaryOp::maximum, a, b, "maximum", kMaximum); }

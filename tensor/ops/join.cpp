@@ -47,6 +47,7 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   std::vector<Tensor> parts;
   for (int64_t start = 0; start < x.size(dim); start += split_size)
     parts.push_back(x.narrow(dim, start, std::min(split_size, x.size(dim) - start)));
+  if (parts.empty()) parts.push_back(x.narrow(dim, 0, 0));  // a zero-size dim: one empty part, as in PyTorch
   return parts;
 }
 

@@ -25,7 +25,10 @@ const DifferentiableOp kSoftmax("softmax"), kLogSoftmax("log_softmax"), kLayerNo
 // dx = g - exp(y) sum(g)           for y = log_softmax(x)
 Tensor softmax_impl(const Tensor& x, int64_t dim, bool log, const char* name) {
   detail::check_floating(name, x);
-  if (x.dim() == 0) return softmax_impl(x.view({1}), 0, log, name).view({});
+  if (x.dim() == 0) {  // one element, over dim 0 or -1 (as in PyTorch)
+    ZG_CHECK(dim == 0 || dim == -1, name, ": dim ", dim, " is out of range for a 0-d tensor (", describe(x), ")");
+    return softmax_impl(x.view({1}), 0, log, name).view({});
+  }
   dim = wrap_dim(dim, x.dim(), name);
   const Tensor moved = x.transpose(dim, -1).contiguous();
   const Tensor rows = detail::as_rows(moved);

@@ -68,6 +68,7 @@ Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim)
   if (x.dim() == 0) {
     for (int64_t d : dims)
       ZG_CHECK(d == 0 || d == -1, name, ": dim ", d, " is out of range for a 0-d tensor (", describe(input), ")");
+    ZG_CHECK(dims.size() <= 1, name, ": the dims ", shape_str(dims), " name the one dim of a 0-d tensor more than once");
     return reduce(op, x.reshape({1}), {0}, false).reshape({});
   }
   const int64_t rank = x.dim();
