@@ -150,6 +150,7 @@ std::string memory_line(Device device) {
 
 int run(const Flags& f) {
   const Device device(f.device);
+  ZG_CHECK(device.type != DeviceType::meta, "train_gpt: --device meta holds no values to train; use cpu or cuda");
   const DType compute = f.dtype == "f32" ? DType::f32 : f.dtype == "bf16" ? DType::bf16 : f.dtype == "f16" ? DType::f16
                         : throw Error("train_gpt: --dtype must be f32, bf16 or f16, got " + f.dtype);
   TextData data(f.data, f.seq);
@@ -157,6 +158,7 @@ int run(const Flags& f) {
     const std::filesystem::path dir = std::filesystem::path(f.save).parent_path();
     ZG_CHECK(dir.empty() || std::filesystem::is_directory(dir), "train_gpt: --save ", f.save, ": ", dir.string(),
              " is not a directory");
+    ZG_CHECK(!std::filesystem::is_directory(f.save), "train_gpt: --save ", f.save, " is a directory; name a file");
   }
   manual_seed(f.seed);
 
@@ -168,25 +170,45 @@ int run(const Flags& f) {
   optim::FlatParameters params(model.named_parameters(), compute);
   optim::AdamW adamw(params, {0.9, 0.95, 1e-8, f.weight_decay});
   optim::GradScaler scaler({65536.0, 2.0, 0.5, 2000, compute == DType::f16});
+  // What a checkpoint records beside the optimizer's state: the model's shape (a resume
+  // with another --heads would load the same tensors into a different model, silently),
+  // and the training step, which counts steps skipped for inf/NaN gradients too -- unlike
+  // AdamW's count of updates -- so the schedule and the end of the run continue where
+  // they were.
+  const Metadata run_shape = {{"n_layer", std::to_string(f.layers)}, {"n_head", std::to_string(f.heads)},
+                              {"n_embd", std::to_string(f.embd)}, {"seq", std::to_string(f.seq)}};
+  int64_t first_step = 0;
   if (!f.resume.empty()) {
     const Metadata meta = optim::load_checkpoint(f.resume, params, adamw, &scaler);
+    for (const auto& [key, value] : run_shape) {
+      const auto saved = meta.find(key);
+      ZG_CHECK(saved == meta.end() || saved->second == value, "train_gpt: ", f.resume, " is a checkpoint of a GPT with ",
+               key, " ", saved->second, "; this run has ", value);
+    }
     if (meta.count("data_position"))
       data.position = metadata_number<int64_t>(meta, "data_position", f.resume, "train_gpt");
     ZG_CHECK(data.position >= 0 && data.position < data.windows, "train_gpt: ", f.resume, ": data_position ",
              data.position, " is not a window of this text (0 to ", data.windows - 1, ")");
-    ZG_CHECK(adamw.steps() < f.steps, "train_gpt: ", f.resume, " is at step ", adamw.steps(), ": --steps ", f.steps,
+    first_step = meta.count("train_step") ? metadata_number<int64_t>(meta, "train_step", f.resume, "train_gpt")
+                                          : adamw.steps();
+    ZG_CHECK(first_step >= adamw.steps(), "train_gpt: ", f.resume, ": train_step ", first_step,
+             " is before the optimizer's step ", adamw.steps());
+    ZG_CHECK(first_step < f.steps, "train_gpt: ", f.resume, " is at step ", first_step, ": --steps ", f.steps,
              " leaves nothing to train");
-    std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(adamw.steps()));
+    std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(first_step));
   }
   std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s compute on %s; %zu bytes of text\n",
               static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
               static_cast<long long>(model.num_parameters()), name(compute), device.str().c_str(), data.tokens.size());
 
-  auto save = [&](const std::string& path) {
-    optim::save_checkpoint(path, params, adamw, &scaler, {{"data_position", std::to_string(data.position)}});
+  auto save = [&](const std::string& path, int64_t steps_done) {
+    Metadata meta = run_shape;
+    meta["data_position"] = std::to_string(data.position);
+    meta["train_step"] = std::to_string(steps_done);
+    optim::save_checkpoint(path, params, adamw, &scaler, meta);
   };
   double loss_value = NAN;
-  for (int64_t step = adamw.steps(); step < f.steps; ++step) {
+  for (int64_t step = first_step; step < f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     Context::current().allocator(device)->reset_peaks();
     auto [inputs, targets] = data.next_batch(f.batch, f.seq, device);
@@ -211,9 +233,9 @@ int run(const Flags& f) {
                 static_cast<double>(f.batch * f.seq) / seconds, lr, memory_line(device).c_str(),
                 take ? "" : " | skipped (inf/nan gradients)");
     std::fflush(stdout);
-    if (!f.save.empty() && f.save_every > 0 && (step + 1) % f.save_every == 0) save(f.save);
+    if (!f.save.empty() && f.save_every > 0 && (step + 1) % f.save_every == 0) save(f.save, step + 1);
   }
-  if (!f.save.empty()) save(f.save);
+  if (!f.save.empty()) save(f.save, f.steps);
   std::printf("final loss: %.4f\n", loss_value);
   return 0;
 }

@@ -50,7 +50,9 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
         // empty text, a save path found bad only after training.
         std::pair{"--batch 4611686018427387904 --seq 8", "tokens a step is more than 2^40"},
         std::pair{"--data /tmp", "--data /tmp is not a readable file"},
-        std::pair{"--save /nonexistent/ck.safetensors", "/nonexistent is not a directory"}}) {
+        std::pair{"--save /nonexistent/ck.safetensors", "/nonexistent is not a directory"},
+        std::pair{"--save /tmp", "--save /tmp is a directory; name a file"},  // found after training
+        std::pair{"--device meta", "--device meta holds no values to train"}}) {
     INFO(flags);
     const std::string bad = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt " + flags + " 2>&1", status);
     CHECK(status != 0);
@@ -64,6 +66,22 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
   const std::string done = run_command(small + " --steps 2 --resume " + path + " 2>&1", status);
   CHECK(status != 0);
   CHECK(done.find("is at step 2: --steps 2 leaves nothing to train") != std::string::npos);
+  // Another shape of model: the same tensors (one more head splits the same matrices)
+  // loaded silently.
+  const std::string other = run_command(small + " --steps 3 --heads 2 --resume " + path + " 2>&1", status);
+  CHECK(status != 0);
+  CHECK(other.find("is a checkpoint of a GPT with n_head 1; this run has 2") != std::string::npos);
+  std::remove(path.c_str());
+  // f16 steps skipped for overflow: the run's step, not AdamW's count of updates, is
+  // where a resume continues (it ran the skipped steps again, at the wrong lr).
+  const std::string f16 = std::string(ZG_EXAMPLES_DIR) +
+                          "/train_gpt --layers 1 --dtype f16 --batch 1 --seq 2 --embd 64 --heads 2 --lr 0.1";
+  const std::string first = run_command(f16 + " --steps 4 --save " + path + " 2>&1", status);
+  REQUIRE(status == 0);
+  REQUIRE(first.find("skipped (inf/nan gradients)") != std::string::npos);
+  const std::string again = run_command(f16 + " --steps 4 --resume " + path + " 2>&1", status);
+  CHECK(status != 0);
+  CHECK(again.find("is at step 4: --steps 4 leaves nothing to train") != std::string::npos);
   std::remove(path.c_str());
 }
 
