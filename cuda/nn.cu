@@ -235,8 +235,8 @@ __global__ void cross_entropy_kernel(const T* logits, const I* target, Loss* los
 }
 
 // Cross-entropy backward, one block per row, the softmax recomputed from the loss, which
-// holds lse - x[t]: x_j - lse = (x_j - x[t]) - loss. So the row is read once and written
-// once, and the [N, C] probabilities never exist:
+// holds lse - x[t]: x_j - lse = (x_j - x[t]) - loss (Backend::cross_entropy_backward). So
+// the row is read once and written once, and the [N, C] probabilities never exist:
 //   dx_j = g (exp(x_j - lse) - [j == t]),   dx = 0 on ignored rows.
 // (A target out of range was reported by the forward; such rows get NaN here.)
 template <class T, class I, class Loss>
@@ -255,9 +255,10 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const I* target, 
     const double g = static_cast<double>(grad_loss[row]);
     const double target_logit = valid ? load(x, t) : NAN, loss_row = static_cast<double>(loss[row]);
     RowLse lse{target_logit, loss_row};
-    // x[t] = -inf makes the loss inf, and inf - inf no lse: read the row again (the
-    // branch is the same for the whole block, which row_lse needs).
-    if (valid && !isfinite(loss_row + target_logit)) lse = row_lse(x, classes);
+    // Where the loss cannot serve (Backend::kCrossEntropyLossUsable; x[t] = -inf makes it
+    // inf), read the row again: the branch is the same for the whole block, which row_lse needs.
+    if (valid && !(isfinite(target_logit) && fabs(loss_row) <= Backend::kCrossEntropyLossUsable))
+      lse = row_lse(x, classes);
     for (int64_t j = threadIdx.x; j < classes; j += kThreads)
       dx[j] = convert<T>(g * (exp(lse.shifted(load(x, j))) - (j == t ? 1.0 : 0.0)));
   }

@@ -158,7 +158,11 @@ int run(const Flags& f) {
     const std::filesystem::path dir = std::filesystem::path(f.save).parent_path();
     ZG_CHECK(dir.empty() || std::filesystem::is_directory(dir), "train_gpt: --save ", f.save, ": ", dir.string(),
              " is not a directory");
-    ZG_CHECK(!std::filesystem::is_directory(f.save), "train_gpt: --save ", f.save, " is a directory; name a file");
+    // What a save will not replace (save_safetensors): a directory, a link, a device.
+    const std::filesystem::file_type type = std::filesystem::symlink_status(f.save).type();
+    ZG_CHECK(type == std::filesystem::file_type::not_found || type == std::filesystem::file_type::regular,
+             "train_gpt: --save ", f.save, " is ", type == std::filesystem::file_type::directory ? "a directory" : "not a regular file",
+             "; name a file");
   }
   manual_seed(f.seed);
 

@@ -160,10 +160,13 @@ class Backend {
   virtual void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                              const Tensor& loss) = 0;
   // Its backward, softmax recomputed row by row so the [N, C] probabilities are never
-  // stored; the row's logsumexp is read back from the forward's loss (lse = loss + x[t]):
+  // stored; the row's logsumexp comes from the forward's loss, x - lse = (x - x[t]) - loss,
+  // unless the loss cannot serve (not finite, or above kCrossEntropyLossUsable, where its
+  // f32 rounding error would sit in every probability's exponent): then from the row again.
   //   grad_logits[i, :] = grad_loss[i] (exp(logits[i, :] - lse_i) - onehot(target[i])),
   // and 0 on rows whose target is ignore_index. loss, grad_loss [N] in the loss dtype;
   // grad_logits [N, C] contiguous in the logits' dtype.
+  static constexpr double kCrossEntropyLossUsable = 1024;
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                       const Tensor& loss, const Tensor& grad_loss, const Tensor& grad_logits) = 0;
 

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+
+#include <mutex>
 #include <unistd.h>
 
 #include <algorithm>
@@ -128,40 +130,96 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   }
 }
 
+// The file behind a SafetensorsFile. The header is read through a descriptor closed
+// right after (a sharded load plans over every rank's file: N descriptors per rank
+// would run out at large N). The first tensor read opens the file again and keeps that
+// descriptor, after checking it is the very file the header came from: a save that
+// renamed a new file over the path in between is an error, not the new file's bytes at
+// the old offsets, and from then on reads come from one file whatever happens to the path.
 struct SafetensorsFile::OpenFile {
+  struct Identity {
+    dev_t device;
+    ino_t inode;
+    off_t size;
+    timespec modified;
+    bool operator==(const Identity& o) const {
+      return device == o.device && inode == o.inode && size == o.size && modified.tv_sec == o.modified.tv_sec &&
+             modified.tv_nsec == o.modified.tv_nsec;
+    }
+  };
+  Identity identity{};
+  std::mutex mutex;  // guards fd's opening; pread itself is safe from several threads
   int fd = -1;
+
   ~OpenFile() {
     if (fd >= 0) ::close(fd);
   }
-  // `size` bytes at `offset`, or false at the end of the file.
-  bool read_at(void* into, int64_t size, int64_t offset) const {
+
+  // A regular file opened for reading (without blocking: a FIFO would wait for a writer),
+  // or a zg::Error naming it. Its identity goes to `info`.
+  static int open_regular(const std::string& path, struct stat& info) {
+    const std::string where = "safetensors " + path + ": ";
+    // Refused by its type before any open (opening a device node can have effects), and
+    // again after (it may have been replaced in between).
+    const auto check_type = [&] {
+      ZG_CHECK(S_ISREG(info.st_mode), where, "not a regular file (",
+               S_ISDIR(info.st_mode) ? "a directory" : "a FIFO, socket or device", ")");
+    };
+    if (::stat(path.c_str(), &info) == 0) check_type();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    ZG_CHECK(fd >= 0, where, "cannot open the file: ", errno_text());
+    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+      const int saved = errno;
+      ::close(fd);
+      errno = saved;
+      ZG_CHECK(S_ISREG(info.st_mode), where, "cannot stat the file: ", errno_text());
+      check_type();
+    }
+    return fd;
+  }
+  static Identity identity_of(const struct stat& info) {
+    return {info.st_dev, info.st_ino, info.st_size, info.st_mtim};
+  }
+
+  // The descriptor for tensor reads, opened the first time (see above).
+  int reading(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (fd >= 0) return fd;
+    struct stat info {};
+    const int opened = open_regular(path, info);
+    if (!(identity_of(info) == identity)) {
+      ::close(opened);
+      fail("safetensors ", path, ": the file changed after its header was read (another save replaced it); load again");
+    }
+    fd = opened;
+    return fd;
+  }
+
+  // `size` bytes at `offset` of `from`, or a zg::Error saying why not.
+  static void read_at(int from, void* into, int64_t size, int64_t offset, const std::string& what) {
     auto* out = static_cast<char*>(into);
     while (size > 0) {
-      const ssize_t n = ::pread(fd, out, static_cast<size_t>(size), offset);
+      const ssize_t n = ::pread(from, out, static_cast<size_t>(size), offset);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
+      ZG_CHECK(n > 0, what, n == 0 ? " failed: the file ends first (was it truncated?)" : " failed: ", n == 0 ? "" : errno_text());
       out += n, size -= n, offset += n;
     }
-    return true;
   }
 };
 
-SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
+SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)), file_(std::make_shared<OpenFile>()) {
   const std::string where = "safetensors " + path_ + ": ";
-  // Opened without blocking (a FIFO would wait for a writer), then checked: only a regular
-  // file has a size to check the header against (a directory gives a bogus one).
-  auto file = std::make_shared<OpenFile>();
-  file->fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  ZG_CHECK(file->fd >= 0, where, "cannot open the file: ", errno_text());
   struct stat info {};
-  ZG_CHECK(::fstat(file->fd, &info) == 0, where, "cannot stat the file: ", errno_text());
-  ZG_CHECK(S_ISREG(info.st_mode), where, "not a regular file (",
-           S_ISDIR(info.st_mode) ? "a directory" : "a FIFO, socket or device", ")");
-  file_ = file;
+  const int fd = OpenFile::open_regular(path_, info);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  file_->identity = OpenFile::identity_of(info);
   const int64_t file_size = static_cast<int64_t>(info.st_size);
   ZG_CHECK(file_size >= 8, where, "the file is ", file_size, " bytes, shorter than its 8-byte header length");
   unsigned char length_bytes[8];
-  ZG_CHECK(file_->read_at(length_bytes, 8, 0), where, "reading the 8-byte header length failed");
+  OpenFile::read_at(fd, length_bytes, 8, 0, where + "reading the 8-byte header length");
   uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];
   ZG_CHECK(length <= static_cast<uint64_t>(kMaxHeaderBytes), where, "header length ", length,
@@ -169,8 +227,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   ZG_CHECK(static_cast<int64_t>(length) <= file_size - 8, where, "header length ", length,
            " (bytes 0-7) runs past the end of the file (", file_size, " bytes)");
   std::string json(length, '\0');
-  ZG_CHECK(file_->read_at(json.data(), static_cast<int64_t>(length), 8), where, "reading the ", length,
-           "-byte header failed");
+  OpenFile::read_at(fd, json.data(), static_cast<int64_t>(length), 8,
+                    where + "reading the " + std::to_string(length) + "-byte header");
   data_start_ = 8 + static_cast<int64_t>(length);
   const int64_t data_size = file_size - data_start_;
 
@@ -275,9 +333,9 @@ Tensor SafetensorsFile::read(const std::string& name) const {
   const Entry& e = entry(name);
   Tensor t = empty(e.shape, e.dtype);
   if (e.end > e.begin)
-    ZG_CHECK(file_->read_at(t.data_ptr(), e.end - e.begin, data_start_ + e.begin), "safetensors ", path_, ": tensor '",
-             name, "': reading bytes ", data_start_ + e.begin, "-", data_start_ + e.end,
-             " failed (was the file truncated?)");
+    OpenFile::read_at(file_->reading(path_), t.data_ptr(), e.end - e.begin, data_start_ + e.begin,
+                      "safetensors " + path_ + ": tensor '" + name + "': reading bytes " +
+                          std::to_string(data_start_ + e.begin) + "-" + std::to_string(data_start_ + e.end));
   if (e.dtype == DType::boolean) {
     // A bool is one byte holding 0 or 1; any other byte would be a bool the kernels
     // cannot represent (it compares unequal to both true and false).

@@ -44,9 +44,9 @@ class SafetensorsFile {
     int64_t begin, end;  // byte range within the data section
   };
 
-  // Opens `path` and reads and validates the header. The file stays open: every read
-  // comes from the file the header described, even if a save renames a new one over
-  // `path` meanwhile (reopening would read the new file at the old offsets).
+  // Reads and validates the header of the regular file at `path`. Tensor reads come from
+  // the file the header described: one replaced since (a save renaming a new file over
+  // `path`) is refused at the first read, and later reads keep to the file that read opened.
   explicit SafetensorsFile(std::string path);
 
   const std::string& path() const { return path_; }
@@ -64,8 +64,8 @@ class SafetensorsFile {
 
  private:
   struct OpenFile;
-  std::shared_ptr<const OpenFile> file_;
   std::string path_;
+  std::shared_ptr<OpenFile> file_;
   int64_t data_start_ = 0;
   Metadata metadata_;
   std::vector<std::string> names_;

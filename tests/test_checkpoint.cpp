@@ -286,14 +286,23 @@ TEST_CASE("damaged files each give a zg::Error") {
   write_bytes(path, raw_file(ok_header, data8));  // and the undamaged one loads
   CHECK(SafetensorsFile(path).read("a").numel() == 2);
   {
-    // A save that renames a new file over the path while it is open: reads still come
-    // from the file the header described (they reopened the path: the new file's bytes
-    // at the old offsets, or values from two saves mixed in one load).
+    // A save that renames a new file over the path: each read reopened the path, and read
+    // the new file's bytes at the old offsets, or mixed values of two saves in one load.
+    // Now a file replaced before the first read is refused; after it, reads keep to the
+    // file that read opened.
     const std::string renamed = temp_path("renamed.safetensors");
-    save_safetensors(renamed, {{"a", tensor<float>({1, 2})}, {"b", tensor<float>({3, 4})}});
+    const auto save_first = [&] { save_safetensors(renamed, {{"a", tensor<float>({1, 2})}, {"b", tensor<float>({3, 4})}}); };
+    const auto save_second = [&] {
+      save_safetensors(renamed, {{"b", tensor<float>({5, 6, 7})}, {"a", tensor<float>({8})}}, {{"note", "another"}});
+    };
+    save_first();
+    const SafetensorsFile replaced(renamed);
+    save_second();
+    CHECK_THROWS_WITH_AS(replaced.read("a"), doctest::Contains("the file changed after its header was read"), Error);
+    save_first();
     const SafetensorsFile open(renamed);
-    save_safetensors(renamed, {{"b", tensor<float>({5, 6, 7})}, {"a", tensor<float>({8})}}, {{"note", "another"}});
     CHECK(open.read("a").to_vector<float>() == std::vector<float>{1, 2});
+    save_second();
     CHECK(open.read("b").to_vector<float>() == std::vector<float>{3, 4});
     std::remove(renamed.c_str());
   }

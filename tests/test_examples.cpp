@@ -51,7 +51,8 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
         std::pair{"--batch 4611686018427387904 --seq 8", "tokens a step is more than 2^40"},
         std::pair{"--data /tmp", "--data /tmp is not a readable file"},
         std::pair{"--save /nonexistent/ck.safetensors", "/nonexistent is not a directory"},
-        std::pair{"--save /tmp", "--save /tmp is a directory; name a file"},  // found after training
+        std::pair{"--save /tmp", "--save /tmp is a directory; name a file"},  // was found after training
+        std::pair{"--save /dev/null", "--save /dev/null is not a regular file; name a file"},
         std::pair{"--device meta", "--device meta holds no values to train"}}) {
     INFO(flags);
     const std::string bad = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt " + flags + " 2>&1", status);

@@ -511,6 +511,15 @@ TEST_CASE("softmax and cross_entropy keep the logsumexp's small part beside a la
     CHECK(loss.item<double>() == doctest::Approx(std::log(2.0)));
     loss.backward();
     CHECK(logits.grad().to_vector<double>() == std::vector<double>{-0.5, 0.5});
+    // A loss so large that its f32 rounding sits in every probability's exponent: the
+    // backward reads the row again (the gradient was [4.48, -1, 1]).
+    const Tensor far = tensor<float>({1.5f, -1e8f, 0.0f}, {1, 3}).to(device).set_requires_grad(true);
+    cross_entropy(far, tensor<int64_t>({1}).to(device)).backward();
+    const std::vector<float> far_grad = far.grad().to_vector<float>();
+    const double p0 = 1 / (1 + std::exp(-1.5));
+    CHECK(far_grad[0] == doctest::Approx(p0).epsilon(1e-5));
+    CHECK(far_grad[1] == -1.0f);
+    CHECK(far_grad[2] == doctest::Approx(1 - p0).epsilon(1e-5));
     // A +inf, or a NaN anywhere, makes the whole row NaN (was [nan, 0, 0] and [nan, nan, 0]).
     for (const std::vector<double>& row : {std::vector<double>{INFINITY, 1, 2}, std::vector<double>{NAN, INFINITY, 1},
                                            std::vector<double>{1, 2, NAN}})

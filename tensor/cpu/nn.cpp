@@ -207,8 +207,9 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64
 }
 
 // The softmax from the loss, which holds lse_i - x_i[t_i]: x_ij - lse_i = (x_ij - x_i[t_i])
-// - loss_i, without adding up a large lse (the row's stats again where that is not
-// finite: x[t] = -inf makes the loss inf):
+// - loss_i, without adding up a large lse. The row's stats again where the loss cannot
+// serve (Backend::kCrossEntropyLossUsable): not finite (x[t] = -inf), or so large that its
+// f32 rounding error would sit in the exponent of every probability:
 //   dx_i = g_i (exp(x_i - lse_i) - onehot(t_i)), 0 for ignored rows.
 void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                         const Tensor& loss, const Tensor& grad_loss, const Tensor& grad_logits) {
@@ -233,7 +234,8 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
           const double target_logit = static_cast<double>(compute_t<T>(x[t]));
           const double loss_i = static_cast<double>(loss.data<Loss>()[i]);
           // x - lse as (x - x[t]) - loss, or from the row's stats: x - lse = (x - max) - log_total.
-          const RowLse lse = std::isfinite(loss_i + target_logit) ? RowLse{target_logit, loss_i} : row_lse(x, classes);
+          const bool usable = std::isfinite(target_logit) && std::fabs(loss_i) <= kCrossEntropyLossUsable;
+          const RowLse lse = usable ? RowLse{target_logit, loss_i} : row_lse(x, classes);
           for (int64_t j = 0; j < classes; ++j)
             dx[j] = convert<T>(g * (std::exp(lse.shifted(static_cast<double>(compute_t<T>(x[j])))) - (j == t ? 1.0 : 0.0)));
         }

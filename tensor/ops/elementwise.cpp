@@ -192,9 +192,10 @@ Tensor pow(const Tensor& a, const Tensor& b) {
                         [a = SavedTensor(a), b = SavedTensor(b), y = SavedTensor(y),
                          b_needs = b.requires_grad()](const Tensor& g) {
                           const Tensor va = a.get("pow"), vb = b.get("pow");
-                          Grads grads{sum_to(where(eq(vb, 0.0), 0.0, g * vb * pow(va, vb - 1.0)), va.shape()), Tensor()};
+                          // g multiplies the masked term, so a NaN or inf gradient still passes through.
+                          Grads grads{sum_to(g * where(eq(vb, 0.0), 0.0, vb * pow(va, vb - 1.0)), va.shape()), Tensor()};
                           if (b_needs)
-                            grads[1] = sum_to(where(logical_and(eq(va, 0.0), ge(vb, 0.0)), 0.0, g * y.get("pow") * log(va)),
+                            grads[1] = sum_to(g * where(logical_and(eq(va, 0.0), ge(vb, 0.0)), 0.0, y.get("pow") * log(va)),
                                               vb.shape());
                           return grads;
                         });
