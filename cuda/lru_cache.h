@@ -37,7 +37,6 @@ class LruCache {
 
   bool contains(const Key& key) const { return slots_.count(key) != 0; }
   size_t size() const { return slots_.size(); }
-  size_t capacity() const { return capacity_; }
 
  private:
   struct Slot {

@@ -19,7 +19,9 @@
 // scatter-add), so it too is gathered twice.
 #include "dist/unit.h"
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "tensor/autograd.h"
@@ -101,26 +103,27 @@ void ShardedModel::hook_holders(const std::vector<std::pair<std::string, nn::Mod
     for (const auto& [name, p] : module->named_parameters(/*remove_duplicates=*/false))
       if (name.find('.') == std::string::npos) held.insert(unit_of.at(&p.impl()));
     for (Unit* unit : held) {
-      const auto check = [this, unit, alive, path](const char* when) {
+      // Shared by the hooks: each forward hands the backward check to a new tensor hook.
+      const auto check = std::make_shared<const std::function<void(const char*)>>([this, unit, alive,
+                                                                                  path](const char* when) {
         if (alive.expired()) return;
-        const Storage& full = *unit->compute_full.storage();
-        const char* state = unit->gathering              ? "still being gathered (a prefetch is writing them)"
-                            : full.is_released()         ? "released"
-                            : !is_current(*unit)         ? "from before the last step or load"
-                                                         : nullptr;
+        const char* state = unit->gathering ? "still being gathered (a prefetch is writing them)"
+                            : unit->compute_full.storage()->is_released() ? "released"
+                            : !is_current(*unit)                          ? "from before the last step or load"
+                                                                          : nullptr;
         if (state)
           fail("ShardedModel: the ", when, " of '", path, "' reads the weights of ZeRO-3 unit '", unit->name,
                "' while they are ", state, ": ", release_note(*unit));
-      };
+      });
       module->register_forward_pre_hook([check](nn::Module&, const Tensor&) {
-        check("forward");
+        (*check)("forward");
         return Tensor();
       });
       if (!module->backward_reads_parameters()) continue;
       module->register_forward_hook([check](nn::Module&, const Tensor&, const Tensor& out) {
         if (out.defined() && out.requires_grad())
           out.register_hook([check](const Tensor&) {
-            check("backward");
+            (*check)("backward");
             return Tensor();
           });
         return Tensor();

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <set>
 #include <string_view>
 
 #include "dist/unit.h"
@@ -94,16 +93,25 @@ void for_each_part(const ShardedModel::Unit& unit, const Owned& own, Fn fn) {
 
 void ShardedModel::save(const std::string& dir, const Metadata& extra) {
   NoGradGuard no_grad;
-  // The checkpoint's own keys would overwrite the caller's values (every rank refuses alike).
-  static const std::set<std::string> written = {"format", "world_size", "rank", "stage", "step", "compute_dtype",
-                                                "rng_seed", "rng_offset"};
-  for (const auto& [key, value] : extra)
-    ZG_CHECK(!key.starts_with("shape/") && !written.contains(key), "ShardedModel::save: the metadata key '", key,
-             "' is one the checkpoint writes itself; name it otherwise");
-  std::filesystem::create_directories(dir);
   const int r = group_.rank();
+  const Generator& gen = Context::current().generator();
+  Metadata meta = {{"format", kFormat},
+                   {"world_size", std::to_string(group_.size())},
+                   {"rank", std::to_string(r)},
+                   {"stage", std::to_string(config_.stage)},
+                   {"step", std::to_string(step_)},
+                   {"compute_dtype", name(config_.compute_dtype)},
+                   {"rng_seed", std::to_string(gen.seed())},
+                   {"rng_offset", std::to_string(gen.offset())}};
+  // The checkpoint's own keys would overwrite the caller's values. (shape/<parameter> keys
+  // are refused whole: a rank writes only those of the parameters it owns, and every rank
+  // must refuse alike.)
+  for (const auto& [key, value] : extra)
+    ZG_CHECK(!key.starts_with("shape/") && !meta.contains(key), "ShardedModel::save: the metadata key '", key,
+             "' is one the checkpoint writes itself; name it otherwise");
+  meta.insert(extra.begin(), extra.end());
+  std::filesystem::create_directories(dir);
   std::vector<std::pair<std::string, Tensor>> tensors;
-  Metadata meta = extra;
   for (auto& unit : units_) {
     const Owned own = saved_range(*unit, r, config_.stage);
     for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
@@ -111,15 +119,6 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra) {
       meta["shape/" + e.name] = shape_str(e.shape);
     });
   }
-  const Generator& gen = Context::current().generator();
-  meta["format"] = kFormat;
-  meta["world_size"] = std::to_string(group_.size());
-  meta["rank"] = std::to_string(r);
-  meta["stage"] = std::to_string(config_.stage);
-  meta["step"] = std::to_string(step_);
-  meta["compute_dtype"] = name(config_.compute_dtype);
-  meta["rng_seed"] = std::to_string(gen.seed());
-  meta["rng_offset"] = std::to_string(gen.offset());
   save_safetensors(rank_file(dir, r, group_.size()), tensors, meta);
   group_.barrier();  // every rank's file exists when save returns
 }

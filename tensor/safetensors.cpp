@@ -49,6 +49,11 @@ bool parse_dtype(const std::string& s, DType& out) {
 
 std::string errno_text() { return std::strerror(errno); }
 
+// What a path that is not a regular file is, for errors.
+const char* file_kind(mode_t mode) {
+  return S_ISDIR(mode) ? "a directory" : S_ISLNK(mode) ? "a symbolic link" : "a FIFO, socket or device";
+}
+
 // Writes all of `bytes` to fd, or throws.
 void write_all(int fd, const char* bytes, size_t size, const std::string& path) {
   while (size > 0) {
@@ -94,10 +99,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   struct stat existing {};
   if (::lstat(path.c_str(), &existing) == 0)
     ZG_CHECK(S_ISREG(existing.st_mode), "save_safetensors: ", path, " exists and is not a regular file (",
-             S_ISDIR(existing.st_mode)   ? "a directory"
-             : S_ISLNK(existing.st_mode) ? "a symbolic link"
-                                         : "a FIFO, socket or device",
-             "); it is not replaced");
+             file_kind(existing.st_mode), "); it is not replaced");
   // A temporary name of its own per call: threads saving to one path must not share it.
   static std::atomic<uint64_t> saves{0};
   const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(saves++);
@@ -162,17 +164,16 @@ struct SafetensorsFile::OpenFile {
     // Refused by its type before any open (opening a device node can have effects), and
     // again after (it may have been replaced in between).
     const auto check_type = [&] {
-      ZG_CHECK(S_ISREG(info.st_mode), where, "not a regular file (",
-               S_ISDIR(info.st_mode) ? "a directory" : "a FIFO, socket or device", ")");
+      ZG_CHECK(S_ISREG(info.st_mode), where, "not a regular file (", file_kind(info.st_mode), ")");
     };
     if (::stat(path.c_str(), &info) == 0) check_type();
     const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     ZG_CHECK(fd >= 0, where, "cannot open the file: ", errno_text());
-    if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-      const int saved = errno;
+    const bool stat_ok = ::fstat(fd, &info) == 0;
+    const std::string stat_error = stat_ok ? "" : errno_text();
+    if (!stat_ok || !S_ISREG(info.st_mode)) {
       ::close(fd);
-      errno = saved;
-      ZG_CHECK(S_ISREG(info.st_mode), where, "cannot stat the file: ", errno_text());
+      ZG_CHECK(stat_ok, where, "cannot stat the file: ", stat_error);
       check_type();
     }
     return fd;
