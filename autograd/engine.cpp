@@ -53,6 +53,16 @@ Tensor fit_to_edge(Tensor grad, const Edge& edge, const Node& node, size_t i) {
   return grad.dtype() == edge.dtype ? grad : grad.to(edge.dtype);
 }
 
+// A non-leaf that retains its gradient (Tensor::retain_grad) adds what reached it, after
+// its hooks, into its .grad: a new tensor each time (out of place, as PyTorch), since a
+// caller may hold the last one.
+void keep_retained_grad(const Node& node, const Tensor& grad) {
+  const std::shared_ptr<AutogradMeta> output = node.retained_output.lock();
+  if (!output) return;
+  MemoryScope scope(MemoryCategory::gradient);
+  output->grad = output->grad.defined() ? add(output->grad, grad) : grad.clone();
+}
+
 // One pass over the graph from `root` (steps 1-3 above).
 void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
   NoGradGuard no_grad;
@@ -89,6 +99,7 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
       } done;
       if (!node->pre_hooks.empty())
         grad = run_tensor_hooks(node->pre_hooks, std::move(grad), "the output of " + node->name());
+      keep_retained_grad(*node, grad);
       TraceRange range(node->name());  // nested in "backward" on a profiler's timeline
       input_grads = node->apply(grad);
     }

@@ -168,6 +168,13 @@ const Tensor& Tensor::grad() const {
   return impl().autograd ? impl().autograd->grad : undefined;
 }
 
+void Tensor::retain_grad() const {
+  ZG_CHECK(requires_grad(), "retain_grad: ", describe(*this), " does not require grad");
+  if (!is_leaf()) grad_fn()->retained_output = impl().autograd;
+}
+
+bool Tensor::retains_grad() const { return !is_leaf() && grad_fn()->retained_output.lock() == impl().autograd; }
+
 namespace {
 
 // Refuses to repoint a parameter that lives in a ParameterOwner's buffers.

@@ -77,6 +77,7 @@ class SavedTensor {
 };
 
 class Node;
+struct AutogradMeta;  // below
 // Where an input's gradient goes, and what that input was when the op recorded it: the
 // engine holds each gradient a formula returns to it (shape, dtype, device), as
 // PyTorch's validate_outputs does.
@@ -114,6 +115,10 @@ class Node {
 
   // Tensor hooks of the output this node produced: each may replace the gradient.
   std::vector<std::function<Tensor(const Tensor&)>> pre_hooks;
+  // The output's autograd state while it retains its gradient (Tensor::retain_grad):
+  // after the hooks, the engine adds the gradient into its .grad. Weak: the output
+  // holds this node, not the other way round.
+  std::weak_ptr<AutogradMeta> retained_output;
 
  private:
   static uint64_t take_sequence_nr();

@@ -122,6 +122,10 @@ class Tensor {
   Tensor& set_requires_grad(bool requires_grad = true);  // leaves only
   bool is_leaf() const;                                  // made by the user, not by a recorded op
   const Tensor& grad() const;                            // undefined until a backward reaches it
+  // A non-leaf keeps the gradient that reaches it in .grad from now on, summed over
+  // backward calls (PyTorch's retain_grad); a leaf keeps its gradient anyway.
+  void retain_grad() const;
+  bool retains_grad() const;
   void set_grad(const Tensor& grad) const;                   // e.g. a view into a flat gradient buffer
   std::shared_ptr<Node> grad_fn() const;
   Tensor detach() const;                                 // same storage, no history

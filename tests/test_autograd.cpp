@@ -224,6 +224,29 @@ TEST_CASE("tensor hooks and post-accumulate-grad hooks") {
   CHECK_THROWS_WITH_AS(sum(z).backward(), doctest::Contains("a tensor hook on the output of mul returned f32[3]"), Error);
 }
 
+TEST_CASE("retain_grad keeps a non-leaf's gradient, after its hooks, summed over backward calls") {
+  const Tensor x = leaf(tensor<double>({1, 2}));
+  const Tensor h = x * 3.0;
+  const Tensor loss = sum(h * h);
+  CHECK_FALSE(h.retains_grad());
+  h.retain_grad();
+  loss.retain_grad();
+  CHECK(h.retains_grad());
+  CHECK_FALSE(x.retains_grad());  // a leaf keeps its gradient without it
+  x.retain_grad();
+  h.register_hook([](const Tensor& g) { return g * 0.5; });  // registered later, still runs first
+  loss.backward(Tensor(), /*retain_graph=*/true);
+  CHECK(loss.grad().to_vector<double>() == std::vector<double>{1});
+  CHECK(h.grad().to_vector<double>() == std::vector<double>{3, 6});  // 2h/2
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{9, 18});
+  const Tensor first = h.grad();
+  loss.backward();
+  CHECK(h.grad().to_vector<double>() == std::vector<double>{6, 12});
+  CHECK(first.to_vector<double>() == std::vector<double>{3, 6});  // a new tensor: the one held is unchanged
+  CHECK_THROWS_WITH_AS(tensor<double>({1}).retain_grad(),
+                       "retain_grad: f64[1] on cpu does not require grad", Error);
+}
+
 TEST_CASE("backward called from a hook: on its own graph it runs, on the running graph it is refused") {
   const Tensor x = leaf(tensor<double>({1, 2}));
   const Tensor h = x * 2.0;
