@@ -134,7 +134,9 @@ int run(const Flags& f) {
   nn::GPT model(config, TensorOptions(DType::f32).device(device));
   Tensor tokens;
   if (!f.init.empty()) {
-    nn::load_state(model, f.init, /*strict=*/false);
+    const nn::LoadedState loaded = nn::load_state(model, f.init, /*strict=*/false);  // the file holds the tokens too
+    ZG_CHECK(loaded.missing.empty(), "train_step: ", f.init, " has no tensor '",
+             loaded.missing.empty() ? "" : loaded.missing.front(), "' of the model");
     tokens = SafetensorsFile(f.init).read("tokens");
     ZG_CHECK(tokens.shape() == Shape({f.batch, f.seq + 1}), "train_step: ", f.init, " holds tokens ",
              describe(tokens), ", but --batch ", f.batch, " --seq ", f.seq, " need [", f.batch, ", ", f.seq + 1, "]");

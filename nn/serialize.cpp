@@ -15,25 +15,35 @@ void save_state(const Module& module, const std::string& path, const Metadata& m
   save_safetensors(path, state, metadata);
 }
 
-Metadata load_state(Module& module, const std::string& path, bool strict) {
+LoadedState load_state(Module& module, const std::string& path, bool strict) {
   const SafetensorsFile file(path);
   NamedTensors state = module.named_parameters();
   for (auto& entry : module.named_buffers()) state.push_back(entry);
+  LoadedState loaded;
+  NamedTensors present;
   std::set<std::string> expected;
   for (const auto& [name, t] : state) {
     if (const ParameterOwner* owner = ParameterOwner::of(t))
       fail("load_state: parameter '", name, "' lives in the flat buffers of ", owner->describe(), ", whose master weights "
            "would overwrite what is loaded at the next step; load before building that (or resume with "
            "ShardedModel::load or optim::load_checkpoint)");
-    ZG_CHECK(file.contains(name), "load_state: ", path, " has no tensor '", name, "'");
-    file.check_readable_into(name, t);  // all checked before anything is overwritten
     expected.insert(name);
+    if (!file.contains(name)) {
+      ZG_CHECK(!strict, "load_state: ", path, " has no tensor '", name, "'");
+      loaded.missing.push_back(name);
+      continue;
+    }
+    file.check_readable_into(name, t);  // all checked before anything is overwritten
+    present.emplace_back(name, t);
   }
-  if (strict)
-    for (const std::string& name : file.names())
-      ZG_CHECK(expected.count(name), "load_state: ", path, " has a tensor '", name, "' the module does not have");
-  for (const auto& [name, t] : state) file.read_into(name, t);
-  return file.metadata();
+  for (const std::string& name : file.names()) {
+    if (expected.contains(name)) continue;
+    ZG_CHECK(!strict, "load_state: ", path, " has a tensor '", name, "' the module does not have");
+    loaded.unexpected.push_back(name);
+  }
+  for (const auto& [name, t] : present) file.read_into(name, t);
+  loaded.metadata = file.metadata();
+  return loaded;
 }
 
 }  // namespace zg::nn

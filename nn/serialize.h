@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "nn/module.h"
 #include "tensor/safetensors.h"
@@ -10,11 +11,20 @@
 namespace zg::nn {
 
 void save_state(const Module& module, const std::string& path, const Metadata& metadata = {});
-// Every parameter and buffer must be in the file with its shape; floating dtypes
-// convert (an f32 file loads into a bf16 model). Names in the file that the module
-// lacks are an error unless `strict` is false. Returns the file's metadata. Refused
-// once the parameters live in a FlatParameters' or ShardedModel's buffers (their master
-// weights would overwrite what is loaded): load before building those.
-Metadata load_state(Module& module, const std::string& path, bool strict = true);
+// What a load found, as PyTorch's load_state_dict reports it.
+struct LoadedState {
+  Metadata metadata;                    // the file's
+  std::vector<std::string> missing;     // the module's names the file lacks
+  std::vector<std::string> unexpected;  // the file's names the module lacks
+};
+
+// Reads every parameter and buffer from the file, by name, with its shape; floating
+// dtypes convert (an f32 file loads into a bf16 model). With `strict`, a name in one
+// but not the other is an error; without, the module's tensors the file lacks keep
+// their values and the file's extra tensors are skipped, both listed in the result.
+// Every tensor is checked before any is written. Refused once the parameters live in a
+// FlatParameters' or ShardedModel's buffers (their master weights would overwrite what
+// is loaded): load before building those.
+LoadedState load_state(Module& module, const std::string& path, bool strict = true);
 
 }  // namespace zg::nn

@@ -123,6 +123,19 @@ TEST_CASE("module state round trip, dtype conversion on load, and mismatches") {
   CHECK(d.wte->weight.view({-1}).to_vector<float>() == wte_before);
   nn::Linear lin(2, 2);
   CHECK_THROWS_WITH_AS(nn::load_state(lin, path), doctest::Contains("has no tensor 'weight'"), Error);
+  // Not strict: what the file lacks keeps its value, what the module lacks is skipped;
+  // both are listed. (Was: every name of the module had to be in the file.)
+  nn::Module part;
+  const auto wte = part.register_module("transformer", std::make_shared<nn::Module>())
+                       ->register_module("wte", std::make_shared<nn::Embedding>(64, 32));
+  const auto extra = part.register_module("extra", std::make_shared<nn::Linear>(2, 2));
+  const std::vector<float> extra_before = extra->weight.view({-1}).to_vector<float>();
+  const nn::LoadedState partial = nn::load_state(part, path, /*strict=*/false);
+  CHECK(partial.missing == std::vector<std::string>{"extra.weight", "extra.bias"});
+  CHECK(partial.unexpected.size() == a.named_parameters().size() - 1);  // all but transformer.wte.weight
+  CHECK(wte->weight.view({-1}).to_vector<float>() == a.wte->weight.view({-1}).to_vector<float>());
+  CHECK(extra->weight.view({-1}).to_vector<float>() == extra_before);
+  CHECK_THROWS_WITH_AS(nn::load_state(part, path), doctest::Contains("has no tensor 'extra.weight'"), Error);
   // Into f16, a value past 65504 loaded as inf without a word; refused before anything changes.
   nn::Linear wide(2, 2), half(2, 2);
   {
