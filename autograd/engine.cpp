@@ -7,6 +7,7 @@
 //      into the pending gradient of the node its edge leads to, and when that
 //      node's count reaches zero, it is ready;
 //   3. leaves are reached through AccumulateGrad nodes, which add into .grad.
+#include <algorithm>
 #include <deque>
 #include <unordered_map>
 #include <unordered_set>
@@ -80,6 +81,16 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
       if (seen.insert(edge.node.get()).second) visited.push_back(edge.node);
     }
   }
+  // A node whose formula runs a backward of its own (a checkpoint's recompute) may reach
+  // nodes older than itself (fn captured a tensor of this graph): those keep their saved
+  // tensors until every such node has run. Others free theirs as soon as they have run.
+  uint64_t newest_reentrant = 0;
+  int reentrant_left = 0;
+  for (const auto& node : visited)
+    if (node->reenters_graph) {
+      newest_reentrant = std::max(newest_reentrant, node->sequence_nr() + 1);
+      ++reentrant_left;
+    }
   for (Node* running : running_nodes)
     ZG_CHECK(!seen.contains(running), "backward: called again from within the backward of ", running->name(),
              " (a hook or formula) on a graph that reaches that node; it would run it again without end");
@@ -102,6 +113,10 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
       keep_retained_grad(*node, grad);
       TraceRange range(node->name());  // nested in "backward" on a profiler's timeline
       input_grads = node->apply(grad);
+      // Its saved tensors go now, not at the end of the pass (as PyTorch): a layer's
+      // activations are freed as its backward finishes, so the peak stays at the forward's.
+      if (node->reenters_graph) --reentrant_left;
+      if (!retain_graph && (reentrant_left == 0 || node->sequence_nr() >= newest_reentrant)) node->release();
     }
     const auto& edges = node->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) {
@@ -115,7 +130,7 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
       if (--dependencies[next] == 0) ready.push_back(edges[i].node);
     }
   }
-  if (!retain_graph)
+  if (!retain_graph)  // and those of the nodes no gradient reached
     for (const auto& node : visited) node->release();
 }
 

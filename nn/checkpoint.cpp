@@ -59,6 +59,7 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
     for (const Tensor& x : replay) grads.push_back(x.defined() && x.requires_grad() ? x.grad() : Tensor());
     return grads;
   });
+  if (const auto node = out.grad_fn()) node->reenters_graph = true;  // (none for a non-floating result)
   return out;
 }
 

@@ -115,6 +115,10 @@ class Node {
 
   // Tensor hooks of the output this node produced: each may replace the gradient.
   std::vector<std::function<Tensor(const Tensor&)>> pre_hooks;
+  // Set on a node whose formula runs a backward pass of its own that may reach older
+  // nodes of the graph it is in (a checkpoint's recompute): the engine keeps those
+  // nodes' saved tensors until it has run.
+  bool reenters_graph = false;
   // The output's autograd state while it retains its gradient (Tensor::retain_grad):
   // after the hooks, the engine adds the gradient into its .grad. Weak: the output
   // holds this node, not the other way round.

@@ -154,6 +154,27 @@ TEST_CASE("backward of a non-scalar needs its gradient") {
   CHECK_THROWS_WITH_AS(tensor<double>({1}).backward(), doctest::Contains("does not require grad"), Error);
 }
 
+TEST_CASE("a node's saved tensors are freed as soon as it has run") {
+  // They were all freed at the end of the pass: every layer's activations stayed until
+  // the first layer's backward. With a checkpoint in the graph, the nodes newer than it
+  // still go at once (the recompute reaches only older ones).
+  for (bool with_checkpoint : {false, true}) {
+    const Tensor x = leaf(tensor<double>({1, 2}));
+    Tensor h = with_checkpoint ? nn::checkpoint([](const std::vector<Tensor>& in) { return in[0] * 3.0; }, {x}) : x;
+    Tensor e = exp(h * 2.0);  // exp keeps its output for backward
+    const std::weak_ptr<Storage> saved = e.storage();
+    const Tensor loss = sum(e);
+    e = h = Tensor();
+    bool freed_before_leaf = false;
+    x.register_hook([&](const Tensor&) {
+      freed_before_leaf = saved.expired();
+      return Tensor();
+    });
+    loss.backward();
+    CHECK(freed_before_leaf);
+  }
+}
+
 TEST_CASE("retain_graph") {
   const Tensor x = leaf(tensor<double>({2}));
   const Tensor y = sum(exp(x));
