@@ -100,7 +100,8 @@ TEST_CASE("fill, copy and casts between every dtype and across devices" * doctes
       check_identical(gpu_dst.to(kCPU), src_cpu.t().to(to), "strided host -> device " + what);
     }
     // fill, and a broadcast source (stride 0)
-    check_identical(full({3, 3}, -2.75, on_gpu(from)).to(kCPU), full({3, 3}, -2.75, from), std::string("fill ") + name(from));
+    const double value = from == DType::boolean ? 1.0 : is_floating(from) ? -2.75 : -3.0;  // one the dtype holds
+    check_identical(full({3, 3}, value, on_gpu(from)).to(kCPU), full({3, 3}, value, from), std::string("fill ") + name(from));
     Tensor row_gpu = zeros({4, 6}, on_gpu(from));
     row_gpu.copy_(src_gpu.narrow(0, 1, 1));
     Tensor row_cpu = zeros({4, 6}, from);
