@@ -26,12 +26,9 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, TensorOptions 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   ZG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == c_attn->weight.size(1), "CausalSelfAttention: expected input [B, T, ",
            c_attn->weight.size(1), "], got ", describe(x));
-  const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2), head = channels / n_head;
-  // qkv [B, T, 3C] -> q, k, v each [B, H, T, D]
-  const std::vector<Tensor> qkv = split((*c_attn)(x), channels, 2);
-  auto heads = [&](const Tensor& t) { return t.view({batch, time, n_head, head}).transpose(1, 2); };
-  const Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), true);
-  return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({batch, time, channels})));
+  // qkv [B, T, 3C] -> the heads' attention, side by side [B, T, C] (q, k, v read in place)
+  const Tensor y = packed_attention((*c_attn)(x), n_head, /*causal=*/true);
+  return (*resid_dropout)((*c_proj)(y));
 }
 
 MLP::MLP(const GPTConfig& config, TensorOptions options) {

@@ -148,6 +148,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 // softmax(q k^T / sqrt(D)) v over the last two dims, batched over the rest; `causal`
 // masks key j > query i. q [..., T, D], k [..., S, D], v [..., S, Dv] -> [..., T, Dv].
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// The same over GPT's packed projection: qkv [B, T, 3C] holds q, k and v side by side,
+// each C = heads * D wide -> [B, T, C], the heads side by side. Equal to splitting qkv
+// into [B, H, T, D] heads and calling the above, as one op: its gradient is one
+// [B, T, 3C] buffer (split's backward builds three, zero-filled, and adds them).
+Tensor packed_attention(const Tensor& qkv, int64_t heads, bool causal);
 
 // ---- joining and splitting ----
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);

@@ -83,6 +83,8 @@ std::map<std::string, GradCase> grad_cases(Device d) {
       {normal_leaf({2, 4, 3}, d), normal_leaf({1, 4, 3}, d), normal_leaf({1, 4, 2}, d)},
       FN { return scaled_dot_product_attention(x[0], x[1], x[2], true) +
                   scaled_dot_product_attention(x[0], x[1], x[2], false); }};
+  c["packed_attention"] = {{normal_leaf({2, 3, 12}, d)},
+                           FN { return packed_attention(x[0], 2, true) * packed_attention(x[0], 2, false); }};
   c["cat"] = {{normal_leaf({2, 3}, d), normal_leaf({2, 2}, d)}, FN { return cat({x[0], x[1] * 2.0}, 1); }};
   c["view"] = {{normal_leaf({2, 6}, d)}, FN { return x[0].view({3, 4}) * x[0].t().reshape({3, 4}); }};
   c["permute"] = {{normal_leaf({2, 3, 4}, d)}, FN { return x[0].permute({2, 0, 1}) * 2.0; }};

@@ -603,6 +603,41 @@ TEST_CASE("cross_entropy of a -inf target logit: the loss is inf and the gradien
   }
 }
 
+TEST_CASE("packed_attention is split + scaled_dot_product_attention, forward and backward, on every device") {
+  // [B, T, 3C] with C = H * D; D = 64 and 16-bit dtypes take cuDNN's fused kernels on a GPU.
+  const int64_t batch = 2, time = 16, heads = 2, head = 64, channels = heads * head;
+  for (const Device device : devices()) {
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      manual_seed(5);
+      const Tensor qkv = randn({batch, time, 3 * channels}, TensorOptions(dt).device(device));
+      const Tensor g = randn({batch, time, channels}, TensorOptions(dt).device(device));
+      std::vector<Tensor> outs, grads;
+      for (const bool packed : {true, false}) {
+        const Tensor x = qkv.detach().set_requires_grad(true);
+        Tensor y;
+        if (packed) {
+          y = packed_attention(x, heads, true);
+        } else {
+          const std::vector<Tensor> parts = split(x, channels, 2);
+          auto heads_of = [&](const Tensor& t) { return t.view({batch, time, heads, head}).transpose(1, 2); };
+          y = scaled_dot_product_attention(heads_of(parts[0]), heads_of(parts[1]), heads_of(parts[2]), true)
+                  .transpose(1, 2)
+                  .reshape({batch, time, channels});
+        }
+        sum(y * g).backward();
+        outs.push_back(y.detach());
+        grads.push_back(x.grad());
+      }
+      const std::string what = std::string(" on ") + device.str() + " in " + name(dt);
+      check_identical(outs[0], outs[1], "output" + what);
+      check_identical(grads[0], grads[1], "gradient" + what);
+    }
+  }
+  CHECK_THROWS_WITH_AS(packed_attention(zeros({2, 3, 12}), 5, true),
+                       "packed_attention: expected qkv [B, T, 3 * 5 heads * D] with D > 0, got f32[2, 3, 12] on cpu",
+                       Error);
+}
+
 TEST_CASE("layer_norm returns the statistics backward needs") {
   const Tensor x = tensor<float>({1, 2, 3, 4, 10, 10, 10, 10}, {2, 4});
   const LayerNormOutput r = layer_norm_with_stats(x, Tensor(), Tensor(), 1e-5);

@@ -1,6 +1,7 @@
 // Front-ends of the neural-network primitives, each with its gradient. Each
 // kernel works on rows of a contiguous [M, C] matrix; these functions bring any
 // input to that form (with recorded views, so gradients find their way back).
+#include <array>
 #include <cmath>
 #include <optional>
 
@@ -19,7 +20,7 @@ using Grads = std::vector<Tensor>;
 
 const DifferentiableOp kSoftmax("softmax"), kLogSoftmax("log_softmax"), kLayerNorm("layer_norm"),
     kAddLayerNorm("add_layer_norm"), kEmbedding("embedding"), kCrossEntropy("cross_entropy"),
-    kAttention("scaled_dot_product_attention");
+    kAttention("scaled_dot_product_attention"), kPackedAttention("packed_attention");
 
 // dx = y (g - sum(g y))            for y = softmax(x)
 // dx = g - exp(y) sum(g)           for y = log_softmax(x)
@@ -179,84 +180,139 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 
 namespace {
 
-// The fused path (Backend::attention): q, k, v [B, H, T, D]. The output is written
-// [B, T, H, D]-contiguous and returned as its [B, H, T, D] view, so the model's
-// transpose back to [B, T, C] is free; stats (the rows' logsumexp) replace the
-// [T, S] probabilities the composite path keeps. nullopt: no fused kernel here.
-std::optional<Tensor> fused_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal,
-                                      double scale) {
-  if (q_in.dim() != 4 || q_in.device().type == DeviceType::cpu) return std::nullopt;
-  auto unit_inner = [](const Tensor& t) { return t.strides().back() == 1 ? t : t.contiguous(); };
-  const Tensor q = unit_inner(q_in), k = unit_inner(k_in), v = unit_inner(v_in);
-  const int64_t batch = q.size(0), heads = q.size(1), time = q.size(2);
-  // [B, H, T, D] views of fresh [B, T, H, D] buffers, laid out like q (or k, v).
-  auto like = [](const Tensor& t) {
-    return empty({t.size(0), t.size(2), t.size(1), t.size(3)}, options_of(t)).transpose(1, 2);
-  };
-  Tensor out = like(q);
-  const Tensor stats = empty({batch, heads, time}, TensorOptions(DType::f32).device(q.device()));
-  {
+// One attention forward, and what its backward reads. Fused (Backend::attention,
+// cuDNN's flash attention on CUDA): the output is written [B, T, H, D]-contiguous and
+// returned as its [B, H, T, D] view, so the model's transpose back to [B, T, C] is free,
+// and `kept` is the rows' logsumexp [B, H, T]. Composed (matmul and softmax, any rank,
+// any device): `kept` is the probabilities P [..., T, S].
+struct AttentionForward {
+  Tensor out, kept;
+  bool fused = false;
+};
+
+// [B, H, T, D] views of fresh [B, T, H, D] buffers, laid out like t.
+Tensor bthd_like(const Tensor& t) {
+  return empty({t.size(0), t.size(2), t.size(1), t.size(3)}, options_of(t)).transpose(1, 2);
+}
+
+// S = q k^T * scale (masked above the diagonal when causal), P = softmax(S), out = P v.
+// q, k, v need unit stride in D for the fused kernel. Records nothing.
+AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                                   bool backward_follows) {
+  NoGradGuard no_grad;
+  if (q.dim() == 4 && q.device().type != DeviceType::cpu) {
+    AttentionForward a{bthd_like(q), empty({q.size(0), q.size(1), q.size(2)}, TensorOptions(DType::f32).device(q.device())),
+                       true};
     // Detached when no backward will be recorded: the backend then need not prepare one.
-    const bool backward_follows = needs_grad({&q, &k, &v});
     auto as_input = [&](const Tensor& t) { return backward_follows ? t : t.detach(); };
-    NoGradGuard no_grad;
-    if (!backend(q.device()).attention(as_input(q), as_input(k), as_input(v), causal, scale, out, stats))
-      return std::nullopt;
+    if (backend(q.device()).attention(as_input(q), as_input(k), as_input(v), causal, scale, a.out, a.kept)) return a;
   }
-  const Tensor out_bthd = out.transpose(1, 2);  // the contiguous buffer the op records
-  const Tensor recorded = differentiable(
-      out_bthd, kAttention, {q, k, v},
-      [q = SavedTensor(q), k = SavedTensor(k), v = SavedTensor(v), o = SavedTensor(out_bthd),
-       lse = SavedTensor(stats), causal, scale, like](const Tensor& g) {
-        const Tensor Q = q.get("attention"), K = k.get("attention"), V = v.get("attention");
-        Tensor dq = like(Q), dk = like(K), dv = like(V);
-        backend(Q.device()).attention_backward(Q, K, V, o.get("attention").transpose(1, 2), lse.get("attention"),
-                                               g.contiguous().transpose(1, 2), causal, scale, dq, dk, dv);
-        return Grads{dq, dk, dv};
-      });
-  return recorded.transpose(1, 2);
+  Tensor scores = matmul(q, k, false, true) * scale;
+  if (causal) {
+    const TensorOptions idx = TensorOptions(DType::i64).device(q.device());
+    const Tensor above = gt(arange(k.size(-2), idx).unsqueeze(0), arange(q.size(-2), idx).unsqueeze(1));
+    scores = masked_fill(scores, above, -INFINITY);
+  }
+  AttentionForward a;
+  a.kept = softmax(scores, -1);
+  a.out = matmul(a.kept, v);
+  return a;
+}
+
+// Its backward for the output gradient g (fused: [B, H, T, D], a view of a contiguous
+// [B, T, H, D] buffer, as the output): dq, dk, dv. Fused, the backend writes them into
+// fresh [B, T, H, D] buffers. Composed, with dP = g v^T:
+//   dv = P^T g,  dS = P (dP - sum(dP P)) * scale,  dq = dS k,  dk = dS^T q,
+// each summed back to its input's shape (k, v may broadcast over q's batch).
+std::array<Tensor, 3> attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& a,
+                                         const Tensor& g, bool causal, double scale) {
+  if (a.fused) {
+    std::array<Tensor, 3> grads{bthd_like(q), bthd_like(k), bthd_like(v)};
+    backend(q.device()).attention_backward(q, k, v, a.out, a.kept, g, causal, scale, grads[0], grads[1], grads[2]);
+    return grads;
+  }
+  const Tensor& P = a.kept;
+  const Tensor dP = matmul(g, v, false, true);
+  const Tensor dS = P * (dP - sum(dP * P, {-1}, true)) * scale;
+  return {sum_to(matmul(dS, k), q.shape()), sum_to(matmul(dS, q, true, false), k.shape()),
+          sum_to(matmul(P, g, true, false), v.shape())};
+}
+
+// q, k and v of GPT's packed projection [B, T, 3C] as [B, H, T, D] views (no copy).
+std::array<Tensor, 3> unpack_qkv(const Tensor& qkv, int64_t heads) {
+  const int64_t batch = qkv.size(0), time = qkv.size(1), channels = qkv.size(2) / 3;
+  std::array<Tensor, 3> parts;
+  for (int64_t i = 0; i < 3; ++i)
+    parts[i] = qkv.narrow(2, i * channels, channels).view({batch, time, heads, channels / heads}).transpose(1, 2);
+  return parts;
 }
 
 }  // namespace
 
-// S = q k^T / sqrt(D) (masked above the diagonal when causal), P = softmax(S), out = P v.
-// Backward with dP = g v^T:  dv = P^T g,  dS = P (dP - sum(dP P)) / sqrt(D),  dq = dS k,  dk = dS^T q.
-// A device with a fused kernel (cuDNN's flash attention on CUDA) runs that instead and
-// keeps only the rows' logsumexp; otherwise P is composed and kept for the backward.
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+// One op with its own backward; the fused kernel where the device has one, else
+// composed from matmul and softmax (attention_forward, attention_backward above).
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal) {
   const char* name = "scaled_dot_product_attention";
-  detail::check_floating(name, q);
-  detail::check_compatible(name, q, k);
-  detail::check_compatible(name, q, v);
-  ZG_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), name,
-           ": expected q, k, v of one rank >= 2, got ", describe(q), ", ", describe(k), ", ", describe(v));
-  ZG_CHECK(q.size(-1) == k.size(-1) && k.size(-2) == v.size(-2), name, ": q ", describe(q), ", k ", describe(k),
-           " and v ", describe(v), " need q, k of one head size and k, v of one length");
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  if (std::optional<Tensor> fused = fused_attention(q, k, v, causal, scale)) return *fused;
-  Tensor probs, out;
+  detail::check_floating(name, q_in);
+  detail::check_compatible(name, q_in, k_in);
+  detail::check_compatible(name, q_in, v_in);
+  ZG_CHECK(q_in.dim() >= 2 && k_in.dim() == q_in.dim() && v_in.dim() == q_in.dim(), name,
+           ": expected q, k, v of one rank >= 2, got ", describe(q_in), ", ", describe(k_in), ", ", describe(v_in));
+  ZG_CHECK(q_in.size(-1) == k_in.size(-1) && k_in.size(-2) == v_in.size(-2), name, ": q ", describe(q_in), ", k ",
+           describe(k_in), " and v ", describe(v_in), " need q, k of one head size and k, v of one length");
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q_in.size(-1)));
+  auto unit_inner = [](const Tensor& t) { return t.strides().back() == 1 ? t : t.contiguous(); };
+  const Tensor q = unit_inner(q_in), k = unit_inner(k_in), v = unit_inner(v_in);
+  const AttentionForward a = attention_forward(q, k, v, causal, scale, needs_grad({&q, &k, &v}));
+  // Fused, the op records its output's contiguous [B, T, H, D] buffer, kept for the backward.
+  const Tensor recorded = a.fused ? a.out.transpose(1, 2) : a.out;
+  const Tensor out = differentiable(
+      recorded, kAttention, {q, k, v},
+      [q = SavedTensor(q), k = SavedTensor(k), v = SavedTensor(v), out = a.fused ? SavedTensor(recorded) : SavedTensor(),
+       kept = SavedTensor(a.kept), fused = a.fused, causal, scale](const Tensor& g) {
+        const char* op = "scaled_dot_product_attention";
+        const AttentionForward a{fused ? out.get(op).transpose(1, 2) : Tensor(), kept.get(op), fused};
+        const auto [dq, dk, dv] = attention_backward(q.get(op), k.get(op), v.get(op), a,
+                                                     fused ? g.contiguous().transpose(1, 2) : g, causal, scale);
+        return Grads{dq, dk, dv};
+      });
+  return a.fused ? out.transpose(1, 2) : out;
+}
+
+// The attention of scaled_dot_product_attention on q, k, v viewed in place in the
+// packed buffer; the backward copies dq, dk, dv into one [B, T, 3C] gradient, where
+// split's three views would each have filled a zeroed [B, T, 3C] buffer, then added up.
+Tensor packed_attention(const Tensor& qkv_in, int64_t heads, bool causal) {
+  const char* name = "packed_attention";
+  detail::check_floating(name, qkv_in);
+  ZG_CHECK(qkv_in.dim() == 3 && heads > 0 && qkv_in.size(2) % 3 == 0 && qkv_in.size(2) / 3 % heads == 0 &&
+               qkv_in.size(2) > 0,
+           name, ": expected qkv [B, T, 3 * ", heads, " heads * D] with D > 0, got ", describe(qkv_in));
+  const Tensor qkv = qkv_in.contiguous();
+  const int64_t batch = qkv.size(0), time = qkv.size(1), channels = qkv.size(2) / 3;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(channels / heads));
+  AttentionForward a;
   {
-    NoGradGuard no_grad;  // recorded below as one op with its own backward
-    Tensor scores = matmul(q, k, false, true) * scale;
-    if (causal) {
-      const TensorOptions idx = TensorOptions(DType::i64).device(q.device());
-      const Tensor above = gt(arange(k.size(-2), idx).unsqueeze(0), arange(q.size(-2), idx).unsqueeze(1));
-      scores = masked_fill(scores, above, -INFINITY);
-    }
-    probs = softmax(scores, -1);
-    out = matmul(probs, v);
+    const auto [q, k, v] = unpack_qkv(qkv.detach(), heads);
+    a = attention_forward(q, k, v, causal, scale, needs_grad({&qkv}));
   }
-  return differentiable(out, kAttention, {q, k, v},
-                        [q = SavedTensor(q), k = SavedTensor(k), v = SavedTensor(v), p = SavedTensor(probs),
-                         scale](const Tensor& g) {
-                          const Tensor Q = q.get("attention"), K = k.get("attention"), V = v.get("attention");
-                          const Tensor P = p.get("attention");
-                          const Tensor dP = matmul(g, V, false, true);
-                          const Tensor dS = P * (dP - sum(dP * P, {-1}, true)) * scale;
-                          // Batch dims broadcast as in matmul: each gradient summed back to its input's shape.
-                          return Grads{sum_to(matmul(dS, K), Q.shape()), sum_to(matmul(dS, Q, true, false), K.shape()),
-                                       sum_to(matmul(P, g, true, false), V.shape())};
-                        });
+  // [B, T, C]: a view of the fused output's [B, T, H, D] buffer; a copy of the composed one.
+  const Tensor y = a.out.transpose(1, 2).reshape({batch, time, channels});
+  return differentiable(
+      y, kPackedAttention, {qkv},
+      [qkv = SavedTensor(qkv), out = a.fused ? SavedTensor(y) : SavedTensor(), kept = SavedTensor(a.kept),
+       fused = a.fused, heads, causal, scale](const Tensor& g) {
+        const char* op = "packed_attention";
+        const Tensor packed = qkv.get(op);
+        const auto [q, k, v] = unpack_qkv(packed, heads);
+        const Shape bthd{q.size(0), q.size(2), q.size(1), q.size(3)};
+        const AttentionForward a{fused ? out.get(op).view(bthd).transpose(1, 2) : Tensor(), kept.get(op), fused};
+        const auto grads = attention_backward(q, k, v, a, g.contiguous().view(bthd).transpose(1, 2), causal, scale);
+        const Tensor dqkv = empty_like(packed);
+        auto into = unpack_qkv(dqkv, heads);
+        for (int i = 0; i < 3; ++i) into[i].copy_(grads[i]);
+        return Grads{dqkv};
+      });
 }
 
 }  // namespace zg
