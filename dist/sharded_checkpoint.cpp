@@ -11,9 +11,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <random>
 #include <string_view>
 
 #include "dist/unit.h"
+#include "optim/checkpoint.h"
 #include "tensor/autograd.h"
 #include "tensor/context.h"
 
@@ -89,13 +92,39 @@ void for_each_part(const ShardedModel::Unit& unit, const Owned& own, Fn fn) {
   }
 }
 
+// A one-element tensor holding `value` where `group` runs collectives: on the model's
+// device (meta: the CPU), or on the CPU for a group that takes host tensors only (mpi).
+Tensor agreement_scalar(const ProcessGroup& group, Device model_device, double value) {
+  Tensor t = full({1}, value, TensorOptions(DType::f64).device(model_device.type == DeviceType::meta ? kCPU : model_device));
+  return group.accepts(t.device()) ? t : t.to(kCPU);
+}
+
+// Removes the files of a save of another world size than `world_size` from `dir`.
+void remove_other_saves(const std::string& dir, int world_size) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const int n = world_size_of(entry.path().filename().string());
+    if (n < 0 || n == world_size) continue;
+    std::filesystem::remove(entry.path(), error);
+    ZG_CHECK(!error, "ShardedModel::save: cannot remove ", entry.path().string(), " of an earlier save of ", n,
+             " ranks: ", error.message());
+  }
+  ZG_CHECK(!error, "ShardedModel::save: cannot list ", dir, ": ", error.message());
+}
+
 }  // namespace
 
-void ShardedModel::save(const std::string& dir, const Metadata& extra) {
+void ShardedModel::save(const std::string& dir, const Metadata& extra, const optim::GradScaler* scaler) {
   NoGradGuard no_grad;
   const int r = group_.rank();
   const Generator& gen = Context::current().generator();
+  // The save's id, on every rank's file: rank 0's random draw of 53 bits (exact in an f64).
+  std::random_device entropy;
+  const uint64_t draw = (static_cast<uint64_t>(entropy()) << 32 | entropy()) >> 11;
+  const Tensor id = agreement_scalar(group_, units_.front()->master.device(), r == 0 ? static_cast<double>(draw) : 0.0);
+  group_.broadcast(id, 0);
   Metadata meta = {{"format", kFormat},
+                   {"save_id", std::to_string(static_cast<uint64_t>(id.item<double>()))},
                    {"world_size", std::to_string(group_.size())},
                    {"rank", std::to_string(r)},
                    {"stage", std::to_string(config_.stage)},
@@ -109,6 +138,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra) {
   for (const auto& [key, value] : extra)
     ZG_CHECK(!key.starts_with("shape/") && !meta.contains(key), "ShardedModel::save: the metadata key '", key,
              "' is one the checkpoint writes itself; name it otherwise");
+  optim::write_scaler_state(scaler, meta);
   meta.insert(extra.begin(), extra.end());
   std::filesystem::create_directories(dir);
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -120,7 +150,9 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra) {
     });
   }
   save_safetensors(rank_file(dir, r, group_.size()), tensors, meta);
-  group_.barrier();  // every rank's file exists when save returns
+  group_.barrier();  // every rank's file exists: an earlier save of another N is superseded
+  if (r == 0) remove_other_saves(dir, group_.size());
+  group_.barrier();  // and is gone when save returns
 }
 
 namespace {
@@ -134,10 +166,11 @@ struct LoadPlan {
   std::map<std::string, std::vector<Piece>> pieces;  // key: role/parameter, sorted by begin
   int64_t step = 0;
   uint64_t seed = 0, offset = 0;
+  std::optional<optim::ScalerState> scaler;
 };
 
 LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<ShardedModel::Unit>>& units, int r,
-                   int stage) {
+                   int stage, const optim::GradScaler* scaler) {
   constexpr const char* who = "ShardedModel::load";
   LoadPlan plan;
   // The files of one save: rank-R-of-N for every R < N.
@@ -166,6 +199,16 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
     ZG_CHECK(q == 0 || step == plan.step, who, ": ", path, " was saved at step ", step, ", ",
              plan.files.front()->path(), " at step ", plan.step, ": the files come from different saves");
     plan.step = step;
+    // One save's files share its id and loss scale (older files have neither).
+    for (const char* key : {"save_id", "loss_scale", "loss_scale_good_steps"}) {
+      const auto value = [&](const SafetensorsFile& f) {
+        const auto it = f.metadata().find(key);
+        return it == f.metadata().end() ? std::string("(none)") : it->second;
+      };
+      ZG_CHECK(value(*plan.files.back()) == value(*plan.files.front()), who, ": ", path, " has ", key, " ",
+               value(*plan.files.back()), ", ", plan.files.front()->path(), " has ", value(*plan.files.front()),
+               ": the files come from different saves");
+    }
     // Every rank checks every file's generator state: all ranks accept the same files.
     metadata_number<uint64_t>(meta, "rng_seed", path, who);
     metadata_number<uint64_t>(meta, "rng_offset", path, who);
@@ -173,6 +216,7 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
   const SafetensorsFile& mine = *plan.files[std::min(r, old_size - 1)];
   plan.seed = metadata_number<uint64_t>(mine.metadata(), "rng_seed", mine.path(), who);
   plan.offset = metadata_number<uint64_t>(mine.metadata(), "rng_offset", mine.path(), who);
+  plan.scaler = optim::read_scaler_state(plan.files.front()->metadata(), scaler, plan.files.front()->path(), who);
 
   // The model's parameters by name, to check every piece against.
   std::map<std::string, const optim::FlatParameters::Entry*> parameters;
@@ -232,19 +276,16 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
 
 // Each rank plans its part; then all ranks agree, so that either every rank loads or
 // none does -- a rank whose range is not covered must not leave the others loaded.
-Metadata ShardedModel::load(const std::string& dir) {
+Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
   LoadPlan plan;
   std::string problem;
   try {
-    plan = plan_load(dir, units_, group_.rank(), config_.stage);
-  } catch (const Error& e) {
+    plan = plan_load(dir, units_, group_.rank(), config_.stage, scaler);
+  } catch (const std::exception& e) {  // a std::filesystem error too: the other ranks must hear of it
     problem = e.what();
   }
-  const Device device = units_.front()->master.device();
-  Tensor failures = full({1}, problem.empty() ? 0.0 : 1.0,
-                         TensorOptions(DType::f32).device(device.type == DeviceType::meta ? kCPU : device));
-  if (!group_.accepts(failures.device())) failures = failures.to(kCPU);  // mpi: host tensors only
+  const Tensor failures = agreement_scalar(group_, units_.front()->master.device(), problem.empty() ? 0.0 : 1.0);
   group_.all_reduce(failures, ReduceKind::sum);
   if (!problem.empty()) throw Error(problem + " (nothing was loaded, on any rank)");
   const double failed = failures.item<double>();
@@ -266,6 +307,7 @@ Metadata ShardedModel::load(const std::string& dir) {
     });
   }
   step_ = plan.step;
+  if (plan.scaler) scaler->set_scale(plan.scaler->scale, plan.scaler->good_steps);
   Generator& gen = Context::current().generator();
   gen.manual_seed(plan.seed);
   gen.set_offset(plan.offset);

@@ -111,8 +111,15 @@ class ShardedModel final : public ParameterOwner {
   // `dir/rank-R-of-N.safetensors` with the parts of each parameter's master weights and
   // Adam m, v that the rank owns, named by parameter and element offset, so load() works
   // at any world size and stage: each rank reads the pieces that overlap what it owns now.
-  void save(const std::string& dir, const Metadata& extra = {});
-  Metadata load(const std::string& dir);
+  //  - A save replaces the checkpoint in `dir`, whatever its world size: once every rank
+  //    has written its file, rank 0 removes the files of an earlier save of another N.
+  //  - The files of one save share an id: load() refuses files of different saves.
+  //  - With a GradScaler, its scale and count are saved, and loaded into an enabled
+  //    scaler (as optim::save_checkpoint and load_checkpoint).
+  //  - The generator state is saved per rank; at a larger world size, the ranks the save
+  //    did not have take the last saved rank's (reseed them if they need streams apart).
+  void save(const std::string& dir, const Metadata& extra = {}, const optim::GradScaler* scaler = nullptr);
+  Metadata load(const std::string& dir, optim::GradScaler* scaler = nullptr);
   // One safetensors file of the full f32 weights by parameter name, written by rank 0.
   void export_consolidated(const std::string& path);
   int64_t num_parameters() const;  // Ψ, without padding

@@ -55,11 +55,25 @@ void save_checkpoint(const std::string& path, const FlatParameters& params, cons
   meta["compute_dtype"] = name(params.compute_dtype());
   meta["rng_seed"] = std::to_string(gen.seed());
   meta["rng_offset"] = std::to_string(gen.offset());
-  if (scaler && scaler->enabled()) {  // a disabled scaler has no state (PyTorch: an empty state_dict)
-    meta["loss_scale"] = exact(scaler->scale_factor());
-    meta["loss_scale_good_steps"] = std::to_string(scaler->good_steps());
-  }
+  write_scaler_state(scaler, meta);
   save_safetensors(path, tensors, meta);
+}
+
+void write_scaler_state(const GradScaler* scaler, Metadata& meta) {
+  if (!scaler || !scaler->enabled()) return;
+  meta["loss_scale"] = exact(scaler->scale_factor());
+  meta["loss_scale_good_steps"] = std::to_string(scaler->good_steps());
+}
+
+std::optional<ScalerState> read_scaler_state(const Metadata& meta, const GradScaler* scaler, const std::string& path,
+                                             const char* who) {
+  if (!scaler || !scaler->enabled() || !meta.count("loss_scale")) return std::nullopt;
+  const ScalerState state{metadata_number<double>(meta, "loss_scale", path, who),
+                          metadata_number<int64_t>(meta, "loss_scale_good_steps", path, who)};
+  ZG_CHECK(GradScaler::is_valid_scale(state.scale) && state.good_steps >= 0, who, ": ", path,
+           ": metadata loss_scale = ", state.scale, " and loss_scale_good_steps = ", state.good_steps,
+           " are not a valid scale and a count");
+  return state;
 }
 
 Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW& adamw, GradScaler* scaler) {
@@ -73,15 +87,7 @@ Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW&
   const auto step = metadata_number<int64_t>(meta, "step", path, "load_checkpoint");
   ZG_CHECK(step >= 0 && step < INT64_MAX, "load_checkpoint: ", path, ": metadata 'step' = ", step,
            " is not a count of updates that can go on");
-  // Into a disabled scaler nothing loads; an enabled one keeps its own state when the
-  // file has none (saved without a scaler, or with a disabled one: an f32 run's scale 1).
-  const bool has_scale = scaler && scaler->enabled() && meta.count("loss_scale");
-  const double loss_scale = has_scale ? metadata_number<double>(meta, "loss_scale", path, "load_checkpoint") : 1.0;
-  const int64_t good_steps =
-      has_scale ? metadata_number<int64_t>(meta, "loss_scale_good_steps", path, "load_checkpoint") : 0;
-  ZG_CHECK(GradScaler::is_valid_scale(loss_scale) && good_steps >= 0, "load_checkpoint: ", path,
-           ": metadata loss_scale = ", loss_scale, " and loss_scale_good_steps = ", good_steps,
-           " are not a valid scale and a count");
+  const std::optional<ScalerState> scaler_state = read_scaler_state(meta, scaler, path, "load_checkpoint");
   const auto seed = metadata_number<uint64_t>(meta, "rng_seed", path, "load_checkpoint");
   const auto offset = metadata_number<uint64_t>(meta, "rng_offset", path, "load_checkpoint");
   const std::vector<Slot> slots = checkpoint_slots(params, adamw);
@@ -100,7 +106,7 @@ Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW&
   for (const Slot& slot : slots) file.read_into(slot.name, slot.view);
   params.sync_compute_from_master();
   adamw.set_steps(step);
-  if (has_scale) scaler->set_scale(loss_scale, good_steps);
+  if (scaler_state) scaler->set_scale(scaler_state->scale, scaler_state->good_steps);
   Generator& gen = Context::current().generator();
   gen.manual_seed(seed);
   gen.set_offset(offset);

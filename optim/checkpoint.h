@@ -11,6 +11,7 @@
 // loads whatever the packing (the dist layer reshards from it).
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "optim/adamw.h"
@@ -25,5 +26,19 @@ void save_checkpoint(const std::string& path, const FlatParameters& params, cons
 // the current context's Philox state. Returns the metadata (with the caller's entries).
 Metadata load_checkpoint(const std::string& path, FlatParameters& params, AdamW& adamw,
                          GradScaler* scaler = nullptr);
+
+// A GradScaler's state in checkpoint metadata ("loss_scale", "loss_scale_good_steps"),
+// shared with dist's sharded checkpoints. Written for an enabled scaler only (a disabled
+// one has no state: PyTorch's empty state_dict).
+void write_scaler_state(const GradScaler* scaler, Metadata& meta);
+// The state to give `scaler` from `meta`, parsed and checked (errors name `who` and
+// `path`) before anything changes; nullopt where nothing loads: no scaler, a disabled
+// one, or a file without a scale (an enabled scaler then keeps its own).
+struct ScalerState {
+  double scale;
+  int64_t good_steps;
+};
+std::optional<ScalerState> read_scaler_state(const Metadata& meta, const GradScaler* scaler, const std::string& path,
+                                             const char* who);
 
 }  // namespace zg::optim

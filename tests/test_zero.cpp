@@ -444,6 +444,8 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
   };
   const std::vector<Damage> damages = {
       {"another save's step", same, [](Metadata& m) { m["step"] = "7"; }, "the files come from different saves"},
+      // Two saves at one step (a rank's save that failed part-way, say) loaded as one.
+      {"another save's id", same, [](Metadata& m) { m["save_id"] = "1"; }, "has 1: the files come from different saves"},
       {"a step that is not a number", same, [](Metadata& m) { m["step"] = "x"; }, "metadata 'step' = 'x' is not an integer"},
       {"a negative seed", same, [](Metadata& m) { m["rng_seed"] = "-1"; }, "is not a non-negative integer"},
       {"the wrong rank", same, [](Metadata& m) { m["rank"] = "1"; }, "says it is rank 1 of 2"},
@@ -478,6 +480,51 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
       std::erase_if(m, [](const auto& entry) { return entry.first.starts_with("shape/"); });
     });
   CHECK_NOTHROW(attempt(vocab));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a sharded checkpoint keeps the GradScaler's state and replaces an earlier save of another world size") {
+  // Before (found by fuzzing): the scale was not saved, so a resumed f16 run started again
+  // at its initial scale and skipped steps the uninterrupted run took; and a save at N = 2
+  // into a directory holding one at N = 4 returned normally but left it unloadable.
+  const std::string dir = "/tmp/zg_test_sharded_scaler_" + std::to_string(::getpid());
+  const auto rank_files = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto run = [&](int n, const std::function<void(dist::ShardedModel&)>& fn) {
+    dist::run_local(n, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 2, .compute_dtype = DType::f16});
+      fn(sharded);
+    });
+  };
+  run(4, [&](dist::ShardedModel& sharded) { sharded.save(dir); });
+  CHECK(rank_files().size() == 4);
+  run(2, [&](dist::ShardedModel& sharded) {
+    optim::GradScaler scaler;
+    scaler.set_scale(1234.0, 3);
+    sharded.save(dir, {}, &scaler);
+  });
+  CHECK(rank_files() == std::vector<std::string>{"rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors"});
+  run(2, [&](dist::ShardedModel& sharded) {
+    optim::GradScaler scaler({.init_scale = 8.0}), disabled({.enabled = false});
+    sharded.load(dir, &scaler);
+    CHECK(scaler.scale_factor() == 1234.0);
+    CHECK(scaler.good_steps() == 3);
+    sharded.load(dir, &disabled);  // a disabled scaler has no state to load
+    CHECK(disabled.scale_factor() == 1.0);
+  });
+  run(4, [&](dist::ShardedModel& sharded) {  // saved without a scaler: an enabled one keeps its own
+    sharded.save(dir);
+    optim::GradScaler scaler({.init_scale = 8.0});
+    sharded.load(dir, &scaler);
+    CHECK(scaler.scale_factor() == 8.0);
+  });
+  CHECK(rank_files().size() == 4);
   std::filesystem::remove_all(dir);
 }
 
