@@ -35,7 +35,13 @@ int valid_world_size(int size) {
 }  // namespace
 
 LocalHub::LocalHub(int size, std::chrono::milliseconds timeout)
-    : size_(valid_world_size(size)), timeout_(timeout), posted_(size), calls_made_(size, 0), departed_(size, false) {}
+    : size_(valid_world_size(size)), timeout_(checked_timeout("local group", timeout)), posted_(size),
+      calls_made_(size, 0), departed_(size, false) {}
+
+std::string LocalHub::failure() {
+  std::lock_guard lock(mutex_);
+  return aborted_ ? abort_reason_ : std::string();
+}
 
 void LocalHub::depart(int rank) {
   std::lock_guard lock(mutex_);
@@ -264,6 +270,8 @@ void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, Loc
   for (auto& t : threads) t.join();
   for (int r = 0; r < world_size; ++r)
     if (root_cause[r]) throw Error("rank " + std::to_string(r) + ": " + errors[r]);
+  // Every rank returned, but a collective that none waited for failed (a mismatch).
+  if (const std::string failure = hub->failure(); !failure.empty()) throw Error(failure);
 }
 
 }  // namespace zg::dist

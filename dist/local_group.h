@@ -42,6 +42,9 @@ class LocalHub {
   void leave(int rank);
   // This rank has returned from its function: a rank still waiting for it fails at once.
   void depart(int rank);
+  // Why the group failed, or "" -- also where no rank saw it: a collective issued
+  // asynchronously and never waited for.
+  std::string failure();
 
  private:
   // Waits until every rank arrives. The last to arrive runs `check` (all others are
@@ -85,7 +88,8 @@ struct LocalRunOptions {
 
 // Runs fn on `world_size` threads, rank r with its own Context(r) made current and a
 // LocalGroup. If any rank throws, the others are woken (or time out), and the first
-// failure -- not the aborts it caused -- is rethrown as "rank r: ...".
+// failure -- not the aborts it caused -- is rethrown as "rank r: ...". A failed collective
+// that no rank waited for is rethrown once every rank has returned.
 void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, LocalRunOptions options = {});
 
 }  // namespace zg::dist

@@ -240,12 +240,10 @@ NcclGroup::NcclGroup(const NcclId& id, int rank, int size, Device device, Proces
   static_assert(sizeof(ncclUniqueId) == std::tuple_size_v<NcclId>);
   ncclUniqueId nccl_id;
   std::memcpy(&nccl_id, id.data(), sizeof nccl_id);
-  ZG_CHECK(options.timeout.count() > 0, "nccl group: the timeout must be positive, got ", options.timeout.count(),
-           " ms");
   cuda::DeviceGuard guard(device.index);
   Communicator& c = *communicator_;
   c.device = device.index;
-  c.timeout = options.timeout;
+  c.timeout = checked_timeout("nccl group", options.timeout);
   if (const char* blocking = std::getenv("NCCL_COMM_BLOCKING"); blocking && std::string(blocking) != "0")
     std::fprintf(stderr, "zerograd: NCCL_COMM_BLOCKING=%s makes NCCL calls block again; the nccl group's timeouts "
                  "then cover only collectives already on the device\n", blocking);

@@ -215,6 +215,11 @@ WorkHandle HostGroup::issue(Collective c) {
 
 // ---- every group ----------------------------------------------------------------
 
+std::chrono::milliseconds checked_timeout(const char* group, std::chrono::milliseconds timeout) {
+  ZG_CHECK(timeout.count() > 0, group, ": the timeout must be positive, got ", timeout.count(), " ms");
+  return std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365 * 100));
+}
+
 WorkHandle ProcessGroup::submit(Collective c) {
   TraceRange range(name(c.op));
   c.tag = CollectiveTag::current();

@@ -27,6 +27,7 @@
 
 #include <array>
 #include <cstdint>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,6 +79,11 @@ class CollectiveTag {
  private:
   int64_t previous_;
 };
+
+// A group's collective timeout as it waits on it: positive (else zg::Error naming
+// `group`), and at most a century, so that now + timeout stays within the clock's range
+// (milliseconds::max(), meant as "never", timed out at once).
+std::chrono::milliseconds checked_timeout(const char* group, std::chrono::milliseconds timeout);
 
 // A collective in flight.
 class Work {

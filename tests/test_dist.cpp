@@ -152,6 +152,10 @@ TEST_CASE("an asynchronous collective's error is raised by wait()") {
                                        }),
                        doctest::Contains("rank 0 called all_reduce(f32[1] on cpu, sum), rank 1 called all_reduce(f32[2] on cpu, sum)"),
                        Error);
+  // Never waited for, it fails the run when every rank has returned (run_local reported success).
+  CHECK_THROWS_WITH_AS(dist::run_local(2, [](ProcessGroup& pg) { pg.all_reduce_async(zeros({pg.rank() + 1})); }),
+                       doctest::Contains("rank 0 called all_reduce(f32[1] on cpu, sum), rank 1 called all_reduce(f32[2] on cpu, sum)"),
+                       Error);
   dist::FakeGroup fake(0, 2);
   CHECK_THROWS_WITH_AS(fake.reduce_scatter_async(zeros({4}, kMeta), zeros({3}, kMeta)),
                        "reduce_scatter: input f32[4] on meta must be 1-D and world size (2) times output f32[3] on meta",
@@ -354,6 +358,16 @@ TEST_CASE("a rank still in a collective when the timeout ends says which ranks i
                            },
                            {200ms}),
                        "rank 0: local group: rank 0 timed out after 200 ms in barrier #0 waiting for rank(s) 1", Error);
+  // "Never" waits: milliseconds::max() overflowed the clock and timed out at once.
+  dist::run_local(
+      2,
+      [](ProcessGroup& pg) {
+        if (pg.rank() == 1) std::this_thread::sleep_for(200ms);
+        pg.barrier();
+      },
+      {std::chrono::milliseconds::max()});
+  CHECK_THROWS_WITH_AS(dist::run_local(2, [](ProcessGroup&) {}, {0ms}),
+                       "local group: the timeout must be positive, got 0 ms", Error);
 }
 
 }  // namespace zg::test
