@@ -296,9 +296,11 @@ nn::NamedTensors ShardedModel::gathered_master() {
   NoGradGuard no_grad;
   nn::NamedTensors out;
   for (auto& unit : units_) {
-    Tensor full = unit->master;
-    if (config_.stage >= 1) {
-      full = allocate({unit->padded}, unit->master.dtype(), unit->master.device(), MemoryCategory::other, false);
+    Tensor full =
+        allocate({unit->padded}, unit->master.dtype(), unit->master.device(), MemoryCategory::other, false);
+    if (config_.stage == 0) {
+      full.copy_(unit->master);  // each rank has it all
+    } else {
       CollectiveTag tag(unit->tag);
       group_.all_gather(unit->master, full);
     }

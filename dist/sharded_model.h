@@ -104,7 +104,8 @@ class ShardedModel final : public ParameterOwner {
   // then (stages 1, 2) all-gather of the updated compute weights.
   StepResult step(double lr, optim::GradScaler* scaler = nullptr);
 
-  // Every parameter's f32 master weights, gathered from all ranks (a collective).
+  // Every parameter's f32 master weights, gathered from all ranks (a collective): a
+  // copy, which later steps leave as it is.
   nn::NamedTensors gathered_master();
 
   // Sharded checkpoints (dist/sharded_checkpoint.cpp). save() writes, from every rank,

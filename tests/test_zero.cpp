@@ -528,6 +528,25 @@ TEST_CASE("a sharded checkpoint keeps the GradScaler's state and replaces an ear
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("gathered_master is a copy at every stage") {
+  // At stage 0 it returned views of the live master buffer, which the next step changed.
+  for (int stage = 0; stage <= 3; ++stage)
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::f32});
+      const nn::NamedTensors snapshot = sharded.gathered_master();
+      std::vector<Tensor> copies;
+      for (const auto& [name, t] : snapshot) copies.push_back(t.clone());
+      const auto [x, y] = global_batch(0);
+      sharded.prepare_forward();
+      model.forward(x, y).loss.backward();
+      sharded.step(1e-1);
+      for (size_t i = 0; i < copies.size(); ++i) CHECK(max(abs(snapshot[i].second - copies[i])).item<double>() == 0);
+      CHECK(max_difference(sharded.gathered_master(), snapshot) > 0);  // and the step did change the weights
+    });
+}
+
 TEST_CASE("a model outlives its ShardedModel: the hooks left behind do nothing") {
   dist::run_local(2, [](dist::ProcessGroup& pg) {
     manual_seed(1);
