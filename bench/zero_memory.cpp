@@ -219,6 +219,8 @@ int main(int argc, char** argv) {
     const Device device(device_arg);
     ZG_CHECK(group_arg == "auto" || group_arg == "local" || group_arg == "nccl",
              "zero_memory: --group must be auto, local or nccl, got '", group_arg, "'");
+    ZG_CHECK(device.type != DeviceType::meta || group_arg == "auto", "zero_memory: --device meta runs rank 0 of a "
+             "fake group (a dry run), not --group ", group_arg, "; leave --group out");
     bool use_nccl = false;
 #ifdef ZG_WITH_NCCL
     const bool enough_gpus = device.type == DeviceType::cuda && cuda::device_count() >= world;
