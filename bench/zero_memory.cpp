@@ -292,6 +292,15 @@ int main(int argc, char** argv) {
                   gb(r.parameter), gb(r.gradient), gb(r.optimizer_state),
                   gb(r.parameter + r.gradient + r.optimizer_state), gb(r.formula_states), gb(r.activation),
                   gb(r.communication), gb(r.peak_allocated), gb(r.sent_per_step), gb(r.formula_sent));
+    // Each unit's buffers are padded to a multiple of N: next to Ψ / N that is visible
+    // only when N is close to a unit's size.
+    double above = 0;
+    for (const Record& r : records)
+      above = std::max(above, static_cast<double>(r.parameter + r.gradient + r.optimizer_state) /
+                                      static_cast<double>(std::max<int64_t>(r.formula_states, 1)) - 1);
+    if (above > 0.01)
+      std::printf("\nmodel states are up to %.1f%% above the formula: each unit's buffers are padded to a multiple "
+                  "of N = %d\n", 100 * above, world);
   } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

@@ -123,6 +123,11 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --device cpu --model 7.5b --world-size 4 2>&1", status)
             .find("zero_memory: 4 ranks of the 7.5b model on the cpu need at least") != std::string::npos);
   CHECK(status != 0);
+  // Where padding to a multiple of N shows, the table says so (the figures looked wrong).
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --world-size 1000 --stage 3", status)
+            .find("above the formula: each unit's buffers are padded to a multiple of N = 1000") != std::string::npos);
+  CHECK(status == 0);
+  CHECK(table.find("above the formula") == std::string::npos);
   // A dry run is rank 0 of a fake group: --group local was ignored without a word.
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --device meta --group local 2>&1", status)
             .find("zero_memory: --device meta runs rank 0 of a fake group (a dry run), not --group local") !=
