@@ -92,11 +92,9 @@ void for_each_part(const ShardedModel::Unit& unit, const Owned& own, Fn fn) {
   }
 }
 
-// A one-element tensor holding `value` where `group` runs collectives: on the model's
-// device (meta: the CPU), or on the CPU for a group that takes host tensors only (mpi).
+// A one-element tensor holding `value` where the ranks agree (agreement_device).
 Tensor agreement_scalar(const ProcessGroup& group, Device model_device, double value) {
-  Tensor t = full({1}, value, TensorOptions(DType::f64).device(model_device.type == DeviceType::meta ? kCPU : model_device));
-  return group.accepts(t.device()) ? t : t.to(kCPU);
+  return full({1}, value, TensorOptions(DType::f64).device(agreement_device(group, model_device)));
 }
 
 // Removes the files of a save of another world size than `world_size` from `dir`.

@@ -34,6 +34,29 @@ Tensor allocate(const Shape& shape, DType dtype, Device device, MemoryCategory c
 
 }  // namespace
 
+Device agreement_device(const ProcessGroup& group, Device model_device) {
+  const Device on = model_device.type == DeviceType::meta ? kCPU : model_device;
+  return group.accepts(on) ? on : kCPU;
+}
+
+Agreement::Agreement(ProcessGroup& group, Device on, std::vector<std::pair<std::string, double>> values) {
+  std::vector<double> bounds;
+  for (auto& [name, value] : values) {
+    names_.push_back(std::move(name));
+    bounds.insert(bounds.end(), {value, -value});
+  }
+  bounds_ = tensor<double>(bounds).to(on);
+  work_ = group.all_reduce_async(bounds_, ReduceKind::max);
+}
+
+void Agreement::check(const std::string& who) {
+  work_->wait();
+  const std::vector<double> extremes = bounds_.to_vector<double>();
+  for (size_t i = 0; i < names_.size(); ++i)
+    ZG_CHECK(extremes[2 * i] == -extremes[2 * i + 1], who, " a different ", names_[i], " on some ranks (from ",
+             shortest(-extremes[2 * i + 1]), " to ", shortest(extremes[2 * i]), "); every rank must pass the same");
+}
+
 UnitPlan gpt_unit_plan(int64_t n_layer) {
   UnitPlan plan;
   for (int64_t i = 0; i < n_layer; ++i) plan.units.push_back("transformer.h." + std::to_string(i));
@@ -112,6 +135,24 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   // Collective tags: each unit's number, from 1; a ZeRO unit's one bucket has its unit's,
   // DDP's buckets numbers of their own after those (two buckets of one size would pair
   // silently between ranks that reduce them in different orders).
+  // The ranks' configs and models agree (a different weight decay or clipping norm made
+  // DDP replicas drift apart without a word), and rank 0's initial weights become every
+  // rank's in build_unit, as PyTorch DDP broadcasts its module states.
+  {
+    int64_t numel = 0;
+    for (const auto& unit : units_) numel += unit->numel;
+    const ZeroConfig& c = config_;
+    Agreement agree(group_, agreement_device(group_, units_.front()->entries.front().param.device()),
+                    {{"ZeroConfig::stage", c.stage}, {"ZeroConfig::compute_dtype", static_cast<double>(c.compute_dtype)},
+                     {"reduce dtype", static_cast<double>(reduce_dtype())},
+                     {"ZeroConfig::bucket_bytes", static_cast<double>(c.bucket_bytes)},
+                     {"ZeroConfig::prefetch", c.prefetch}, {"ZeroConfig::max_grad_norm", c.max_grad_norm},
+                     {"AdamWOptions::beta1", c.adamw.beta1}, {"AdamWOptions::beta2", c.adamw.beta2},
+                     {"AdamWOptions::eps", c.adamw.eps}, {"AdamWOptions::weight_decay", c.adamw.weight_decay},
+                     {"number of units", static_cast<double>(units_.size())},
+                     {"number of parameter elements", static_cast<double>(numel)}});
+    agree.check("ShardedModel: was built with");
+  }
   for (size_t u = 0; u < units_.size(); ++u) units_[u]->tag = static_cast<int64_t>(u) + 1;
   int64_t next_tag = static_cast<int64_t>(units_.size()) + 1;
   for (auto& unit : units_) {
@@ -142,9 +183,13 @@ void ShardedModel::build_unit(Unit& unit) {
   unit.shard = unit.padded / n;
   const auto my_slice = [&](const Tensor& full) { return full.narrow(0, r * unit.shard, unit.shard); };
 
-  // The initial weights, flat and padded with zeros, in the master dtype.
+  // The initial weights, flat and padded with zeros, in the master dtype: rank 0's.
   const Tensor values = allocate({unit.padded}, master_dtype, device, MemoryCategory::workspace, true);
   for (const auto& e : unit.entries) view_of(values, e).copy_(e.param);
+  {
+    CollectiveTag tag(unit.tag);
+    group_.broadcast(values, 0);
+  }
 
   if (stage < 3) {
     unit.compute_full = allocate({unit.padded}, compute, device, MemoryCategory::parameter, false);
@@ -227,30 +272,21 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
            "reduced across ranks; turn sync on (set_gradient_sync(true)) for the last micro-batch");
   finish_reductions();
   // Every rank must pass the same lr and loss scale (a rank-dependent schedule would make
-  // the replicas drift apart unnoticed). A max-reduction of [x, -x] gives every rank the
-  // largest and the smallest value of each -- the same figures on all, so all refuse
-  // together, before anything changes.
+  // the replicas drift apart unnoticed), agreed while the norm is computed.
   //   The global norm: each rank's share of the squared norm, summed on its device, then
   // across ranks. Both are read once (the step's one host wait: the scaler and StepResult
   // need the norm). The meta device has no values: a dry run counts bytes only.
-  const double loss_scale = scaler ? scaler->scale_factor() : 1.0;
   const Device device = units_.empty() ? kCPU : units_.front()->grad_shard.device();
   const bool dry_run = device.type == DeviceType::meta;
   const Device sum_on = dry_run ? kCPU : device;
-  const Device reduce_on = group_.accepts(sum_on) ? sum_on : kCPU;  // mpi: host tensors only
-  const Tensor bounds = tensor<double>({lr, -lr, loss_scale, -loss_scale}).to(reduce_on);
-  const WorkHandle agree = group_.all_reduce_async(bounds, ReduceKind::max);
+  const Device reduce_on = agreement_device(group_, device);
+  Agreement agree(group_, reduce_on, {{"lr", lr}, {"loss scale", scaler ? scaler->scale_factor() : 1.0}});
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(sum_on));
   if (!dry_run)
     for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard).to(DType::f64);
   norm_sq = norm_sq.to(reduce_on);
   group_.all_reduce(norm_sq, ReduceKind::sum);
-  agree->wait();
-  const std::vector<double> extremes = bounds.to_vector<double>();
-  for (const auto& [what, at] : {std::pair{"lr", 0}, std::pair{"loss scale", 2}})
-    ZG_CHECK(extremes[at] == -extremes[at + 1], "ShardedModel: step() was given a different ", what,
-             " on some ranks (from ", shortest(-extremes[at + 1]), " to ", shortest(extremes[at]),
-             "); every rank must pass the same");
+  agree.check("ShardedModel: step() was given");
   // What the gradients are multiplied by before use: 1 / loss scale, and for stage 1 the
   // 1 / N its summed reduction leaves to the step (gradient_reduction.cpp) -- folded into
   // the norm and the update, so no pass over the gradients takes the average.

@@ -81,7 +81,9 @@ struct StepResult {
 
 class ShardedModel final : public ParameterOwner {
  public:
-  // Every rank must pass the same model (same initial values: seed every rank alike).
+  // Every rank must pass a model of the same shape and the same config (checked: a
+  // collective); rank 0's initial weights become every rank's, as PyTorch DDP broadcasts
+  // its module states.
   // While it lives it is the parameters' ParameterOwner: the model's zero_grad() calls
   // this one's, and moving the parameters elsewhere (Module::to, load_state) is refused.
   // Destroyed, it leaves stages 0-2's parameters holding the compute weights; ZeRO-3's

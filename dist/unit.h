@@ -43,4 +43,25 @@ struct ShardedModel::Use {
   size_t ran = 0;              // modules of this use whose forward has run in this pass
 };
 
+// Where ShardedModel's small agreements between ranks run: on the model's device (meta,
+// which has no values: the CPU), or on the CPU for a group that takes host tensors only (mpi).
+Device agreement_device(const ProcessGroup& group, Device model_device);
+
+// Values every rank must give alike: different ones would make the replicas drift apart
+// unnoticed. A max-reduction of [x, -x] gives every rank the largest and the smallest of
+// each -- the same figures on all, so all refuse together, before anything changes.
+class Agreement {
+ public:
+  // Issues the reduction (asynchronous: other work may overlap it).
+  Agreement(ProcessGroup& group, Device on, std::vector<std::pair<std::string, double>> values);
+  // Waits, and throws "<who> a different <name> on some ranks (from <least> to <most>);
+  // every rank must pass the same" for the first value that differs.
+  void check(const std::string& who);
+
+ private:
+  std::vector<std::string> names_;
+  Tensor bounds_;
+  WorkHandle work_;
+};
+
 }  // namespace zg::dist

@@ -528,6 +528,32 @@ TEST_CASE("a sharded checkpoint keeps the GradScaler's state and replaces an ear
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("every rank starts from rank 0's weights, and ranks built with different settings are refused") {
+  // Before (found by fuzzing): ranks seeded apart trained a mix of their initial weights
+  // (ZeRO) or drifted apart (DDP), and a different weight decay or clipping norm per rank
+  // made DDP replicas drift apart, without a word.
+  for (int stage = 0; stage <= 3; ++stage)
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT reference(zero_config());
+      manual_seed(1 + pg.rank());
+      nn::GPT model(zero_config());
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::f32});
+      CHECK(max_difference(sharded.gathered_master(), reference.named_parameters()) == 0);
+    });
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [&](dist::ProcessGroup& pg) {
+                                         manual_seed(1);
+                                         nn::GPT model(zero_config());
+                                         dist::ShardedModel sharded(
+                                             model, dist::gpt_unit_plan(2), pg,
+                                             {.compute_dtype = DType::f32, .max_grad_norm = pg.rank() == 0 ? 0.0 : 1.0});
+                                       }),
+                       doctest::Contains("ShardedModel: was built with a different ZeroConfig::max_grad_norm on some "
+                                         "ranks (from 0 to 1); every rank must pass the same"),
+                       Error);
+}
+
 TEST_CASE("gathered_master is a copy at every stage") {
   // At stage 0 it returned views of the live master buffer, which the next step changed.
   for (int stage = 0; stage <= 3; ++stage)
