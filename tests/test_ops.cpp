@@ -638,6 +638,27 @@ TEST_CASE("packed_attention is split + scaled_dot_product_attention, forward and
                        Error);
 }
 
+TEST_CASE("matmul's gradients reach a transposed input in its own layout") {
+  // The tied LM head multiplies by wte^T: its gradient came back as a transposed view of
+  // x^T g, and the add into wte.grad read it with a stride of the vocabulary.
+  for (const Device device : devices()) {
+    const Tensor x = randn({6, 4}, TensorOptions(DType::f64).device(device)).set_requires_grad(true);
+    const Tensor w = randn({5, 4}, TensorOptions(DType::f64).device(device)).set_requires_grad(true);
+    bool contiguous_x = false, contiguous_w = false;
+    x.register_hook([&](const Tensor& g) { return contiguous_x = g.is_contiguous(), Tensor(); });
+    w.register_hook([&](const Tensor& g) { return contiguous_w = g.is_contiguous(), Tensor(); });
+    const Tensor g = randn({6, 5}, TensorOptions(DType::f64).device(device));
+    sum(matmul(x, w, false, true) * g).backward();
+    CHECK(contiguous_w);
+    CHECK(contiguous_x);
+    check_close(w.grad(), Host::of(matmul(g, x, true, false)), 1e-12, 1e-12, "dW = g^T x");
+    check_close(x.grad(), Host::of(matmul(g, w.detach())), 1e-12, 1e-12, "dx = g W");
+    const Tensor a = randn({4, 6}, TensorOptions(DType::f64).device(device)).set_requires_grad(true);  // a transposed on the left
+    sum(matmul(a, w, true, true) * g).backward();
+    check_close(a.grad(), Host::of(matmul(w.detach(), g, true, true)), 1e-12, 1e-12, "dA = (g W)^T");
+  }
+}
+
 TEST_CASE("layer_norm returns the statistics backward needs") {
   const Tensor x = tensor<float>({1, 2, 3, 4, 10, 10, 10, 10}, {2, 4});
   const LayerNormOutput r = layer_norm_with_stats(x, Tensor(), Tensor(), 1e-5);

@@ -19,6 +19,9 @@ Tensor blas_layout(const Tensor& m) {
   return row_major || col_major ? m : m.contiguous();
 }
 
+// A BLAS-ready matrix stored column by column: a transposed view.
+bool column_major(const Tensor& m) { return m.strides()[m.dim() - 2] == 1 && m.strides()[m.dim() - 1] != 1; }
+
 const DifferentiableOp kMatmul("matmul"), kLinear("linear");
 
 }  // namespace
@@ -50,9 +53,15 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   const Tensor b3 = blas_layout(b.expand(with_batch(k, n)).reshape({batches, k, n}));
   Tensor out = empty({batches, m, n}, detail::options_of(a));
   backend(a.device()).matmul(a3, b3, out);
-  // C = A B:  dA = dC B^T,  dB = A^T dC  (per batch; broadcast batches are summed by expand's backward)
+  // C = A B:  dA = dC B^T,  dB = A^T dC  (per batch; broadcast batches are summed by expand's backward).
+  // Each in its input's layout, as PyTorch's mm backward: for a column-major input (a
+  // transposed weight: the tied LM head's) the transposed product, (B dC^T)^T or
+  // (dC^T A)^T, so the gradient reaches the weight contiguous rather than as a strided view.
   out = differentiable(out, kMatmul, {a3, b3}, [a3 = SavedTensor(a3), b3 = SavedTensor(b3)](const Tensor& g) {
-    return std::vector<Tensor>{matmul(g, b3.get("matmul"), false, true), matmul(a3.get("matmul"), g, true, false)};
+    const Tensor A = a3.get("matmul"), B = b3.get("matmul");
+    return std::vector<Tensor>{
+        column_major(A) ? matmul(B, g, false, true).transpose(-1, -2) : matmul(g, B, false, true),
+        column_major(B) ? matmul(g, A, true, false).transpose(-1, -2) : matmul(A, g, true, false)};
   });
 
   Shape out_shape = with_batch(m, n);
