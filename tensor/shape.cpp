@@ -8,7 +8,7 @@ namespace zg {
 
 // A shape is valid only if the product of its non-zero sizes fits an int64: that product
 // bounds every contiguous stride and offset, even where a zero size makes it empty.
-int64_t numel(const Shape& shape) {
+int64_t numel(const Shape& shape, const char* op) {
   int64_t n = 1;
   bool empty = false;
   for (int64_t s : shape) {
@@ -16,7 +16,7 @@ int64_t numel(const Shape& shape) {
       empty = true;
       continue;
     }
-    ZG_CHECK(!__builtin_mul_overflow(n, s, &n), "shape ", shape_str(shape),
+    ZG_CHECK(!__builtin_mul_overflow(n, s, &n), op ? op : "", op ? ": " : "", "shape ", shape_str(shape),
              " has more elements than an int64 can count");
   }
   return empty ? 0 : n;

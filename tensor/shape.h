@@ -9,7 +9,8 @@ namespace zg {
 
 using Shape = std::vector<int64_t>;
 
-int64_t numel(const Shape& shape);
+// Throws zg::Error (naming `op` when given) where the count overflows int64.
+int64_t numel(const Shape& shape, const char* op = nullptr);
 Shape contiguous_strides(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 

@@ -295,7 +295,7 @@ Tensor Tensor::expand(const Shape& target) const {
     shape[i] = want;
     strides[i] = want == old ? this->strides()[i - lead] : 0;
   }
-  zg::numel(shape);  // throws for sizes whose element count overflows int64
+  zg::numel(shape, "expand");  // throws for sizes whose element count overflows int64
   const Tensor out = make_view(*this, shape, strides, offset());
   if (needs_grad({this}))
     record(out, kExpand, {*this}, [original = this->shape()](const Tensor& g) {
