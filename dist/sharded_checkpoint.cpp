@@ -92,11 +92,6 @@ void for_each_part(const ShardedModel::Unit& unit, const Owned& own, Fn fn) {
   }
 }
 
-// A one-element tensor holding `value` where the ranks agree (agreement_device).
-Tensor agreement_scalar(const ProcessGroup& group, Device model_device, double value) {
-  return full({1}, value, TensorOptions(DType::f64).device(agreement_device(group, model_device)));
-}
-
 // Removes the files of a save of another world size than `world_size` from `dir`.
 void remove_other_saves(const std::string& dir, int world_size) {
   std::error_code error;
@@ -119,7 +114,9 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   // The save's id, on every rank's file: rank 0's random draw of 53 bits (exact in an f64).
   std::random_device entropy;
   const uint64_t draw = (static_cast<uint64_t>(entropy()) << 32 | entropy()) >> 11;
-  const Tensor id = agreement_scalar(group_, units_.front()->master.device(), r == 0 ? static_cast<double>(draw) : 0.0);
+  const Device device = units_.front()->master.device();
+  const Tensor id = full({1}, r == 0 ? static_cast<double>(draw) : 0.0,
+                         TensorOptions(DType::f64).device(agreement_device(group_, device)));
   group_.broadcast(id, 0);
   Metadata meta = {{"format", kFormat},
                    {"save_id", std::to_string(static_cast<uint64_t>(id.item<double>()))},
@@ -132,10 +129,10 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
                    {"rng_offset", std::to_string(gen.offset())}};
   // The checkpoint's own keys would overwrite the caller's values. (shape/<parameter> keys
   // are refused whole: a rank writes only those of the parameters it owns, and every rank
-  // must refuse alike.)
+  // must refuse alike; the scaler's, with or without a scaler, for the same reason.)
   for (const auto& [key, value] : extra)
-    ZG_CHECK(!key.starts_with("shape/") && !meta.contains(key), "ShardedModel::save: the metadata key '", key,
-             "' is one the checkpoint writes itself; name it otherwise");
+    ZG_CHECK(!key.starts_with("shape/") && !key.starts_with("loss_scale") && !meta.contains(key),
+             "ShardedModel::save: the metadata key '", key, "' is one the checkpoint writes itself; name it otherwise");
   optim::write_scaler_state(scaler, meta);
   meta.insert(extra.begin(), extra.end());
   std::filesystem::create_directories(dir);
@@ -147,10 +144,12 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
       meta["shape/" + e.name] = shape_str(e.shape);
     });
   }
-  save_safetensors(rank_file(dir, r, group_.size()), tensors, meta);
-  group_.barrier();  // every rank's file exists: an earlier save of another N is superseded
-  if (r == 0) remove_other_saves(dir, group_.size());
-  group_.barrier();  // and is gone when save returns
+  all_or_none(group_, device, "ShardedModel::save", "the save in " + dir + " is incomplete",
+              [&] { save_safetensors(rank_file(dir, r, group_.size()), tensors, meta); });
+  // Every rank's file exists: an earlier save of another N is superseded, and gone when save returns.
+  all_or_none(group_, device, "ShardedModel::save", "files of an earlier save remain in " + dir, [&] {
+    if (r == 0) remove_other_saves(dir, group_.size());
+  });
 }
 
 namespace {
@@ -277,18 +276,8 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
 Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
   LoadPlan plan;
-  std::string problem;
-  try {
-    plan = plan_load(dir, units_, group_.rank(), config_.stage, scaler);
-  } catch (const std::exception& e) {  // a std::filesystem error too: the other ranks must hear of it
-    problem = e.what();
-  }
-  const Tensor failures = agreement_scalar(group_, units_.front()->master.device(), problem.empty() ? 0.0 : 1.0);
-  group_.all_reduce(failures, ReduceKind::sum);
-  if (!problem.empty()) throw Error(problem + " (nothing was loaded, on any rank)");
-  const double failed = failures.item<double>();
-  ZG_CHECK(failed == 0, "ShardedModel::load: ", failed, " other rank(s) could not load ", dir,
-           " (their errors say why); nothing was loaded, on any rank");
+  all_or_none(group_, units_.front()->master.device(), "ShardedModel::load", "nothing was loaded, on any rank",
+              [&] { plan = plan_load(dir, units_, group_.rank(), config_.stage, scaler); });
 
   // Everything checked, everywhere: now copy.
   const int r = group_.rank();
@@ -328,9 +317,11 @@ void ShardedModel::refresh_compute() {
 }
 
 void ShardedModel::export_consolidated(const std::string& path) {
-  const nn::NamedTensors weights = gathered_master();
-  if (group_.rank() == 0) save_safetensors(path, weights, {{"format", "zerograd-consolidated-1"}});
-  group_.barrier();
+  const nn::NamedTensors weights = gather_master(/*copy_local=*/false);  // stage 0: rank 0's own, no copy
+  all_or_none(group_, units_.front()->master.device(), "ShardedModel::export_consolidated",
+              path + " was not written", [&] {
+                if (group_.rank() == 0) save_safetensors(path, weights, {{"format", "zerograd-consolidated-1"}});
+              });
 }
 
 }  // namespace zg::dist

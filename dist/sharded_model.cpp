@@ -57,6 +57,23 @@ void Agreement::check(const std::string& who) {
              shortest(-extremes[2 * i + 1]), " to ", shortest(extremes[2 * i]), "); every rank must pass the same");
 }
 
+void all_or_none(ProcessGroup& group, Device device, const std::string& who, const std::string& consequence,
+                 const std::function<void()>& fn) {
+  std::string problem;
+  try {
+    fn();
+  } catch (const std::exception& e) {  // a std::filesystem error too
+    problem = e.what();
+  }
+  const Tensor failures =
+      full({1}, problem.empty() ? 0.0 : 1.0, TensorOptions(DType::f64).device(agreement_device(group, device)));
+  group.all_reduce(failures, ReduceKind::sum);
+  if (!problem.empty()) throw Error(consequence.empty() ? problem : problem + " (" + consequence + ")");
+  const double failed = failures.item<double>();
+  ZG_CHECK(failed == 0, who, ": ", failed, " other rank(s) failed (their errors say why)",
+           consequence.empty() ? "" : "; ", consequence);
+}
+
 UnitPlan gpt_unit_plan(int64_t n_layer) {
   UnitPlan plan;
   for (int64_t i = 0; i < n_layer; ++i) plan.units.push_back("transformer.h." + std::to_string(i));
@@ -67,6 +84,52 @@ UnitPlan gpt_unit_plan(int64_t n_layer) {
 
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config)
     : model_(model), group_(group), config_(config) {
+  const auto modules = model.named_modules();
+  // The checks and the plan, on each rank alone -- then every rank learns whether any
+  // failed, before the collectives below: a rank that threw here would never issue them.
+  const nn::NamedTensors parameters = model.named_parameters();
+  const Device device = parameters.empty() ? kCPU : parameters.front().second.device();
+  all_or_none(group_, device, "ShardedModel", "", [&] { plan_units(model, plan, modules); });
+  // The ranks' configs and models agree (a different weight decay or clipping norm made
+  // DDP replicas drift apart without a word), and rank 0's initial weights become every
+  // rank's in build_unit, as PyTorch DDP broadcasts its module states.
+  {
+    int64_t numel = 0;
+    for (const auto& unit : units_) numel += unit->numel;
+    const ZeroConfig& c = config_;
+    Agreement agree(group_, agreement_device(group_, device),
+                    {{"ZeroConfig::stage", c.stage}, {"ZeroConfig::compute_dtype", static_cast<double>(c.compute_dtype)},
+                     {"reduce dtype", static_cast<double>(reduce_dtype())},
+                     {"ZeroConfig::bucket_bytes", static_cast<double>(c.bucket_bytes)},
+                     {"ZeroConfig::prefetch", c.prefetch}, {"ZeroConfig::max_grad_norm", c.max_grad_norm},
+                     {"AdamWOptions::beta1", c.adamw.beta1}, {"AdamWOptions::beta2", c.adamw.beta2},
+                     {"AdamWOptions::eps", c.adamw.eps}, {"AdamWOptions::weight_decay", c.adamw.weight_decay},
+                     {"number of units", static_cast<double>(units_.size())},
+                     {"number of parameter elements", static_cast<double>(numel)}});
+    agree.check("ShardedModel: was built with");
+  }
+  // Collective tags: each unit's number, from 1; a ZeRO unit's one bucket has its unit's,
+  // DDP's buckets numbers of their own after those (two buckets of one size would pair
+  // silently between ranks that reduce them in different orders).
+  for (size_t u = 0; u < units_.size(); ++u) units_[u]->tag = static_cast<int64_t>(u) + 1;
+  int64_t next_tag = static_cast<int64_t>(units_.size()) + 1;
+  for (auto& unit : units_) {
+    build_unit(*unit);
+    plan_buckets(*unit);
+    for (Bucket& bucket : unit->buckets) bucket.tag = config_.stage == 0 ? next_tag++ : unit->tag;
+  }
+  for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
+  if (config_.stage == 3) hook_holders(modules);
+  for (auto& unit : units_)
+    for (const auto& e : unit->entries) own(e.param);
+}
+
+// The config checked, the model's parameters assigned to units (each unit's entries in
+// packing order), and for ZeRO-3 the plan's uses: all before any parameter moves, so a
+// refused plan leaves the model as it was.
+void ShardedModel::plan_units(nn::Module& model, const UnitPlan& plan,
+                              const std::vector<std::pair<std::string, nn::Module*>>& modules) {
+  const ZeroConfig& config = config_;  // (as given)
   ZG_CHECK(config.stage >= 0 && config.stage <= 3, "ShardedModel: stage must be 0, 1, 2 or 3, got ", config.stage);
   ZG_CHECK(is_floating(config.compute_dtype), "ShardedModel: compute dtype must be floating, got ",
            name(config.compute_dtype));
@@ -78,7 +141,6 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   optim::check_options(config.adamw);
   units_.push_back(std::make_unique<Unit>());
   units_[0]->name = "root";
-  const auto modules = model.named_modules();
   for (const std::string& path : plan.units) {
     for (const auto& unit : units_)
       ZG_CHECK(unit->name != path, "ShardedModel: the plan lists unit '", path, "' twice");
@@ -129,41 +191,7 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   if (units_[0]->entries.empty()) units_.erase(units_.begin());
   for (auto& unit : units_)
     ZG_CHECK(!unit->entries.empty(), "ShardedModel: unit '", unit->name, "' has no parameters");
-  // The whole plan is checked before any parameter moves into a flat buffer: a refused
-  // plan leaves the model as it was.
   if (config_.stage == 3) plan_uses(plan, modules);
-  // Collective tags: each unit's number, from 1; a ZeRO unit's one bucket has its unit's,
-  // DDP's buckets numbers of their own after those (two buckets of one size would pair
-  // silently between ranks that reduce them in different orders).
-  // The ranks' configs and models agree (a different weight decay or clipping norm made
-  // DDP replicas drift apart without a word), and rank 0's initial weights become every
-  // rank's in build_unit, as PyTorch DDP broadcasts its module states.
-  {
-    int64_t numel = 0;
-    for (const auto& unit : units_) numel += unit->numel;
-    const ZeroConfig& c = config_;
-    Agreement agree(group_, agreement_device(group_, units_.front()->entries.front().param.device()),
-                    {{"ZeroConfig::stage", c.stage}, {"ZeroConfig::compute_dtype", static_cast<double>(c.compute_dtype)},
-                     {"reduce dtype", static_cast<double>(reduce_dtype())},
-                     {"ZeroConfig::bucket_bytes", static_cast<double>(c.bucket_bytes)},
-                     {"ZeroConfig::prefetch", c.prefetch}, {"ZeroConfig::max_grad_norm", c.max_grad_norm},
-                     {"AdamWOptions::beta1", c.adamw.beta1}, {"AdamWOptions::beta2", c.adamw.beta2},
-                     {"AdamWOptions::eps", c.adamw.eps}, {"AdamWOptions::weight_decay", c.adamw.weight_decay},
-                     {"number of units", static_cast<double>(units_.size())},
-                     {"number of parameter elements", static_cast<double>(numel)}});
-    agree.check("ShardedModel: was built with");
-  }
-  for (size_t u = 0; u < units_.size(); ++u) units_[u]->tag = static_cast<int64_t>(u) + 1;
-  int64_t next_tag = static_cast<int64_t>(units_.size()) + 1;
-  for (auto& unit : units_) {
-    build_unit(*unit);
-    plan_buckets(*unit);
-    for (Bucket& bucket : unit->buckets) bucket.tag = config_.stage == 0 ? next_tag++ : unit->tag;
-  }
-  for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
-  if (config_.stage == 3) hook_holders(modules);
-  for (auto& unit : units_)
-    for (const auto& e : unit->entries) own(e.param);
 }
 
 ShardedModel::~ShardedModel() = default;
@@ -328,17 +356,21 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   return result;
 }
 
-nn::NamedTensors ShardedModel::gathered_master() {
+nn::NamedTensors ShardedModel::gathered_master() { return gather_master(/*copy_local=*/true); }
+
+nn::NamedTensors ShardedModel::gather_master(bool copy_local) {
   NoGradGuard no_grad;
   nn::NamedTensors out;
   for (auto& unit : units_) {
-    Tensor full =
-        allocate({unit->padded}, unit->master.dtype(), unit->master.device(), MemoryCategory::other, false);
-    if (config_.stage == 0) {
-      full.copy_(unit->master);  // each rank has it all
-    } else {
-      CollectiveTag tag(unit->tag);
-      group_.all_gather(unit->master, full);
+    Tensor full = unit->master;  // stage 0: each rank has it all
+    if (config_.stage > 0 || copy_local) {
+      full = allocate({unit->padded}, unit->master.dtype(), unit->master.device(), MemoryCategory::other, false);
+      if (config_.stage == 0) {
+        full.copy_(unit->master);
+      } else {
+        CollectiveTag tag(unit->tag);
+        group_.all_gather(unit->master, full);
+      }
     }
     for (const auto& e : unit->entries) out.emplace_back(e.name, view_of(full, e));
   }

@@ -81,9 +81,10 @@ struct StepResult {
 
 class ShardedModel final : public ParameterOwner {
  public:
-  // Every rank must pass a model of the same shape and the same config (checked: a
-  // collective); rank 0's initial weights become every rank's, as PyTorch DDP broadcasts
-  // its module states.
+  // Every rank must pass a model of the same shape and the same config (checked, as far
+  // as the number of units and elements: collectives, which every rank reaches even when
+  // another's plan is refused); rank 0's initial parameters become every rank's, as
+  // PyTorch DDP broadcasts its module states (buffers are left as they are).
   // While it lives it is the parameters' ParameterOwner: the model's zero_grad() calls
   // this one's, and moving the parameters elsewhere (Module::to, load_state) is refused.
   // Destroyed, it leaves stages 0-2's parameters holding the compute weights; ZeRO-3's
@@ -133,6 +134,10 @@ class ShardedModel final : public ParameterOwner {
   struct Use;
 
  private:
+  // Every parameter's master weights; at stage 0 without copy_local, views of the live ones.
+  nn::NamedTensors gather_master(bool copy_local);
+  void plan_units(nn::Module& model, const UnitPlan& plan,
+                  const std::vector<std::pair<std::string, nn::Module*>>& modules);
   void build_unit(Unit& unit);
   DType reduce_dtype() const { return config_.reduce_dtype.value_or(config_.compute_dtype); }
 

@@ -47,6 +47,13 @@ struct ShardedModel::Use {
 // which has no values: the CPU), or on the CPU for a group that takes host tensors only (mpi).
 Device agreement_device(const ProcessGroup& group, Device model_device);
 
+// Runs fn on this rank, then every rank learns whether it threw on any: where it did,
+// its error is rethrown (with " (<consequence>)" unless that is empty); elsewhere
+// "<who>: k other rank(s) failed (their errors say why); <consequence>". So no rank waits in a collective that another,
+// having thrown, will never issue.
+void all_or_none(ProcessGroup& group, Device device, const std::string& who, const std::string& consequence,
+                 const std::function<void()>& fn);
+
 // Values every rank must give alike: different ones would make the replicas drift apart
 // unnoticed. A max-reduction of [x, -x] gives every rank the largest and the smallest of
 // each -- the same figures on all, so all refuse together, before anything changes.

@@ -552,6 +552,24 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
                        doctest::Contains("ShardedModel: was built with a different ZeroConfig::max_grad_norm on some "
                                          "ranks (from 0 to 1); every rank must pass the same"),
                        Error);
+  // A rank whose own checks refuse its config still meets the others (else they would
+  // wait for it in the agreement until the group's timeout, or for ever under mpi).
+  std::string rank0_error;
+  CHECK_THROWS_AS(dist::run_local(2,
+                                       [&](dist::ProcessGroup& pg) {
+                                         manual_seed(1);
+                                         nn::GPT model(zero_config());
+                                         try {
+                                           dist::ShardedModel sharded(
+                                               model, dist::gpt_unit_plan(2), pg,
+                                               {.compute_dtype = DType::f32, .max_grad_norm = pg.rank() == 1 ? -1.0 : 0.0});
+                                         } catch (const Error& e) {
+                                           if (pg.rank() == 0) rank0_error = e.what();
+                                           throw;
+                                         }
+                                       }),
+                       Error);
+  CHECK(rank0_error == "ShardedModel: 1 other rank(s) failed (their errors say why)");
 }
 
 TEST_CASE("gathered_master is a copy at every stage") {
@@ -933,6 +951,9 @@ TEST_CASE("a unit of empty parameters steps like any other; save refuses metadat
       CHECK(sharded.step(1e-3).stepped);
       if (stage < 3) continue;
       // A caller's "step" was replaced by the checkpoint's, silently.
+      CHECK_THROWS_WITH_AS(sharded.save("/tmp/zg_test_reserved_keys", {{"loss_scale", "3"}}),
+                           doctest::Contains("the metadata key 'loss_scale' is one the checkpoint writes itself"),
+                           Error);  // without a scaler it was written, and loaded as one
       CHECK_THROWS_WITH_AS(sharded.save("/tmp/zg_test_reserved_keys", {{"step", "7"}}),
                            "ShardedModel::save: the metadata key 'step' is one the checkpoint writes itself; name it "
                            "otherwise",

@@ -197,14 +197,18 @@ Tensor bthd_like(const Tensor& t) {
 
 // S = q k^T * scale (masked above the diagonal when causal), P = softmax(S), out = P v.
 // q, k, v need unit stride in D for the fused kernel. Records nothing.
+// Where a fused kernel may take attention: 4-d operands off the CPU.
+bool fused_candidate(const Tensor& q) { return q.dim() == 4 && q.device().type != DeviceType::cpu; }
+
 AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                                    bool backward_follows) {
   NoGradGuard no_grad;
-  if (q.dim() == 4 && q.device().type != DeviceType::cpu) {
+  if (fused_candidate(q)) {
     AttentionForward a{bthd_like(q), empty({q.size(0), q.size(1), q.size(2)}, TensorOptions(DType::f32).device(q.device())),
                        true};
-    // Detached when no backward will be recorded: the backend then need not prepare one.
-    auto as_input = [&](const Tensor& t) { return backward_follows ? t : t.detach(); };
+    // The backend learns from requires_grad whether a backward will follow (it then
+    // checks it can run one): q, k, v may be views of an input that requires grad.
+    auto as_input = [&](const Tensor& t) { return t.detach().set_requires_grad(backward_follows); };
     if (backend(q.device()).attention(as_input(q), as_input(k), as_input(v), causal, scale, a.out, a.kept)) return a;
   }
   Tensor scores = matmul(q, k, false, true) * scale;
@@ -261,7 +265,10 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   ZG_CHECK(q_in.size(-1) == k_in.size(-1) && k_in.size(-2) == v_in.size(-2), name, ": q ", describe(q_in), ", k ",
            describe(k_in), " and v ", describe(v_in), " need q, k of one head size and k, v of one length");
   const double scale = 1.0 / std::sqrt(static_cast<double>(q_in.size(-1)));
-  auto unit_inner = [](const Tensor& t) { return t.strides().back() == 1 ? t : t.contiguous(); };
+  // The fused kernels read D with unit stride (the composed path takes any strides).
+  auto unit_inner = [&](const Tensor& t) {
+    return !fused_candidate(q_in) || t.strides().back() == 1 ? t : t.contiguous();
+  };
   const Tensor q = unit_inner(q_in), k = unit_inner(k_in), v = unit_inner(v_in);
   const AttentionForward a = attention_forward(q, k, v, causal, scale, needs_grad({&q, &k, &v}));
   // Fused, the op records its output's contiguous [B, T, H, D] buffer, kept for the backward.
