@@ -3,7 +3,6 @@
 // input to that form (with recorded views, so gradients find their way back).
 #include <array>
 #include <cmath>
-#include <optional>
 
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
@@ -195,11 +194,11 @@ Tensor bthd_like(const Tensor& t) {
   return empty({t.size(0), t.size(2), t.size(1), t.size(3)}, options_of(t)).transpose(1, 2);
 }
 
-// S = q k^T * scale (masked above the diagonal when causal), P = softmax(S), out = P v.
-// q, k, v need unit stride in D for the fused kernel. Records nothing.
 // Where a fused kernel may take attention: 4-d operands off the CPU.
 bool fused_candidate(const Tensor& q) { return q.dim() == 4 && q.device().type != DeviceType::cpu; }
 
+// S = q k^T * scale (masked above the diagonal when causal), P = softmax(S), out = P v.
+// q, k, v need unit stride in D for the fused kernel. Records nothing.
 AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                                    bool backward_follows) {
   NoGradGuard no_grad;
