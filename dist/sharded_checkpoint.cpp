@@ -92,17 +92,24 @@ void for_each_part(const ShardedModel::Unit& unit, const Owned& own, Fn fn) {
   }
 }
 
+// The rank-R-of-N.safetensors files in `dir`, each with its N.
+std::vector<std::pair<std::filesystem::path, int>> rank_files_in(const std::string& dir, const char* who) {
+  std::vector<std::pair<std::filesystem::path, int>> files;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error))
+    if (const int n = world_size_of(entry.path().filename().string()); n > 0) files.emplace_back(entry.path(), n);
+  ZG_CHECK(!error, who, ": cannot list ", dir, ": ", error.message());
+  return files;
+}
+
 // Removes the files of a save of another world size than `world_size` from `dir`.
 void remove_other_saves(const std::string& dir, int world_size) {
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    const int n = world_size_of(entry.path().filename().string());
-    if (n < 0 || n == world_size) continue;
-    std::filesystem::remove(entry.path(), error);
-    ZG_CHECK(!error, "ShardedModel::save: cannot remove ", entry.path().string(), " of an earlier save of ", n,
+  for (const auto& [path, n] : rank_files_in(dir, "ShardedModel::save")) {
+    std::error_code error;
+    if (n != world_size) std::filesystem::remove(path, error);
+    ZG_CHECK(!error, "ShardedModel::save: cannot remove ", path.string(), " of an earlier save of ", n,
              " ranks: ", error.message());
   }
-  ZG_CHECK(!error, "ShardedModel::save: cannot list ", dir, ": ", error.message());
 }
 
 }  // namespace
@@ -173,9 +180,7 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
   // The files of one save: rank-R-of-N for every R < N.
   int old_size = -1;
   ZG_CHECK(std::filesystem::is_directory(dir), who, ": ", dir, " is not a directory");
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    const int n = world_size_of(entry.path().filename().string());
-    if (n < 0) continue;
+  for (const auto& [path, n] : rank_files_in(dir, who)) {
     ZG_CHECK(old_size < 0 || old_size == n, who, ": ", dir, " mixes saves of ", old_size, " and ", n, " ranks");
     old_size = n;
   }

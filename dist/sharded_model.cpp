@@ -39,10 +39,10 @@ Device agreement_device(const ProcessGroup& group, Device model_device) {
   return group.accepts(on) ? on : kCPU;
 }
 
-Agreement::Agreement(ProcessGroup& group, Device on, std::vector<std::pair<std::string, double>> values) {
+Agreement::Agreement(ProcessGroup& group, Device on, std::initializer_list<std::pair<const char*, double>> values) {
   std::vector<double> bounds;
-  for (auto& [name, value] : values) {
-    names_.push_back(std::move(name));
+  for (const auto& [name, value] : values) {
+    names_.push_back(name);
     bounds.insert(bounds.end(), {value, -value});
   }
   bounds_ = tensor<double>(bounds).to(on);
@@ -89,7 +89,7 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   // failed, before the collectives below: a rank that threw here would never issue them.
   const nn::NamedTensors parameters = model.named_parameters();
   const Device device = parameters.empty() ? kCPU : parameters.front().second.device();
-  all_or_none(group_, device, "ShardedModel", "", [&] { plan_units(model, plan, modules); });
+  all_or_none(group_, device, "ShardedModel", "", [&] { plan_units(model, parameters, plan, modules); });
   // The ranks' configs and models agree (a different weight decay or clipping norm made
   // DDP replicas drift apart without a word), and rank 0's initial weights become every
   // rank's in build_unit, as PyTorch DDP broadcasts its module states.
@@ -127,18 +127,17 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
 // The config checked, the model's parameters assigned to units (each unit's entries in
 // packing order), and for ZeRO-3 the plan's uses: all before any parameter moves, so a
 // refused plan leaves the model as it was.
-void ShardedModel::plan_units(nn::Module& model, const UnitPlan& plan,
+void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan,
                               const std::vector<std::pair<std::string, nn::Module*>>& modules) {
-  const ZeroConfig& config = config_;  // (as given)
-  ZG_CHECK(config.stage >= 0 && config.stage <= 3, "ShardedModel: stage must be 0, 1, 2 or 3, got ", config.stage);
-  ZG_CHECK(is_floating(config.compute_dtype), "ShardedModel: compute dtype must be floating, got ",
-           name(config.compute_dtype));
+  ZG_CHECK(config_.stage >= 0 && config_.stage <= 3, "ShardedModel: stage must be 0, 1, 2 or 3, got ", config_.stage);
+  ZG_CHECK(is_floating(config_.compute_dtype), "ShardedModel: compute dtype must be floating, got ",
+           name(config_.compute_dtype));
   ZG_CHECK(is_floating(reduce_dtype()), "ShardedModel: reduce dtype must be floating, got ", name(reduce_dtype()));
-  ZG_CHECK(config.bucket_bytes > 0, "ShardedModel: bucket_bytes must be positive, got ", config.bucket_bytes);
-  ZG_CHECK(config.prefetch >= 0, "ShardedModel: prefetch must be >= 0, got ", config.prefetch);
-  ZG_CHECK(std::isfinite(config.max_grad_norm) && config.max_grad_norm >= 0,
-           "ShardedModel: max_grad_norm must be >= 0 and finite (0 disables clipping), got ", config.max_grad_norm);
-  optim::check_options(config.adamw);
+  ZG_CHECK(config_.bucket_bytes > 0, "ShardedModel: bucket_bytes must be positive, got ", config_.bucket_bytes);
+  ZG_CHECK(config_.prefetch >= 0, "ShardedModel: prefetch must be >= 0, got ", config_.prefetch);
+  ZG_CHECK(std::isfinite(config_.max_grad_norm) && config_.max_grad_norm >= 0,
+           "ShardedModel: max_grad_norm must be >= 0 and finite (0 disables clipping), got ", config_.max_grad_norm);
+  optim::check_options(config_.adamw);
   units_.push_back(std::make_unique<Unit>());
   units_[0]->name = "root";
   for (const std::string& path : plan.units) {
@@ -162,7 +161,6 @@ void ShardedModel::plan_units(nn::Module& model, const UnitPlan& plan,
     return owner;
   };
   std::vector<std::vector<std::pair<std::string, Tensor>>> members(units_.size());
-  const nn::NamedTensors parameters = model.named_parameters();
   optim::check_packable("ShardedModel", parameters);
   for (const auto& [name, p] : parameters) members[unit_of(name)].emplace_back(name, p);
   // A weight shared by modules of two units: at stage 3 a unit's weights exist only

@@ -136,7 +136,7 @@ class ShardedModel final : public ParameterOwner {
  private:
   // Every parameter's master weights; at stage 0 without copy_local, views of the live ones.
   nn::NamedTensors gather_master(bool copy_local);
-  void plan_units(nn::Module& model, const UnitPlan& plan,
+  void plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan,
                   const std::vector<std::pair<std::string, nn::Module*>>& modules);
   void build_unit(Unit& unit);
   DType reduce_dtype() const { return config_.reduce_dtype.value_or(config_.compute_dtype); }
