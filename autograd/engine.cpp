@@ -11,6 +11,7 @@
 #include <deque>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -29,6 +30,7 @@ thread_local std::vector<Node*> running_nodes;
 // queue_backward_callback's, run when the outermost pass ends.
 thread_local std::vector<std::function<void()>> end_of_pass_callbacks;
 thread_local bool outermost_retains_graph = false;  // the outermost pass's retain_graph
+thread_local bool formula_is_last_use = false;      // last_use_of_saved_tensors()
 
 // A formula's gradient for input i, held to what that input was when the op recorded
 // it (as PyTorch's validate_outputs): a gradient of a shape the input broadcasts to is
@@ -112,11 +114,20 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
         grad = run_tensor_hooks(node->pre_hooks, std::move(grad), "the output of " + node->name());
       keep_retained_grad(*node, grad);
       TraceRange range(node->name());  // nested in "backward" on a profiler's timeline
-      input_grads = node->apply(grad);
-      // Its saved tensors go now, not at the end of the pass (as PyTorch): a layer's
-      // activations are freed as its backward finishes, so the peak stays at the forward's.
+      // Its saved tensors go as soon as it has run, not at the end of the pass (as
+      // PyTorch): a layer's activations are freed as its backward finishes, so the peak
+      // stays at the forward's. Its formula may then write over them (get_for_overwrite).
       if (node->reenters_graph) --reentrant_left;
-      if (!retain_graph && (reentrant_left == 0 || node->sequence_nr() >= newest_reentrant)) node->release();
+      const bool frees_saved = !retain_graph && (reentrant_left == 0 || node->sequence_nr() >= newest_reentrant);
+      {
+        const bool outer = std::exchange(formula_is_last_use, frees_saved);  // a nested pass sets its own
+        struct Restore {
+          bool value;
+          ~Restore() { formula_is_last_use = value; }
+        } restore{outer};
+        input_grads = node->apply(grad);
+      }
+      if (frees_saved) node->release();
     }
     const auto& edges = node->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) {
@@ -158,6 +169,8 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
 }  // namespace
 
 bool backward_in_progress() { return backward_depth > 0; }
+
+bool last_use_of_saved_tensors() { return formula_is_last_use; }
 
 void queue_backward_callback(std::function<void()> fn) {
   ZG_CHECK(backward_depth > 0, "queue_backward_callback: called outside a backward pass");

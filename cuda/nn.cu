@@ -239,6 +239,8 @@ __global__ void cross_entropy_kernel(const T* logits, const I* target, Loss* los
 // the row is read once and written once, and the [N, C] probabilities never exist:
 //   dx_j = g (exp(x_j - lse) - [j == t]),   dx = 0 on ignored rows.
 // (A target out of range was reported by the forward; such rows get NaN here.)
+// grad_logits may be logits itself: every thread reads x[t] (and the row's stats) before
+// a barrier, and each then writes only the elements it read.
 template <class T, class I, class Loss>
 __global__ void cross_entropy_backward_kernel(const T* logits, const I* target, const Loss* loss,
                                               const Loss* grad_loss, T* grad_logits, int64_t rows, int64_t classes,
@@ -259,6 +261,7 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const I* target, 
     // inf), read the row again: the branch is the same for the whole block, which row_lse needs.
     if (valid && !(isfinite(target_logit) && fabs(loss_row) <= Backend::kCrossEntropyLossUsable))
       lse = row_lse(x, classes);
+    __syncthreads();  // x[t] is read by all before the thread owning j = t overwrites it
     for (int64_t j = threadIdx.x; j < classes; j += kThreads)
       dx[j] = convert<T>(g * (exp(lse.shifted(load(x, j))) - (j == t ? 1.0 : 0.0)));
   }

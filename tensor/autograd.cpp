@@ -38,6 +38,17 @@ Tensor SavedTensor::get(const std::string& op) const {
   return tensor_;
 }
 
+Tensor SavedTensor::get_for_overwrite(const std::string& op) const {
+  const Tensor t = get(op);
+  // The saved tensor's own handles are tensor_ and `t`; any other handle (a gradient a
+  // formula returned), view or saved copy of the storage holds one more reference. The
+  // library keeps no weak reference to a detached tensor or its storage, so none appears meanwhile.
+  if (!t.defined() || !last_use_of_saved_tensors() || t.use_count() != 2 || t.storage().use_count() != 1)
+    return {};
+  t.storage()->bump_version();
+  return t;
+}
+
 std::vector<Tensor> Node::apply(const Tensor& grad) {
   ZG_CHECK(backward_ != nullptr, "backward: the graph through ", name_,
            " was freed by an earlier backward(); pass retain_graph=true to go through it twice");

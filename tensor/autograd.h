@@ -52,6 +52,11 @@ void begin_inplace(const Tensor& t, const char* op);
 // recompute, whose forward hooks then know they are not in the first forward).
 bool backward_in_progress();
 
+// True while a node's formula runs whose saved tensors the engine frees as soon as it
+// returns: a pass without retain_graph, with no checkpoint recompute left that could
+// reach the node. Such a formula is their last reader.
+bool last_use_of_saved_tensors();
+
 // Runs `fn` once the backward pass this thread is in has run its last node (the
 // outermost pass, when checkpoint recomputes nest), in the grad mode and memory
 // category of the caller of backward(), as PyTorch's queue_callback: DDP and ZeRO
@@ -70,6 +75,12 @@ class SavedTensor {
       : tensor_(t.defined() ? t.detach() : t), version_(t.defined() ? t.storage()->version() : 0) {}
   // The tensor; throws if it was modified in place since it was saved.
   Tensor get(const std::string& op) const;
+  // The tensor, for a formula that writes its result over it (cross_entropy's gradient
+  // over the logits, as llm.c does: no second buffer the size of the largest activation),
+  // or undefined -- and the formula allocates -- unless no one can read it again: this
+  // saved tensor holds the only reference to its storage, and the running node's saved
+  // tensors are freed as soon as its formula returns (last_use_of_saved_tensors).
+  Tensor get_for_overwrite(const std::string& op) const;
 
  private:
   Tensor tensor_;

@@ -165,7 +165,9 @@ class Backend {
   // f32 rounding error would sit in every probability's exponent): then from the row again.
   //   grad_logits[i, :] = grad_loss[i] (exp(logits[i, :] - lse_i) - onehot(target[i])),
   // and 0 on rows whose target is ignore_index. loss, grad_loss [N] in the loss dtype;
-  // grad_logits [N, C] contiguous in the logits' dtype.
+  // grad_logits [N, C] contiguous in the logits' dtype, and may be logits itself (the
+  // front-end writes the gradient over logits no one reads again): a row's reads of
+  // logits come before its writes.
   static constexpr double kCrossEntropyLossUsable = 1024;
   virtual void cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                                       const Tensor& loss, const Tensor& grad_loss, const Tensor& grad_logits) = 0;

@@ -70,6 +70,8 @@ class Tensor {
   int64_t nbytes() const;  // throws where a (broadcast) view spans more bytes than an int64 counts
   bool is_contiguous() const;
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  // How many Tensor handles share this one (as at::Tensor::use_count); views are other tensors.
+  int64_t use_count() const { return impl_.use_count(); }
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
   TensorImpl& impl() const;
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }

@@ -177,6 +177,44 @@ TEST_CASE("a node's saved tensors are freed as soon as it has run") {
   }
 }
 
+TEST_CASE("cross_entropy writes its gradient over logits that nothing else reads") {
+  // As llm.c: once the caller has dropped the logits, their buffer takes the gradient,
+  // and backward needs no second buffer the size of the largest activation. Logits the
+  // caller holds, or a graph it retains, keep theirs. The gradients are the same.
+  for (Device d : devices()) {
+    const Tensor x = randn({3, 8}, TensorOptions().device(d));
+    const Tensor w0 = randn({8, 700}, TensorOptions().device(d));  // more classes than a CUDA block has threads
+    const Tensor target = tensor<int64_t>({5, 699, 0}).to(d);
+    std::vector<float> reference;
+    for (const std::string use : {"held", "dropped", "retained"}) {
+      CAPTURE(use);
+      const Tensor w = leaf(w0.clone());
+      Tensor logits = matmul(x, w);
+      const void* logits_data = logits.data_ptr();
+      const void* grad_data = nullptr;
+      logits.register_hook([&](const Tensor& g) {
+        grad_data = g.data_ptr();
+        return Tensor();
+      });
+      const Tensor loss = cross_entropy(logits, target);
+      const Tensor held = use == "held" ? logits : Tensor();
+      const std::vector<float> before = logits.to_vector<float>();
+      logits = Tensor();
+      const bool retain = use == "retained";
+      loss.backward(Tensor(), retain);
+      CHECK((grad_data == logits_data) == (use == "dropped"));
+      if (held.defined()) CHECK(held.to_vector<float>() == before);
+      if (retain) {  // the second pass finds the logits as the first left them, and frees them
+        loss.backward();
+        CHECK(grad_data == logits_data);
+      }
+      const std::vector<float> grad = (retain ? w.grad() * 0.5 : w.grad()).to_vector<float>();
+      if (reference.empty()) reference = grad;
+      else CHECK(grad == reference);
+    }
+  }
+}
+
 TEST_CASE("retain_graph") {
   const Tensor x = leaf(tensor<double>({2}));
   const Tensor y = sum(exp(x));

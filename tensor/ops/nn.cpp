@@ -165,8 +165,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   losses = differentiable(losses, kCrossEntropy, {rows},
                           [rows = SavedTensor(rows), t = SavedTensor(flat_target), l = SavedTensor(losses),
                            ignore_index](const Tensor& g) {
-                            const Tensor x = rows.get("cross_entropy");
-                            Tensor dx = empty_like(x);
+                            // The gradient goes over the logits where nothing else reads them
+                            // (the caller dropped its handle): no second [N, C] buffer.
+                            const Tensor reusable = rows.get_for_overwrite("cross_entropy");
+                            const Tensor x = reusable.defined() ? reusable : rows.get("cross_entropy");
+                            Tensor dx = reusable.defined() ? reusable : empty_like(x);
                             backend(x.device()).cross_entropy_backward(x, t.get("cross_entropy").view({-1}),
                                                                        ignore_index, l.get("cross_entropy"),
                                                                        g.contiguous(), dx);
