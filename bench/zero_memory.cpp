@@ -123,7 +123,8 @@ Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch,
     sharded.prepare_forward();
     {
       MemoryScope scope(MemoryCategory::activation);
-      model.forward(x, y).loss.backward();
+      const Tensor loss = model.forward(x, y).loss;  // the logits go: backward writes their gradient over them
+      loss.backward();
     }
     // Model states after backward, before the step (what the formulas describe).
     const MemoryStats after_backward = context.memory_stats(device);

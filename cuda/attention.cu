@@ -49,7 +49,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <sstream>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -87,54 +86,10 @@ using Entry = AttentionGraphs::Entry;
 // Which tensor of a graph each pointer of a variant pack is for.
 enum Uid : int64_t { kQ = 1, kK, kV, kOut, kStats, kGradOut, kGradQ, kGradK, kGradV };
 
-template <class... Parts>
-std::string concat(const Parts&... parts) {
-  std::ostringstream message;
-  (message << ... << parts);
-  return message.str();
-}
-
 Entry declined(std::string why) {
   Entry entry;
   entry.unsupported = std::move(why);
   return entry;
-}
-
-// Why cuDNN's kernels cannot read `t`, or "": they move it with 16-byte vector loads
-// (TMA on Hopper), so D must have unit stride and the data and every other stride must
-// be 16-byte aligned -- positive multiples of 8 bf16 / f16 elements, nothing broadcast.
-// (A size-1 dim's stride addresses nothing and is not looked at.)
-std::string unreadable(const Tensor& t, const char* which) {
-  bool ok = t.strides()[3] == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  for (int64_t d = 0; d < 3; ++d) ok = ok && (t.size(d) == 1 || (t.strides()[d] > 0 && t.strides()[d] % 8 == 0));
-  if (ok) return "";
-  return concat(which, " ", describe(t), " with strides ", shape_str(t.strides()), " at ", t.data_ptr(),
-                " is not a layout cuDNN's attention kernels read: they need unit stride in D, other strides "
-                "positive multiples of 8 elements and 16-byte aligned data");
-}
-
-// Why no fused kernel takes these operands, from their dtypes, sizes and layouts alone,
-// or "": cuDNN's SDPA takes bf16 or f16, q, k, v of one batch and head count (no
-// broadcasting) and one head size D, a multiple of 8 up to 256 (some GPUs stop at 128,
-// which cuDNN says when building).
-std::string operands_unsupported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
-  const DType dtype = q.dtype();
-  if (dtype != DType::bf16 && dtype != DType::f16)
-    return concat("cuDNN's fused attention takes bf16 or f16, not ", name(dtype));
-  if (k.dtype() != dtype || v.dtype() != dtype) return concat("q, k, v differ in dtype: ", describe(q), ", ",
-                                                              describe(k), ", ", describe(v));
-  const int64_t head = q.size(3);
-  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || k.size(1) != q.size(1) || v.size(1) != q.size(1) ||
-      v.size(3) != head)
-    return concat("q ", describe(q), ", k ", describe(k), " and v ", describe(v),
-                  " do not share batch, heads and head size (the fused kernels do not broadcast)");
-  if (q.numel() == 0 || k.numel() == 0) return concat("empty attention: q ", describe(q), ", k ", describe(k));
-  if (head % 8 != 0 || head > 256)
-    return concat("head size ", head, ": cuDNN's fused attention takes multiples of 8 up to 256");
-  const std::pair<const Tensor*, const char*> operands[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}};
-  for (const auto& [t, which] : operands)
-    if (std::string why = unreadable(*t, which); !why.empty()) return why;
-  return "";
 }
 
 // A 4-d operand as cuDNN is told it. A size-1 dim's stride addresses nothing; it is set
@@ -342,7 +297,7 @@ Entry backward_graph_for(const Problem& p, const BackwardLayouts& b, Device devi
 
 // The forward graph for a call, or why none takes it.
 Entry forward_for(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, bool causal, double scale) {
-  if (std::string why = operands_unsupported(q, k, v, out); !why.empty()) return declined(std::move(why));
+  if (std::string why = flash_attention_unsupported(q, k, v, out); !why.empty()) return declined(std::move(why));
   // The front-end records a backward only when an input requires grad (tensor/autograd.h).
   const bool with_backward = q.requires_grad() || k.requires_grad() || v.requires_grad();
   return forward_graph_for(problem(q, k, v, causal, scale), layout_of(out), with_backward, q.device());
@@ -402,7 +357,7 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
   for (const auto& [t, like, which] : given) {
     ZG_CHECK(t->shape() == like->shape() && t->dtype() == like->dtype() && t->device() == like->device(),
              "attention_backward: ", which, " ", describe(*t), " does not match ", describe(*like));
-    const std::string why = unreadable(*t, which);
+    const std::string why = flash_attention_unreadable(*t, which);
     ZG_CHECK(why.empty(), "attention_backward: ", why);
   }
   const Problem p = problem(q, k, v, causal, scale);

@@ -53,6 +53,11 @@ class Block : public Module {
   std::shared_ptr<MLP> mlp;
 };
 
+// Keep only the loss for backward where the logits are not needed (`Tensor loss =
+// model.forward(x, y).loss;`, then `loss.backward()`): cross_entropy's backward then
+// writes the gradient over the logits, and no second [B, T, vocab] buffer is made. An
+// output held through backward (`model.forward(x, y).loss.backward()` holds its
+// temporary until the call returns) keeps its logits, and backward allocates.
 struct GPTOutput {
   Tensor logits;  // [B, T, vocab]
   Tensor loss;    // mean cross-entropy over targets != -1; undefined without targets

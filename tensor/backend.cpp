@@ -1,6 +1,8 @@
 #include "tensor/backend.h"
 
 #include <array>
+#include <cstdint>
+#include <utility>
 
 namespace zg {
 
@@ -23,6 +25,42 @@ void register_backend(DeviceType type, Backend* backend) { registry()[static_cas
 void Backend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                  const Tensor&, bool, double, const Tensor&, const Tensor&, const Tensor&) {
   throw Error("attention_backward: this backend has no fused attention (attention() returned false)");
+}
+
+// Why flash-attention kernels cannot read `t`, or "": cuDNN's move it with 16-byte vector loads
+// (TMA on Hopper), so D must have unit stride and the data and every other stride must
+// be 16-byte aligned -- positive multiples of 8 bf16 / f16 elements, nothing broadcast.
+// (A size-1 dim's stride addresses nothing and is not looked at.)
+std::string flash_attention_unreadable(const Tensor& t, const char* which) {
+  bool ok = t.strides()[3] == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  for (int64_t d = 0; d < 3; ++d) ok = ok && (t.size(d) == 1 || (t.strides()[d] > 0 && t.strides()[d] % 8 == 0));
+  if (ok) return "";
+  return concat(which, " ", describe(t), " with strides ", shape_str(t.strides()), " at ", t.data_ptr(),
+                " is not a layout cuDNN's attention kernels read: they need unit stride in D, other strides "
+                "positive multiples of 8 elements and 16-byte aligned data");
+}
+
+// cuDNN's SDPA takes bf16 or f16, q, k, v of one batch and head count (no
+// broadcasting) and one head size D, a multiple of 8 up to 256 (some GPUs stop at 128,
+// which cuDNN says when building).
+std::string flash_attention_unsupported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
+  const DType dtype = q.dtype();
+  if (dtype != DType::bf16 && dtype != DType::f16)
+    return concat("cuDNN's fused attention takes bf16 or f16, not ", name(dtype));
+  if (k.dtype() != dtype || v.dtype() != dtype) return concat("q, k, v differ in dtype: ", describe(q), ", ",
+                                                              describe(k), ", ", describe(v));
+  const int64_t head = q.size(3);
+  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || k.size(1) != q.size(1) || v.size(1) != q.size(1) ||
+      v.size(3) != head)
+    return concat("q ", describe(q), ", k ", describe(k), " and v ", describe(v),
+                  " do not share batch, heads and head size (the fused kernels do not broadcast)");
+  if (q.numel() == 0 || k.numel() == 0) return concat("empty attention: q ", describe(q), ", k ", describe(k));
+  if (head % 8 != 0 || head > 256)
+    return concat("head size ", head, ": cuDNN's fused attention takes multiples of 8 up to 256");
+  const std::pair<const Tensor*, const char*> operands[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}};
+  for (const auto& [t, which] : operands)
+    if (std::string why = flash_attention_unreadable(*t, which); !why.empty()) return why;
+  return "";
 }
 
 // pre = x W^T (+ bias broadcast over rows), written in place; out = act(pre).

@@ -195,6 +195,15 @@ class Backend {
                                   const Tensor& dq, const Tensor& dk, const Tensor& dv);
 };
 
+// What a flash-attention kernel (cuDNN's scaled-dot-product attention) takes, judged from
+// dtypes, sizes and layouts alone: why it cannot take q, k, v [B, H, T|S, D] and out, or
+// "". The CUDA backend asks this before it asks cuDNN; the meta backend's attention()
+// says yes exactly here, so a dry run's activation bytes are a GPU run's (the [B, H, T]
+// statistics kept for backward, not the [B, H, T, S] probabilities of the composed path).
+std::string flash_attention_unsupported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out);
+// Why such a kernel cannot read one operand `t` (named `which` in the reason), or "".
+std::string flash_attention_unreadable(const Tensor& t, const char* which);
+
 // The backend for a device. The CPU and meta backends are built in; the CUDA
 // backend registers itself when the library is built with CUDA.
 Backend& backend(Device device);

@@ -19,12 +19,18 @@ class OutOfMemory : public Error {
   using Error::Error;
 };
 
+// Streams every argument into one string: a message, or a reason kept for later.
+template <class... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream message;
+  (message << ... << parts);
+  return message.str();
+}
+
 // Streams every argument into one message and throws it as zg::Error.
 template <class... Parts>
 [[noreturn]] void fail(const Parts&... parts) {
-  std::ostringstream message;
-  (message << ... << parts);
-  throw Error(message.str());
+  throw Error(concat(parts...));
 }
 
 }  // namespace zg

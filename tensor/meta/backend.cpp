@@ -1,6 +1,7 @@
 // The meta backend: tensors with shapes, dtypes and counted bytes but no data.
 // Allocations are accounted exactly (so a memory plan for a 7.5B-parameter model
-// can be read on a laptop) and every kernel does nothing.
+// can be read on a laptop) and every kernel does nothing. Where the CPU and a GPU
+// differ in what they keep (fused attention), it does what a GPU does.
 #include "tensor/backend.h"
 
 namespace zg {
@@ -42,6 +43,14 @@ class MetaBackend final : public Backend {
   void cross_entropy(const Tensor&, const Tensor&, int64_t, const Tensor&) override {}
   void cross_entropy_backward(const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&,
                               const Tensor&) override {}
+  // Fused where a GPU's would be: a dry run stands for a GPU run, which keeps attention's
+  // row statistics for backward rather than its probabilities.
+  bool attention(const Tensor& q, const Tensor& k, const Tensor& v, bool, double, const Tensor& out,
+                 const Tensor&) override {
+    return flash_attention_unsupported(q, k, v, out).empty();
+  }
+  void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          bool, double, const Tensor&, const Tensor&, const Tensor&) override {}
 };
 
 }  // namespace
