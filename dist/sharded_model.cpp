@@ -39,7 +39,7 @@ Device agreement_device(const ProcessGroup& group, Device model_device) {
   return group.accepts(on) ? on : kCPU;
 }
 
-Agreement::Agreement(ProcessGroup& group, Device on, std::initializer_list<std::pair<const char*, double>> values) {
+Agreement::Agreement(ProcessGroup& group, Device on, const std::vector<std::pair<std::string, double>>& values) {
   std::vector<double> bounds;
   for (const auto& [name, value] : values) {
     names_.push_back(name);
@@ -94,8 +94,6 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   // DDP replicas drift apart without a word), and rank 0's initial weights become every
   // rank's in build_unit, as PyTorch DDP broadcasts its module states.
   {
-    int64_t numel = 0;
-    for (const auto& unit : units_) numel += unit->numel;
     const ZeroConfig& c = config_;
     Agreement agree(group_, agreement_device(group_, device),
                     {{"ZeroConfig::stage", c.stage}, {"ZeroConfig::compute_dtype", static_cast<double>(c.compute_dtype)},
@@ -104,9 +102,15 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
                      {"ZeroConfig::prefetch", c.prefetch}, {"ZeroConfig::max_grad_norm", c.max_grad_norm},
                      {"AdamWOptions::beta1", c.adamw.beta1}, {"AdamWOptions::beta2", c.adamw.beta2},
                      {"AdamWOptions::eps", c.adamw.eps}, {"AdamWOptions::weight_decay", c.adamw.weight_decay},
-                     {"number of units", static_cast<double>(units_.size())},
-                     {"number of parameter elements", static_cast<double>(numel)}});
+                     {"number of units", static_cast<double>(units_.size())}});
     agree.check("ShardedModel: was built with");
+    // Then each unit's size, now that the lists line up: every collective below moves
+    // units, and ranks that split the same total differently would pair buffers of
+    // different sizes (which NCCL does not check).
+    std::vector<std::pair<std::string, double>> sizes;
+    for (const auto& unit : units_) sizes.emplace_back("size of unit " + unit->name, static_cast<double>(unit->numel));
+    Agreement same_sizes(group_, agreement_device(group_, device), sizes);
+    same_sizes.check("ShardedModel: was built with");
   }
   // Collective tags: each unit's number, from 1; a ZeRO unit's one bucket has its unit's,
   // DDP's buckets numbers of their own after those (two buckets of one size would pair

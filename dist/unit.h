@@ -60,13 +60,13 @@ void all_or_none(ProcessGroup& group, Device device, const std::string& who, con
 class Agreement {
  public:
   // Issues the reduction (asynchronous: other work may overlap it).
-  Agreement(ProcessGroup& group, Device on, std::initializer_list<std::pair<const char*, double>> values);
+  Agreement(ProcessGroup& group, Device on, const std::vector<std::pair<std::string, double>>& values);
   // Waits, and throws "<who> a different <name> on some ranks (from <least> to <most>);
   // every rank must pass the same" for the first value that differs.
   void check(const std::string& who);
 
  private:
-  std::vector<const char*> names_;  // literals
+  std::vector<std::string> names_;
   Tensor bounds_;
   WorkHandle work_;
 };

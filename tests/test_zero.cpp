@@ -552,6 +552,18 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
                        doctest::Contains("ShardedModel: was built with a different ZeroConfig::max_grad_norm on some "
                                          "ranks (from 0 to 1); every rank must pass the same"),
                        Error);
+  // The same number of units and elements, split differently: the collectives would pair
+  // buffers of different sizes, which NCCL does not check.
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [&](dist::ProcessGroup& pg) {
+                                         manual_seed(1);
+                                         nn::GPT model(zero_config());
+                                         dist::UnitPlan plan = dist::gpt_unit_plan(2);
+                                         if (pg.rank() == 1) plan.units[0] += ".attn";  // the rest of h.0 in the root
+                                         dist::ShardedModel sharded(model, plan, pg, {.compute_dtype = DType::f32});
+                                       }),
+                       doctest::Contains("ShardedModel: was built with a different size of unit root on some ranks"),
+                       Error);
   // A rank whose own checks refuse its config still meets the others (else they would
   // wait for it in the agreement until the group's timeout, or for ever under mpi).
   std::string rank0_error;
