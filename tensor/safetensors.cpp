@@ -1,6 +1,7 @@
 #include "tensor/safetensors.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <mutex>
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "tensor/autograd.h"
@@ -48,6 +50,34 @@ bool parse_dtype(const std::string& s, DType& out) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
+
+// A save writes "<path>.tmp.<host>.<pid>.<n>" and renames it over path. The host and pid
+// say whose it is, so a later save can tell a killed save's leftover from a live one's.
+std::string temporary_prefix(const std::string& path) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown-host");
+  return path + ".tmp." + host + ".";
+}
+
+// Removes the temporaries of saves to the same path that were killed part-way (a crash
+// between creating the file and renaming it left it, as large as the checkpoint): those
+// of this host whose process no longer exists. Another host's, or a live process's, are
+// left alone. Best effort: a file that cannot be removed stays.
+void remove_stale_temporaries(const std::string& folder, const std::string& prefix) {
+  const std::string name_prefix = prefix.substr(prefix.find_last_of('/') + 1);
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, error)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(name_prefix)) continue;
+    const std::string_view rest = std::string_view(name).substr(name_prefix.size());  // "<pid>.<n>"
+    const size_t dot = rest.find('.');
+    int64_t pid = 0, n = 0;
+    if (dot == std::string_view::npos || !parse_number(rest.substr(0, dot), pid) ||
+        !parse_number(rest.substr(dot + 1), n) || pid <= 0 || pid > INT32_MAX)
+      continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH) std::filesystem::remove(entry.path(), error);
+  }
+}
 
 // What a path that is not a regular file is, for errors.
 const char* file_kind(mode_t mode) {
@@ -102,7 +132,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
              file_kind(existing.st_mode), "); it is not replaced");
   // A temporary name of its own per call: threads saving to one path must not share it.
   static std::atomic<uint64_t> saves{0};
-  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(saves++);
+  const std::string temp = temporary_prefix(path) + std::to_string(::getpid()) + "." + std::to_string(saves++);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   ZG_CHECK(fd >= 0, "save_safetensors: cannot create ", temp, ": ", errno_text());
   try {
@@ -130,6 +160,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     ::fsync(dir);
     ::close(dir);
   }
+  remove_stale_temporaries(folder, temporary_prefix(path));
 }
 
 // The file behind a SafetensorsFile. The header is read through a descriptor closed

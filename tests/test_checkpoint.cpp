@@ -2,8 +2,10 @@
 // training that continues the same curve, and damaged files that must fail cleanly.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "nn/serialize.h"
@@ -66,9 +68,36 @@ TEST_CASE("safetensors round trip is bitwise exact for every dtype, views includ
     const Tensor original = t.contiguous();
     if (t.nbytes() > 0) CHECK(std::memcmp(back.data_ptr(), original.data_ptr(), static_cast<size_t>(t.nbytes())) == 0);
   }
-  // Written atomically: no temporary file is left beside it.
-  CHECK(read_bytes(path + ".tmp." + std::to_string(::getpid())).empty());
   std::remove(path.c_str());
+}
+
+TEST_CASE("a save leaves no temporary file, and removes those of killed saves to the same path") {
+  // A save killed between writing its temporary file and renaming it left the file --
+  // as large as the checkpoint -- for good. The next save to the path removes those of
+  // this host whose process is gone; a live process's, another host's and other paths'
+  // stay.
+  const std::string dir = temp_path("temporaries");
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/model.safetensors";
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  const pid_t child = ::fork();  // a pid that no process has any more
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  ::waitpid(child, nullptr, 0);
+  const std::string ours = path + ".tmp." + host + ".";
+  const std::vector<std::string> killed{ours + std::to_string(child) + ".0"},
+      kept{ours + std::to_string(::getpid()) + ".999", path + ".tmp.some-other-host." + std::to_string(child) + ".0",
+           dir + "/other.safetensors.tmp." + host + "." + std::to_string(child) + ".0", ours + "notes.txt"};
+  for (const std::string& f : killed) write_bytes(f, "partial");
+  for (const std::string& f : kept) write_bytes(f, "partial");
+  save_safetensors(path, {{"x", ones({2})}});
+  for (const std::string& f : killed) CHECK_FALSE(std::filesystem::exists(f));
+  for (const std::string& f : kept) CHECK(std::filesystem::exists(f));
+  size_t files = 0;  // the save's own temporary is gone: it became the file
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;
+  CHECK(files == 1 + kept.size());
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a file written by PyTorch's safetensors loads with matching values") {
