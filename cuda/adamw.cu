@@ -16,7 +16,10 @@ struct AdamWConstants {
   double bias1, bias2;  // 1 - beta1^step, 1 - beta2^step
 };
 
-// Per element, in f64 like the CPU backend (see AdamWStep in tensor/backend.h):
+// Per element, in the master's precision M (f32, or f64 for f64 training), as PyTorch's
+// fused AdamW works in f32: an f64 division and square root cost tens of f64 operations
+// each, enough to make an update over 100M parameters compute-bound on an H100. (The CPU
+// backend works in f64; the two agree to f32 rounding.) See AdamWStep in tensor/backend.h:
 //   g = grad * grad_scale;  p *= 1 - lr * weight_decay
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   p -= lr * (m / bias1) / (sqrt(v / bias2) + eps);  compute = round(p)
@@ -25,18 +28,20 @@ struct AdamWConstants {
 template <class M, class G, class C>
 __global__ void adamw_kernel(M* master, const G* grad, M* m, M* v, C* compute, int64_t n, AdamWConstants s,
                              const float* device_scale) {
-  const double grad_scale = device_scale ? s.grad_scale * static_cast<double>(*device_scale) : s.grad_scale;
+  const M grad_scale = static_cast<M>(device_scale ? s.grad_scale * static_cast<double>(*device_scale) : s.grad_scale);
+  const M decay = static_cast<M>(1.0 - s.lr * s.weight_decay), lr = static_cast<M>(s.lr);
+  const M beta1 = static_cast<M>(s.beta1), beta2 = static_cast<M>(s.beta2), eps = static_cast<M>(s.eps);
+  const M bias1 = static_cast<M>(s.bias1), bias2 = static_cast<M>(s.bias2);
   for (int64_t i = grid_index(); i < n; i += grid_stride()) {
-    const double g = static_cast<double>(widen(grad[i])) * grad_scale;
-    double p = static_cast<double>(master[i]) * (1.0 - s.lr * s.weight_decay);
-    const double mi = s.beta1 * static_cast<double>(m[i]) + (1.0 - s.beta1) * g;
-    const double vi = s.beta2 * static_cast<double>(v[i]) + (1.0 - s.beta2) * g * g;
-    p -= s.lr * (mi / s.bias1) / (sqrt(vi / s.bias2) + s.eps);
-    const M new_master = static_cast<M>(p);
-    master[i] = new_master;
-    m[i] = static_cast<M>(mi);
-    v[i] = static_cast<M>(vi);
-    if constexpr (!std::is_void_v<C>) compute[i] = convert<C>(new_master);  // as CPU copy(master, compute)
+    const M g = static_cast<M>(widen(grad[i])) * grad_scale;
+    M p = master[i] * decay;
+    const M mi = beta1 * m[i] + (M(1) - beta1) * g;
+    const M vi = beta2 * v[i] + (M(1) - beta2) * g * g;
+    p -= lr * (mi / bias1) / (math_sqrt(vi / bias2) + eps);
+    master[i] = p;
+    m[i] = mi;
+    v[i] = vi;
+    if constexpr (!std::is_void_v<C>) compute[i] = convert<C>(p);  // as CPU copy(master, compute)
   }
 }
 
