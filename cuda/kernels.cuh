@@ -145,6 +145,18 @@ inline unsigned blocks_for(int64_t n) {
 // Blocks for kernels that give each block one row at a time.
 inline unsigned blocks_for_rows(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 1 << 16)); }
 
+// Kernels for short rows (layer norm's C = 768) give each warp one row at a time, and
+// reduce with shuffles instead of a block's barriers.
+inline constexpr int kWarp = 32, kRowsPerBlock = kThreads / kWarp;
+inline unsigned blocks_for_warp_rows(int64_t rows) {
+  return static_cast<unsigned>(std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1 << 16));
+}
+// for (int64_t row = warp_row(); row < rows; row += warp_row_stride()): the same row
+// for the whole warp, so all 32 lanes take part in its shuffles.
+__device__ __forceinline__ int64_t warp_row() { return blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / kWarp; }
+__device__ __forceinline__ int64_t warp_row_stride() { return int64_t{gridDim.x} * kRowsPerBlock; }
+__device__ __forceinline__ int warp_lane() { return static_cast<int>(threadIdx.x % kWarp); }
+
 // Grid-stride loops: for (int64_t i = grid_index(); i < n; i += grid_stride())
 __device__ __forceinline__ int64_t grid_index() { return blockIdx.x * int64_t{kThreads} + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_stride() { return int64_t{gridDim.x} * kThreads; }
@@ -183,6 +195,16 @@ __device__ T block_reduce(T value, Combine combine) {
   const T result = values[0];
   __syncthreads();  // the buffer may be reused by the next call
   return result;
+}
+
+// combine(a, b) over the 32 lanes of a warp; every lane gets the result. A butterfly:
+// at each step two lanes combine the same two values (in either order, which Add and
+// fmax do not mind), so all lanes agree bit for bit and timing plays no part.
+template <class T, class Combine>
+__device__ T warp_reduce(T value, Combine combine) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    value = combine(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  return value;
 }
 
 struct Add {

@@ -1,12 +1,12 @@
 // Row kernels of the neural-network primitives: softmax, layer norm, embedding
 // and cross-entropy (each forward and backward). One block per row; elementwise
-// results rounded once to the output dtype. Layer norm's statistics are accumulated in
-// f64, as on the CPU (a few operations per element). Softmax and cross-entropy work in
-// the compute type C -- f32 for f32, bf16 and f16, f64 for f64 -- as the elementwise
-// kernels do: they take an exp per element of rows as long as the vocabulary, and an
-// f64 exp costs some 30 f64 operations, which made GPT-2's cross-entropy compute-bound
-// (about 3 ms a step on an H100, against 1 ms of memory traffic). The CPU stays in f64:
-// the two agree to f32 rounding.
+// results rounded once to the output dtype. Statistics and results are computed in the
+// compute type C -- f32 for f32, bf16 and f16, f64 for f64 -- as the elementwise kernels
+// do: softmax and cross-entropy take an exp per element of rows as long as the
+// vocabulary, and an f64 exp costs some 30 f64 operations, which made GPT-2's
+// cross-entropy compute-bound (about 3 ms a step on an H100, against 1 ms of memory
+// traffic). The CPU works in f64: the two agree to f32 rounding. Softmax and
+// cross-entropy rows are long (a block each); layer norm's are short (a warp each).
 #include <climits>
 #include <cmath>
 
@@ -71,65 +71,70 @@ __global__ void softmax_kernel(const T* x, T* y, int64_t rows, int64_t length, b
 // out = (x - mean) * rstd * weight + bias;  mean and rstd kept (S: f32, f64 for f64).
 // With a residual (add_layer_norm), the row normalised is x + residual: the first pass
 // writes it to `sum`, rounded as binary add rounds it, and the later passes read it back
-// from there (each thread reads only the elements it wrote, so no barrier is needed).
+// from there (each lane reads only the elements it wrote, so no barrier is needed).
 template <class T, class S>
 __global__ void layer_norm_kernel(const T* x, const T* residual, T* sum, const T* weight, const T* bias, double eps,
                                   T* y, S* mean, S* rstd, int64_t rows, int64_t channels) {
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  using C = acc_t<T>;
+  const int lane = warp_lane();
+  for (int64_t row = warp_row(); row < rows; row += warp_row_stride()) {
     const T* x_row = x + row * channels;
     T* out = y + row * channels;
-    double total = 0;
+    C total = 0;
     if (residual) {
       const T* r_row = residual + row * channels;
       T* s_row = sum + row * channels;
-      for (int64_t j = threadIdx.x; j < channels; j += kThreads) {
+      for (int64_t j = lane; j < channels; j += kWarp) {
         s_row[j] = convert<T>(widen(x_row[j]) + widen(r_row[j]));
-        total += load(s_row, j);
+        total += widen(s_row[j]);
       }
     } else {
-      for (int64_t j = threadIdx.x; j < channels; j += kThreads) total += load(x_row, j);
+      for (int64_t j = lane; j < channels; j += kWarp) total += widen(x_row[j]);
     }
     const T* in = residual ? sum + row * channels : x_row;
-    const double mu = block_reduce(total, Add{}) / static_cast<double>(channels);
-    double squares = 0;
-    for (int64_t j = threadIdx.x; j < channels; j += kThreads) {
-      const double d = load(in, j) - mu;
+    const C mu = warp_reduce(total, Add{}) / static_cast<C>(channels);
+    C squares = 0;
+    for (int64_t j = lane; j < channels; j += kWarp) {
+      const C d = widen(in[j]) - mu;
       squares += d * d;
     }
-    const double r = 1.0 / sqrt(block_reduce(squares, Add{}) / static_cast<double>(channels) + eps);
-    for (int64_t j = threadIdx.x; j < channels; j += kThreads) {
-      double v = (load(in, j) - mu) * r;
-      if (weight) v *= load(weight, j);
-      if (bias) v += load(bias, j);
+    const C r = C(1) / math_sqrt(warp_reduce(squares, Add{}) / static_cast<C>(channels) + static_cast<C>(eps));
+    for (int64_t j = lane; j < channels; j += kWarp) {
+      C v = (widen(in[j]) - mu) * r;
+      if (weight) v *= widen(weight[j]);
+      if (bias) v += widen(bias[j]);
       out[j] = convert<T>(v);
     }
-    if (threadIdx.x == 0) {
+    if (lane == 0) {
       mean[row] = static_cast<S>(mu);
       rstd[row] = static_cast<S>(r);
     }
   }
 }
 
-// Layer norm backward, the part per row: with xhat = (x - mean) rstd and gxhat = g w,
+// Layer norm backward, the part per row (one warp each): with xhat = (x - mean) rstd
+// and gxhat = g w,
 //   dx = rstd (gxhat - mean_C(gxhat) - xhat mean_C(gxhat xhat)).
 template <class T, class S>
 __global__ void layer_norm_backward_kernel(const T* grad_out, const T* x, const T* weight, const S* mean,
                                            const S* rstd, T* grad_x, int64_t rows, int64_t channels) {
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  using C = acc_t<T>;
+  const int lane = warp_lane();
+  for (int64_t row = warp_row(); row < rows; row += warp_row_stride()) {
     const T* g = grad_out + row * channels;
     const T* in = x + row * channels;
-    const double mu = static_cast<double>(mean[row]), r = static_cast<double>(rstd[row]);
-    double sum_gxhat = 0, sum_gxhat_xhat = 0;
-    for (int64_t j = threadIdx.x; j < channels; j += kThreads) {
-      const double gxhat = load(g, j) * (weight ? load(weight, j) : 1.0);
+    const C mu = static_cast<C>(mean[row]), r = static_cast<C>(rstd[row]);
+    C sum_gxhat = 0, sum_gxhat_xhat = 0;
+    for (int64_t j = lane; j < channels; j += kWarp) {
+      const C gxhat = widen(g[j]) * (weight ? widen(weight[j]) : C(1));
       sum_gxhat += gxhat;
-      sum_gxhat_xhat += gxhat * (load(in, j) - mu) * r;
+      sum_gxhat_xhat += gxhat * (widen(in[j]) - mu) * r;
     }
-    const double mean_gxhat = block_reduce(sum_gxhat, Add{}) / static_cast<double>(channels);
-    const double mean_gxhat_xhat = block_reduce(sum_gxhat_xhat, Add{}) / static_cast<double>(channels);
+    const C mean_gxhat = warp_reduce(sum_gxhat, Add{}) / static_cast<C>(channels);
+    const C mean_gxhat_xhat = warp_reduce(sum_gxhat_xhat, Add{}) / static_cast<C>(channels);
     T* out = grad_x + row * channels;
-    for (int64_t j = threadIdx.x; j < channels; j += kThreads) {
-      const double gxhat = load(g, j) * (weight ? load(weight, j) : 1.0), xhat = (load(in, j) - mu) * r;
+    for (int64_t j = lane; j < channels; j += kWarp) {
+      const C gxhat = widen(g[j]) * (weight ? widen(weight[j]) : C(1)), xhat = (widen(in[j]) - mu) * r;
       out[j] = convert<T>(r * (gxhat - mean_gxhat - xhat * mean_gxhat_xhat));
     }
   }
@@ -328,7 +333,7 @@ void launch_layer_norm(const char* op, const Tensor& x, const Tensor& residual, 
              name(dtype_of<S>()), " for ", describe(x), ", got ", describe(mean), " and ", describe(rstd));
     if (rows == 0) return;
     auto optional = [](const Tensor& t) { return t.defined() ? device_ptr<const T>(t) : nullptr; };
-    layer_norm_kernel<T, S><<<blocks_for_rows(rows), kThreads, 0, on.stream>>>(
+    layer_norm_kernel<T, S><<<blocks_for_warp_rows(rows), kThreads, 0, on.stream>>>(
         device_ptr<const T>(x), optional(residual), sum.defined() ? device_ptr<T>(sum) : nullptr, optional(weight),
         optional(bias), eps, device_ptr<T>(out), device_ptr<S>(mean), device_ptr<S>(rstd), rows, channels);
     ZG_CUDA_CHECK_LAUNCH();
@@ -359,7 +364,7 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
     ZG_CHECK(mean.dtype() == dtype_of<S>() && rstd.dtype() == dtype_of<S>(), "layer_norm_backward: mean and rstd must be ",
              name(dtype_of<S>()), " for ", describe(x), ", got ", describe(mean), " and ", describe(rstd));
     if (rows > 0) {
-      layer_norm_backward_kernel<T, S><<<blocks_for_rows(rows), kThreads, 0, on.stream>>>(
+      layer_norm_backward_kernel<T, S><<<blocks_for_warp_rows(rows), kThreads, 0, on.stream>>>(
           device_ptr<const T>(grad_out), device_ptr<const T>(x),
           weight.defined() ? device_ptr<const T>(weight) : nullptr, device_ptr<const S>(mean),
           device_ptr<const S>(rstd), device_ptr<T>(grad_x), rows, channels);
