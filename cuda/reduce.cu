@@ -63,28 +63,43 @@ __global__ void row_partial_sum_kernel(const T* x, sum_t<T>* partial, int64_t ro
   }
 }
 
-// Split sums, pass 2: out[r] = sum_s partial[r, s] (divided by R for a floating mean).
-template <SumKind Kind, class Acc, class Out>
-__global__ void row_finish_sum_kernel(const Acc* partial, Out* out, int64_t rows, int64_t splits, int64_t length) {
+// out[r] = sum_{j < length} x[r, j] (squared first for squares; divided by mean_of for a
+// floating mean), one thread a row, in order. For rows too short to share a block -- a
+// broadcast's gradient summed over the batch, 786k rows of 16 for GPT-2's position
+// embedding, where a block a row spent its time in the barriers of a tree over 16
+// values -- and for pass 2 of the split sums (x = the partial sums, squared already).
+template <SumKind Kind, class T, class Out>
+__global__ void thread_row_sum_kernel(const T* x, Out* out, int64_t rows, int64_t length, int64_t mean_of) {
+  using Acc = sum_t<T>;
   for (int64_t row = grid_index(); row < rows; row += grid_stride()) {
     Acc total = 0;
-    for (int64_t s = 0; s < splits; ++s) total += partial[row * splits + s];
+    for (int64_t j = 0; j < length; ++j) {
+      const Acc v = static_cast<Acc>(widen(x[row * length + j]));
+      total += Kind == SumKind::squares ? v * v : v;
+    }
     if constexpr (Kind == SumKind::mean && std::is_floating_point_v<Acc>)
-      out[row] = convert<Out>(total / static_cast<double>(length));
+      out[row] = convert<Out>(total / static_cast<double>(mean_of));
     else
       out[row] = convert<Out>(total);
   }
 }
 
-// Launches the sum of each row into out: one block per row, or, when the rows are too
-// few to fill the GPU and long enough to share, `splits` blocks per row and a finish.
+// Launches the sum of each row into out: one thread per row for short rows, one block
+// per row, or, when the rows are too few to fill the GPU and long enough to share,
+// `splits` blocks per row and a finish.
 template <SumKind Kind, class T, class Out>
 void row_sum(const Tensor& in, Out* out, cudaStream_t stream) {
   const int64_t rows = in.size(0), length = in.size(1);
   constexpr int64_t kTargetBlocks = 1024, kMinChunk = 16 * kThreads;  // >= 16 elements a thread
+  constexpr int64_t kShortRow = kThreads / 4;                          // a block would idle 3/4 of its threads
   const int64_t splits =
       std::max<int64_t>(1, std::min(kTargetBlocks / std::max<int64_t>(rows, 1), length / kMinChunk));
   const T* x = device_ptr<const T>(in);
+  if (length <= kShortRow) {
+    thread_row_sum_kernel<Kind, T, Out><<<blocks_for(rows), kThreads, 0, stream>>>(x, out, rows, length, length);
+    ZG_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (splits == 1) {
     row_sum_kernel<Kind, T, Out><<<blocks_for_rows(rows), kThreads, 0, stream>>>(x, out, rows, length);
     ZG_CUDA_CHECK_LAUNCH();
@@ -97,8 +112,9 @@ void row_sum(const Tensor& in, Out* out, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
   row_partial_sum_kernel<Kind, T><<<grid, kThreads, 0, stream>>>(x, device_ptr<Acc>(partial), rows, length, chunk_length);
   ZG_CUDA_CHECK_LAUNCH();
-  row_finish_sum_kernel<Kind, Acc, Out><<<blocks_for(rows), kThreads, 0, stream>>>(device_ptr<const Acc>(partial), out,
-                                                                                  rows, splits, length);
+  constexpr SumKind finish = Kind == SumKind::squares ? SumKind::sum : Kind;  // the partials are squared already
+  thread_row_sum_kernel<finish, Acc, Out><<<blocks_for(rows), kThreads, 0, stream>>>(device_ptr<const Acc>(partial),
+                                                                                   out, rows, splits, length);
   ZG_CUDA_CHECK_LAUNCH();
 }
 
