@@ -1,7 +1,7 @@
 // What every kernel file of the CUDA backend shares: the element types as the
 // device sees them, value conversion exactly as the CPU backend converts, the
-// strided indexer that lets one kernel read any view, launch shapes, and a
-// block-wide reduction. Included only by cuda/*.cu.
+// strided indexer that lets one kernel read any view (cuda/strided_indexer.h), launch
+// shapes, and block- and warp-wide reductions. Included only by cuda/*.cu.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,6 +16,7 @@
 
 #include "cuda/check.h"
 #include "cuda/stream.h"
+#include "cuda/strided_indexer.h"
 #include "tensor/dtype.h"
 #include "tensor/int_math.h"
 #include "tensor/tensor.h"
@@ -77,62 +78,6 @@ __device__ __forceinline__ To convert(From v) {
   else if constexpr (std::is_same_v<To, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(c));
   else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<decltype(c)>) return saturating_cast<To>(c);
   else return static_cast<To>(c);
-}
-
-// ---- strided indexing ----
-// Shapes and strides travel to a kernel by value in this struct. Before launch,
-// dims of size 1 are dropped and dims that are contiguous in every operand are
-// merged, so a contiguous tensor becomes rank 1 and a typical view rank 2-3.
-inline constexpr int kMaxRank = 10;
-
-template <int N>
-struct StridedIndexer {
-  int rank = 0;
-  int64_t shape[kMaxRank] = {};
-  int64_t strides[N][kMaxRank] = {};
-
-  // Element offsets of flat (row-major) position i in each of the N operands.
-  __device__ __forceinline__ void offsets(int64_t i, int64_t (&out)[N]) const {
-    for (int j = 0; j < N; ++j) out[j] = 0;
-    for (int d = rank - 1; d >= 0; --d) {
-      const int64_t index = i % shape[d];
-      i /= shape[d];
-      for (int j = 0; j < N; ++j) out[j] += index * strides[j][d];
-    }
-  }
-};
-
-// The indexer for `shape` with one stride list per operand (each the same rank as shape).
-template <int N>
-StridedIndexer<N> make_indexer(const Shape& shape, const std::array<const Shape*, N>& strides, const char* op) {
-  // Keep the dims of size != 1, then merge d into d+1 where every operand steps
-  // over d exactly as far as one full run of d+1.
-  std::vector<int64_t> dims;
-  std::array<std::vector<int64_t>, N> st;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    const bool mergeable = !dims.empty() && [&] {
-      for (int j = 0; j < N; ++j)
-        if (st[j].back() != (*strides[j])[d] * shape[d]) return false;
-      return true;
-    }();
-    if (mergeable) {
-      dims.back() *= shape[d];
-      for (int j = 0; j < N; ++j) st[j].back() = (*strides[j])[d];
-    } else {
-      dims.push_back(shape[d]);
-      for (int j = 0; j < N; ++j) st[j].push_back((*strides[j])[d]);
-    }
-  }
-  ZG_CHECK(static_cast<int>(dims.size()) <= kMaxRank, op, ": the CUDA backend handles views of at most ", kMaxRank,
-           " non-mergeable dims, got shape ", shape_str(shape), " (make the tensor contiguous first)");
-  StridedIndexer<N> ix;
-  ix.rank = static_cast<int>(dims.size());
-  for (int d = 0; d < ix.rank; ++d) {
-    ix.shape[d] = dims[d];
-    for (int j = 0; j < N; ++j) ix.strides[j][d] = st[j][d];
-  }
-  return ix;
 }
 
 // ---- launches ----

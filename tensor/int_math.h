@@ -4,8 +4,10 @@
 //   wrapping_add/sub/mul/neg   two's complement wrap-around (integer add, sub, mul)
 //   saturating_cast<I>(f)      truncate toward zero, NaN -> 0, clamp to I's range
 //                              (cvt.rzi.sat, the GPU's float -> int conversion)
+// and FastDivider, division by a fixed divisor without a division instruction.
 #pragma once
 
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 
@@ -54,5 +56,30 @@ ZG_HOST_DEVICE constexpr I saturating_cast(F v) {
   if (v >= static_cast<F>(hi)) return hi;
   return static_cast<I>(v);
 }
+
+// n / d for a fixed d and any n < 2^31, by a multiplication and a shift: strided-view
+// index arithmetic divides by each dim's size for every element, and a GPU has no
+// integer division instruction (a 64-bit one is a subroutine of some 70 instructions).
+// Granlund and Montgomery's method, as PyTorch's IntDivider:
+//   shift = ceil(log2 d),  magic = floor(2^32 (2^shift - d) / d) + 1  (fits in 32 bits),
+//   n / d = (mulhi(n, magic) + n) >> shift      (mulhi: the high 32 bits of the product)
+// exact for d in [1, 2^31] and n < 2^31, where the sum does not overflow 32 bits.
+struct FastDivider {
+  uint32_t divisor = 1, magic = 1, shift = 0;
+
+  FastDivider() = default;
+  explicit FastDivider(uint32_t d) : divisor(d) {
+    while ((uint64_t{1} << shift) < d) ++shift;
+    magic = static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d) / d + 1);
+  }
+  ZG_HOST_DEVICE uint32_t div(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t high = __umulhi(n, magic);
+#else
+    const uint32_t high = static_cast<uint32_t>((uint64_t{n} * magic) >> 32);
+#endif
+    return (high + n) >> shift;
+  }
+};
 
 }  // namespace zg

@@ -1,10 +1,13 @@
 // Built only with CUDA. GPU cases report themselves skipped where no GPU is visible.
 // Each compares the CUDA backend with the CPU backend (the reference) on the same
 // inputs: inputs are made on the CPU and copied, so they are identical bit for bit.
+#include <random>
+
 #include "cuda/attention.h"
 #include "cuda/device.h"
 #include "cuda/rank_state.h"
 #include "cuda/stream.h"
+#include "cuda/strided_indexer.h"
 #include "helpers.h"
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
@@ -45,6 +48,59 @@ TEST_CASE("asking for a CUDA device that is not there throws a clear zg::Error")
   }
   // CPU work goes on either way.
   CHECK(sum(ones({3})).item<float>() == 3.0f);
+}
+
+TEST_CASE("the strided indexer's multiply-and-shift division is exact, and so are its offsets") {
+  // Kernels find an element's place in a strided view with a division per dim; a GPU
+  // has no division instruction, so below 2^31 elements it is FastDivider's mulhi and
+  // shift. Checked here on the host, where the same code runs.
+  std::mt19937_64 random(7);
+  std::vector<uint32_t> divisors{1, 2, 3, 5, 7, 12, 16, 64, 768, 1000, 1024, 3 * 768, 50257, 50304,
+                                 65535, 65536, 65537, (1u << 30) - 1, 1u << 30, (1u << 31) - 1, 1u << 31};
+  for (int i = 0; i < 200; ++i) divisors.push_back(1 + static_cast<uint32_t>(random() % (uint64_t{1} << 31)));
+  for (const uint32_t d : divisors) {
+    const FastDivider divider(d);
+    std::vector<uint32_t> numerators{0, 1, d - 1, d, (1u << 31) - 1, (1u << 31) - 2, (1u << 31) - d % (1u << 31)};
+    for (uint32_t k : {uint32_t{2}, uint32_t{3}, uint32_t{1000}})
+      if (uint64_t{d} * k < (uint64_t{1} << 31)) numerators.insert(numerators.end(), {d * k - 1, d * k, d * k + 1});
+    for (int i = 0; i < 200; ++i) numerators.push_back(static_cast<uint32_t>(random() % (uint64_t{1} << 31)));
+    for (const uint32_t n : numerators) {
+      if (n >= (1u << 31)) continue;
+      INFO(n << " / " << d);
+      REQUIRE(divider.div(n) == n / d);
+    }
+  }
+  // Offsets of views (a transpose, a broadcast, a narrow), the 32-bit and the 64-bit way,
+  // against the row-major digits computed directly.
+  const std::vector<std::pair<Shape, std::array<Shape, 2>>> views{
+      {{16, 12, 1024, 64}, {Shape{786432, 64, 768, 1}, Shape{2359296, 64, 2304, 1}}},  // dq into a packed dqkv
+      {{16, 1024, 768}, {Shape{786432, 768, 1}, Shape{0, 768, 1}}},                     // wpe broadcast over the batch
+      {{3, 1, 5, 7}, {Shape{35, 35, 1, 5}, Shape{1, 0, 21, 3}}},
+      {{0, 4}, {Shape{4, 1}, Shape{1, 0}}}};
+  for (const auto& [shape, strides] : views) {
+    auto ix = cuda::make_indexer<2>(shape, {&strides[0], &strides[1]}, "test");
+    CHECK(ix.small);
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    for (bool small : {true, false}) {
+      ix.small = small;
+      for (int k = 0; k < 2000 && n > 0; ++k) {
+        const int64_t i = k < 1000 ? k * (n / 1000 + 1) % n : static_cast<int64_t>(random() % static_cast<uint64_t>(n));
+        int64_t expected[2] = {0, 0}, rest = i;
+        for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+          for (int j = 0; j < 2; ++j) expected[j] += rest % shape[d] * strides[j][d];
+          rest /= shape[d];
+        }
+        int64_t got[2];
+        ix.offsets(i, got);
+        INFO(shape_str(shape) << " element " << i << (small ? " (32-bit)" : " (64-bit)"));
+        REQUIRE(got[0] == expected[0]);
+        REQUIRE(got[1] == expected[1]);
+      }
+    }
+  }
+  const Shape big{int64_t{1} << 31}, unit{1};
+  CHECK_FALSE(cuda::make_indexer<1>(big, {&unit}, "test").small);  // 2^31 elements: 64-bit
 }
 
 TEST_CASE("a visible GPU describes itself" * doctest::skip(kNoGpu)) {
