@@ -72,6 +72,12 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
   TraceRange range("backward");
   // Gradients in flight are activation-sized temporaries; only what lands in .grad is `gradient`.
   MemoryScope scope(MemoryCategory::activation);
+  // last_use_of_saved_tensors() holds only inside a node's formula: not in this pass's
+  // hooks, nor in a recompute's forward that calls it (restored when the pass ends).
+  struct LastUseScope {
+    bool outer = std::exchange(formula_is_last_use, false);
+    ~LastUseScope() { formula_is_last_use = outer; }
+  } last_use_scope;
 
   std::unordered_map<Node*, int> dependencies;
   std::vector<std::shared_ptr<Node>> visited{root};
@@ -119,14 +125,9 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
       // stays at the forward's. Its formula may then write over them (get_for_overwrite).
       if (node->reenters_graph) --reentrant_left;
       const bool frees_saved = !retain_graph && (reentrant_left == 0 || node->sequence_nr() >= newest_reentrant);
-      {
-        const bool outer = std::exchange(formula_is_last_use, frees_saved);  // a nested pass sets its own
-        struct Restore {
-          bool value;
-          ~Restore() { formula_is_last_use = value; }
-        } restore{outer};
-        input_grads = node->apply(grad);
-      }
+      formula_is_last_use = frees_saved;
+      input_grads = node->apply(grad);  // (a throw ends the pass; last_use_scope restores the flag)
+      formula_is_last_use = false;
       if (frees_saved) node->release();
     }
     const auto& edges = node->next_edges();

@@ -25,6 +25,22 @@ std::string shortest(double x) {
   return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
 }
 
+// A unit's parameter names and shapes (its entries, in packing order), hashed (FNV-1a) to 53 bits: a
+// double holds it exactly, so an Agreement can compare it.
+int64_t layout_hash(const std::vector<optim::FlatParameters::Entry>& entries) {
+  uint64_t hash = 14695981039346656037ull;
+  auto mix = [&](const void* data, size_t bytes) {
+    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  };
+  for (const auto& e : entries) {
+    mix(e.name.data(), e.name.size() + 1);  // with its terminating zero: "a" "bc" is not "ab" "c"
+    const int64_t rank = static_cast<int64_t>(e.shape.size());
+    mix(&rank, sizeof rank);
+    mix(e.shape.data(), e.shape.size() * sizeof(int64_t));
+  }
+  return static_cast<int64_t>(hash & ((uint64_t{1} << 53) - 1));
+}
+
 Tensor allocate(const Shape& shape, DType dtype, Device device, MemoryCategory category, bool zeroed) {
   MemoryScope scope(category);
   Tensor t = empty(shape, TensorOptions(dtype).device(device));
@@ -104,13 +120,17 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
                      {"AdamWOptions::eps", c.adamw.eps}, {"AdamWOptions::weight_decay", c.adamw.weight_decay},
                      {"number of units", static_cast<double>(units_.size())}});
     agree.check("ShardedModel: was built with");
-    // Then each unit's size, now that the lists line up: every collective below moves
-    // units, and ranks that split the same total differently would pair buffers of
-    // different sizes (which NCCL does not check).
-    std::vector<std::pair<std::string, double>> sizes;
-    for (const auto& unit : units_) sizes.emplace_back("size of unit " + unit->name, static_cast<double>(unit->numel));
-    Agreement same_sizes(group_, agreement_device(group_, device), sizes);
-    same_sizes.check("ShardedModel: was built with");
+    // Then each unit, now that the lists line up: every collective below pairs rank r's
+    // unit u with the others' unit u. Ranks that split the model differently would pair
+    // buffers of different sizes (which NCCL does not check); ranks that listed equal-sized
+    // units in another order would train layer 1 with layer 0's gradients, without a word.
+    std::vector<std::pair<std::string, double>> units;
+    for (const auto& unit : units_) {
+      units.emplace_back("size of unit " + unit->name, static_cast<double>(unit->numel));
+      units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name, static_cast<double>(layout_hash(unit->entries)));
+    }
+    Agreement same_units(group_, agreement_device(group_, device), units);
+    same_units.check("ShardedModel: was built with");
   }
   // Collective tags: each unit's number, from 1; a ZeRO unit's one bucket has its unit's,
   // DDP's buckets numbers of their own after those (two buckets of one size would pair

@@ -32,7 +32,11 @@ void Backend::attention_backward(const Tensor&, const Tensor&, const Tensor&, co
 // be 16-byte aligned -- positive multiples of 8 bf16 / f16 elements, nothing broadcast.
 // (A size-1 dim's stride addresses nothing and is not looked at.)
 std::string flash_attention_unreadable(const Tensor& t, const char* which) {
-  bool ok = t.strides()[3] == 1 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  // Where the data starts; on the meta device (no data) its place in its storage, whose
+  // start every allocator aligns to 16 bytes and more.
+  const uintptr_t start = t.data_ptr() != nullptr ? reinterpret_cast<uintptr_t>(t.data_ptr())
+                                                  : static_cast<uintptr_t>(t.offset() * t.element_size());
+  bool ok = t.strides()[3] == 1 && start % 16 == 0;
   for (int64_t d = 0; d < 3; ++d) ok = ok && (t.size(d) == 1 || (t.strides()[d] > 0 && t.strides()[d] % 8 == 0));
   if (ok) return "";
   return concat(which, " ", describe(t), " with strides ", shape_str(t.strides()), " at ", t.data_ptr(),

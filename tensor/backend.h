@@ -200,6 +200,8 @@ class Backend {
 // "". The CUDA backend asks this before it asks cuDNN; the meta backend's attention()
 // says yes exactly here, so a dry run's activation bytes are a GPU run's (the [B, H, T]
 // statistics kept for backward, not the [B, H, T, S] probabilities of the composed path).
+// cuDNN may still decline when it builds its graph -- some GPUs stop at head size 128 --
+// so for D in (128, 256] a dry run can count less than such a GPU would keep.
 std::string flash_attention_unsupported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out);
 // Why such a kernel cannot read one operand `t` (named `which` in the reason), or "".
 std::string flash_attention_unreadable(const Tensor& t, const char* which);

@@ -1,7 +1,7 @@
 #include "tensor/safetensors.h"
 
 #include <fcntl.h>
-#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 
 #include <mutex>
@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -51,31 +52,45 @@ bool parse_dtype(const std::string& s, DType& out) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// A save writes "<path>.tmp.<host>.<pid>.<n>" and renames it over path. The host and pid
-// say whose it is, so a later save can tell a killed save's leftover from a live one's.
-std::string temporary_prefix(const std::string& path) {
+// A save writes "<path>.tmp.<host>.<pid>.<n>" (whose it is, for a reader of the folder),
+// holding an exclusive flock on it until it has renamed it over path.
+std::string temporary_name(const std::string& path) {
+  static std::atomic<uint64_t> saves{0};  // a name of its own per call: threads may save to one path
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown-host");
-  return path + ".tmp." + host + ".";
+  return path + ".tmp." + host + "." + std::to_string(::getpid()) + "." + std::to_string(saves++);
 }
 
-// Removes the temporaries of saves to the same path that were killed part-way (a crash
-// between creating the file and renaming it left it, as large as the checkpoint): those
-// of this host whose process no longer exists. Another host's, or a live process's, are
-// left alone. Best effort: a file that cannot be removed stays.
-void remove_stale_temporaries(const std::string& folder, const std::string& prefix) {
-  const std::string name_prefix = prefix.substr(prefix.find_last_of('/') + 1);
+// Removes what saves to `path` killed part-way left behind: a temporary as large as the
+// checkpoint, which filled the disk one crash at a time. A temporary is stale when no
+// process holds its lock (a live writer does, on any host or in any PID namespace that
+// shares the folder: flock works over NFS too) and it has not been written for
+// kStaleAfter (the window between a writer creating its file and locking it). Best
+// effort: what cannot be listed, opened or removed stays.
+void remove_stale_temporaries(const std::string& path) {
+  constexpr auto kStaleAfter = std::chrono::minutes(10);
+  const std::filesystem::path target(path);
+  const std::string prefix = target.filename().string() + ".tmp.";
+  const std::filesystem::path folder = target.has_parent_path() ? target.parent_path() : ".";
   std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(folder, error)) {
-    const std::string name = entry.path().filename().string();
-    if (!name.starts_with(name_prefix)) continue;
-    const std::string_view rest = std::string_view(name).substr(name_prefix.size());  // "<pid>.<n>"
-    const size_t dot = rest.find('.');
-    int64_t pid = 0, n = 0;
-    if (dot == std::string_view::npos || !parse_number(rest.substr(0, dot), pid) ||
-        !parse_number(rest.substr(dot + 1), n) || pid <= 0 || pid > INT32_MAX)
+  std::filesystem::directory_iterator it(folder, error), end;
+  for (; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    // "<prefix><host>.<pid>.<n>": the last two fields are numbers.
+    if (!name.starts_with(prefix)) continue;
+    const size_t last = name.find_last_of('.'), before = name.find_last_of('.', last - 1);
+    uint64_t pid = 0, n = 0;
+    if (before == std::string::npos || before < prefix.size() ||
+        !parse_number(std::string_view(name).substr(before + 1, last - before - 1), pid) ||
+        !parse_number(std::string_view(name).substr(last + 1), n))
       continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH) std::filesystem::remove(entry.path(), error);
+    std::error_code stat_error;
+    const auto written = std::filesystem::last_write_time(it->path(), stat_error);
+    if (stat_error || std::filesystem::file_time_type::clock::now() - written < kStaleAfter) continue;
+    const int fd = ::open(it->path().c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(it->path().c_str());  // still locked: our own fd, closed next
+    ::close(fd);
   }
 }
 
@@ -130,11 +145,11 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   if (::lstat(path.c_str(), &existing) == 0)
     ZG_CHECK(S_ISREG(existing.st_mode), "save_safetensors: ", path, " exists and is not a regular file (",
              file_kind(existing.st_mode), "); it is not replaced");
-  // A temporary name of its own per call: threads saving to one path must not share it.
-  static std::atomic<uint64_t> saves{0};
-  const std::string temp = temporary_prefix(path) + std::to_string(::getpid()) + "." + std::to_string(saves++);
+  remove_stale_temporaries(path);  // before writing: a disk that earlier crashes filled may be why this one fails
+  const std::string temp = temporary_name(path);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   ZG_CHECK(fd >= 0, "save_safetensors: cannot create ", temp, ": ", errno_text());
+  ::flock(fd, LOCK_EX);  // ours until renamed: remove_stale_temporaries leaves it alone (closing releases it)
   try {
     write_all(fd, length_bytes, 8, temp);
     write_all(fd, json.data(), json.size(), temp);
@@ -160,7 +175,6 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     ::fsync(dir);
     ::close(dir);
   }
-  remove_stale_temporaries(folder, temporary_prefix(path));
 }
 
 // The file behind a SafetensorsFile. The header is read through a descriptor closed

@@ -24,9 +24,9 @@ namespace zg {
 using Metadata = std::map<std::string, std::string>;
 
 // Writes atomically: a temporary file in the same folder, fsync, rename over `path`,
-// fsync of the folder. Tensors may live on any device with data (not meta). Then removes
-// what saves to `path` killed part-way left: their temporaries from this host whose
-// process is gone ("<path>.tmp.<host>.<pid>.<n>").
+// fsync of the folder. Tensors may live on any device with data (not meta). First it
+// removes what saves to `path` killed part-way left: temporaries ("<path>.tmp.<host>.
+// <pid>.<n>") no writer holds locked and unwritten for 10 minutes.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const Metadata& metadata = {});
 

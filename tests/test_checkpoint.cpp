@@ -1,11 +1,13 @@
 // Checkpoints: safetensors round trips, a file written by PyTorch, resumed
 // training that continues the same curve, and damaged files that must fail cleanly.
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sys/stat.h>
-#include <sys/wait.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "nn/serialize.h"
@@ -73,30 +75,35 @@ TEST_CASE("safetensors round trip is bitwise exact for every dtype, views includ
 
 TEST_CASE("a save leaves no temporary file, and removes those of killed saves to the same path") {
   // A save killed between writing its temporary file and renaming it left the file --
-  // as large as the checkpoint -- for good. The next save to the path removes those of
-  // this host whose process is gone; a live process's, another host's and other paths'
-  // stay.
+  // as large as the checkpoint -- for good. The next save to the path removes those no
+  // writer holds locked and that have not been written for 10 minutes; a live writer's,
+  // a recent one's and other paths' stay.
   const std::string dir = temp_path("temporaries");
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/model.safetensors";
-  char host[256] = {};
-  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
-  const pid_t child = ::fork();  // a pid that no process has any more
-  if (child == 0) ::_exit(0);
-  REQUIRE(child > 0);
-  ::waitpid(child, nullptr, 0);
-  const std::string ours = path + ".tmp." + host + ".";
-  const std::vector<std::string> killed{ours + std::to_string(child) + ".0"},
-      kept{ours + std::to_string(::getpid()) + ".999", path + ".tmp.some-other-host." + std::to_string(child) + ".0",
-           dir + "/other.safetensors.tmp." + host + "." + std::to_string(child) + ".0", ours + "notes.txt"};
-  for (const std::string& f : killed) write_bytes(f, "partial");
-  for (const std::string& f : kept) write_bytes(f, "partial");
+  const auto hour_ago = std::filesystem::file_time_type::clock::now() - std::chrono::hours(1);
+  auto leftover = [&](const std::string& name, bool old) {
+    write_bytes(name, "partial");
+    if (old) std::filesystem::last_write_time(name, hour_ago);
+    return name;
+  };
+  const std::vector<std::string> killed{leftover(path + ".tmp.node-1.cluster.4242.0", true),
+                                        leftover(path + ".tmp.other-host.77.3", true)};
+  const std::string locked = leftover(path + ".tmp.node-2.99.0", true);  // a live writer on another host
+  const std::vector<std::string> kept{locked, leftover(path + ".tmp.node-1.4243.0", false),  // being written
+                                      leftover(dir + "/other.safetensors.tmp.node-1.4242.0", true),
+                                      leftover(path + ".tmp.notes", true), leftover(path + ".tmp.a.b.c", true)};
+  const int writer = ::open(locked.c_str(), O_RDONLY);
+  REQUIRE(writer >= 0);
+  REQUIRE(::flock(writer, LOCK_EX) == 0);
   save_safetensors(path, {{"x", ones({2})}});
+  ::close(writer);
   for (const std::string& f : killed) CHECK_FALSE(std::filesystem::exists(f));
   for (const std::string& f : kept) CHECK(std::filesystem::exists(f));
   size_t files = 0;  // the save's own temporary is gone: it became the file
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;
   CHECK(files == 1 + kept.size());
+  CHECK(SafetensorsFile(path).names() == std::vector<std::string>{"x"});
   std::filesystem::remove_all(dir);
 }
 

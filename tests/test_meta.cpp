@@ -1,6 +1,8 @@
 // Meta tensors: shapes and counted bytes with no storage behind them, so a
 // memory plan for a model far larger than the machine can be computed.
 #include "helpers.h"
+#include "nn/gpt.h"
+#include "tensor/backend.h"
 
 namespace zg::test {
 
@@ -77,6 +79,35 @@ TEST_CASE("meta attention keeps what a GPU's flash attention keeps: row statisti
     sum(out).backward();
     CHECK(q.grad().shape() == q.shape());
   }
+  // A view that starts off a 16-byte boundary is refused on meta as cuDNN refuses it.
+  const TensorOptions meta = TensorOptions(DType::bf16).device(kMeta);
+  const int64_t n = 2 * 4 * 16 * 64;
+  const Tensor aligned = empty({2, 4, 16, 64}, meta), shifted = empty({n + 1}, meta).narrow(0, 1, n).view({2, 4, 16, 64});
+  CHECK(flash_attention_unsupported(aligned, aligned, aligned, aligned).empty());
+  CHECK_FALSE(flash_attention_unsupported(shifted, aligned, aligned, aligned).empty());
+}
+
+TEST_CASE("a GPT step on meta whose caller keeps only the loss needs no second buffer for the logits' gradient") {
+  // cross_entropy's backward writes the gradient over the logits once nothing else holds
+  // them; an output held through backward keeps them, and backward allocates its own.
+  nn::GPTConfig config;
+  config.n_layer = 1, config.n_head = 2, config.n_embd = 64, config.vocab_size = 4096, config.block_size = 128;
+  const int64_t logits_bytes = 4 * 128 * config.vocab_size * 2;  // bf16 [4, 128, vocab]
+  std::vector<int64_t> peaks;
+  for (const bool keep_output : {false, true}) {
+    Context rank;
+    ContextGuard guard(rank);
+    nn::GPT model(config, TensorOptions(DType::bf16).device(kMeta));
+    for (auto& [name, p] : model.named_parameters()) p.set_requires_grad(true);
+    const Tensor ids = zeros({4, 128}, TensorOptions(DType::i64).device(kMeta));
+    Context::current().allocator(kMeta)->reset_peaks();
+    nn::GPTOutput out = model.forward(ids, ids);
+    const Tensor loss = out.loss;
+    if (!keep_output) out = {};
+    loss.backward();
+    peaks.push_back(memory_stats(kMeta).peak_total);
+  }
+  CHECK(peaks[1] - peaks[0] >= logits_bytes);
 }
 
 }  // namespace zg::test

@@ -564,6 +564,18 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
                                        }),
                        doctest::Contains("ShardedModel: was built with a different size of unit root on some ranks"),
                        Error);
+  // Equal-sized units listed in another order: layer 1 would have trained on layer 0's gradients.
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [&](dist::ProcessGroup& pg) {
+                                         manual_seed(1);
+                                         nn::GPT model(zero_config());
+                                         dist::UnitPlan plan = dist::gpt_unit_plan(2);
+                                         if (pg.rank() == 1) std::swap(plan.units[0], plan.units[1]);
+                                         dist::ShardedModel sharded(model, plan, pg, {.stage = 3, .compute_dtype = DType::f32});
+                                       }),
+                       doctest::Contains("ShardedModel: was built with a different parameter names and shapes (hashed) "
+                                         "of unit transformer.h."),
+                       Error);
   // A rank whose own checks refuse its config still meets the others (else they would
   // wait for it in the agreement until the group's timeout, or for ever under mpi).
   std::string rank0_error;
