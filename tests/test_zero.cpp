@@ -552,30 +552,26 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
                        doctest::Contains("ShardedModel: was built with a different ZeroConfig::max_grad_norm on some "
                                          "ranks (from 0 to 1); every rank must pass the same"),
                        Error);
-  // The same number of units and elements, split differently: the collectives would pair
-  // buffers of different sizes, which NCCL does not check.
-  CHECK_THROWS_WITH_AS(dist::run_local(2,
-                                       [&](dist::ProcessGroup& pg) {
-                                         manual_seed(1);
-                                         nn::GPT model(zero_config());
-                                         dist::UnitPlan plan = dist::gpt_unit_plan(2);
-                                         if (pg.rank() == 1) plan.units[0] += ".attn";  // the rest of h.0 in the root
-                                         dist::ShardedModel sharded(model, plan, pg, {.compute_dtype = DType::f32});
-                                       }),
-                       doctest::Contains("ShardedModel: was built with a different size of unit root on some ranks"),
-                       Error);
+  // Rank 1 plans its units otherwise: the collectives would pair unit u of one rank with
+  // a different unit u of the other.
+  const auto refused_plan = [](const std::function<void(dist::UnitPlan&)>& on_rank_1, const std::string& error) {
+    CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                         [&](dist::ProcessGroup& pg) {
+                                           manual_seed(1);
+                                           nn::GPT model(zero_config());
+                                           dist::UnitPlan plan = dist::gpt_unit_plan(2);
+                                           if (pg.rank() == 1) on_rank_1(plan);
+                                           dist::ShardedModel sharded(model, plan, pg, {.stage = 3, .compute_dtype = DType::f32});
+                                         }),
+                         doctest::Contains(("ShardedModel: was built with a different " + error).c_str()), Error);
+  };
+  // The same number of units and elements, split differently: buffers of different
+  // sizes, which NCCL does not check.
+  refused_plan([](dist::UnitPlan& plan) { plan.units[0] += ".attn"; },  // the rest of h.0 in the root
+               "size of unit root on some ranks");
   // Equal-sized units listed in another order: layer 1 would have trained on layer 0's gradients.
-  CHECK_THROWS_WITH_AS(dist::run_local(2,
-                                       [&](dist::ProcessGroup& pg) {
-                                         manual_seed(1);
-                                         nn::GPT model(zero_config());
-                                         dist::UnitPlan plan = dist::gpt_unit_plan(2);
-                                         if (pg.rank() == 1) std::swap(plan.units[0], plan.units[1]);
-                                         dist::ShardedModel sharded(model, plan, pg, {.stage = 3, .compute_dtype = DType::f32});
-                                       }),
-                       doctest::Contains("ShardedModel: was built with a different parameter names and shapes (hashed) "
-                                         "of unit transformer.h."),
-                       Error);
+  refused_plan([](dist::UnitPlan& plan) { std::swap(plan.units[0], plan.units[1]); },
+               "parameter names and shapes (hashed) of unit transformer.h.");
   // A rank whose own checks refuse its config still meets the others (else they would
   // wait for it in the agreement until the group's timeout, or for ever under mpi).
   std::string rank0_error;
