@@ -15,15 +15,11 @@
 #include "cuda/backend.h"
 #include "cuda/deferred_errors.h"
 #include "cuda/kernels.cuh"
+#include "cuda/online_lse.h"
 
 namespace zg::cuda {
 
 namespace {
-
-struct Max {
-  template <class C>
-  __device__ C operator()(C a, C b) const { return fmax(a, b); }  // NaN is ignored, as by std::max
-};
 
 template <class T>
 __device__ __forceinline__ double load(const T* p, int64_t j) {
@@ -41,15 +37,19 @@ struct RowLse {
   __device__ C shifted(C x) const { return (x - max) - log_total; }  // x - lse
 };
 
+struct Merge {
+  template <class C>
+  __device__ OnlineLse<C> operator()(const OnlineLse<C>& a, const OnlineLse<C>& b) const { return a.merged(b); }
+};
+
+// One read of the row (cuda/online_lse.h): each thread folds its elements, the block's
+// tree merges the threads'.
 template <class T, class C = acc_t<T>>
 __device__ RowLse<C> row_lse(const T* row, int64_t length) {
-  C max = -INFINITY;
-  for (int64_t j = threadIdx.x; j < length; j += kThreads) max = fmax(max, C(widen(row[j])));
-  max = block_reduce(max, Max{});
-  C total = 0;
-  for (int64_t j = threadIdx.x; j < length; j += kThreads) total += math_exp(C(widen(row[j])) - max);
-  total = block_reduce(total, Add{});
-  return {max, math_log(total)};
+  OnlineLse<C> folded;
+  for (int64_t j = threadIdx.x; j < length; j += kThreads) folded.add(widen(row[j]));
+  folded = block_reduce(folded, Merge{});
+  return {folded.max, folded.log_sum()};
 }
 
 // softmax(x)_j = exp(x_j - lse(x)),  log_softmax(x)_j = x_j - lse(x)  (RowLse::shifted).

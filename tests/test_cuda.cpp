@@ -7,6 +7,7 @@
 #include "cuda/device.h"
 #include "cuda/rank_state.h"
 #include "cuda/stream.h"
+#include "cuda/online_lse.h"
 #include "cuda/strided_indexer.h"
 #include "helpers.h"
 #include "tensor/autograd.h"
@@ -101,6 +102,50 @@ TEST_CASE("the strided indexer's multiply-and-shift division is exact, and so ar
   }
   const Shape big{int64_t{1} << 31}, unit{1};
   CHECK_FALSE(cuda::make_indexer<1>(big, {&unit}, "test").small);  // 2^31 elements: 64-bit
+}
+
+TEST_CASE("the one-pass log-sum-exp of the GPU's softmax and cross-entropy is the two-pass one") {
+  // Threads fold their share of a row and a tree merges them: any split, any order of
+  // merges gives the two-pass value to rounding, and NaN exactly where it is NaN.
+  auto two_pass = [](const std::vector<double>& row) {
+    double max = -INFINITY, total = 0;
+    for (double x : row) max = std::fmax(max, x);
+    for (double x : row) total += std::exp(x - max);
+    return max + std::log(total);
+  };
+  auto one_pass = [](const std::vector<double>& row, size_t threads) {
+    std::vector<cuda::OnlineLse<double>> parts(threads);
+    for (size_t j = 0; j < row.size(); ++j) parts[j % threads].add(row[j]);
+    for (size_t half = threads / 2; half > 0; half /= 2)  // block_reduce's tree
+      for (size_t i = 0; i < half; ++i) parts[i] = parts[i].merged(parts[i + half]);
+    return parts[0].max + parts[0].log_sum();
+  };
+  std::mt19937_64 random(3);
+  std::normal_distribution<double> normal(0.0, 4.0);
+  std::vector<std::vector<double>> rows{{1e20, 1e20}, {-INFINITY, 0, 0}, {3, -INFINITY, 1}, {0.5}};
+  for (int r = 0; r < 50; ++r) {
+    std::vector<double> row(1 + random() % 700);
+    for (double& x : row) x = normal(random) + (r % 5 == 0 ? 1e4 : 0);
+    rows.push_back(row);
+  }
+  for (const auto& row : rows)
+    for (size_t threads : {size_t{1}, size_t{2}, size_t{32}, size_t{256}}) {
+      INFO(row.size() << " values, " << threads << " threads");
+      CHECK(one_pass(row, threads) == doctest::Approx(two_pass(row)).epsilon(1e-13));
+    }
+  // NaN where the two-pass form is NaN: a NaN or a +inf anywhere, or -inf only.
+  for (const std::vector<double>& row : {std::vector<double>{1, NAN, 2}, std::vector<double>{NAN, INFINITY},
+                                         std::vector<double>{INFINITY, 1, 2}, std::vector<double>{1, 2, INFINITY},
+                                         std::vector<double>{INFINITY, INFINITY}})
+    for (size_t threads : {size_t{1}, size_t{2}, size_t{4}}) {
+      INFO(threads << " threads");
+      CHECK(std::isnan(one_pass(row, threads)));
+      CHECK(std::isnan(two_pass(row)));
+    }
+  // -inf only: the two-pass form is NaN; this is -inf, and x - lse (what the kernels use) NaN.
+  const std::vector<double> none{-INFINITY, -INFINITY};
+  CHECK(std::isnan(-INFINITY - one_pass(none, 2)));
+  CHECK(std::isnan(two_pass(none)));
 }
 
 TEST_CASE("a visible GPU describes itself" * doctest::skip(kNoGpu)) {
