@@ -10,9 +10,13 @@ namespace zg::cuda {
 
 namespace {
 
-// The step's constants, with the bias corrections computed once on the host.
+// The step's constants, computed once on the host in f64: a difference such as 1 - beta2
+// (0.999) taken after rounding beta2 to f32 would be 1e-5 off, and 1 - lr * weight_decay
+// would lose most of lr * weight_decay.
 struct AdamWConstants {
-  double lr, beta1, beta2, eps, weight_decay, grad_scale;
+  double lr, eps, grad_scale;
+  double beta1, beta2, one_minus_beta1, one_minus_beta2;
+  double decay;         // lr * weight_decay
   double bias1, bias2;  // 1 - beta1^step, 1 - beta2^step
 };
 
@@ -20,7 +24,7 @@ struct AdamWConstants {
 // fused AdamW works in f32: an f64 division and square root cost tens of f64 operations
 // each, enough to make an update over 100M parameters compute-bound on an H100. (The CPU
 // backend works in f64; the two agree to f32 rounding.) See AdamWStep in tensor/backend.h:
-//   g = grad * grad_scale;  p *= 1 - lr * weight_decay
+//   g = grad * grad_scale;  p -= lr * weight_decay * p   (= p * (1 - lr * weight_decay))
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   p -= lr * (m / bias1) / (sqrt(v / bias2) + eps);  compute = round(p)
 // M: master/m/v (f32 or f64); G: grad; C: the compute copy (void: none).
@@ -28,15 +32,18 @@ struct AdamWConstants {
 template <class M, class G, class C>
 __global__ void adamw_kernel(M* master, const G* grad, M* m, M* v, C* compute, int64_t n, AdamWConstants s,
                              const float* device_scale) {
-  const M grad_scale = static_cast<M>(device_scale ? s.grad_scale * static_cast<double>(*device_scale) : s.grad_scale);
-  const M decay = static_cast<M>(1.0 - s.lr * s.weight_decay), lr = static_cast<M>(s.lr);
-  const M beta1 = static_cast<M>(s.beta1), beta2 = static_cast<M>(s.beta2), eps = static_cast<M>(s.eps);
+  using GC = acc_t<G>;  // the gradient is scaled in its own compute type, before rounding to M
+  const GC grad_scale = static_cast<GC>(device_scale ? s.grad_scale * static_cast<double>(*device_scale) : s.grad_scale);
+  const M decay = static_cast<M>(s.decay), lr = static_cast<M>(s.lr), eps = static_cast<M>(s.eps);
+  const M beta1 = static_cast<M>(s.beta1), beta2 = static_cast<M>(s.beta2);
+  const M one_minus_beta1 = static_cast<M>(s.one_minus_beta1), one_minus_beta2 = static_cast<M>(s.one_minus_beta2);
   const M bias1 = static_cast<M>(s.bias1), bias2 = static_cast<M>(s.bias2);
   for (int64_t i = grid_index(); i < n; i += grid_stride()) {
-    const M g = static_cast<M>(widen(grad[i])) * grad_scale;
-    M p = master[i] * decay;
-    const M mi = beta1 * m[i] + (M(1) - beta1) * g;
-    const M vi = beta2 * v[i] + (M(1) - beta2) * g * g;
+    const M g = static_cast<M>(widen(grad[i]) * grad_scale);
+    M p = master[i];
+    p -= decay * p;
+    const M mi = beta1 * m[i] + one_minus_beta1 * g;
+    const M vi = beta2 * v[i] + one_minus_beta2 * g * g;
     p -= lr * (mi / bias1) / (math_sqrt(vi / bias2) + eps);
     master[i] = p;
     m[i] = mi;
@@ -61,14 +68,16 @@ void CudaBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& 
   const Tensor& scale = step.device_scale;
   ZG_CHECK(!scale.defined() || (scale.numel() == 1 && scale.dtype() == DType::f32 && scale.device() == master.device()),
            "adamw: device_scale must be one f32 on ", master.device().str(), ", got ", describe(scale));
-  const AdamWConstants s{step.lr,
-                         step.beta1,
-                         step.beta2,
-                         step.eps,
-                         step.weight_decay,
-                         step.grad_scale,
-                         1.0 - std::pow(step.beta1, static_cast<double>(step.step)),
-                         1.0 - std::pow(step.beta2, static_cast<double>(step.step))};
+  const AdamWConstants s{.lr = step.lr,
+                         .eps = step.eps,
+                         .grad_scale = step.grad_scale,
+                         .beta1 = step.beta1,
+                         .beta2 = step.beta2,
+                         .one_minus_beta1 = 1.0 - step.beta1,
+                         .one_minus_beta2 = 1.0 - step.beta2,
+                         .decay = step.lr * step.weight_decay,
+                         .bias1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step)),
+                         .bias2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step))};
   OnDevice on(master.device());
   dispatch_device(master.dtype(), [&]<class M>() {
     if constexpr (!std::is_same_v<M, float> && !std::is_same_v<M, double>) {

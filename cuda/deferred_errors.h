@@ -18,7 +18,13 @@
 
 namespace zg::cuda {
 
-enum class DeferredErrorKind : int32_t { none = 0, embedding_index = 1, embedding_backward_index = 2, cross_entropy_target = 3 };
+enum class DeferredErrorKind : int32_t {
+  none = 0,
+  embedding_index = 1,
+  embedding_backward_index = 2,
+  cross_entropy_target = 3,
+  cross_entropy_backward_target = 4,  // changed since the forward checked it (written through a raw pointer)
+};
 
 // Written by kernels with plain stores (several threads may race; any of them is a
 // correct report): kind last, after a system-wide fence.

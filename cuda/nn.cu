@@ -253,13 +253,14 @@ __global__ void cross_entropy_kernel(const T* logits, const I* target, Loss* los
 // holds lse - x[t]: x_j - lse = (x_j - x[t]) - loss (Backend::cross_entropy_backward). So
 // the row is read once and written once, and the [N, C] probabilities never exist:
 //   dx_j = g (exp(x_j - lse) - [j == t]),   dx = 0 on ignored rows.
-// (A target out of range was reported by the forward; such rows get NaN here.)
+// A target out of range gives a NaN row and a deferred error, as the CPU throws: the
+// forward checked the targets, but their bytes may have been written since.
 // grad_logits may be logits itself: every thread reads x[t] (and the row's stats) before
 // a barrier, and each then writes only the elements it read.
 template <class T, class I, class Loss>
 __global__ void cross_entropy_backward_kernel(const T* logits, const I* target, const Loss* loss,
                                               const Loss* grad_loss, T* grad_logits, int64_t rows, int64_t classes,
-                                              int64_t ignore_index) {
+                                              int64_t ignore_index, DeferredError* error) {
   using C = acc_t<T>;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t t = static_cast<int64_t>(target[row]);
@@ -270,6 +271,8 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const I* target, 
       continue;
     }
     const bool valid = t >= 0 && t < classes;
+    if (!valid && threadIdx.x == 0)
+      record_deferred_error(error, DeferredErrorKind::cross_entropy_backward_target, t, classes);
     const C g = static_cast<C>(grad_loss[row]);
     const C target_logit = valid ? C(widen(x[t])) : C(NAN), loss_row = static_cast<C>(loss[row]);
     RowLse<C> lse{target_logit, loss_row};
@@ -475,6 +478,7 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
   require_contiguous("cross_entropy_backward", {&logits, &target, &loss, &grad_loss, &grad_logits});
   const int64_t rows = logits.size(0), classes = logits.size(1);
   OnDevice on(logits.device());
+  DeferredError* error = deferred_error_record(on.device);
   with_float(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
     using Loss = std::conditional_t<std::is_same_v<T, double>, double, float>;
     ZG_CHECK(loss.dtype() == dtype_of<Loss>() && grad_loss.dtype() == dtype_of<Loss>(),
@@ -484,7 +488,7 @@ void CudaBackend::cross_entropy_backward(const Tensor& logits, const Tensor& tar
       if (rows == 0) return;
       cross_entropy_backward_kernel<T, I, Loss><<<blocks_for_rows(rows), kThreads, 0, on.stream>>>(
           device_ptr<const T>(logits), device_ptr<const I>(target), device_ptr<const Loss>(loss),
-          device_ptr<const Loss>(grad_loss), device_ptr<T>(grad_logits), rows, classes, ignore_index);
+          device_ptr<const Loss>(grad_loss), device_ptr<T>(grad_logits), rows, classes, ignore_index, error);
       ZG_CUDA_CHECK_LAUNCH();
     });
   });

@@ -11,7 +11,6 @@
 // division, a subroutine of some 70 instructions on a GPU.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <limits>
@@ -94,8 +93,8 @@ StridedIndexer<N> make_indexer(const Shape& shape, const std::array<const Shape*
     for (int j = 0; j < N; ++j) ix.strides[j][d] = st[j][d];
   }
   ix.small = elements <= std::numeric_limits<int32_t>::max();
-  if (ix.small)  // (a zero-size dim: no element, so no division)
-    for (int d = 0; d < ix.rank; ++d) ix.size[d] = FastDivider(static_cast<uint32_t>(std::max<int64_t>(dims[d], 1)));
+  if (ix.small && elements > 0)  // (no element, no division: a dim may then be 2^32 or more)
+    for (int d = 0; d < ix.rank; ++d) ix.size[d] = FastDivider(static_cast<uint32_t>(dims[d]));
   return ix;
 }
 

@@ -92,8 +92,13 @@ void LocalHub::rendezvous(int rank, const std::string& where, const std::functio
   const auto departed = [&] { return std::find(departed_.begin(), departed_.end(), true) != departed_.end(); };
   const bool done =
       cv_.wait_for(lock, timeout_, [&] { return generation_ != generation || aborted_ || departed(); });
+  // Every rank arrived: the rendezvous is over, even if a rank has failed since (it may
+  // have left first and thrown before this one woke) -- unless its check found a mismatch.
+  if (generation_ != generation) {
+    if (!mismatch_.empty()) throw failed();
+    return;
+  }
   if (aborted_) throw failed();
-  if (generation_ != generation) return;
   if (departed()) {
     std::string gone;
     for (int q = 0; q < size_; ++q)

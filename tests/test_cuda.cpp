@@ -102,6 +102,8 @@ TEST_CASE("the strided indexer's multiply-and-shift division is exact, and so ar
   }
   const Shape big{int64_t{1} << 31}, unit{1};
   CHECK_FALSE(cuda::make_indexer<1>(big, {&unit}, "test").small);  // 2^31 elements: 64-bit
+  const Shape empty{int64_t{1} << 32, 0}, ones{1, 1};  // no element: no divider (2^32 is none in 32 bits)
+  CHECK(cuda::make_indexer<1>(empty, {&ones}, "test").rank == 2);
 }
 
 TEST_CASE("the one-pass log-sum-exp of the GPU's softmax and cross-entropy is the two-pass one") {
@@ -132,6 +134,12 @@ TEST_CASE("the one-pass log-sum-exp of the GPU's softmax and cross-entropy is th
     for (size_t threads : {size_t{1}, size_t{2}, size_t{32}, size_t{256}}) {
       INFO(row.size() << " values, " << threads << " threads");
       CHECK(one_pass(row, threads) == doctest::Approx(two_pass(row)).epsilon(1e-13));
+      // In f32, as the kernels run it for f32, bf16 and f16: to f32 rounding.
+      std::vector<cuda::OnlineLse<float>> parts(threads);
+      for (size_t j = 0; j < row.size(); ++j) parts[j % threads].add(static_cast<float>(row[j]));
+      for (size_t half = threads / 2; half > 0; half /= 2)
+        for (size_t i = 0; i < half; ++i) parts[i] = parts[i].merged(parts[i + half]);
+      CHECK(parts[0].max + parts[0].log_sum() == doctest::Approx(two_pass(row)).epsilon(1e-6));
     }
   // NaN where the two-pass form is NaN: a NaN or a +inf anywhere, or -inf only.
   for (const std::vector<double>& row : {std::vector<double>{1, NAN, 2}, std::vector<double>{NAN, INFINITY},
@@ -383,6 +391,15 @@ TEST_CASE("an out-of-range index on the GPU becomes a zg::Error at the next sync
   CHECK_THROWS_WITH_AS(cross_entropy(logits, tensor<int64_t>({1, 9}, {2}, on_gpu(DType::i64))).item<float>(),
                        doctest::Contains("target 9 is out of range for 5 classes"), Error);
   CHECK(std::isfinite(cross_entropy(logits, tensor<int64_t>({1, 4}, {2}, on_gpu(DType::i64))).item<float>()));
+  // Targets written after the forward checked them, where no version counter sees it (here
+  // through the backend itself): the backward's kernel reports them, as the CPU throws.
+  const Tensor leaf = randn({2, 5}, on_gpu(DType::f32)).set_requires_grad(true);
+  const Tensor targets = tensor<int64_t>({1, 4}, {2}, on_gpu(DType::i64));
+  const Tensor loss = cross_entropy(leaf, targets);
+  backend(kCUDA).copy(tensor<int64_t>({1, 9}, {2}, on_gpu(DType::i64)), targets);
+  loss.backward();
+  CHECK_THROWS_WITH_AS(leaf.grad().to(kCPU), doctest::Contains("cross_entropy_backward: target 9 is out of range for 5"),
+                       Error);
 }
 
 TEST_CASE("fused AdamW on the GPU matches the CPU, compute copy included" * doctest::skip(kNoGpu)) {

@@ -319,9 +319,11 @@ Tensor packed_attention(const Tensor& qkv_in, int64_t heads, bool causal) {
         const auto grads = attention_backward(q, k, v, a, g.contiguous().view(bthd).transpose(1, 2), causal, scale);
         const Tensor dqkv = empty_like(packed);
         auto into = unpack_qkv(dqkv, heads);
-        // In [B, T, H, D] order, where each side's (H, D) is one run of C and (B, T) one of
-        // rows: a copy of B*T rows of C, which a strided kernel indexes in two dims, not four.
-        for (int i = 0; i < 3; ++i) into[i].transpose(1, 2).copy_(grads[i].transpose(1, 2));
+        // Fused, the gradients are [B, T, H, D] buffers: copied in that order, each side's
+        // (H, D) is one run of C and (B, T) one of rows -- B*T rows of C, which a strided
+        // kernel indexes in two dims, not four.
+        for (int i = 0; i < 3; ++i)
+          fused ? into[i].transpose(1, 2).copy_(grads[i].transpose(1, 2)) : into[i].copy_(grads[i]);
         return Grads{dqkv};
       });
 }
