@@ -1,12 +1,12 @@
 // Row kernels of the neural-network primitives: softmax, layer norm, embedding
-// and cross-entropy (each forward and backward). One block per row; elementwise
-// results rounded once to the output dtype. Statistics and results are computed in the
-// compute type C -- f32 for f32, bf16 and f16, f64 for f64 -- as the elementwise kernels
-// do: softmax and cross-entropy take an exp per element of rows as long as the
-// vocabulary, and an f64 exp costs some 30 f64 operations, which made GPT-2's
-// cross-entropy compute-bound (about 3 ms a step on an H100, against 1 ms of memory
-// traffic). The CPU works in f64: the two agree to f32 rounding. Softmax and
-// cross-entropy rows are long (a block each); layer norm's are short (a warp each).
+// and cross-entropy (each forward and backward). Softmax and cross-entropy rows are
+// long (a block each), layer norm's short (a warp each); elementwise results are
+// rounded once to the output dtype. Statistics and results are computed in the compute
+// type C -- f32 for f32, bf16 and f16, f64 for f64 -- as the elementwise kernels do:
+// softmax and cross-entropy take an exp per element of rows as long as the vocabulary,
+// and an f64 exp costs some 30 f64 operations, which by estimate made GPT-2's
+// cross-entropy compute-bound on an H100 (about 3 ms a step, against 1 ms of memory
+// traffic). The CPU works in f64: the two agree to f32 rounding.
 #include <climits>
 #include <cmath>
 
