@@ -5,7 +5,8 @@
 //                 counted as a ring moves data ((N-1)/N per reduce-scatter or all-gather).
 //
 // --device meta (default): a dry run of rank 0 with a fake group -- real code paths,
-// counted bytes, nothing allocated -- so 7.5B parameters at N = 64 take a second.
+// counted bytes, nothing allocated -- so 7.5B parameters at N = 64 take a second. Its
+// activations are a GPU's: attention keeps flash attention's row statistics.
 // --device cpu | cuda: N ranks as threads of this process, real training steps: on
 // the CPU or one GPU through the local group (ranks sharing the GPU, each with its
 // own allocator and streams); with at least N GPUs through the nccl group, rank r on
@@ -163,7 +164,8 @@ void usage() {
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--json]\n"
       "Per-rank memory by category and bytes sent per step for DDP and ZeRO-1/2/3, next to the ZeRO\n"
-      "paper's formulas. meta (default): rank 0 of N with a fake group, nothing allocated;\n"
+      "paper's formulas. meta (default): rank 0 of N with a fake group, nothing allocated, activations\n"
+      "as a GPU keeps them (flash attention);\n"
       "cpu / cuda: N ranks as threads, real steps, through the local group (sharing one GPU) or, with\n"
       "N GPUs, nccl (--group auto picks nccl then); --device auto: cuda if usable, else cpu.\n"
       "--model defaults to 124m (tiny on the cpu).\n");
