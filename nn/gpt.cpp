@@ -34,14 +34,18 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
 MLP::MLP(const GPTConfig& config, TensorOptions options) {
   check_config(config);
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-  // c_fc applies GPT-2's GELU itself: one fused op (a GEMM epilogue on CUDA), same parameters.
+  // c_fc applies GPT-2's GELU itself when called alone (a GEMM epilogue on CUDA).
   c_fc = register_module("c_fc", std::make_shared<Linear>(config.n_embd, 4 * config.n_embd, true, 0.02, options,
                                                           Activation::gelu));
   c_proj = register_module("c_proj", std::make_shared<Linear>(4 * config.n_embd, config.n_embd, true, proj_std, options));
   dropout = register_module("dropout", std::make_shared<Dropout>(config.dropout));
 }
 
-Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)((*c_fc)(x))); }  // c_fc includes the GELU
+// c_proj(gelu(c_fc(x))) as one op (zg::mlp) through the two layers' weights: the GELU
+// output is made again in backward rather than kept.
+Tensor MLP::forward(const Tensor& x) {
+  return (*dropout)(mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
+}
 
 Block::Block(const GPTConfig& config, TensorOptions options) {
   check_config(config);

@@ -34,7 +34,8 @@ class CausalSelfAttention : public Module {
   int64_t n_head;
 };
 
-// c_proj(gelu(c_fc(x))), hidden size 4C (c_fc applies the GELU in its own fused op).
+// c_proj(gelu(c_fc(x))), hidden size 4C, as one op (zg::mlp: the GELU output is made
+// again in backward, not kept).
 class MLP : public Module {
  public:
   MLP(const GPTConfig& config, TensorOptions options);

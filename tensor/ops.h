@@ -108,6 +108,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 // forward (on CUDA a cuBLASLt GEMM with a bias/GELU epilogue) and a GEMM for the input
 // gradient plus one for the weight's that also reduces the bias gradient.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act = Activation::none);
+// GPT-2's MLP, linear(gelu(linear(x, fc_weight, fc_bias)), proj_weight, proj_bias), as one
+// op that keeps only x and the pre-activation for backward: the GELU output, as large,
+// is made again there (as llm.c does). A layer keeps 4C values a token fewer, for one
+// elementwise pass more.
+Tensor mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
+           const Tensor& proj_bias);
 
 // ---- neural-network primitives ----
 Tensor softmax(const Tensor& x, int64_t dim = -1);

@@ -67,6 +67,9 @@ std::map<std::string, GradCase> grad_cases(Device d) {
   c["linear"] = {{normal_leaf({2, 3, 5}, d), normal_leaf({4, 5}, d), normal_leaf({4}, d)},
                  FN { return linear(x[0], x[1], x[2], Activation::gelu) + linear(x[0], x[1], x[2]) +
                              linear(x[0], x[1], Tensor(), Activation::gelu); }};
+  c["mlp"] = {{normal_leaf({2, 3, 5}, d), normal_leaf({4, 5}, d), normal_leaf({4}, d), normal_leaf({6, 4}, d),
+               normal_leaf({6}, d)},
+              FN { return mlp(x[0], x[1], x[2], x[3], x[4]) + mlp(x[0], x[1], Tensor(), x[3], Tensor()); }};
   c["softmax"] = {{normal_leaf({3, 4, 5}, d)}, FN { return softmax(x[0], 1); }};
   c["log_softmax"] = {{normal_leaf({3, 5}, d)}, FN { return log_softmax(x[0], -1); }};
   c["layer_norm"] = {{normal_leaf({2, 3, 6}, d), normal_leaf({6}, d), normal_leaf({6}, d)},

@@ -26,6 +26,16 @@ TEST_CASE("shape, dtype and device mismatches") {
   CHECK_THROWS_WITH_AS(cross_entropy(a, zeros({3}, DType::i64)),
                        "cross_entropy: logits f32[2, 3] on cpu need targets of shape [2], got i64[3] on cpu", Error);
   CHECK_THROWS_WITH_AS(add(a, Tensor()), "add: got an undefined tensor", Error);
+  CHECK_THROWS_WITH_AS(linear(a, zeros({4, 2}), Tensor()),
+                       "linear: input f32[2, 3] on cpu does not end in the 2 features of weight f32[4, 2] on cpu ([out, in])",
+                       Error);
+  CHECK_THROWS_WITH_AS(linear(a, zeros({4, 3}), zeros({3})), "linear: bias f32[3] on cpu must be [4]", Error);
+  // mlp checks both layers, the second against the first's output [2, 4].
+  CHECK_THROWS_WITH_AS(mlp(a, zeros({4, 3}), Tensor(), zeros({3, 5}), Tensor()),
+                       "mlp: input f32[2, 4] on cpu does not end in the 5 features of weight f32[3, 5] on cpu ([out, in])",
+                       Error);
+  CHECK_THROWS_WITH_AS(mlp(a, zeros({4, 3}), Tensor(), zeros({3, 4}, DType::f64), Tensor()),
+                       doctest::Contains("mlp: "), Error);
 }
 
 TEST_CASE("bad dims and out-of-range indices") {

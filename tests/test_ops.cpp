@@ -603,6 +603,49 @@ TEST_CASE("cross_entropy of a -inf target logit: the loss is inf and the gradien
   }
 }
 
+TEST_CASE("mlp is linear with GELU then linear, forward and backward, keeping less") {
+  // Its backward makes the GELU output again instead of keeping it: bit for bit where the
+  // GELU of the recompute is the forward's (the CPU; on a GPU the forward's comes from a
+  // GEMM epilogue, so within rounding).
+  for (const Device device : devices()) {
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      manual_seed(6);
+      const TensorOptions options = TensorOptions(dt).device(device);
+      const std::vector<Tensor> inputs{randn({2, 5, 16}, options), randn({64, 16}, options), randn({64}, options),
+                                       randn({16, 64}, options), randn({16}, options)};
+      const Tensor g = randn({2, 5, 16}, options);
+      std::vector<Tensor> outs;
+      std::vector<std::vector<Tensor>> grads;
+      for (const bool fused : {true, false}) {
+        std::vector<Tensor> x;
+        for (const Tensor& t : inputs) x.push_back(t.detach().set_requires_grad(true));
+        const Tensor y = fused ? mlp(x[0], x[1], x[2], x[3], x[4])
+                               : linear(linear(x[0], x[1], x[2], Activation::gelu), x[3], x[4]);
+        sum(y * g).backward();
+        outs.push_back(y.detach());
+        grads.emplace_back();
+        for (const Tensor& t : x) grads.back().push_back(t.grad());
+      }
+      const std::string what = std::string(" on ") + device.str() + " in " + name(dt);
+      check_identical(outs[0], outs[1], "output" + what);
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const std::string which = "gradient of input " + std::to_string(i) + what;
+        if (device == kCPU) check_identical(grads[0][i], grads[1][i], which);
+        else check_close(grads[0][i], Host::of(grads[1][i]), dt == DType::bf16 ? 2e-2 : 1e-5, dt == DType::bf16 ? 2e-2 : 1e-5, which);
+      }
+    }
+  }
+  // Kept for backward: x and the [rows, 4C] pre-activation, not the GELU output too.
+  Context rank;
+  ContextGuard guard(rank);
+  const TensorOptions meta = TensorOptions(DType::bf16).device(kMeta);
+  const Tensor x = randn({8, 16}, meta).set_requires_grad(true);
+  const Tensor fc = randn({64, 16}, meta), proj = randn({16, 64}, meta);
+  const int64_t before = memory_stats(kMeta).allocated_total;
+  const Tensor y = mlp(x, fc, Tensor(), proj, Tensor());
+  CHECK(memory_stats(kMeta).allocated_total - before == y.nbytes() + 8 * 64 * 2);
+}
+
 TEST_CASE("packed_attention is split + scaled_dot_product_attention, forward and backward, on every device") {
   // [B, T, 3C] with C = H * D; D = 64 and 16-bit dtypes take cuDNN's fused kernels on a GPU.
   const int64_t batch = 2, time = 16, heads = 2, head = 64, channels = heads * head;

@@ -22,7 +22,7 @@ Tensor blas_layout(const Tensor& m) {
 // A BLAS-ready matrix stored column by column: a transposed view.
 bool column_major(const Tensor& m) { return m.strides()[m.dim() - 2] == 1 && m.strides()[m.dim() - 1] != 1; }
 
-const DifferentiableOp kMatmul("matmul"), kLinear("linear");
+const DifferentiableOp kMatmul("matmul"), kLinear("linear"), kMlp("mlp");
 
 }  // namespace
 
@@ -70,40 +70,88 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   return out.view(out_shape);
 }
 
+namespace {
+
+// x [..., K] as rows, weight [N, K] and bias [N] (or undefined) as the kernels take them,
+// after checking they fit together; `op` names the caller in errors.
+struct LinearOperands {
+  Tensor rows, weight, bias;
+};
+LinearOperands linear_operands(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  detail::check_floating(op, x);
+  detail::check_compatible(op, x, weight);
+  ZG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), op, ": input ", describe(x),
+           " does not end in the ", weight.dim() == 2 ? weight.size(1) : -1, " features of weight ", describe(weight),
+           " ([out, in])");
+  if (bias.defined()) {
+    detail::check_compatible(op, x, bias);
+    ZG_CHECK(bias.shape() == Shape{weight.size(0)}, op, ": bias ", describe(bias), " must be [", weight.size(0), "]");
+  }
+  return {detail::as_rows(x), weight.contiguous(), bias.defined() ? bias.contiguous() : bias};
+}
+
+// The gradients of y = x W^T + b for g = dL/dy: dx = g W, dW = g^T x, db = sum over rows of g.
+std::vector<Tensor> linear_grads(const Tensor& g, const Tensor& x, const Tensor& weight, bool has_bias) {
+  Tensor dw = empty(weight.shape(), detail::options_of(weight));
+  Tensor db = has_bias ? empty({weight.size(0)}, detail::options_of(weight)) : Tensor();
+  backend(g.device()).linear_weight_grad(g, x, dw, db);
+  return {matmul(g, weight), dw, db};
+}
+
+Shape with_last(Shape shape, int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
+}  // namespace
+
 // pre = x W^T + b, y = act(pre). With g' = dL/dpre (= g * gelu'(pre) for GELU, one pass):
 //   dx = g' W,   dW = g'^T x,   db = sum over rows of g'
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act) {
   static constexpr const char* name = "linear";
-  detail::check_floating(name, x);
-  detail::check_compatible(name, x, weight);
-  ZG_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1), name, ": input ", describe(x),
-           " does not end in the ", weight.dim() == 2 ? weight.size(1) : -1, " features of weight ", describe(weight),
-           " ([out, in])");
-  if (bias.defined()) {
-    detail::check_compatible(name, x, bias);
-    ZG_CHECK(bias.shape() == Shape{weight.size(0)}, name, ": bias ", describe(bias), " must be [", weight.size(0), "]");
-  }
-  const int64_t features = weight.size(0);
-  const Tensor rows = detail::as_rows(x), w = weight.contiguous();
-  const Tensor b = bias.defined() ? bias.contiguous() : bias;
+  const auto [rows, w, b] = linear_operands(name, x, weight, bias);
   const TensorOptions options = detail::options_of(x);
-  Tensor out = empty({rows.size(0), features}, options);
-  const Tensor pre = act == Activation::none ? Tensor() : empty({rows.size(0), features}, options);
+  Tensor out = empty({rows.size(0), w.size(0)}, options);
+  const Tensor pre = act == Activation::none ? Tensor() : empty({rows.size(0), w.size(0)}, options);
   backend(x.device()).linear(rows, w, b, act, out, pre);
   out = differentiable(
       out, kLinear, {rows, w, b},
       [rows = SavedTensor(rows), w = SavedTensor(w), pre = SavedTensor(pre), act, has_bias = b.defined()](
           const Tensor& g_in) {
-        const Tensor x_v = rows.get(name), w_v = w.get(name);
         const Tensor g = act == Activation::gelu ? gelu_backward(pre.get(name), g_in) : g_in.contiguous();
-        Tensor dw = empty(w_v.shape(), detail::options_of(w_v));
-        Tensor db = has_bias ? empty({w_v.size(0)}, detail::options_of(w_v)) : Tensor();
-        backend(g.device()).linear_weight_grad(g, x_v, dw, db);
-        return std::vector<Tensor>{matmul(g, w_v), dw, db};
+        return linear_grads(g, rows.get(name), w.get(name), has_bias);
       });
-  Shape out_shape = x.shape();
-  out_shape.back() = features;
-  return out.view(out_shape);
+  return out.view(with_last(x.shape(), w.size(0)));
+}
+
+// h = gelu(p), p = x W1^T + b1, y = h W2^T + b2; only x and p are kept, h is made again:
+//   dW2 = g^T h,  db2 = sum over rows of g,  dh = g W2,  dp = dh * gelu'(p),
+//   dx = dp W1,   dW1 = dp^T x,              db1 = sum over rows of dp
+Tensor mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
+           const Tensor& proj_bias) {
+  static constexpr const char* name = "mlp";
+  const auto [rows, w1, b1] = linear_operands(name, x, fc_weight, fc_bias);
+  const TensorOptions options = detail::options_of(x);
+  const Tensor pre = empty({rows.size(0), w1.size(0)}, options);
+  const auto [h, w2, b2] = linear_operands(name, empty_like(pre), proj_weight, proj_bias);  // h: freed on return
+  Tensor out = empty({rows.size(0), w2.size(0)}, options);
+  backend(x.device()).linear(rows, w1, b1, Activation::gelu, h, pre);
+  backend(x.device()).linear(h, w2, b2, Activation::none, out, Tensor());
+  out = differentiable(
+      out, kMlp, {rows, w1, b1, w2, b2},
+      [rows = SavedTensor(rows), w1 = SavedTensor(w1), w2 = SavedTensor(w2), pre = SavedTensor(pre),
+       has_b1 = b1.defined(), has_b2 = b2.defined()](const Tensor& g_in) {
+        const Tensor g = g_in.contiguous(), p = pre.get(name);
+        std::vector<Tensor> proj;
+        {
+          Tensor hidden = empty_like(p);
+          backend(p.device()).unary(UnaryOp::gelu, p, hidden);
+          proj = linear_grads(g, hidden, w2.get(name), has_b2);  // {dh, dW2, db2}; h goes here
+        }
+        std::vector<Tensor> fc = linear_grads(gelu_backward(p, proj[0]), rows.get(name), w1.get(name), has_b1);
+        return std::vector<Tensor>{fc[0], fc[1], fc[2], proj[1], proj[2]};
+      });
+  return out.view(with_last(x.shape(), w2.size(0)));
 }
 
 }  // namespace zg
