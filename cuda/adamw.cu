@@ -33,7 +33,8 @@ template <class M, class G, class C>
 __global__ void adamw_kernel(M* master, const G* grad, M* m, M* v, C* compute, int64_t n, AdamWConstants s,
                              const float* device_scale) {
   using GC = acc_t<G>;  // the gradient is scaled in its own compute type, before rounding to M
-  const GC grad_scale = static_cast<GC>(device_scale ? s.grad_scale * static_cast<double>(*device_scale) : s.grad_scale);
+  const GC grad_scale =
+      static_cast<GC>(device_scale ? s.grad_scale * static_cast<double>(*device_scale) : s.grad_scale);
   const M decay = static_cast<M>(s.decay), lr = static_cast<M>(s.lr), eps = static_cast<M>(s.eps);
   const M beta1 = static_cast<M>(s.beta1), beta2 = static_cast<M>(s.beta2);
   const M one_minus_beta1 = static_cast<M>(s.one_minus_beta1), one_minus_beta2 = static_cast<M>(s.one_minus_beta2);

@@ -127,7 +127,8 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
     std::vector<std::pair<std::string, double>> units;
     for (const auto& unit : units_) {
       units.emplace_back("size of unit " + unit->name, static_cast<double>(unit->numel));
-      units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name, static_cast<double>(layout_hash(unit->entries)));
+      units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name,
+                         static_cast<double>(layout_hash(unit->entries)));
     }
     Agreement same_units(group_, agreement_device(group_, device), units);
     same_units.check("ShardedModel: was built with");

@@ -142,13 +142,9 @@ Tensor mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, cons
       [rows = SavedTensor(rows), w1 = SavedTensor(w1), w2 = SavedTensor(w2), pre = SavedTensor(pre),
        has_b1 = b1.defined(), has_b2 = b2.defined()](const Tensor& g_in) {
         const Tensor g = g_in.contiguous(), p = pre.get(name);
-        std::vector<Tensor> proj;
-        {
-          Tensor hidden = empty_like(p);
-          backend(p.device()).unary(UnaryOp::gelu, p, hidden);
-          proj = linear_grads(g, hidden, w2.get(name), has_b2);  // {dh, dW2, db2}; h goes here
-        }
-        std::vector<Tensor> fc = linear_grads(gelu_backward(p, proj[0]), rows.get(name), w1.get(name), has_b1);
+        // {dh, dW2, db2}, with h made again (grad mode is off here: gelu records nothing) and freed at once.
+        const std::vector<Tensor> proj = linear_grads(g, gelu(p), w2.get(name), has_b2);
+        const std::vector<Tensor> fc = linear_grads(gelu_backward(p, proj[0]), rows.get(name), w1.get(name), has_b1);
         return std::vector<Tensor>{fc[0], fc[1], fc[2], proj[1], proj[2]};
       });
   return out.view(with_last(x.shape(), w2.size(0)));
