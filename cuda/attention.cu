@@ -119,12 +119,19 @@ Layout bthd_packed(const Shape& dim) {
   return layout(dim, {time * heads * head_size, head_size, heads * head_size, 1});
 }
 
+// The same for q, k, v packed as the thirds of one [B, T, 3, H, D] buffer (packed_qkv).
+Layout bt3hd_packed(const Shape& dim) {
+  const int64_t heads = dim[1], time = dim[2], head_size = dim[3];
+  return layout(dim, {time * 3 * heads * head_size, head_size, 3 * heads * head_size, 1});
+}
+
 // One attention call as cuDNN sees it, and the layouts of its backward's other operands.
 struct Problem {
   DType dtype;
   bool causal;
   double scale;
   Layout q, k, v;
+  bool packed;  // q, k, v are packed (packed_qkv): so will dq, dk, dv be
 };
 
 struct BackwardLayouts {
@@ -132,13 +139,15 @@ struct BackwardLayouts {
 };
 
 Problem problem(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
-  return {q.dtype(), causal, scale, layout_of(q), layout_of(k), layout_of(v)};
+  return {q.dtype(), causal, scale, layout_of(q), layout_of(k), layout_of(v), packed_qkv(q, k, v)};
 }
 
 // What the front-end (tensor/ops/nn.cpp) will hand attention_backward after a forward
-// into `out`: out itself, and grad_out and the gradients fresh (Backend::attention_backward).
+// into `out`: out itself, grad_out fresh, and the gradients fresh or, for packed q, k, v,
+// the thirds of one fresh packed buffer (Backend::attention_backward).
 BackwardLayouts front_end_backward(const Problem& p, const Layout& out) {
-  return {out, bthd_packed(p.q.dim), bthd_packed(p.q.dim), bthd_packed(p.k.dim), bthd_packed(p.v.dim)};
+  const auto fresh = p.packed ? bt3hd_packed : bthd_packed;
+  return {out, bthd_packed(p.q.dim), fresh(p.q.dim), fresh(p.k.dim), fresh(p.v.dim)};
 }
 
 // Everything a graph is built for: dtype, mask, scale and its operands' layouts (the

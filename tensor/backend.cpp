@@ -67,6 +67,19 @@ std::string flash_attention_unsupported(const Tensor& q, const Tensor& k, const 
   return "";
 }
 
+// Size-1 dims' strides address nothing and are not looked at.
+bool packed_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (q.dim() != 4 || k.shape() != q.shape() || v.shape() != q.shape() || k.dtype() != q.dtype() ||
+      v.dtype() != q.dtype() || k.storage() != q.storage() || v.storage() != q.storage())
+    return false;
+  const int64_t time = q.size(2), head = q.size(3), channels = q.size(1) * head;
+  const int64_t packed[4] = {time * 3 * channels, head, 3 * channels, 1};  // [B, T, 3, H, D] seen as [B, H, T, D]
+  for (const Tensor* t : {&q, &k, &v})
+    for (int64_t d = 0; d < 4; ++d)
+      if (t->size(d) != 1 && t->strides()[d] != packed[d]) return false;
+  return k.offset() == q.offset() + channels && v.offset() == q.offset() + 2 * channels;
+}
+
 // pre = x W^T (+ bias broadcast over rows), written in place; out = act(pre).
 void Backend::linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& out,
                      const Tensor& pre) {

@@ -188,8 +188,10 @@ class Backend {
     return false;
   }
   // Its backward, called only after attention() returned true for the same q, k, v:
-  // dq, dk, dv from grad_out, using out and stats. The front-end allocates grad_out,
-  // dq, dk and dv as fresh [B, T, H, D] buffers passed as their [B, H, T, D] views.
+  // dq, dk, dv from grad_out, using out and stats. The front-end allocates grad_out as a
+  // fresh [B, T, H, D] buffer passed as its [B, H, T, D] view, and dq, dk, dv the same
+  // way -- except where q, k, v are packed (packed_qkv below): then dq, dk, dv are the
+  // thirds of one fresh [B, T, 3, H, D] buffer, laid out as q, k, v.
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& stats, const Tensor& grad_out, bool causal, double scale,
                                   const Tensor& dq, const Tensor& dk, const Tensor& dv);
@@ -203,6 +205,14 @@ class Backend {
 // cuDNN may still decline when it builds its graph -- some GPUs stop at head size 128 --
 // so for D in (128, 256] a dry run can count less than such a GPU would keep.
 std::string flash_attention_unsupported(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out);
+
+// Whether q, k, v [B, H, T, D] are the three thirds of one [B, T, 3, H, D]-contiguous
+// buffer: GPT's projection [B, T, 3C] seen head by head (packed_attention). Flash
+// attention's backward then writes dq, dk, dv into one such buffer, laid out as q, k, v
+// (as llm.c does): the gradient of the projection, with no copy. The front-end (which
+// allocates that buffer) and a backend (which builds its backward for those layouts
+// during the forward) decide by this one rule.
+bool packed_qkv(const Tensor& q, const Tensor& k, const Tensor& v);
 // Why such a kernel cannot read one operand `t` (named `which` in the reason), or "".
 std::string flash_attention_unreadable(const Tensor& t, const char* which);
 

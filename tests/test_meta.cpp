@@ -87,6 +87,40 @@ TEST_CASE("meta attention keeps what a GPU's flash attention keeps: row statisti
   CHECK_FALSE(flash_attention_unsupported(shifted, aligned, aligned, aligned).empty());
 }
 
+TEST_CASE("flash attention over packed q, k, v writes their gradient straight into one packed buffer") {
+  // As llm.c does: cuDNN writes dq, dk, dv into the thirds of the projection's [B, T, 3C]
+  // gradient. They came in three fresh buffers, copied into a fourth.
+  Context rank;
+  ContextGuard guard(rank);
+  const int64_t batch = 2, time = 256, heads = 4, head = 64, channels = heads * head;
+  const Tensor qkv = randn({batch, time, 3 * channels}, TensorOptions(DType::bf16).device(kMeta)).set_requires_grad(true);
+  const Tensor y = packed_attention(qkv, heads, true);
+  const Tensor g = ones_like(y);
+  Context::current().allocator(kMeta)->reset_peaks();
+  const int64_t before = memory_stats(kMeta).allocated_total;
+  int64_t peak_in_backward = -1;  // when the gradient reaches the leaf (which then copies it into .grad)
+  qkv.register_hook([&](const Tensor& grad) {
+    CHECK(grad.shape() == qkv.shape());
+    peak_in_backward = memory_stats(kMeta).peak_total - before;
+    return Tensor();
+  });
+  y.backward(g);
+  CHECK(peak_in_backward == qkv.nbytes());  // the gradient itself, nothing beside it
+  // The rule the front-end and the CUDA backend share: the thirds of one [B, T, 3C] buffer.
+  const auto thirds = [&](const Tensor& t) {
+    std::vector<Tensor> parts;
+    for (int64_t i = 0; i < 3; ++i)
+      parts.push_back(t.narrow(2, i * channels, channels).view({batch, time, heads, head}).transpose(1, 2));
+    return parts;
+  };
+  const std::vector<Tensor> p = thirds(qkv.detach()), other = thirds(randn(qkv.shape(), TensorOptions(DType::bf16).device(kMeta)));
+  CHECK(packed_qkv(p[0], p[1], p[2]));
+  CHECK_FALSE(packed_qkv(p[1], p[0], p[2]));      // out of order
+  CHECK_FALSE(packed_qkv(p[0], p[1], other[2]));  // another buffer
+  const Tensor fresh = empty({batch, time, heads, head}, TensorOptions(DType::bf16).device(kMeta)).transpose(1, 2);
+  CHECK_FALSE(packed_qkv(fresh, fresh, fresh));
+}
+
 TEST_CASE("a GPT step on meta whose caller keeps only the loss needs no second buffer for the logits' gradient") {
   // cross_entropy's backward writes the gradient over the logits once nothing else holds
   // them; an output held through backward keeps them, and backward allocates its own.

@@ -225,25 +225,6 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
   return a;
 }
 
-// Its backward for the output gradient g (fused: [B, H, T, D], a view of a contiguous
-// [B, T, H, D] buffer, as the output): dq, dk, dv. Fused, the backend writes them into
-// fresh [B, T, H, D] buffers. Composed, with dP = g v^T:
-//   dv = P^T g,  dS = P (dP - sum(dP P)) * scale,  dq = dS k,  dk = dS^T q,
-// each summed back to its input's shape (k, v may broadcast over q's batch).
-std::array<Tensor, 3> attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& a,
-                                         const Tensor& g, bool causal, double scale) {
-  if (a.fused) {
-    std::array<Tensor, 3> grads{bthd_like(q), bthd_like(k), bthd_like(v)};
-    backend(q.device()).attention_backward(q, k, v, a.out, a.kept, g, causal, scale, grads[0], grads[1], grads[2]);
-    return grads;
-  }
-  const Tensor& P = a.kept;
-  const Tensor dP = matmul(g, v, false, true);
-  const Tensor dS = P * (dP - sum(dP * P, {-1}, true)) * scale;
-  return {sum_to(matmul(dS, k), q.shape()), sum_to(matmul(dS, q, true, false), k.shape()),
-          sum_to(matmul(P, g, true, false), v.shape())};
-}
-
 // q, k and v of GPT's packed projection [B, T, 3C] as [B, H, T, D] views (no copy).
 std::array<Tensor, 3> unpack_qkv(const Tensor& qkv, int64_t heads) {
   const int64_t batch = qkv.size(0), time = qkv.size(1), channels = qkv.size(2) / 3;
@@ -251,6 +232,41 @@ std::array<Tensor, 3> unpack_qkv(const Tensor& qkv, int64_t heads) {
   for (int64_t i = 0; i < 3; ++i)
     parts[i] = qkv.narrow(2, i * channels, channels).view({batch, time, heads, channels / heads}).transpose(1, 2);
   return parts;
+}
+
+// dq, dk, dv, and where they are the thirds of one [B, T, 3C] buffer, that buffer.
+struct AttentionGrads {
+  std::array<Tensor, 3> dqkv;
+  Tensor packed;
+};
+
+// Its backward for the output gradient g (fused: [B, H, T, D], a view of a contiguous
+// [B, T, H, D] buffer, as the output). Fused, the backend writes dq, dk, dv into fresh
+// [B, T, H, D] buffers -- or, where q, k, v are packed (packed_qkv), into the thirds of
+// one fresh [B, T, 3C] buffer: the gradient of the projection they came from. Composed,
+// with dP = g v^T:
+//   dv = P^T g,  dS = P (dP - sum(dP P)) * scale,  dq = dS k,  dk = dS^T q,
+// each summed back to its input's shape (k, v may broadcast over q's batch).
+AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionForward& a,
+                                  const Tensor& g, bool causal, double scale) {
+  if (a.fused) {
+    AttentionGrads grads;
+    if (packed_qkv(q, k, v)) {
+      grads.packed = empty({q.size(0), q.size(2), 3 * q.size(1) * q.size(3)}, options_of(q));
+      grads.dqkv = unpack_qkv(grads.packed, q.size(1));
+    } else {
+      grads.dqkv = {bthd_like(q), bthd_like(k), bthd_like(v)};
+    }
+    const auto& [dq, dk, dv] = grads.dqkv;
+    backend(q.device()).attention_backward(q, k, v, a.out, a.kept, g, causal, scale, dq, dk, dv);
+    return grads;
+  }
+  const Tensor& P = a.kept;
+  const Tensor dP = matmul(g, v, false, true);
+  const Tensor dS = P * (dP - sum(dP * P, {-1}, true)) * scale;
+  return {{sum_to(matmul(dS, k), q.shape()), sum_to(matmul(dS, q, true, false), k.shape()),
+           sum_to(matmul(P, g, true, false), v.shape())},
+          Tensor()};
 }
 
 }  // namespace
@@ -282,15 +298,16 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
         const char* op = "scaled_dot_product_attention";
         const AttentionForward a{fused ? out.get(op).transpose(1, 2) : Tensor(), kept.get(op), fused};
         const auto [dq, dk, dv] = attention_backward(q.get(op), k.get(op), v.get(op), a,
-                                                     fused ? g.contiguous().transpose(1, 2) : g, causal, scale);
+                                                     fused ? g.contiguous().transpose(1, 2) : g, causal, scale).dqkv;
         return Grads{dq, dk, dv};
       });
   return a.fused ? out.transpose(1, 2) : out;
 }
 
 // The attention of scaled_dot_product_attention on q, k, v viewed in place in the
-// packed buffer; the backward copies dq, dk, dv into one [B, T, 3C] gradient, where
-// split's three views would each have filled a zeroed [B, T, 3C] buffer, then added up.
+// packed buffer; the backward's gradient is one [B, T, 3C] buffer (the fused kernel
+// writes dq, dk, dv straight into it; composed, they are copied in), where split's
+// three views would each have filled a zeroed [B, T, 3C] buffer, then added up.
 Tensor packed_attention(const Tensor& qkv_in, int64_t heads, bool causal) {
   const char* name = "packed_attention";
   detail::check_floating(name, qkv_in);
@@ -316,14 +333,12 @@ Tensor packed_attention(const Tensor& qkv_in, int64_t heads, bool causal) {
         const auto [q, k, v] = unpack_qkv(packed, heads);
         const Shape bthd{q.size(0), q.size(2), q.size(1), q.size(3)};
         const AttentionForward a{fused ? out.get(op).view(bthd).transpose(1, 2) : Tensor(), kept.get(op), fused};
-        const auto grads = attention_backward(q, k, v, a, g.contiguous().view(bthd).transpose(1, 2), causal, scale);
+        const AttentionGrads grads =
+            attention_backward(q, k, v, a, g.contiguous().view(bthd).transpose(1, 2), causal, scale);
+        if (grads.packed.defined()) return Grads{grads.packed};  // fused: written in place
         const Tensor dqkv = empty_like(packed);
         auto into = unpack_qkv(dqkv, heads);
-        // Fused, the gradients are [B, T, H, D] buffers: copied in that order, each side's
-        // (H, D) is one run of C and (B, T) one of rows -- B*T rows of C, which a strided
-        // kernel indexes in two dims, not four.
-        for (int i = 0; i < 3; ++i)
-          fused ? into[i].transpose(1, 2).copy_(grads[i].transpose(1, 2)) : into[i].copy_(grads[i]);
+        for (int i = 0; i < 3; ++i) into[i].copy_(grads.dqkv[i]);
         return Grads{dqkv};
       });
 }
