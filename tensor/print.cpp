@@ -15,6 +15,7 @@ namespace {
 
 constexpr int64_t kSummarizeThreshold = 1000;  // elements; as torch.set_printoptions
 constexpr int64_t kEdgeItems = 3;
+constexpr int64_t kLineWidth = 80;  // characters; a longer row wraps
 
 // Every shown element as text, and the width they are padded to.
 struct Cells {
@@ -22,9 +23,9 @@ struct Cells {
   int width = 1;
 };
 
-// Floats, as PyTorch chooses: all whole as "1."; scientific when the magnitudes span
-// more than 1e3 or leave [1e-4, 1e8]; else 4 decimals. The width comes from the finite
-// non-zero values, so nan, inf and 0 don't pad.
+// Floats, as PyTorch chooses: scientific when the magnitudes span more than 1e3 or pass
+// 1e8 (or, unless all are whole, fall below 1e-4); else all whole as "1.", or 4
+// decimals. The width comes from the finite non-zero values, so nan, inf and 0 don't pad.
 Cells format_floats(const std::vector<double>& values) {
   bool whole = true;
   double lo = INFINITY, hi = 0;
@@ -38,8 +39,8 @@ Cells format_floats(const std::vector<double>& values) {
   }
   const char* style = "%.4f";
   if (hi == 0) style = "%.0f.";
-  else if (whole) style = hi > 1e8 ? "%.4e" : "%.0f.";
-  else if (hi / lo > 1e3 || hi > 1e8 || lo < 1e-4) style = "%.4e";
+  else if (hi / lo > 1e3 || hi > 1e8 || (!whole && lo < 1e-4)) style = "%.4e";
+  else if (whole) style = "%.0f.";
   Cells cells;
   for (double v : values) {
     char buf[64];
@@ -88,15 +89,19 @@ struct Printer {
     return idx;
   }
 
+  // A row puts as many elements on a line as fit in kLineWidth after the indent (", "
+  // after each), at least one; the "..." of a summary counts as one.
   std::string render(size_t dim, int64_t base, size_t indent) const {
     const int64_t remaining = static_cast<int64_t>(shape.size() - dim);
-    const std::string separator =
-        remaining == 1 ? ", " : "," + std::string(remaining - 1, '\n') + std::string(indent + 1, ' ');
+    const std::string new_line =
+        "," + std::string(std::max<int64_t>(remaining - 1, 1), '\n') + std::string(indent + 1, ' ');
+    const int64_t per_line =
+        std::max<int64_t>(1, (kLineWidth - static_cast<int64_t>(indent)) / (cells.width + 2));
     std::string s = "[";
-    bool first = true;
+    int64_t count = 0;
     for (int64_t i : shown(shape[dim])) {
-      if (!first) s += separator;
-      first = false;
+      if (count > 0) s += remaining > 1 || count % per_line == 0 ? new_line : ", ";
+      ++count;
       if (i < 0) s += remaining == 1 ? " ..." : "...";
       else if (remaining == 1) s += element(base + i * strides[dim]);
       else s += render(dim + 1, base + i * strides[dim], indent + 1);
