@@ -414,16 +414,23 @@ Tensor Tensor::clone() const {
   return converted(*this, TensorOptions(dtype()).device(device()), kClone, [](const Tensor& g) { return g; });
 }
 
+namespace {
+void check_readable(const Tensor& t, const char* op) {
+  ZG_CHECK(t.device().type != DeviceType::meta, op, ": cannot read data of a meta tensor (", describe(t),
+           "); meta tensors have shapes but no data");
+}
+}  // namespace
+
 template <class T>
 T Tensor::item() const {
   ZG_CHECK(numel() == 1, "item: expected a tensor with exactly 1 element, got ", describe(*this));
+  check_readable(*this, "item");
   return to_vector<T>()[0];
 }
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  ZG_CHECK(device().type != DeviceType::meta, "to_vector: cannot read data of a meta tensor (", describe(*this),
-           ")");
+  check_readable(*this, "to_vector");
   const Tensor host = to(kCPU).to(dtype_of<T>()).contiguous();
   const T* data = host.data<T>();
   return std::vector<T>(data, data + host.numel());
@@ -465,6 +472,13 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
            "arange: invalid range start=", start, " end=", end, " step=", step);
   const double count = std::max(0.0, std::ceil((end - start) / step));
   ZG_CHECK(count < 9e18, "arange: range start=", start, " end=", end, " step=", step, " is too long");
+  // Every value must be one of the dtype's (an integer dtype takes no fraction): checked
+  // at both ends and the step, as the values run between them.
+  const double last = start + std::max(0.0, count - 1) * step;
+  ZG_CHECK(detail::holds(options.dtype(), start) && detail::holds(options.dtype(), step) &&
+               detail::holds(options.dtype(), last),
+           "arange: the values from ", start, " by ", step, " to ", last, " do not all fit ", name(options.dtype()),
+           is_floating(options.dtype()) ? "" : " (whole numbers in its range; pass a floating-point dtype for fractions)");
   if (options.device().type == DeviceType::meta) return Tensor::empty({static_cast<int64_t>(count)}, options);
   // Written on the host in f64 (through the allocator, so a huge range is a clean OutOfMemory), then converted.
   Tensor host = Tensor::empty({static_cast<int64_t>(count)}, DType::f64);

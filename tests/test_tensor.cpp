@@ -13,6 +13,14 @@ TEST_CASE("factories make the shapes, dtypes and values asked for") {
   CHECK(arange(1.0, 2.0, 0.25, DType::f32).to_vector<float>() == std::vector<float>{1, 1.25, 1.5, 1.75});
   CHECK(arange(3.0, 0.0, -1.0).to_vector<int64_t>() == std::vector<int64_t>{3, 2, 1});
   CHECK(arange(0).numel() == 0);
+  CHECK(arange(0.0, 2.5).to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2});  // the end need not be whole
+  // A value the dtype does not hold is refused, not truncated or saturated.
+  CHECK_THROWS_WITH_AS(arange(0.0, 1.0, 0.25), "arange: the values from 0 by 0.25 to 0.75 do not all fit i64 (whole "
+                       "numbers in its range; pass a floating-point dtype for fractions)", Error);
+  CHECK_THROWS_AS(arange(0.5, 3.5), Error);
+  CHECK_THROWS_WITH_AS(arange(0.0, 5e9, 2e9, DType::i32), "arange: the values from 0 by 2e+09 to 4e+09 do not all fit "
+                       "i32 (whole numbers in its range; pass a floating-point dtype for fractions)", Error);
+  CHECK_THROWS_AS(arange(0.0, 1e5, 7e4, DType::f16), Error);  // 70000 is inf in f16
   const Tensor t = tensor<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   CHECK(t.shape() == Shape{2, 3});
   CHECK(t.strides() == Shape{3, 1});
