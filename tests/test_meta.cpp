@@ -55,7 +55,10 @@ TEST_CASE("meta allocations are counted exactly without being backed") {
 TEST_CASE("meta tensors have no data to read") {
   const Tensor m = zeros({2, 3}, kMeta);
   CHECK_THROWS_WITH_AS(m.to(kCPU), "copy_: cannot copy data out of a meta tensor (f32[2, 3] on meta); meta tensors have shapes but no data", Error);
-  CHECK_THROWS_WITH_AS(m.to_vector<float>(), "to_vector: cannot read data of a meta tensor (f32[2, 3] on meta)", Error);
+  CHECK_THROWS_WITH_AS(m.to_vector<float>(), "to_vector: cannot read data of a meta tensor (f32[2, 3] on meta); meta "
+                       "tensors have shapes but no data", Error);
+  CHECK_THROWS_WITH_AS(sum(m).item<float>(), "item: cannot read data of a meta tensor (f32[] on meta); meta tensors "
+                       "have shapes but no data", Error);
   CHECK(m.str() == "tensor(..., device='meta', size=(2, 3))");
 }
 

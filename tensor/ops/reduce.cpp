@@ -62,15 +62,16 @@ Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim)
   if (op != ReduceOp::sum)
     ZG_CHECK(input.dtype() != DType::boolean, name, ": not defined for bool tensors, got ", describe(input));
   // Integers and bools sum into i64, as in PyTorch, so counts cannot overflow.
-  const Tensor x = op == ReduceOp::sum && !is_floating(input.dtype()) ? input.to(DType::i64) : input;
+  const Tensor x_in = op == ReduceOp::sum && !is_floating(input.dtype()) ? input.to(DType::i64) : input;
 
   // A 0-d tensor reduces as the one element it holds, over dim 0 or -1 (as in PyTorch).
-  if (x.dim() == 0) {
+  const bool scalar = input.dim() == 0;
+  if (scalar) {
     for (int64_t d : dims)
       ZG_CHECK(d == 0 || d == -1, name, ": dim ", d, " is out of range for a 0-d tensor (", describe(input), ")");
     ZG_CHECK(dims.size() <= 1, name, ": the dims ", shape_str(dims), " name the one dim of a 0-d tensor more than once");
-    return reduce(op, x.reshape({1}), {0}, false).reshape({});
   }
+  const Tensor x = scalar ? x_in.reshape({1}) : x_in;
   const int64_t rank = x.dim();
   std::vector<bool> reduced(rank, dims.empty());
   for (int64_t d : dims) {
@@ -101,10 +102,17 @@ Tensor reduce(ReduceOp op, const Tensor& input, const Shape& dims, bool keepdim)
   const DType out_dtype = is_arg ? DType::i64
                           : op == ReduceOp::sum_of_squares ? (x.dtype() == DType::f64 ? DType::f64 : DType::f32)
                                                            : x.dtype();
-  Tensor out = empty({rows}, TensorOptions(out_dtype).device(x.device()));
-  backend(x.device()).reduce(op, rows_view, out);
-  if (!is_arg && op != ReduceOp::sum_of_squares) out = differentiable(out, op_def(op), {rows_view}, row_backward(op, rows_view, out));
-  return out.view(out_shape);
+  // The result is recorded in its own shape, so the graph's node for it is the reduction
+  // (a backward error names "sum", not a reshape); the kernel writes its [rows] view.
+  if (scalar) out_shape = {};
+  const Tensor out = empty(out_shape, TensorOptions(out_dtype).device(x.device()));
+  const Tensor out_rows = out.view({rows});
+  backend(x.device()).reduce(op, rows_view, out_rows);
+  if (is_arg || op == ReduceOp::sum_of_squares) return out;
+  return differentiable(out, op_def(op), {rows_view},
+                        [rows, backward = row_backward(op, rows_view, out_rows)](const Tensor& g) {
+                          return backward(g.reshape({rows}));
+                        });
 }
 
 }  // namespace
