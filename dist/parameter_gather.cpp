@@ -112,7 +112,8 @@ void ShardedModel::hook_holders(const std::vector<std::pair<std::string, nn::Mod
                             : !is_current(*unit)                          ? "from before the last step or load"
                                                                           : nullptr;
         if (state)
-          fail("ShardedModel: the ", when, " of '", path, "' reads the weights of ZeRO-3 unit '", unit->name,
+          fail("ShardedModel: the ", when, " of ", path.empty() ? "the root module" : "'" + path + "'",
+               " reads the weights of ZeRO-3 unit '", unit->name,
                "' while they are ", state, ": ", release_note(*unit));
       });
       module->register_forward_pre_hook([check](nn::Module&, const Tensor&) {

@@ -884,6 +884,21 @@ struct TwoLayers : nn::Module {
   Tensor forward(const Tensor& x) override { return (*b)(gelu((*a)(x))); }
 };
 
+TEST_CASE("ZeRO-3: a root parameter the root module reads, not named by the plan, is an error that says so") {
+  struct Scaled : TwoLayers {
+    Tensor scale = register_parameter("scale", ones({4}, DType::f64));
+    Tensor forward(const Tensor& x) override { return (*b)(gelu((*a)(x)) * scale); }
+  };
+  dist::FakeGroup group(0, 1);
+  Scaled model;
+  dist::ShardedModel sharded(model, {.units = {"b"}, .root_before = {"a"}}, group,
+                             {.stage = 3, .compute_dtype = DType::f64, .adamw = kAdamW});
+  sharded.prepare_forward();
+  CHECK_THROWS_WITH_AS(model(ones({2, 3}, DType::f64)),
+                       doctest::Contains("the forward of the root module reads the weights of ZeRO-3 unit 'root'"),
+                       Error);
+}
+
 TEST_CASE("each backward ends with its reductions done and nothing gathered, whatever got no gradient") {
   // Before, the end of a backward was the moment every bucket had all its gradients:
   //  - with a parameter that gets none, that never came. Stage 2 kept the unit's full
