@@ -29,15 +29,16 @@ LayerNorm::LayerNorm(int64_t dim, double eps_, bool has_bias, TensorOptions opti
 Tensor LayerNorm::forward(const Tensor& x) { return layer_norm(x, weight, bias, eps); }
 
 Dropout::Dropout(double p_) : p(p_) {
-  ZG_CHECK(p >= 0 && p < 1, "Dropout: p must be in [0, 1), got ", p);
+  ZG_CHECK(p >= 0 && p <= 1, "Dropout: p must be in [0, 1], got ", p);
 }
 
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
 
 Tensor dropout(const Tensor& x, double p, bool training) {
-  ZG_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
+  ZG_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", p);
   ZG_CHECK(x.defined() && is_floating(x.dtype()), "dropout: expected a floating tensor, got ", describe(x));
   if (!training || p == 0) return x;
+  if (p == 1) return x * 0.0;  // everything dropped (as PyTorch: no draw, no 1/(1-p))
   const Tensor keep = lt(rand(x.shape(), TensorOptions(DType::f32).device(x.device())), 1.0 - p);
   return x * keep.to(x.dtype()) * (1.0 / (1.0 - p));
 }

@@ -82,7 +82,13 @@ TEST_CASE("module hooks, train/eval and conversions") {
   CHECK(drop(ones_in).to_vector<float>() != ones_in.to_vector<float>());
   drop.eval();
   CHECK(drop(ones_in).is_same(ones_in));
-  CHECK_THROWS_WITH_AS(nn::Dropout(1.0), "Dropout: p must be in [0, 1), got 1", Error);
+  CHECK_THROWS_WITH_AS(nn::Dropout(1.5), "Dropout: p must be in [0, 1], got 1.5", Error);
+  // p = 1 drops everything, as in PyTorch: zeros, and a zero gradient (not 0 * 1/0 = NaN).
+  const Tensor kept = ones({4}).set_requires_grad(true);
+  const Tensor all_dropped = nn::Dropout(1.0)(kept);
+  CHECK(all_dropped.to_vector<float>() == std::vector<float>(4, 0.0f));
+  sum(all_dropped).backward();
+  CHECK(kept.grad().to_vector<float>() == std::vector<float>(4, 0.0f));
 }
 
 TEST_CASE("a GPT memorises a 64-token sequence: loss below 0.05 within 300 AdamW steps") {
@@ -150,7 +156,7 @@ TEST_CASE("modules refuse names, trees, configs and inputs that would break them
     CHECK_THROWS_WITH_AS(nn::Block(bad, kMeta), doctest::Contains(message), Error);
     CHECK_THROWS_WITH_AS(nn::GPT(bad, kMeta), doctest::Contains(message), Error);
   }
-  CHECK_THROWS_WITH_AS(nn::dropout(ones({4}), 1.0, true), "dropout: p must be in [0, 1), got 1", Error);
+  CHECK_THROWS_WITH_AS(nn::dropout(ones({4}), -0.5, true), "dropout: p must be in [0, 1], got -0.5", Error);
   CHECK_THROWS_WITH_AS(nn::dropout(ones({4}), std::nan(""), true), doctest::Contains("dropout: p must be"), Error);
   CHECK_THROWS_WITH_AS(nn::dropout(ones({4}, DType::i64), 0.5, true), doctest::Contains("expected a floating tensor"),
                        Error);
