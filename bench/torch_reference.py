@@ -18,12 +18,12 @@ model state per parameter). Figures printed:
 import argparse
 import json
 import math
+import struct
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors import safe_open
 
 
 class Block(nn.Module):
@@ -68,10 +68,31 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
 
 
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool}
+
+
+def read_safetensors(path):
+    """The metadata and tensors of a safetensors file, read here (an 8-byte little-endian
+    header length, the JSON header, then each tensor's bytes) so that this script needs
+    torch alone: the GPU machines it runs on have no network to install packages."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        data = f.read()
+    metadata = header.pop("__metadata__", {})
+    tensors = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+        flat = torch.frombuffer(bytearray(data[begin:end]), dtype=dtype) if end > begin else torch.empty(0, dtype=dtype)
+        tensors[name] = flat.reshape(entry["shape"])
+    return metadata, tensors
+
+
 def load(path, device):
-    with safe_open(path, framework="pt") as f:
-        meta = {k: int(v) if v.isdigit() else float(v) for k, v in f.metadata().items()}
-        state = {name: f.get_tensor(name) for name in f.keys()}
+    metadata, state = read_safetensors(path)
+    meta = {k: int(v) if v.isdigit() else float(v) for k, v in metadata.items()}
     tokens = state.pop("tokens").to(device)
     model = GPT(meta["n_layer"], meta["n_head"], meta["n_embd"], meta["vocab_size"], meta["block_size"])
     model.load_state_dict(state, strict=True)
