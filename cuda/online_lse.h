@@ -8,7 +8,8 @@
 // a +inf (whose own term is exp(inf - inf)). A -inf adds exp(-inf) = 0, so it is skipped
 // (folded in first, it would make exp(-inf - -inf) = NaN). A row of -inf only has
 // sum 0 and lse = -inf: its cross-entropy, -inf - -inf, is NaN all the same.
-// Plain C++, so a host test checks it.
+// Plain C++, so a host test checks it (std::exp and std::log of a float are float on
+// the device too).
 #pragma once
 
 #include <cmath>
@@ -18,24 +19,6 @@
 
 namespace zg::cuda {
 
-// exp and log in C: CUDA's overloads on the device (expf for float), std's on the host.
-template <class C>
-ZG_HOST_DEVICE C online_exp(C x) {
-#if defined(__CUDA_ARCH__)
-  return exp(x);
-#else
-  return std::exp(x);
-#endif
-}
-template <class C>
-ZG_HOST_DEVICE C online_log(C x) {
-#if defined(__CUDA_ARCH__)
-  return log(x);
-#else
-  return std::log(x);
-#endif
-}
-
 template <class C>
 struct OnlineLse {
   C max = -std::numeric_limits<C>::infinity();
@@ -44,10 +27,10 @@ struct OnlineLse {
   ZG_HOST_DEVICE void add(C x) {
     if (x == -std::numeric_limits<C>::infinity()) return;
     if (x > max) {
-      sum = sum * online_exp(max - x) + online_exp(x - x);  // exp(x - x): 1, or NaN for x = +inf
+      sum = sum * std::exp(max - x) + std::exp(x - x);  // exp(x - x): 1, or NaN for x = +inf
       max = x;
     } else {
-      sum += online_exp(x - max);  // NaN for a NaN x
+      sum += std::exp(x - max);  // NaN for a NaN x
     }
   }
   // This and `other` folded together (deterministic for a given order of merges).
@@ -56,10 +39,10 @@ struct OnlineLse {
     const OnlineLse& low = other.max > max ? *this : other;
     OnlineLse out = high;
     // low.max == -inf: nothing but NaNs was folded into low (its sum is 0 or NaN).
-    out.sum += low.max == -std::numeric_limits<C>::infinity() ? low.sum : low.sum * online_exp(low.max - high.max);
+    out.sum += low.max == -std::numeric_limits<C>::infinity() ? low.sum : low.sum * std::exp(low.max - high.max);
     return out;
   }
-  ZG_HOST_DEVICE C log_sum() const { return online_log(sum); }
+  ZG_HOST_DEVICE C log_sum() const { return std::log(sum); }
 };
 
 }  // namespace zg::cuda
