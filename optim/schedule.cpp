@@ -31,10 +31,10 @@ void check_max_norm(const char* who, double max_norm) {
 }
 }  // namespace
 
-Tensor clip_coefficient_on_device(const FlatParameters& params, double max_norm) {
+Tensor clip_coefficient_on_device(const FlatParameters& params, double max_norm, double inv_scale) {
   check_max_norm("clip_coefficient_on_device", max_norm);  // min(NaN, 1) would scale every update by NaN
   NoGradGuard no_grad;
-  const Tensor norm = sqrt(sum_of_squares(params.grad).to(DType::f32)).view({1});
+  const Tensor norm = mul(sqrt(sum_of_squares(params.grad).to(DType::f32)), inv_scale).view({1});
   const Tensor one = ones_like(norm);
   if (max_norm <= 0) return one;
   // A max_norm past f32's range clips nothing, like inf (full_like refuses what f32 cannot hold).

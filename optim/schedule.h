@@ -22,7 +22,9 @@ double clip_coefficient(double norm, double max_norm);
 
 // The same coefficient computed where the gradients are, as a one-element f32 tensor
 // for AdamW::step's device_scale: nothing is read back, so a GPU step issues its
-// kernels without waiting. A non-finite norm gives 1 (as clip_coefficient).
-Tensor clip_coefficient_on_device(const FlatParameters& params, double max_norm);
+// kernels without waiting. A non-finite norm gives 1 (as clip_coefficient). With a
+// GradScaler the gradients are scaled: pass its inv_scale, as to grad_norm, and to
+// AdamW::step's grad_scale too.
+Tensor clip_coefficient_on_device(const FlatParameters& params, double max_norm, double inv_scale = 1.0);
 
 }  // namespace zg::optim

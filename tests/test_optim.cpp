@@ -139,6 +139,10 @@ TEST_CASE("clipping on the device: the host's coefficient, and the same AdamW st
   optim::FlatParameters flat(module.named_parameters(), DType::f32);
   flat.grad.copy_(tensor<float>({INFINITY, 0, 1}));
   CHECK(optim::clip_coefficient_on_device(flat, 1.0).item<double>() == 1.0);
+  // Gradients of a loss scaled by 1024 clip as the unscaled ones once inv_scale is given.
+  flat.grad.copy_(tensor<float>({3 * 1024, 0, 4 * 1024}));
+  CHECK(optim::clip_coefficient_on_device(flat, 1.0, 1.0 / 1024).item<double>() ==
+        doctest::Approx(optim::clip_coefficient(5.0, 1.0)).epsilon(1e-6));
   // A scale that is not one f32 on the master's device is refused by name.
   optim::AdamW adamw(flat, {});
   CHECK_THROWS_WITH_AS(adamw.step(0.1, 1.0, tensor<double>({1.0})),
