@@ -1,5 +1,6 @@
 // The mpi group, through real processes: `mpirun -n 2` runs every stage and must
 // match the local group's results; mismatched collectives fail with both calls named.
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <unistd.h>
@@ -48,6 +49,26 @@ TEST_CASE("mpirun -n 2 runs every stage and matches the local group") {
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a rank that never joins a collective fails the others within the timeout, not a hang") {
+  int status = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string out = run_command(mpirun("/tmp stall"), status);
+  const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(out);
+  CHECK(status != 0);
+  CHECK(out.find("mpi group: MPI_Iallgather (call check) for all_reduce(f32[4] on cpu, sum) (collective #0) did not "
+                 "finish within 2000 ms") != std::string::npos);
+  CHECK(seconds < 40);  // rank 1 sleeps 60 s: mpirun ended it when rank 0 exited
+}
+
+TEST_CASE("a collective larger than an MPI count is refused before anything moves") {
+  int status = 0;
+  const std::string out = run_command(mpirun("/tmp huge"), status);
+  CHECK(status != 0);
+  CHECK(out.find("mpi group: broadcast(bool[2147483648] on cpu, root 0) moves 2147483648 bytes per rank, over MPI's "
+                 "count limit of 2^31 - 1") != std::string::npos);
 }
 
 TEST_CASE("mismatched collectives across processes fail with both calls named, not a hang") {
