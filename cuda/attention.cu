@@ -93,7 +93,8 @@ Entry declined(std::string why) {
 }
 
 // A 4-d operand as cuDNN is told it. A size-1 dim's stride addresses nothing; it is set
-// to the operand's span (a multiple of 8 elements, like every stride checked above), so
+// to the operand's span (a multiple of 8 elements, like every stride flash_attention_unreadable
+// checks in tensor/backend.cpp), so
 // each stride cuDNN sees is positive and 16-byte aligned, and views that differ only
 // there share a graph.
 struct Layout {

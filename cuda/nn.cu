@@ -2,7 +2,9 @@
 // and cross-entropy (each forward and backward). Softmax and cross-entropy rows are
 // long (a block each), layer norm's short (a warp each); elementwise results are
 // rounded once to the output dtype. Statistics and results are computed in the compute
-// type C -- f32 for f32, bf16 and f16, f64 for f64 -- as the elementwise kernels do:
+// type C -- f32 for f32, bf16 and f16, f64 for f64 -- as the elementwise kernels do
+// (the parameter-gradient sums of layer norm and embedding are f64 for every dtype, so
+// they are deterministic and equal the CPU's):
 // softmax and cross-entropy take an exp per element of rows as long as the vocabulary,
 // and an f64 exp costs some 30 f64 operations, which by estimate made GPT-2's
 // cross-entropy compute-bound on an H100 (about 3 ms a step, against 1 ms of memory

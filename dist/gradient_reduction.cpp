@@ -39,8 +39,11 @@ Tensor in_reduce_dtype(const Tensor& grad, DType dtype) {
 
 }  // namespace
 
-// Buckets cut at parameter boundaries. Gradients land roughly in reverse forward
-// order, i.e. from the end of the flat buffer, so buckets are filled from the end.
+// Buckets cut at parameter boundaries, from the end of the buffer. A unit packs its
+// matrices first and its 1-D parameters after (one contiguous weight-decay span), so
+// arrival order follows buffer order only loosely: the last bucket holds every bias and
+// norm of the unit and completes when the unit's first layer norm gets its gradient. A
+// unit smaller than bucket_bytes (a GPT-2 124M block: 14 MB in bf16) is one bucket.
 void ShardedModel::plan_buckets(Unit& unit) {
   const auto& entries = unit.entries;
   unit.bucket_of.assign(entries.size(), 0);
@@ -130,7 +133,9 @@ void ShardedModel::reduce_bucket(Unit& unit, Bucket& bucket) {
     }
     default: {
       if (!unit.grad_full.defined()) return;
-      // The Work holds the full gradient until the collective is done; nothing else does.
+      // Freed here as far as this rank's code goes: a host group's queued collective holds
+      // the buffer until it has run; on NCCL, record_stream keeps the allocator from
+      // reusing the block until the reduce-scatter is done.
       const Tensor buffer = in_reduce_dtype(unit.grad_full, dtype);
       for (const auto& e : unit.entries) point_grad(e.param, Tensor());
       unit.grad_full = Tensor();

@@ -2,7 +2,8 @@
 // interface. Implementations: `local` (ranks as threads of one process, data moved
 // through shared memory; tests and single-machine runs), `fake` (one rank that
 // believes it is one of N: moves nothing, counts everything; for memory planning
-// at large N on the meta device) and `mpi` (one process per rank, under mpirun).
+// at large N on the meta device), `mpi` (one process per rank, under mpirun; CPU
+// tensors) and `nccl` (one GPU per rank, dist/nccl_group.h).
 //
 // Every collective is asynchronous underneath. `x_async(...)` validates the call,
 // counts its bytes and issues it; the returned Work's wait() makes the caller's
@@ -12,8 +13,8 @@
 //   HostGroup (local, mpi)  a communication worker thread runs the group's
 //       collectives one at a time, in issue order (the ranks issue the same sequence,
 //       so they meet in the same order); wait() blocks until the result is there.
-//       The Work keeps the buffers alive, so a buffer whose handle is dropped early
-//       is freed when the collective is done (how ZeRO-2 frees a unit gradient).
+//       The queued collective keeps its buffers alive, so a buffer the caller drops
+//       early is freed once the collective has run (how ZeRO-2 frees a unit gradient).
 //   NcclGroup  NCCL kernels on the rank's communication stream; wait() makes the
 //       rank's compute stream wait for them, without blocking the host.
 //   FakeGroup  nothing moves: every collective is complete when issued.

@@ -99,7 +99,7 @@ UnitPlan gpt_unit_plan(int64_t n_layer) {
 }
 
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config)
-    : model_(model), group_(group), config_(config) {
+    : group_(group), config_(config) {
   const auto modules = model.named_modules();
   // The checks and the plan, on each rank alone -- then every rank learns whether any
   // failed, before the collectives below: a rank that threw here would never issue them.

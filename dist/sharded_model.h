@@ -18,8 +18,8 @@
 // Gradients are reduced from post-accumulate-grad hooks as soon as a bucket (DDP)
 // or a unit (ZeRO) has all its gradients: the collective runs on the group's
 // communication worker while the backward of the next unit goes on, and every
-// reduction has finished when backward() returns. The optimizer sees only spans of
-// the local slices.
+// reduction has finished when backward() returns. The optimizer sees spans of the
+// whole buffers for DDP, of the local slices for ZeRO.
 //
 // ZeRO-3 gathers a unit around each use (dist/parameter_gather.cpp): before a
 // block's forward (prefetching the next `prefetch` blocks) and, if its backward
@@ -99,7 +99,9 @@ class ShardedModel final : public ParameterOwner {
   // Gradient accumulation: with sync off, stages 0 and 1 keep accumulating full
   // gradients locally; turn it back on for the last micro-batch (step() refuses to run
   // after a backward whose gradients were never reduced). Leaving it on for every
-  // micro-batch is correct too, at the cost of a reduction per micro-batch.
+  // micro-batch is correct too, at the cost of a reduction per micro-batch. Stages 2 and
+  // 3 ignore it: keeping no full gradient between micro-batches is the memory they save,
+  // so each micro-batch is reduce-scattered and added into the rank's shard.
   void set_gradient_sync(bool sync) { sync_ = sync; }
   // Also what the model's Module::zero_grad() calls (ParameterOwner).
   void zero_grad() override;
@@ -112,7 +114,7 @@ class ShardedModel final : public ParameterOwner {
   nn::NamedTensors gathered_master();
 
   // Sharded checkpoints (dist/sharded_checkpoint.cpp). save() writes, from every rank,
-  // `dir/rank-R-of-N.safetensors` with the parts of each parameter's master weights and
+  // `dir/rank-RRRRR-of-NNNNN.safetensors` (zero-padded) with the parts of each parameter's master weights and
   // Adam m, v that the rank owns, named by parameter and element offset, so load() works
   // at any world size and stage: each rank reads the pieces that overlap what it owns now.
   //  - A save replaces the checkpoint in `dir`, whatever its world size: once every rank
@@ -163,7 +165,6 @@ class ShardedModel final : public ParameterOwner {
 
   void refresh_compute();  // compute weights from master after a load
 
-  nn::Module& model_;
   ProcessGroup& group_;
   ZeroConfig config_;
   std::vector<std::unique_ptr<Unit>> units_;

@@ -44,7 +44,7 @@ class MLP : public Module {
   std::shared_ptr<Dropout> dropout;
 };
 
-// Pre-norm residual block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
+// Pre-norm residual block: h = x + attn(ln_1(x)); out = h + mlp(ln_2(h)).
 class Block : public Module {
  public:
   Block(const GPTConfig& config, TensorOptions options);

@@ -8,7 +8,8 @@
 //                                   whatever the caller adds (e.g. the data position)
 //
 // Keyed by parameter name rather than by offset in a flat buffer, so the same file
-// loads whatever the packing (the dist layer reshards from it).
+// loads into a FlatParameters of any packing order. (The dist layer's checkpoints are
+// sharded, one file per rank: dist/sharded_checkpoint.cpp.)
 #pragma once
 
 #include <optional>
