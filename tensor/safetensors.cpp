@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tensor/autograd.h"
+#include "tensor/crc32c.h"
 #include "tensor/ops.h"
 #include "tensor/ops/checks.h"
 
@@ -27,6 +28,13 @@ namespace zg {
 namespace {
 
 constexpr int64_t kMaxHeaderBytes = 100 << 20;  // the limit the reference implementation uses
+constexpr std::string_view kChecksumPrefix = "crc32c/";  // metadata key of a tensor's CRC-32C
+
+std::string hex8(uint32_t value) {
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", value);
+  return text;
+}
 
 const char* format_name(DType dtype) {
   switch (dtype) {
@@ -114,8 +122,11 @@ void write_all(int fd, const char* bytes, size_t size, const std::string& path) 
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const Metadata& metadata) {
+  for (const auto& [key, value] : metadata)
+    ZG_CHECK(!key.starts_with(kChecksumPrefix), "save_safetensors: ", path, ": metadata key '", key,
+             "' starts with '", kChecksumPrefix, "', which names the checksums the file gets anyway");
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  header["__metadata__"] = metadata;
   std::vector<Tensor> host;
   int64_t offset = 0;
   for (const auto& [name, t] : tensors) {
@@ -124,9 +135,12 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
              "'");
     NoGradGuard no_grad;
     host.push_back(t.to(kCPU).contiguous());  // throws for meta tensors: they have no data
+    header["__metadata__"][std::string(kChecksumPrefix) + name] =
+        hex8(crc32c(host.back().data_ptr(), static_cast<size_t>(t.nbytes())));
     header[name] = {{"dtype", format_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
+  if (header["__metadata__"].empty()) header.erase("__metadata__");
   std::string json;
   try {
     json = header.dump();
@@ -300,13 +314,23 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)), fil
   const auto dup = std::adjacent_find(sorted_keys.begin(), sorted_keys.end());
   ZG_CHECK(dup == sorted_keys.end(), where, "the header names '", dup == sorted_keys.end() ? "" : *dup, "' twice");
 
+  std::map<std::string, uint32_t> checksums;  // by tensor name
   for (const std::string& name : top_keys) {
     const nlohmann::json& value = header.at(name);
     if (name == "__metadata__") {
       ZG_CHECK(value.is_object(), where, "__metadata__ is not an object");
       for (const auto& [k, v] : value.items()) {
         ZG_CHECK(v.is_string(), where, "__metadata__ value of '", k, "' is not a string");
-        metadata_[k] = v.get<std::string>();
+        const std::string text = v.get<std::string>();
+        if (!k.starts_with(kChecksumPrefix)) {
+          metadata_[k] = text;
+          continue;
+        }
+        uint32_t crc = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), crc, 16);
+        ZG_CHECK(text.size() == 8 && ec == std::errc() && end == text.data() + text.size(), where, "metadata '", k,
+                 "' = '", text, "' is not a CRC-32C (8 hex digits)");
+        checksums[k.substr(kChecksumPrefix.size())] = crc;
       }
       continue;
     }
@@ -367,6 +391,11 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)), fil
   }
   ZG_CHECK(expected == data_size, where, "the data section has ", data_size - expected,
            " bytes after the last tensor");
+  for (const auto& [name, crc] : checksums) {
+    const auto it = entries_.find(name);
+    ZG_CHECK(it != entries_.end(), where, "metadata '", kChecksumPrefix, name, "' is the checksum of a tensor the file does not have");
+    it->second.crc32c = crc;
+  }
 }
 
 const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) const {
@@ -378,10 +407,16 @@ const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) co
 Tensor SafetensorsFile::read(const std::string& name) const {
   const Entry& e = entry(name);
   Tensor t = empty(e.shape, e.dtype);
+  const std::string bytes = "bytes " + std::to_string(data_start_ + e.begin) + "-" + std::to_string(data_start_ + e.end);
   if (e.end > e.begin)
     OpenFile::read_at(file_->reading(path_), t.data_ptr(), e.end - e.begin, data_start_ + e.begin,
-                      "safetensors " + path_ + ": tensor '" + name + "': reading bytes " +
-                          std::to_string(data_start_ + e.begin) + "-" + std::to_string(data_start_ + e.end));
+                      "safetensors " + path_ + ": tensor '" + name + "': reading " + bytes);
+  if (e.crc32c) {
+    const uint32_t crc = crc32c(t.data_ptr(), static_cast<size_t>(e.end - e.begin));
+    ZG_CHECK(crc == *e.crc32c, "safetensors ", path_, ": tensor '", name, "' (file ", bytes,
+             ") fails its checksum: CRC-32C ", hex8(crc), ", the file records ", hex8(*e.crc32c),
+             " -- the bytes changed after they were written (a damaged disk or copy)");
+  }
   if (e.dtype == DType::boolean) {
     // A bool is one byte holding 0 or 1; any other byte would be a bool the kernels
     // cannot represent (it compares unequal to both true and false).

@@ -7,11 +7,19 @@
 // entry is checked (dtype, shape, size, range), ranges may neither overlap nor
 // leave holes, and nothing is allocated before its size has been checked against
 // the file. Any problem is a zg::Error naming the file, the tensor and the offsets.
+//
+// Checksums: the format has none, so files written here carry each tensor's CRC-32C
+// (tensor/crc32c.h) in the metadata, as "crc32c/<tensor name>" = 8 hex digits, and every
+// read of a tensor checks its bytes against it: a bit flipped on disk or in a copy is an
+// error naming the tensor and its file offsets, not a silently wrong weight. Other tools
+// ignore the entries; their files (without them) load unchecked. The entries are the
+// reader's: metadata() leaves them out, and a save refuses metadata keys starting "crc32c/".
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -43,7 +51,8 @@ class SafetensorsFile {
   struct Entry {
     DType dtype;
     Shape shape;
-    int64_t begin, end;  // byte range within the data section
+    int64_t begin, end;              // byte range within the data section
+    std::optional<uint32_t> crc32c;  // the writer's checksum of those bytes, if it left one
   };
 
   // Reads and validates the header of the regular file at `path`. Tensor reads come from
@@ -57,7 +66,7 @@ class SafetensorsFile {
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
   const Entry& entry(const std::string& name) const;
 
-  Tensor read(const std::string& name) const;  // a new CPU tensor
+  Tensor read(const std::string& name) const;  // a new CPU tensor, its checksum verified
   // Reads into an existing tensor of the same shape (any device); floating dtypes convert.
   void read_into(const std::string& name, const Tensor& destination) const;
   // What read_into checks first (shape, and dtype: the same or both floating): call it for

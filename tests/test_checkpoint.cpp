@@ -12,6 +12,7 @@
 
 #include "nn/serialize.h"
 #include "optim/checkpoint.h"
+#include "tensor/crc32c.h"
 #include "tiny_gpt.h"
 
 #ifndef ZG_TEST_FIXTURES
@@ -70,6 +71,63 @@ TEST_CASE("safetensors round trip is bitwise exact for every dtype, views includ
     const Tensor original = t.contiguous();
     if (t.nbytes() > 0) CHECK(std::memcmp(back.data_ptr(), original.data_ptr(), static_cast<size_t>(t.nbytes())) == 0);
   }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("crc32c gives the published check values, at any alignment, in pieces or whole") {
+  // RFC 3720 (iSCSI), appendix B.4, and the "123456789" check value of the CRC catalogue.
+  std::string zeros32(32, '\0'), ones32(32, '\xff'), up(32, 0), down(32, 0);
+  for (int i = 0; i < 32; ++i) up[i] = static_cast<char>(i), down[i] = static_cast<char>(31 - i);
+  const std::vector<std::pair<std::string, uint32_t>> known = {
+      {zeros32, 0x8A9136AA}, {ones32, 0x62A8AB43}, {up, 0x46DD794E}, {down, 0x113FDB5C}, {"123456789", 0xE3069283}, {"", 0}};
+  for (const auto& [bytes, crc] : known) {
+    CHECK(crc32c(bytes.data(), bytes.size()) == crc);
+    CHECK(detail::crc32c_portable(bytes.data(), bytes.size()) == crc);
+  }
+  std::string random(1000, 0);
+  for (size_t i = 0; i < random.size(); ++i) random[i] = static_cast<char>((i * 7919 + 13) % 251);
+  for (size_t offset = 0; offset < 9; ++offset)
+    for (size_t length : {0, 1, 7, 8, 9, 63, 500, 991}) {
+      CAPTURE(offset);
+      CAPTURE(length);
+      const char* p = random.data() + offset;
+      const uint32_t whole = crc32c(p, length);
+      CHECK(whole == detail::crc32c_portable(p, length));
+      CHECK(crc32c(p + length / 3, length - length / 3, crc32c(p, length / 3)) == whole);
+    }
+}
+
+TEST_CASE("each tensor's checksum is saved and checked: a flipped bit is an error naming the tensor and its bytes") {
+  const std::string path = temp_path("checksummed.safetensors");
+  save_safetensors(path, {{"a", tensor<float>({1, 2, 3})}, {"b", tensor<float>({4, 5})}, {"empty", zeros({0})}},
+                   {{"note", "kept"}});
+  {
+    const SafetensorsFile file(path);
+    CHECK(file.metadata() == Metadata{{"note", "kept"}});  // the checksums are the reader's, not metadata
+    CHECK(file.entry("b").crc32c.has_value());
+    CHECK(file.read("b").to_vector<float>() == std::vector<float>{4, 5});
+  }
+  // Flip one bit of b's second value (the last 4 bytes of the file).
+  std::string bytes = read_bytes(path);
+  bytes[bytes.size() - 2] ^= 0x10;
+  write_bytes(path, bytes);
+  const SafetensorsFile file(path);
+  const int64_t end = static_cast<int64_t>(bytes.size()), begin = end - 8;
+  const std::string expected =
+      "tensor 'b' (file bytes " + std::to_string(begin) + "-" + std::to_string(end) + ") fails its checksum";
+  CHECK_THROWS_WITH_AS(file.read("b"), doctest::Contains(expected.c_str()), Error);
+  CHECK(file.read("a").to_vector<float>() == std::vector<float>{1, 2, 3});  // the others still load
+  CHECK(file.read("empty").numel() == 0);
+  // The reader's key is refused as user metadata; malformed or dangling checksums are errors.
+  CHECK_THROWS_WITH_AS(save_safetensors(path, {{"a", zeros({1})}}, {{"crc32c/a", "00000000"}}),
+                       doctest::Contains("metadata key 'crc32c/a' starts with 'crc32c/'"), Error);
+  const std::string data4(4, '\0');
+  const std::string entry = R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  write_bytes(path, raw_file(R"({"__metadata__":{"crc32c/a":"xyz"},)" + entry + "}", data4));
+  CHECK_THROWS_WITH_AS(SafetensorsFile{path}, doctest::Contains("metadata 'crc32c/a' = 'xyz' is not a CRC-32C"), Error);
+  write_bytes(path, raw_file(R"({"__metadata__":{"crc32c/z":"00000000"},)" + entry + "}", data4));
+  CHECK_THROWS_WITH_AS(SafetensorsFile{path}, doctest::Contains("metadata 'crc32c/z' is the checksum of a tensor the file does not have"),
+                       Error);
   std::remove(path.c_str());
 }
 
