@@ -57,6 +57,35 @@ std::vector<Tensor> Node::apply(const Tensor& grad) {
 
 void Node::release() { backward_ = nullptr; }
 
+// A node owns the next nodes through its edges, and older nodes through the tensors its
+// formula saved: freed recursively, a chain of a million ops (an unrolled RNN, an
+// iterative solver) would nest a million destructors and overflow the stack. So the
+// outermost ~Node on a thread frees iteratively: a node destroyed inside it (its last
+// owner being what an outer node held) hands what it owns to the outermost one's list
+// instead of freeing it then, and the outermost one frees the list item by item. The
+// nesting stays a handful of frames deep whatever the graph's depth.
+Node::~Node() {
+  struct Owned {
+    std::vector<Edge> next;
+    Backward backward;
+    std::vector<std::function<Tensor(const Tensor&)>> hooks;
+  };
+  thread_local std::vector<Owned>* outermost = nullptr;
+  Owned mine{std::move(next_), std::move(backward_), std::move(pre_hooks)};
+  if (outermost) {
+    outermost->push_back(std::move(mine));
+    return;
+  }
+  std::vector<Owned> pending;
+  outermost = &pending;
+  pending.push_back(std::move(mine));
+  while (!pending.empty()) {
+    Owned item = std::move(pending.back());
+    pending.pop_back();
+  }  // `item` is freed here; nodes it owned last push onto `pending`
+  outermost = nullptr;
+}
+
 namespace {
 std::atomic<uint64_t> node_count{0};
 }

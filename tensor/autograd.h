@@ -111,7 +111,7 @@ class Node {
   Node(std::string name, std::vector<Edge> next, Backward backward)
       : name_(std::move(name)), next_(std::move(next)), backward_(std::move(backward)),
         sequence_nr_(take_sequence_nr()) {}
-  virtual ~Node() = default;
+  virtual ~Node();  // iterative: a graph of any depth is freed without deep recursion
 
   const std::string& name() const { return name_; }
   // Nodes are numbered in the order they are made, across threads: a node numbered at
