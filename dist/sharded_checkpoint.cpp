@@ -319,6 +319,7 @@ void ShardedModel::refresh_compute() {
     CollectiveTag tag(unit->tag);
     if (config_.stage < 3) group_.all_gather(unit->compute_shard, unit->compute_full);
   }
+  mark_compute_current();
 }
 
 void ShardedModel::export_consolidated(const std::string& path) {

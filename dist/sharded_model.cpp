@@ -296,6 +296,20 @@ void ShardedModel::build_unit(Unit& unit) {
     unit.compute_full.storage()->release();
     unit.gathered_from = unit.compute_shard.storage()->version();
   }
+  unit.written_by_us = unit.compute_full.storage()->version();
+}
+
+bool ShardedModel::compute_written_by_others() const {
+  if (config_.stage == 3) return false;
+  for (const auto& unit : units_)
+    if (!unit->master.is_same(unit->compute_full) && !unit->master.is_same(unit->compute_shard) &&
+        unit->compute_full.storage()->version() != unit->written_by_us)
+      return true;
+  return false;
+}
+
+void ShardedModel::mark_compute_current() {
+  for (auto& unit : units_) unit->written_by_us = unit->compute_full.storage()->version();
 }
 
 void ShardedModel::zero_grad() {
@@ -331,13 +345,21 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   const bool dry_run = device.type == DeviceType::meta;
   const Device sum_on = dry_run ? kCPU : device;
   const Device reduce_on = agreement_device(group_, device);
-  Agreement agree(group_, reduce_on, {{"lr", lr}, {"loss scale", scaler ? scaler->scale_factor() : 1.0}});
+  const bool written = compute_written_by_others();
+  Agreement agree(group_, reduce_on,
+                  {{"lr", lr},
+                   {"loss scale", scaler ? scaler->scale_factor() : 1.0},
+                   {"count of written parameters (1: one was written in place since the last step)", written}});
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(sum_on));
   if (!dry_run)
     for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard).to(DType::f64);
   norm_sq = norm_sq.to(reduce_on);
   group_.all_reduce(norm_sq, ReduceKind::sum);
   agree.check("ShardedModel: step() was given");
+  ZG_CHECK(!written, "ShardedModel: step(): the ", name(config_.compute_dtype), " compute weights were written since the "
+           "last step (an in-place write to a parameter: fill_, copy_, an init), and the step rewrites them from the ",
+           name(optim::master_dtype_for(config_.compute_dtype)), " master weights, so that write would be lost. Change "
+           "weights through a checkpoint (save / load, or nn::save_state before wrapping)");
   // What the gradients are multiplied by before use: 1 / loss scale, and for stage 1 the
   // 1 / N its summed reduction leaves to the step (gradient_reduction.cpp) -- folded into
   // the norm and the update, so no pass over the gradients takes the average.
@@ -376,6 +398,7 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
     }
     for (const WorkHandle& work : gathers) work->wait();
   }
+  mark_compute_current();
   return result;
 }
 

@@ -164,6 +164,11 @@ class ShardedModel final : public ParameterOwner {
   void prefetch_from(size_t use, int direction);
 
   void refresh_compute();  // compute weights from master after a load
+  // With 16-bit compute, step() rewrites the compute weights from the master, so a write
+  // to a parameter since our last write (fill_, copy_, an init) would be lost: step()
+  // refuses it on every rank alike. Stages 0-2 (at 3, weights exist only in use).
+  bool compute_written_by_others() const;
+  void mark_compute_current();
 
   ProcessGroup& group_;
   ZeroConfig config_;

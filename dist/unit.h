@@ -32,6 +32,7 @@ struct ShardedModel::Unit {
   std::vector<size_t> bucket_of;  // entry -> its bucket
   WorkHandle gathering;           // ZeRO-3: an all-gather of compute_full in flight (a prefetch)
   uint64_t gathered_from = 0;     // ZeRO-3: compute_shard's storage version at the last gather
+  uint64_t written_by_us = 0;     // stages 0-2: compute_full's storage version after our last write
 };
 
 // ZeRO-3: one place where the forward uses a unit -- a block, or the modules of

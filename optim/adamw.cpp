@@ -48,6 +48,7 @@ void AdamW::set_steps(int64_t step) {
 }
 
 void AdamW::step(double lr, double grad_scale, const Tensor& device_scale) {
+  params.check_compute_unwritten("AdamW::step");
   std::vector<AdamWSpan> spans;
   for (const FlatParameters::Span& span : params.spans) {
     auto part = [&](const Tensor& flat) { return flat.narrow(0, span.offset, span.length); };
@@ -55,6 +56,7 @@ void AdamW::step(double lr, double grad_scale, const Tensor& device_scale) {
                      params.compute.is_same(params.master) ? Tensor() : part(params.compute), span.weight_decay});
   }
   adamw_update(spans, options, lr, step_ + 1, grad_scale, device_scale);
+  params.mark_compute_current();
   ++step_;  // only once the update was issued: a refused one leaves the count
 }
 

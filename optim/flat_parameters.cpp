@@ -1,6 +1,7 @@
 #include "optim/flat_parameters.h"
 
 #include <set>
+#include <string_view>
 
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -22,8 +23,13 @@ void check_packable(const char* who, const nn::NamedTensors& parameters) {
              "; only floating parameters are trained");
     ZG_CHECK(p.device() == device, who, ": parameter '", name, "' is on ", p.device().str(), ", '",
              parameters.front().first, "' on ", device.str());
+    // Every element of a flat span is updated (weight decay, momentum), gradient or not.
     ZG_CHECK(p.requires_grad(), who, ": parameter '", name, "' does not require grad (frozen); every parameter in "
-             "flat buffers is trained, so pack only the trainable ones");
+             "flat buffers is trained, so ",
+             std::string_view(who) == "ShardedModel"
+                 ? "hold a frozen tensor as a buffer (Module::register_buffer): buffers stay as they are, on every "
+                   "rank, and are not in the ShardedModel's checkpoints"
+                 : "pack only the trainable ones (named_parameters() filtered by requires_grad())");
     // Its gradient would go to the tensors it was computed from, never to its flat slice.
     ZG_CHECK(p.is_leaf(), who, ": parameter '", name, "' is the output of ", p.grad_fn()->name(),
              ", not a leaf; a parameter is a leaf tensor (PyTorch: can't optimize a non-leaf Tensor)");
@@ -85,7 +91,18 @@ FlatParameters::FlatParameters(const nn::NamedTensors& parameters, DType compute
     point_grad(e.param, view_of(grad, e));
     own(e.param);
   }
+  mark_compute_current();
 }
+
+void FlatParameters::check_compute_unwritten(const char* who) const {
+  ZG_CHECK(compute.is_same(master) || compute.storage()->version() == compute_version_, who, ": the ",
+           name(compute.dtype()), " compute weights were written since the last update (an in-place write to a "
+           "parameter: fill_, copy_, an init), and the update rewrites them from the ", name(master.dtype()),
+           " master weights, so that write would be lost. Write the master instead (FlatParameters::view_of(master, "
+           "entry)), then call sync_compute_from_master()");
+}
+
+void FlatParameters::mark_compute_current() { compute_version_ = compute.storage()->version(); }
 
 void FlatParameters::zero_grad() {
   NoGradGuard no_grad;
@@ -96,6 +113,7 @@ void FlatParameters::sync_compute_from_master() {
   if (compute.is_same(master)) return;
   NoGradGuard no_grad;
   compute.copy_(master);
+  mark_compute_current();
 }
 
 }  // namespace zg::optim

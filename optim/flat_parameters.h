@@ -62,8 +62,18 @@ class FlatParameters final : public ParameterOwner {
   void zero_grad() override;
   // After changing `master` (a loaded checkpoint), refresh the compute copy.
   void sync_compute_from_master();
+  // With a separate compute copy (16-bit compute), an update rewrites every compute weight
+  // from the master, so a write to a parameter since the last one (fill_, copy_, an init,
+  // on it or on a view) would be lost without a word. The optimizers call this first: such
+  // a write -- seen in the compute buffer's version, which every in-place write bumps -- is
+  // an error naming `who`. They call mark_compute_current() after their own writes.
+  void check_compute_unwritten(const char* who) const;
+  void mark_compute_current();
   // The slice of a flat buffer that belongs to one entry, shaped like the parameter.
   static Tensor view_of(const Tensor& flat, const Entry& entry);
+
+ private:
+  uint64_t compute_version_ = 0;  // the compute buffer's version after the last write of ours
 };
 
 }  // namespace zg::optim

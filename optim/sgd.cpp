@@ -25,6 +25,7 @@ SGD::SGD(FlatParameters& p, SGDOptions o) : params(p), options(o) {
 void SGD::step(double lr, double grad_scale) {
   check_finite_nonnegative("lr", lr);
   check_finite_nonnegative("grad_scale", grad_scale);
+  params.check_compute_unwritten("SGD::step");
   NoGradGuard no_grad;
   MemoryScope scope(MemoryCategory::workspace);  // the master-dtype copy of a span's gradient
   for (const FlatParameters::Span& span : params.spans) {

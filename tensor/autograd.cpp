@@ -197,6 +197,12 @@ Tensor& Tensor::set_requires_grad(bool requires_grad) {
            " is the output of ", grad_fn()->name(), " (use detach() for a new leaf)");
   ZG_CHECK(!requires_grad || is_floating(dtype()), "set_requires_grad: only floating-point tensors can require grad, got ",
            describe(*this));
+  // An optimizer over flat buffers updates every element of its spans, gradient or not:
+  // a parameter frozen there would go on moving (weight decay, momentum), silently.
+  if (const ParameterOwner* owner = requires_grad ? nullptr : ParameterOwner::of(*this))
+    fail("set_requires_grad: ", describe(*this), " is a parameter in the flat buffers of ", owner->describe(),
+         ", which trains every parameter it holds; freeze parameters before packing them, and pack only the "
+         "trainable ones");
   meta_of(*this).requires_grad = requires_grad;
   return *this;
 }

@@ -274,6 +274,38 @@ TEST_CASE("parameters stay in their FlatParameters: Module::zero_grad zeroes the
   CHECK(net.first->weight.dtype() == DType::f64);
 }
 
+TEST_CASE("a write to a parameter that a bf16 update would overwrite from the master is refused, not lost") {
+  OneParam module({0.5, -1.0, 2.0});
+  optim::FlatParameters flat(module.named_parameters(), DType::bf16);
+  optim::AdamW adamw(flat, {});
+  optim::SGD sgd(flat, {});
+  adamw.step(0.1);  // the optimizer's own writes are not the user's
+  {
+    NoGradGuard no_grad;
+    module.p.narrow(1, 0, 1).fill_(1.0);  // through a view, too
+  }
+  // The update would have rewritten it from the f32 master: 0.5 - 0.1, not 1.
+  const std::string refused = "the bf16 compute weights were written since the last update";
+  CHECK_THROWS_WITH_AS(adamw.step(0.1), doctest::Contains(("AdamW::step: " + refused).c_str()), Error);
+  CHECK_THROWS_WITH_AS(sgd.step(0.1), doctest::Contains(("SGD::step: " + refused).c_str()), Error);
+  // The way that is kept: write the master, then refresh the compute copy.
+  optim::FlatParameters::view_of(flat.master, flat.entries[0]).narrow(1, 0, 1).fill_(1.0);
+  flat.sync_compute_from_master();
+  adamw.step(0.0);
+  sgd.step(0.0);
+  CHECK(module.p.to(DType::f32).to_vector<float>()[0] == 1.0f);
+  // With f32 compute the parameter is the master: a write there stays.
+  OneParam f32({0.5, -1.0, 2.0});
+  optim::FlatParameters f32_flat(f32.named_parameters(), DType::f32);
+  optim::AdamW f32_adamw(f32_flat, {});
+  {
+    NoGradGuard no_grad;
+    f32.p.fill_(1.0);
+  }
+  f32_adamw.step(0.0);
+  CHECK(f32.p.to_vector<float>() == std::vector<float>{1, 1, 1});
+}
+
 TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use") {
   OneParam module({0.5, -1.0, 2.0});
   using optim::AdamWOptions;
@@ -359,6 +391,16 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
   // A frozen one would be weight-decayed all the same (was: accepted).
   CHECK_THROWS_WITH_AS(optim::FlatParameters({{"w", w}, {"frozen", zeros({2})}}, DType::f32),
                        doctest::Contains("FlatParameters: parameter 'frozen' does not require grad (frozen)"), Error);
+  {
+    // Frozen once packed, it went on moving (weight decay, momentum): refused by name.
+    const Tensor packed = trainable(base);
+    optim::FlatParameters flat({{"packed", packed}}, DType::f32);
+    CHECK_THROWS_WITH_AS(Tensor(packed).set_requires_grad(false),
+                         doctest::Contains("is a parameter in the flat buffers of a FlatParameters, which trains every "
+                                           "parameter it holds"),
+                         Error);
+    CHECK(packed.requires_grad());
+  }
   CHECK_THROWS_WITH_AS(optim::FlatParameters({{"a", w}, {"b", w}}, DType::f32),
                        doctest::Contains("parameters 'a' and 'b' share memory"), Error);
   CHECK_THROWS_WITH_AS(optim::FlatParameters({{"a", w}, {"row", trainable(base.select(0, 1))}}, DType::f32),

@@ -165,6 +165,39 @@ TEST_CASE("every rank must step with the same lr and loss scale: a difference is
   CHECK(refused == 6);
 }
 
+TEST_CASE("bf16: a parameter written in place since the last step is refused on every rank, not overwritten") {
+  for (int stage = 0; stage <= 2; ++stage) {
+    std::atomic<int> refused{0};
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, ZeroRun{.dtype = DType::bf16, .stage = stage}.config());
+      const auto [x, y] = global_batch(0);
+      const auto train = [&] {
+        model.forward(x, y).loss.backward();
+        sharded.step(1e-3);
+      };
+      train();  // the step's own writes are not the user's
+      const Tensor wpe = model.named_parameters()[1].second;
+      for (const bool both : {false, true}) {
+        if (both || pg.rank() == 0) {
+          NoGradGuard no_grad;
+          wpe.narrow(0, 0, 1).fill_(0.5);
+        }
+        try {
+          train();
+        } catch (const Error& e) {
+          const std::string message = both ? "compute weights were written since the last step"
+                                           : "different count of written parameters";
+          CHECK_MESSAGE(std::string(e.what()).find(message) != std::string::npos, std::string(e.what()));
+          ++refused;
+        }
+      }
+    });
+    CHECK(refused == 4);
+  }
+}
+
 TEST_CASE("DDP buckets, a wider reduce dtype and ZeRO-3 prefetch depth change how, not what, is computed") {
   ZeroRun base{.dtype = DType::f32};
   const nn::NamedTensors reference = reference_run(base);
@@ -1073,7 +1106,9 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   Tensor wpe = model.named_parameters()[1].second;
   wpe.set_requires_grad(false);
   const auto storage_now = wte.storage();
-  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.stage = 3}), doctest::Contains("does not require grad (frozen)"),
+  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.stage = 3}),
+                       doctest::Contains("does not require grad (frozen); every parameter in flat buffers is trained, so "
+                                         "hold a frozen tensor as a buffer (Module::register_buffer)"),
                        Error);
   CHECK(wte.storage() == storage_now);
   wpe.set_requires_grad(true);
