@@ -302,9 +302,8 @@ void ShardedModel::build_unit(Unit& unit) {
 bool ShardedModel::compute_written_by_others() const {
   if (config_.stage == 3) return false;
   for (const auto& unit : units_)
-    if (!unit->master.is_same(unit->compute_full) && !unit->master.is_same(unit->compute_shard) &&
-        unit->compute_full.storage()->version() != unit->written_by_us)
-      return true;
+    if (config_.compute_dtype != unit->master.dtype() && unit->compute_full.storage()->version() != unit->written_by_us)
+      return true;  // separate compute and master (as in step()) and a write that was not ours
   return false;
 }
 

@@ -27,6 +27,18 @@ std::string mpirun(const std::string& args) {
   return std::string(ZG_MPIRUN) + " -n 2 --oversubscribe --allow-run-as-root -x ASAN_OPTIONS=detect_leaks=0 " +
          ZG_MPI_WORKER + " " + args + " 2>&1";
 }
+
+// Runs the worker in `mode`, which must fail: checks that it did, with `message` in its
+// output, and returns how many seconds it took.
+double run_failing(const std::string& mode, const std::string& message) {
+  int status = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string out = run_command(mpirun("/tmp " + mode), status);
+  INFO(out);
+  CHECK(status != 0);
+  CHECK(out.find(message) != std::string::npos);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 }  // namespace
 
 TEST_CASE("mpirun -n 2 runs every stage and matches the local group") {
@@ -52,31 +64,19 @@ TEST_CASE("mpirun -n 2 runs every stage and matches the local group") {
 }
 
 TEST_CASE("a rank that never joins a collective fails the others within the timeout, not a hang") {
-  int status = 0;
-  const auto start = std::chrono::steady_clock::now();
-  const std::string out = run_command(mpirun("/tmp stall"), status);
-  const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  INFO(out);
-  CHECK(status != 0);
-  CHECK(out.find("mpi group: MPI_Iallgather (call check) for all_reduce(f32[4] on cpu, sum) (collective #0) did not "
-                 "finish within 2000 ms") != std::string::npos);
+  const double seconds = run_failing("stall", "mpi group: MPI_Iallgather (call check) for all_reduce(f32[4] on cpu, sum) "
+                                              "(collective #0) did not finish within 2000 ms");
   CHECK(seconds < 40);  // rank 1 sleeps 60 s: mpirun ended it when rank 0 exited
 }
 
 TEST_CASE("a collective larger than an MPI count is refused before anything moves") {
-  int status = 0;
-  const std::string out = run_command(mpirun("/tmp huge"), status);
-  CHECK(status != 0);
-  CHECK(out.find("mpi group: broadcast(bool[2147483648] on cpu, root 0) moves 2147483648 bytes per rank, over MPI's "
-                 "count limit of 2^31 - 1") != std::string::npos);
+  run_failing("huge", "mpi group: broadcast(bool[2147483648] on cpu, root 0) moves 2147483648 bytes per rank, over "
+                      "MPI's count limit of 2^31 - 1");
 }
 
 TEST_CASE("mismatched collectives across processes fail with both calls named, not a hang") {
-  int status = 0;
-  const std::string out = run_command(mpirun("/tmp mismatch"), status);
-  CHECK(status != 0);
-  CHECK(out.find("mpi group: collective #0 does not match across ranks: rank 0 called all_reduce(f32[4] on cpu, sum), "
-                 "rank 1 called all_gather(f32[2] on cpu -> f32[4] on cpu)") != std::string::npos);
+  run_failing("mismatch", "mpi group: collective #0 does not match across ranks: rank 0 called all_reduce(f32[4] on "
+                          "cpu, sum), rank 1 called all_gather(f32[2] on cpu -> f32[4] on cpu)");
 }
 
 }  // namespace zg::test
