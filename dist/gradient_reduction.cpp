@@ -14,6 +14,9 @@
 // gradients wait; all have finished when the backward ends (end_of_backward).
 #include "dist/unit.h"
 
+#include <algorithm>
+#include <map>
+
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
 
@@ -69,6 +72,34 @@ void ShardedModel::plan_buckets(Unit& unit) {
       if (entries[i].offset >= unit.buckets[b].begin && entries[i].offset < unit.buckets[b].end) unit.bucket_of[i] = b;
 }
 
+// The order every rank reduces its buckets in. Ranks must issue their collectives in
+// one order, but buckets can fill in different orders on different ranks: a parameter
+// that only some ranks' forward used fills its bucket there during the backward, and
+// elsewhere never. So, as in PyTorch DDP, a full bucket waits for the buckets before it
+// in a fixed order, and the backward's end reduces every bucket still waiting, in that
+// order -- with zeros for gradients that never came, and with what earlier micro-batches
+// accumulated (a bucket filled only while sync was off is still reduced when it is on).
+//   The order is the expected filling order. Gradients arrive roughly in reverse
+// registration order, and a bucket fills when the first-registered of its parameters
+// lands, so buckets go by that parameter's position, latest first: for a GPT the last
+// block's first, the root unit's (which holds the embeddings) last. A model whose
+// backward runs otherwise is reduced in the same order, with less overlap.
+void ShardedModel::plan_reduce_order(const nn::NamedTensors& parameters) {
+  std::map<const TensorImpl*, size_t> position;
+  for (size_t i = 0; i < parameters.size(); ++i) position.emplace(&parameters[i].second.impl(), i);
+  std::vector<std::pair<size_t, std::pair<Unit*, Bucket*>>> by_first;
+  for (auto& unit : units_)
+    for (size_t b = 0; b < unit->buckets.size(); ++b) {
+      size_t first = parameters.size();
+      for (size_t i = 0; i < unit->entries.size(); ++i)
+        if (unit->bucket_of[i] == b) first = std::min(first, position.at(&unit->entries[i].param.impl()));
+      by_first.push_back({first, {unit.get(), &unit->buckets[b]}});
+    }
+  std::sort(by_first.begin(), by_first.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  reduce_order_.clear();
+  for (const auto& [first, bucket] : by_first) reduce_order_.push_back(bucket);
+}
+
 void ShardedModel::on_grad_arrival(Unit& unit, size_t entry) {
   // The first gradient of a backward pass queues the pass's end. The token lives in the
   // queued callback: expired once it ran, or was dropped by a pass that threw.
@@ -79,22 +110,35 @@ void ShardedModel::on_grad_arrival(Unit& unit, size_t entry) {
       if (!alive.expired()) end_of_backward();
     });
   }
-  Bucket& bucket = unit.buckets[unit.bucket_of[entry]];
-  if (++bucket.arrived < bucket.members) return;
-  reduce_bucket(unit, bucket);
+  in_backward_ = true;
+  ++unit.buckets[unit.bucket_of[entry]].arrived;
+  while (reduced_ < reduce_order_.size()) {
+    const auto [next_unit, next] = reduce_order_[reduced_];
+    if (next->arrived < next->members) return;  // it, and the ones after it, wait
+    ++reduced_;
+    reduce_bucket(*next_unit, *next);
+  }
 }
 
-// After the backward's last node: the buckets some of whose parameters got no gradient
-// (an unused parameter) are reduced now -- before, they waited for step(), and with
-// gradient accumulation the next micro-batch's first gradient completed the count and
-// started a reduction while the rest of its bucket was still being written. Then every
-// reduction finishes, and ZeRO-3 frees every unit still gathered (one prefetched in
-// backward for a use whose backward had already run would stay whole, and stale).
+// After the backward's last node: every bucket not reduced yet is, in the fixed order.
+// Then every reduction finishes, and ZeRO-3 frees every unit still gathered (one
+// prefetched in backward for a use whose backward had already run would stay whole,
+// and stale).
 void ShardedModel::end_of_backward() {
-  reduce_stragglers();
+  reduce_the_rest();
   finish_reductions();
   if (config_.stage == 3)
     for (auto& unit : units_) release_unit(*unit);
+}
+
+void ShardedModel::reduce_the_rest() {
+  if (!in_backward_) return;
+  while (reduced_ < reduce_order_.size()) {
+    const auto [unit, bucket] = reduce_order_[reduced_++];
+    reduce_bucket(*unit, *bucket);
+  }
+  reduced_ = 0;
+  in_backward_ = false;
 }
 
 void ShardedModel::reduce_bucket(Unit& unit, Bucket& bucket) {
@@ -132,7 +176,9 @@ void ShardedModel::reduce_bucket(Unit& unit, Bucket& bucket) {
       break;
     }
     default: {
-      if (!unit.grad_full.defined()) return;
+      // A unit none of whose parameters got a gradient here still takes part, with zeros:
+      // on other ranks they may have.
+      if (!unit.grad_full.defined()) allocate_grad_full(unit);
       // Freed here as far as this rank's code goes: a host group's queued collective holds
       // the buffer until it has run; on NCCL, record_stream keeps the allocator from
       // reusing the block until the reduce-scatter is done.
@@ -161,15 +207,6 @@ void ShardedModel::finish_reductions(size_t keep_in_flight) {
     job.work->wait();
     if (job.then) job.then();
   }
-}
-
-// A bucket some of whose parameters got no gradient in this backward is reduced
-// now, with zeros for those (every rank reduces the same buckets; a parameter used on
-// some ranks only makes the collectives differ, an error naming both calls).
-void ShardedModel::reduce_stragglers() {
-  for (auto& unit : units_)
-    for (Bucket& bucket : unit->buckets)
-      if (bucket.arrived > 0) reduce_bucket(*unit, bucket);
 }
 
 }  // namespace zg::dist

@@ -25,20 +25,28 @@ std::string shortest(double x) {
   return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
 }
 
-// A unit's parameter names and shapes (its entries, in packing order), hashed (FNV-1a) to 53 bits: a
-// double holds it exactly, so an Agreement can compare it.
-int64_t layout_hash(const std::vector<optim::FlatParameters::Entry>& entries) {
-  uint64_t hash = 14695981039346656037ull;
-  auto mix = [&](const void* data, size_t bytes) {
-    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
-  };
-  for (const auto& e : entries) {
-    mix(e.name.data(), e.name.size() + 1);  // with its terminating zero: "a" "bc" is not "ab" "c"
-    const int64_t rank = static_cast<int64_t>(e.shape.size());
-    mix(&rank, sizeof rank);
-    mix(e.shape.data(), e.shape.size() * sizeof(int64_t));
+// FNV-1a, cut to 53 bits: a double holds it exactly, so an Agreement can compare it.
+class Hash53 {
+ public:
+  void mix(const void* data, size_t bytes) {
+    for (size_t i = 0; i < bytes; ++i) hash_ = (hash_ ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
   }
-  return static_cast<int64_t>(hash & ((uint64_t{1} << 53) - 1));
+  double value() const { return static_cast<double>(hash_ & ((uint64_t{1} << 53) - 1)); }
+
+ private:
+  uint64_t hash_ = 14695981039346656037ull;
+};
+
+// A unit's parameter names and shapes (its entries, in packing order), hashed.
+double layout_hash(const std::vector<optim::FlatParameters::Entry>& entries) {
+  Hash53 hash;
+  for (const auto& e : entries) {
+    hash.mix(e.name.data(), e.name.size() + 1);  // with its terminating zero: "a" "bc" is not "ab" "c"
+    const int64_t rank = static_cast<int64_t>(e.shape.size());
+    hash.mix(&rank, sizeof rank);
+    hash.mix(e.shape.data(), e.shape.size() * sizeof(int64_t));
+  }
+  return hash.value();
 }
 
 Tensor allocate(const Shape& shape, DType dtype, Device device, MemoryCategory category, bool zeroed) {
@@ -106,6 +114,16 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   const nn::NamedTensors parameters = model.named_parameters();
   const Device device = parameters.empty() ? kCPU : parameters.front().second.device();
   all_or_none(group_, device, "ShardedModel", "", [&] { plan_units(model, parameters, plan, modules); });
+  // Collective tags: each unit's number, from 1; a ZeRO unit's one bucket has its unit's,
+  // DDP's buckets numbers of their own after those (two buckets of one size would pair
+  // silently between ranks that reduce them in different orders).
+  for (size_t u = 0; u < units_.size(); ++u) units_[u]->tag = static_cast<int64_t>(u) + 1;
+  int64_t next_tag = static_cast<int64_t>(units_.size()) + 1;
+  for (auto& unit : units_) {
+    plan_buckets(*unit);
+    for (Bucket& bucket : unit->buckets) bucket.tag = config_.stage == 0 ? next_tag++ : unit->tag;
+  }
+  plan_reduce_order(parameters);
   // The ranks' configs and models agree (a different weight decay or clipping norm made
   // DDP replicas drift apart without a word), and rank 0's initial weights become every
   // rank's in build_unit, as PyTorch DDP broadcasts its module states.
@@ -127,22 +145,15 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
     std::vector<std::pair<std::string, double>> units;
     for (const auto& unit : units_) {
       units.emplace_back("size of unit " + unit->name, static_cast<double>(unit->numel));
-      units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name,
-                         static_cast<double>(layout_hash(unit->entries)));
+      units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name, layout_hash(unit->entries));
     }
+    Hash53 order;
+    for (const auto& [unit, bucket] : reduce_order_) order.mix(&bucket->tag, sizeof bucket->tag);
+    units.emplace_back("order of gradient reductions (bucket tags, hashed)", order.value());
     Agreement same_units(group_, agreement_device(group_, device), units);
     same_units.check("ShardedModel: was built with");
   }
-  // Collective tags: each unit's number, from 1; a ZeRO unit's one bucket has its unit's,
-  // DDP's buckets numbers of their own after those (two buckets of one size would pair
-  // silently between ranks that reduce them in different orders).
-  for (size_t u = 0; u < units_.size(); ++u) units_[u]->tag = static_cast<int64_t>(u) + 1;
-  int64_t next_tag = static_cast<int64_t>(units_.size()) + 1;
-  for (auto& unit : units_) {
-    build_unit(*unit);
-    plan_buckets(*unit);
-    for (Bucket& bucket : unit->buckets) bucket.tag = config_.stage == 0 ? next_tag++ : unit->tag;
-  }
+  for (auto& unit : units_) build_unit(*unit);
   for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
   if (config_.stage == 3) hook_holders(modules);
   for (auto& unit : units_)
@@ -212,8 +223,11 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
         }
   }
   if (units_[0]->entries.empty()) units_.erase(units_.begin());
-  for (auto& unit : units_)
+  for (auto& unit : units_) {
     ZG_CHECK(!unit->entries.empty(), "ShardedModel: unit '", unit->name, "' has no parameters");
+    unit->padded = (unit->numel + group_.size() - 1) / group_.size() * group_.size();
+    unit->shard = unit->padded / group_.size();
+  }
   if (config_.stage == 3) plan_uses(plan, modules);
 }
 
@@ -225,13 +239,11 @@ std::string ShardedModel::describe() const {
 
 void ShardedModel::build_unit(Unit& unit) {
   NoGradGuard no_grad;
-  const int n = group_.size(), r = group_.rank();
+  const int r = group_.rank();
   const int stage = config_.stage;
   const DType compute = config_.compute_dtype, master_dtype = optim::master_dtype_for(compute);
   const bool separate_master = compute != master_dtype;
   const Device device = unit.entries.front().param.device();
-  unit.padded = (unit.numel + n - 1) / n * n;
-  unit.shard = unit.padded / n;
   const auto my_slice = [&](const Tensor& full) { return full.narrow(0, r * unit.shard, unit.shard); };
 
   // The initial weights, flat and padded with zeros, in the master dtype: rank 0's.
@@ -279,12 +291,8 @@ void ShardedModel::build_unit(Unit& unit) {
   const std::weak_ptr<ParameterOwner> alive = this->alive();
   if (stage >= 2)
     for (const auto& e : unit.entries)
-      // Before the first gradient of this unit lands: one zeroed full buffer, the params' grads views into it.
-      e.param.register_hook([u, compute, device, alive](const Tensor&) {
-        if (!alive.expired() && !u->grad_full.defined()) {
-          u->grad_full = allocate({u->padded}, compute, device, MemoryCategory::gradient, true);
-          for (const auto& member : u->entries) point_grad(member.param, view_of(u->grad_full, member));
-        }
+      e.param.register_hook([this, u, alive](const Tensor&) {
+        if (!alive.expired() && !u->grad_full.defined()) allocate_grad_full(*u);
         return Tensor();
       });
   for (size_t i = 0; i < unit.entries.size(); ++i)
@@ -297,6 +305,13 @@ void ShardedModel::build_unit(Unit& unit) {
     unit.gathered_from = unit.compute_shard.storage()->version();
   }
   unit.written_by_us = unit.compute_full.storage()->version();
+}
+
+// Stages 2, 3, before the first gradient of a unit lands: one zeroed full buffer, the
+// parameters' grads views into it.
+void ShardedModel::allocate_grad_full(Unit& unit) {
+  unit.grad_full = allocate({unit.padded}, config_.compute_dtype, unit.grad_shard.device(), MemoryCategory::gradient, true);
+  for (const auto& e : unit.entries) point_grad(e.param, view_of(unit.grad_full, e));
 }
 
 bool ShardedModel::compute_written_by_others() const {
@@ -324,6 +339,8 @@ void ShardedModel::zero_grad() {
     }
     for (Bucket& bucket : unit->buckets) bucket.arrived = 0;
   }
+  reduced_ = 0;
+  in_backward_ = false;
   unsynced_ = false;
 }
 
@@ -331,7 +348,7 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   // Refused here, before the collectives, not by the update after them.
   ZG_CHECK(std::isfinite(lr) && lr >= 0, "ShardedModel: step lr must be >= 0 and finite, got ", lr);
   NoGradGuard no_grad;
-  reduce_stragglers();
+  reduce_the_rest();  // of a backward that threw before its end
   ZG_CHECK(!unsynced_, "ShardedModel: step() after a backward with gradient sync off: its gradients were never "
            "reduced across ranks; turn sync on (set_gradient_sync(true)) for the last micro-batch");
   finish_reductions();

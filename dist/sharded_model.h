@@ -15,10 +15,11 @@
 //   3      shard; full unit gathered (`communication`) before its       shard      16/N
 //          forward and again before its backward, freed after each
 //
-// Gradients are reduced from post-accumulate-grad hooks as soon as a bucket (DDP)
-// or a unit (ZeRO) has all its gradients: the collective runs on the group's
-// communication worker while the backward of the next unit goes on, and every
-// reduction has finished when backward() returns. The optimizer sees spans of the
+// Gradients are reduced from post-accumulate-grad hooks once a bucket (DDP) or a unit
+// (ZeRO) has all its gradients and the buckets before it in the one order every rank
+// uses have been reduced: the collective runs on the group's communication worker while
+// the backward of the next unit goes on. The backward's end reduces every bucket still
+// waiting, so every reduction has finished when backward() returns. The optimizer sees spans of the
 // whole buffers for DDP, of the local slices for ZeRO.
 //
 // ZeRO-3 gathers a unit around each use (dist/parameter_gather.cpp): before a
@@ -53,7 +54,8 @@ struct ZeroConfig {
   // the traffic), in `communication` buffers, then rounded back. Unset: the compute dtype.
   std::optional<DType> reduce_dtype{};
   // DDP (stage 0): gradients are all-reduced in buckets of about this many bytes,
-  // each started as soon as its last gradient lands (PyTorch DDP's default, 25 MiB).
+  // each started once its last gradient lands and the ones before it have started
+  // (PyTorch DDP's default, 25 MiB).
   // ZeRO stages reduce-scatter whole units (a unit's shard layout spans the unit).
   int64_t bucket_bytes = 25 << 20;
   // ZeRO-3: how many units ahead (in forward order, or behind in backward) are
@@ -145,11 +147,13 @@ class ShardedModel final : public ParameterOwner {
 
   // Gradient reduction (dist/gradient_reduction.cpp).
   void plan_buckets(Unit& unit);
+  void plan_reduce_order(const nn::NamedTensors& parameters);  // reduce_order_
+  void allocate_grad_full(Unit& unit);                          // stages 2, 3
   void on_grad_arrival(Unit& unit, size_t entry);
   void reduce_bucket(Unit& unit, Bucket& bucket);
   void finish_reductions(size_t keep_in_flight = 0);
-  void reduce_stragglers();  // buckets some of whose parameters got no gradient
-  void end_of_backward();    // queued by a backward's first gradient (queue_backward_callback)
+  void reduce_the_rest();  // of this backward's buckets, in reduce_order_
+  void end_of_backward();  // queued by a backward's first gradient (queue_backward_callback)
 
   // ZeRO-3 parameter gathering (dist/parameter_gather.cpp).
   // The uses of each unit in forward order (checks the plan's module paths; hooks nothing).
@@ -181,6 +185,11 @@ class ShardedModel final : public ParameterOwner {
     std::function<void()> then;
   };
   std::deque<InFlight> in_flight_;
+  // Every bucket, in the one order all ranks reduce them in (plan_reduce_order); the
+  // first `reduced_` have been reduced in this backward.
+  std::vector<std::pair<Unit*, Bucket*>> reduce_order_;
+  size_t reduced_ = 0;
+  bool in_backward_ = false;  // a gradient has landed since the last backward's end
   std::weak_ptr<void> end_of_backward_queued_;  // live while this backward's end is queued
   bool sync_ = true;
   bool unsynced_ = false;  // stages 0, 1: the last backward kept its gradients local (sync off)

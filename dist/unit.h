@@ -7,8 +7,8 @@
 
 namespace zg::dist {
 
-// A range [begin, end) of a unit's flat gradient, reduced as soon as the gradients
-// of its `members` parameters have all landed. DDP cuts a unit into buckets of about
+// A range [begin, end) of a unit's flat gradient, full once the gradients of its
+// `members` parameters have all landed (then reduced in the fixed order). DDP cuts a unit into buckets of about
 // ZeroConfig::bucket_bytes; the ZeRO stages use one bucket per unit.
 struct ShardedModel::Bucket {
   int64_t begin = 0, end = 0;
