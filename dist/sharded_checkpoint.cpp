@@ -4,8 +4,10 @@
 //     <role>/<parameter name>/<first element>      role: master, exp_avg, exp_avg_sq
 // with each such parameter's shape in the metadata ("shape/<parameter name>"): the
 // pieces are flat, and a parameter of another shape but as many elements must not load.
-// Loading at another world size or stage only needs, for each parameter, the
-// pieces that overlap the range a rank owns now -- found from the file headers.
+// Rank 0's file also holds the model's buffers, whole, as buffer/<buffer name> (they
+// are replicated). Loading at another world size or stage only needs, for each
+// parameter, the pieces that overlap the range a rank owns now -- found from the file
+// headers -- and the buffers from the first file.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <string_view>
 
 #include "dist/unit.h"
@@ -47,10 +50,21 @@ int world_size_of(const std::string& file) {
   return static_cast<int>(size);
 }
 
-// Format 2 records parameter shapes; format 1 files (without them) still load, their
+// Format 3 holds the buffers; format 2 files (without them) still load, the model's
+// buffers left as they are; format 1 files, without parameter shapes too, have their
 // pieces checked by element counts only.
-constexpr const char* kFormat = "zerograd-sharded-checkpoint-2";
-constexpr const char* kFormatWithoutShapes = "zerograd-sharded-checkpoint-1";
+constexpr const char* kFormat = "zerograd-sharded-checkpoint-3";
+constexpr const char* kFormats[] = {"zerograd-sharded-checkpoint-1", "zerograd-sharded-checkpoint-2", kFormat};
+
+// A file's format version (1, 2, 3), or 0 for none of them.
+int format_of(const Metadata& meta) {
+  const auto it = meta.find("format");
+  for (int version = 1; version <= 3; ++version)
+    if (it != meta.end() && it->second == kFormats[version - 1]) return version;
+  return 0;
+}
+
+constexpr std::string_view kBufferRole = "buffer/";
 
 std::string rank_file(const std::string& dir, int rank, int size) {
   char name[64];
@@ -151,6 +165,8 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
       meta["shape/" + e.name] = shape_str(e.shape);
     });
   }
+  if (r == 0)
+    for (const auto& [name, b] : buffers_) tensors.emplace_back(std::string(kBufferRole) + name, b);
   all_or_none(group_, device, "ShardedModel::save", "the save in " + dir + " is incomplete",
               [&] { save_safetensors(rank_file(dir, r, group_.size()), tensors, meta); });
   // Every rank's file exists: an earlier save of another N is superseded, and gone when save returns.
@@ -173,8 +189,8 @@ struct LoadPlan {
   std::optional<optim::ScalerState> scaler;
 };
 
-LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<ShardedModel::Unit>>& units, int r,
-                   int stage, const optim::GradScaler* scaler) {
+LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<ShardedModel::Unit>>& units,
+                   const nn::NamedTensors& buffers, int r, int stage, const optim::GradScaler* scaler) {
   constexpr const char* who = "ShardedModel::load";
   LoadPlan plan;
   // The files of one save: rank-R-of-N for every R < N.
@@ -190,8 +206,10 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
     ZG_CHECK(std::filesystem::is_regular_file(path), who, ": ", path, " is missing (a save of ", old_size, " ranks)");
     plan.files.push_back(std::make_unique<SafetensorsFile>(path));
     const Metadata& meta = plan.files.back()->metadata();
-    ZG_CHECK(meta.count("format") && (meta.at("format") == kFormat || meta.at("format") == kFormatWithoutShapes), who,
-             ": ", path, " is not a zerograd sharded checkpoint");
+    ZG_CHECK(format_of(meta) > 0, who, ": ", path, " is not a zerograd sharded checkpoint");
+    ZG_CHECK(format_of(meta) == format_of(plan.files.front()->metadata()), who, ": ", path, " has format ",
+             meta.at("format"), ", ", plan.files.front()->path(), " has ", plan.files.front()->metadata().at("format"),
+             ": the files come from different saves");
     ZG_CHECK(metadata_number<int64_t>(meta, "world_size", path, who) == old_size &&
                  metadata_number<int64_t>(meta, "rank", path, who) == q,
              who, ": ", path, " says it is rank ", meta.at("rank"), " of ", meta.at("world_size"));
@@ -224,9 +242,30 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
   std::map<std::string, const optim::FlatParameters::Entry*> parameters;
   for (const auto& unit : units)
     for (const auto& e : unit->entries) parameters[e.name] = &e;
+  // The buffers, whole in the first file (from format 3 on): each of the model's, and
+  // no other.
+  const SafetensorsFile& first_file = *plan.files.front();
+  if (format_of(first_file.metadata()) >= 3) {
+    for (const auto& [name, b] : buffers) {
+      const std::string tensor = std::string(kBufferRole) + name;
+      ZG_CHECK(first_file.contains(tensor), who, ": ", first_file.path(), " has no buffer '", name,
+               "', which the model has");
+      first_file.check_readable_into(tensor, b);
+    }
+  }
+  std::set<std::string> buffer_names;
+  for (const auto& [name, b] : buffers) buffer_names.insert(name);
   // Index every saved piece by role and parameter: "<role>/<name>/<first element>".
   for (const auto& file : plan.files)
     for (const std::string& tensor : file->names()) {
+      if (tensor.starts_with(kBufferRole)) {
+        const std::string name = tensor.substr(kBufferRole.size());
+        ZG_CHECK(file.get() == &first_file && format_of(first_file.metadata()) >= 3, who, ": ", file->path(),
+                 " holds '", tensor, "', but only the first file of a save of format 3 holds buffers");
+        ZG_CHECK(buffer_names.contains(name), who, ": ", file->path(), " holds '", tensor,
+                 "' but the model has no buffer '", name, "'");
+        continue;
+      }
       const size_t last = tensor.rfind('/'), first = tensor.find('/');
       int64_t begin = -1;
       ZG_CHECK(first != last && last != std::string::npos &&
@@ -242,7 +281,7 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
       ZG_CHECK(entry.shape.size() == 1 && is_floating(entry.dtype), who, ": ", file->path(), ": tensor '", tensor,
                "' is ", name(entry.dtype), shape_str(entry.shape), ", expected a 1-D floating piece");
       const auto shape = file->metadata().find("shape/" + parameter);
-      const bool shapes_recorded = file->metadata().at("format") == kFormat;
+      const bool shapes_recorded = format_of(file->metadata()) >= 2;
       ZG_CHECK(!shapes_recorded || (shape != file->metadata().end() && shape->second == shape_str(known->second->shape)), who, ": ",
                file->path(), ": tensor '", tensor, "' is a piece of a parameter of shape ",
                shape == file->metadata().end() ? std::string("(not recorded)") : shape->second, "; the model's '",
@@ -282,7 +321,7 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
   LoadPlan plan;
   all_or_none(group_, units_.front()->master.device(), "ShardedModel::load", "nothing was loaded, on any rank",
-              [&] { plan = plan_load(dir, units_, group_.rank(), config_.stage, scaler); });
+              [&] { plan = plan_load(dir, units_, buffers_, group_.rank(), config_.stage, scaler); });
 
   // Everything checked, everywhere: now copy.
   const int r = group_.rank();
@@ -298,6 +337,9 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
       }
     });
   }
+  const SafetensorsFile& first_file = *plan.files.front();
+  if (format_of(first_file.metadata()) >= 3)
+    for (const auto& [name, b] : buffers_) first_file.read_into(std::string(kBufferRole) + name, b);
   step_ = plan.step;
   if (plan.scaler) scaler->set_scale(plan.scaler->scale, plan.scaler->good_steps);
   Generator& gen = Context::current().generator();
@@ -323,7 +365,8 @@ void ShardedModel::refresh_compute() {
 }
 
 void ShardedModel::export_consolidated(const std::string& path) {
-  const nn::NamedTensors weights = gather_master(/*copy_local=*/false);  // stage 0: rank 0's own, no copy
+  nn::NamedTensors weights = gather_master(/*copy_local=*/false);  // stage 0: rank 0's own, no copy
+  weights.insert(weights.end(), buffers_.begin(), buffers_.end());
   all_or_none(group_, units_.front()->master.device(), "ShardedModel::export_consolidated",
               path + " was not written", [&] {
                 if (group_.rank() == 0) save_safetensors(path, weights, {{"format", "zerograd-consolidated-1"}});

@@ -37,14 +37,27 @@ class Hash53 {
   uint64_t hash_ = 14695981039346656037ull;
 };
 
+void mix_name_and_shape(Hash53& hash, const std::string& name, const Shape& shape) {
+  hash.mix(name.data(), name.size() + 1);  // with its terminating zero: "a" "bc" is not "ab" "c"
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  hash.mix(&rank, sizeof rank);
+  hash.mix(shape.data(), shape.size() * sizeof(int64_t));
+}
+
 // A unit's parameter names and shapes (its entries, in packing order), hashed.
 double layout_hash(const std::vector<optim::FlatParameters::Entry>& entries) {
   Hash53 hash;
-  for (const auto& e : entries) {
-    hash.mix(e.name.data(), e.name.size() + 1);  // with its terminating zero: "a" "bc" is not "ab" "c"
-    const int64_t rank = static_cast<int64_t>(e.shape.size());
-    hash.mix(&rank, sizeof rank);
-    hash.mix(e.shape.data(), e.shape.size() * sizeof(int64_t));
+  for (const auto& e : entries) mix_name_and_shape(hash, e.name, e.shape);
+  return hash.value();
+}
+
+// The model's buffers' names, shapes and dtypes, hashed.
+double buffers_hash(const nn::NamedTensors& buffers) {
+  Hash53 hash;
+  for (const auto& [name, b] : buffers) {
+    mix_name_and_shape(hash, name, b.shape());
+    const DType dtype = b.dtype();
+    hash.mix(&dtype, sizeof dtype);
   }
   return hash.value();
 }
@@ -107,7 +120,7 @@ UnitPlan gpt_unit_plan(int64_t n_layer) {
 }
 
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config)
-    : group_(group), config_(config) {
+    : group_(group), config_(config), buffers_(model.named_buffers()) {
   const auto modules = model.named_modules();
   // The checks and the plan, on each rank alone -- then every rank learns whether any
   // failed, before the collectives below: a rank that threw here would never issue them.
@@ -150,10 +163,13 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
     Hash53 order;
     for (const auto& [unit, bucket] : reduce_order_) order.mix(&bucket->tag, sizeof bucket->tag);
     units.emplace_back("order of gradient reductions (bucket tags, hashed)", order.value());
+    units.emplace_back("number of buffers", static_cast<double>(buffers_.size()));
+    units.emplace_back("buffer names, shapes and dtypes (hashed)", buffers_hash(buffers_));
     Agreement same_units(group_, agreement_device(group_, device), units);
     same_units.check("ShardedModel: was built with");
   }
   for (auto& unit : units_) build_unit(*unit);
+  broadcast_buffers();
   for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
   if (config_.stage == 3) hook_holders(modules);
   for (auto& unit : units_)
@@ -312,6 +328,16 @@ void ShardedModel::build_unit(Unit& unit) {
 void ShardedModel::allocate_grad_full(Unit& unit) {
   unit.grad_full = allocate({unit.padded}, config_.compute_dtype, unit.grad_shard.device(), MemoryCategory::gradient, true);
   for (const auto& e : unit.entries) point_grad(e.param, view_of(unit.grad_full, e));
+}
+
+// Rank 0's buffers become every rank's, as PyTorch DDP broadcasts its module states.
+void ShardedModel::broadcast_buffers() {
+  NoGradGuard no_grad;
+  for (const auto& [name, b] : buffers_) {
+    const Tensor values = b.contiguous();  // a collective takes contiguous buffers
+    group_.broadcast(values, 0);
+    if (!values.is_same(b)) Tensor(b).copy_(values);
+  }
 }
 
 bool ShardedModel::compute_written_by_others() const {

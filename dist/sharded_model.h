@@ -84,9 +84,11 @@ struct StepResult {
 class ShardedModel final : public ParameterOwner {
  public:
   // Every rank must pass a model of the same shape and the same config (checked, as far
-  // as the number of units and elements: collectives, which every rank reaches even when
-  // another's plan is refused); rank 0's initial parameters become every rank's, as
-  // PyTorch DDP broadcasts its module states (buffers are left as they are).
+  // as the units' and buffers' names and shapes: collectives, which every rank reaches
+  // even when another's plan is refused); rank 0's initial parameters and buffers become
+  // every rank's, as PyTorch DDP broadcasts its module states. (A forward that changes a
+  // buffer changes it on its own rank: PyTorch DDP broadcasts buffers before each
+  // forward, this does not.)
   // While it lives it is the parameters' ParameterOwner: the model's zero_grad() calls
   // this one's, and moving the parameters elsewhere (Module::to, load_state) is refused.
   // Destroyed, it leaves stages 0-2's parameters holding the compute weights; ZeRO-3's
@@ -119,6 +121,7 @@ class ShardedModel final : public ParameterOwner {
   // `dir/rank-RRRRR-of-NNNNN.safetensors` (zero-padded) with the parts of each parameter's master weights and
   // Adam m, v that the rank owns, named by parameter and element offset, so load() works
   // at any world size and stage: each rank reads the pieces that overlap what it owns now.
+  // Rank 0's file also holds the buffers, whole; load() gives them to every rank.
   //  - A save replaces the checkpoint in `dir`, whatever its world size: once every rank
   //    has written its file, rank 0 removes the files of an earlier save of another N.
   //  - The files of one save share an id: load() refuses files of different saves.
@@ -128,7 +131,8 @@ class ShardedModel final : public ParameterOwner {
   //    did not have take the last saved rank's (reseed them if they need streams apart).
   void save(const std::string& dir, const Metadata& extra = {}, const optim::GradScaler* scaler = nullptr);
   Metadata load(const std::string& dir, optim::GradScaler* scaler = nullptr);
-  // One safetensors file of the full f32 weights by parameter name, written by rank 0.
+  // One safetensors file of the full f32 weights by parameter name and the buffers
+  // (what nn::load_state reads), written by rank 0.
   void export_consolidated(const std::string& path);
   int64_t num_parameters() const;  // Ψ, without padding
   const ZeroConfig& config() const { return config_; }
@@ -167,7 +171,8 @@ class ShardedModel final : public ParameterOwner {
   void release_unit(Unit& unit);
   void prefetch_from(size_t use, int direction);
 
-  void refresh_compute();  // compute weights from master after a load
+  void broadcast_buffers();  // rank 0's, to every rank
+  void refresh_compute();    // compute weights from master after a load
   // With 16-bit compute, step() rewrites the compute weights from the master, so a write
   // to a parameter since our last write (fill_, copy_, an init) would be lost: step()
   // refuses it on every rank alike. Stages 0-2 (at 3, weights exist only in use).
@@ -176,6 +181,9 @@ class ShardedModel final : public ParameterOwner {
 
   ProcessGroup& group_;
   ZeroConfig config_;
+  // The model's buffers (Module::register_buffer), replicated: the same on every rank
+  // from construction on, and saved, loaded and exported with the parameters.
+  nn::NamedTensors buffers_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Use> uses_;  // ZeRO-3: where the forward uses each unit, in forward order
   // Reductions issued and not yet finished, oldest first; each finishes with `then`

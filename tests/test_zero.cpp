@@ -489,7 +489,7 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
        "checkpoint of another model"},
       {"no shape recorded", same, [](Metadata& m) { m.erase("shape/transformer.wte.weight"); },
        "is a piece of a parameter of shape (not recorded)"},
-      {"an unknown format", same, [](Metadata& m) { m["format"] = "zerograd-sharded-checkpoint-3"; },
+      {"an unknown format", same, [](Metadata& m) { m["format"] = "zerograd-sharded-checkpoint-4"; },
        "is not a zerograd sharded checkpoint"},
       {"an unknown parameter", [](auto& t) { t.front().first = "master/no.such.weight/0"; }, [](Metadata&) {},
        "the model has no parameter 'no.such.weight'"},
@@ -1065,6 +1065,70 @@ TEST_CASE("ZeRO-3: ranks that run units of one size in different orders get an e
                        doctest::Contains("rank 0 called all_gather(f64[3] on cpu -> f64[6] on cpu, tag 2), rank 1 called "
                                          "all_gather(f64[3] on cpu -> f64[6] on cpu, tag 1)"),
                        Error);
+}
+
+TEST_CASE("buffers are rank 0's on every rank, and sharded checkpoints and the consolidated export hold them") {
+  // Before, each rank kept its own buffers, and no checkpoint held them: a resume lost
+  // them, and a strict load_state of the export refused a model that has some.
+  const std::string dir = "/tmp/zg_test_sharded_buffers_" + std::to_string(::getpid());
+  struct WithBuffers : TwoLayers {
+    Tensor scale = register_buffer("scale", zeros({2, 3}, DType::f32));
+    Tensor count = b->register_buffer("count", zeros({1}, DType::i64));
+  };
+  const auto run = [](int n, int stage, const std::function<void(dist::ProcessGroup&, WithBuffers&, dist::ShardedModel&)>& fn,
+                      const std::function<void(WithBuffers&)>& before = [](WithBuffers&) {}) {
+    dist::run_local(n, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      WithBuffers model;
+      model.scale.fill_(10.0 + pg.rank());
+      model.count.fill_(100 + pg.rank());
+      before(model);
+      dist::ShardedModel sharded(model, {.units = {"a", "b"}}, pg, {.stage = stage, .compute_dtype = DType::f64});
+      fn(pg, model, sharded);
+    });
+  };
+  run(2, 3, [&](dist::ProcessGroup&, WithBuffers& model, dist::ShardedModel& sharded) {
+    CHECK(model.scale.to_vector<float>() == std::vector<float>(6, 10.0f));  // rank 0's, on rank 1 too
+    CHECK(model.count.item<int64_t>() == 100);
+    model.scale.fill_(2.5);
+    model.count.fill_(7);
+    sharded.save(dir);
+    sharded.export_consolidated(dir + "/consolidated.safetensors");
+  });
+  CHECK(SafetensorsFile(dir + "/rank-00000-of-00002.safetensors").contains("buffer/b.count"));
+  CHECK_FALSE(SafetensorsFile(dir + "/rank-00001-of-00002.safetensors").contains("buffer/b.count"));
+  for (int stage : {0, 1}) {
+    INFO("loaded at N=1, stage " << stage);
+    run(1, stage, [&](dist::ProcessGroup&, WithBuffers& model, dist::ShardedModel& sharded) {
+      sharded.load(dir);
+      CHECK(model.scale.to_vector<float>() == std::vector<float>(6, 2.5f));
+      CHECK(model.count.item<int64_t>() == 7);
+    });
+  }
+  WithBuffers exported;
+  nn::load_state(exported, dir + "/consolidated.safetensors");  // strict: every parameter and buffer
+  CHECK(exported.count.item<int64_t>() == 7);
+  // Buffers that differ between the checkpoint and the model, and between ranks.
+  CHECK_THROWS_WITH_AS(run(1, 0, [&](dist::ProcessGroup&, WithBuffers&, dist::ShardedModel& sharded) { sharded.load(dir); },
+                           [](WithBuffers& model) { model.register_buffer("extra", zeros({1})); }),
+                       doctest::Contains("has no buffer 'extra', which the model has"), Error);
+  struct Fewer : TwoLayers {
+    Tensor scale = register_buffer("scale", zeros({2, 3}, DType::f32));
+  };
+  CHECK_THROWS_WITH_AS(dist::run_local(1,
+                                       [&](dist::ProcessGroup& pg) {
+                                         Fewer model;
+                                         dist::ShardedModel sharded(model, {.units = {"a", "b"}}, pg,
+                                                                    {.compute_dtype = DType::f64});
+                                         sharded.load(dir);
+                                       }),
+                       doctest::Contains("holds 'buffer/b.count' but the model has no buffer 'b.count'"), Error);
+  CHECK_THROWS_WITH_AS(run(2, 0, [](dist::ProcessGroup&, WithBuffers&, dist::ShardedModel&) {},
+                           [](WithBuffers& model) {
+                             if (model.count.item<int64_t>() == 101) model.register_buffer("extra", zeros({1}));
+                           }),
+                       doctest::Contains("a different number of buffers on some ranks (from 2 to 3)"), Error);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a unit of empty parameters steps like any other; save refuses metadata keys it writes itself") {
