@@ -27,8 +27,8 @@ void check_packable(const char* who, const nn::NamedTensors& parameters) {
     ZG_CHECK(p.requires_grad(), who, ": parameter '", name, "' does not require grad (frozen); every parameter in "
              "flat buffers is trained, so ",
              std::string_view(who) == "ShardedModel"
-                 ? "hold a frozen tensor as a buffer (Module::register_buffer): buffers stay as they are, on every "
-                   "rank, and are not in the ShardedModel's checkpoints"
+                 ? "hold a frozen tensor as a buffer (Module::register_buffer, in the dtype the model computes in): "
+                   "buffers are not trained, are rank 0's on every rank, and are in the ShardedModel's checkpoints"
                  : "pack only the trainable ones (named_parameters() filtered by requires_grad())");
     // Its gradient would go to the tensors it was computed from, never to its flat slice.
     ZG_CHECK(p.is_leaf(), who, ": parameter '", name, "' is the output of ", p.grad_fn()->name(),

@@ -1235,7 +1235,9 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   const auto storage_now = wte.storage();
   CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.stage = 3}),
                        doctest::Contains("does not require grad (frozen); every parameter in flat buffers is trained, so "
-                                         "hold a frozen tensor as a buffer (Module::register_buffer)"),
+                                         "hold a frozen tensor as a buffer (Module::register_buffer, in the dtype the "
+                                         "model computes in): buffers are not trained, are rank 0's on every rank, and "
+                                         "are in the ShardedModel's checkpoints"),
                        Error);
   CHECK(wte.storage() == storage_now);
   wpe.set_requires_grad(true);
