@@ -28,8 +28,8 @@
 
 namespace zg::dist {
 
-void ShardedModel::plan_uses(const UnitPlan& plan,
-                             const std::vector<std::pair<std::string, nn::Module*>>& modules) {
+void ShardedModel::plan_uses(const UnitPlan& plan, const std::vector<std::pair<std::string, nn::Module*>>& modules,
+                             bool root_all_frozen) {
   const auto module_at = [&](const std::string& path) {
     for (const auto& [p, m] : modules)
       if (p == path) return m;
@@ -37,7 +37,7 @@ void ShardedModel::plan_uses(const UnitPlan& plan,
   };
   Unit* root = units_.front()->module ? nullptr : units_.front().get();
   const auto add_root_use = [&](const std::vector<std::string>& paths) {
-    if (paths.empty()) return;
+    if (paths.empty() || (root == nullptr && root_all_frozen)) return;  // nothing of the root to gather
     ZG_CHECK(root != nullptr, "ShardedModel: the plan names root modules, but every parameter is in a unit");
     Use use{root, {}, false, 0};
     for (const std::string& path : paths) {
@@ -101,7 +101,8 @@ void ShardedModel::hook_holders(const std::vector<std::pair<std::string, nn::Mod
   for (const auto& [path, module] : modules) {
     std::set<Unit*> held;
     for (const auto& [name, p] : module->named_parameters(/*remove_duplicates=*/false))
-      if (name.find('.') == std::string::npos) held.insert(unit_of.at(&p.impl()));
+      if (const auto it = unit_of.find(&p.impl()); name.find('.') == std::string::npos && it != unit_of.end())
+        held.insert(it->second);  // (a frozen parameter is in no unit: every rank holds it whole)
     for (Unit* unit : held) {
       // Shared by the hooks: each forward hands the backward check to a new tensor hook.
       const auto check = std::make_shared<const std::function<void(const char*)>>([this, unit, alive,

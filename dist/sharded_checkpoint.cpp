@@ -4,10 +4,10 @@
 //     <role>/<parameter name>/<first element>      role: master, exp_avg, exp_avg_sq
 // with each such parameter's shape in the metadata ("shape/<parameter name>"): the
 // pieces are flat, and a parameter of another shape but as many elements must not load.
-// Rank 0's file also holds the model's buffers, whole, as buffer/<buffer name> (they
-// are replicated). Loading at another world size or stage only needs, for each
-// parameter, the pieces that overlap the range a rank owns now -- found from the file
-// headers -- and the buffers from the first file.
+// Rank 0's file also holds what every rank holds whole: the model's frozen parameters
+// and buffers, as frozen/<name> and buffer/<name>. Loading at another world size or
+// stage only needs, for each trained parameter, the pieces that overlap the range a
+// rank owns now -- found from the file headers -- and those from the first file.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -50,8 +50,8 @@ int world_size_of(const std::string& file) {
   return static_cast<int>(size);
 }
 
-// Format 3 holds the buffers; format 2 files (without them) still load, the model's
-// buffers left as they are; format 1 files, without parameter shapes too, have their
+// Format 3 holds the frozen parameters and buffers; format 2 files (without them) still
+// load, those left as they are; format 1 files, without parameter shapes too, have their
 // pieces checked by element counts only.
 constexpr const char* kFormat = "zerograd-sharded-checkpoint-3";
 constexpr const char* kFormats[] = {"zerograd-sharded-checkpoint-1", "zerograd-sharded-checkpoint-2", kFormat};
@@ -64,7 +64,7 @@ int format_of(const Metadata& meta) {
   return 0;
 }
 
-constexpr std::string_view kBufferRole = "buffer/";
+bool is_replicated_key(const std::string& tensor) { return tensor.starts_with("frozen/") || tensor.starts_with("buffer/"); }
 
 std::string rank_file(const std::string& dir, int rank, int size) {
   char name[64];
@@ -166,7 +166,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
     });
   }
   if (r == 0)
-    for (const auto& [name, b] : buffers_) tensors.emplace_back(std::string(kBufferRole) + name, b);
+    for (const auto& entry : replicated()) tensors.push_back(entry);
   all_or_none(group_, device, "ShardedModel::save", "the save in " + dir + " is incomplete",
               [&] { save_safetensors(rank_file(dir, r, group_.size()), tensors, meta); });
   // Every rank's file exists: an earlier save of another N is superseded, and gone when save returns.
@@ -190,7 +190,7 @@ struct LoadPlan {
 };
 
 LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<ShardedModel::Unit>>& units,
-                   const nn::NamedTensors& buffers, int r, int stage, const optim::GradScaler* scaler) {
+                   const nn::NamedTensors& replicated, int r, int stage, const optim::GradScaler* scaler) {
   constexpr const char* who = "ShardedModel::load";
   LoadPlan plan;
   // The files of one save: rank-R-of-N for every R < N.
@@ -242,28 +242,26 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
   std::map<std::string, const optim::FlatParameters::Entry*> parameters;
   for (const auto& unit : units)
     for (const auto& e : unit->entries) parameters[e.name] = &e;
-  // The buffers, whole in the first file (from format 3 on): each of the model's, and
-  // no other.
+  // The frozen parameters and buffers, whole in the first file (from format 3 on): each
+  // of the model's, and no other.
   const SafetensorsFile& first_file = *plan.files.front();
   if (format_of(first_file.metadata()) >= 3) {
-    for (const auto& [name, b] : buffers) {
-      const std::string tensor = std::string(kBufferRole) + name;
-      ZG_CHECK(first_file.contains(tensor), who, ": ", first_file.path(), " has no buffer '", name,
-               "', which the model has");
-      first_file.check_readable_into(tensor, b);
+    for (const auto& [key, t] : replicated) {
+      ZG_CHECK(first_file.contains(key), who, ": ", first_file.path(), " has no '", key, "', which the model has");
+      first_file.check_readable_into(key, t);
     }
   }
-  std::set<std::string> buffer_names;
-  for (const auto& [name, b] : buffers) buffer_names.insert(name);
+  std::set<std::string> replicated_keys;
+  for (const auto& [key, t] : replicated) replicated_keys.insert(key);
   // Index every saved piece by role and parameter: "<role>/<name>/<first element>".
   for (const auto& file : plan.files)
     for (const std::string& tensor : file->names()) {
-      if (tensor.starts_with(kBufferRole)) {
-        const std::string name = tensor.substr(kBufferRole.size());
+      if (is_replicated_key(tensor)) {
         ZG_CHECK(file.get() == &first_file && format_of(first_file.metadata()) >= 3, who, ": ", file->path(),
-                 " holds '", tensor, "', but only the first file of a save of format 3 holds buffers");
-        ZG_CHECK(buffer_names.contains(name), who, ": ", file->path(), " holds '", tensor,
-                 "' but the model has no buffer '", name, "'");
+                 " holds '", tensor, "', but only the first file of a save of format 3 holds frozen parameters and "
+                 "buffers");
+        ZG_CHECK(replicated_keys.contains(tensor), who, ": ", file->path(), " holds '", tensor,
+                 "' but the model has no such ", tensor.starts_with("frozen/") ? "frozen parameter" : "buffer");
         continue;
       }
       const size_t last = tensor.rfind('/'), first = tensor.find('/');
@@ -321,7 +319,7 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
   LoadPlan plan;
   all_or_none(group_, units_.front()->master.device(), "ShardedModel::load", "nothing was loaded, on any rank",
-              [&] { plan = plan_load(dir, units_, buffers_, group_.rank(), config_.stage, scaler); });
+              [&] { plan = plan_load(dir, units_, replicated(), group_.rank(), config_.stage, scaler); });
 
   // Everything checked, everywhere: now copy.
   const int r = group_.rank();
@@ -339,7 +337,7 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   }
   const SafetensorsFile& first_file = *plan.files.front();
   if (format_of(first_file.metadata()) >= 3)
-    for (const auto& [name, b] : buffers_) first_file.read_into(std::string(kBufferRole) + name, b);
+    for (const auto& [key, t] : replicated()) first_file.read_into(key, t);
   step_ = plan.step;
   if (plan.scaler) scaler->set_scale(plan.scaler->scale, plan.scaler->good_steps);
   Generator& gen = Context::current().generator();
@@ -366,6 +364,9 @@ void ShardedModel::refresh_compute() {
 
 void ShardedModel::export_consolidated(const std::string& path) {
   nn::NamedTensors weights = gather_master(/*copy_local=*/false);  // stage 0: rank 0's own, no copy
+  const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
+  for (const auto& [name, p] : frozen_)
+    weights.emplace_back(name, is_floating(p.dtype()) ? p.to(master_dtype) : p);
   weights.insert(weights.end(), buffers_.begin(), buffers_.end());
   all_or_none(group_, units_.front()->master.device(), "ShardedModel::export_consolidated",
               path + " was not written", [&] {

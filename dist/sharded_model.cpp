@@ -2,6 +2,7 @@
 
 #include "dist/unit.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -51,10 +52,10 @@ double layout_hash(const std::vector<optim::FlatParameters::Entry>& entries) {
   return hash.value();
 }
 
-// The model's buffers' names, shapes and dtypes, hashed.
-double buffers_hash(const nn::NamedTensors& buffers) {
+// The replicated tensors' names, shapes and dtypes, hashed.
+double replicated_hash(const nn::NamedTensors& replicated) {
   Hash53 hash;
-  for (const auto& [name, b] : buffers) {
+  for (const auto& [name, b] : replicated) {
     mix_name_and_shape(hash, name, b.shape());
     const DType dtype = b.dtype();
     hash.mix(&dtype, sizeof dtype);
@@ -163,13 +164,21 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
     Hash53 order;
     for (const auto& [unit, bucket] : reduce_order_) order.mix(&bucket->tag, sizeof bucket->tag);
     units.emplace_back("order of gradient reductions (bucket tags, hashed)", order.value());
-    units.emplace_back("number of buffers", static_cast<double>(buffers_.size()));
-    units.emplace_back("buffer names, shapes and dtypes (hashed)", buffers_hash(buffers_));
+    const nn::NamedTensors replicated = this->replicated();
+    units.emplace_back("number of frozen parameters and buffers", static_cast<double>(replicated.size()));
+    units.emplace_back("frozen parameter and buffer names, shapes and dtypes (hashed)", replicated_hash(replicated));
     Agreement same_units(group_, agreement_device(group_, device), units);
     same_units.check("ShardedModel: was built with");
   }
   for (auto& unit : units_) build_unit(*unit);
-  broadcast_buffers();
+  for (const auto& [name, p] : frozen_)  // computed with in the compute dtype, as the trained ones
+    if (is_floating(p.dtype()) && p.dtype() != config_.compute_dtype) {
+      NoGradGuard no_grad;
+      Tensor data = allocate(p.shape(), config_.compute_dtype, p.device(), MemoryCategory::parameter, false);
+      data.copy_(p);
+      point_data(p, data);
+    }
+  broadcast_replicated();
   for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
   if (config_.stage == 3) hook_holders(modules);
   for (auto& unit : units_)
@@ -212,15 +221,26 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
         owner = u;
     return owner;
   };
+  // Frozen parameters (requires_grad false) stay out of the units: with no gradient,
+  // master weights or Adam state, every rank holds them whole (`frozen_`).
   std::vector<std::vector<std::pair<std::string, Tensor>>> members(units_.size());
-  optim::check_packable("ShardedModel", parameters);
-  for (const auto& [name, p] : parameters) members[unit_of(name)].emplace_back(name, p);
+  std::vector<bool> holds_frozen(units_.size(), false);
+  nn::NamedTensors trainable;
+  for (const auto& [name, p] : parameters) (p.requires_grad() ? trainable : frozen_).emplace_back(name, p);
+  optim::check_packable("ShardedModel", trainable);
+  for (const auto& [name, p] : trainable) members[unit_of(name)].emplace_back(name, p);
+  for (const auto& [name, p] : frozen_) {
+    ZG_CHECK(p.device() == trainable.front().second.device(), "ShardedModel: frozen parameter '", name, "' is on ",
+             p.device().str(), ", '", trainable.front().first, "' on ", trainable.front().second.device().str());
+    holds_frozen[unit_of(name)] = true;
+  }
   // A weight shared by modules of two units: at stage 3 a unit's weights exist only
   // around its own uses, so the other unit's forward would find them released.
   if (config_.stage == 3) {
     std::map<const TensorImpl*, std::string> first_name;
     for (const auto& [name, p] : parameters) first_name[&p.impl()] = name;
     for (const auto& [name, p] : model.named_parameters(/*remove_duplicates=*/false)) {
+      if (!p.requires_grad()) continue;  // replicated: present on every use
       const std::string& first = first_name.at(&p.impl());
       ZG_CHECK(unit_of(name) == unit_of(first), "ShardedModel: parameter '", first, "' is also registered as '", name,
                "', in another unit ('", units_[unit_of(first)]->name, "' and '", units_[unit_of(name)]->name,
@@ -238,13 +258,18 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
           if (decay) unit.decay_numel += p.numel();
         }
   }
-  if (units_[0]->entries.empty()) units_.erase(units_.begin());
+  // A unit with nothing to train goes: the root when every parameter is in a unit, a
+  // unit whose parameters are all frozen. A unit without any parameter is a plan's mistake.
+  for (size_t u = units_.size(); u-- > 0;) {
+    if (!units_[u]->entries.empty()) continue;
+    ZG_CHECK(u == 0 || holds_frozen[u], "ShardedModel: unit '", units_[u]->name, "' has no parameters");
+    units_.erase(units_.begin() + static_cast<std::ptrdiff_t>(u));
+  }
   for (auto& unit : units_) {
-    ZG_CHECK(!unit->entries.empty(), "ShardedModel: unit '", unit->name, "' has no parameters");
     unit->padded = (unit->numel + group_.size() - 1) / group_.size() * group_.size();
     unit->shard = unit->padded / group_.size();
   }
-  if (config_.stage == 3) plan_uses(plan, modules);
+  if (config_.stage == 3) plan_uses(plan, modules, holds_frozen[0] && members[0].empty());
 }
 
 ShardedModel::~ShardedModel() = default;
@@ -330,10 +355,18 @@ void ShardedModel::allocate_grad_full(Unit& unit) {
   for (const auto& e : unit.entries) point_grad(e.param, view_of(unit.grad_full, e));
 }
 
-// Rank 0's buffers become every rank's, as PyTorch DDP broadcasts its module states.
-void ShardedModel::broadcast_buffers() {
+nn::NamedTensors ShardedModel::replicated() const {
+  nn::NamedTensors out;
+  for (const auto& [name, p] : frozen_) out.emplace_back("frozen/" + name, p);
+  for (const auto& [name, b] : buffers_) out.emplace_back("buffer/" + name, b);
+  return out;
+}
+
+// Rank 0's frozen parameters and buffers become every rank's, as PyTorch DDP broadcasts
+// its module states.
+void ShardedModel::broadcast_replicated() {
   NoGradGuard no_grad;
-  for (const auto& [name, b] : buffers_) {
+  for (const auto& [key, b] : replicated()) {
     const Tensor values = b.contiguous();  // a collective takes contiguous buffers
     group_.broadcast(values, 0);
     if (!values.is_same(b)) Tensor(b).copy_(values);
@@ -388,16 +421,22 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   const Device sum_on = dry_run ? kCPU : device;
   const Device reduce_on = agreement_device(group_, device);
   const bool written = compute_written_by_others();
+  const auto unfrozen = std::find_if(frozen_.begin(), frozen_.end(), [](const auto& f) { return f.second.requires_grad(); });
   Agreement agree(group_, reduce_on,
                   {{"lr", lr},
                    {"loss scale", scaler ? scaler->scale_factor() : 1.0},
-                   {"count of written parameters (1: one was written in place since the last step)", written}});
+                   {"count of written parameters (1: one was written in place since the last step)", written},
+                   {"count of unfrozen parameters (1: one frozen at construction requires grad now)",
+                    unfrozen != frozen_.end()}});
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(sum_on));
   if (!dry_run)
     for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard).to(DType::f64);
   norm_sq = norm_sq.to(reduce_on);
   group_.all_reduce(norm_sq, ReduceKind::sum);
   agree.check("ShardedModel: step() was given");
+  ZG_CHECK(unfrozen == frozen_.end(), "ShardedModel: step(): parameter '", unfrozen->first, "' was frozen when the "
+           "ShardedModel was built and requires grad now; it has no place in the units, so its gradient would be neither "
+           "reduced nor applied. Build the ShardedModel after unfreezing it");
   ZG_CHECK(!written, "ShardedModel: step(): the ", name(config_.compute_dtype), " compute weights were written since the "
            "last step (an in-place write to a parameter: fill_, copy_, an init), and the step rewrites them from the ",
            name(optim::master_dtype_for(config_.compute_dtype)), " master weights, so that write would be lost. Change "

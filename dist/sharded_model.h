@@ -88,7 +88,9 @@ class ShardedModel final : public ParameterOwner {
   // even when another's plan is refused); rank 0's initial parameters and buffers become
   // every rank's, as PyTorch DDP broadcasts its module states. (A forward that changes a
   // buffer changes it on its own rank: PyTorch DDP broadcasts buffers before each
-  // forward, this does not.)
+  // forward, this does not.) Parameters frozen now (requires_grad false) are in no unit:
+  // every rank holds them whole, in the compute dtype, untrained (unfreezing one later is
+  // refused by step()); a unit whose parameters are all frozen drops out of the plan.
   // While it lives it is the parameters' ParameterOwner: the model's zero_grad() calls
   // this one's, and moving the parameters elsewhere (Module::to, load_state) is refused.
   // Destroyed, it leaves stages 0-2's parameters holding the compute weights; ZeRO-3's
@@ -161,7 +163,8 @@ class ShardedModel final : public ParameterOwner {
 
   // ZeRO-3 parameter gathering (dist/parameter_gather.cpp).
   // The uses of each unit in forward order (checks the plan's module paths; hooks nothing).
-  void plan_uses(const UnitPlan& plan, const std::vector<std::pair<std::string, nn::Module*>>& modules);
+  void plan_uses(const UnitPlan& plan, const std::vector<std::pair<std::string, nn::Module*>>& modules,
+                 bool root_all_frozen);
   void hook_use(size_t index);  // gathers and releases uses_[index]'s unit around its forward and backward
   void hook_holders(const std::vector<std::pair<std::string, nn::Module*>>& modules);  // checks the plan covers them
   bool is_current(const Unit& unit) const;
@@ -171,7 +174,10 @@ class ShardedModel final : public ParameterOwner {
   void release_unit(Unit& unit);
   void prefetch_from(size_t use, int direction);
 
-  void broadcast_buffers();  // rank 0's, to every rank
+  // Frozen parameters then buffers, each keyed as checkpoints name it: "frozen/<name>",
+  // "buffer/<name>".
+  nn::NamedTensors replicated() const;
+  void broadcast_replicated();  // rank 0's, to every rank
   void refresh_compute();    // compute weights from master after a load
   // With 16-bit compute, step() rewrites the compute weights from the master, so a write
   // to a parameter since our last write (fill_, copy_, an init) would be lost: step()
@@ -181,9 +187,10 @@ class ShardedModel final : public ParameterOwner {
 
   ProcessGroup& group_;
   ZeroConfig config_;
-  // The model's buffers (Module::register_buffer), replicated: the same on every rank
-  // from construction on, and saved, loaded and exported with the parameters.
-  nn::NamedTensors buffers_;
+  // The model's frozen parameters (in the compute dtype) and buffers, replicated: the
+  // same on every rank from construction on, and saved, loaded and exported with the
+  // trained parameters.
+  nn::NamedTensors frozen_, buffers_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Use> uses_;  // ZeRO-3: where the forward uses each unit, in forward order
   // Reductions issued and not yet finished, oldest first; each finishes with `then`

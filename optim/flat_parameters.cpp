@@ -1,7 +1,6 @@
 #include "optim/flat_parameters.h"
 
 #include <set>
-#include <string_view>
 
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
@@ -25,11 +24,7 @@ void check_packable(const char* who, const nn::NamedTensors& parameters) {
              parameters.front().first, "' on ", device.str());
     // Every element of a flat span is updated (weight decay, momentum), gradient or not.
     ZG_CHECK(p.requires_grad(), who, ": parameter '", name, "' does not require grad (frozen); every parameter in "
-             "flat buffers is trained, so ",
-             std::string_view(who) == "ShardedModel"
-                 ? "hold a frozen tensor as a buffer (Module::register_buffer, in the dtype the model computes in): "
-                   "buffers are not trained, are rank 0's on every rank, and are in the ShardedModel's checkpoints"
-                 : "pack only the trainable ones (named_parameters() filtered by requires_grad())");
+             "flat buffers is trained, so pack only the trainable ones (named_parameters() filtered by requires_grad())");
     // Its gradient would go to the tensors it was computed from, never to its flat slice.
     ZG_CHECK(p.is_leaf(), who, ": parameter '", name, "' is the output of ", p.grad_fn()->name(),
              ", not a leaf; a parameter is a leaf tensor (PyTorch: can't optimize a non-leaf Tensor)");
