@@ -917,6 +917,15 @@ struct TwoLayers : nn::Module {
   Tensor forward(const Tensor& x) override { return (*b)(gelu((*a)(x))); }
 };
 
+// TwoLayers' batch of step s: inputs [4, 3] and targets [4, 1], drawn apart from the ranks' generators.
+std::pair<Tensor, Tensor> two_layers_batch(int s) {
+  Context scratch;
+  ContextGuard guard(scratch);
+  manual_seed(500 + s);
+  Tensor x = rand({4, 3}, DType::f64);
+  return {x, rand({4, 1}, DType::f64)};
+}
+
 TEST_CASE("ZeRO-3: a root parameter the root module reads, not named by the plan, is an error that says so") {
   struct Scaled : TwoLayers {
     Tensor scale = register_parameter("scale", ones({4}, DType::f64));
@@ -950,13 +959,7 @@ TEST_CASE("each backward ends with its reductions done and nothing gathered, wha
                                  {.stage = stage, .compute_dtype = DType::f64, .adamw = kAdamW});
       const int64_t gradient_bytes = memory_stats()[MemoryCategory::gradient];
       for (int s = 0; s < 3; ++s) {
-        Context scratch;
-        Tensor x, y;
-        {
-          ContextGuard guard(scratch);
-          manual_seed(500 + s);
-          x = rand({4, 3}, DType::f64), y = rand({4, 1}, DType::f64);
-        }
+        const auto [x, y] = two_layers_batch(s);
         sharded.zero_grad();
         const int64_t rows = 4 / n, micro = rows / 2;
         for (int k = 0; k < 2; ++k) {
@@ -1009,13 +1012,7 @@ TEST_CASE("a parameter some ranks use and others do not trains like one rank, at
       Tensor flags = zeros({4, 1}, DType::f64);
       flags.narrow(0, gated_row, 1).fill_(1.0);
       for (int s = 0; s < 3; ++s) {
-        Context scratch;
-        Tensor x, y;
-        {
-          ContextGuard guard(scratch);
-          manual_seed(500 + s);
-          x = rand({4, 3}, DType::f64), y = rand({4, 1}, DType::f64);
-        }
+        const auto [x, y] = two_layers_batch(s);
         sharded.zero_grad();
         const int64_t rows = 4 / n, micro = std::max<int64_t>(1, rows / 2), steps = rows / micro;
         for (int64_t k = 0; k < steps; ++k) {
