@@ -209,10 +209,7 @@ Tensor& Tensor::set_requires_grad(bool requires_grad) {
 
 bool Tensor::is_leaf() const { return !impl().autograd || !impl().autograd->grad_fn; }
 
-const Tensor& Tensor::grad() const {
-  static const Tensor undefined;
-  return impl().autograd ? impl().autograd->grad : undefined;
-}
+Tensor Tensor::grad() const { return impl().autograd ? impl().autograd->grad : Tensor(); }
 
 void Tensor::retain_grad() const {
   ZG_CHECK(requires_grad(), "retain_grad: ", describe(*this), " does not require grad");

@@ -123,7 +123,9 @@ class Tensor {
   bool requires_grad() const;
   Tensor& set_requires_grad(bool requires_grad = true);  // leaves only
   bool is_leaf() const;                                  // made by the user, not by a recorded op
-  const Tensor& grad() const;                            // undefined until a backward reaches it
+  // Undefined until a backward reaches it. A handle (by value) like every Tensor: in-place
+  // methods write the gradient itself, so p.grad().zero_() zeroes p's .grad.
+  Tensor grad() const;
   // A non-leaf keeps the gradient that reaches it in .grad from now on, summed over
   // backward calls (PyTorch's retain_grad); a leaf keeps its gradient anyway.
   void retain_grad() const;

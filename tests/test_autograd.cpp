@@ -149,6 +149,17 @@ TEST_CASE("gradients accumulate over paths and over backward calls") {
   CHECK(x.grad().storage()->category() == MemoryCategory::gradient);
 }
 
+TEST_CASE("grad() is a handle: an in-place write zeroes the gradient itself") {
+  const Tensor x = leaf(tensor<double>({1, 2, 3}));
+  sum(x * x).backward();
+  const Tensor before = x.grad();
+  x.grad().zero_();  // did not compile: grad() returned a const Tensor&
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 0, 0});
+  CHECK(x.grad().is_same(before));  // the same tensor, written in place
+  sum(x * 2.0).backward();          // accumulates from zero
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2, 2});
+}
+
 TEST_CASE("backward of a non-scalar needs its gradient") {
   const Tensor x = leaf(tensor<double>({1, 2}));
   const Tensor y = x * 3.0;
