@@ -17,13 +17,18 @@ Tensor Module::forward(const Tensor&) {
   fail("forward: this module has no one-tensor forward; call its own forward method");
 }
 
+std::string Module::type_name(const std::type_info& type) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled ? demangled : type.name();
+  std::free(demangled);
+  return name;
+}
+
 // What a profiler shows for a module's forward: its name in its parent and its class,
 // "attn (CausalSelfAttention)"; the class alone for a module nobody registered.
 std::string Module::trace_name() const {
-  int status = 0;
-  char* demangled = abi::__cxa_demangle(typeid(*this).name(), nullptr, nullptr, &status);
-  std::string type = status == 0 && demangled ? demangled : typeid(*this).name();
-  std::free(demangled);
+  std::string type = type_name(typeid(*this));
   if (const size_t last = type.rfind("::"); last != std::string::npos) type = type.substr(last + 2);
   return local_name_.empty() ? type : local_name_ + " (" + type + ")";
 }

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -70,6 +71,10 @@ class Module {
   void register_forward_pre_hook(ForwardPreHook hook) { pre_hooks_.push_back(std::move(hook)); }
   void register_forward_hook(ForwardHook hook) { post_hooks_.push_back(std::move(hook)); }
 
+ protected:
+  // A class's name as C++ spells it ("zg::nn::Block"), for messages.
+  static std::string type_name(const std::type_info& type);
+
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> module);
   // A name for a new parameter, buffer or submodule: non-empty, no '.', not taken by any
@@ -99,12 +104,30 @@ class ModuleList : public Module {
     return registered;
   }
   size_t size() const { return items_.size(); }
-  Module& operator[](size_t i) const {
-    ZG_CHECK(i < items_.size(), "ModuleList: index ", i, " is out of range for a list of ", items_.size());
-    return *items_[i];
-  }
+  Module& operator[](size_t i) const { return *item("ModuleList", i); }
+  // Item i as its own class, as libtorch's at<T> and ptr<T>: `h->at<Block>(0).attn`
+  // without a dynamic_cast. An item that is not an M (or of a class derived from M) is
+  // an error, as is an index out of range.
+  template <class M>
+  M& at(size_t i) const { return *typed<M>("ModuleList::at", i); }
+  template <class M>
+  std::shared_ptr<M> ptr(size_t i) const { return typed<M>("ModuleList::ptr", i); }
 
  private:
+  const std::shared_ptr<Module>& item(const char* op, size_t i) const {
+    ZG_CHECK(i < items_.size(), op, ": index ", i, " is out of range for a list of ", items_.size());
+    return items_[i];
+  }
+  template <class M>
+  std::shared_ptr<M> typed(const char* op, size_t i) const {
+    const std::shared_ptr<Module>& module = item(op, i);
+    std::shared_ptr<M> cast = std::dynamic_pointer_cast<M>(module);
+    const Module& actual = *module;
+    ZG_CHECK(cast != nullptr, op, ": item ", i, " of a list of ", items_.size(), " is a ", type_name(typeid(actual)),
+             ", not a ", type_name(typeid(M)));
+    return cast;
+  }
+
   std::vector<std::shared_ptr<Module>> items_;
 };
 

@@ -181,4 +181,22 @@ TEST_CASE("modules refuse names, trees, configs and inputs that would break them
   CHECK(root->named_parameters().empty());  // the refused registrations left nothing behind
 }
 
+TEST_CASE("ModuleList's at<M> and ptr<M> give an item as its own class, or a clear error") {
+  manual_seed(0);
+  const nn::GPT model(tiny_config());
+  // A user reached a block's members through dynamic_cast<nn::Block&>((*model.h)[0]).
+  nn::Block& first = model.h->at<nn::Block>(0);
+  CHECK(&first == &(*model.h)[0]);
+  CHECK(first.attn->n_head == 2);
+  const std::shared_ptr<nn::Block> second = model.h->ptr<nn::Block>(1);
+  CHECK(second.get() == &(*model.h)[1]);
+  CHECK(&model.h->at<nn::Module>(1) == second.get());  // a base class of the item's
+  CHECK_THROWS_WITH_AS(model.h->at<nn::Linear>(0),
+                       "ModuleList::at: item 0 of a list of 2 is a zg::nn::Block, not a zg::nn::Linear", Error);
+  CHECK_THROWS_WITH_AS(model.h->ptr<nn::Linear>(1),
+                       "ModuleList::ptr: item 1 of a list of 2 is a zg::nn::Block, not a zg::nn::Linear", Error);
+  CHECK_THROWS_WITH_AS(model.h->at<nn::Block>(2), "ModuleList::at: index 2 is out of range for a list of 2", Error);
+  CHECK_THROWS_WITH_AS(model.h->ptr<nn::Block>(2), "ModuleList::ptr: index 2 is out of range for a list of 2", Error);
+}
+
 }  // namespace zg::test
