@@ -81,10 +81,10 @@ MemoryScope::MemoryScope(MemoryCategory category) : previous_(current_category) 
 MemoryScope::~MemoryScope() { current_category = previous_; }
 MemoryCategory MemoryScope::current() { return current_category; }
 
-Block Allocator::allocate(int64_t bytes, MemoryCategory category) {
+Allocation Allocator::allocate(int64_t bytes, MemoryCategory category) {
   ZG_CHECK(bytes >= 0, "allocate: negative size ", bytes, " bytes on ", device_.str());
   check_category(category, "allocate");
-  Block block{nullptr, bytes, category};
+  Allocation block{nullptr, bytes, category};
   if (bytes == 0) return block;
   std::lock_guard lock(mutex_);
   // The byte counters stay far from int64's end (a meta dry run can ask for anything):
@@ -104,7 +104,7 @@ Block Allocator::allocate(int64_t bytes, MemoryCategory category) {
   return block;
 }
 
-void Allocator::deallocate(const Block& block) {
+void Allocator::deallocate(const Allocation& block) {
   if (block.bytes == 0) return;
   std::lock_guard lock(mutex_);
   release(block.ptr, block.bytes);

@@ -82,7 +82,7 @@ class MemoryScope {
 };
 
 // One allocation: where it is, how many bytes were asked for, and what for.
-struct Block {
+struct Allocation {
   void* ptr = nullptr;
   int64_t bytes = 0;
   MemoryCategory category = MemoryCategory::other;
@@ -100,8 +100,8 @@ class Allocator {
   Device device() const { return device_; }
 
   // Throws OutOfMemory (with a per-category summary) when the cap or the device is exhausted.
-  Block allocate(int64_t bytes, MemoryCategory category);
-  void deallocate(const Block& block);
+  Allocation allocate(int64_t bytes, MemoryCategory category);
+  void deallocate(const Allocation& block);
 
   MemoryStats stats() const;
   void reset_peaks();  // peaks restart from the current figures

@@ -47,7 +47,7 @@ class Storage {
   std::shared_ptr<Allocator> allocator_;  // kept alive: the bytes return to the rank that took them
   int64_t bytes_;
   MemoryCategory category_;
-  Block block_;
+  Allocation block_;
   bool released_ = false;
   uint64_t version_ = 0;
   std::string release_note_;

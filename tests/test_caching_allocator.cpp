@@ -87,14 +87,14 @@ struct Fixture {
   explicit Fixture(size_t history = CachingAllocator::kDefaultHistory)
       : allocator(std::make_shared<CachingAllocator>(kCUDA, std::make_unique<FakeSource>(device), history)) {}
 
-  Block alloc(int64_t bytes, MemoryCategory category = MemoryCategory::activation) {
+  Allocation alloc(int64_t bytes, MemoryCategory category = MemoryCategory::activation) {
     return allocator->allocate(bytes, category);
   }
-  void free(const Block& block) { allocator->deallocate(block); }
+  void free(const Allocation& block) { allocator->deallocate(block); }
   MemoryStats stats() const { return allocator->stats(); }
 };
 
-char* at(const Block& block) { return static_cast<char*>(block.ptr); }
+char* at(const Allocation& block) { return static_cast<char*>(block.ptr); }
 
 TEST_CASE("requests round up to 512 B; small ones share 2 MiB segments, large ones get 20 MiB or their own") {
   CHECK(CachingAllocator::round_size(1) == 512);
@@ -107,58 +107,58 @@ TEST_CASE("requests round up to 512 B; small ones share 2 MiB segments, large on
   CHECK(CachingAllocator::segment_size(10 * MiB + 512) == 12 * MiB);
 
   Fixture f;
-  const Block a = f.alloc(1);
+  const Allocation a = f.alloc(1);
   CHECK(f.stats().reserved == 2 * MiB);
   CHECK(f.stats().reserved_of(MemoryCategory::activation) == 512);
   CHECK(f.stats()[MemoryCategory::activation] == 1);
-  const Block b = f.alloc(1 * MiB);  // still small: the same segment
+  const Allocation b = f.alloc(1 * MiB);  // still small: the same segment
   CHECK(at(b) == at(a) + 512);
   CHECK(f.stats().segment_allocations == 1);
-  const Block c = f.alloc(1 * MiB + 1);  // large: a 20 MiB segment
+  const Allocation c = f.alloc(1 * MiB + 1);  // large: a 20 MiB segment
   CHECK(f.stats().segment_allocations == 2);
   CHECK(f.stats().reserved == 22 * MiB);
-  const Block d = f.alloc(2 * MiB);  // large: the rest of that segment
+  const Allocation d = f.alloc(2 * MiB);  // large: the rest of that segment
   CHECK(at(d) == at(c) + CachingAllocator::round_size(1 * MiB + 1));
   CHECK(f.stats().segment_allocations == 2);
-  const Block e = f.alloc(18 * MiB + 1);  // more than that segment's rest: its own, of 20 MiB
+  const Allocation e = f.alloc(18 * MiB + 1);  // more than that segment's rest: its own, of 20 MiB
   CHECK(f.stats().reserved == 42 * MiB);
   CHECK(f.device.segments.size() == 3);
 
   // A freed small block never serves a large request, and the reverse.
   f.free(b);
-  const Block large = f.alloc(1 * MiB + 1);
+  const Allocation large = f.alloc(1 * MiB + 1);
   CHECK(f.device.segments.count(at(a)) == 1);
   CHECK((at(large) < at(a) || at(large) >= at(a) + 2 * MiB));
   f.free(c);
-  const Block small = f.alloc(1 * MiB);
+  const Allocation small = f.alloc(1 * MiB);
   CHECK(at(small) == at(b));
-  for (const Block& block : {a, d, e, large, small}) f.free(block);
+  for (const Allocation& block : {a, d, e, large, small}) f.free(block);
   CHECK(f.stats().allocated_total == 0);
 }
 
 TEST_CASE("best fit: the smallest free block that fits, on the request's stream") {
   Fixture f;
   // Free holes of 4, 16 and 8 KiB, kept apart by allocated separators.
-  const Block hole4 = f.alloc(4 * KiB), s1 = f.alloc(512);
-  const Block hole16 = f.alloc(16 * KiB), s2 = f.alloc(512);
-  const Block hole8 = f.alloc(8 * KiB), s3 = f.alloc(512);
-  for (const Block& hole : {hole4, hole16, hole8}) f.free(hole);
+  const Allocation hole4 = f.alloc(4 * KiB), s1 = f.alloc(512);
+  const Allocation hole16 = f.alloc(16 * KiB), s2 = f.alloc(512);
+  const Allocation hole8 = f.alloc(8 * KiB), s3 = f.alloc(512);
+  for (const Allocation& hole : {hole4, hole16, hole8}) f.free(hole);
 
-  const Block six = f.alloc(6 * KiB);
+  const Allocation six = f.alloc(6 * KiB);
   CHECK(at(six) == at(hole8));  // not the 16 KiB hole, not the segment's tail
-  const Block three = f.alloc(3 * KiB);
+  const Allocation three = f.alloc(3 * KiB);
   CHECK(at(three) == at(hole4));
-  const Block twelve = f.alloc(12 * KiB);
+  const Allocation twelve = f.alloc(12 * KiB);
   CHECK(at(twelve) == at(hole16));
-  const Block more = f.alloc(4 * KiB);  // the 16 KiB hole's rest (4 KiB) is the best fit now
+  const Allocation more = f.alloc(4 * KiB);  // the 16 KiB hole's rest (4 KiB) is the best fit now
   CHECK(at(more) == at(hole16) + 12 * KiB);
   CHECK(f.stats().segment_allocations == 1);
-  for (const Block& block : {s1, s2, s3, six, three, twelve, more}) f.free(block);
+  for (const Allocation& block : {s1, s2, s3, six, three, twelve, more}) f.free(block);
 }
 
 TEST_CASE("a split block merges with its free neighbours when freed") {
   Fixture f;
-  const Block a = f.alloc(4 * KiB), b = f.alloc(8 * KiB), c = f.alloc(16 * KiB);
+  const Allocation a = f.alloc(4 * KiB), b = f.alloc(8 * KiB), c = f.alloc(16 * KiB);
   CHECK(at(b) == at(a) + 4 * KiB);
   CHECK(at(c) == at(b) + 8 * KiB);
   CHECK(f.stats().largest_free_block == 2 * MiB - 28 * KiB);  // the segment's tail
@@ -176,7 +176,7 @@ TEST_CASE("a split block merges with its free neighbours when freed") {
   REQUIRE(merged["segments"][0]["blocks"].size() == 1);
   CHECK(merged["segments"][0]["blocks"][0]["state"] == "free");
   CHECK(merged["segments"][0]["blocks"][0]["size"] == 2 * MiB);
-  const Block low = f.alloc(1 * MiB), high = f.alloc(1 * MiB);  // only fit because everything merged
+  const Allocation low = f.alloc(1 * MiB), high = f.alloc(1 * MiB);  // only fit because everything merged
   CHECK(at(low) == at(a));
   CHECK(at(high) == at(a) + 1 * MiB);
   CHECK(f.stats().segment_allocations == 1);
@@ -188,20 +188,20 @@ TEST_CASE("a block is reused only on the stream it was allocated on") {
   Fixture f;
   // Both ways round: the pool orders blocks by stream, so a lower and a higher stream id.
   f.device.stream = kOther;
-  const Block other = f.alloc(64 * KiB);
+  const Allocation other = f.alloc(64 * KiB);
   f.free(other);
   f.device.stream = kCompute;
-  const Block a = f.alloc(64 * KiB);
+  const Allocation a = f.alloc(64 * KiB);
   CHECK(at(a) != at(other));
   CHECK(f.stats().segment_allocations == 2);
   f.free(a);
   f.device.stream = kComm;
-  const Block b = f.alloc(64 * KiB);
+  const Allocation b = f.alloc(64 * KiB);
   CHECK(at(b) != at(a));
   CHECK(at(b) != at(other));
   CHECK(f.stats().segment_allocations == 3);
   f.device.stream = kCompute;
-  const Block c = f.alloc(64 * KiB);
+  const Allocation c = f.alloc(64 * KiB);
   CHECK(at(c) == at(a));
   f.free(b);
   f.free(c);
@@ -209,7 +209,7 @@ TEST_CASE("a block is reused only on the stream it was allocated on") {
 
 TEST_CASE("record_stream: a freed block waits until every other stream that used it is done") {
   Fixture f;
-  const Block a = f.alloc(64 * KiB);
+  const Allocation a = f.alloc(64 * KiB);
   f.allocator->record_stream(a.ptr, kComm);
   f.allocator->record_stream(a.ptr, kOther);
   f.allocator->record_stream(a.ptr, kComm);      // twice: one marker
@@ -218,54 +218,54 @@ TEST_CASE("record_stream: a freed block waits until every other stream that used
   CHECK(f.device.markers.size() == 2);
   CHECK(f.stats().allocated_total == 0);  // the owner's figures drop at once
 
-  const Block b = f.alloc(64 * KiB);
+  const Allocation b = f.alloc(64 * KiB);
   CHECK(at(b) != at(a));  // a is pending free
   f.device.finish(kComm);
-  const Block c = f.alloc(64 * KiB);
+  const Allocation c = f.alloc(64 * KiB);
   CHECK(at(c) != at(a));  // kOther may still use it
   f.device.finish(kOther);
-  const Block d = f.alloc(64 * KiB);
+  const Allocation d = f.alloc(64 * KiB);
   CHECK(at(d) == at(a));  // free now, and first in address order
-  for (const Block& block : {b, c, d}) f.free(block);
+  for (const Allocation& block : {b, c, d}) f.free(block);
 
   // Used only on its own stream: reused at once.
-  const Block e = f.alloc(64 * KiB);
+  const Allocation e = f.alloc(64 * KiB);
   f.allocator->record_stream(e.ptr, kCompute);
   f.free(e);
-  const Block again = f.alloc(64 * KiB);
+  const Allocation again = f.alloc(64 * KiB);
   CHECK(at(again) == at(e));
   f.free(again);
 }
 
 TEST_CASE("reuse before growth: the host waits for a pending free that can serve the request") {
   Fixture f;
-  const Block a = f.alloc(1 * MiB), b = f.alloc(1 * MiB);  // one full small segment
+  const Allocation a = f.alloc(1 * MiB), b = f.alloc(1 * MiB);  // one full small segment
   f.allocator->record_stream(a.ptr, kComm);
   f.free(a);  // pending: a collective on kComm may still read it
-  const Block c = f.alloc(1 * MiB);
+  const Allocation c = f.alloc(1 * MiB);
   CHECK(at(c) == at(a));  // waited for, not a new segment
   CHECK(f.device.waits == 1);
   CHECK(f.stats().segment_allocations == 1);
   // A pending free of the other pool cannot serve a small request: no wait, a new segment.
-  const Block big = f.alloc(4 * MiB);
+  const Allocation big = f.alloc(4 * MiB);
   f.allocator->record_stream(big.ptr, kComm);
   f.free(big);
-  const Block d = f.alloc(1 * MiB);
+  const Allocation d = f.alloc(1 * MiB);
   CHECK(f.device.waits == 1);
   CHECK(f.stats().segment_allocations == 3);
-  for (const Block& block : {b, c, d}) f.free(block);
+  for (const Allocation& block : {b, c, d}) f.free(block);
 }
 
 TEST_CASE("out of memory, the host waits for pending frees that merge into a fit before it gives up") {
   Fixture f;
   f.device.capacity = 20 * MiB;  // one large segment: a 5, b 5, c 10 MiB
-  const Block a = f.alloc(5 * MiB), b = f.alloc(5 * MiB), c = f.alloc(10 * MiB);
+  const Allocation a = f.alloc(5 * MiB), b = f.alloc(5 * MiB), c = f.alloc(10 * MiB);
   CHECK(f.stats().segment_allocations == 1);
   f.free(a);
   f.allocator->record_stream(b.ptr, kComm);
   f.free(b);  // pending, between two free blocks
   f.free(c);
-  const Block whole = f.alloc(18 * MiB);  // only a + b + c, once b is free and merged
+  const Allocation whole = f.alloc(18 * MiB);  // only a + b + c, once b is free and merged
   CHECK(at(whole) == at(a));
   CHECK(f.device.waits == 1);
   CHECK(f.stats().retries == 0);  // nothing was given back
@@ -281,10 +281,10 @@ TEST_CASE("record_stream on a tensor, and its errors") {
     first = static_cast<char*>(t.data_ptr());
     cuda::record_stream(t, kComm);
   }  // freed: pending until kComm is done
-  const Block other = f.alloc(4 * KiB);
+  const Allocation other = f.alloc(4 * KiB);
   CHECK(at(other) != first);
   f.device.finish(kComm);
-  const Block reused = f.alloc(4 * KiB);
+  const Allocation reused = f.alloc(4 * KiB);
   CHECK(at(reused) == first);
   f.free(other);
   f.free(reused);
@@ -302,12 +302,12 @@ TEST_CASE("record_stream on a tensor, and its errors") {
 
 TEST_CASE("empty_cache gives back whole free segments only") {
   Fixture f;
-  const Block kept = f.alloc(1000);         // small segment, in use
-  const Block mid = f.alloc(3 * MiB);       // a 20 MiB segment (17 MiB of it left free)
-  const Block big = f.alloc(24 * MiB);      // its own 24 MiB segment
-  const Block pending = f.alloc(32 * MiB);  // its own 32 MiB segment, used on kComm
+  const Allocation kept = f.alloc(1000);         // small segment, in use
+  const Allocation mid = f.alloc(3 * MiB);       // a 20 MiB segment (17 MiB of it left free)
+  const Allocation big = f.alloc(24 * MiB);      // its own 24 MiB segment
+  const Allocation pending = f.alloc(32 * MiB);  // its own 32 MiB segment, used on kComm
   f.allocator->record_stream(pending.ptr, kComm);
-  for (const Block& block : {mid, big, pending}) f.free(block);
+  for (const Allocation& block : {mid, big, pending}) f.free(block);
   CHECK(f.stats().reserved == (2 + 20 + 24 + 32) * MiB);
 
   f.allocator->empty_cache();
@@ -329,8 +329,8 @@ TEST_CASE("empty_cache gives back whole free segments only") {
 TEST_CASE("the cap bounds reserved bytes; the out-of-memory message gives the figures") {
   Fixture f;
   f.allocator->set_cap(4 * MiB);
-  const Block p = f.alloc(1000 * KiB, MemoryCategory::parameter);
-  const Block a = f.alloc(700 * KiB + 1, MemoryCategory::activation);
+  const Allocation p = f.alloc(1000 * KiB, MemoryCategory::parameter);
+  const Allocation a = f.alloc(700 * KiB + 1, MemoryCategory::activation);
   CHECK(f.stats().reserved == 2 * MiB);
   const int64_t free_rest = 2 * MiB - 1000 * KiB - CachingAllocator::round_size(700 * KiB + 1);
 
@@ -353,23 +353,23 @@ TEST_CASE("the cap bounds reserved bytes; the out-of-memory message gives the fi
   CHECK(f.stats().retries == 1);
   CHECK(f.stats().allocated_total == 1000 * KiB + 700 * KiB + 1);  // the failure left nothing behind
 
-  const Block b = f.alloc(1 * MiB);  // a second 2 MiB segment fits under the cap
-  const Block b2 = f.alloc(1 * MiB);  // and fills it
+  const Allocation b = f.alloc(1 * MiB);  // a second 2 MiB segment fits under the cap
+  const Allocation b2 = f.alloc(1 * MiB);  // and fills it
   CHECK(f.stats().reserved == 4 * MiB);
   CHECK_THROWS_AS(f.alloc(1 * MiB), OutOfMemory);  // a third segment does not fit
   CHECK(f.stats().retries == 2);
   f.allocator->set_cap(0);
-  const Block c = f.alloc(1 * MiB);
+  const Allocation c = f.alloc(1 * MiB);
   CHECK(f.stats().reserved == 6 * MiB);
-  for (const Block& block : {p, a, b, b2, c}) f.free(block);
+  for (const Allocation& block : {p, a, b, b2, c}) f.free(block);
 }
 
 TEST_CASE("when the device is full, cached segments are given back and the request retried") {
   Fixture f;
   f.device.capacity = 24 * MiB;
-  const Block first = f.alloc(12 * MiB);
+  const Allocation first = f.alloc(12 * MiB);
   f.free(first);  // cached: 12 MiB reserved, nothing allocated
-  const Block second = f.alloc(16 * MiB);  // 12 + 16 > 24: the cache goes back first
+  const Allocation second = f.alloc(16 * MiB);  // 12 + 16 > 24: the cache goes back first
   CHECK(f.stats().retries == 1);
   CHECK(f.stats().segment_frees == 1);
   CHECK(f.stats().reserved == 16 * MiB);
@@ -384,7 +384,7 @@ TEST_CASE("per-category allocated and reserved bytes are exact, with peaks") {
       {4000, MemoryCategory::parameter},     {1, MemoryCategory::parameter},
       {3 * MiB + 7, MemoryCategory::gradient}, {513, MemoryCategory::optimizer_state},
       {12 * MiB, MemoryCategory::activation}, {100, MemoryCategory::communication}};
-  std::vector<Block> blocks;
+  std::vector<Allocation> blocks;
   std::array<int64_t, kMemoryCategories> allocated{}, reserved{};
   for (const auto& [bytes, category] : requests) {
     blocks.push_back(f.alloc(bytes, category));
@@ -412,17 +412,17 @@ TEST_CASE("per-category allocated and reserved bytes are exact, with peaks") {
 
 TEST_CASE("reserved bytes stop growing over 100 identical steps") {
   Fixture f;
-  const Block weights = f.alloc(6 * MiB, MemoryCategory::parameter);
+  const Allocation weights = f.alloc(6 * MiB, MemoryCategory::parameter);
   std::vector<int64_t> reserved, segments;
   for (int step = 0; step < 100; ++step) {
-    std::vector<Block> activations;
+    std::vector<Allocation> activations;
     for (const int64_t bytes : {int64_t{300} * KiB, 2 * MiB + 100, int64_t{7000}, 11 * MiB, int64_t{64} * KiB})
       activations.push_back(f.alloc(bytes, MemoryCategory::activation));
-    const Block workspace = f.alloc(5 * MiB, MemoryCategory::workspace);
-    const Block bucket = f.alloc(3 * MiB, MemoryCategory::communication);
+    const Allocation workspace = f.alloc(5 * MiB, MemoryCategory::workspace);
+    const Allocation bucket = f.alloc(3 * MiB, MemoryCategory::communication);
     f.allocator->record_stream(bucket.ptr, kComm);  // an all-reduce reads it
     f.free(workspace);
-    const Block grads = f.alloc(6 * MiB, MemoryCategory::gradient);
+    const Allocation grads = f.alloc(6 * MiB, MemoryCategory::gradient);
     while (!activations.empty()) {
       f.free(activations.back());
       activations.pop_back();
@@ -444,25 +444,25 @@ TEST_CASE("reserved bytes stop growing over 100 identical steps") {
 TEST_CASE("fragmentation is 1 - allocated / reserved") {
   Fixture f;
   CHECK(f.stats().fragmentation() == 0.0);
-  const Block a = f.alloc(1000);  // a 1024 B block in a 2 MiB segment
+  const Allocation a = f.alloc(1000);  // a 1024 B block in a 2 MiB segment
   CHECK(f.stats().fragmentation() == doctest::Approx(1.0 - 1000.0 / (2.0 * MiB)));
-  const Block b = f.alloc(1 * MiB), c = f.alloc(1 * MiB - 1024);  // fill the segment
+  const Allocation b = f.alloc(1 * MiB), c = f.alloc(1 * MiB - 1024);  // fill the segment
   CHECK(f.stats().fragmentation() == doctest::Approx(24.0 / (2.0 * MiB)).epsilon(1e-9));
   CHECK(f.stats().largest_free_block == 0);
   const std::string report = memory_report(f.stats(), "rank 0, cuda:0");
   CHECK(report.find("fragmentation 0.0%") != std::string::npos);
   CHECK(report.find("segments 1 taken") != std::string::npos);
-  for (const Block& block : {a, b, c}) f.free(block);
+  for (const Allocation& block : {a, b, c}) f.free(block);
   CHECK(f.stats().fragmentation() == doctest::Approx(1.0));
 }
 
 TEST_CASE("the snapshot is JSON with the events in order and the segments' layout") {
   Fixture f;
-  const Block a = f.alloc(1000, MemoryCategory::parameter);
+  const Allocation a = f.alloc(1000, MemoryCategory::parameter);
   f.allocator->record_stream(a.ptr, kComm);
   f.free(a);
   f.device.finish(kComm);
-  const Block b = f.alloc(12 * MiB, MemoryCategory::activation);  // processes a's pending free first
+  const Allocation b = f.alloc(12 * MiB, MemoryCategory::activation);  // processes a's pending free first
   f.free(b);
   f.allocator->empty_cache();
 
@@ -506,13 +506,13 @@ TEST_CASE("the history keeps the latest events") {
 TEST_CASE("bad input gives a clear error") {
   Fixture f;
   int not_ours = 0;
-  CHECK_THROWS_WITH_AS(f.free(Block{&not_ours, 4, MemoryCategory::other}), doctest::Contains("deallocate"), Error);
+  CHECK_THROWS_WITH_AS(f.free(Allocation{&not_ours, 4, MemoryCategory::other}), doctest::Contains("deallocate"), Error);
   CHECK_THROWS_WITH_AS(f.alloc(-1), doctest::Contains("negative size"), Error);
   CHECK_THROWS_WITH_AS(f.alloc(int64_t{1} << 60), doctest::Contains("larger than any device"), OutOfMemory);
   CHECK(f.stats().allocated_total == 0);
   CHECK_THROWS_WITH_AS(cuda::caching_allocator(kCPU), doctest::Contains("does not cache"), Error);
   CHECK_THROWS_WITH_AS(CachingAllocator(kCUDA, nullptr), doctest::Contains("no memory source"), Error);
-  const Block ok = f.alloc(0);  // nothing to allocate
+  const Allocation ok = f.alloc(0);  // nothing to allocate
   CHECK(ok.ptr == nullptr);
 }
 
@@ -520,7 +520,7 @@ TEST_CASE("the allocator returns every segment to the device when it is destroye
   FakeDevice device;
   {
     CachingAllocator allocator(kCUDA, std::make_unique<FakeSource>(device));
-    const Block a = allocator.allocate(100, MemoryCategory::other);
+    const Allocation a = allocator.allocate(100, MemoryCategory::other);
     allocator.record_stream(a.ptr, kComm);
     allocator.deallocate(a);  // still pending free
     allocator.deallocate(allocator.allocate(12 * MiB, MemoryCategory::other));
@@ -533,7 +533,7 @@ TEST_CASE("two threads share one allocator safely") {
   Fixture f;
   auto work = [&f] {
     for (int i = 0; i < 200; ++i) {
-      const Block a = f.alloc(1000 + 7 * i), b = f.alloc(2 * MiB + i);
+      const Allocation a = f.alloc(1000 + 7 * i), b = f.alloc(2 * MiB + i);
       std::memset(a.ptr, i, static_cast<size_t>(a.bytes));
       f.free(b);
       f.free(a);

@@ -116,11 +116,11 @@ TEST_CASE("the caching allocator on cuda:0: reuse, cap, device out of memory, em
   const std::shared_ptr<Allocator> allocator = cuda::make_caching_allocator(kCUDA);
   auto& caching = dynamic_cast<cuda::CachingAllocator&>(*allocator);
 
-  const Block a = allocator->allocate(1000, MemoryCategory::activation);
+  const Allocation a = allocator->allocate(1000, MemoryCategory::activation);
   CHECK(allocator->stats().reserved == 2 * MiB);
   ZG_CUDA_CHECK(cudaMemsetAsync(a.ptr, 0, 1000, cuda::current_stream(kCUDA)));
   allocator->deallocate(a);
-  const Block again = allocator->allocate(1000, MemoryCategory::activation);
+  const Allocation again = allocator->allocate(1000, MemoryCategory::activation);
   CHECK(again.ptr == a.ptr);  // same stream: reused at once
   allocator->deallocate(again);
 
@@ -130,7 +130,7 @@ TEST_CASE("the caching allocator on cuda:0: reuse, cap, device out of memory, em
   allocator->set_cap(0);
   CHECK_THROWS_WITH_AS(allocator->allocate(int64_t{1} << 45, MemoryCategory::workspace),
                        doctest::Contains("the device is full"), OutOfMemory);  // 32 TiB: cudaMalloc fails
-  const Block after_oom = allocator->allocate(1000, MemoryCategory::other);  // the failure was cleared
+  const Allocation after_oom = allocator->allocate(1000, MemoryCategory::other);  // the failure was cleared
   allocator->deallocate(after_oom);
 
   caching.empty_cache();
@@ -153,11 +153,11 @@ TEST_CASE("a block freed while another stream still uses it waits for that strea
     ZG_CUDA_CHECK(cudaMemsetAsync(used, 0, 4096, comm));
     cuda::record_stream(bucket, comm);
   }  // freed while the gate holds the communication stream
-  const Block while_busy = allocator->allocate(4096, MemoryCategory::communication);
+  const Allocation while_busy = allocator->allocate(4096, MemoryCategory::communication);
   CHECK(while_busy.ptr != used);
   gate.release();
   ZG_CUDA_CHECK(cudaStreamSynchronize(comm));
-  const Block when_done = allocator->allocate(4096, MemoryCategory::communication);
+  const Allocation when_done = allocator->allocate(4096, MemoryCategory::communication);
   CHECK(when_done.ptr == used);
   allocator->deallocate(while_busy);
   allocator->deallocate(when_done);

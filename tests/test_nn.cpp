@@ -200,3 +200,12 @@ TEST_CASE("ModuleList's at<M> and ptr<M> give an item as its own class, or a cle
 }
 
 }  // namespace zg::test
+
+// User code with both using-directives names the GPT block as plain Block. (The
+// allocator's struct was zg::Block too, which made every such use ambiguous; it is
+// zg::Allocation now.)
+namespace user_code {
+using namespace zg;
+using namespace zg::nn;
+static_assert(std::is_base_of_v<Module, Block>);
+}  // namespace user_code
