@@ -22,6 +22,8 @@ struct LoadedState {
 // dtypes convert (an f32 file loads into a bf16 model). With `strict`, a name in one
 // but not the other is an error; without, the module's tensors the file lacks keep
 // their values and the file's extra tensors are skipped, both listed in the result.
+// A shared (tied) parameter loads from any of its names; a file naming it several
+// times (as torch's state_dict does) must hold the same values under each.
 // Every tensor is checked before any is written. Refused once the parameters live in a
 // FlatParameters' or ShardedModel's buffers (their master weights would overwrite what
 // is loaded): load before building those.

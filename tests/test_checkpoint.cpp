@@ -259,6 +259,52 @@ TEST_CASE("module state round trip, dtype conversion on load, and mismatches") {
   std::remove(path.c_str());
 }
 
+TEST_CASE("load_state takes a shared parameter under any of its names, and refuses two different values") {
+  // As Hugging Face's GPT-2 ties lm_head.weight to transformer.wte.weight; torch's
+  // state_dict() lists the tied weight under both names. Such a file was refused ("a
+  // tensor 'lm_head.weight' the module does not have"), as was one with the head's only.
+  struct TiedLM : nn::Module {
+    std::shared_ptr<nn::Embedding> wte;
+    std::shared_ptr<nn::Module> lm_head;
+    TiedLM() {
+      wte = register_module("wte", std::make_shared<nn::Embedding>(3, 2));
+      lm_head = register_module("lm_head", std::make_shared<nn::Module>());
+      lm_head->register_parameter("weight", wte->weight);
+    }
+  };
+  const std::string path = temp_path("tied.safetensors");
+  const Tensor values = tensor<float>({1, 2, 3, 4, 5, 6}).view({3, 2});
+  const auto load = [&](const nn::NamedTensors& tensors) {
+    save_safetensors(path, tensors);
+    TiedLM model;
+    REQUIRE(model.named_parameters(/*remove_duplicates=*/false).size() == 2);
+    nn::load_state(model, path);
+    CHECK(model.lm_head->named_parameters()[0].second.is_same(model.wte->weight));  // still one tensor
+    return model.wte->weight.view({-1}).to_vector<float>();
+  };
+  const std::vector<float> expected{1, 2, 3, 4, 5, 6};
+  CHECK(load({{"wte.weight", values}, {"lm_head.weight", values.clone()}}) == expected);
+  CHECK(load({{"lm_head.weight", values}}) == expected);
+  CHECK(load({{"wte.weight", values}}) == expected);
+
+  TiedLM model;
+  const std::vector<float> before = model.wte->weight.view({-1}).to_vector<float>();
+  save_safetensors(path, {{"wte.weight", values}, {"lm_head.weight", values * 2.0}});
+  CHECK_THROWS_WITH_AS(nn::load_state(model, path),
+                       doctest::Contains("has different values for 'wte.weight' and 'lm_head.weight', two names of "
+                                         "one shared parameter"),
+                       Error);
+  CHECK(model.wte->weight.view({-1}).to_vector<float>() == before);
+  // Under neither name it is missing, under its first name.
+  save_safetensors(path, {{"other", values}});
+  CHECK_THROWS_WITH_AS(nn::load_state(model, path), doctest::Contains("has no tensor 'wte.weight'"), Error);
+  const nn::LoadedState partial = nn::load_state(model, path, /*strict=*/false);
+  CHECK(partial.missing == std::vector<std::string>{"wte.weight"});
+  CHECK(partial.unexpected == std::vector<std::string>{"other"});
+  CHECK(model.wte->weight.view({-1}).to_vector<float>() == before);
+  std::remove(path.c_str());
+}
+
 TEST_CASE("a disabled GradScaler has no state: it saves none and loads none") {
   // An f32 run's checkpoint (scale 1) set an f16 run's scaler to 1 on resume.
   nn::Linear model(2, 2);
