@@ -64,7 +64,7 @@ int format_of(const Metadata& meta) {
   return 0;
 }
 
-bool is_replicated_key(const std::string& tensor) { return tensor.starts_with("frozen/") || tensor.starts_with("buffer/"); }
+bool is_replicated_key(const std::string& tensor) { return tensor.starts_with(kFrozenKey) || tensor.starts_with(kBufferKey); }
 
 std::string rank_file(const std::string& dir, int rank, int size) {
   char name[64];
@@ -261,7 +261,7 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
                  " holds '", tensor, "', but only the first file of a save of format 3 holds frozen parameters and "
                  "buffers");
         ZG_CHECK(replicated_keys.contains(tensor), who, ": ", file->path(), " holds '", tensor,
-                 "' but the model has no such ", tensor.starts_with("frozen/") ? "frozen parameter" : "buffer");
+                 "' but the model has no such ", tensor.starts_with(kFrozenKey) ? "frozen parameter" : "buffer");
         continue;
       }
       const size_t last = tensor.rfind('/'), first = tensor.find('/');

@@ -171,13 +171,15 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
     same_units.check("ShardedModel: was built with");
   }
   for (auto& unit : units_) build_unit(*unit);
-  for (const auto& [name, p] : frozen_)  // computed with in the compute dtype, as the trained ones
-    if (is_floating(p.dtype()) && p.dtype() != config_.compute_dtype) {
-      NoGradGuard no_grad;
-      Tensor data = allocate(p.shape(), config_.compute_dtype, p.device(), MemoryCategory::parameter, false);
-      data.copy_(p);
-      point_data(p, data);
-    }
+  {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : frozen_)  // held in the compute dtype, as the trained weights are
+      if (is_floating(p.dtype()) && p.dtype() != config_.compute_dtype) {
+        Tensor data = allocate(p.shape(), config_.compute_dtype, p.device(), MemoryCategory::parameter, false);
+        data.copy_(p);
+        point_data(p, data);
+      }
+  }
   broadcast_replicated();
   for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
   if (config_.stage == 3) hook_holders(modules);
@@ -357,8 +359,8 @@ void ShardedModel::allocate_grad_full(Unit& unit) {
 
 nn::NamedTensors ShardedModel::replicated() const {
   nn::NamedTensors out;
-  for (const auto& [name, p] : frozen_) out.emplace_back("frozen/" + name, p);
-  for (const auto& [name, b] : buffers_) out.emplace_back("buffer/" + name, b);
+  for (const auto& [name, p] : frozen_) out.emplace_back(std::string(kFrozenKey) + name, p);
+  for (const auto& [name, b] : buffers_) out.emplace_back(std::string(kBufferKey) + name, b);
   return out;
 }
 

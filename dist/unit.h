@@ -2,6 +2,8 @@
 // what each stage keeps).
 #pragma once
 
+#include <string_view>
+
 #include "dist/sharded_model.h"
 #include "optim/flat_parameters.h"
 
@@ -43,6 +45,10 @@ struct ShardedModel::Use {
   bool backward_reads = true;  // some module's backward reads the unit's weights
   size_t ran = 0;              // modules of this use whose forward has run in this pass
 };
+
+// How ShardedModel::replicated() and checkpoints name a frozen parameter and a buffer:
+// the prefix, then its name.
+inline constexpr std::string_view kFrozenKey = "frozen/", kBufferKey = "buffer/";
 
 // Where ShardedModel's small agreements between ranks run: on the model's device (meta,
 // which has no values: the CPU), or on the CPU for a group that takes host tensors only (mpi).
