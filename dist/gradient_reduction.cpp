@@ -50,6 +50,7 @@ Tensor in_reduce_dtype(const Tensor& grad, DType dtype) {
 void ShardedModel::plan_buckets(Unit& unit) {
   const auto& entries = unit.entries;
   unit.bucket_of.assign(entries.size(), 0);
+  if (entries.empty()) return;  // a stage-3 unit of frozen parameters only: nothing to reduce
   if (config_.stage > 0) {
     unit.buckets = {{0, unit.padded, entries.size(), 0}};
     return;

@@ -17,19 +17,24 @@
 // once: 3 Ψ elements of traffic per step, the ZeRO paper's figure. A GPT's tied
 // embedding is needed by wte's forward and the head, not by wte's backward (a
 // scatter-add), so it too is gathered twice.
+//   A unit with frozen parameters holds them in a second sharded buffer (no gradient
+// to reduce-scatter, no master or Adam state): "gather" and "free" do both buffers,
+// with 2 Ψ_frozen elements of traffic per step.
 #include "dist/unit.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
 #include <set>
+#include <utility>
 
 #include "tensor/autograd.h"
 
 namespace zg::dist {
 
 void ShardedModel::plan_uses(const UnitPlan& plan, const std::vector<std::pair<std::string, nn::Module*>>& modules,
-                             bool root_all_frozen) {
+                             bool root_replicated) {
   const auto module_at = [&](const std::string& path) {
     for (const auto& [p, m] : modules)
       if (p == path) return m;
@@ -37,7 +42,7 @@ void ShardedModel::plan_uses(const UnitPlan& plan, const std::vector<std::pair<s
   };
   Unit* root = units_.front()->module ? nullptr : units_.front().get();
   const auto add_root_use = [&](const std::vector<std::string>& paths) {
-    if (paths.empty() || (root == nullptr && root_all_frozen)) return;  // nothing of the root to gather
+    if (paths.empty() || (root == nullptr && root_replicated)) return;  // nothing of the root to gather
     ZG_CHECK(root != nullptr, "ShardedModel: the plan names root modules, but every parameter is in a unit");
     Use use{root, {}, false, 0};
     for (const std::string& path : paths) {
@@ -96,22 +101,26 @@ void ShardedModel::hook_use(size_t index) {
 void ShardedModel::hook_holders(const std::vector<std::pair<std::string, nn::Module*>>& modules) {
   std::map<const TensorImpl*, Unit*> unit_of;
   for (auto& unit : units_)
-    for (const auto& e : unit->entries) unit_of[&e.param.impl()] = unit.get();
+    for (const auto* entries : {&unit->entries, &unit->frozen_entries})
+      for (const auto& e : *entries) unit_of[&e.param.impl()] = unit.get();
   const std::weak_ptr<ParameterOwner> alive = this->alive();
   for (const auto& [path, module] : modules) {
     std::set<Unit*> held;
     for (const auto& [name, p] : module->named_parameters(/*remove_duplicates=*/false))
       if (const auto it = unit_of.find(&p.impl()); name.find('.') == std::string::npos && it != unit_of.end())
-        held.insert(it->second);  // (a frozen parameter is in no unit: every rank holds it whole)
+        held.insert(it->second);  // (a frozen parameter of stages 0-2 is in no unit: every rank holds it whole)
     for (Unit* unit : held) {
       // Shared by the hooks: each forward hands the backward check to a new tensor hook.
       const auto check = std::make_shared<const std::function<void(const char*)>>([this, unit, alive,
                                                                                   path](const char* when) {
         if (alive.expired()) return;
-        const char* state = unit->gathering ? "still being gathered (a prefetch is writing them)"
-                            : unit->compute_full.storage()->is_released() ? "released"
-                            : !is_current(*unit)                          ? "from before the last step or load"
-                                                                          : nullptr;
+        const auto parts = gathered_parts(*unit);
+        const auto any = [&](const auto& test) { return std::any_of(parts.begin(), parts.end(), test); };
+        const char* state = any([](const ShardedWeights* w) { return w->gathering != nullptr; })
+                                ? "still being gathered (a prefetch is writing them)"
+                            : any([](const ShardedWeights* w) { return w->full.storage()->is_released(); }) ? "released"
+                            : !is_current(*unit) ? "from before the last step or load"
+                                                 : nullptr;
         if (state)
           fail("ShardedModel: the ", when, " of ", path.empty() ? "the root module" : "'" + path + "'",
                " reads the weights of ZeRO-3 unit '", unit->name,
@@ -134,10 +143,25 @@ void ShardedModel::hook_holders(const std::vector<std::pair<std::string, nn::Mod
   }
 }
 
+namespace {
+
 // Whole and gathered from the shard as it is now (not from before a step or a load).
-bool ShardedModel::is_current(const Unit& unit) const {
-  return !unit.compute_full.storage()->is_released() &&
-         unit.compute_shard.storage()->version() == unit.gathered_from;
+bool current(const ShardedModel::ShardedWeights& w) {
+  return !w.full.storage()->is_released() && w.shard.storage()->version() == w.gathered_from;
+}
+
+}  // namespace
+
+std::vector<ShardedModel::ShardedWeights*> gathered_parts(ShardedModel::Unit& unit) {
+  std::vector<ShardedModel::ShardedWeights*> parts;
+  for (ShardedModel::ShardedWeights* w : {&unit.weights, &unit.frozen})
+    if (w->full.defined() && w->full.numel() > 0) parts.push_back(w);
+  return parts;
+}
+
+bool ShardedModel::is_current(Unit& unit) {
+  const auto parts = gathered_parts(unit);
+  return std::all_of(parts.begin(), parts.end(), [](const ShardedWeights* w) { return current(*w); });
 }
 
 std::string ShardedModel::release_note(const Unit& unit) {
@@ -161,34 +185,40 @@ void ShardedModel::prefetch_from(size_t use, int direction) {
 }
 
 void ShardedModel::prefetch_unit(Unit& unit) {
-  // A unit left whole across a step or a load holds the old weights: gathered again.
-  if (unit.gathering || is_current(unit)) return;
-  Storage& full = *unit.compute_full.storage();
+  CollectiveTag tag(unit.tag);
+  for (ShardedWeights* w : gathered_parts(unit)) prefetch(*w);
+}
+
+void ShardedModel::prefetch(ShardedWeights& weights) {
+  // Weights left whole across a step or a load are the old ones: gathered again.
+  if (weights.gathering || current(weights)) return;
+  Storage& full = *weights.full.storage();
   full.materialize();
   // Gathering the same weights as last time keeps the version the forward's saved tensors
   // recorded, so they stay valid. Once a step or a load has written the shard, it does not:
   // a backward through a graph the old weights made fails, as at the other stages, instead
   // of computing gradients with weights the forward never used.
-  const uint64_t shard_version = unit.compute_shard.storage()->version();
+  const uint64_t shard_version = weights.shard.storage()->version();
   const uint64_t version = full.version();
-  CollectiveTag tag(unit.tag);
-  unit.gathering = group_.all_gather_async(unit.compute_shard, unit.compute_full);
-  if (shard_version == unit.gathered_from) full.restore_version(version);
-  unit.gathered_from = shard_version;
+  weights.gathering = group_.all_gather_async(weights.shard, weights.full);
+  if (shard_version == weights.gathered_from) full.restore_version(version);
+  weights.gathered_from = shard_version;
 }
 
 void ShardedModel::gather_unit(Unit& unit) {
   prefetch_unit(unit);
-  if (!unit.gathering) return;  // already whole
-  const WorkHandle work = std::move(unit.gathering);
-  unit.gathering = nullptr;
-  work->wait();
+  finish_gathers(unit);
+}
+
+void ShardedModel::finish_gathers(Unit& unit) {
+  for (ShardedWeights* w : gathered_parts(unit))
+    if (w->gathering) std::exchange(w->gathering, nullptr)->wait();
 }
 
 void ShardedModel::release_unit(Unit& unit) {
   if (config_.stage != 3) return;
-  if (unit.gathering) gather_unit(unit);  // a gather in flight writes into the buffer: let it finish
-  unit.compute_full.storage()->release();
+  finish_gathers(unit);  // a gather in flight writes into the buffers: let it finish
+  for (ShardedWeights* w : gathered_parts(unit)) w->full.storage()->release();
 }
 
 void ShardedModel::prepare_forward() {

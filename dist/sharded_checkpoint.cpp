@@ -4,8 +4,9 @@
 //     <role>/<parameter name>/<first element>      role: master, exp_avg, exp_avg_sq
 // with each such parameter's shape in the metadata ("shape/<parameter name>"): the
 // pieces are flat, and a parameter of another shape but as many elements must not load.
-// Rank 0's file also holds what every rank holds whole: the model's frozen parameters
-// and buffers, as frozen/<name> and buffer/<name>. Loading at another world size or
+// Rank 0's file also holds, whole, the model's frozen parameters and buffers, as
+// frozen/<name> and buffer/<name> (at stage 3 the frozen ones are gathered for it, and
+// each rank loads its slice of them). Loading at another world size or
 // stage only needs, for each trained parameter, the pieces that overlap the range a
 // rank owns now -- found from the file headers -- and those from the first file.
 #include <algorithm>
@@ -165,8 +166,9 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
       meta["shape/" + e.name] = shape_str(e.shape);
     });
   }
+  const std::vector<Tensor> frozen = frozen_whole(/*gather=*/true);  // (a collective: on every rank)
   if (r == 0)
-    for (const auto& entry : replicated()) tensors.push_back(entry);
+    for (const auto& entry : saved_whole(frozen)) tensors.push_back(entry);
   all_or_none(group_, device, "ShardedModel::save", "the save in " + dir + " is incomplete",
               [&] { save_safetensors(rank_file(dir, r, group_.size()), tensors, meta); });
   // Every rank's file exists: an earlier save of another N is superseded, and gone when save returns.
@@ -318,8 +320,10 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
 Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
   LoadPlan plan;
+  const std::vector<Tensor> frozen = frozen_whole(/*gather=*/false);
+  const nn::NamedTensors whole = saved_whole(frozen);
   all_or_none(group_, units_.front()->master.device(), "ShardedModel::load", "nothing was loaded, on any rank",
-              [&] { plan = plan_load(dir, units_, replicated(), group_.rank(), config_.stage, scaler); });
+              [&] { plan = plan_load(dir, units_, whole, group_.rank(), config_.stage, scaler); });
 
   // Everything checked, everywhere: now copy.
   const int r = group_.rank();
@@ -336,8 +340,10 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
     });
   }
   const SafetensorsFile& first_file = *plan.files.front();
-  if (format_of(first_file.metadata()) >= 3)
-    for (const auto& [key, t] : replicated()) first_file.read_into(key, t);
+  if (format_of(first_file.metadata()) >= 3) {
+    for (const auto& [key, t] : whole) first_file.read_into(key, t);
+    keep_frozen_slices(frozen);
+  }
   step_ = plan.step;
   if (plan.scaler) scaler->set_scale(plan.scaler->scale, plan.scaler->good_steps);
   Generator& gen = Context::current().generator();
@@ -352,25 +358,67 @@ void ShardedModel::refresh_compute() {
   for (auto& unit : units_) {
     const bool separate = config_.compute_dtype != unit->master.dtype();
     if (config_.stage == 0) {
-      if (separate) unit->compute_full.copy_(unit->master);
+      if (separate) unit->weights.full.copy_(unit->master);
       continue;
     }
-    if (separate) unit->compute_shard.copy_(unit->master);
+    if (separate) unit->weights.shard.copy_(unit->master);
     CollectiveTag tag(unit->tag);
-    if (config_.stage < 3) group_.all_gather(unit->compute_shard, unit->compute_full);
+    if (config_.stage < 3) group_.all_gather(unit->weights.shard, unit->weights.full);
   }
   mark_compute_current();
 }
 
-void ShardedModel::export_consolidated(const std::string& path) {
-  nn::NamedTensors weights = gather_master(/*copy_local=*/false);  // stage 0: rank 0's own, no copy
+std::vector<Tensor> ShardedModel::frozen_whole(bool gather) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> whole;
+  for (auto& unit : units_) {
+    const Tensor& shard = unit->frozen.shard;
+    Tensor& buffer = whole.emplace_back();
+    if (!shard.defined()) continue;
+    MemoryScope scope(MemoryCategory::other);
+    buffer = empty({shard.numel() * group_.size()}, TensorOptions(shard.dtype()).device(shard.device()));
+    CollectiveTag tag(unit->tag);
+    if (gather) group_.all_gather(shard, buffer);
+  }
+  return whole;
+}
+
+void ShardedModel::keep_frozen_slices(const std::vector<Tensor>& whole) {
+  NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Tensor& shard = units_[u]->frozen.shard;
+    if (shard.defined()) Tensor(shard).copy_(whole[u].narrow(0, group_.rank() * shard.numel(), shard.numel()));
+  }
+}
+
+nn::NamedTensors ShardedModel::saved_whole(const std::vector<Tensor>& frozen_whole) const {
+  nn::NamedTensors out = replicated();
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (const auto& e : units_[u]->frozen_entries)
+      out.emplace_back(std::string(kFrozenKey) + e.name, optim::FlatParameters::view_of(frozen_whole[u], e));
+  return out;
+}
+
+nn::NamedTensors ShardedModel::consolidated_state() { return consolidated(/*copy=*/true); }
+
+nn::NamedTensors ShardedModel::consolidated(bool copy) {
+  NoGradGuard no_grad;
+  nn::NamedTensors state = gather_master(copy);  // stage 0 without copy: rank 0's own
   const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
-  for (const auto& [name, p] : frozen_)
-    weights.emplace_back(name, is_floating(p.dtype()) ? p.to(master_dtype) : p);
-  weights.insert(weights.end(), buffers_.begin(), buffers_.end());
+  for (const auto& [key, t] : saved_whole(frozen_whole(/*gather=*/true))) {
+    const bool frozen = key.starts_with(kFrozenKey);
+    Tensor value = frozen && is_floating(t.dtype()) ? t.to(master_dtype) : t;
+    if (copy && value.is_same(t)) value = value.clone();
+    state.emplace_back(key.substr((frozen ? kFrozenKey : kBufferKey).size()), value);
+  }
+  return state;
+}
+
+void ShardedModel::export_consolidated(const std::string& path) {
+  const nn::NamedTensors state = consolidated(/*copy=*/false);
   all_or_none(group_, units_.front()->master.device(), "ShardedModel::export_consolidated",
               path + " was not written", [&] {
-                if (group_.rank() == 0) save_safetensors(path, weights, {{"format", "zerograd-consolidated-1"}});
+                if (group_.rank() == 0) save_safetensors(path, state, {{"format", "zerograd-consolidated-1"}});
               });
 }
 

@@ -45,10 +45,14 @@ void mix_name_and_shape(Hash53& hash, const std::string& name, const Shape& shap
   hash.mix(shape.data(), shape.size() * sizeof(int64_t));
 }
 
-// A unit's parameter names and shapes (its entries, in packing order), hashed.
-double layout_hash(const std::vector<optim::FlatParameters::Entry>& entries) {
+// A unit's parameter names and shapes (its trained entries in packing order, then its
+// frozen ones), hashed.
+double layout_hash(const ShardedModel::Unit& unit) {
   Hash53 hash;
-  for (const auto& e : entries) mix_name_and_shape(hash, e.name, e.shape);
+  for (const auto* entries : {&unit.entries, &unit.frozen_entries}) {
+    for (const auto& e : *entries) mix_name_and_shape(hash, e.name, e.shape);
+    hash.mix("", 1);  // where the trained ones end
+  }
   return hash.value();
 }
 
@@ -159,7 +163,7 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
     std::vector<std::pair<std::string, double>> units;
     for (const auto& unit : units_) {
       units.emplace_back("size of unit " + unit->name, static_cast<double>(unit->numel));
-      units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name, layout_hash(unit->entries));
+      units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name, layout_hash(*unit));
     }
     Hash53 order;
     for (const auto& [unit, bucket] : reduce_order_) order.mix(&bucket->tag, sizeof bucket->tag);
@@ -184,7 +188,8 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   for (size_t i = 0; i < uses_.size(); ++i) hook_use(i);
   if (config_.stage == 3) hook_holders(modules);
   for (auto& unit : units_)
-    for (const auto& e : unit->entries) own(e.param);
+    for (const auto* entries : {&unit->entries, &unit->frozen_entries})
+      for (const auto& e : *entries) own(e.param);
 }
 
 // The config checked, the model's parameters assigned to units (each unit's entries in
@@ -223,9 +228,13 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
         owner = u;
     return owner;
   };
-  // Frozen parameters (requires_grad false) stay out of the units: with no gradient,
-  // master weights or Adam state, every rank holds them whole (`frozen_`).
-  std::vector<std::vector<std::pair<std::string, Tensor>>> members(units_.size());
+  // Frozen parameters (requires_grad false) have no gradient, master weights or Adam
+  // state. At stages 0-2 every rank holds them whole (`frozen_`); at stage 3 they are
+  // sharded with their unit (as FSDP does: a frozen base model is most of a fine-tuned
+  // one), in a buffer of their own -- except one of an integer dtype, which no compute
+  // dtype holds.
+  const auto sharded_frozen = [&](const Tensor& p) { return config_.stage == 3 && is_floating(p.dtype()); };
+  std::vector<std::vector<std::pair<std::string, Tensor>>> members(units_.size()), frozen_members(units_.size());
   std::vector<bool> holds_frozen(units_.size(), false);
   nn::NamedTensors trainable;
   for (const auto& [name, p] : parameters) (p.requires_grad() ? trainable : frozen_).emplace_back(name, p);
@@ -235,14 +244,16 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
     ZG_CHECK(p.device() == trainable.front().second.device(), "ShardedModel: frozen parameter '", name, "' is on ",
              p.device().str(), ", '", trainable.front().first, "' on ", trainable.front().second.device().str());
     holds_frozen[unit_of(name)] = true;
+    if (sharded_frozen(p)) frozen_members[unit_of(name)].emplace_back(name, p);
   }
+  std::erase_if(frozen_, [&](const auto& named) { return sharded_frozen(named.second); });
   // A weight shared by modules of two units: at stage 3 a unit's weights exist only
   // around its own uses, so the other unit's forward would find them released.
   if (config_.stage == 3) {
     std::map<const TensorImpl*, std::string> first_name;
     for (const auto& [name, p] : parameters) first_name[&p.impl()] = name;
     for (const auto& [name, p] : model.named_parameters(/*remove_duplicates=*/false)) {
-      if (!p.requires_grad()) continue;  // replicated: present on every use
+      if (!p.requires_grad() && !sharded_frozen(p)) continue;  // replicated: present on every use
       const std::string& first = first_name.at(&p.impl());
       ZG_CHECK(unit_of(name) == unit_of(first), "ShardedModel: parameter '", first, "' is also registered as '", name,
                "', in another unit ('", units_[unit_of(first)]->name, "' and '", units_[unit_of(name)]->name,
@@ -259,19 +270,30 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
           unit.numel += p.numel();
           if (decay) unit.decay_numel += p.numel();
         }
+    int64_t frozen_numel = 0;
+    for (const auto& [name, p] : frozen_members[u]) {
+      unit.frozen_entries.push_back({name, p, frozen_numel, p.shape()});
+      frozen_numel += p.numel();
+    }
   }
-  // A unit with nothing to train goes: the root when every parameter is in a unit, a
-  // unit whose parameters are all frozen. A unit without any parameter is a plan's mistake.
+  // A unit with nothing to train or shard goes: the root when every parameter is in a
+  // unit, a unit whose parameters are all frozen (stages 0-2). A unit without any
+  // parameter is a plan's mistake.
   for (size_t u = units_.size(); u-- > 0;) {
-    if (!units_[u]->entries.empty()) continue;
+    if (!units_[u]->entries.empty() || !units_[u]->frozen_entries.empty()) continue;
     ZG_CHECK(u == 0 || holds_frozen[u], "ShardedModel: unit '", units_[u]->name, "' has no parameters");
     units_.erase(units_.begin() + static_cast<std::ptrdiff_t>(u));
   }
   for (auto& unit : units_) {
-    unit->padded = (unit->numel + group_.size() - 1) / group_.size() * group_.size();
+    unit->padded = padded_to_ranks(unit->numel);
     unit->shard = unit->padded / group_.size();
   }
-  if (config_.stage == 3) plan_uses(plan, modules, holds_frozen[0] && members[0].empty());
+  // A root whose parameters are all replicated (frozen, of an integer dtype) has nothing to gather.
+  if (config_.stage == 3) plan_uses(plan, modules, holds_frozen[0] && members[0].empty() && frozen_members[0].empty());
+}
+
+int64_t ShardedModel::padded_to_ranks(int64_t numel) const {
+  return (numel + group_.size() - 1) / group_.size() * group_.size();
 }
 
 ShardedModel::~ShardedModel() = default;
@@ -286,30 +308,15 @@ void ShardedModel::build_unit(Unit& unit) {
   const int stage = config_.stage;
   const DType compute = config_.compute_dtype, master_dtype = optim::master_dtype_for(compute);
   const bool separate_master = compute != master_dtype;
-  const Device device = unit.entries.front().param.device();
+  const Device device = (unit.entries.empty() ? unit.frozen_entries : unit.entries).front().param.device();
   const auto my_slice = [&](const Tensor& full) { return full.narrow(0, r * unit.shard, unit.shard); };
 
   // The initial weights, flat and padded with zeros, in the master dtype: rank 0's.
-  const Tensor values = allocate({unit.padded}, master_dtype, device, MemoryCategory::workspace, true);
-  for (const auto& e : unit.entries) view_of(values, e).copy_(e.param);
-  {
-    CollectiveTag tag(unit.tag);
-    group_.broadcast(values, 0);
-  }
-
-  if (stage < 3) {
-    unit.compute_full = allocate({unit.padded}, compute, device, MemoryCategory::parameter, false);
-    unit.compute_full.copy_(values);
-    unit.compute_shard = my_slice(unit.compute_full);
-  } else {
-    unit.compute_shard = allocate({unit.shard}, compute, device, MemoryCategory::parameter, false);
-    unit.compute_shard.copy_(my_slice(values));
-    unit.compute_full = allocate({unit.padded}, compute, device, MemoryCategory::communication, false);
-    unit.compute_full.copy_(values);
-  }
-  for (const auto& e : unit.entries) {
-    point_data(e.param, view_of(unit.compute_full, e));
-    point_grad(e.param, Tensor());
+  const Tensor values = rank0_values(unit.entries, unit.padded, master_dtype, device, unit.tag);
+  place_weights(unit.weights, unit.entries, values);
+  if (!unit.frozen_entries.empty()) {  // stage 3: held in the compute dtype, as the trained weights are
+    const int64_t padded = padded_to_ranks(unit.frozen_entries.back().offset + numel(unit.frozen_entries.back().shape));
+    place_weights(unit.frozen, unit.frozen_entries, rank0_values(unit.frozen_entries, padded, compute, device, unit.tag));
   }
 
   const Tensor& master_source = stage == 0 ? values : my_slice(values);
@@ -317,7 +324,7 @@ void ShardedModel::build_unit(Unit& unit) {
     unit.master = allocate(master_source.shape(), master_dtype, device, MemoryCategory::optimizer_state, false);
     unit.master.copy_(master_source);
   } else {
-    unit.master = stage == 0 ? unit.compute_full : unit.compute_shard;
+    unit.master = stage == 0 ? unit.weights.full : unit.weights.shard;
   }
   unit.m = allocate(unit.master.shape(), master_dtype, device, MemoryCategory::optimizer_state, true);
   unit.v = allocate(unit.master.shape(), master_dtype, device, MemoryCategory::optimizer_state, true);
@@ -342,12 +349,49 @@ void ShardedModel::build_unit(Unit& unit) {
     unit.entries[i].param.register_post_accumulate_grad_hook([this, u, i, alive](const Tensor&) {
       if (!alive.expired()) on_grad_arrival(*u, i);
     });
-  if (stage == 3) {  // gathered around each use from now on
-    unit.compute_full.storage()->set_release_note(release_note(unit));
-    unit.compute_full.storage()->release();
-    unit.gathered_from = unit.compute_shard.storage()->version();
+  if (stage == 3)  // gathered around each use from now on
+    for (ShardedWeights* w : gathered_parts(unit)) {
+      w->full.storage()->set_release_note(release_note(unit));
+      w->full.storage()->release();
+      w->gathered_from = w->shard.storage()->version();
+    }
+  unit.written_by_us = unit.weights.full.storage()->version();
+}
+
+// `entries`' values packed into a buffer of `padded` elements (zeros past their end), as
+// rank 0 has them: broadcast.
+Tensor ShardedModel::rank0_values(const std::vector<optim::FlatParameters::Entry>& entries, int64_t padded, DType dtype,
+                                  Device device, int64_t tag) {
+  const Tensor values = allocate({padded}, dtype, device, MemoryCategory::workspace, true);
+  for (const auto& e : entries) view_of(values, e).copy_(e.param);
+  CollectiveTag scope(tag);
+  group_.broadcast(values, 0);
+  return values;
+}
+
+// The compute weights of `entries` from `values` (every rank's): whole (stages 0-2) or
+// slice r with the whole in `communication`, to be released (stage 3); each parameter's
+// data a view of the whole.
+void ShardedModel::place_weights(ShardedWeights& weights, const std::vector<optim::FlatParameters::Entry>& entries,
+                                 const Tensor& values) {
+  const int64_t shard = values.numel() / group_.size();
+  const Tensor my_slice = values.narrow(0, group_.rank() * shard, shard);
+  const auto compute = [&](const Tensor& from, MemoryCategory category) {
+    Tensor t = allocate(from.shape(), config_.compute_dtype, from.device(), category, false);
+    t.copy_(from);
+    return t;
+  };
+  if (config_.stage < 3) {
+    weights.full = compute(values, MemoryCategory::parameter);
+    weights.shard = weights.full.narrow(0, group_.rank() * shard, shard);
+  } else {
+    weights.shard = compute(my_slice, MemoryCategory::parameter);
+    weights.full = compute(values, MemoryCategory::communication);
   }
-  unit.written_by_us = unit.compute_full.storage()->version();
+  for (const auto& e : entries) {
+    point_data(e.param, view_of(weights.full, e));
+    point_grad(e.param, Tensor());
+  }
 }
 
 // Stages 2, 3, before the first gradient of a unit lands: one zeroed full buffer, the
@@ -378,13 +422,13 @@ void ShardedModel::broadcast_replicated() {
 bool ShardedModel::compute_written_by_others() const {
   if (config_.stage == 3) return false;
   for (const auto& unit : units_)
-    if (config_.compute_dtype != unit->master.dtype() && unit->compute_full.storage()->version() != unit->written_by_us)
+    if (config_.compute_dtype != unit->master.dtype() && unit->weights.full.storage()->version() != unit->written_by_us)
       return true;  // separate compute and master (as in step()) and a write that was not ours
   return false;
 }
 
 void ShardedModel::mark_compute_current() {
-  for (auto& unit : units_) unit->written_by_us = unit->compute_full.storage()->version();
+  for (auto& unit : units_) unit->written_by_us = unit->weights.full.storage()->version();
 }
 
 void ShardedModel::zero_grad() {
@@ -423,20 +467,25 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   const Device sum_on = dry_run ? kCPU : device;
   const Device reduce_on = agreement_device(group_, device);
   const bool written = compute_written_by_others();
-  const auto unfrozen = std::find_if(frozen_.begin(), frozen_.end(), [](const auto& f) { return f.second.requires_grad(); });
+  std::string unfrozen;  // a parameter frozen at construction that requires grad now
+  for (const auto& [name, p] : frozen_)
+    if (p.requires_grad()) unfrozen = name;
+  for (const auto& unit : units_)
+    for (const auto& e : unit->frozen_entries)
+      if (e.param.requires_grad()) unfrozen = e.name;
   Agreement agree(group_, reduce_on,
                   {{"lr", lr},
                    {"loss scale", scaler ? scaler->scale_factor() : 1.0},
                    {"count of written parameters (1: one was written in place since the last step)", written},
                    {"count of unfrozen parameters (1: one frozen at construction requires grad now)",
-                    unfrozen != frozen_.end()}});
+                    !unfrozen.empty()}});
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(sum_on));
   if (!dry_run)
     for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard).to(DType::f64);
   norm_sq = norm_sq.to(reduce_on);
   group_.all_reduce(norm_sq, ReduceKind::sum);
   agree.check("ShardedModel: step() was given");
-  ZG_CHECK(unfrozen == frozen_.end(), "ShardedModel: step(): parameter '", unfrozen->first, "' was frozen when the "
+  ZG_CHECK(unfrozen.empty(), "ShardedModel: step(): parameter '", unfrozen, "' was frozen when the "
            "ShardedModel was built and requires grad now; it has no place in the units, so its gradient would be neither "
            "reduced nor applied. Build the ShardedModel after unfreezing it");
   ZG_CHECK(!written, "ShardedModel: step(): the ", name(config_.compute_dtype), " compute weights were written since the "
@@ -458,7 +507,7 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
     const bool sharded = config_.stage >= 1;
     const int64_t base = sharded ? r * unit->shard : 0;
     const Tensor& grad = sharded ? unit->grad_shard : unit->grad_full;
-    const Tensor& compute = sharded ? unit->compute_shard : unit->compute_full;
+    const Tensor& compute = sharded ? unit->weights.shard : unit->weights.full;
     const bool separate = config_.compute_dtype != unit->master.dtype();  // else master *is* the compute buffer
     // The decay range [0, decay) and the rest [decay, numel), cut to this rank's part.
     for (const auto& [lo, hi, decay] : {std::tuple{int64_t(0), unit->decay_numel, true},
@@ -477,7 +526,7 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
     std::vector<WorkHandle> gathers;
     for (auto& unit : units_) {
       CollectiveTag tag(unit->tag);
-      gathers.push_back(group_.all_gather_async(unit->compute_shard, unit->compute_full));
+      gathers.push_back(group_.all_gather_async(unit->weights.shard, unit->weights.full));
     }
     for (const WorkHandle& work : gathers) work->wait();
   }

@@ -88,9 +88,11 @@ class ShardedModel final : public ParameterOwner {
   // even when another's plan is refused); rank 0's initial parameters and buffers become
   // every rank's, as PyTorch DDP broadcasts its module states. (A forward that changes a
   // buffer changes it on its own rank: PyTorch DDP broadcasts buffers before each
-  // forward, this does not.) Parameters frozen now (requires_grad false) are in no unit:
-  // every rank holds them whole, in the compute dtype, untrained (unfreezing one later is
-  // refused by step()); a unit whose parameters are all frozen drops out of the plan.
+  // forward, this does not.) Parameters frozen now (requires_grad false) get no gradient,
+  // master or Adam state and are held in the compute dtype, untrained (unfreezing one
+  // later is refused by step()): at stages 0-2 every rank holds them whole, and a unit
+  // whose parameters are all frozen drops out of the plan; at stage 3 each unit shards
+  // its frozen parameters in a buffer of their own, gathered with its trained ones.
   // While it lives it is the parameters' ParameterOwner: the model's zero_grad() calls
   // this one's, and moving the parameters elsewhere (Module::to, load_state) is refused.
   // Destroyed, it leaves stages 0-2's parameters holding the compute weights; ZeRO-3's
@@ -115,8 +117,8 @@ class ShardedModel final : public ParameterOwner {
   // then (stages 1, 2) all-gather of the updated compute weights.
   StepResult step(double lr, optim::GradScaler* scaler = nullptr);
 
-  // Every parameter's f32 master weights, gathered from all ranks (a collective): a
-  // copy, which later steps leave as it is.
+  // Every trained parameter's master weights (f32; f64 for f64 compute), gathered from
+  // all ranks (a collective): a copy, which later steps leave as it is.
   nn::NamedTensors gathered_master();
 
   // Sharded checkpoints (dist/sharded_checkpoint.cpp). save() writes, from every rank,
@@ -133,12 +135,17 @@ class ShardedModel final : public ParameterOwner {
   //    did not have take the last saved rank's (reseed them if they need streams apart).
   void save(const std::string& dir, const Metadata& extra = {}, const optim::GradScaler* scaler = nullptr);
   Metadata load(const std::string& dir, optim::GradScaler* scaler = nullptr);
-  // One safetensors file of the full f32 weights by parameter name and the buffers
-  // (what nn::load_state reads), written by rank 0.
+  // The whole model, gathered on every rank (a collective), by name: every parameter's
+  // weights -- the master weights of the trained ones, the frozen ones in the master
+  // dtype -- and the buffers; what nn::load_state reads. A copy, which later steps leave
+  // as it is (FSDP's full state dict).
+  nn::NamedTensors consolidated_state();
+  // consolidated_state() in one safetensors file, written by rank 0.
   void export_consolidated(const std::string& path);
   int64_t num_parameters() const;  // Ψ, without padding
   const ZeroConfig& config() const { return config_; }
 
+  struct ShardedWeights;
   struct Unit;
   struct Bucket;
   struct Use;
@@ -146,9 +153,15 @@ class ShardedModel final : public ParameterOwner {
  private:
   // Every parameter's master weights; at stage 0 without copy_local, views of the live ones.
   nn::NamedTensors gather_master(bool copy_local);
+  nn::NamedTensors consolidated(bool copy);  // consolidated_state(); stage 0 without copy: views of the live ones
   void plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan,
                   const std::vector<std::pair<std::string, nn::Module*>>& modules);
   void build_unit(Unit& unit);
+  int64_t padded_to_ranks(int64_t numel) const;  // rounded up to a multiple of N
+  Tensor rank0_values(const std::vector<optim::FlatParameters::Entry>& entries, int64_t padded, DType dtype,
+                      Device device, int64_t tag);
+  void place_weights(ShardedWeights& weights, const std::vector<optim::FlatParameters::Entry>& entries,
+                     const Tensor& values);
   DType reduce_dtype() const { return config_.reduce_dtype.value_or(config_.compute_dtype); }
 
   // Gradient reduction (dist/gradient_reduction.cpp).
@@ -164,19 +177,28 @@ class ShardedModel final : public ParameterOwner {
   // ZeRO-3 parameter gathering (dist/parameter_gather.cpp).
   // The uses of each unit in forward order (checks the plan's module paths; hooks nothing).
   void plan_uses(const UnitPlan& plan, const std::vector<std::pair<std::string, nn::Module*>>& modules,
-                 bool root_all_frozen);
+                 bool root_replicated);
   void hook_use(size_t index);  // gathers and releases uses_[index]'s unit around its forward and backward
   void hook_holders(const std::vector<std::pair<std::string, nn::Module*>>& modules);  // checks the plan covers them
-  bool is_current(const Unit& unit) const;
+  static bool is_current(Unit& unit);
   static std::string release_note(const Unit& unit);  // when a unit's full weights exist
   void gather_unit(Unit& unit);
   void prefetch_unit(Unit& unit);
+  void prefetch(ShardedWeights& weights);
+  void finish_gathers(Unit& unit);  // waits for its gathers in flight
   void release_unit(Unit& unit);
   void prefetch_from(size_t use, int direction);
 
-  // Frozen parameters then buffers, each keyed as checkpoints name it: "frozen/<name>",
-  // "buffer/<name>".
+  // Frozen parameters held whole on every rank (stages 0-2; at 3 those of an integer
+  // dtype), then buffers, each keyed as checkpoints name it: "frozen/<name>", "buffer/<name>".
   nn::NamedTensors replicated() const;
+  // Stage 3: each unit's frozen parameters whole, flat (category `other`; undefined for a
+  // unit without): all-gathered from the ranks' shards if `gather` (a collective), else
+  // uninitialised, to load into (then keep_frozen_slices takes each rank's slice).
+  std::vector<Tensor> frozen_whole(bool gather);
+  void keep_frozen_slices(const std::vector<Tensor>& whole);
+  // What checkpoints hold whole in rank 0's file: replicated(), then views of frozen_whole.
+  nn::NamedTensors saved_whole(const std::vector<Tensor>& frozen_whole) const;
   void broadcast_replicated();  // rank 0's, to every rank
   void refresh_compute();    // compute weights from master after a load
   // With 16-bit compute, step() rewrites the compute weights from the master, so a write
@@ -187,9 +209,9 @@ class ShardedModel final : public ParameterOwner {
 
   ProcessGroup& group_;
   ZeroConfig config_;
-  // The model's frozen parameters (in the compute dtype) and buffers, replicated: the
-  // same on every rank from construction on, and saved, loaded and exported with the
-  // trained parameters.
+  // The model's replicated frozen parameters (in the compute dtype, if floating) and
+  // buffers: the same on every rank from construction on, and saved, loaded and exported
+  // with the trained parameters.
   nn::NamedTensors frozen_, buffers_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Use> uses_;  // ZeRO-3: where the forward uses each unit, in forward order

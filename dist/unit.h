@@ -19,22 +19,35 @@ struct ShardedModel::Bucket {
   int64_t tag = 0;     // its reduction's CollectiveTag: the unit's, or (DDP) one of its own
 };
 
+// Compute weights in one flat buffer, padded to a multiple of N; slice r is rank r's.
+// Stages 0-2: `full` is the buffer and `shard` a view of its slice r. Stage 3: `shard`
+// has its own storage, and `full` (`communication`) is all-gathered from every rank's
+// shard around each use of the unit and released between uses.
+struct ShardedModel::ShardedWeights {
+  Tensor full, shard;
+  WorkHandle gathering;        // ZeRO-3: an all-gather of `full` in flight (a prefetch)
+  uint64_t gathered_from = 0;  // ZeRO-3: shard's storage version at the last gather
+};
+
 struct ShardedModel::Unit {
   std::string name;
   int64_t tag = 0;               // its gathers' CollectiveTag: its place in the units, from 1
   nn::Module* module = nullptr;  // null for the root unit
-  std::vector<optim::FlatParameters::Entry> entries;
+  std::vector<optim::FlatParameters::Entry> entries;  // the trained parameters
   int64_t numel = 0, decay_numel = 0, padded = 0, shard = 0;
-  Tensor compute_full;   // [padded]; stage 3: `communication`, released between uses
-  Tensor compute_shard;  // [shard]: slice r of compute_full, or its own storage (stage 3)
-  Tensor grad_full;      // [padded]: stages 0-1 always; stages 2-3 only during the unit's backward
-  Tensor grad_shard;     // [shard]: slice r of grad_full (stages 0-1) or its own storage
-  Tensor master, m, v;   // [padded] (stage 0) or [shard]
+  ShardedWeights weights;  // the trained parameters' compute weights: [padded], [shard]
+  Tensor grad_full;        // [padded]: stages 0-1 always; stages 2-3 only during the unit's backward
+  Tensor grad_shard;       // [shard]: slice r of grad_full (stages 0-1) or its own storage
+  Tensor master, m, v;     // [padded] (stage 0) or [shard]
+  // Stage 3: the unit's frozen parameters (requires_grad false when the ShardedModel was
+  // built), sharded and gathered with the trained ones but in a buffer of their own, for
+  // they have no gradient to reduce and no master or Adam state. (At stages 0-2 every rank
+  // holds them whole: ShardedModel::frozen_.)
+  std::vector<optim::FlatParameters::Entry> frozen_entries;
+  ShardedWeights frozen;  // undefined tensors when there are none
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;  // entry -> its bucket
-  WorkHandle gathering;           // ZeRO-3: an all-gather of compute_full in flight (a prefetch)
-  uint64_t gathered_from = 0;     // ZeRO-3: compute_shard's storage version at the last gather
-  uint64_t written_by_us = 0;     // stages 0-2: compute_full's storage version after our last write
+  uint64_t written_by_us = 0;     // stages 0-2: weights.full's storage version after our last write
 };
 
 // ZeRO-3: one place where the forward uses a unit -- a block, or the modules of
@@ -45,6 +58,10 @@ struct ShardedModel::Use {
   bool backward_reads = true;  // some module's backward reads the unit's weights
   size_t ran = 0;              // modules of this use whose forward has run in this pass
 };
+
+// What ZeRO-3 gathers of a unit around its uses: its trained and its frozen compute
+// weights, each where it has elements.
+std::vector<ShardedModel::ShardedWeights*> gathered_parts(ShardedModel::Unit& unit);
 
 // How ShardedModel::replicated() and checkpoints name a frozen parameter and a buffer:
 // the prefix, then its name.
