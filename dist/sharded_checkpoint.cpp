@@ -166,9 +166,11 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
       meta["shape/" + e.name] = shape_str(e.shape);
     });
   }
-  const std::vector<Tensor> frozen = frozen_whole(/*gather=*/true);  // (a collective: on every rank)
-  if (r == 0)
-    for (const auto& entry : saved_whole(frozen)) tensors.push_back(entry);
+  const nn::NamedTensors frozen = gather_frozen(/*everywhere=*/false);  // (a collective: on every rank)
+  if (r == 0) {
+    for (const auto& entry : replicated()) tensors.push_back(entry);
+    tensors.insert(tensors.end(), frozen.begin(), frozen.end());
+  }
   all_or_none(group_, device, "ShardedModel::save", "the save in " + dir + " is incomplete",
               [&] { save_safetensors(rank_file(dir, r, group_.size()), tensors, meta); });
   // Every rank's file exists: an earlier save of another N is superseded, and gone when save returns.
@@ -320,8 +322,14 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
 Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
   LoadPlan plan;
-  const std::vector<Tensor> frozen = frozen_whole(/*gather=*/false);
-  const nn::NamedTensors whole = saved_whole(frozen);
+  // What the first file must hold whole: the replicated tensors, and at stage 3 the units'
+  // frozen parameters (placeholders on the meta device, for the checks: each rank reads
+  // only its slice of them).
+  nn::NamedTensors whole = replicated();
+  for (const auto& unit : units_)
+    for (const auto& e : unit->frozen_entries)
+      whole.emplace_back(std::string(kFrozenKey) + e.name,
+                         empty(e.shape, TensorOptions(config_.compute_dtype).device(kMeta)));
   all_or_none(group_, units_.front()->master.device(), "ShardedModel::load", "nothing was loaded, on any rank",
               [&] { plan = plan_load(dir, units_, whole, group_.rank(), config_.stage, scaler); });
 
@@ -341,8 +349,8 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   }
   const SafetensorsFile& first_file = *plan.files.front();
   if (format_of(first_file.metadata()) >= 3) {
-    for (const auto& [key, t] : whole) first_file.read_into(key, t);
-    keep_frozen_slices(frozen);
+    for (const auto& [key, t] : replicated()) first_file.read_into(key, t);
+    for (auto& unit : units_) load_frozen_slice(*unit, first_file);
   }
   step_ = plan.step;
   if (plan.scaler) scaler->set_scale(plan.scaler->scale, plan.scaler->good_steps);
@@ -368,35 +376,41 @@ void ShardedModel::refresh_compute() {
   mark_compute_current();
 }
 
-std::vector<Tensor> ShardedModel::frozen_whole(bool gather) {
+nn::NamedTensors ShardedModel::gather_frozen(bool everywhere) {
   NoGradGuard no_grad;
-  std::vector<Tensor> whole;
+  nn::NamedTensors out;
   for (auto& unit : units_) {
     const Tensor& shard = unit->frozen.shard;
-    Tensor& buffer = whole.emplace_back();
     if (!shard.defined()) continue;
-    MemoryScope scope(MemoryCategory::other);
-    buffer = empty({shard.numel() * group_.size()}, TensorOptions(shard.dtype()).device(shard.device()));
+    Tensor whole;
+    {
+      MemoryScope scope(MemoryCategory::communication);
+      whole = empty({shard.numel() * group_.size()}, TensorOptions(shard.dtype()).device(shard.device()));
+    }
     CollectiveTag tag(unit->tag);
-    if (gather) group_.all_gather(shard, buffer);
+    group_.all_gather(shard, whole);
+    if (!everywhere && group_.rank() != 0) continue;
+    MemoryScope scope(MemoryCategory::other);
+    const Tensor kept = everywhere || whole.device() == kCPU ? whole.clone() : whole.to(kCPU);
+    for (const auto& e : unit->frozen_entries)
+      out.emplace_back(std::string(kFrozenKey) + e.name, optim::FlatParameters::view_of(kept, e));
   }
-  return whole;
-}
-
-void ShardedModel::keep_frozen_slices(const std::vector<Tensor>& whole) {
-  NoGradGuard no_grad;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const Tensor& shard = units_[u]->frozen.shard;
-    if (shard.defined()) Tensor(shard).copy_(whole[u].narrow(0, group_.rank() * shard.numel(), shard.numel()));
-  }
-}
-
-nn::NamedTensors ShardedModel::saved_whole(const std::vector<Tensor>& frozen_whole) const {
-  nn::NamedTensors out = replicated();
-  for (size_t u = 0; u < units_.size(); ++u)
-    for (const auto& e : units_[u]->frozen_entries)
-      out.emplace_back(std::string(kFrozenKey) + e.name, optim::FlatParameters::view_of(frozen_whole[u], e));
   return out;
+}
+
+// Reads, of each frozen parameter of the unit, the part in this rank's slice of its frozen
+// buffer -- a tensor at a time from the first file, where the save held it whole.
+void ShardedModel::load_frozen_slice(Unit& unit, const SafetensorsFile& first_file) {
+  NoGradGuard no_grad;
+  const Tensor& shard = unit.frozen.shard;
+  if (!shard.defined()) return;
+  const int64_t begin = group_.rank() * shard.numel(), end = begin + shard.numel();
+  for (const auto& e : unit.frozen_entries) {
+    const int64_t a = std::max(begin, e.offset), b = std::min(end, e.offset + numel(e.shape));
+    if (b <= a) continue;
+    const Tensor values = first_file.read(std::string(kFrozenKey) + e.name).reshape({-1});
+    Tensor(shard.narrow(0, a - begin, b - a)).copy_(values.narrow(0, a - e.offset, b - a).to(shard.dtype()));
+  }
 }
 
 nn::NamedTensors ShardedModel::consolidated_state() { return consolidated(/*copy=*/true); }
@@ -405,12 +419,14 @@ nn::NamedTensors ShardedModel::consolidated(bool copy) {
   NoGradGuard no_grad;
   nn::NamedTensors state = gather_master(copy);  // stage 0 without copy: rank 0's own
   const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
-  for (const auto& [key, t] : saved_whole(frozen_whole(/*gather=*/true))) {
+  const auto add = [&](const std::string& key, const Tensor& t, bool live) {
     const bool frozen = key.starts_with(kFrozenKey);
     Tensor value = frozen && is_floating(t.dtype()) ? t.to(master_dtype) : t;
-    if (copy && value.is_same(t)) value = value.clone();
+    if (copy && live && value.is_same(t)) value = value.clone();
     state.emplace_back(key.substr((frozen ? kFrozenKey : kBufferKey).size()), value);
-  }
+  };
+  for (const auto& [key, t] : replicated()) add(key, t, /*live=*/true);
+  for (const auto& [key, t] : gather_frozen(/*everywhere=*/true)) add(key, t, /*live=*/false);  // gathered copies
   return state;
 }
 

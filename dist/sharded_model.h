@@ -192,13 +192,11 @@ class ShardedModel final : public ParameterOwner {
   // Frozen parameters held whole on every rank (stages 0-2; at 3 those of an integer
   // dtype), then buffers, each keyed as checkpoints name it: "frozen/<name>", "buffer/<name>".
   nn::NamedTensors replicated() const;
-  // Stage 3: each unit's frozen parameters whole, flat (category `other`; undefined for a
-  // unit without): all-gathered from the ranks' shards if `gather` (a collective), else
-  // uninitialised, to load into (then keep_frozen_slices takes each rank's slice).
-  std::vector<Tensor> frozen_whole(bool gather);
-  void keep_frozen_slices(const std::vector<Tensor>& whole);
-  // What checkpoints hold whole in rank 0's file: replicated(), then views of frozen_whole.
-  nn::NamedTensors saved_whole(const std::vector<Tensor>& frozen_whole) const;
+  // Stage 3: the units' frozen parameters whole, keyed "frozen/<name>", all-gathered a
+  // unit at a time (a collective): kept on every rank if `everywhere`, else on rank 0 only,
+  // in host memory (what a save writes; the other ranks hold one unit's at most).
+  nn::NamedTensors gather_frozen(bool everywhere);
+  void load_frozen_slice(Unit& unit, const SafetensorsFile& first_file);  // stage 3: this rank's slice
   void broadcast_replicated();  // rank 0's, to every rank
   void refresh_compute();    // compute weights from master after a load
   // With 16-bit compute, step() rewrites the compute weights from the master, so a write
