@@ -379,21 +379,21 @@ void ShardedModel::refresh_compute() {
 nn::NamedTensors ShardedModel::gather_frozen(bool everywhere) {
   NoGradGuard no_grad;
   nn::NamedTensors out;
+  const bool kept_here = everywhere || group_.rank() == 0;
   for (auto& unit : units_) {
     const Tensor& shard = unit->frozen.shard;
     if (!shard.defined()) continue;
-    Tensor whole;
-    {
-      MemoryScope scope(MemoryCategory::communication);
-      whole = empty({shard.numel() * group_.size()}, TensorOptions(shard.dtype()).device(shard.device()));
+    // Gathered straight into what is kept, unless rank 0 keeps a host copy of a GPU buffer.
+    const bool host_copy = !everywhere && shard.device() != kCPU;
+    Tensor whole = all_gathered(shard, unit->tag,
+                                kept_here && !host_copy ? MemoryCategory::other : MemoryCategory::communication);
+    if (!kept_here) continue;
+    if (host_copy) {
+      MemoryScope scope(MemoryCategory::other);
+      whole = whole.to(kCPU);
     }
-    CollectiveTag tag(unit->tag);
-    group_.all_gather(shard, whole);
-    if (!everywhere && group_.rank() != 0) continue;
-    MemoryScope scope(MemoryCategory::other);
-    const Tensor kept = everywhere || whole.device() == kCPU ? whole.clone() : whole.to(kCPU);
     for (const auto& e : unit->frozen_entries)
-      out.emplace_back(std::string(kFrozenKey) + e.name, optim::FlatParameters::view_of(kept, e));
+      out.emplace_back(std::string(kFrozenKey) + e.name, optim::FlatParameters::view_of(whole, e));
   }
   return out;
 }

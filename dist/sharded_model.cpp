@@ -541,18 +541,22 @@ nn::NamedTensors ShardedModel::gather_master(bool copy_local) {
   nn::NamedTensors out;
   for (auto& unit : units_) {
     Tensor full = unit->master;  // stage 0: each rank has it all
-    if (config_.stage > 0 || copy_local) {
-      full = allocate({unit->padded}, unit->master.dtype(), unit->master.device(), MemoryCategory::other, false);
-      if (config_.stage == 0) {
-        full.copy_(unit->master);
-      } else {
-        CollectiveTag tag(unit->tag);
-        group_.all_gather(unit->master, full);
-      }
+    if (config_.stage > 0) {
+      full = all_gathered(unit->master, unit->tag, MemoryCategory::other);
+    } else if (copy_local) {
+      MemoryScope scope(MemoryCategory::other);
+      full = full.clone();
     }
     for (const auto& e : unit->entries) out.emplace_back(e.name, view_of(full, e));
   }
   return out;
+}
+
+Tensor ShardedModel::all_gathered(const Tensor& shard, int64_t tag, MemoryCategory category) {
+  const Tensor whole = allocate({shard.numel() * group_.size()}, shard.dtype(), shard.device(), category, false);
+  CollectiveTag scope(tag);
+  group_.all_gather(shard, whole);
+  return whole;
 }
 
 int64_t ShardedModel::num_parameters() const {

@@ -153,7 +153,9 @@ class ShardedModel final : public ParameterOwner {
  private:
   // Every parameter's master weights; at stage 0 without copy_local, views of the live ones.
   nn::NamedTensors gather_master(bool copy_local);
-  nn::NamedTensors consolidated(bool copy);  // consolidated_state(); stage 0 without copy: views of the live ones
+  nn::NamedTensors consolidated(bool copy);
+  // `shard` of every rank, whole, in a new buffer of `category` (a collective, tagged `tag`).
+  Tensor all_gathered(const Tensor& shard, int64_t tag, MemoryCategory category);  // consolidated_state(); stage 0 without copy: views of the live ones
   void plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan,
                   const std::vector<std::pair<std::string, nn::Module*>>& modules);
   void build_unit(Unit& unit);
