@@ -107,13 +107,14 @@ const char* file_kind(mode_t mode) {
   return S_ISDIR(mode) ? "a directory" : S_ISLNK(mode) ? "a symbolic link" : "a FIFO, socket or device";
 }
 
-// Writes all of `bytes` to fd, or throws.
-void write_all(int fd, const char* bytes, size_t size, const std::string& path) {
+// Writes all of `bytes` to fd at `offset`, or throws.
+void write_all_at(int fd, const char* bytes, size_t size, int64_t offset, const std::string& path) {
   while (size > 0) {
-    const ssize_t n = ::write(fd, bytes, size);
+    const ssize_t n = ::pwrite(fd, bytes, size, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
-    ZG_CHECK(n > 0, "save_safetensors: writing ", path, " failed: ", errno_text());
+    ZG_CHECK(n > 0, "safetensors: writing ", path, " failed: ", errno_text());
     bytes += n;
+    offset += n;
     size -= static_cast<size_t>(n);
   }
 }
@@ -122,68 +123,116 @@ void write_all(int fd, const char* bytes, size_t size, const std::string& path) 
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const Metadata& metadata) {
-  for (const auto& [key, value] : metadata)
-    ZG_CHECK(!key.starts_with(kChecksumPrefix), "save_safetensors: ", path, ": metadata key '", key,
-             "' starts with '", kChecksumPrefix, "', which names the checksums the file gets anyway");
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  header["__metadata__"] = metadata;
-  std::vector<Tensor> host;
-  int64_t offset = 0;
+  std::vector<SafetensorsWriter::Layout> layout;
   for (const auto& [name, t] : tensors) {
     ZG_CHECK(t.defined(), "save_safetensors: '", name, "' is an undefined tensor");
-    ZG_CHECK(name != "__metadata__" && !header.contains(name), "save_safetensors: duplicate or reserved name '", name,
-             "'");
-    NoGradGuard no_grad;
-    host.push_back(t.to(kCPU).contiguous());  // throws for meta tensors: they have no data
-    header["__metadata__"][std::string(kChecksumPrefix) + name] =
-        hex8(crc32c(host.back().data_ptr(), static_cast<size_t>(t.nbytes())));
-    header[name] = {{"dtype", format_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
+    layout.push_back({name, t.dtype(), t.shape()});
+  }
+  SafetensorsWriter file(path, layout, metadata);
+  for (const auto& [name, t] : tensors) file.write(name, t);
+  file.commit();
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<Layout>& tensors, const Metadata& metadata)
+    : path_(std::move(path)), metadata_(metadata) {
+  for (const auto& [key, value] : metadata)
+    ZG_CHECK(!key.starts_with(kChecksumPrefix), "save_safetensors: ", path_, ": metadata key '", key,
+             "' starts with '", kChecksumPrefix, "', which names the checksums the file gets anyway");
+  int64_t offset = 0;
+  for (const Layout& t : tensors) {
+    ZG_CHECK(t.name != "__metadata__" && !index_.contains(t.name), "save_safetensors: ", path_,
+             ": duplicate or reserved name '", t.name, "'");
+    const int64_t nbytes = numel(t.shape) * element_size(t.dtype);
+    index_[t.name] = slots_.size();
+    slots_.push_back({t.name, Slot{t.dtype, t.shape, offset, nbytes, std::nullopt}});
+    offset += nbytes;
+  }
+  const std::string json = header();
+  data_start_ = 8 + static_cast<int64_t>(json.size());
+
+  // The rename at commit replaces whatever is at `path`: only a regular file may be there
+  // (a symlink would be replaced, not written through; a device node by a plain file).
+  struct stat existing {};
+  if (::lstat(path_.c_str(), &existing) == 0)
+    ZG_CHECK(S_ISREG(existing.st_mode), "save_safetensors: ", path_, " exists and is not a regular file (",
+             file_kind(existing.st_mode), "); it is not replaced");
+  remove_stale_temporaries(path_);  // before writing: a disk that earlier crashes filled may be why this one fails
+  temp_ = temporary_name(path_);
+  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ZG_CHECK(fd_ >= 0, "save_safetensors: cannot create ", temp_, ": ", errno_text());
+  ::flock(fd_, LOCK_EX);  // ours until renamed: remove_stale_temporaries leaves it alone (closing releases it)
+  try {
+    const uint64_t length = json.size();
+    char length_bytes[8];
+    for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+    write_all_at(fd_, length_bytes, 8, 0, temp_);
+    write_all_at(fd_, json.data(), json.size(), 8, temp_);
+  } catch (...) {
+    ::close(fd_);
+    ::unlink(temp_.c_str());
+    throw;
+  }
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
+}
+
+std::string SafetensorsWriter::header() const {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = metadata_;
+  for (const auto& [name, slot] : slots_) {
+    header["__metadata__"][std::string(kChecksumPrefix) + name] = hex8(slot.crc32c.value_or(0));
+    header[name] = {{"dtype", format_name(slot.dtype)},
+                    {"shape", slot.shape},
+                    {"data_offsets", {slot.begin, slot.begin + slot.nbytes}}};
   }
   if (header["__metadata__"].empty()) header.erase("__metadata__");
   std::string json;
   try {
     json = header.dump();
   } catch (const nlohmann::json::exception& e) {
-    fail("save_safetensors: ", path, ": a tensor name or metadata entry is not valid UTF-8, which the JSON header needs (",
-         e.what(), ")");
+    fail("save_safetensors: ", path_,
+         ": a tensor name or metadata entry is not valid UTF-8, which the JSON header needs (", e.what(), ")");
   }
   json.append((8 - json.size() % 8) % 8, ' ');  // pad so the data starts 8-byte aligned
-  const uint64_t length = json.size();
-  char length_bytes[8];
-  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  return json;
+}
 
-  // The rename below replaces whatever is at `path`: only a regular file may be there (a
-  // symlink would be replaced, not written through; a device node by a plain file).
-  struct stat existing {};
-  if (::lstat(path.c_str(), &existing) == 0)
-    ZG_CHECK(S_ISREG(existing.st_mode), "save_safetensors: ", path, " exists and is not a regular file (",
-             file_kind(existing.st_mode), "); it is not replaced");
-  remove_stale_temporaries(path);  // before writing: a disk that earlier crashes filled may be why this one fails
-  const std::string temp = temporary_name(path);
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ZG_CHECK(fd >= 0, "save_safetensors: cannot create ", temp, ": ", errno_text());
-  ::flock(fd, LOCK_EX);  // ours until renamed: remove_stale_temporaries leaves it alone (closing releases it)
-  try {
-    write_all(fd, length_bytes, 8, temp);
-    write_all(fd, json.data(), json.size(), temp);
-    for (const Tensor& t : host)
-      if (t.nbytes() > 0) write_all(fd, static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.nbytes()), temp);
-    ZG_CHECK(::fsync(fd) == 0, "save_safetensors: fsync of ", temp, " failed: ", errno_text());
-  } catch (...) {
-    ::close(fd);
-    ::unlink(temp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string reason = errno_text();
-    ::unlink(temp.c_str());
-    fail("save_safetensors: cannot rename ", temp, " to ", path, ": ", reason);
-  }
+void SafetensorsWriter::write(const std::string& name, const Tensor& value) {
+  ZG_CHECK(!committed_, "save_safetensors: ", path_, ": '", name, "' written after the file was committed");
+  const auto it = index_.find(name);
+  ZG_CHECK(it != index_.end(), "save_safetensors: ", path_, ": '", name, "' is not in the file's layout");
+  Slot& slot = slots_[it->second].second;
+  ZG_CHECK(!slot.crc32c, "save_safetensors: ", path_, ": '", name, "' written twice");
+  ZG_CHECK(value.defined() && value.dtype() == slot.dtype && value.shape() == slot.shape, "save_safetensors: ", path_,
+           ": '", name, "' was laid out as ", zg::name(slot.dtype), shape_str(slot.shape), ", written as ",
+           value.defined() ? std::string(zg::name(value.dtype())) + shape_str(value.shape()) : "an undefined tensor");
+  NoGradGuard no_grad;
+  const Tensor host = value.to(kCPU).contiguous();  // throws for meta tensors: they have no data
+  const auto* bytes = static_cast<const char*>(host.data_ptr());
+  write_all_at(fd_, bytes, static_cast<size_t>(slot.nbytes), data_start_ + slot.begin, temp_);
+  slot.crc32c = crc32c(bytes, static_cast<size_t>(slot.nbytes));
+}
+
+void SafetensorsWriter::commit() {
+  ZG_CHECK(!committed_, "save_safetensors: ", path_, " was committed already");
+  for (const auto& [name, slot] : slots_)
+    ZG_CHECK(slot.crc32c, "save_safetensors: ", path_, ": '", name, "' was laid out but never written");
+  const std::string json = header();  // the checksums in place of the zeros: the same length
+  ZG_CHECK(8 + static_cast<int64_t>(json.size()) == data_start_, "save_safetensors: ", path_,
+           ": the header changed length with its checksums (an internal error)");
+  write_all_at(fd_, json.data(), json.size(), 8, temp_);
+  ZG_CHECK(::fsync(fd_) == 0, "save_safetensors: fsync of ", temp_, " failed: ", errno_text());
+  ::close(fd_);
+  fd_ = -1;
+  if (::rename(temp_.c_str(), path_.c_str()) != 0)
+    fail("save_safetensors: cannot rename ", temp_, " to ", path_, ": ", errno_text());  // the destructor unlinks temp_
+  committed_ = true;
   // Make the rename itself durable.
-  const size_t slash = path.find_last_of('/');
-  const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const size_t slash = path_.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
   const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
   if (dir >= 0) {
     ::fsync(dir);

@@ -32,11 +32,54 @@ namespace zg {
 using Metadata = std::map<std::string, std::string>;
 
 // Writes atomically: a temporary file in the same folder, fsync, rename over `path`,
-// fsync of the folder. Tensors may live on any device with data (not meta). First it
-// removes what saves to `path` killed part-way left: temporaries ("<path>.tmp.<host>.
-// <pid>.<n>") no writer holds locked and unwritten for 10 minutes.
+// fsync of the folder. Tensors may live on any device with data (not meta), and are
+// copied to host memory one at a time. First it removes what saves to `path` killed
+// part-way left: temporaries ("<path>.tmp.<host>.<pid>.<n>") no writer holds locked and
+// unwritten for 10 minutes. (A SafetensorsWriter over `tensors`' layout.)
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const Metadata& metadata = {});
+
+// A safetensors file written a tensor at a time, for what is never in memory at once (a
+// sharded model's consolidated export, gathered a unit at a time): the layout -- names,
+// dtypes, shapes, so the header and every tensor's place -- is given first; write() then
+// puts each tensor in its place, in any order, from any device; commit() checks that
+// every one was written, fills in their checksums (the header kept room for them) and
+// renames the file over `path` as save_safetensors does. Until commit() nothing is at
+// `path`; a writer destroyed before it removes its temporary and leaves `path` as it was.
+class SafetensorsWriter {
+ public:
+  struct Layout {
+    std::string name;
+    DType dtype;
+    Shape shape;
+  };
+  // Checks the layout and metadata, creates the temporary and writes the header.
+  SafetensorsWriter(std::string path, const std::vector<Layout>& tensors, const Metadata& metadata = {});
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  ~SafetensorsWriter();
+
+  // `value` must have the dtype and shape `name` was laid out with, and each name is written once.
+  void write(const std::string& name, const Tensor& value);
+  void commit();
+
+ private:
+  struct Slot {
+    DType dtype;
+    Shape shape;
+    int64_t begin = 0, nbytes = 0;  // in the data section
+    std::optional<uint32_t> crc32c;  // set once written
+  };
+  std::string header() const;  // the JSON, padded; unwritten tensors' checksums as zeros (same length)
+
+  std::string path_, temp_;
+  int fd_ = -1;
+  Metadata metadata_;
+  std::vector<std::pair<std::string, Slot>> slots_;  // in file order
+  std::map<std::string, size_t> index_;              // name -> slot
+  int64_t data_start_ = 0;
+  bool committed_ = false;
+};
 
 // Numbers in metadata are text (the format's rule). parse_number reads all of `text`
 // as a T (int64_t, uint64_t or double) and says whether it was one; metadata_number looks

@@ -165,6 +165,55 @@ TEST_CASE("a save leaves no temporary file, and removes those of killed saves to
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a SafetensorsWriter writes a tensor at a time, in any order; nothing is at the path until commit") {
+  // What a sharded model's consolidated export needs: the whole model is never in
+  // memory, so the file is laid out first and filled a unit at a time.
+  const std::string dir = temp_path("writer");
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/model.safetensors";
+  save_safetensors(path, {{"old", ones({1})}});
+  const auto files_in_dir = [&] {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+    return n;
+  };
+  const Tensor a = arange(6, DType::f32).reshape({2, 3}), c = arange(4, DType::i64);
+  {
+    SafetensorsWriter file(path, {{"a", DType::f32, {2, 3}}, {"b", DType::bf16, {0}}, {"c", DType::i64, {4}}},
+                           {{"written_by", "the test"}});
+    file.write("c", c);
+    file.write("a", a.t().contiguous().t());  // any layout of the values; written out contiguous
+    CHECK_THROWS_WITH_AS(file.write("x", a), doctest::Contains(": 'x' is not in the file's layout"), Error);
+    CHECK_THROWS_WITH_AS(file.write("a", a), doctest::Contains(": 'a' written twice"), Error);
+    CHECK_THROWS_WITH_AS(file.write("b", zeros({0}, DType::f32)),
+                         doctest::Contains(": 'b' was laid out as bf16[0], written as f32[0]"), Error);
+    CHECK_THROWS_WITH_AS(file.commit(), doctest::Contains(": 'b' was laid out but never written"), Error);
+    CHECK(SafetensorsFile(path).names() == std::vector<std::string>{"old"});  // not yet replaced
+    CHECK(files_in_dir() == 2);                                                  // the file and the temporary
+  }  // destroyed uncommitted: the temporary is gone, the old file stays
+  CHECK(files_in_dir() == 1);
+  CHECK(SafetensorsFile(path).names() == std::vector<std::string>{"old"});
+  SafetensorsWriter file(path, {{"a", DType::f32, {2, 3}}, {"b", DType::bf16, {0}}, {"c", DType::i64, {4}}},
+                         {{"written_by", "the test"}});
+  file.write("b", zeros({0}, DType::bf16));
+  file.write("c", c);
+  file.write("a", a);
+  file.commit();
+  CHECK_THROWS_WITH_AS(file.commit(), doctest::Contains("was committed already"), Error);
+  const SafetensorsFile written(path);
+  CHECK(written.names() == std::vector<std::string>{"a", "b", "c"});  // the layout's order, not the writes'
+  CHECK(written.metadata() == Metadata{{"written_by", "the test"}});
+  CHECK(written.read("a").to_vector<float>() == a.to_vector<float>());  // (every read checks the checksum)
+  CHECK(written.read("c").to_vector<int64_t>() == c.to_vector<int64_t>());
+  CHECK(written.entry("a").crc32c == crc32c(a.data_ptr(), 24));
+  CHECK(files_in_dir() == 1);
+  // The same bytes as save_safetensors writes for those tensors.
+  const std::string whole = dir + "/whole.safetensors";
+  save_safetensors(whole, {{"a", a}, {"b", zeros({0}, DType::bf16)}, {"c", c}}, {{"written_by", "the test"}});
+  CHECK(read_bytes(whole) == read_bytes(path));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a file written by PyTorch's safetensors loads with matching values") {
   const SafetensorsFile file(std::string(ZG_TEST_FIXTURES) + "/torch_small.safetensors");
   CHECK(file.metadata().at("written_by") == "safetensors.torch");
