@@ -127,6 +127,43 @@ void remove_other_saves(const std::string& dir, int world_size) {
   }
 }
 
+// A safetensors file that some ranks write while every rank takes part in the
+// collectives that feed it (gathers, a unit at a time). It is opened on every rank that
+// writes one, or on none (all_or_none). A write that fails is kept, not thrown, so its
+// rank goes on through the gathers the others wait in; commit() raises it on every rank
+// (the others' error says a rank failed), or commits every rank's file.
+class GroupFileWriter {
+ public:
+  GroupFileWriter(ProcessGroup& group, Device device, std::string who, bool writes_here, const std::string& path,
+                  const std::vector<SafetensorsWriter::Layout>& layout, const Metadata& meta)
+      : group_(group), device_(device), who_(std::move(who)) {
+    all_or_none(group_, device_, who_, path + " was not written", [&] {
+      if (writes_here) file_.emplace(path, layout, meta);
+    });
+  }
+  void write(const std::string& name, const Tensor& value) {
+    if (!file_ || failed_) return;
+    try {
+      file_->write(name, value);
+    } catch (...) {
+      failed_ = std::current_exception();
+    }
+  }
+  void commit(const std::string& consequence) {
+    all_or_none(group_, device_, who_, consequence, [&] {
+      if (failed_) std::rethrow_exception(failed_);
+      if (file_) file_->commit();
+    });
+  }
+
+ private:
+  ProcessGroup& group_;
+  Device device_;
+  std::string who_;
+  std::optional<SafetensorsWriter> file_;
+  std::exception_ptr failed_;
+};
+
 }  // namespace
 
 void ShardedModel::save(const std::string& dir, const Metadata& extra, const optim::GradScaler* scaler) {
@@ -158,21 +195,33 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   optim::write_scaler_state(scaler, meta);
   meta.insert(extra.begin(), extra.end());
   std::filesystem::create_directories(dir);
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  // The file's layout first: this rank's pieces; on rank 0 the replicated tensors and, at
+  // stage 3, the frozen parameters whole, which are gathered and written a unit at a time.
+  std::vector<SafetensorsWriter::Layout> layout;
+  nn::NamedTensors tensors;  // what is here already: views of the buffers
+  const auto add = [&](const std::string& key, const Tensor& t) {
+    layout.push_back({key, t.dtype(), t.shape()});
+    tensors.emplace_back(key, t);
+  };
   for (auto& unit : units_) {
     const Owned own = saved_range(*unit, r, config_.stage);
     for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
-      tensors.emplace_back(key + "/" + std::to_string(a - e.offset), buffer.narrow(0, a - own.local_base, b - a));
+      add(key + "/" + std::to_string(a - e.offset), buffer.narrow(0, a - own.local_base, b - a));
       meta["shape/" + e.name] = shape_str(e.shape);
     });
   }
-  const nn::NamedTensors frozen = gather_frozen(/*everywhere=*/false);  // (a collective: on every rank)
   if (r == 0) {
-    for (const auto& entry : replicated()) tensors.push_back(entry);
-    tensors.insert(tensors.end(), frozen.begin(), frozen.end());
+    for (const auto& [key, t] : replicated()) add(key, t);
+    for (const auto& unit : units_)
+      for (const auto& e : unit->frozen_entries)
+        layout.push_back({std::string(kFrozenKey) + e.name, unit->frozen.shard.dtype(), e.shape});
   }
-  all_or_none(group_, device, "ShardedModel::save", "the save in " + dir + " is incomplete",
-              [&] { save_safetensors(rank_file(dir, r, group_.size()), tensors, meta); });
+  GroupFileWriter file(group_, device, "ShardedModel::save", true, rank_file(dir, r, group_.size()), layout, meta);
+  for (const auto& [key, t] : tensors) file.write(key, t);
+  for_each_frozen_gathered([&](const optim::FlatParameters::Entry& e, const Tensor& weights) {  // (a collective)
+    if (r == 0) file.write(std::string(kFrozenKey) + e.name, weights);
+  });
+  file.commit("the save in " + dir + " is incomplete");
   // Every rank's file exists: an earlier save of another N is superseded, and gone when save returns.
   all_or_none(group_, device, "ShardedModel::save", "files of an earlier save remain in " + dir, [&] {
     if (r == 0) remove_other_saves(dir, group_.size());
@@ -376,26 +425,13 @@ void ShardedModel::refresh_compute() {
   mark_compute_current();
 }
 
-nn::NamedTensors ShardedModel::gather_frozen(bool everywhere) {
+void ShardedModel::for_each_frozen_gathered(const std::function<void(const optim::FlatParameters::Entry&, const Tensor&)>& fn) {
   NoGradGuard no_grad;
-  nn::NamedTensors out;
-  const bool kept_here = everywhere || group_.rank() == 0;
   for (auto& unit : units_) {
-    const Tensor& shard = unit->frozen.shard;
-    if (!shard.defined()) continue;
-    // Gathered straight into what is kept, unless rank 0 keeps a host copy of a GPU buffer.
-    const bool host_copy = !everywhere && shard.device() != kCPU;
-    Tensor whole = all_gathered(shard, unit->tag,
-                                kept_here && !host_copy ? MemoryCategory::other : MemoryCategory::communication);
-    if (!kept_here) continue;
-    if (host_copy) {
-      MemoryScope scope(MemoryCategory::other);
-      whole = whole.to(kCPU);
-    }
-    for (const auto& e : unit->frozen_entries)
-      out.emplace_back(std::string(kFrozenKey) + e.name, optim::FlatParameters::view_of(whole, e));
-  }
-  return out;
+    if (!unit->frozen.shard.defined()) continue;
+    const Tensor whole = all_gathered(unit->frozen.shard, unit->tag, MemoryCategory::communication);
+    for (const auto& e : unit->frozen_entries) fn(e, optim::FlatParameters::view_of(whole, e));
+  }  // the unit's gathered copy is released here
 }
 
 // Reads, of each frozen parameter of the unit, the part in this rank's slice of its frozen
@@ -413,29 +449,55 @@ void ShardedModel::load_frozen_slice(Unit& unit, const SafetensorsFile& first_fi
   }
 }
 
-nn::NamedTensors ShardedModel::consolidated_state() { return consolidated(/*copy=*/true); }
-
-nn::NamedTensors ShardedModel::consolidated(bool copy) {
-  NoGradGuard no_grad;
-  nn::NamedTensors state = gather_master(copy);  // stage 0 without copy: rank 0's own
+// The consolidated state's order: the trained parameters unit by unit, the replicated
+// frozen parameters and buffers, then stage 3's frozen parameters unit by unit.
+std::vector<SafetensorsWriter::Layout> ShardedModel::consolidated_layout() const {
   const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
-  const auto add = [&](const std::string& key, const Tensor& t, bool live) {
+  std::vector<SafetensorsWriter::Layout> layout;
+  for (const auto& unit : units_)
+    for (const auto& e : unit->entries) layout.push_back({e.name, unit->master.dtype(), e.shape});
+  for (const auto& [key, t] : replicated()) {
     const bool frozen = key.starts_with(kFrozenKey);
-    Tensor value = frozen && is_floating(t.dtype()) ? t.to(master_dtype) : t;
-    if (copy && live && value.is_same(t)) value = value.clone();
-    state.emplace_back(key.substr((frozen ? kFrozenKey : kBufferKey).size()), value);
-  };
-  for (const auto& [key, t] : replicated()) add(key, t, /*live=*/true);
-  for (const auto& [key, t] : gather_frozen(/*everywhere=*/true)) add(key, t, /*live=*/false);  // gathered copies
+    layout.push_back({key.substr((frozen ? kFrozenKey : kBufferKey).size()),
+                      frozen && is_floating(t.dtype()) ? master_dtype : t.dtype(), t.shape()});
+  }
+  for (const auto& unit : units_)
+    for (const auto& e : unit->frozen_entries) layout.push_back({e.name, master_dtype, e.shape});
+  return layout;
+}
+
+void ShardedModel::for_each_consolidated(const std::function<void(const std::string&, const Tensor&)>& fn) {
+  NoGradGuard no_grad;
+  const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
+  for (auto& unit : units_) {
+    // Stage 0: every rank has it all. Else one unit's master weights, gathered and released.
+    const Tensor whole =
+        config_.stage == 0 ? unit->master : all_gathered(unit->master, unit->tag, MemoryCategory::communication);
+    for (const auto& e : unit->entries) fn(e.name, optim::FlatParameters::view_of(whole, e));
+  }
+  for (const auto& [key, t] : replicated()) {
+    const bool frozen = key.starts_with(kFrozenKey);
+    fn(key.substr((frozen ? kFrozenKey : kBufferKey).size()), frozen && is_floating(t.dtype()) ? t.to(master_dtype) : t);
+  }
+  for_each_frozen_gathered([&](const optim::FlatParameters::Entry& e, const Tensor& weights) { fn(e.name, weights.to(master_dtype)); });
+}
+
+nn::NamedTensors ShardedModel::consolidated_state() {
+  nn::NamedTensors state;
+  for_each_consolidated([&](const std::string& name, const Tensor& value) {
+    MemoryScope scope(MemoryCategory::other);
+    state.emplace_back(name, value.clone());
+  });
   return state;
 }
 
+// Rank 0 writes each unit's weights as they are gathered: no rank holds more than one
+// unit's at a time, as FSDP's full state dict with rank0_only and offload to the CPU.
 void ShardedModel::export_consolidated(const std::string& path) {
-  const nn::NamedTensors state = consolidated(/*copy=*/false);
-  all_or_none(group_, units_.front()->master.device(), "ShardedModel::export_consolidated",
-              path + " was not written", [&] {
-                if (group_.rank() == 0) save_safetensors(path, state, {{"format", "zerograd-consolidated-1"}});
-              });
+  GroupFileWriter file(group_, units_.front()->master.device(), "ShardedModel::export_consolidated",
+                       group_.rank() == 0, path, consolidated_layout(), {{"format", "zerograd-consolidated-1"}});
+  for_each_consolidated([&](const std::string& name, const Tensor& value) { file.write(name, value); });
+  file.commit(path + " was not written");
 }
 
 }  // namespace zg::dist

@@ -534,18 +534,16 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   return result;
 }
 
-nn::NamedTensors ShardedModel::gathered_master() { return gather_master(/*copy_local=*/true); }
-
-nn::NamedTensors ShardedModel::gather_master(bool copy_local) {
+nn::NamedTensors ShardedModel::gathered_master() {
   NoGradGuard no_grad;
   nn::NamedTensors out;
   for (auto& unit : units_) {
-    Tensor full = unit->master;  // stage 0: each rank has it all
+    Tensor full;
     if (config_.stage > 0) {
       full = all_gathered(unit->master, unit->tag, MemoryCategory::other);
-    } else if (copy_local) {
+    } else {  // each rank has it all
       MemoryScope scope(MemoryCategory::other);
-      full = full.clone();
+      full = unit->master.clone();
     }
     for (const auto& e : unit->entries) out.emplace_back(e.name, view_of(full, e));
   }

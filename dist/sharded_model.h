@@ -140,7 +140,9 @@ class ShardedModel final : public ParameterOwner {
   // dtype -- and the buffers; what nn::load_state reads. A copy, which later steps leave
   // as it is (FSDP's full state dict).
   nn::NamedTensors consolidated_state();
-  // consolidated_state() in one safetensors file, written by rank 0.
+  // consolidated_state() in one safetensors file, written by rank 0 a unit at a time as
+  // the units are gathered: no rank holds more than one unit's weights at once (a
+  // collective).
   void export_consolidated(const std::string& path);
   int64_t num_parameters() const;  // Ψ, without padding
   const ZeroConfig& config() const { return config_; }
@@ -151,11 +153,14 @@ class ShardedModel final : public ParameterOwner {
   struct Use;
 
  private:
-  // Every parameter's master weights; at stage 0 without copy_local, views of the live ones.
-  nn::NamedTensors gather_master(bool copy_local);
-  nn::NamedTensors consolidated(bool copy);
+  // The consolidated state a unit at a time (a collective): fn(name, weights) for each
+  // of its tensors, in consolidated_layout()'s order. `weights` lives during the call
+  // only: at stages 1-3 a view of one unit's buffer, all-gathered into `communication`
+  // and released once the unit is done.
+  void for_each_consolidated(const std::function<void(const std::string&, const Tensor&)>& fn);
+  std::vector<SafetensorsWriter::Layout> consolidated_layout() const;  // names, dtypes, shapes
   // `shard` of every rank, whole, in a new buffer of `category` (a collective, tagged `tag`).
-  Tensor all_gathered(const Tensor& shard, int64_t tag, MemoryCategory category);  // consolidated_state(); stage 0 without copy: views of the live ones
+  Tensor all_gathered(const Tensor& shard, int64_t tag, MemoryCategory category);
   void plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan,
                   const std::vector<std::pair<std::string, nn::Module*>>& modules);
   void build_unit(Unit& unit);
@@ -194,10 +199,9 @@ class ShardedModel final : public ParameterOwner {
   // Frozen parameters held whole on every rank (stages 0-2; at 3 those of an integer
   // dtype), then buffers, each keyed as checkpoints name it: "frozen/<name>", "buffer/<name>".
   nn::NamedTensors replicated() const;
-  // Stage 3: the units' frozen parameters whole, keyed "frozen/<name>", all-gathered a
-  // unit at a time (a collective): kept on every rank if `everywhere`, else on rank 0 only,
-  // in host memory (what a save writes; the other ranks hold one unit's at most).
-  nn::NamedTensors gather_frozen(bool everywhere);
+  // Stage 3: fn(entry, weights) for every unit's frozen parameters, whole (compute dtype),
+  // all-gathered into `communication` a unit at a time and released after (a collective).
+  void for_each_frozen_gathered(const std::function<void(const optim::FlatParameters::Entry&, const Tensor&)>& fn);
   void load_frozen_slice(Unit& unit, const SafetensorsFile& first_file);  // stage 3: this rank's slice
   void broadcast_replicated();  // rank 0's, to every rank
   void refresh_compute();    // compute weights from master after a load

@@ -8,6 +8,8 @@
 #include "zero_training.h"
 
 #include <atomic>
+#include <csignal>
+#include <sys/resource.h>
 #include <filesystem>
 #include <functional>
 #include <unistd.h>
@@ -1165,12 +1167,12 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
   // Bytes of f32 compute weights per rank: at stage 3 each unit's trained and frozen
   // parameters are two buffers, each padded to a multiple of N and sharded; at stages
   // 0-2 every rank holds all of them (block 0 has no unit left, so no padding).
+  std::map<std::pair<std::string, bool>, int64_t> numel;  // (unit, frozen) -> elements
+  for (const auto& [name, p] : nn::GPT(zero_config(), kMeta).named_parameters()) {
+    const std::string unit = name.starts_with("transformer.h.") ? name.substr(0, name.find('.', 14)) : "root";
+    numel[{unit, frozen(name)}] += p.numel();
+  }
   const auto parameter_bytes = [&](int n, int stage) {
-    std::map<std::pair<std::string, bool>, int64_t> numel;  // (unit, frozen) -> elements
-    for (const auto& [name, p] : nn::GPT(zero_config(), kMeta).named_parameters()) {
-      const std::string unit = name.starts_with("transformer.h.") ? name.substr(0, name.find('.', 14)) : "root";
-      numel[{unit, frozen(name)}] += p.numel();
-    }
     int64_t bytes = 0;
     for (const auto& [key, count] : numel) {
       const bool padded = stage == 3 || !key.second;
@@ -1204,14 +1206,30 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
       const Result sharded = run(n, stage, 1, [&](dist::ProcessGroup& pg, nn::GPT& model, dist::ShardedModel& s) {
         train(pg, model, s);
         if (n != 4 || stage != 3) return;
-        // The save gathers the frozen weights a unit at a time; only rank 0 keeps them
-        // (to write them whole), so another rank holds at most block 0's: 12704 f32.
+        // The save gathers the frozen weights a unit at a time, and rank 0 writes each
+        // unit's as it comes: no rank holds more than block 0's, 12704 f32.
         Context::current().allocator(kCPU)->reset_peaks();
         s.save(dir);
-        const MemoryStats after = memory_stats();
-        if (pg.rank() == 0) return;
+        MemoryStats after = memory_stats();
         CHECK(after.peak_of(MemoryCategory::other) < 1024);  // a few one-number agreements; not 59008 bytes of weights
         CHECK(after.peak_of(MemoryCategory::communication) - after[MemoryCategory::communication] == 12704 * 4);
+        // The export, likewise: one unit's weights, trained (master) or frozen, gathered at
+        // a time -- not the whole model on every rank.
+        int64_t largest = 0;  // f32 elements
+        for (const auto& [key, count] : numel) largest = std::max(largest, (count + 3) / 4 * 4);
+        Context::current().allocator(kCPU)->reset_peaks();
+        s.export_consolidated(dir + "/consolidated.safetensors");
+        after = memory_stats();
+        CHECK(after.peak_of(MemoryCategory::other) < 1024);
+        CHECK(after.peak_of(MemoryCategory::communication) - after[MemoryCategory::communication] == largest * 4);
+        const nn::NamedTensors state = s.consolidated_state();  // the same tensors, in the same order
+        if (pg.rank() != 0) return;
+        const SafetensorsFile exported(dir + "/consolidated.safetensors");
+        REQUIRE(exported.names().size() == state.size());
+        for (size_t i = 0; i < state.size(); ++i) {
+          CHECK(exported.names()[i] == state[i].first);
+          CHECK(max_difference({{state[i].first, exported.read(state[i].first)}}, {state[i]}) == 0);
+        }
       });
       CHECK(max_difference(sharded.master, reference.master) <= 1e-5);
       CHECK(max_difference(sharded.frozen, initial) == 0);
@@ -1251,6 +1269,46 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
                        doctest::Contains("parameter 'transformer.wte.weight' was frozen when the ShardedModel was built "
                                          "and requires grad now"),
                        Error);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a write that fails on rank 0 mid-export or mid-save ends every rank with an error, leaving no file") {
+  // Rank 0 writes each unit as the ranks gather it: had its error been thrown at once, the
+  // other ranks would wait for it in the next unit's gather. (A file size limit makes
+  // rank 0's writes fail part-way, after the header: EFBIG, with SIGXFSZ ignored.)
+  const std::string dir = "/tmp/zg_test_failed_write_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  for (const bool save : {false, true}) {
+    INFO(std::string(save ? "save" : "export"));
+    std::vector<std::string> errors(2);
+    rlimit old_limit{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit = old_limit;
+    limit.rlim_cur = 16384;  // the tiny GPT's blocks are 50 KB each in f32
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 3, .compute_dtype = DType::f32});
+      try {
+        if (save)
+          sharded.save(dir + "/checkpoint");
+        else
+          sharded.export_consolidated(dir + "/consolidated.safetensors");
+      } catch (const Error& e) {
+        errors[pg.rank()] = e.what();
+      }
+    });
+    ::setrlimit(RLIMIT_FSIZE, &old_limit);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK_MESSAGE(errors[0].find("File too large") != std::string::npos, errors[0]);
+    // (A save's rank 1 writes a file of its own, as large: it fails by itself.)
+    CHECK_MESSAGE(errors[1].find(save ? "File too large" : "1 other rank(s) failed") != std::string::npos, errors[1]);
+    size_t files = 0;  // nothing written, no temporary left behind
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) files += e.is_regular_file();
+    CHECK(files == 0);
+  }
   std::filesystem::remove_all(dir);
 }
 
