@@ -7,8 +7,14 @@
 //      into the pending gradient of the node its edge leads to, and when that
 //      node's count reaches zero, it is ready;
 //   3. leaves are reached through AccumulateGrad nodes, which add into .grad.
+// Of the ready nodes, an AccumulateGrad runs first, then the newest (the highest
+// sequence number), as in PyTorch: the backward goes through the forward in reverse,
+// and a parameter's gradient lands as soon as it is complete. So when the gradient of
+// a layer's input arrives (its hook runs), every node the layer's forward recorded has
+// run and its parameters' gradients are in .grad -- the moment ZeRO-3 reduces a unit.
 #include <algorithm>
-#include <deque>
+#include <queue>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -104,10 +110,22 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
              " (a hook or formula) on a graph that reaches that node; it would run it again without end");
 
   std::unordered_map<Node*, Tensor> pending{{root.get(), root_grad}};
-  std::deque<std::shared_ptr<Node>> ready{root};
+  struct Ready {
+    bool accumulates;  // an AccumulateGrad
+    uint64_t sequence_nr;
+    std::shared_ptr<Node> node;
+    bool operator<(const Ready& o) const {  // the queue's top is the largest
+      return std::tie(accumulates, sequence_nr) < std::tie(o.accumulates, o.sequence_nr);
+    }
+  };
+  const auto ready_entry = [](const std::shared_ptr<Node>& node) {
+    return Ready{dynamic_cast<const AccumulateGrad*>(node.get()) != nullptr, node->sequence_nr(), node};
+  };
+  std::priority_queue<Ready> ready;
+  ready.push(ready_entry(root));
   while (!ready.empty()) {
-    const std::shared_ptr<Node> node = ready.front();
-    ready.pop_front();
+    const std::shared_ptr<Node> node = ready.top().node;
+    ready.pop();
     Tensor grad = std::move(pending[node.get()]);
     pending.erase(node.get());
     std::vector<Tensor> input_grads;
@@ -139,7 +157,7 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
         Tensor& slot = pending[next];
         slot = slot.defined() ? add(slot, grad_in) : grad_in;
       }
-      if (--dependencies[next] == 0) ready.push_back(edges[i].node);
+      if (--dependencies[next] == 0) ready.push(ready_entry(edges[i].node));
     }
   }
   if (!retain_graph)  // and those of the nodes no gradient reached

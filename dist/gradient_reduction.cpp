@@ -101,9 +101,10 @@ void ShardedModel::plan_reduce_order(const nn::NamedTensors& parameters) {
   for (const auto& [first, bucket] : by_first) reduce_order_.push_back(bucket);
 }
 
-void ShardedModel::on_grad_arrival(Unit& unit, size_t entry) {
-  // The first gradient of a backward pass queues the pass's end. The token lives in the
-  // queued callback: expired once it ran, or was dropped by a pass that threw.
+// The first gradient (or, at ZeRO-3, the first unit's backward done) of a backward pass
+// queues the pass's end. The token lives in the queued callback: expired once it ran, or
+// was dropped by a pass that threw.
+void ShardedModel::note_backward() {
   if (end_of_backward_queued_.expired()) {
     const auto token = std::make_shared<char>();
     end_of_backward_queued_ = token;
@@ -112,13 +113,32 @@ void ShardedModel::on_grad_arrival(Unit& unit, size_t entry) {
     });
   }
   in_backward_ = true;
+}
+
+// Stages 0-2: a bucket is reduced once all its gradients have landed and every bucket
+// before it in the fixed order has been. (ZeRO-3 waits for the unit's backward to end,
+// reduce_after_backward: its gathers go on during the backward, and a reduction must
+// come at the same place among them on every rank.)
+void ShardedModel::on_grad_arrival(Unit& unit, size_t entry) {
+  note_backward();
   ++unit.buckets[unit.bucket_of[entry]].arrived;
+  if (config_.stage == 3) return;
   while (reduced_ < reduce_order_.size()) {
     const auto [next_unit, next] = reduce_order_[reduced_];
     if (next->arrived < next->members) return;  // it, and the ones after it, wait
     ++reduced_;
     reduce_bucket(*next_unit, *next);
   }
+}
+
+// ZeRO-3, when the backward of the unit's first use is done (its input's gradient has
+// arrived): every gradient the unit gets on this rank has landed, and one that never
+// came is a zero -- a parameter that only some ranks' forward used. Units whose first
+// use has no input gradient (a root unit's embeddings) are reduced at the backward's end.
+void ShardedModel::reduce_after_backward(Unit& unit) {
+  note_backward();
+  for (Bucket& bucket : unit.buckets)
+    if (!bucket.reduced) reduce_bucket(unit, bucket);
 }
 
 // After the backward's last node: every bucket not reduced yet is, in the fixed order.
@@ -134,10 +154,9 @@ void ShardedModel::end_of_backward() {
 
 void ShardedModel::reduce_the_rest() {
   if (!in_backward_) return;
-  while (reduced_ < reduce_order_.size()) {
-    const auto [unit, bucket] = reduce_order_[reduced_++];
-    reduce_bucket(*unit, *bucket);
-  }
+  for (const auto& [unit, bucket] : reduce_order_)
+    if (!bucket->reduced) reduce_bucket(*unit, *bucket);
+  for (const auto& [unit, bucket] : reduce_order_) bucket->reduced = false;
   reduced_ = 0;
   in_backward_ = false;
 }
@@ -146,6 +165,7 @@ void ShardedModel::reduce_bucket(Unit& unit, Bucket& bucket) {
   NoGradGuard no_grad;
   CollectiveTag tag(bucket.tag);
   bucket.arrived = 0;
+  bucket.reduced = true;
   const DType dtype = reduce_dtype();
   const int64_t shard = unit.shard;
   InFlight job;

@@ -9,7 +9,8 @@
 //                      backward that follows needs it)
 //   output gradient    (only if the use's backward reads weights) gather it again;
 //                      prefetch the units of u_{i-1} ... u_{i-prefetch}
-//   input gradient     the use's backward is done: free it
+//   input gradient     the use's backward is done: free it; if it is the unit's
+//                      first use, reduce-scatter the unit's gradient now
 //   end of backward    free every unit still whole (end_of_backward): one whose
 //                      use's input needs no gradient, or one a backward prefetch
 //                      gathered again after its use's backward had run
@@ -55,6 +56,8 @@ void ShardedModel::plan_uses(const UnitPlan& plan, const std::vector<std::pair<s
   for (auto& unit : units_)
     if (unit->module) uses_.push_back({unit.get(), {unit->module}, true, 0});
   add_root_use(plan.root_after);
+  for (Use& use : uses_)
+    use.reduces = std::none_of(uses_.data(), &use, [&](const Use& earlier) { return earlier.unit == use.unit; });
 }
 
 void ShardedModel::hook_use(size_t index) {
@@ -65,12 +68,26 @@ void ShardedModel::hook_use(size_t index) {
       Use& use = uses_[index];
       gather_unit(*use.unit);
       if (use.ran == 0 && !backward_in_progress()) prefetch_from(index, +1);
-      if (use.ran == 0 && use.backward_reads && GradMode::is_enabled() && input.defined() && input.requires_grad())
-        input.register_hook([this, index, alive](const Tensor&) {  // this use's backward is done
-          if (!alive.expired()) release_unit(*uses_[index].unit);
-          return Tensor();
-        });
-      return Tensor();
+      if (use.ran > 0 || !(use.backward_reads || use.reduces) || !GradMode::is_enabled() || !input.defined() ||
+          !input.requires_grad())
+        return Tensor();
+      // The hook goes on an alias of the input (a view: no copy), a node of its own made
+      // just before the use's, so it runs when every node the use records has run and
+      // their parameters' gradients have landed (the engine runs newer nodes and
+      // AccumulateGrads first) -- and before the node that made the input, whose hooks
+      // gather the previous use's unit: this one's weights are released and its gradient
+      // reduced first. (On the input itself the hook would run after those gathers, or,
+      // on a leaf, at the leaf's AccumulateGrad, possibly before a parameter's.)
+      const Tensor at = input.view(input.shape());
+      ++use.inputs_waiting;
+      at.register_hook([this, index, alive](const Tensor&) {  // this use's backward is done
+        if (alive.expired()) return Tensor();
+        Use& use = uses_[index];
+        if (use.backward_reads) release_unit(*use.unit);
+        if (use.reduces && --use.inputs_waiting == 0) reduce_after_backward(*use.unit);
+        return Tensor();
+      });
+      return at;
     });
     module->register_forward_hook([this, index, alive](nn::Module&, const Tensor&, const Tensor& out) {
       if (alive.expired()) return Tensor();
@@ -230,7 +247,7 @@ void ShardedModel::prepare_forward() {
     for (const Use& use : uses_) used = used || use.unit == unit.get();
     if (!used) gather_unit(*unit);  // a root with no modules in the plan: kept until reduced
   }
-  for (Use& use : uses_) use.ran = 0;
+  for (Use& use : uses_) use.ran = use.inputs_waiting = 0;
 }
 
 }  // namespace zg::dist

@@ -340,9 +340,15 @@ void ShardedModel::build_unit(Unit& unit) {
   Unit* u = &unit;
   const std::weak_ptr<ParameterOwner> alive = this->alive();
   if (stage >= 2)
-    for (const auto& e : unit.entries)
-      e.param.register_hook([this, u, alive](const Tensor&) {
-        if (!alive.expired() && !u->grad_full.defined()) allocate_grad_full(*u);
+    for (size_t i = 0; i < unit.entries.size(); ++i)
+      unit.entries[i].param.register_hook([this, u, i, alive](const Tensor&) {
+        if (alive.expired()) return Tensor();
+        // ZeRO-3 reduced the unit when its backward was done: a gradient after that would be lost.
+        ZG_CHECK(!u->buckets[u->bucket_of[i]].reduced, "ShardedModel: the gradient of '", u->entries[i].name,
+                 "' arrived after the backward of its ZeRO-3 unit '", u->name,
+                 "' was done and the unit's gradient reduced: a parameter's gradient must come from the uses of "
+                 "its unit that the UnitPlan names");
+        if (!u->grad_full.defined()) allocate_grad_full(*u);
         return Tensor();
       });
   for (size_t i = 0; i < unit.entries.size(); ++i)
@@ -442,7 +448,10 @@ void ShardedModel::zero_grad() {
       for (const auto& e : unit->entries) point_grad(e.param, Tensor());
       unit->grad_full = Tensor();  // a backward that never completed
     }
-    for (Bucket& bucket : unit->buckets) bucket.arrived = 0;
+    for (Bucket& bucket : unit->buckets) {
+      bucket.arrived = 0;
+      bucket.reduced = false;
+    }
   }
   reduced_ = 0;
   in_backward_ = false;

@@ -175,7 +175,9 @@ class ShardedModel final : public ParameterOwner {
   void plan_buckets(Unit& unit);
   void plan_reduce_order(const nn::NamedTensors& parameters);  // reduce_order_
   void allocate_grad_full(Unit& unit);                          // stages 2, 3
+  void note_backward();  // queues the backward's end, once per pass
   void on_grad_arrival(Unit& unit, size_t entry);
+  void reduce_after_backward(Unit& unit);  // ZeRO-3: the unit's backward is done
   void reduce_bucket(Unit& unit, Bucket& bucket);
   void finish_reductions(size_t keep_in_flight = 0);
   void reduce_the_rest();  // of this backward's buckets, in reduce_order_

@@ -16,6 +16,7 @@ struct ShardedModel::Bucket {
   int64_t begin = 0, end = 0;
   size_t members = 0;
   size_t arrived = 0;  // members whose gradient landed in this backward
+  bool reduced = false;  // in this backward
   int64_t tag = 0;     // its reduction's CollectiveTag: the unit's, or (DDP) one of its own
 };
 
@@ -56,7 +57,12 @@ struct ShardedModel::Use {
   Unit* unit = nullptr;
   std::vector<nn::Module*> modules;
   bool backward_reads = true;  // some module's backward reads the unit's weights
-  size_t ran = 0;              // modules of this use whose forward has run in this pass
+  // The unit's first use: when its backward is done, so is the unit's, and the unit's
+  // gradient is reduced then (the same moment on every rank, whichever of its
+  // parameters got a gradient there).
+  bool reduces = false;
+  size_t ran = 0;             // modules of this use whose forward has run in this pass
+  size_t inputs_waiting = 0;  // its input-gradient hooks of this pass that have not run yet
 };
 
 // What ZeRO-3 gathers of a unit around its uses: its trained and its frozen compute

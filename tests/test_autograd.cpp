@@ -307,6 +307,34 @@ TEST_CASE("tensor hooks and post-accumulate-grad hooks") {
   CHECK_THROWS_WITH_AS(sum(z).backward(), doctest::Contains("a tensor hook on the output of mul returned f32[3]"), Error);
 }
 
+TEST_CASE("of the ready nodes a parameter's AccumulateGrad runs first, then the newest") {
+  // A layer's input hook must find the layer's parameters' gradients landed: ZeRO-3
+  // reduces a unit's gradient there. In matmul(x, w) the gradient of x (edge 0) and of
+  // w become ready together; the queue was first-in first-out, so x's hook ran first.
+  const Tensor a = leaf(tensor<double>({1, 2, 3, 4}).reshape({2, 2}));
+  const Tensor w = leaf(tensor<double>({1, 0, 0, 1}).reshape({2, 2}));
+  const Tensor x = a * 2.0;
+  bool w_grad_landed = false;
+  x.register_hook([&](const Tensor&) {
+    w_grad_landed = w.grad().defined();
+    return Tensor();
+  });
+  // Two branches from x: the newer (recorded later) runs first, whichever was queued first.
+  std::vector<std::string> order;
+  const Tensor older = x * 3.0, newer = exp(x);
+  older.register_hook([&](const Tensor&) {
+    order.push_back("older");
+    return Tensor();
+  });
+  newer.register_hook([&](const Tensor&) {
+    order.push_back("newer");
+    return Tensor();
+  });
+  sum(matmul(x, w) + newer + older).backward();
+  CHECK(w_grad_landed);
+  CHECK(order == std::vector<std::string>{"newer", "older"});
+}
+
 TEST_CASE("retain_grad keeps a non-leaf's gradient, after its hooks, summed over backward calls") {
   const Tensor x = leaf(tensor<double>({1, 2}));
   const Tensor h = x * 3.0;

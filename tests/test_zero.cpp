@@ -3,6 +3,7 @@
 #include "dist/fake_group.h"
 #include "dist/local_group.h"
 #include "dist/sharded_model.h"
+#include "nn/checkpoint.h"
 #include "nn/serialize.h"
 #include "tiny_gpt.h"
 #include "zero_training.h"
@@ -1041,6 +1042,64 @@ TEST_CASE("a parameter some ranks use and others do not trains like one rank, at
           CHECK(max_difference(train(n, stage, bucket_bytes, gated_row), reference) <= 1e-12);
         }
   }
+}
+
+TEST_CASE("ZeRO-3: a parameter some ranks use, inside a unit between others, trains like one rank") {
+  // x -> a: Linear(3, 4) -> gelu -> g (h + rows * (h * gate - h)) -> b: Linear(4, 1), each
+  // a unit: the gate gets a gradient on the rank whose rows it scales, and on the others
+  // none. Before, a unit was reduced once all its gradients had come: there right after
+  // g's backward, elsewhere at the backward's end -- after a's gather, so the ranks' collectives
+  // differed (a mismatch error). Now each unit is reduced when its backward is done, the
+  // same moment on every rank, with zeros for what never came. (With g checkpointed, its
+  // recompute's input is a leaf, whose AccumulateGrad runs before the gate's -- `gate * h`
+  // made the gate's first: the moment is taken at an alias of the input instead.)
+  struct Gate : nn::Module {
+    Tensor gate = register_parameter("gate", full({4}, 0.5, DType::f64));
+    Tensor rows;  // [B, 1]: 1 for the rows the gate scales
+    Tensor forward(const Tensor& h) override { return max(rows).item<double>() > 0 ? h + rows * (gate * h - h) : h * 1.0; }
+  };
+  struct Gated : nn::Module {
+    std::shared_ptr<nn::Linear> a = register_module("a", std::make_shared<nn::Linear>(3, 4, true, 0.5, TensorOptions(DType::f64)));
+    std::shared_ptr<Gate> g = register_module("g", std::make_shared<Gate>());
+    std::shared_ptr<nn::Linear> b = register_module("b", std::make_shared<nn::Linear>(4, 1, true, 0.5, TensorOptions(DType::f64)));
+    bool checkpointing = false;  // g's forward recomputed in the backward
+    Tensor forward(const Tensor& x) override {
+      const Tensor h = gelu((*a)(x));
+      return (*b)(checkpointing ? nn::checkpoint([&](const std::vector<Tensor>& in) { return (*g)(in[0]); }, {h}) : (*g)(h));
+    }
+  };
+  const auto train = [](int n, int stage, int prefetch, bool checkpointing) {
+    nn::NamedTensors result;
+    dist::run_local(n, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      Gated model;
+      model.checkpointing = checkpointing;
+      dist::ShardedModel sharded(model, {.units = {"a", "g", "b"}}, pg,
+                                 {.stage = stage, .compute_dtype = DType::f64, .adamw = kAdamW, .prefetch = prefetch});
+      Tensor flags = zeros({4, 1}, DType::f64);
+      flags.narrow(0, 1, 1).fill_(1.0);
+      for (int s = 0; s < 3; ++s) {
+        const auto [x, y] = two_layers_batch(s);
+        const int64_t rows = 4 / n, begin = pg.rank() * rows;
+        sharded.zero_grad();
+        sharded.prepare_forward();
+        model.g->rows = flags.narrow(0, begin, rows);
+        mean(pow(model(x.narrow(0, begin, rows)) - y.narrow(0, begin, rows), 2.0)).backward();
+        sharded.step(1e-2);
+      }
+      nn::NamedTensors gathered = sharded.gathered_master();
+      if (pg.rank() == n - 1)
+        for (auto& [name, t] : gathered) result.emplace_back(name, t.clone());
+    });
+    return result;
+  };
+  const nn::NamedTensors reference = train(1, 0, 1, false);
+  for (int n : {2, 4})
+    for (int prefetch : {0, 1})
+      for (bool checkpointing : {false, true}) {
+        INFO("N=" << n << " prefetch " << prefetch << " checkpointing " << checkpointing);
+        CHECK(max_difference(train(n, 3, prefetch, checkpointing), reference) <= 1e-12);
+      }
 }
 
 TEST_CASE("ZeRO-3: ranks that run units of one size in different orders get an error, not each other's weights") {
