@@ -67,7 +67,12 @@ void ShardedModel::hook_use(size_t index) {
       if (alive.expired()) return Tensor();
       Use& use = uses_[index];
       gather_unit(*use.unit);
-      if (use.ran == 0 && !backward_in_progress()) prefetch_from(index, +1);
+      if (use.ran == 0 && !backward_in_progress()) {
+        prefetch_from(index, +1);
+        // A call whose backward is to come, even one a checkpoint runs without grad now
+        // (its recompute, in the backward, places the hook below).
+        if (use.reduces) ++use.backwards_waiting;
+      }
       if (use.ran > 0 || !(use.backward_reads || use.reduces) || !GradMode::is_enabled() || !input.defined() ||
           !input.requires_grad())
         return Tensor();
@@ -79,12 +84,12 @@ void ShardedModel::hook_use(size_t index) {
       // reduced first. (On the input itself the hook would run after those gathers, or,
       // on a leaf, at the leaf's AccumulateGrad, possibly before a parameter's.)
       const Tensor at = input.view(input.shape());
-      ++use.inputs_waiting;
       at.register_hook([this, index, alive](const Tensor&) {  // this use's backward is done
         if (alive.expired()) return Tensor();
         Use& use = uses_[index];
         if (use.backward_reads) release_unit(*use.unit);
-        if (use.reduces && --use.inputs_waiting == 0) reduce_after_backward(*use.unit);
+        // (A call without a backward leaves it above 0: the backward's end reduces the unit.)
+        if (use.reduces && use.backwards_waiting > 0 && --use.backwards_waiting == 0) reduce_after_backward(*use.unit);
         return Tensor();
       });
       return at;
@@ -247,7 +252,7 @@ void ShardedModel::prepare_forward() {
     for (const Use& use : uses_) used = used || use.unit == unit.get();
     if (!used) gather_unit(*unit);  // a root with no modules in the plan: kept until reduced
   }
-  for (Use& use : uses_) use.ran = use.inputs_waiting = 0;
+  for (Use& use : uses_) use.ran = use.backwards_waiting = 0;
 }
 
 }  // namespace zg::dist

@@ -62,7 +62,7 @@ struct ShardedModel::Use {
   // parameters got a gradient there).
   bool reduces = false;
   size_t ran = 0;             // modules of this use whose forward has run in this pass
-  size_t inputs_waiting = 0;  // its input-gradient hooks of this pass that have not run yet
+  size_t backwards_waiting = 0;  // if it reduces: its calls in this forward whose backward is not done
 };
 
 // What ZeRO-3 gathers of a unit around its uses: its trained and its frozen compute

@@ -1063,17 +1063,21 @@ TEST_CASE("ZeRO-3: a parameter some ranks use, inside a unit between others, tra
     std::shared_ptr<Gate> g = register_module("g", std::make_shared<Gate>());
     std::shared_ptr<nn::Linear> b = register_module("b", std::make_shared<nn::Linear>(4, 1, true, 0.5, TensorOptions(DType::f64)));
     bool checkpointing = false;  // g's forward recomputed in the backward
+    int applications = 1;        // g applied this many times (its unit reduced after the last backward)
     Tensor forward(const Tensor& x) override {
-      const Tensor h = gelu((*a)(x));
-      return (*b)(checkpointing ? nn::checkpoint([&](const std::vector<Tensor>& in) { return (*g)(in[0]); }, {h}) : (*g)(h));
+      Tensor h = gelu((*a)(x));
+      for (int k = 0; k < applications; ++k)
+        h = checkpointing ? nn::checkpoint([&](const std::vector<Tensor>& in) { return (*g)(in[0]); }, {h}) : (*g)(h);
+      return (*b)(h);
     }
   };
-  const auto train = [](int n, int stage, int prefetch, bool checkpointing) {
+  const auto train = [](int n, int stage, int prefetch, bool checkpointing, int applications) {
     nn::NamedTensors result;
     dist::run_local(n, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
       Gated model;
       model.checkpointing = checkpointing;
+      model.applications = applications;
       dist::ShardedModel sharded(model, {.units = {"a", "g", "b"}}, pg,
                                  {.stage = stage, .compute_dtype = DType::f64, .adamw = kAdamW, .prefetch = prefetch});
       Tensor flags = zeros({4, 1}, DType::f64);
@@ -1093,13 +1097,16 @@ TEST_CASE("ZeRO-3: a parameter some ranks use, inside a unit between others, tra
     });
     return result;
   };
-  const nn::NamedTensors reference = train(1, 0, 1, false);
-  for (int n : {2, 4})
-    for (int prefetch : {0, 1})
-      for (bool checkpointing : {false, true}) {
-        INFO("N=" << n << " prefetch " << prefetch << " checkpointing " << checkpointing);
-        CHECK(max_difference(train(n, 3, prefetch, checkpointing), reference) <= 1e-12);
-      }
+  for (int applications : {1, 2}) {
+    const nn::NamedTensors reference = train(1, 0, 1, false, applications);
+    for (int n : {2, 4})
+      for (int prefetch : {0, 1})
+        for (bool checkpointing : {false, true}) {
+          INFO("g applied " << applications << " times, N=" << n << " prefetch " << prefetch << " checkpointing "
+                            << checkpointing);
+          CHECK(max_difference(train(n, 3, prefetch, checkpointing, applications), reference) <= 1e-12);
+        }
+  }
 }
 
 TEST_CASE("ZeRO-3: ranks that run units of one size in different orders get an error, not each other's weights") {
