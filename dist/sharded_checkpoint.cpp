@@ -425,7 +425,8 @@ void ShardedModel::refresh_compute() {
   mark_compute_current();
 }
 
-void ShardedModel::for_each_frozen_gathered(const std::function<void(const optim::FlatParameters::Entry&, const Tensor&)>& fn) {
+void ShardedModel::for_each_frozen_gathered(
+    const std::function<void(const optim::FlatParameters::Entry&, const Tensor&)>& fn) {
   NoGradGuard no_grad;
   for (auto& unit : units_) {
     if (!unit->frozen.shard.defined()) continue;
@@ -449,6 +450,18 @@ void ShardedModel::load_frozen_slice(Unit& unit, const SafetensorsFile& first_fi
   }
 }
 
+namespace {
+
+// A replicated tensor (frozen/<name>, buffer/<name>) in the consolidated state: by its
+// own name; a floating frozen parameter in the master dtype, as the trained ones.
+SafetensorsWriter::Layout consolidated_entry(const std::string& key, const Tensor& t, DType master_dtype) {
+  const bool frozen = key.starts_with(kFrozenKey);
+  return {key.substr((frozen ? kFrozenKey : kBufferKey).size()),
+          frozen && is_floating(t.dtype()) ? master_dtype : t.dtype(), t.shape()};
+}
+
+}  // namespace
+
 // The consolidated state's order: the trained parameters unit by unit, the replicated
 // frozen parameters and buffers, then stage 3's frozen parameters unit by unit.
 std::vector<SafetensorsWriter::Layout> ShardedModel::consolidated_layout() const {
@@ -456,11 +469,7 @@ std::vector<SafetensorsWriter::Layout> ShardedModel::consolidated_layout() const
   std::vector<SafetensorsWriter::Layout> layout;
   for (const auto& unit : units_)
     for (const auto& e : unit->entries) layout.push_back({e.name, unit->master.dtype(), e.shape});
-  for (const auto& [key, t] : replicated()) {
-    const bool frozen = key.starts_with(kFrozenKey);
-    layout.push_back({key.substr((frozen ? kFrozenKey : kBufferKey).size()),
-                      frozen && is_floating(t.dtype()) ? master_dtype : t.dtype(), t.shape()});
-  }
+  for (const auto& [key, t] : replicated()) layout.push_back(consolidated_entry(key, t, master_dtype));
   for (const auto& unit : units_)
     for (const auto& e : unit->frozen_entries) layout.push_back({e.name, master_dtype, e.shape});
   return layout;
@@ -476,10 +485,11 @@ void ShardedModel::for_each_consolidated(const std::function<void(const std::str
     for (const auto& e : unit->entries) fn(e.name, optim::FlatParameters::view_of(whole, e));
   }
   for (const auto& [key, t] : replicated()) {
-    const bool frozen = key.starts_with(kFrozenKey);
-    fn(key.substr((frozen ? kFrozenKey : kBufferKey).size()), frozen && is_floating(t.dtype()) ? t.to(master_dtype) : t);
+    const SafetensorsWriter::Layout entry = consolidated_entry(key, t, master_dtype);
+    fn(entry.name, t.to(entry.dtype));
   }
-  for_each_frozen_gathered([&](const optim::FlatParameters::Entry& e, const Tensor& weights) { fn(e.name, weights.to(master_dtype)); });
+  for_each_frozen_gathered(
+      [&](const optim::FlatParameters::Entry& e, const Tensor& weights) { fn(e.name, weights.to(master_dtype)); });
 }
 
 nn::NamedTensors ShardedModel::consolidated_state() {
