@@ -121,8 +121,8 @@ void ShardedModel::note_backward() {
 // come at the same place among them on every rank.)
 void ShardedModel::on_grad_arrival(Unit& unit, size_t entry) {
   note_backward();
-  ++unit.buckets[unit.bucket_of[entry]].arrived;
   if (config_.stage == 3) return;
+  ++unit.buckets[unit.bucket_of[entry]].arrived;
   while (reduced_ < reduce_order_.size()) {
     const auto [next_unit, next] = reduce_order_[reduced_];
     if (next->arrived < next->members) return;  // it, and the ones after it, wait
@@ -154,9 +154,10 @@ void ShardedModel::end_of_backward() {
 
 void ShardedModel::reduce_the_rest() {
   if (!in_backward_) return;
-  for (const auto& [unit, bucket] : reduce_order_)
+  for (const auto& [unit, bucket] : reduce_order_) {
     if (!bucket->reduced) reduce_bucket(*unit, *bucket);
-  for (const auto& [unit, bucket] : reduce_order_) bucket->reduced = false;
+    bucket->reduced = false;  // for the next backward
+  }
   reduced_ = 0;
   in_backward_ = false;
 }

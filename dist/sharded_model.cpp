@@ -343,11 +343,11 @@ void ShardedModel::build_unit(Unit& unit) {
     for (size_t i = 0; i < unit.entries.size(); ++i)
       unit.entries[i].param.register_hook([this, u, i, alive](const Tensor&) {
         if (alive.expired()) return Tensor();
-        // ZeRO-3 reduced the unit when its backward was done: a gradient after that would be lost.
+        // Its bucket's full gradient is gone (reduced and freed) in this backward: this one would be lost.
         ZG_CHECK(!u->buckets[u->bucket_of[i]].reduced, "ShardedModel: the gradient of '", u->entries[i].name,
-                 "' arrived after the backward of its ZeRO-3 unit '", u->name,
-                 "' was done and the unit's gradient reduced: a parameter's gradient must come from the uses of "
-                 "its unit that the UnitPlan names");
+                 "' arrived after the gradient of its unit '", u->name,
+                 "' was reduced in this backward: a parameter's gradient must come from the uses of its unit "
+                 "that the UnitPlan names, once per backward");
         if (!u->grad_full.defined()) allocate_grad_full(*u);
         return Tensor();
       });

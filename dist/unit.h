@@ -15,7 +15,7 @@ namespace zg::dist {
 struct ShardedModel::Bucket {
   int64_t begin = 0, end = 0;
   size_t members = 0;
-  size_t arrived = 0;  // members whose gradient landed in this backward
+  size_t arrived = 0;  // stages 0-2: members whose gradient landed in this backward
   bool reduced = false;  // in this backward
   int64_t tag = 0;     // its reduction's CollectiveTag: the unit's, or (DDP) one of its own
 };

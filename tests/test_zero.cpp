@@ -64,6 +64,13 @@ double max_difference(const nn::NamedTensors& a, const nn::NamedTensors& b) {
   return worst;
 }
 
+// The master weights, gathered on every rank (a collective), copied into `out` on rank `keeper`.
+void keep_master(dist::ProcessGroup& pg, dist::ShardedModel& sharded, int keeper, nn::NamedTensors& out) {
+  const nn::NamedTensors gathered = sharded.gathered_master();
+  if (pg.rank() == keeper)
+    for (const auto& [name, t] : gathered) out.emplace_back(name, t.clone());
+}
+
 double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
 
 }  // namespace
@@ -374,9 +381,7 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
         sharded.step(1e-3);
       }
       if (save_at_end) sharded.save(dir, {{"data_position", std::to_string(last_step)}});
-      nn::NamedTensors gathered = sharded.gathered_master();
-      if (pg.rank() == 0)
-        for (auto& [name, t] : gathered) result.emplace_back(name, t.clone());
+      keep_master(pg, sharded, 0, result);
     });
     return result;
   };
@@ -974,9 +979,7 @@ TEST_CASE("each backward ends with its reductions done and nothing gathered, wha
         }
         sharded.step(1e-2);
       }
-      nn::NamedTensors gathered = sharded.gathered_master();
-      if (pg.rank() == 0)
-        for (auto& [name, t] : gathered) result.emplace_back(name, t.clone());
+      keep_master(pg, sharded, 0, result);
     });
     return result;
   };
@@ -1027,9 +1030,7 @@ TEST_CASE("a parameter some ranks use and others do not trains like one rank, at
         }
         sharded.step(1e-2);
       }
-      nn::NamedTensors gathered = sharded.gathered_master();
-      if (pg.rank() == n - 1)
-        for (auto& [name, t] : gathered) result.emplace_back(name, t.clone());
+      keep_master(pg, sharded, n - 1, result);
     });
     return result;
   };
@@ -1091,9 +1092,7 @@ TEST_CASE("ZeRO-3: a parameter some ranks use, inside a unit between others, tra
         mean(pow(model(x.narrow(0, begin, rows)) - y.narrow(0, begin, rows), 2.0)).backward();
         sharded.step(1e-2);
       }
-      nn::NamedTensors gathered = sharded.gathered_master();
-      if (pg.rank() == n - 1)
-        for (auto& [name, t] : gathered) result.emplace_back(name, t.clone());
+      keep_master(pg, sharded, n - 1, result);
     });
     return result;
   };
