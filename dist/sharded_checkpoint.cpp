@@ -1,14 +1,15 @@
 // Sharded checkpoints. Every rank writes the slice [r S, (r+1) S) of each unit it
 // owns (for DDP: the same slice of its full buffers, so the ranks share the
 // writing), cut at parameter boundaries and named
-//     <role>/<parameter name>/<first element>      role: master, exp_avg, exp_avg_sq
+//     <role>/<parameter name>/<first element>      role: master, exp_avg, exp_avg_sq, frozen
 // with each such parameter's shape in the metadata ("shape/<parameter name>"): the
 // pieces are flat, and a parameter of another shape but as many elements must not load.
-// Rank 0's file also holds, whole, the model's frozen parameters and buffers, as
-// frozen/<name> and buffer/<name> (at stage 3 the frozen ones are gathered for it, and
-// each rank loads its slice of them). Loading at another world size or
-// stage only needs, for each trained parameter, the pieces that overlap the range a
-// rank owns now -- found from the file headers -- and those from the first file.
+// Frozen parameters are pieces too: at stage 3 each rank writes its slice of each unit's
+// frozen buffer (no gathers); those every rank holds whole (stages 0-2) rank 0 writes,
+// each as one piece. Rank 0's file also holds the buffers, whole, as buffer/<name>.
+// Loading at another world size or stage only needs, for each parameter, the pieces
+// that overlap the range a rank holds now -- found from the file headers -- and the
+// buffers from the first file.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -51,21 +52,21 @@ int world_size_of(const std::string& file) {
   return static_cast<int>(size);
 }
 
-// Format 3 holds the frozen parameters and buffers; format 2 files (without them) still
-// load, those left as they are; format 1 files, without parameter shapes too, have their
-// pieces checked by element counts only.
-constexpr const char* kFormat = "zerograd-sharded-checkpoint-3";
-constexpr const char* kFormats[] = {"zerograd-sharded-checkpoint-1", "zerograd-sharded-checkpoint-2", kFormat};
+// Format 4 saves frozen parameters as pieces. Older files still load: format 3, whose
+// first file holds the frozen parameters whole (as frozen/<name>); format 2, without
+// frozen parameters or buffers (those are left as they are); format 1, without parameter
+// shapes too (its pieces are checked by element counts only).
+constexpr const char* kFormats[] = {"zerograd-sharded-checkpoint-1", "zerograd-sharded-checkpoint-2",
+                                    "zerograd-sharded-checkpoint-3", "zerograd-sharded-checkpoint-4"};
+constexpr int kFormatVersion = 4;
 
-// A file's format version (1, 2, 3), or 0 for none of them.
+// A file's format version (1 to 4), or 0 for none of them.
 int format_of(const Metadata& meta) {
   const auto it = meta.find("format");
-  for (int version = 1; version <= 3; ++version)
+  for (int version = 1; version <= kFormatVersion; ++version)
     if (it != meta.end() && it->second == kFormats[version - 1]) return version;
   return 0;
 }
-
-bool is_replicated_key(const std::string& tensor) { return tensor.starts_with(kFrozenKey) || tensor.starts_with(kBufferKey); }
 
 std::string rank_file(const std::string& dir, int rank, int size) {
   char name[64];
@@ -88,10 +89,21 @@ Owned loaded_range(const ShardedModel::Unit& unit, int rank, int stage) {
   return saved_range(unit, rank, stage);
 }
 
+// A range of one parameter's role that a rank saves or loads: elements [begin, begin +
+// data.numel()) of the flattened parameter, in `data`, a 1-D view of the rank's buffer.
+struct Part {
+  std::string key;  // "<role>/<parameter name>"
+  Shape shape;      // the parameter's
+  int64_t begin;
+  Tensor data;
+  Tensor whole;  // a frozen parameter held whole that is not contiguous: `data` is a copy, written back after a load
+};
+
+// A saved piece: elements [begin, begin + length) of the flattened parameter.
 struct Piece {
   const SafetensorsFile* file;
   std::string tensor;
-  int64_t begin, length;  // in elements of the flattened parameter
+  int64_t begin, length;
 };
 
 // Calls fn(key, role buffer, entry, [a, b)) for every role of every parameter that overlaps
@@ -105,6 +117,34 @@ void for_each_part(const ShardedModel::Unit& unit, const Owned& own, Fn fn) {
     if (b <= a) continue;
     for (const auto& [role, buffer] : roles) fn(std::string(role) + "/" + e.name, *buffer, e, a, b);
   }
+}
+
+// What a rank saves (`saving`) or loads of the units: the range it owns (saved_range or
+// loaded_range) of every trained parameter's master weights and Adam state and, at
+// stage 3, its slice of each unit's frozen buffer; of the frozen parameters held whole
+// on every rank (`replicated`), all of each -- rank 0 saves them, every rank loads them.
+std::vector<Part> parts_of(const std::vector<std::unique_ptr<ShardedModel::Unit>>& units,
+                           const nn::NamedTensors& replicated, int r, int stage, bool saving) {
+  std::vector<Part> parts;
+  for (const auto& unit : units) {
+    const Owned own = saving ? saved_range(*unit, r, stage) : loaded_range(*unit, r, stage);
+    for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
+      parts.push_back({key, e.shape, a - e.offset, buffer.narrow(0, a - own.local_base, b - a), {}});
+    });
+    const Tensor& frozen = unit->frozen.shard;
+    if (!frozen.defined()) continue;
+    const int64_t begin = r * frozen.numel(), end = begin + frozen.numel();
+    for (const auto& e : unit->frozen_entries) {
+      const int64_t a = std::max(begin, e.offset), b = std::min(end, e.offset + numel(e.shape));
+      if (a < b)
+        parts.push_back({std::string(kFrozenKey) + e.name, e.shape, a - e.offset, frozen.narrow(0, a - begin, b - a), {}});
+    }
+  }
+  if (saving && r != 0) return parts;
+  for (const auto& [key, t] : replicated)
+    if (key.starts_with(kFrozenKey))
+      parts.push_back({key, t.shape(), 0, t.reshape({-1}), t.is_contiguous() ? Tensor() : t});
+  return parts;
 }
 
 // The rank-R-of-N.safetensors files in `dir`, each with its N.
@@ -177,7 +217,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   const Tensor id = full({1}, r == 0 ? static_cast<double>(draw) : 0.0,
                          TensorOptions(DType::f64).device(agreement_device(group_, device)));
   group_.broadcast(id, 0);
-  Metadata meta = {{"format", kFormat},
+  Metadata meta = {{"format", kFormats[kFormatVersion - 1]},
                    {"save_id", std::to_string(static_cast<uint64_t>(id.item<double>()))},
                    {"world_size", std::to_string(group_.size())},
                    {"rank", std::to_string(r)},
@@ -195,32 +235,22 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   optim::write_scaler_state(scaler, meta);
   meta.insert(extra.begin(), extra.end());
   std::filesystem::create_directories(dir);
-  // The file's layout first: this rank's pieces; on rank 0 the replicated tensors and, at
-  // stage 3, the frozen parameters whole, which are gathered and written a unit at a time.
+  // This rank's pieces; on rank 0 the buffers too.
   std::vector<SafetensorsWriter::Layout> layout;
-  nn::NamedTensors tensors;  // what is here already: views of the buffers
+  nn::NamedTensors tensors;  // views of the buffers
   const auto add = [&](const std::string& key, const Tensor& t) {
     layout.push_back({key, t.dtype(), t.shape()});
     tensors.emplace_back(key, t);
   };
-  for (auto& unit : units_) {
-    const Owned own = saved_range(*unit, r, config_.stage);
-    for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
-      add(key + "/" + std::to_string(a - e.offset), buffer.narrow(0, a - own.local_base, b - a));
-      meta["shape/" + e.name] = shape_str(e.shape);
-    });
+  for (const Part& part : parts_of(units_, replicated(), r, config_.stage, /*saving=*/true)) {
+    add(part.key + "/" + std::to_string(part.begin), part.data);
+    meta["shape/" + part.key.substr(part.key.find('/') + 1)] = shape_str(part.shape);
   }
-  if (r == 0) {
-    for (const auto& [key, t] : replicated()) add(key, t);
-    for (const auto& unit : units_)
-      for (const auto& e : unit->frozen_entries)
-        layout.push_back({std::string(kFrozenKey) + e.name, unit->frozen.shard.dtype(), e.shape});
-  }
+  if (r == 0)
+    for (const auto& [key, t] : replicated())
+      if (key.starts_with(kBufferKey)) add(key, t);
   GroupFileWriter file(group_, device, "ShardedModel::save", true, rank_file(dir, r, group_.size()), layout, meta);
   for (const auto& [key, t] : tensors) file.write(key, t);
-  for_each_frozen_gathered([&](const optim::FlatParameters::Entry& e, const Tensor& weights) {  // (a collective)
-    if (r == 0) file.write(std::string(kFrozenKey) + e.name, weights);
-  });
   file.commit("the save in " + dir + " is incomplete");
   // Every rank's file exists: an earlier save of another N is superseded, and gone when save returns.
   all_or_none(group_, device, "ShardedModel::save", "files of an earlier save remain in " + dir, [&] {
@@ -231,19 +261,31 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
 namespace {
 
 // What a load will do, found and checked before anything changes: every file's
-// metadata, every piece's name, shape, dtype and range, that the pieces of a parameter
+// metadata, every piece's name, shape and range, that the pieces of a parameter
 // neither overlap nor reach past its end, that nothing in the files is unknown to the
-// model, and that this rank's range is covered.
+// model, and that each part this rank loads is covered by pieces it can read.
 struct LoadPlan {
   std::vector<std::unique_ptr<SafetensorsFile>> files;
+  int format = 0;
   std::map<std::string, std::vector<Piece>> pieces;  // key: role/parameter, sorted by begin
+  std::vector<Part> parts;                           // what this rank loads
   int64_t step = 0;
   uint64_t seed = 0, offset = 0;
   std::optional<optim::ScalerState> scaler;
 };
 
-LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<ShardedModel::Unit>>& units,
-                   const nn::NamedTensors& replicated, int r, int stage, const optim::GradScaler* scaler) {
+// The model as a load checks the files against it: its parameters by name, with their
+// shapes and the dtype they are held in (the master dtype for the trained ones).
+struct ModelParameters {
+  struct Held {
+    Shape shape;
+    DType dtype;
+  };
+  std::map<std::string, Held> trained, frozen;
+};
+
+LoadPlan plan_load(const std::string& dir, const ModelParameters& model, const std::vector<Part>& parts,
+                   const nn::NamedTensors& buffers, int r, const optim::GradScaler* scaler) {
   constexpr const char* who = "ShardedModel::load";
   LoadPlan plan;
   // The files of one save: rank-R-of-N for every R < N.
@@ -290,31 +332,41 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
   plan.seed = metadata_number<uint64_t>(mine.metadata(), "rng_seed", mine.path(), who);
   plan.offset = metadata_number<uint64_t>(mine.metadata(), "rng_offset", mine.path(), who);
   plan.scaler = optim::read_scaler_state(plan.files.front()->metadata(), scaler, plan.files.front()->path(), who);
-
-  // The model's parameters by name, to check every piece against.
-  std::map<std::string, const optim::FlatParameters::Entry*> parameters;
-  for (const auto& unit : units)
-    for (const auto& e : unit->entries) parameters[e.name] = &e;
-  // The frozen parameters and buffers, whole in the first file (from format 3 on): each
-  // of the model's, and no other.
   const SafetensorsFile& first_file = *plan.files.front();
-  if (format_of(first_file.metadata()) >= 3) {
-    for (const auto& [key, t] : replicated) {
-      ZG_CHECK(first_file.contains(key), who, ": ", first_file.path(), " has no '", key, "', which the model has");
-      first_file.check_readable_into(key, t);
-    }
+  plan.format = format_of(first_file.metadata());
+
+  // The buffers, whole in the first file (from format 3 on): each of the model's, and no other.
+  std::set<std::string> buffer_keys;
+  for (const auto& [key, t] : buffers) {
+    buffer_keys.insert(key);
+    if (plan.format < 3) continue;
+    ZG_CHECK(first_file.contains(key), who, ": ", first_file.path(), " has no '", key, "', which the model has");
+    first_file.check_readable_into(key, t);
   }
-  std::set<std::string> replicated_keys;
-  for (const auto& [key, t] : replicated) replicated_keys.insert(key);
-  // Index every saved piece by role and parameter: "<role>/<name>/<first element>".
+  // Every other tensor is a piece of a parameter's role, indexed by role and parameter:
+  // of the dtype it is held in, or floating as it is.
   for (const auto& file : plan.files)
     for (const std::string& tensor : file->names()) {
-      if (is_replicated_key(tensor)) {
-        ZG_CHECK(file.get() == &first_file && format_of(first_file.metadata()) >= 3, who, ": ", file->path(),
-                 " holds '", tensor, "', but only the first file of a save of format 3 holds frozen parameters and "
-                 "buffers");
-        ZG_CHECK(replicated_keys.contains(tensor), who, ": ", file->path(), " holds '", tensor,
-                 "' but the model has no such ", tensor.starts_with(kFrozenKey) ? "frozen parameter" : "buffer");
+      const SafetensorsFile::Entry& entry = file->entry(tensor);
+      const auto check_dtype = [&](DType held, const char* kind) {
+        ZG_CHECK(entry.dtype == held || (is_floating(entry.dtype) && is_floating(held)), who, ": ", file->path(),
+                 ": tensor '", tensor, "' is ", name(entry.dtype), shape_str(entry.shape), ", expected a ", kind,
+                 is_floating(held) ? "floating" : name(held), " piece");
+      };
+      // Held whole in the first file: the buffers; in format 3, the frozen parameters too.
+      const bool frozen_whole = plan.format == 3 && tensor.starts_with(kFrozenKey);
+      if (tensor.starts_with(kBufferKey) || frozen_whole) {
+        ZG_CHECK(file.get() == &first_file && plan.format >= 3, who, ": ", file->path(), " holds '", tensor,
+                 "', but only the first file of a save holds buffers (and, in format 3, frozen parameters)");
+        const std::string name = tensor.substr(frozen_whole ? kFrozenKey.size() : kBufferKey.size());
+        const auto known = model.frozen.find(name);
+        ZG_CHECK(frozen_whole ? known != model.frozen.end() : buffer_keys.contains(tensor), who, ": ", file->path(),
+                 " holds '", tensor, "' but the model has no such ", frozen_whole ? "frozen parameter" : "buffer");
+        if (!frozen_whole) continue;
+        ZG_CHECK(entry.shape == known->second.shape, who, ": ", file->path(), ": tensor '", tensor, "' has shape ",
+                 shape_str(entry.shape), "; the model's '", name, "' has shape ", shape_str(known->second.shape));
+        check_dtype(known->second.dtype, "");
+        plan.pieces[tensor].push_back({file.get(), tensor, 0, numel(entry.shape)});
         continue;
       }
       const size_t last = tensor.rfind('/'), first = tensor.find('/');
@@ -323,24 +375,31 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
                    parse_number(std::string_view(tensor).substr(last + 1), begin) && begin >= 0,
                who, ": ", file->path(), ": tensor '", tensor, "' is not named <role>/<parameter>/<first element>");
       const std::string role = tensor.substr(0, first), parameter = tensor.substr(first + 1, last - first - 1);
-      ZG_CHECK(role == "master" || role == "exp_avg" || role == "exp_avg_sq", who, ": ", file->path(), ": tensor '",
-               tensor, "' has no role master, exp_avg or exp_avg_sq");
-      const auto known = parameters.find(parameter);
-      ZG_CHECK(known != parameters.end(), who, ": ", file->path(), " holds '", tensor,
-               "' but the model has no parameter '", parameter, "'");
-      const SafetensorsFile::Entry& entry = file->entry(tensor);
-      ZG_CHECK(entry.shape.size() == 1 && is_floating(entry.dtype), who, ": ", file->path(), ": tensor '", tensor,
-               "' is ", name(entry.dtype), shape_str(entry.shape), ", expected a 1-D floating piece");
+      const bool frozen = role == "frozen";
+      ZG_CHECK(role == "master" || role == "exp_avg" || role == "exp_avg_sq" || (frozen && plan.format >= 4), who,
+               ": ", file->path(), ": tensor '", tensor, "' has no role master, exp_avg, exp_avg_sq",
+               plan.format >= 4 ? " or frozen" : "");
+      // A trained parameter's pieces load into a model that has it frozen too (its master
+      // weights become the frozen weights; its Adam state goes unused).
+      const auto frozen_now = model.frozen.find(parameter), trained_now = model.trained.find(parameter);
+      const bool known = frozen_now != model.frozen.end() || (!frozen && trained_now != model.trained.end());
+      ZG_CHECK(known, who, ": ", file->path(), " holds '", tensor, "' but the model has no ", frozen ? "frozen " : "",
+               "parameter '", parameter, "'",
+               trained_now != model.trained.end() ? " (it trains it: the save has no Adam state for it)" : "");
+      const auto [held_shape, held_dtype] = (frozen_now != model.frozen.end() ? frozen_now : trained_now)->second;
+      ZG_CHECK(entry.shape.size() == 1, who, ": ", file->path(), ": tensor '", tensor, "' is ", name(entry.dtype),
+               shape_str(entry.shape), ", expected a 1-D piece");
+      check_dtype(held_dtype, "1-D ");
       const auto shape = file->metadata().find("shape/" + parameter);
-      const bool shapes_recorded = format_of(file->metadata()) >= 2;
-      ZG_CHECK(!shapes_recorded || (shape != file->metadata().end() && shape->second == shape_str(known->second->shape)), who, ": ",
-               file->path(), ": tensor '", tensor, "' is a piece of a parameter of shape ",
+      const bool shapes_recorded = plan.format >= 2;
+      ZG_CHECK(!shapes_recorded || (shape != file->metadata().end() && shape->second == shape_str(held_shape)),
+               who, ": ", file->path(), ": tensor '", tensor, "' is a piece of a parameter of shape ",
                shape == file->metadata().end() ? std::string("(not recorded)") : shape->second, "; the model's '",
-               parameter, "' has shape ", shape_str(known->second->shape), ": a checkpoint of another model");
-      const int64_t size = numel(known->second->shape);
+               parameter, "' has shape ", shape_str(held_shape), ": a checkpoint of another model");
+      const int64_t size = numel(held_shape);
       ZG_CHECK(begin <= size && entry.shape[0] <= size - begin, who, ": ", file->path(), ": tensor '", tensor,
                "' holds elements [", begin, ", ", begin + entry.shape[0], ") but the model's '", parameter, "' has ",
-               size, " (shape ", shape_str(known->second->shape), "): a checkpoint of another model");
+               size, " (shape ", shape_str(held_shape), "): a checkpoint of another model");
       plan.pieces[tensor.substr(0, last)].push_back({file.get(), tensor, begin, entry.shape[0]});
     }
   for (auto& [key, list] : plan.pieces) {
@@ -350,17 +409,27 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
                list[i - 1].tensor, "' (", list[i - 1].file->path(), ") and '", list[i].tensor, "' (",
                list[i].file->path(), ") overlap");
   }
-  // This rank's range, covered.
-  for (const auto& unit : units)
-    for_each_part(*unit, loaded_range(*unit, r, stage),
-                  [&](const std::string& key, const Tensor&, const auto& e, int64_t a, int64_t b) {
-                    int64_t covered = 0;
-                    for (const Piece& p : plan.pieces[key])
-                      covered += std::max<int64_t>(0, std::min(b - e.offset, p.begin + p.length) -
-                                                          std::max(a - e.offset, p.begin));
-                    ZG_CHECK(covered == b - a, who, ": ", dir, " does not cover ", key, " elements [", a - e.offset,
-                             ", ", b - e.offset, ") (", covered, " of ", b - a, " found)");
-                  });
+  // A parameter frozen now that the save trained: its master weights.
+  for (const auto& [name, shape] : model.frozen) {
+    const std::string key = std::string(kFrozenKey) + name, master = "master/" + name;
+    if (!plan.pieces.contains(key) && plan.pieces.contains(master)) plan.pieces[key] = plan.pieces[master];
+  }
+  // Each part this rank loads, covered by pieces it can read into it. (Saves before
+  // format 3 held no frozen parameters: those are left as they are.)
+  for (const Part& part : parts) {
+    if (plan.format < 3 && part.key.starts_with(kFrozenKey) && !plan.pieces.contains(part.key)) continue;
+    const int64_t a = part.begin, b = part.begin + part.data.numel();
+    int64_t covered = 0;
+    for (const Piece& p : plan.pieces[part.key]) {
+      const int64_t overlap = std::min(b, p.begin + p.length) - std::max(a, p.begin);
+      if (overlap <= 0) continue;
+      covered += overlap;
+      p.file->check_readable_as(p.tensor, part.data.dtype());
+    }
+    ZG_CHECK(covered == b - a, who, ": ", dir, " does not cover ", part.key, " elements [", a, ", ", b, ") (",
+             covered, " of ", b - a, " found)");
+    plan.parts.push_back(part);
+  }
   return plan;
 }
 
@@ -370,37 +439,35 @@ LoadPlan plan_load(const std::string& dir, const std::vector<std::unique_ptr<Sha
 // none does -- a rank whose range is not covered must not leave the others loaded.
 Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
-  LoadPlan plan;
-  // What the first file must hold whole: the replicated tensors, and at stage 3 the units'
-  // frozen parameters (placeholders on the meta device, for the checks: each rank reads
-  // only its slice of them).
-  nn::NamedTensors whole = replicated();
-  for (const auto& unit : units_)
-    for (const auto& e : unit->frozen_entries)
-      whole.emplace_back(std::string(kFrozenKey) + e.name,
-                         empty(e.shape, TensorOptions(config_.compute_dtype).device(kMeta)));
-  all_or_none(group_, units_.front()->master.device(), "ShardedModel::load", "nothing was loaded, on any rank",
-              [&] { plan = plan_load(dir, units_, whole, group_.rank(), config_.stage, scaler); });
-
-  // Everything checked, everywhere: now copy.
   const int r = group_.rank();
-  for (auto& unit : units_) {
-    const Owned own = loaded_range(*unit, r, config_.stage);
-    for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
-      for (const Piece& p : plan.pieces[key]) {
-        // Overlap of the piece and [a, b), in parameter-local elements.
-        const int64_t lo = std::max(a - e.offset, p.begin), hi = std::min(b - e.offset, p.begin + p.length);
-        if (hi <= lo) continue;
-        const Tensor data = p.file->read(p.tensor);
-        Tensor(buffer.narrow(0, e.offset + lo - own.local_base, hi - lo)).copy_(data.narrow(0, lo - p.begin, hi - lo));
-      }
-    });
+  ModelParameters model;
+  nn::NamedTensors buffers;
+  for (const auto& unit : units_) {
+    for (const auto& e : unit->entries) model.trained[e.name] = {e.shape, unit->master.dtype()};
+    for (const auto& e : unit->frozen_entries) model.frozen[e.name] = {e.shape, unit->frozen.shard.dtype()};
   }
-  const SafetensorsFile& first_file = *plan.files.front();
-  if (format_of(first_file.metadata()) >= 3) {
-    for (const auto& [key, t] : replicated()) first_file.read_into(key, t);
-    for (auto& unit : units_) load_frozen_slice(*unit, first_file);
+  for (const auto& [key, t] : replicated()) {
+    if (key.starts_with(kFrozenKey)) model.frozen[key.substr(kFrozenKey.size())] = {t.shape(), t.dtype()};
+    else buffers.emplace_back(key, t);
   }
+  LoadPlan plan;
+  all_or_none(group_, units_.front()->master.device(), "ShardedModel::load", "nothing was loaded, on any rank", [&] {
+    plan = plan_load(dir, model, parts_of(units_, replicated(), r, config_.stage, /*saving=*/false), buffers, r, scaler);
+  });
+
+  // Everything checked, everywhere: now copy each part's overlap with each piece.
+  for (const Part& part : plan.parts) {
+    const int64_t a = part.begin, b = part.begin + part.data.numel();
+    for (const Piece& p : plan.pieces.at(part.key)) {
+      const int64_t lo = std::max(a, p.begin), hi = std::min(b, p.begin + p.length);
+      if (hi <= lo) continue;
+      const Tensor data = p.file->read(p.tensor).reshape({-1});
+      Tensor(part.data.narrow(0, lo - a, hi - lo)).copy_(data.narrow(0, lo - p.begin, hi - lo));
+    }
+    if (part.whole.defined()) Tensor(part.whole).copy_(part.data.view(part.whole.shape()));
+  }
+  if (plan.format >= 3)
+    for (const auto& [key, t] : buffers) plan.files.front()->read_into(key, t);
   step_ = plan.step;
   if (plan.scaler) scaler->set_scale(plan.scaler->scale, plan.scaler->good_steps);
   Generator& gen = Context::current().generator();
@@ -423,31 +490,6 @@ void ShardedModel::refresh_compute() {
     if (config_.stage < 3) group_.all_gather(unit->weights.shard, unit->weights.full);
   }
   mark_compute_current();
-}
-
-void ShardedModel::for_each_frozen_gathered(
-    const std::function<void(const optim::FlatParameters::Entry&, const Tensor&)>& fn) {
-  NoGradGuard no_grad;
-  for (auto& unit : units_) {
-    if (!unit->frozen.shard.defined()) continue;
-    const Tensor whole = all_gathered(unit->frozen.shard, unit->tag, MemoryCategory::communication);
-    for (const auto& e : unit->frozen_entries) fn(e, optim::FlatParameters::view_of(whole, e));
-  }  // the unit's gathered copy is released here
-}
-
-// Reads, of each frozen parameter of the unit, the part in this rank's slice of its frozen
-// buffer -- a tensor at a time from the first file, where the save held it whole.
-void ShardedModel::load_frozen_slice(Unit& unit, const SafetensorsFile& first_file) {
-  NoGradGuard no_grad;
-  const Tensor& shard = unit.frozen.shard;
-  if (!shard.defined()) return;
-  const int64_t begin = group_.rank() * shard.numel(), end = begin + shard.numel();
-  for (const auto& e : unit.frozen_entries) {
-    const int64_t a = std::max(begin, e.offset), b = std::min(end, e.offset + numel(e.shape));
-    if (b <= a) continue;
-    const Tensor values = first_file.read(std::string(kFrozenKey) + e.name).reshape({-1});
-    Tensor(shard.narrow(0, a - begin, b - a)).copy_(values.narrow(0, a - e.offset, b - a).to(shard.dtype()));
-  }
 }
 
 namespace {
@@ -488,8 +530,11 @@ void ShardedModel::for_each_consolidated(const std::function<void(const std::str
     const SafetensorsWriter::Layout entry = consolidated_entry(key, t, master_dtype);
     fn(entry.name, t.to(entry.dtype));
   }
-  for_each_frozen_gathered(
-      [&](const optim::FlatParameters::Entry& e, const Tensor& weights) { fn(e.name, weights.to(master_dtype)); });
+  for (auto& unit : units_) {  // stage 3's frozen parameters: each unit's gathered, then released
+    if (!unit->frozen.shard.defined()) continue;
+    const Tensor whole = all_gathered(unit->frozen.shard, unit->tag, MemoryCategory::communication);
+    for (const auto& e : unit->frozen_entries) fn(e.name, optim::FlatParameters::view_of(whole, e).to(master_dtype));
+  }
 }
 
 nn::NamedTensors ShardedModel::consolidated_state() {

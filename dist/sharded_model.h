@@ -122,10 +122,12 @@ class ShardedModel final : public ParameterOwner {
   nn::NamedTensors gathered_master();
 
   // Sharded checkpoints (dist/sharded_checkpoint.cpp). save() writes, from every rank,
-  // `dir/rank-RRRRR-of-NNNNN.safetensors` (zero-padded) with the parts of each parameter's master weights and
-  // Adam m, v that the rank owns, named by parameter and element offset, so load() works
-  // at any world size and stage: each rank reads the pieces that overlap what it owns now.
-  // Rank 0's file also holds the buffers, whole; load() gives them to every rank.
+  // `dir/rank-RRRRR-of-NNNNN.safetensors` (zero-padded) with the parts of each parameter's
+  // master weights and Adam m, v that the rank owns (and at stage 3 of the frozen weights
+  // it holds), named by parameter and element offset, so load() works at any world size
+  // and stage: each rank reads the pieces that overlap what it holds now. Rank 0's file
+  // also holds the frozen parameters every rank holds whole, and the buffers.
+  //  - A parameter trained in the save and frozen in the model loads its master weights.
   //  - A save replaces the checkpoint in `dir`, whatever its world size: once every rank
   //    has written its file, rank 0 removes the files of an earlier save of another N.
   //  - The files of one save share an id: load() refuses files of different saves.
@@ -201,10 +203,6 @@ class ShardedModel final : public ParameterOwner {
   // Frozen parameters held whole on every rank (stages 0-2; at 3 those of an integer
   // dtype), then buffers, each keyed as checkpoints name it: "frozen/<name>", "buffer/<name>".
   nn::NamedTensors replicated() const;
-  // Stage 3: fn(entry, weights) for every unit's frozen parameters, whole (compute dtype),
-  // all-gathered into `communication` a unit at a time and released after (a collective).
-  void for_each_frozen_gathered(const std::function<void(const optim::FlatParameters::Entry&, const Tensor&)>& fn);
-  void load_frozen_slice(Unit& unit, const SafetensorsFile& first_file);  // stage 3: this rank's slice
   void broadcast_replicated();  // rank 0's, to every rank
   void refresh_compute();    // compute weights from master after a load
   // With 16-bit compute, step() rewrites the compute weights from the master, so a write

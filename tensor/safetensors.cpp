@@ -484,22 +484,25 @@ void SafetensorsFile::read_into(const std::string& name, const Tensor& destinati
 }
 
 void SafetensorsFile::check_readable_into(const std::string& name, const Tensor& destination) const {
-  const Entry& e = entry(name);
   // What copy_ would refuse, refused here too, so a load checks every destination before
   // it overwrites any.
   const std::string into = "safetensors " + path_ + ": loading '" + name + "' into";
   detail::check_no_broadcast_dims(into.c_str(), "destination", destination);
   ZG_CHECK(!destination.storage()->is_released(), into, " ", describe(destination),
            ": its storage is released (a ZeRO-3 parameter holds only a shard; load through the ShardedModel)");
+  const Entry& e = entry(name);
   ZG_CHECK(e.shape == destination.shape(), "safetensors ", path_, ": tensor '", name, "' has shape ",
            shape_str(e.shape), ", expected ", shape_str(destination.shape()));
-  ZG_CHECK(e.dtype == destination.dtype() || (is_floating(e.dtype) && is_floating(destination.dtype())),
-           "safetensors ", path_, ": tensor '", name, "' is ", format_name(e.dtype), ", expected ",
-           format_name(destination.dtype()));
+  check_readable_as(name, destination.dtype());
+}
+
+void SafetensorsFile::check_readable_as(const std::string& name, DType to) const {
+  const Entry& e = entry(name);
+  ZG_CHECK(e.dtype == to || (is_floating(e.dtype) && is_floating(to)), "safetensors ", path_, ": tensor '", name,
+           "' is ", format_name(e.dtype), ", expected ", format_name(to));
   // Into a dtype of narrower range (f16; f32 or bf16 from f64), a value past its largest
   // would load as inf: the data is read once more here, so a load refuses it before
   // overwriting anything.
-  const DType to = destination.dtype();
   const bool narrower = (to == DType::f16 && e.dtype != DType::f16) ||
                         ((to == DType::f32 || to == DType::bf16) && e.dtype == DType::f64);
   if (!narrower) return;

@@ -115,6 +115,9 @@ class SafetensorsFile {
   // What read_into checks first (shape, and dtype: the same or both floating): call it for
   // every tensor before reading any, so a mismatch leaves every destination as it was.
   void check_readable_into(const std::string& name, const Tensor& destination) const;
+  // Its dtype check alone: the tensor's dtype is `to` or both are floating, and its values
+  // stay finite when rounded to `to` (for a load that reads it in parts).
+  void check_readable_as(const std::string& name, DType to) const;
 
  private:
   struct OpenFile;

@@ -497,10 +497,13 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
        "checkpoint of another model"},
       {"no shape recorded", same, [](Metadata& m) { m.erase("shape/transformer.wte.weight"); },
        "is a piece of a parameter of shape (not recorded)"},
-      {"an unknown format", same, [](Metadata& m) { m["format"] = "zerograd-sharded-checkpoint-4"; },
+      {"an unknown format", same, [](Metadata& m) { m["format"] = "zerograd-sharded-checkpoint-5"; },
        "is not a zerograd sharded checkpoint"},
       {"an unknown parameter", [](auto& t) { t.front().first = "master/no.such.weight/0"; }, [](Metadata&) {},
        "the model has no parameter 'no.such.weight'"},
+      {"a frozen piece of a trained parameter", [](auto& t) { t.front().first = "frozen/transformer.wte.weight/0"; },
+       [](Metadata&) {}, "holds 'frozen/transformer.wte.weight/0' but the model has no frozen parameter 'transformer.wte.weight' (it "
+       "trains it: the save has no Adam state for it)"},
       {"a name without an offset", [](auto& t) { t.front().first = "master/transformer.wte.weight/x"; }, [](Metadata&) {},
        "is not named <role>/<parameter>/<first element>"},
       {"an integer piece", [](auto& t) { t.front().second = t.front().second.to(DType::i64); }, [](Metadata&) {},
@@ -1209,13 +1212,13 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
     int64_t parameter_bytes = 0;  // rank 0's, after construction
   };
   const auto run = [&](int n, int stage, int seed, const std::function<void(dist::ProcessGroup&, nn::GPT&, dist::ShardedModel&)>& fn,
-                       bool checkpointing = false) {
+                       bool checkpointing = false, bool freeze = true) {
     Result result;
     dist::run_local(n, [&](dist::ProcessGroup& pg) {
       manual_seed(seed);
       nn::GPT model(zero_config(checkpointing), TensorOptions(DType::f64));
       for (auto& [name, p] : model.named_parameters())
-        if (frozen(name)) p.set_requires_grad(false);
+        if (freeze && frozen(name)) p.set_requires_grad(false);
       dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg,
                                  {.stage = stage, .compute_dtype = DType::f32, .adamw = kAdamW});
       if (pg.rank() == 0) result.parameter_bytes = memory_stats()[MemoryCategory::parameter];
@@ -1271,13 +1274,22 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
       const Result sharded = run(n, stage, 1, [&](dist::ProcessGroup& pg, nn::GPT& model, dist::ShardedModel& s) {
         train(pg, model, s);
         if (n != 4 || stage != 3) return;
-        // The save gathers the frozen weights a unit at a time, and rank 0 writes each
-        // unit's as it comes: no rank holds more than block 0's, 12704 f32.
+        // Each rank writes the frozen weights it holds, its slice of each unit's frozen
+        // buffer: nothing is gathered (rank 0 used to gather and write them all).
         Context::current().allocator(kCPU)->reset_peaks();
         s.save(dir);
         MemoryStats after = memory_stats();
         CHECK(after.peak_of(MemoryCategory::other) < 1024);  // a few one-number agreements; not 59008 bytes of weights
-        CHECK(after.peak_of(MemoryCategory::communication) - after[MemoryCategory::communication] == 12704 * 4);
+        CHECK(after.peak_of(MemoryCategory::communication) - after[MemoryCategory::communication] < 1024);
+        int64_t held = 0, written = 0;  // this rank's frozen elements, without the padding
+        for (const auto& [key, count] : numel) {
+          const int64_t slice = (count + 3) / 4;
+          if (key.second) held += std::clamp<int64_t>(count - pg.rank() * slice, 0, slice);
+        }
+        const SafetensorsFile mine(dir + "/rank-0000" + std::to_string(pg.rank()) + "-of-00004.safetensors");
+        for (const std::string& name : mine.names())
+          if (name.starts_with("frozen/")) written += zg::numel(mine.entry(name).shape);
+        CHECK(written == held);
         // The export, likewise: one unit's weights, trained (master) or frozen, gathered at
         // a time -- not the whole model on every rank.
         int64_t largest = 0;  // f32 elements
@@ -1324,6 +1336,53 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
     // (Six f32 steps at N = 1 and N = 2, uninterrupted, differ by 2.3e-5 from rounding
     // alone; wrong frozen slices would differ by far more.)
     CHECK(max_difference(resumed.master, continued.master) <= 1e-4);
+  }
+  // A save of format 3, whose first file held the frozen weights whole (gathered for rank
+  // 0), still loads: the same save, rewritten so.
+  std::map<std::string, Tensor> whole;  // frozen/<name> -> its weights, from the pieces
+  for (const auto& [name, t] : initial) whole["frozen/" + name] = zeros(t.shape(), TensorOptions(t.dtype()));
+  const auto file_of = [&](int q) { return dir + "/rank-0000" + std::to_string(q) + "-of-00004.safetensors"; };
+  for (int q = 0; q < 4; ++q) {
+    const SafetensorsFile file(file_of(q));
+    for (const std::string& name : file.names())
+      if (name.starts_with("frozen/")) {
+        const size_t last = name.rfind('/');
+        const Tensor piece = file.read(name);
+        whole.at(name.substr(0, last)).view({-1}).narrow(0, std::stoll(name.substr(last + 1)), piece.numel()).copy_(piece);
+      }
+  }
+  for (int q = 0; q < 4; ++q) {
+    const SafetensorsFile file(file_of(q));
+    std::vector<std::pair<std::string, Tensor>> content;
+    for (const std::string& name : file.names())
+      if (!name.starts_with("frozen/")) content.emplace_back(name, file.read(name));
+    if (q == 0) content.insert(content.end(), whole.begin(), whole.end());
+    Metadata meta = file.metadata();
+    meta["format"] = "zerograd-sharded-checkpoint-3";
+    save_safetensors(file_of(q), content, meta);
+  }
+  for (int stage : {1, 3}) {
+    INFO("format 3, loaded at N=2 stage " << stage);
+    const Result old = run(2, stage, 7, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& s) { s.load(dir); });
+    CHECK(max_difference(old.frozen, initial) == 0);
+    CHECK(max_difference(old.master, reference.master) <= 1e-5);
+  }
+  // A save that trained every parameter loads into a model that freezes some (fine-tuning
+  // a pre-trained model): their master weights become the frozen weights.
+  const Result pretrained = run(
+      2, 2, 3,
+      [&](dist::ProcessGroup& pg, nn::GPT& model, dist::ShardedModel& s) {
+        train(pg, model, s);
+        s.save(dir);
+      },
+      /*checkpointing=*/false, /*freeze=*/false);
+  nn::NamedTensors pretrained_frozen, pretrained_trained;
+  for (const auto& [name, t] : pretrained.master) (frozen(name) ? pretrained_frozen : pretrained_trained).emplace_back(name, t);
+  for (int stage : {0, 3}) {
+    INFO("a trained save, loaded with some parameters frozen at N=4 stage " << stage);
+    const Result tuned = run(4, stage, 7, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& s) { s.load(dir); });
+    CHECK(max_difference(tuned.frozen, pretrained_frozen) == 0);
+    CHECK(max_difference(tuned.master, pretrained_trained) == 0);
   }
   // Unfrozen after the ShardedModel was built: its gradient would go nowhere.
   CHECK_THROWS_WITH_AS(run(2, 2, 1,
