@@ -21,6 +21,8 @@
 //   A unit with frozen parameters holds them in a second sharded buffer (no gradient
 // to reduce-scatter, no master or Adam state): "gather" and "free" do both buffers,
 // with 2 Ψ_frozen elements of traffic per step.
+//   Under summon_full_params() every unit is gathered once and none is released until
+// the scope ends (a step gathers the new weights at once): the hooks find them current.
 #include "dist/unit.h"
 
 #include <algorithm>
@@ -181,6 +183,12 @@ std::vector<ShardedModel::ShardedWeights*> gathered_parts(ShardedModel::Unit& un
   return parts;
 }
 
+uint64_t compute_version(ShardedModel::Unit& unit) {
+  uint64_t version = 0;  // a sum of counters that only grow
+  for (const ShardedModel::ShardedWeights* w : gathered_parts(unit)) version += w->full.storage()->version();
+  return version;
+}
+
 bool ShardedModel::is_current(Unit& unit) {
   const auto parts = gathered_parts(unit);
   return std::all_of(parts.begin(), parts.end(), [](const ShardedWeights* w) { return current(*w); });
@@ -238,7 +246,7 @@ void ShardedModel::finish_gathers(Unit& unit) {
 }
 
 void ShardedModel::release_unit(Unit& unit) {
-  if (config_.stage != 3) return;
+  if (config_.stage != 3 || summoned_ > 0) return;
   finish_gathers(unit);  // a gather in flight writes into the buffers: let it finish
   for (ShardedWeights* w : gathered_parts(unit)) w->full.storage()->release();
 }
@@ -253,6 +261,34 @@ void ShardedModel::prepare_forward() {
     if (!used) gather_unit(*unit);  // a root with no modules in the plan: kept until reduced
   }
   for (Use& use : uses_) use.ran = use.backwards_waiting = 0;
+}
+
+ShardedModel::FullParameters ShardedModel::summon_full_params() {
+  if (config_.stage != 3) return FullParameters(nullptr);
+  if (summoned_ == 0) {
+    NoGradGuard no_grad;
+    for (auto& unit : units_) prefetch_unit(*unit);  // every gather issued, then each waited for
+    for (auto& unit : units_) {
+      finish_gathers(*unit);
+      unit->written_by_us = compute_version(*unit);
+    }
+  }
+  ++summoned_;
+  return FullParameters(this);
+}
+
+ShardedModel::FullParameters::~FullParameters() {
+  if (model_ != nullptr && !alive_.expired()) model_->end_summon();
+}
+
+void ShardedModel::end_summon() {
+  if (--summoned_ > 0) return;
+  for (auto& unit : units_) {
+    written_while_summoned_ = written_while_summoned_ || compute_version(*unit) != unit->written_by_us;
+    // (No gather is in flight: summoned units are current, and a step gathers them at once.)
+    for (ShardedWeights* w : gathered_parts(*unit))
+      if (!w->gathering) w->full.storage()->release();
+  }
 }
 
 }  // namespace zg::dist

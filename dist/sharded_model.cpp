@@ -426,15 +426,22 @@ void ShardedModel::broadcast_replicated() {
 }
 
 bool ShardedModel::compute_written_by_others() const {
-  if (config_.stage == 3) return false;
+  // Stages 0-2: with separate compute and master weights (as in step()), a write that was
+  // not ours. ZeRO-3: any write to summoned weights, which are copies.
+  const bool copies = config_.stage == 3;
   for (const auto& unit : units_)
-    if (config_.compute_dtype != unit->master.dtype() && unit->weights.full.storage()->version() != unit->written_by_us)
-      return true;  // separate compute and master (as in step()) and a write that was not ours
-  return false;
+    if ((copies ? summoned_ > 0 : config_.compute_dtype != unit->master.dtype()) &&
+        compute_version(*unit) != unit->written_by_us)
+      return true;
+  return copies && written_while_summoned_;
 }
 
 void ShardedModel::mark_compute_current() {
-  for (auto& unit : units_) unit->written_by_us = unit->weights.full.storage()->version();
+  written_while_summoned_ = false;
+  for (auto& unit : units_) {
+    if (summoned_ > 0) gather_unit(*unit);  // kept whole, and now current
+    unit->written_by_us = compute_version(*unit);
+  }
 }
 
 void ShardedModel::zero_grad() {
@@ -497,10 +504,16 @@ StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   ZG_CHECK(unfrozen.empty(), "ShardedModel: step(): parameter '", unfrozen, "' was frozen when the "
            "ShardedModel was built and requires grad now; it has no place in the units, so its gradient would be neither "
            "reduced nor applied. Build the ShardedModel after unfreezing it");
-  ZG_CHECK(!written, "ShardedModel: step(): the ", name(config_.compute_dtype), " compute weights were written since the "
-           "last step (an in-place write to a parameter: fill_, copy_, an init), and the step rewrites them from the ",
-           name(optim::master_dtype_for(config_.compute_dtype)), " master weights, so that write would be lost. Change "
-           "weights through a checkpoint (save / load, or nn::save_state before wrapping)");
+  ZG_CHECK(!written, "ShardedModel: step(): ",
+           config_.stage == 3 ? std::string("the full weights of summon_full_params() were written (an in-place write "
+                                            "to a parameter: fill_, copy_, an init); they are copies of the shards, "
+                                            "released at the scope's end, so that write is lost")
+                              : "the " + std::string(name(config_.compute_dtype)) +
+                                    " compute weights were written since the last step (an in-place write to a "
+                                    "parameter: fill_, copy_, an init), and the step rewrites them from the " +
+                                    name(optim::master_dtype_for(config_.compute_dtype)) +
+                                    " master weights, so that write would be lost",
+           ". Change weights through a checkpoint (save / load, or nn::save_state before wrapping)");
   // What the gradients are multiplied by before use: 1 / loss scale, and for stage 1 the
   // 1 / N its summed reduction leaves to the step (gradient_reduction.cpp) -- folded into
   // the norm and the update, so no pass over the gradients takes the average.

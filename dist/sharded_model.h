@@ -34,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/process_group.h"
@@ -120,6 +121,29 @@ class ShardedModel final : public ParameterOwner {
   // Every trained parameter's master weights (f32; f64 for f64 compute), gathered from
   // all ranks (a collective): a copy, which later steps leave as it is.
   nn::NamedTensors gathered_master();
+
+  // ZeRO-3: every unit's full compute weights, gathered (into `communication`, a
+  // collective) and kept while the returned scope lives, as FSDP's summon_full_params:
+  // the model's parameters hold their values, to be read, and the forwards and backwards
+  // under it (evaluation, generation) gather nothing; a step() under it gathers the
+  // updated weights. They are copies, released when the scope ends, so a write to one
+  // would be lost: step() refuses to run after one, on every rank, until a load() (as it
+  // refuses a write to 16-bit compute weights at stages 0-2). At stages 0-2 the full
+  // weights are always there: the scope does nothing. Scopes nest.
+  class FullParameters {
+   public:
+    FullParameters(FullParameters&& other) noexcept : model_(std::exchange(other.model_, nullptr)), alive_(other.alive_) {}
+    FullParameters(const FullParameters&) = delete;
+    FullParameters& operator=(const FullParameters&) = delete;
+    ~FullParameters();
+
+   private:
+    friend class ShardedModel;
+    explicit FullParameters(ShardedModel* model) : model_(model), alive_(model ? model->alive() : std::weak_ptr<ParameterOwner>()) {}
+    ShardedModel* model_;  // null: nothing to release
+    std::weak_ptr<ParameterOwner> alive_;
+  };
+  [[nodiscard]] FullParameters summon_full_params();
 
   // Sharded checkpoints (dist/sharded_checkpoint.cpp). save() writes, from every rank,
   // `dir/rank-RRRRR-of-NNNNN.safetensors` (zero-padded) with the parts of each parameter's
@@ -209,7 +233,8 @@ class ShardedModel final : public ParameterOwner {
   // to a parameter since our last write (fill_, copy_, an init) would be lost: step()
   // refuses it on every rank alike. Stages 0-2 (at 3, weights exist only in use).
   bool compute_written_by_others() const;
-  void mark_compute_current();
+  void mark_compute_current();  // and, while summoned (ZeRO-3), gathers the units again
+  void end_summon();            // the last FullParameters scope ended: release, noting writes
 
   ProcessGroup& group_;
   ZeroConfig config_;
@@ -234,6 +259,8 @@ class ShardedModel final : public ParameterOwner {
   std::weak_ptr<void> end_of_backward_queued_;  // live while this backward's end is queued
   bool sync_ = true;
   bool unsynced_ = false;  // stages 0, 1: the last backward kept its gradients local (sync off)
+  int summoned_ = 0;       // ZeRO-3: FullParameters scopes alive; while > 0 no unit is released
+  bool written_while_summoned_ = false;  // ZeRO-3: a summoned unit's weights were written (lost)
   int64_t step_ = 0;
 };
 

@@ -48,7 +48,7 @@ struct ShardedModel::Unit {
   ShardedWeights frozen;  // undefined tensors when there are none
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;  // entry -> its bucket
-  uint64_t written_by_us = 0;     // stages 0-2: weights.full's storage version after our last write
+  uint64_t written_by_us = 0;     // compute_version() after our last write (ZeRO-3: while summoned)
 };
 
 // ZeRO-3: one place where the forward uses a unit -- a block, or the modules of
@@ -68,6 +68,9 @@ struct ShardedModel::Use {
 // What ZeRO-3 gathers of a unit around its uses: its trained and its frozen compute
 // weights, each where it has elements.
 std::vector<ShardedModel::ShardedWeights*> gathered_parts(ShardedModel::Unit& unit);
+
+// The version of a unit's full compute weights, trained and frozen: any write bumps it.
+uint64_t compute_version(ShardedModel::Unit& unit);
 
 // How ShardedModel::replicated() and checkpoints name a frozen parameter and a buffer:
 // the prefix, then its name.

@@ -862,6 +862,107 @@ TEST_CASE("ZeRO-3 holds exactly the units in use (and those prefetched) during t
 
 namespace zg::test {
 
+TEST_CASE("ZeRO-3: summon_full_params keeps every unit whole -- parameters readable, forwards gather nothing, writes refused") {
+  // f32 compute: the compute weights hold the master weights' values.
+  const std::string dir = "/tmp/zg_test_summon_" + std::to_string(::getpid());
+  int64_t units = 0;  // bytes of every unit's full weights, each padded to a multiple of N = 2
+  std::map<std::string, int64_t> numel;
+  for (const auto& [name, p] : nn::GPT(zero_config(), kMeta).named_parameters())
+    numel[name.starts_with("transformer.h.") ? name.substr(0, name.find('.', 14)) : "root"] += p.numel();
+  for (const auto& [unit, count] : numel) units += (count + 1) / 2 * 2 * 4;
+  const auto run = [&](int stage, const std::function<void(dist::ProcessGroup&, nn::GPT&, dist::ShardedModel&,
+                                                           const std::function<void(int)>&)>& fn) {
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg,
+                                 {.stage = stage, .compute_dtype = DType::f32, .adamw = kAdamW});
+      const auto train_step = [&](int s) {
+        const auto [x, y] = global_batch(s);
+        sharded.zero_grad();
+        sharded.prepare_forward();
+        model.forward(x.narrow(0, 2 * pg.rank(), 2), y.narrow(0, 2 * pg.rank(), 2)).loss.backward();
+        sharded.step(1e-2);
+      };
+      fn(pg, model, sharded, train_step);
+    });
+  };
+  const auto evaluate = [](nn::GPT& model, dist::ShardedModel& sharded) {
+    NoGradGuard no_grad;
+    const auto [x, y] = global_batch(9);
+    sharded.prepare_forward();
+    return model.forward(x, y).loss.item<double>();
+  };
+  nn::NamedTensors plain, summoned;  // the master weights after two steps
+  double plain_loss = 0, summoned_loss = 0;
+  int64_t plain_sent = 0;  // bytes rank 0 sent in a step: 2 gathers and a reduce-scatter of each unit, and a few numbers
+  run(3, [&](dist::ProcessGroup& pg, nn::GPT& model, dist::ShardedModel& sharded, const auto& train_step) {
+    pg.reset_bytes_sent();
+    train_step(0);
+    if (pg.rank() == 0) plain_sent = pg.bytes_sent();
+    const double loss = evaluate(model, sharded);
+    if (pg.rank() == 0) plain_loss = loss;
+    train_step(1);
+    keep_master(pg, sharded, 0, plain);
+  });
+  run(3, [&](dist::ProcessGroup& pg, nn::GPT& model, dist::ShardedModel& sharded, const auto& train_step) {
+    train_step(0);
+    {
+      const auto full = sharded.summon_full_params();
+      CHECK(memory_stats()[MemoryCategory::communication] == units);
+      CHECK(max_difference(model.named_parameters(), sharded.gathered_master()) == 0);  // readable: the weights
+      { const auto inner = sharded.summon_full_params(); }  // nested: the outer scope keeps them
+      CHECK(memory_stats()[MemoryCategory::communication] == units);
+      pg.reset_bytes_sent();
+      const double loss = evaluate(model, sharded);
+      CHECK(pg.bytes_sent() == 0);  // the evaluation gathered nothing
+      if (pg.rank() == 0) summoned_loss = loss;
+      // A step under the scope: the reduce-scatters, then each unit's new weights gathered
+      // once (a plain step gathers each twice).
+      train_step(1);
+      if (pg.rank() == 0) CHECK(pg.bytes_sent() == plain_sent - units / 2);
+      CHECK(memory_stats()[MemoryCategory::communication] == units);
+      CHECK(max_difference(model.named_parameters(), sharded.gathered_master()) == 0);
+    }
+    CHECK(memory_stats()[MemoryCategory::communication] == 0);  // released at the scope's end
+    keep_master(pg, sharded, 0, summoned);
+  });
+  CHECK(summoned_loss == plain_loss);
+  CHECK(max_difference(summoned, plain) == 0);
+
+  // A write to summoned weights would be lost: the next step refuses, on every rank (here
+  // rank 1 wrote), until a load.
+  run(3, [&](dist::ProcessGroup& pg, nn::GPT& model, dist::ShardedModel& sharded, const auto& train_step) {
+    sharded.save(dir);
+    {
+      const auto full = sharded.summon_full_params();
+      NoGradGuard no_grad;
+      if (pg.rank() == 1) model.named_parameters().back().second.fill_(0.0);
+    }
+    CHECK_THROWS_WITH_AS(train_step(0), doctest::Contains("a different count of written parameters"), Error);
+    sharded.load(dir);
+    train_step(0);
+  });
+  CHECK_THROWS_WITH_AS(
+      run(3,
+          [&](dist::ProcessGroup&, nn::GPT& model, dist::ShardedModel& sharded, const auto& train_step) {
+            const auto full = sharded.summon_full_params();
+            {
+              NoGradGuard no_grad;
+              model.named_parameters().back().second.fill_(0.0);
+            }
+            train_step(0);  // still under the scope
+          }),
+      doctest::Contains("the full weights of summon_full_params() were written"), Error);
+  // Stages 0-2 hold the full weights anyway: the scope gathers nothing.
+  run(2, [&](dist::ProcessGroup& pg, nn::GPT&, dist::ShardedModel& sharded, const auto&) {
+    pg.reset_bytes_sent();
+    const auto full = sharded.summon_full_params();
+    CHECK(pg.bytes_sent() == 0);
+  });
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("ZeRO-3 weights used outside the uses the plan names, or changed since: an error, not wrong gradients") {
   dist::FakeGroup group(0, 1);
   const auto [x, y] = global_batch(0);
