@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -21,6 +20,7 @@
 #include "optim/checkpoint.h"
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
+#include "text_data.h"
 #include "zerograd.h"
 
 #ifndef ZG_SOURCE_DIR
@@ -61,82 +61,33 @@ void usage() {
 }
 
 bool parse(int argc, char** argv, Flags& f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      ZG_CHECK(i + 1 < argc, "train_gpt: ", a, " needs a value");
-      return argv[++i];
-    };
-    auto number = [&]() {  // a real number: --lr, --dropout
-      const std::string v = value();
-      double x = 0;
-      ZG_CHECK(parse_number(v, x), "train_gpt: ", a, " expects a number, got '", v, "'");
-      return x;
-    };
-    auto count = [&](int64_t least) {  // a whole number >= least: sizes, steps
-      const std::string v = value();
-      int64_t n = 0;
-      ZG_CHECK(parse_number(v, n) && n >= least, "train_gpt: ", a, " expects a whole number >= ", least, ", got '", v,
-               "'");
-      return n;
-    };
+  examples::FlagReader flag("train_gpt", argc, argv);
+  while (flag.next()) {
+    const std::string& a = flag.name();
     if (a == "--help") return false;
-    else if (a == "--data") f.data = value();
-    else if (a == "--steps") f.steps = count(1);
-    else if (a == "--batch") f.batch = count(1);
-    else if (a == "--seq") f.seq = count(2);
-    else if (a == "--layers") f.layers = count(1);
-    else if (a == "--heads") f.heads = count(1);
-    else if (a == "--embd") f.embd = count(1);
-    else if (a == "--lr") f.lr = number(), f.min_lr = f.lr / 10;
-    else if (a == "--dtype") f.dtype = value();
-    else if (a == "--device") f.device = value();
+    else if (a == "--data") f.data = flag.value();
+    else if (a == "--steps") f.steps = flag.count(1);
+    else if (a == "--batch") f.batch = flag.count(1);
+    else if (a == "--seq") f.seq = flag.count(2);
+    else if (a == "--layers") f.layers = flag.count(1);
+    else if (a == "--heads") f.heads = flag.count(1);
+    else if (a == "--embd") f.embd = flag.count(1);
+    else if (a == "--lr") f.lr = flag.number(), f.min_lr = f.lr / 10;
+    else if (a == "--dtype") f.dtype = flag.value();
+    else if (a == "--device") f.device = flag.value();
     else if (a == "--checkpointing") f.checkpointing = true;
-    else if (a == "--dropout") f.dropout = number();
-    else if (a == "--save") f.save = value();
-    else if (a == "--save-every") f.save_every = count(0);
-    else if (a == "--resume") f.resume = value();
-    else if (a == "--seed") {
-      const std::string v = value();
-      ZG_CHECK(parse_number(v, f.seed), "train_gpt: --seed expects a whole number >= 0, got '", v, "'");
-    }
-    else fail("train_gpt: unknown flag ", a, " (see --help)");
+    else if (a == "--dropout") f.dropout = flag.number();
+    else if (a == "--save") f.save = flag.value();
+    else if (a == "--save-every") f.save_every = flag.count(0);
+    else if (a == "--resume") f.resume = flag.value();
+    else if (a == "--seed") f.seed = flag.count<uint64_t>(0);
+    else flag.unknown();
   }
   ZG_CHECK(f.steps > 0 && f.batch > 0 && f.seq > 1, "train_gpt: --steps, --batch must be positive and --seq > 1");
   ZG_CHECK(f.batch <= (int64_t{1} << 40) / f.seq, "train_gpt: --batch ", f.batch, " x --seq ", f.seq,
            " tokens a step is more than 2^40");
   return true;
 }
-
-// The text as bytes; batch b of a step reads the window starting at position + b * T.
-struct TextData {
-  std::vector<int64_t> tokens;
-  int64_t position = 0;
-
-  int64_t windows = 0;  // start positions of a window of seq + 1 bytes
-
-  TextData(const std::string& path, int64_t seq) {
-    ZG_CHECK(std::filesystem::is_regular_file(path), "train_gpt: --data ", path, " is not a readable file");
-    std::ifstream in(path, std::ios::binary);
-    ZG_CHECK(in.good(), "train_gpt: cannot read ", path);
-    for (char c; in.get(c);) tokens.push_back(static_cast<unsigned char>(c));
-    windows = static_cast<int64_t>(tokens.size()) - seq - 1;
-    ZG_CHECK(windows > 0, "train_gpt: the text has ", tokens.size(), " bytes, fewer than --seq + 2");
-  }
-
-  // inputs [B, T] and targets [B, T] (the next byte of each input byte)
-  std::pair<Tensor, Tensor> next_batch(int64_t batch, int64_t seq, Device device) {
-    std::vector<int64_t> x, y;
-    for (int64_t b = 0; b < batch; ++b) {
-      const int64_t start = (position + b * seq) % windows;
-      x.insert(x.end(), tokens.begin() + start, tokens.begin() + start + seq);
-      y.insert(y.end(), tokens.begin() + start + 1, tokens.begin() + start + seq + 1);
-    }
-    position = (position + batch * seq) % windows;
-    const TensorOptions ids = TensorOptions(DType::i64).device(device);
-    return {tensor(x, {batch, seq}, ids), tensor(y, {batch, seq}, ids)};
-  }
-};
 
 std::string memory_line(Device device) {
   const MemoryStats s = memory_stats(device);
@@ -153,7 +104,7 @@ int run(const Flags& f) {
   ZG_CHECK(device.type != DeviceType::meta, "train_gpt: --device meta holds no values to train; use cpu or cuda");
   const DType compute = f.dtype == "f32" ? DType::f32 : f.dtype == "bf16" ? DType::bf16 : f.dtype == "f16" ? DType::f16
                         : throw Error("train_gpt: --dtype must be f32, bf16 or f16, got " + f.dtype);
-  TextData data(f.data, f.seq);
+  examples::TextData data("train_gpt", f.data, f.seq);
   if (!f.save.empty()) {  // found out before training, not after it
     const std::filesystem::path dir = std::filesystem::path(f.save).parent_path();
     ZG_CHECK(dir.empty() || std::filesystem::is_directory(dir), "train_gpt: --save ", f.save, ": ", dir.string(),
