@@ -20,7 +20,7 @@
 #include "optim/checkpoint.h"
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
-#include "text_data.h"
+#include "training.h"
 #include "zerograd.h"
 
 #ifndef ZG_SOURCE_DIR
@@ -125,27 +125,11 @@ int run(const Flags& f) {
   optim::FlatParameters params(model.named_parameters(), compute);
   optim::AdamW adamw(params, {0.9, 0.95, 1e-8, f.weight_decay});
   optim::GradScaler scaler({65536.0, 2.0, 0.5, 2000, compute == DType::f16});
-  // What a checkpoint records beside the optimizer's state: the model's shape (a resume
-  // with another --heads would load the same tensors into a different model, silently),
-  // and the training step, which counts steps skipped for inf/NaN gradients too -- unlike
-  // AdamW's count of updates -- so the schedule and the end of the run continue where
-  // they were.
-  const Metadata run_shape = {{"n_layer", std::to_string(f.layers)}, {"n_head", std::to_string(f.heads)},
-                              {"n_embd", std::to_string(f.embd)}, {"seq", std::to_string(f.seq)}};
+  const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);
   int64_t first_step = 0;
   if (!f.resume.empty()) {
     const Metadata meta = optim::load_checkpoint(f.resume, params, adamw, &scaler);
-    for (const auto& [key, value] : run_shape) {
-      const auto saved = meta.find(key);
-      ZG_CHECK(saved == meta.end() || saved->second == value, "train_gpt: ", f.resume, " is a checkpoint of a GPT with ",
-               key, " ", saved->second, "; this run has ", value);
-    }
-    if (meta.count("data_position"))
-      data.position = metadata_number<int64_t>(meta, "data_position", f.resume, "train_gpt");
-    ZG_CHECK(data.position >= 0 && data.position < data.windows, "train_gpt: ", f.resume, ": data_position ",
-             data.position, " is not a window of this text (0 to ", data.windows - 1, ")");
-    first_step = meta.count("train_step") ? metadata_number<int64_t>(meta, "train_step", f.resume, "train_gpt")
-                                          : adamw.steps();
+    first_step = record.resume("train_gpt", f.resume, meta, data).value_or(adamw.steps());
     ZG_CHECK(first_step >= adamw.steps(), "train_gpt: ", f.resume, ": train_step ", first_step,
              " is before the optimizer's step ", adamw.steps());
     ZG_CHECK(first_step < f.steps, "train_gpt: ", f.resume, " is at step ", first_step, ": --steps ", f.steps,
@@ -157,10 +141,7 @@ int run(const Flags& f) {
               static_cast<long long>(model.num_parameters()), name(compute), device.str().c_str(), data.tokens.size());
 
   auto save = [&](const std::string& path, int64_t steps_done) {
-    Metadata meta = run_shape;
-    meta["data_position"] = std::to_string(data.position);
-    meta["train_step"] = std::to_string(steps_done);
-    optim::save_checkpoint(path, params, adamw, &scaler, meta);
+    optim::save_checkpoint(path, params, adamw, &scaler, record.save(data, steps_done));
   };
   double loss_value = NAN;
   for (int64_t step = first_step; step < f.steps; ++step) {

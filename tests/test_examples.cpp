@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -84,6 +85,49 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
   CHECK(status != 0);
   CHECK(again.find("is at step 4: --steps 4 leaves nothing to train") != std::string::npos);
   std::remove(path.c_str());
+}
+
+// The "step N/M | loss X" lines of a training example's output.
+std::vector<double> step_losses(const std::string& out) {
+  std::vector<double> losses;
+  const std::regex step_line(R"(step +\d+/\d+ \| loss ([0-9.]+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), step_line); it != std::sregex_iterator(); ++it)
+    losses.push_back(std::stod((*it)[1]));
+  return losses;
+}
+
+TEST_CASE("train_zero trains on N ranks, and its sharded checkpoint resumes at another N and stage") {
+  // Six steps at N = 2 stage 3, saved, then six more at N = 4 stage 1: the same losses as
+  // one rank that saves and resumes (to the printed 4 decimals, give or take rounding).
+  const std::string dir = "/tmp/zg_test_train_zero_" + std::to_string(::getpid());
+  const std::string small = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 2 --heads 2 --embd 32 --seq 16 --batch 4";
+  const auto run = [&](const std::string& flags) {
+    int status = 0;
+    const std::string out = run_command(small + " " + flags + " 2>&1", status);
+    INFO(out);
+    CHECK(status == 0);
+    return step_losses(out);
+  };
+  const std::vector<double> sharded_first = run("--ranks 2 --stage 3 --steps 6 --save " + dir + "/a");
+  const std::vector<double> sharded_then = run("--ranks 4 --stage 1 --steps 12 --resume " + dir + "/a");
+  const std::vector<double> single_first = run("--ranks 1 --stage 0 --steps 6 --save " + dir + "/b");
+  const std::vector<double> single_then = run("--ranks 1 --stage 0 --steps 12 --resume " + dir + "/b");
+  REQUIRE(sharded_first.size() == 6);
+  REQUIRE(sharded_then.size() == 6);
+  REQUIRE(single_first.size() == 6);
+  REQUIRE(single_then.size() == 6);
+  for (size_t i = 0; i < 6; ++i) {
+    CHECK(std::fabs(sharded_first[i] - single_first[i]) <= 2e-4);
+    CHECK(std::fabs(sharded_then[i] - single_then[i]) <= 2e-4);
+  }
+  CHECK(sharded_then.back() < sharded_first.front() - 0.3);
+  std::filesystem::remove_all(dir);
+  int status = 0;
+  CHECK(run_command(small + " --ranks 3 2>&1", status).find("--batch 4 is not a multiple of --ranks 3") !=
+        std::string::npos);
+  CHECK(status != 0);
+  CHECK(run_command(small + " --stage 4 2>&1", status).find("--stage must be 0, 1, 2 or 3, got 4") != std::string::npos);
+  CHECK(status != 0);
 }
 
 TEST_CASE("the README's write-your-own-model example trains") {

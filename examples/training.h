@@ -1,9 +1,10 @@
-// The examples' training data: a text file as byte-level tokens (vocabulary 256), read
-// in windows of seq + 1 bytes: batch row b of a step starts at position + b * seq.
+// What the training examples (train_gpt, train_zero) share: the text they learn, their
+// flags, and what their checkpoints record beside the weights.
 #pragma once
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -13,6 +14,8 @@
 
 namespace zg::examples {
 
+// A text file as byte-level tokens (vocabulary 256), read in windows of seq + 1 bytes:
+// batch row b of a step starts at position + b * seq.
 struct TextData {
   std::vector<int64_t> tokens;
   int64_t position = 0;
@@ -78,6 +81,42 @@ class FlagReader {
   char** argv_;
   int i_ = 0;
   std::string name_;
+};
+
+// A run's checkpoint records, beside the weights: the model's shape (a resume with
+// another --heads would load the same tensors into a different model, silently), where
+// the data stream is, and the training step -- which counts steps skipped for inf/NaN
+// gradients too, unlike AdamW's count of updates -- so the schedule and the end of the
+// run continue where they were.
+struct RunRecord {
+  Metadata shape;  // n_layer, n_head, n_embd, seq
+
+  RunRecord(int64_t layers, int64_t heads, int64_t embd, int64_t seq)
+      : shape{{"n_layer", std::to_string(layers)}, {"n_head", std::to_string(heads)},
+              {"n_embd", std::to_string(embd)}, {"seq", std::to_string(seq)}} {}
+
+  Metadata save(const TextData& data, int64_t steps_done) const {
+    Metadata meta = shape;
+    meta["data_position"] = std::to_string(data.position);
+    meta["train_step"] = std::to_string(steps_done);
+    return meta;
+  }
+  // Checks a checkpoint's record against this run, moves `data` to where it was, and
+  // returns its training step, if it recorded one.
+  std::optional<int64_t> resume(const std::string& who, const std::string& path, const Metadata& meta, TextData& data) const {
+    for (const auto& [key, value] : shape) {
+      const auto saved = meta.find(key);
+      ZG_CHECK(saved == meta.end() || saved->second == value, who, ": ", path, " is a checkpoint of a GPT with ", key,
+               " ", saved->second, "; this run has ", value);
+    }
+    if (meta.count("data_position")) data.position = metadata_number<int64_t>(meta, "data_position", path, who.c_str());
+    ZG_CHECK(data.position >= 0 && data.position < data.windows, who, ": ", path, ": data_position ", data.position,
+             " is not a window of this text (0 to ", data.windows - 1, ")");
+    if (!meta.count("train_step")) return std::nullopt;
+    const int64_t step = metadata_number<int64_t>(meta, "train_step", path, who.c_str());
+    ZG_CHECK(step >= 0, who, ": ", path, ": train_step ", step, " is not a step");
+    return step;
+  }
 };
 
 }  // namespace zg::examples

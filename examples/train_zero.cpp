@@ -1,0 +1,198 @@
+// train_zero: train_gpt's loop on N ranks, its parameters in a ShardedModel -- DDP or
+// ZeRO-1/2/3 is one flag. The ranks are N threads of this process (a local group: on
+// the CPU, or sharing one GPU); each takes its rows of the global batch, so every
+// stage trains the same model as one rank would. The checkpoint is a directory of
+// per-rank shards, and a run resumes from it at any --ranks and --stage.
+//
+//   build/examples/train_zero --ranks 4 --stage 3 --steps 100 --save ckpt
+//   build/examples/train_zero --ranks 2 --stage 1 --steps 200 --resume ckpt
+//
+// Rank 0 prints a line per step: the global loss, the gradient norm, and its own bytes
+// by category -- the model states shrink with the stage, `comm` holds the gathered
+// ZeRO-3 units and reduction buffers. The last line is "final loss: X".
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "dist/local_group.h"
+#include "dist/sharded_model.h"
+#include "nn/gpt.h"
+#include "optim/schedule.h"
+#include "training.h"
+#include "zerograd.h"
+
+#ifndef ZG_SOURCE_DIR
+#define ZG_SOURCE_DIR "."
+#endif
+
+using namespace zg;
+
+namespace {
+
+struct Flags {
+  std::string data = std::string(ZG_SOURCE_DIR) + "/examples/data/gradients.txt";
+  int64_t steps = 100, batch = 8, seq = 64, layers = 4, heads = 4, embd = 128;
+  int64_t ranks = 2, stage = 3, prefetch = 1, warmup = 20;
+  double lr = 3e-3, min_lr = 3e-4, max_grad_norm = 1.0, weight_decay = 0.1;
+  std::string dtype = "f32", device = "cpu", save, resume;
+  bool checkpointing = false;
+  uint64_t seed = 1337;
+};
+
+void usage() {
+  std::cout << "usage: train_zero [flags]\n"
+               "  --ranks N          ranks, as threads of this process (default 2)\n"
+               "  --stage S          0 = DDP, 1, 2, 3 = ZeRO-1/2/3 (default 3)\n"
+               "  --prefetch K       ZeRO-3: units gathered ahead of use (default 1)\n"
+               "  --data PATH        text file to learn, byte-level tokens (default: examples/data/gradients.txt)\n"
+               "  --steps N          training steps (default 100)\n"
+               "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
+               "  --seq T            tokens per sequence (default 64)\n"
+               "  --layers N --heads N --embd N   model size (default 4, 4, 128)\n"
+               "  --lr X             peak learning rate (default 3e-3), warmup 20 steps then cosine to lr/10\n"
+               "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
+               "  --device cpu|cuda  where every rank trains (default cpu)\n"
+               "  --checkpointing    recompute each block's activations in backward\n"
+               "  --save DIR         write a sharded checkpoint (a file per rank) at the end\n"
+               "  --resume DIR       continue from a sharded checkpoint, saved at any --ranks and --stage\n"
+               "  --seed N           initialisation and data seed (default 1337)\n"
+               "  --help             this text\n";
+}
+
+bool parse(int argc, char** argv, Flags& f) {
+  examples::FlagReader flag("train_zero", argc, argv);
+  while (flag.next()) {
+    const std::string& a = flag.name();
+    if (a == "--help") return false;
+    else if (a == "--ranks") f.ranks = flag.count(1);
+    else if (a == "--stage") f.stage = flag.count(0);
+    else if (a == "--prefetch") f.prefetch = flag.count(0);
+    else if (a == "--data") f.data = flag.value();
+    else if (a == "--steps") f.steps = flag.count(1);
+    else if (a == "--batch") f.batch = flag.count(1);
+    else if (a == "--seq") f.seq = flag.count(2);
+    else if (a == "--layers") f.layers = flag.count(1);
+    else if (a == "--heads") f.heads = flag.count(1);
+    else if (a == "--embd") f.embd = flag.count(1);
+    else if (a == "--lr") f.lr = flag.number(), f.min_lr = f.lr / 10;
+    else if (a == "--dtype") f.dtype = flag.value();
+    else if (a == "--device") f.device = flag.value();
+    else if (a == "--checkpointing") f.checkpointing = true;
+    else if (a == "--save") f.save = flag.value();
+    else if (a == "--resume") f.resume = flag.value();
+    else if (a == "--seed") f.seed = flag.count<uint64_t>(0);
+    else flag.unknown();
+  }
+  ZG_CHECK(f.stage <= 3, "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
+  ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024, "train_zero: --ranks and --prefetch go up to 1024");
+  ZG_CHECK(f.batch % f.ranks == 0, "train_zero: --batch ", f.batch, " is not a multiple of --ranks ", f.ranks,
+           ": each rank takes batch / ranks rows");
+  ZG_CHECK(f.batch <= (int64_t{1} << 40) / f.seq, "train_zero: --batch ", f.batch, " x --seq ", f.seq,
+           " tokens a step is more than 2^40");
+  ZG_CHECK(f.dtype == "f32" || f.dtype == "bf16", "train_zero: --dtype must be f32 or bf16, got ", f.dtype);
+  // Found out before training, not after it: a save writes a directory of rank files.
+  ZG_CHECK(f.save.empty() || !std::filesystem::exists(f.save) || std::filesystem::is_directory(f.save),
+           "train_zero: --save ", f.save, " is not a directory");
+  return true;
+}
+
+std::string memory_line(Device device) {
+  const MemoryStats s = memory_stats(device);
+  auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+  char line[200];
+  std::snprintf(line, sizeof line, "rank 0: param %.2f grad %.2f opt %.2f comm(peak) %.2f act(peak) %.2f MiB",
+                mib(s[MemoryCategory::parameter]), mib(s[MemoryCategory::gradient]),
+                mib(s[MemoryCategory::optimizer_state]), mib(s.peak_of(MemoryCategory::communication)),
+                mib(s.peak_of(MemoryCategory::activation)));
+  return line;
+}
+
+// One rank's run: every rank executes this, with its own Context and group handle.
+void train(dist::ProcessGroup& group, const Flags& f) {
+  const Device device(f.device);
+  ZG_CHECK(device.type != DeviceType::meta, "train_zero: --device meta holds no values to train; use cpu or cuda");
+  const bool printer = group.rank() == 0;
+  examples::TextData data("train_zero", f.data, f.seq);  // every rank reads the same global batches
+  manual_seed(f.seed);
+
+  nn::GPTConfig config;
+  config.n_layer = f.layers, config.n_head = f.heads, config.n_embd = f.embd;
+  config.vocab_size = 256, config.block_size = f.seq;
+  config.activation_checkpointing = f.checkpointing;
+  nn::GPT model(config, TensorOptions(DType::f32).device(device));
+  // The parameters move into flat units, sharded as the stage says; rank 0's initial
+  // weights become every rank's.
+  dist::ShardedModel sharded(model, dist::gpt_unit_plan(f.layers), group,
+                             {.stage = static_cast<int>(f.stage),
+                              .compute_dtype = f.dtype == "bf16" ? DType::bf16 : DType::f32,
+                              .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
+                              .max_grad_norm = f.max_grad_norm,
+                              .prefetch = static_cast<int>(f.prefetch)});
+  const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);  // what a checkpoint records, as train_gpt's
+  int64_t first_step = 0;
+  if (!f.resume.empty()) {
+    first_step = record.resume("train_zero", f.resume, sharded.load(f.resume), data).value_or(0);
+    ZG_CHECK(first_step < f.steps, "train_zero: ", f.resume, " is at step ", first_step, ": --steps ",
+             f.steps, " leaves nothing to train");
+    if (printer) std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(first_step));
+  }
+  if (printer)
+    std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s on %lld ranks, %s compute on %s\n",
+                static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
+                static_cast<long long>(sharded.num_parameters()), sharded.describe().c_str(),
+                static_cast<long long>(f.ranks), f.dtype.c_str(), device.str().c_str());
+
+  const int64_t rows = f.batch / group.size(), first_row = group.rank() * rows;
+  double loss_value = NAN;
+  for (int64_t step = first_step; step < f.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    Context::current().allocator(device)->reset_peaks();
+    const auto [inputs, targets] = data.next_batch(f.batch, f.seq, device);  // the global batch
+
+    sharded.zero_grad();
+    sharded.prepare_forward();  // ZeRO-3: no unit left gathered by an earlier forward
+    Tensor loss;
+    {
+      MemoryScope scope(MemoryCategory::activation);
+      loss = model.forward(inputs.narrow(0, first_row, rows), targets.narrow(0, first_row, rows)).loss;
+      loss.backward();  // gathers and reductions run from hooks as the backward goes
+    }
+    const double lr = optim::warmup_cosine_lr(step, f.lr, f.min_lr, f.warmup, f.steps);
+    const dist::StepResult result = sharded.step(lr);  // global norm, clip, AdamW on this rank's slices
+    // The global batch's loss: the mean of the ranks' means (they take equal rows).
+    Tensor global_loss = loss.detach().reshape({1}).to(DType::f32);
+    group.all_reduce(global_loss, dist::ReduceKind::average);
+    loss_value = global_loss.item<double>();
+
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (printer) {
+      std::printf("step %4lld/%lld | loss %.4f | norm %6.3f | %7.0f tok/s | lr %.2e | %s%s\n",
+                  static_cast<long long>(step + 1), static_cast<long long>(f.steps), loss_value, result.grad_norm,
+                  static_cast<double>(f.batch * f.seq) / seconds, lr, memory_line(device).c_str(),
+                  result.stepped ? "" : " | skipped (inf/nan gradients)");
+      std::fflush(stdout);
+    }
+  }
+  if (!f.save.empty()) sharded.save(f.save, record.save(data, f.steps));
+  if (printer) std::printf("final loss: %.4f\n", loss_value);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Flags flags;
+    if (!parse(argc, argv, flags)) {
+      usage();
+      return 0;
+    }
+    dist::run_local(static_cast<int>(flags.ranks), [&](dist::ProcessGroup& group) { train(group, flags); });
+    return 0;
+  } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
+    std::cerr << e.what() << "\n";
+    return 1;
+  }
+}
