@@ -23,22 +23,13 @@
 #include "training.h"
 #include "zerograd.h"
 
-#ifndef ZG_SOURCE_DIR
-#define ZG_SOURCE_DIR "."
-#endif
-
 using namespace zg;
 
 namespace {
 
-struct Flags {
-  std::string data = std::string(ZG_SOURCE_DIR) + "/examples/data/gradients.txt";
-  int64_t steps = 200, batch = 8, seq = 64, layers = 4, heads = 4, embd = 128;
-  double lr = 3e-3, min_lr = 3e-4, max_grad_norm = 1.0, weight_decay = 0.1, dropout = 0.0;
-  int64_t warmup = 20, save_every = 0;
-  std::string dtype = "f32", device = "cpu", save, resume;
-  bool checkpointing = false;
-  uint64_t seed = 1337;
+struct Flags : examples::TrainingFlags {
+  double dropout = 0.0;
+  int64_t save_every = 0;
 };
 
 void usage() {
@@ -65,27 +56,12 @@ bool parse(int argc, char** argv, Flags& f) {
   while (flag.next()) {
     const std::string& a = flag.name();
     if (a == "--help") return false;
-    else if (a == "--data") f.data = flag.value();
-    else if (a == "--steps") f.steps = flag.count(1);
-    else if (a == "--batch") f.batch = flag.count(1);
-    else if (a == "--seq") f.seq = flag.count(2);
-    else if (a == "--layers") f.layers = flag.count(1);
-    else if (a == "--heads") f.heads = flag.count(1);
-    else if (a == "--embd") f.embd = flag.count(1);
-    else if (a == "--lr") f.lr = flag.number(), f.min_lr = f.lr / 10;
-    else if (a == "--dtype") f.dtype = flag.value();
-    else if (a == "--device") f.device = flag.value();
-    else if (a == "--checkpointing") f.checkpointing = true;
+    else if (f.read(flag)) continue;
     else if (a == "--dropout") f.dropout = flag.number();
-    else if (a == "--save") f.save = flag.value();
     else if (a == "--save-every") f.save_every = flag.count(0);
-    else if (a == "--resume") f.resume = flag.value();
-    else if (a == "--seed") f.seed = flag.count<uint64_t>(0);
     else flag.unknown();
   }
-  ZG_CHECK(f.steps > 0 && f.batch > 0 && f.seq > 1, "train_gpt: --steps, --batch must be positive and --seq > 1");
-  ZG_CHECK(f.batch <= (int64_t{1} << 40) / f.seq, "train_gpt: --batch ", f.batch, " x --seq ", f.seq,
-           " tokens a step is more than 2^40");
+  f.check("train_gpt");
   return true;
 }
 

@@ -24,22 +24,13 @@
 #include "training.h"
 #include "zerograd.h"
 
-#ifndef ZG_SOURCE_DIR
-#define ZG_SOURCE_DIR "."
-#endif
-
 using namespace zg;
 
 namespace {
 
-struct Flags {
-  std::string data = std::string(ZG_SOURCE_DIR) + "/examples/data/gradients.txt";
-  int64_t steps = 100, batch = 8, seq = 64, layers = 4, heads = 4, embd = 128;
-  int64_t ranks = 2, stage = 3, prefetch = 1, warmup = 20;
-  double lr = 3e-3, min_lr = 3e-4, max_grad_norm = 1.0, weight_decay = 0.1;
-  std::string dtype = "f32", device = "cpu", save, resume;
-  bool checkpointing = false;
-  uint64_t seed = 1337;
+struct Flags : examples::TrainingFlags {
+  int64_t ranks = 2, stage = 3, prefetch = 1;
+  Flags() { steps = 100; }
 };
 
 void usage() {
@@ -67,31 +58,17 @@ bool parse(int argc, char** argv, Flags& f) {
   while (flag.next()) {
     const std::string& a = flag.name();
     if (a == "--help") return false;
+    else if (f.read(flag)) continue;
     else if (a == "--ranks") f.ranks = flag.count(1);
     else if (a == "--stage") f.stage = flag.count(0);
     else if (a == "--prefetch") f.prefetch = flag.count(0);
-    else if (a == "--data") f.data = flag.value();
-    else if (a == "--steps") f.steps = flag.count(1);
-    else if (a == "--batch") f.batch = flag.count(1);
-    else if (a == "--seq") f.seq = flag.count(2);
-    else if (a == "--layers") f.layers = flag.count(1);
-    else if (a == "--heads") f.heads = flag.count(1);
-    else if (a == "--embd") f.embd = flag.count(1);
-    else if (a == "--lr") f.lr = flag.number(), f.min_lr = f.lr / 10;
-    else if (a == "--dtype") f.dtype = flag.value();
-    else if (a == "--device") f.device = flag.value();
-    else if (a == "--checkpointing") f.checkpointing = true;
-    else if (a == "--save") f.save = flag.value();
-    else if (a == "--resume") f.resume = flag.value();
-    else if (a == "--seed") f.seed = flag.count<uint64_t>(0);
     else flag.unknown();
   }
+  f.check("train_zero");
   ZG_CHECK(f.stage <= 3, "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
   ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024, "train_zero: --ranks and --prefetch go up to 1024");
   ZG_CHECK(f.batch % f.ranks == 0, "train_zero: --batch ", f.batch, " is not a multiple of --ranks ", f.ranks,
            ": each rank takes batch / ranks rows");
-  ZG_CHECK(f.batch <= (int64_t{1} << 40) / f.seq, "train_zero: --batch ", f.batch, " x --seq ", f.seq,
-           " tokens a step is more than 2^40");
   ZG_CHECK(f.dtype == "f32" || f.dtype == "bf16", "train_zero: --dtype must be f32 or bf16, got ", f.dtype);
   // Found out before training, not after it: a save writes a directory of rank files.
   ZG_CHECK(f.save.empty() || !std::filesystem::exists(f.save) || std::filesystem::is_directory(f.save),

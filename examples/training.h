@@ -12,6 +12,10 @@
 
 #include "zerograd.h"
 
+#ifndef ZG_SOURCE_DIR
+#define ZG_SOURCE_DIR "."
+#endif
+
 namespace zg::examples {
 
 // A text file as byte-level tokens (vocabulary 256), read in windows of seq + 1 bytes:
@@ -81,6 +85,43 @@ class FlagReader {
   char** argv_;
   int i_ = 0;
   std::string name_;
+};
+
+// The flags both examples take, with their defaults: the data, the model's shape, the
+// schedule, dtype and device, checkpoints, the seed.
+struct TrainingFlags {
+  std::string data = std::string(ZG_SOURCE_DIR) + "/examples/data/gradients.txt";
+  int64_t steps = 200, batch = 8, seq = 64, layers = 4, heads = 4, embd = 128, warmup = 20;
+  double lr = 3e-3, min_lr = 3e-4, max_grad_norm = 1.0, weight_decay = 0.1;
+  std::string dtype = "f32", device = "cpu", save, resume;
+  bool checkpointing = false;
+  uint64_t seed = 1337;
+
+  // Reads the reader's current flag if it is one of these, else returns false.
+  bool read(FlagReader& flag) {
+    const std::string& a = flag.name();
+    if (a == "--data") data = flag.value();
+    else if (a == "--steps") steps = flag.count(1);
+    else if (a == "--batch") batch = flag.count(1);
+    else if (a == "--seq") seq = flag.count(2);
+    else if (a == "--layers") layers = flag.count(1);
+    else if (a == "--heads") heads = flag.count(1);
+    else if (a == "--embd") embd = flag.count(1);
+    else if (a == "--lr") lr = flag.number(), min_lr = lr / 10;
+    else if (a == "--dtype") dtype = flag.value();
+    else if (a == "--device") device = flag.value();
+    else if (a == "--checkpointing") checkpointing = true;
+    else if (a == "--save") save = flag.value();
+    else if (a == "--resume") resume = flag.value();
+    else if (a == "--seed") seed = flag.count<uint64_t>(0);
+    else return false;
+    return true;
+  }
+  // Once every flag is read: what they allow together.
+  void check(const std::string& who) const {
+    ZG_CHECK(batch <= (int64_t{1} << 40) / seq, who, ": --batch ", batch, " x --seq ", seq,
+             " tokens a step is more than 2^40");
+  }
 };
 
 // A run's checkpoint records, beside the weights: the model's shape (a resume with
