@@ -92,7 +92,8 @@ def read_safetensors(path):
 
 def load(path, device):
     metadata, state = read_safetensors(path)
-    meta = {k: int(v) if v.isdigit() else float(v) for k, v in metadata.items()}
+    # Beside the run's numbers (shape, lr) the metadata holds each tensor's checksum ("crc32c/<name>").
+    meta = {k: int(v) if v.isdigit() else float(v) for k, v in metadata.items() if not k.startswith("crc32c/")}
     tokens = state.pop("tokens").to(device)
     model = GPT(meta["n_layer"], meta["n_head"], meta["n_embd"], meta["vocab_size"], meta["block_size"])
     model.load_state_dict(state, strict=True)

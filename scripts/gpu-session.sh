@@ -20,6 +20,7 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
   build)
     source scripts/env.sh
+    mkdir -p .git/info
     for ignored in build-gpu/ gpu-carry/; do
       grep -qx "$ignored" .git/info/exclude || echo "$ignored" >> .git/info/exclude
     done
