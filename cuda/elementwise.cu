@@ -89,14 +89,8 @@ __global__ void binary_kernel(const T* a, const T* b, Out* y, StridedIndexer<3> 
 // ---- the dense case: 128-bit loads ----
 // When every operand is contiguous in the same order (the indexer merged the view to
 // one dim of unit strides) and 16-byte aligned, a thread moves a whole 16-byte pack
-// of the input per load -- 8 bf16, 4 f32 -- instead of one element, and needs no
+// of the input per load (Pack, cuda/kernels.cuh) instead of one element, and needs no
 // index arithmetic; the last n % V elements go one by one.
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-template <class T>
-inline constexpr int kPack = 16 / sizeof(T);
 
 template <UnaryOp Op, class T>
 __global__ void unary_dense_kernel(const T* x, T* y, int64_t n) {

@@ -124,6 +124,57 @@ T* device_ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
+// ---- 128-bit loads ----
+// A 16-byte pack of elements -- 8 bf16, 4 f32, 2 f64 -- moved by one load or store:
+// a quarter to an eighth of the instructions of element loads, and no index arithmetic
+// per element.
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <class T>
+inline constexpr int kPack = 16 / sizeof(T);
+
+// Whether a row of `length` elements at each pointer is whole, aligned packs.
+template <class T, class... Pointers>
+__host__ __device__ bool whole_packs(int64_t length, const Pointers*... rows) {
+  return length % kPack<T> == 0 && ((reinterpret_cast<uintptr_t>(rows) % 16 == 0) && ...);
+}
+
+// For a block's row: f(j, row[j]) over the elements this thread owns (packs, or
+// elements, threadIdx.x, threadIdx.x + kThreads, ...), by packs where the row allows.
+template <class T, class F>
+__device__ __forceinline__ void for_row(const T* row, int64_t length, F&& f) {
+  constexpr int V = kPack<T>;
+  if (whole_packs<T>(length, row)) {
+    for (int64_t p = threadIdx.x; p < length / V; p += kThreads) {
+      const Pack<T, V> in = reinterpret_cast<const Pack<T, V>*>(row)[p];
+#pragma unroll
+      for (int k = 0; k < V; ++k) f(p * V + k, in.v[k]);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < length; j += kThreads) f(j, row[j]);
+  }
+}
+
+// For a block's row: out[j] = f(j, in[j]) over the elements this thread owns, by packs
+// where both rows allow. `out` may be `in`: each thread writes only what it read.
+template <class T, class F>
+__device__ __forceinline__ void map_row(const T* in, T* out, int64_t length, F&& f) {
+  constexpr int V = kPack<T>;
+  if (whole_packs<T>(length, in, out)) {
+    for (int64_t p = threadIdx.x; p < length / V; p += kThreads) {
+      const Pack<T, V> x = reinterpret_cast<const Pack<T, V>*>(in)[p];
+      Pack<T, V> y;
+#pragma unroll
+      for (int k = 0; k < V; ++k) y.v[k] = f(p * V + k, x.v[k]);
+      reinterpret_cast<Pack<T, V>*>(out)[p] = y;
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < length; j += kThreads) out[j] = f(j, in[j]);
+  }
+}
+
 // ---- block reduction ----
 // combine(a, b) over the 256 values of a block; every thread gets the result.
 // Tree order, so the result does not depend on timing.

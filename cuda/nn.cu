@@ -49,7 +49,7 @@ struct Merge {
 template <class T, class C = acc_t<T>>
 __device__ RowLse<C> row_lse(const T* row, int64_t length) {
   OnlineLse<C> folded;
-  for (int64_t j = threadIdx.x; j < length; j += kThreads) folded.add(widen(row[j]));
+  for_row(row, length, [&](int64_t, T x) { folded.add(widen(x)); });
   folded = block_reduce(folded, Merge{});
   return {folded.max, folded.log_sum()};
 }
@@ -62,10 +62,10 @@ __global__ void softmax_kernel(const T* x, T* y, int64_t rows, int64_t length, b
     const T* in = x + row * length;
     T* out = y + row * length;
     const RowLse<C> lse = row_lse(in, length);
-    for (int64_t j = threadIdx.x; j < length; j += kThreads) {
-      const C shifted = lse.shifted(C(widen(in[j])));
-      out[j] = convert<T>(log_output ? shifted : math_exp(shifted));
-    }
+    map_row(in, out, length, [&](int64_t, T x) {
+      const C shifted = lse.shifted(C(widen(x)));
+      return convert<T>(log_output ? shifted : math_exp(shifted));
+    });
   }
 }
 
@@ -163,18 +163,34 @@ __global__ void layer_norm_param_partials_kernel(const T* grad_out, const T* x, 
 }
 
 // Stage 2: dw[c] = sum over chunks of partial_dw[chunk, c] (likewise db), rounded once to T.
+// A block takes 32 channels and splits the chunks among 8 lanes of them (lane y sums chunks
+// y, y + 8, ...: 8 short chains of loads in flight, not one long one a channel); lane 0 then
+// adds the lanes' sums in order, so the result does not depend on timing.
+constexpr int kParamSumLanes = kThreads / kWarp;
 template <class T>
 __global__ void layer_norm_param_sum_kernel(const double* partial_dw, const double* partial_db, T* grad_weight,
                                             T* grad_bias, int64_t chunks, int64_t channels) {
-  for (int64_t c = grid_index(); c < channels; c += grid_stride()) {
-    double dw = 0, db = 0;
-    for (int64_t k = 0; k < chunks; ++k) {
+  __shared__ double lane_dw[kParamSumLanes][kWarp], lane_db[kParamSumLanes][kWarp];
+  const int x = static_cast<int>(threadIdx.x % kWarp), y = static_cast<int>(threadIdx.x / kWarp);
+  const int64_t c = blockIdx.x * int64_t{kWarp} + x;
+  double dw = 0, db = 0;
+  if (c < channels) {
+#pragma unroll 4
+    for (int64_t k = y; k < chunks; k += kParamSumLanes) {
       dw += partial_dw[k * channels + c];
       db += partial_db[k * channels + c];
     }
-    if (grad_weight) grad_weight[c] = convert<T>(dw);
-    if (grad_bias) grad_bias[c] = convert<T>(db);
   }
+  lane_dw[y][x] = dw;
+  lane_db[y][x] = db;
+  __syncthreads();
+  if (y != 0 || c >= channels) return;
+  for (int lane = 1; lane < kParamSumLanes; ++lane) {
+    dw += lane_dw[lane][x];
+    db += lane_db[lane][x];
+  }
+  if (grad_weight) grad_weight[c] = convert<T>(dw);
+  if (grad_bias) grad_bias[c] = convert<T>(db);
 }
 
 // out[i, c] = weight[indices[i], c]. A bad index gives a zero row and a deferred error.
@@ -283,8 +299,9 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const I* target, 
     if (valid && !(isfinite(target_logit) && math_abs(loss_row) <= C(Backend::kCrossEntropyLossUsable)))
       lse = row_lse(x, classes);
     __syncthreads();  // x[t] is read by all before the thread owning j = t overwrites it
-    for (int64_t j = threadIdx.x; j < classes; j += kThreads)
-      dx[j] = convert<T>(g * (math_exp(lse.shifted(C(widen(x[j])))) - (j == t ? C(1) : C(0))));
+    map_row(x, dx, classes, [&](int64_t j, T x_j) {
+      return convert<T>(g * (math_exp(lse.shifted(C(widen(x_j)))) - (j == t ? C(1) : C(0))));
+    });
   }
 }
 
@@ -392,7 +409,7 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
         device_ptr<const T>(grad_out), device_ptr<const T>(x), device_ptr<const S>(mean), device_ptr<const S>(rstd),
         partial_dw, partial_db, rows, channels, rows_per_chunk);
     ZG_CUDA_CHECK_LAUNCH();
-    layer_norm_param_sum_kernel<T><<<blocks_for(channels), kThreads, 0, on.stream>>>(
+    layer_norm_param_sum_kernel<T><<<static_cast<unsigned>((channels + kWarp - 1) / kWarp), kThreads, 0, on.stream>>>(
         partial_dw, partial_db, grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
         grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, chunks, channels);
     ZG_CUDA_CHECK_LAUNCH();
