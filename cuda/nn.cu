@@ -73,39 +73,65 @@ __global__ void softmax_kernel(const T* x, T* y, int64_t rows, int64_t length, b
 // out = (x - mean) * rstd * weight + bias;  mean and rstd kept (S: f32, f64 for f64).
 // With a residual (add_layer_norm), the row normalised is x + residual: the first pass
 // writes it to `sum`, rounded as binary add rounds it, and the later passes read it back
-// from there (each lane reads only the elements it wrote, so no barrier is needed).
-template <class T, class S>
+// from there (each lane reads only the packs it wrote, so no barrier is needed).
+// Lane l of the row's warp takes packs l, l + 32, ... of V elements (V = kPack<T>: 16-byte
+// loads, where every row and vector is whole aligned packs; else V = 1).
+template <class T, class S, int V>
 __global__ void layer_norm_kernel(const T* x, const T* residual, T* sum, const T* weight, const T* bias, double eps,
                                   T* y, S* mean, S* rstd, int64_t rows, int64_t channels) {
   using C = acc_t<T>;
+  using P = Pack<T, V>;
   const int lane = warp_lane();
+  const int64_t packs = channels / V;
+  const P* w = reinterpret_cast<const P*>(weight);
+  const P* b = reinterpret_cast<const P*>(bias);
   for (int64_t row = warp_row(); row < rows; row += warp_row_stride()) {
-    const T* x_row = x + row * channels;
-    T* out = y + row * channels;
+    const P* x_row = reinterpret_cast<const P*>(x + row * channels);
+    P* out = reinterpret_cast<P*>(y + row * channels);
     C total = 0;
     if (residual) {
-      const T* r_row = residual + row * channels;
-      T* s_row = sum + row * channels;
-      for (int64_t j = lane; j < channels; j += kWarp) {
-        s_row[j] = convert<T>(widen(x_row[j]) + widen(r_row[j]));
-        total += widen(s_row[j]);
+      const P* r_row = reinterpret_cast<const P*>(residual + row * channels);
+      P* s_row = reinterpret_cast<P*>(sum + row * channels);
+      for (int64_t p = lane; p < packs; p += kWarp) {
+        const P a = x_row[p], r = r_row[p];
+        P added;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          added.v[k] = convert<T>(widen(a.v[k]) + widen(r.v[k]));
+          total += widen(added.v[k]);
+        }
+        s_row[p] = added;
       }
     } else {
-      for (int64_t j = lane; j < channels; j += kWarp) total += widen(x_row[j]);
+      for (int64_t p = lane; p < packs; p += kWarp) {
+        const P a = x_row[p];
+#pragma unroll
+        for (int k = 0; k < V; ++k) total += widen(a.v[k]);
+      }
     }
-    const T* in = residual ? sum + row * channels : x_row;
+    const P* in = residual ? reinterpret_cast<const P*>(sum + row * channels) : x_row;
     const C mu = warp_reduce(total, Add{}) / static_cast<C>(channels);
     C squares = 0;
-    for (int64_t j = lane; j < channels; j += kWarp) {
-      const C d = widen(in[j]) - mu;
-      squares += d * d;
+    for (int64_t p = lane; p < packs; p += kWarp) {
+      const P a = in[p];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const C d = widen(a.v[k]) - mu;
+        squares += d * d;
+      }
     }
     const C r = C(1) / math_sqrt(warp_reduce(squares, Add{}) / static_cast<C>(channels) + static_cast<C>(eps));
-    for (int64_t j = lane; j < channels; j += kWarp) {
-      C v = (widen(in[j]) - mu) * r;
-      if (weight) v *= widen(weight[j]);
-      if (bias) v += widen(bias[j]);
-      out[j] = convert<T>(v);
+    for (int64_t p = lane; p < packs; p += kWarp) {
+      const P a = in[p];
+      P o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        C v = (widen(a.v[k]) - mu) * r;
+        if (w) v *= widen(w[p].v[k]);
+        if (b) v += widen(b[p].v[k]);
+        o.v[k] = convert<T>(v);
+      }
+      out[p] = o;
     }
     if (lane == 0) {
       mean[row] = static_cast<S>(mu);
@@ -114,30 +140,43 @@ __global__ void layer_norm_kernel(const T* x, const T* residual, T* sum, const T
   }
 }
 
-// Layer norm backward, the part per row (one warp each): with xhat = (x - mean) rstd
-// and gxhat = g w,
+// Layer norm backward, the part per row (one warp each, packs as in the forward): with
+// xhat = (x - mean) rstd and gxhat = g w,
 //   dx = rstd (gxhat - mean_C(gxhat) - xhat mean_C(gxhat xhat)).
-template <class T, class S>
+template <class T, class S, int V>
 __global__ void layer_norm_backward_kernel(const T* grad_out, const T* x, const T* weight, const S* mean,
                                            const S* rstd, T* grad_x, int64_t rows, int64_t channels) {
   using C = acc_t<T>;
+  using P = Pack<T, V>;
   const int lane = warp_lane();
+  const int64_t packs = channels / V;
+  const P* w = reinterpret_cast<const P*>(weight);
   for (int64_t row = warp_row(); row < rows; row += warp_row_stride()) {
-    const T* g = grad_out + row * channels;
-    const T* in = x + row * channels;
+    const P* g = reinterpret_cast<const P*>(grad_out + row * channels);
+    const P* in = reinterpret_cast<const P*>(x + row * channels);
     const C mu = static_cast<C>(mean[row]), r = static_cast<C>(rstd[row]);
     C sum_gxhat = 0, sum_gxhat_xhat = 0;
-    for (int64_t j = lane; j < channels; j += kWarp) {
-      const C gxhat = widen(g[j]) * (weight ? widen(weight[j]) : C(1));
-      sum_gxhat += gxhat;
-      sum_gxhat_xhat += gxhat * (widen(in[j]) - mu) * r;
+    for (int64_t p = lane; p < packs; p += kWarp) {
+      const P gp = g[p], xp = in[p];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const C gxhat = widen(gp.v[k]) * (w ? widen(w[p].v[k]) : C(1));
+        sum_gxhat += gxhat;
+        sum_gxhat_xhat += gxhat * (widen(xp.v[k]) - mu) * r;
+      }
     }
     const C mean_gxhat = warp_reduce(sum_gxhat, Add{}) / static_cast<C>(channels);
     const C mean_gxhat_xhat = warp_reduce(sum_gxhat_xhat, Add{}) / static_cast<C>(channels);
-    T* out = grad_x + row * channels;
-    for (int64_t j = lane; j < channels; j += kWarp) {
-      const C gxhat = widen(g[j]) * (weight ? widen(weight[j]) : C(1)), xhat = (widen(in[j]) - mu) * r;
-      out[j] = convert<T>(r * (gxhat - mean_gxhat - xhat * mean_gxhat_xhat));
+    P* out = reinterpret_cast<P*>(grad_x + row * channels);
+    for (int64_t p = lane; p < packs; p += kWarp) {
+      const P gp = g[p], xp = in[p];
+      P o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const C gxhat = widen(gp.v[k]) * (w ? widen(w[p].v[k]) : C(1)), xhat = (widen(xp.v[k]) - mu) * r;
+        o.v[k] = convert<T>(r * (gxhat - mean_gxhat - xhat * mean_gxhat_xhat));
+      }
+      out[p] = o;
     }
   }
 }
@@ -355,9 +394,14 @@ void launch_layer_norm(const char* op, const Tensor& x, const Tensor& residual, 
              name(dtype_of<S>()), " for ", describe(x), ", got ", describe(mean), " and ", describe(rstd));
     if (rows == 0) return;
     auto optional = [](const Tensor& t) { return t.defined() ? device_ptr<const T>(t) : nullptr; };
-    layer_norm_kernel<T, S><<<blocks_for_warp_rows(rows), kThreads, 0, on.stream>>>(
-        device_ptr<const T>(x), optional(residual), sum.defined() ? device_ptr<T>(sum) : nullptr, optional(weight),
-        optional(bias), eps, device_ptr<T>(out), device_ptr<S>(mean), device_ptr<S>(rstd), rows, channels);
+    const T* in = device_ptr<const T>(x);
+    T* added = sum.defined() ? device_ptr<T>(sum) : nullptr;
+    T* y = device_ptr<T>(out);
+    const bool packed = whole_packs<T>(channels, in, optional(residual), added, optional(weight), optional(bias), y);
+    (packed ? layer_norm_kernel<T, S, kPack<T>> : layer_norm_kernel<T, S, 1>)<<<blocks_for_warp_rows(rows), kThreads, 0,
+                                                                               on.stream>>>(
+        in, optional(residual), added, optional(weight), optional(bias), eps, y, device_ptr<S>(mean),
+        device_ptr<S>(rstd), rows, channels);
     ZG_CUDA_CHECK_LAUNCH();
   });
 }
@@ -386,10 +430,14 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
     ZG_CHECK(mean.dtype() == dtype_of<S>() && rstd.dtype() == dtype_of<S>(), "layer_norm_backward: mean and rstd must be ",
              name(dtype_of<S>()), " for ", describe(x), ", got ", describe(mean), " and ", describe(rstd));
     if (rows > 0) {
-      layer_norm_backward_kernel<T, S><<<blocks_for_warp_rows(rows), kThreads, 0, on.stream>>>(
-          device_ptr<const T>(grad_out), device_ptr<const T>(x),
-          weight.defined() ? device_ptr<const T>(weight) : nullptr, device_ptr<const S>(mean),
-          device_ptr<const S>(rstd), device_ptr<T>(grad_x), rows, channels);
+      const T* g = device_ptr<const T>(grad_out);
+      const T* in = device_ptr<const T>(x);
+      const T* w = weight.defined() ? device_ptr<const T>(weight) : nullptr;
+      T* dx = device_ptr<T>(grad_x);
+      const bool packed = whole_packs<T>(channels, g, in, w, dx);
+      (packed ? layer_norm_backward_kernel<T, S, kPack<T>> : layer_norm_backward_kernel<T, S, 1>)<<<
+          blocks_for_warp_rows(rows), kThreads, 0, on.stream>>>(g, in, w, device_ptr<const S>(mean),
+                                                                device_ptr<const S>(rstd), dx, rows, channels);
       ZG_CUDA_CHECK_LAUNCH();
     }
     if (!grad_weight.defined() && !grad_bias.defined()) return;
