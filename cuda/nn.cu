@@ -202,19 +202,19 @@ __global__ void layer_norm_param_partials_kernel(const T* grad_out, const T* x, 
 }
 
 // Stage 2: dw[c] = sum over chunks of partial_dw[chunk, c] (likewise db), rounded once to T.
-// A block takes 32 channels and splits the chunks among 8 lanes of them (lane y sums chunks
-// y, y + 8, ...: 8 short chains of loads in flight, not one long one a channel); lane 0 then
-// adds the lanes' sums in order, so the result does not depend on timing.
-constexpr int kParamSumLanes = kThreads / kWarp;
+// A block takes 8 channels and splits the chunks among 32 lanes of them (lane y sums chunks
+// y, y + 32, ...: short chains of loads, many in flight, where one thread a channel would walk
+// all 512 chunks alone); lane 0 then adds the lanes' sums in order, so the result does not
+// depend on timing.
+constexpr int kParamSumChannels = 8, kParamSumLanes = kThreads / kParamSumChannels;
 template <class T>
 __global__ void layer_norm_param_sum_kernel(const double* partial_dw, const double* partial_db, T* grad_weight,
                                             T* grad_bias, int64_t chunks, int64_t channels) {
-  __shared__ double lane_dw[kParamSumLanes][kWarp], lane_db[kParamSumLanes][kWarp];
-  const int x = static_cast<int>(threadIdx.x % kWarp), y = static_cast<int>(threadIdx.x / kWarp);
-  const int64_t c = blockIdx.x * int64_t{kWarp} + x;
+  __shared__ double lane_dw[kParamSumLanes][kParamSumChannels], lane_db[kParamSumLanes][kParamSumChannels];
+  const int x = static_cast<int>(threadIdx.x % kParamSumChannels), y = static_cast<int>(threadIdx.x / kParamSumChannels);
+  const int64_t c = blockIdx.x * int64_t{kParamSumChannels} + x;
   double dw = 0, db = 0;
   if (c < channels) {
-#pragma unroll 4
     for (int64_t k = y; k < chunks; k += kParamSumLanes) {
       dw += partial_dw[k * channels + c];
       db += partial_db[k * channels + c];
@@ -457,7 +457,8 @@ void CudaBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, c
         device_ptr<const T>(grad_out), device_ptr<const T>(x), device_ptr<const S>(mean), device_ptr<const S>(rstd),
         partial_dw, partial_db, rows, channels, rows_per_chunk);
     ZG_CUDA_CHECK_LAUNCH();
-    layer_norm_param_sum_kernel<T><<<static_cast<unsigned>((channels + kWarp - 1) / kWarp), kThreads, 0, on.stream>>>(
+    layer_norm_param_sum_kernel<T><<<static_cast<unsigned>((channels + kParamSumChannels - 1) / kParamSumChannels),
+                                     kThreads, 0, on.stream>>>(
         partial_dw, partial_db, grad_weight.defined() ? device_ptr<T>(grad_weight) : nullptr,
         grad_bias.defined() ? device_ptr<T>(grad_bias) : nullptr, chunks, channels);
     ZG_CUDA_CHECK_LAUNCH();
