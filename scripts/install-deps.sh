@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what zerograd needs to build and test on Debian/Ubuntu, skipping what
-# is already there: a C++20 compiler, Meson >= 1.0 and Ninja, pkg-config,
+# is already there: a C++20 compiler, Meson >= 1.0 (>= 1.4 with CUDA) and Ninja, pkg-config,
 # Eigen 3.4, nlohmann-json (safetensors headers), OpenMPI (the mpi process group)
 # and doctest. The CUDA toolkit is optional and never installed here:
 # when /usr/local/cuda (or nvcc on PATH) exists, the build uses it, and this script
@@ -17,9 +17,14 @@ command -v python3 >/dev/null || need+=(python3)
 [ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
 [ -n "$(find /usr/include /usr/lib -name mpi.h -print -quit 2>/dev/null)" ] || need+=(libopenmpi-dev)
-meson_ok() { command -v meson >/dev/null && meson --version | awk -F. '{exit !($1 >= 1)}'; }
-meson_ok || need+=(meson)
 has_cuda() { command -v nvcc >/dev/null || [ -d /usr/local/cuda ]; }
+# Meson >= 1.0; with CUDA >= 1.4, the first that asks nvcc for dependency files: with an
+# older one a changed header does not rebuild the .cu objects that include it (a stale
+# vtable in one of them then crashes at run time).
+meson_min=1.0
+has_cuda && meson_min=1.4
+meson_ok() { command -v meson >/dev/null && printf '%s\n' "$meson_min" "$(meson --version)" | sort -V -C; }
+command -v meson >/dev/null || need+=(meson)
 has_cuda && ! python3 -m pip --version >/dev/null 2>&1 && need+=(python3-pip)
 
 if ((${#need[@]})); then
@@ -29,10 +34,13 @@ if ((${#need[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-# Distributions older than Debian 12 / Ubuntu 23.04 ship Meson < 1.0: take it from PyPI then.
+# Where the distribution's Meson is older than that (Debian 12 ships 1.0.1): take it from PyPI.
+export PATH="$HOME/.local/bin:$PATH"  # where pip --user puts it (scripts/env.sh does the same)
 if ! meson_ok; then
-  echo "install-deps: the distribution's Meson is older than 1.0; installing Meson from PyPI"
-  python3 -m pip install --user --quiet 'meson>=1.0' || python3 -m pip install --user --quiet --break-system-packages 'meson>=1.0'
+  echo "install-deps: Meson $(meson --version 2>/dev/null || echo '(none)') is older than $meson_min; installing Meson from PyPI"
+  python3 -m pip install --user --quiet "meson>=$meson_min" ||
+    python3 -m pip install --user --quiet --break-system-packages "meson>=$meson_min"
+  meson_ok || { echo "install-deps: Meson >= $meson_min is still not on PATH" >&2; exit 1; }
 fi
 
 # The cuDNN frontend: NVIDIA's header-only C++ API over cuDNN's graph backend, which
