@@ -279,7 +279,10 @@ std::vector<OpCase> op_table() {
          const Host sum = map2(x[0], x[1], std::plus<>()), out = layer_norm_ref(sum, &x[2], &x[3], 1e-5);
          Host both{{2, 3, 16}, {}};
          for (size_t row = 0; row < 6; ++row)
-           for (const Host* h : {&sum, &out}) both.data.insert(both.data.end(), &h->data[row * 8], &h->data[row * 8 + 8]);
+           for (const Host* h : {&sum, &out}) {
+             const auto first = h->data.begin() + static_cast<std::ptrdiff_t>(row * 8);
+             both.data.insert(both.data.end(), first, first + 8);
+           }
          return both;
        }},
       {"embedding", {{{6, 4}}, {{2, 3}, Kind::index, false, 6}}, T1 { return embedding(x[0], x[1]); },
