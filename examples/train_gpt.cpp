@@ -34,21 +34,14 @@ struct Flags : examples::TrainingFlags {
 
 void usage() {
   std::cout << "usage: train_gpt [flags]\n"
-               "  --data PATH        text file to learn, byte-level tokens (default: examples/data/gradients.txt)\n"
-               "  --steps N          training steps (default 200)\n"
                "  --batch B          sequences per step (default 8)\n"
-               "  --seq T            tokens per sequence (default 64)\n"
-               "  --layers N --heads N --embd N   model size (default 4, 4, 128)\n"
-               "  --lr X             peak learning rate (default 3e-3), warmup 20 steps then cosine to lr/10\n"
                "  --dtype f32|bf16|f16   compute dtype; master weights and Adam state stay f32 (f16 adds a grad scaler)\n"
                "  --device cpu|cuda  where to train (default cpu)\n"
-               "  --checkpointing    recompute each block's activations in backward (less activation memory)\n"
                "  --dropout P        dropout probability (default 0)\n"
                "  --save PATH        write a training checkpoint (safetensors) at the end\n"
                "  --save-every N     ... and every N steps\n"
                "  --resume PATH      continue from a training checkpoint\n"
-               "  --seed N           initialisation and data seed (default 1337)\n"
-               "  --help             this text\n";
+            << Flags().common_help();
 }
 
 bool parse(int argc, char** argv, Flags& f) {

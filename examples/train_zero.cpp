@@ -38,19 +38,12 @@ void usage() {
                "  --ranks N          ranks, as threads of this process (default 2)\n"
                "  --stage S          0 = DDP, 1, 2, 3 = ZeRO-1/2/3 (default 3)\n"
                "  --prefetch K       ZeRO-3: units gathered ahead of use (default 1)\n"
-               "  --data PATH        text file to learn, byte-level tokens (default: examples/data/gradients.txt)\n"
-               "  --steps N          training steps (default 100)\n"
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
-               "  --seq T            tokens per sequence (default 64)\n"
-               "  --layers N --heads N --embd N   model size (default 4, 4, 128)\n"
-               "  --lr X             peak learning rate (default 3e-3), warmup 20 steps then cosine to lr/10\n"
                "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
                "  --device cpu|cuda  where every rank trains (default cpu)\n"
-               "  --checkpointing    recompute each block's activations in backward\n"
                "  --save DIR         write a sharded checkpoint (a file per rank) at the end\n"
                "  --resume DIR       continue from a sharded checkpoint, saved at any --ranks and --stage\n"
-               "  --seed N           initialisation and data seed (default 1337)\n"
-               "  --help             this text\n";
+            << Flags().common_help();
 }
 
 bool parse(int argc, char** argv, Flags& f) {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -116,6 +117,21 @@ struct TrainingFlags {
     else if (a == "--seed") seed = flag.count<uint64_t>(0);
     else return false;
     return true;
+  }
+  // The help lines of the flags that mean the same in every example, with this object's
+  // defaults (--batch, --dtype, --device, --save and --resume each example describes itself).
+  std::string common_help() const {
+    std::ostringstream out;
+    out << "  --data PATH        text file to learn, byte-level tokens (default: examples/data/gradients.txt)\n"
+        << "  --steps N          training steps (default " << steps << ")\n"
+        << "  --seq T            tokens per sequence (default " << seq << ")\n"
+        << "  --layers N --heads N --embd N   model size (default " << layers << ", " << heads << ", " << embd << ")\n"
+        << "  --lr X             peak learning rate (default " << lr << "), warmup " << warmup
+        << " steps then cosine to lr/10\n"
+        << "  --checkpointing    recompute each block's activations in backward (less activation memory)\n"
+        << "  --seed N           initialisation and data seed (default " << seed << ")\n"
+        << "  --help             this text\n";
+    return out.str();
   }
   // Once every flag is read: what they allow together.
   void check(const std::string& who) const {
