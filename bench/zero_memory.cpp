@@ -27,11 +27,11 @@
 
 #ifdef ZG_WITH_NCCL
 #include "cuda/device.h"
-#include "dist/nccl_group.h"
+#include "dist/comm/nccl_group.h"
 #endif
-#include "dist/fake_group.h"
-#include "dist/local_group.h"
-#include "dist/sharded_model.h"
+#include "dist/comm/fake_group.h"
+#include "dist/comm/local_group.h"
+#include "dist/zero/sharded_model.h"
 #include "nn/gpt.h"
 #include "zerograd.h"
 

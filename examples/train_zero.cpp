@@ -17,8 +17,8 @@
 #include <iostream>
 #include <string>
 
-#include "dist/local_group.h"
-#include "dist/sharded_model.h"
+#include "dist/comm/local_group.h"
+#include "dist/zero/sharded_model.h"
 #include "nn/gpt.h"
 #include "optim/schedule.h"
 #include "training.h"

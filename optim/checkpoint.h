@@ -9,7 +9,7 @@
 //
 // Keyed by parameter name rather than by offset in a flat buffer, so the same file
 // loads into a FlatParameters of any packing order. (The dist layer's checkpoints are
-// sharded, one file per rank: dist/sharded_checkpoint.cpp.)
+// sharded, one file per rank: dist/zero/sharded_checkpoint.cpp.)
 #pragma once
 
 #include <optional>

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "dist/mpi_group.h"
+#include "dist/comm/mpi_group.h"
 #include "zero_training.h"
 
 int main(int argc, char** argv) {

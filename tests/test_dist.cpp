@@ -4,8 +4,8 @@
 #include <chrono>
 #include <thread>
 
-#include "dist/fake_group.h"
-#include "dist/local_group.h"
+#include "dist/comm/fake_group.h"
+#include "dist/comm/local_group.h"
 #include "helpers.h"
 #include "tensor/autograd.h"
 

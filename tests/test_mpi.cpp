@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <unistd.h>
 
-#include "dist/local_group.h"
+#include "dist/comm/local_group.h"
 #include "helpers.h"
 #include "zero_training.h"
 

@@ -4,8 +4,8 @@
 // values, the stream semantics of Work, byte counts, the watchdog's error path and a
 // sharded training run. Built only with CUDA; skipped where no GPU is visible.
 #include "cuda/device.h"
-#include "dist/local_group.h"
-#include "dist/nccl_group.h"
+#include "dist/comm/local_group.h"
+#include "dist/comm/nccl_group.h"
 #include "helpers.h"
 #include "zero_training.h"
 

@@ -1,8 +1,8 @@
 // ZeRO: every stage and world size trains exactly like one rank with the same
 // global batch, and holds exactly the model-state bytes of the ZeRO paper's table.
-#include "dist/fake_group.h"
-#include "dist/local_group.h"
-#include "dist/sharded_model.h"
+#include "dist/comm/fake_group.h"
+#include "dist/comm/local_group.h"
+#include "dist/zero/sharded_model.h"
 #include "nn/checkpoint.h"
 #include "nn/serialize.h"
 #include "tiny_gpt.h"

@@ -3,7 +3,7 @@
 // shards. Plain C++ (no doctest), so the mpirun worker shares it.
 #pragma once
 
-#include "dist/sharded_model.h"
+#include "dist/zero/sharded_model.h"
 #include "nn/gpt.h"
 #include "zerograd.h"
 

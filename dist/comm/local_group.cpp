@@ -1,4 +1,4 @@
-#include "dist/local_group.h"
+#include "dist/comm/local_group.h"
 
 #include <algorithm>
 #include <system_error>

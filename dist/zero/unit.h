@@ -4,7 +4,7 @@
 
 #include <string_view>
 
-#include "dist/sharded_model.h"
+#include "dist/zero/sharded_model.h"
 #include "optim/flat_parameters.h"
 
 namespace zg::dist {

@@ -20,7 +20,7 @@
 #include <set>
 #include <string_view>
 
-#include "dist/unit.h"
+#include "dist/zero/unit.h"
 #include "optim/checkpoint.h"
 #include "tensor/autograd.h"
 #include "tensor/context.h"

@@ -16,7 +16,7 @@
 
 #include <chrono>
 
-#include "dist/process_group.h"
+#include "dist/comm/process_group.h"
 
 namespace zg::dist {
 

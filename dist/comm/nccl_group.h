@@ -24,7 +24,7 @@
 #include <chrono>
 #include <memory>
 
-#include "dist/process_group.h"
+#include "dist/comm/process_group.h"
 #include "tensor/device.h"
 
 namespace zg::dist {

@@ -23,7 +23,7 @@
 // with 2 Ψ_frozen elements of traffic per step.
 //   Under summon_full_params() every unit is gathered once and none is released until
 // the scope ends (a step gathers the new weights at once): the hooks find them current.
-#include "dist/unit.h"
+#include "dist/zero/unit.h"
 
 #include <algorithm>
 #include <functional>

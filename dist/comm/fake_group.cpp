@@ -1,4 +1,4 @@
-#include "dist/fake_group.h"
+#include "dist/comm/fake_group.h"
 
 #include "tensor/backend.h"
 

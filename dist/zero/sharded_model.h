@@ -37,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "dist/comm/process_group.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"

@@ -1,6 +1,6 @@
-#include "dist/sharded_model.h"
+#include "dist/zero/sharded_model.h"
 
-#include "dist/unit.h"
+#include "dist/zero/unit.h"
 
 #include <algorithm>
 #include <charconv>

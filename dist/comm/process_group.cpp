@@ -1,4 +1,4 @@
-#include "dist/process_group.h"
+#include "dist/comm/process_group.h"
 
 #include <condition_variable>
 #include <deque>

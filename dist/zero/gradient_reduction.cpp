@@ -12,7 +12,7 @@
 // Reductions are asynchronous (ProcessGroup::*_async): at most two are in flight,
 // so a unit's collective overlaps the next unit's backward while at most two unit
 // gradients wait; all have finished when the backward ends (end_of_backward).
-#include "dist/unit.h"
+#include "dist/zero/unit.h"
 
 #include <algorithm>
 #include <map>

@@ -1,4 +1,4 @@
-#include "dist/nccl_group.h"
+#include "dist/comm/nccl_group.h"
 
 #include <nccl.h>
 

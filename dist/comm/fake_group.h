@@ -8,7 +8,7 @@
 // depend on when a thread lets go of a buffer: the same run gives the same figures.
 #pragma once
 
-#include "dist/process_group.h"
+#include "dist/comm/process_group.h"
 
 namespace zg::dist {
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
+#include "dist/comm/process_group.h"
 
 namespace zg::dist {
 

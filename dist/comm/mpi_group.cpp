@@ -1,4 +1,4 @@
-#include "dist/mpi_group.h"
+#include "dist/comm/mpi_group.h"
 
 #include <mpi.h>
 
