@@ -45,6 +45,10 @@ struct RandomSpec {
   double b = 1.0;  // uniform: high; normal: std
   uint64_t seed = 0;
   uint64_t first_block = 0;  // Philox counter block of element 0 (see tensor/philox.h)
+  // The lane of first_block that element 0 takes (0..3), so a slice of a tensor that
+  // starts mid-block is written without its neighbours: element i takes lane
+  // (first_lane + i) % 4 of block first_block + (first_lane + i) / 4.
+  uint32_t first_lane = 0;
 };
 
 // One AdamW step (Loshchilov & Hutter), decoupled weight decay, bias-corrected:
@@ -74,7 +78,7 @@ class Backend {
 
   // out[i] = value.
   virtual void fill(const Tensor& out, double value) = 0;
-  // out[i] = the Philox value for element i (out contiguous).
+  // out[i] = the Philox value for element i (out contiguous; RandomSpec says where i = 0 is).
   virtual void fill_random(const Tensor& out, const RandomSpec& spec) = 0;
   // dst[i] = cast(src[i]); same shape, both any strides, dtypes may differ.
   // Devices may differ when one of them is the CPU (host <-> device transfer).

@@ -47,20 +47,22 @@ void CpuBackend::fill(const Tensor& out, double value) {
   });
 }
 
-// Element i takes lane i % 4 of Philox block (first_block + i / 4); the value is
-// computed in f64 and rounded once to the output dtype (see tensor/philox.h).
+// Element i takes lane (first_lane + i) % 4 of Philox block first_block + (first_lane + i) / 4;
+// the value is computed in f64 and rounded once to the output dtype (see tensor/philox.h).
 void CpuBackend::fill_random(const Tensor& out, const RandomSpec& spec) {
   dispatch(out.dtype(), [&]<class T>() {
     if constexpr (is_float_v<T>) {
       T* y = out.data<T>();
-      const int64_t n = out.numel();
+      const int64_t n = out.numel(), first = spec.first_lane;
       const bool normal = spec.distribution == Distribution::normal;
-      for (int64_t block = 0; block * 4 < n; ++block) {
+      for (int64_t block = 0; block * 4 < first + n; ++block) {
         const philox::U32x4 bits = philox::block_bits(spec.seed, spec.first_block + block);
-        for (int lane = 0; lane < 4 && block * 4 + lane < n; ++lane) {
+        for (int lane = 0; lane < 4; ++lane) {
+          const int64_t i = block * 4 + lane - first;
+          if (i < 0 || i >= n) continue;
           const T v = convert<T>(philox::draw(bits, lane, normal, spec.a, spec.b));
           const bool on_upper_bound = !normal && static_cast<double>(static_cast<compute_t<T>>(v)) >= spec.b;
-          y[block * 4 + lane] = on_upper_bound ? convert<T>(spec.a) : v;  // U[a, b): philox::draw
+          y[i] = on_upper_bound ? convert<T>(spec.a) : v;  // U[a, b): philox::draw
         }
       }
     }
