@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tensor/context.h"
+#include "tensor/deferred.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/deferred.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 
@@ -117,10 +118,10 @@ std::string Tensor::str() const {
   std::vector<std::string> suffixes;
   if (device().type != DeviceType::cpu) suffixes.push_back("device='" + device().str() + "'");
   std::string body;
-  const bool empty_data = numel() == 0 || device().type == DeviceType::meta;
-  if (empty_data) {
-    body = device().type == DeviceType::meta ? "..." : "[]";
-    if (dim() != 1 || device().type == DeviceType::meta) {
+  const bool no_data = device().type == DeviceType::meta || is_deferred(*this);
+  if (numel() == 0 || no_data) {
+    body = no_data ? "..." : "[]";
+    if (dim() != 1 || no_data) {
       std::string size = "size=(";
       for (int64_t d = 0; d < dim(); ++d) size += (d ? ", " : "") + std::to_string(shape()[d]);
       suffixes.push_back(size + (dim() == 1 ? ",)" : ")"));
@@ -139,6 +140,7 @@ std::string Tensor::str() const {
   }
   if (dtype() != DType::f32 && dtype() != DType::i64 && dtype() != DType::boolean)
     suffixes.push_back(std::string("dtype=") + name(dtype()));
+  if (is_deferred(*this)) suffixes.push_back("deferred");
   std::string s = "tensor(" + body;
   for (const auto& suffix : suffixes) s += ", " + suffix;
   return s + ")";

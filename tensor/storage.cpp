@@ -9,11 +9,23 @@ Storage::Storage(std::shared_ptr<Allocator> allocator, int64_t bytes, MemoryCate
   block_ = allocator_->allocate(bytes_, category_);
 }
 
+Storage::Storage(std::shared_ptr<Allocator> allocator, int64_t bytes, std::shared_ptr<const InitRecipe> recipe)
+    : allocator_(std::move(allocator)), bytes_(bytes), category_(MemoryScope::current()), released_(true),
+      recipe_(std::move(recipe)) {}
+
+std::shared_ptr<Storage> Storage::deferred(std::shared_ptr<Allocator> allocator, int64_t bytes,
+                                           std::shared_ptr<const InitRecipe> recipe) {
+  return std::shared_ptr<Storage>(new Storage(std::move(allocator), bytes, std::move(recipe)));
+}
+
 Storage::~Storage() {
   if (!released_) allocator_->deallocate(block_);
 }
 
 void* Storage::data() const {
+  ZG_CHECK(recipe_ == nullptr, "storage: the ", format_bytes(bytes_), " storage on ", device().str(),
+           " is deferred (made under DeferredInit) and has no values yet; materialise its tensor first "
+           "(zg::materialize, materialize_range, or nn::materialize for a model)");
   ZG_CHECK(!released_, "storage: the ", format_bytes(bytes_), " ", name(category_), " storage on ", device().str(),
            " was released", release_note_.empty() ? "" : " (", release_note_, release_note_.empty() ? "" : ")",
            "; materialize it (e.g. all-gather the unit) before use");
@@ -29,6 +41,8 @@ void Storage::release() {
 
 void Storage::materialize() {
   if (!released_) return;
+  ZG_CHECK(recipe_ == nullptr, "storage: a deferred storage is materialised through its tensor (zg::materialize), "
+           "which writes its values");
   block_ = allocator_->allocate(bytes_, category_);
   released_ = false;
 }

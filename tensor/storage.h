@@ -2,7 +2,9 @@
 // and re-materialised in place (ZeRO-3 frees a gathered unit after forward and
 // gathers it again for backward), so views never cache a raw pointer: they ask
 // data() at the moment of use, and a released storage throws instead of
-// handing out freed memory.
+// handing out freed memory. A deferred storage (tensor/deferred.h) was never
+// allocated: it holds the recipe of its values instead, until its tensor is
+// materialised into a storage of its own.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +15,14 @@
 
 namespace zg {
 
+struct InitRecipe;  // tensor/deferred.h
+
 class Storage {
  public:
   Storage(std::shared_ptr<Allocator> allocator, int64_t bytes, MemoryCategory category);
+  // A storage of `bytes` that allocates nothing and is counted nowhere: data() refuses it.
+  static std::shared_ptr<Storage> deferred(std::shared_ptr<Allocator> allocator, int64_t bytes,
+                                           std::shared_ptr<const InitRecipe> recipe);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -36,14 +43,18 @@ class Storage {
   // again for backward; PyTorch's FSDP does the same).
   void restore_version(uint64_t version) { version_ = version; }
 
-  bool is_released() const { return released_; }
+  // How a deferred storage's values are made; null for every other storage.
+  const InitRecipe* recipe() const { return recipe_.get(); }
+  bool is_released() const { return released_; }  // a deferred storage counts as released: it holds no bytes
   void release();      // gives the bytes back to the allocator; views stay valid objects
-  void materialize();  // allocates again (contents undefined until written)
+  void materialize();  // allocates again (contents undefined until written); refused when deferred
   // What data() adds to its error when the storage is released: who releases it, and
   // when it exists (ZeRO-3 names the unit and the uses it is gathered around).
   void set_release_note(std::string note) { release_note_ = std::move(note); }
 
  private:
+  Storage(std::shared_ptr<Allocator> allocator, int64_t bytes, std::shared_ptr<const InitRecipe> recipe);
+
   std::shared_ptr<Allocator> allocator_;  // kept alive: the bytes return to the rank that took them
   int64_t bytes_;
   MemoryCategory category_;
@@ -51,6 +62,7 @@ class Storage {
   bool released_ = false;
   uint64_t version_ = 0;
   std::string release_note_;
+  std::shared_ptr<const InitRecipe> recipe_;
 };
 
 }  // namespace zg

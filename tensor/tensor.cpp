@@ -8,6 +8,7 @@
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
 #include "tensor/context.h"
+#include "tensor/deferred.h"
 #include "tensor/ops.h"
 #include "tensor/ops/checks.h"
 
@@ -145,20 +146,42 @@ TensorImpl& Tensor::impl() const {
   return *impl_;
 }
 
-Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
-  int64_t bytes = zg::element_size(options.dtype());
+namespace {
+
+// The size of a new tensor of this shape and dtype; throws for a negative size or overflow.
+int64_t new_tensor_bytes(const Shape& shape, DType dtype) {
+  int64_t bytes = zg::element_size(dtype);
   for (int64_t s : shape) {
     ZG_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
-    ZG_CHECK(!__builtin_mul_overflow(bytes, s, &bytes), "empty: shape ", shape_str(shape), " of ",
-             name(options.dtype()), " is too large (its size in bytes overflows 64 bits)");
+    ZG_CHECK(!__builtin_mul_overflow(bytes, s, &bytes), "empty: shape ", shape_str(shape), " of ", name(dtype),
+             " is too large (its size in bytes overflows 64 bits)");
   }
+  return bytes;
+}
+
+Tensor contiguous_over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(Context::current().allocator(options.device()), bytes,
-                                            MemoryScope::current());
+  impl->storage = std::move(storage);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
-  impl->dtype = options.dtype();
+  impl->dtype = dtype;
   return Tensor(std::move(impl));
+}
+
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
+  const int64_t bytes = new_tensor_bytes(shape, options.dtype());
+  return contiguous_over(
+      std::make_shared<Storage>(Context::current().allocator(options.device()), bytes, MemoryScope::current()), shape,
+      options.dtype());
+}
+
+Tensor deferred_tensor(const Shape& shape, TensorOptions options, const InitRecipe& recipe) {
+  const int64_t bytes = new_tensor_bytes(shape, options.dtype());
+  return contiguous_over(Storage::deferred(Context::current().allocator(options.device()), bytes,
+                                           std::make_shared<const InitRecipe>(recipe)),
+                         shape, options.dtype());
 }
 
 int64_t Tensor::size(int64_t dim) const { return shape()[wrap_dim(dim, this->dim(), "size")]; }
@@ -343,6 +366,7 @@ Tensor Tensor::contiguous() const {
 // ---- copies and conversions ----
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  check_materialized("copy_", *this);
   detail::check_defined("copy_", src);
   detail::check_no_broadcast_dims("copy_", "destination", *this);
   check_source_needs_no_grad(src, "copy_");
@@ -359,6 +383,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 Tensor& Tensor::fill_(double value) {
   // As a scalar operand (scalar_like): saturating 1e20 into an i32, NaN into 0 or 1e6
   // into an f16 inf would fill with another value than the one asked for.
+  check_materialized("fill_", *this);
   ZG_CHECK(detail::holds(dtype(), value), "fill_: the value ", value, " does not fit ", describe(*this));
   detail::check_no_broadcast_dims("fill_", "destination", *this);
   begin_inplace(*this, "fill_");
@@ -379,6 +404,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 }
 
 Tensor& Tensor::mul_(double factor) {
+  check_materialized("mul_", *this);
   const Tensor scalar = detail::scalar_like("mul_", *this, factor);
   detail::check_no_broadcast_dims("mul_", "destination", *this);
   begin_inplace(*this, "mul_");
@@ -389,6 +415,7 @@ Tensor& Tensor::mul_(double factor) {
 // A new tensor holding this one's values; `op`'s gradient maps back through `back`.
 template <class Back>
 static Tensor converted(const Tensor& src, TensorOptions options, const DifferentiableOp& op, Back back) {
+  check_materialized(op.name(), src);
   Tensor out = Tensor::empty(src.shape(), options);
   {
     NoGradGuard no_grad;  // the copy itself is recorded below as one op
@@ -418,6 +445,7 @@ namespace {
 void check_readable(const Tensor& t, const char* op) {
   ZG_CHECK(t.device().type != DeviceType::meta, op, ": cannot read data of a meta tensor (", describe(t),
            "); meta tensors have shapes but no data");
+  check_materialized(op, t);
 }
 }  // namespace
 
@@ -451,10 +479,23 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str
 
 // ---- factories ----
 
-Tensor empty(const Shape& shape, TensorOptions options) { return Tensor::empty(shape, options); }
+// Under DeferredInit the factories return tensors that hold a recipe instead of values
+// (tensor/deferred.h); Tensor::empty, which ops make their outputs with, never does.
+static InitRecipe recipe(InitRecipe::Kind kind, DType dtype, double value = 0, RandomSpec random = {}) {
+  return {kind, dtype, value, random};
+}
+Tensor empty(const Shape& shape, TensorOptions options) {
+  if (DeferredInit::is_active())
+    return deferred_tensor(shape, options, recipe(InitRecipe::Kind::undefined, options.dtype()));
+  return Tensor::empty(shape, options);
+}
 Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0.0, options); }
 Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1.0, options); }
 Tensor full(const Shape& shape, double value, TensorOptions options) {
+  if (DeferredInit::is_active()) {
+    ZG_CHECK(detail::holds(options.dtype(), value), "full: the value ", value, " does not fit ", name(options.dtype()));
+    return deferred_tensor(shape, options, recipe(InitRecipe::Kind::constant, options.dtype(), value));
+  }
   Tensor t = Tensor::empty(shape, options);
   t.fill_(value);
   return t;
@@ -512,9 +553,14 @@ ZG_INSTANTIATE(bool)
 
 static Tensor random(const Shape& shape, RandomSpec spec, TensorOptions options, const char* op) {
   ZG_CHECK(is_floating(options.dtype()), op, ": expected a floating-point dtype, got ", name(options.dtype()));
-  Tensor out = Tensor::empty(shape, options);
   Generator& generator = Generator::current();
   spec.seed = generator.seed();
+  if (DeferredInit::is_active()) {
+    new_tensor_bytes(shape, options.dtype());  // a bad shape throws before the generator moves, as below
+    spec.first_block = generator.reserve(numel(shape));
+    return deferred_tensor(shape, options, recipe(InitRecipe::Kind::random, options.dtype(), 0, spec));
+  }
+  Tensor out = Tensor::empty(shape, options);
   spec.first_block = generator.reserve(out.numel());
   backend(out.device()).fill_random(out, spec);
   return out;

@@ -2,10 +2,13 @@
 
 #include <cmath>
 
+#include "tensor/deferred.h"
+
 namespace zg::detail {
 
 void check_defined(const char* op, const Tensor& t) {
   ZG_CHECK(t.defined(), op, ": got an undefined tensor");
+  check_materialized(op, t);
 }
 
 void check_no_broadcast_dims(const char* op, const char* what, const Tensor& t) {

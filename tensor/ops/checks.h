@@ -6,6 +6,7 @@
 
 namespace zg::detail {
 
+// Defined, and holding values: not deferred (tensor/deferred.h).
 void check_defined(const char* op, const Tensor& t);
 // Both defined, on one device, of one dtype.
 void check_compatible(const char* op, const Tensor& a, const Tensor& b);
