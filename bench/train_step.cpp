@@ -3,9 +3,10 @@
 // by category, next to what bench/torch_reference.py measures for the same model,
 // batch and optimizer in PyTorch (run both in one session on one GPU).
 //
-// The step issues its kernels and returns: the clipping coefficient stays on the
-// device (optim::clip_coefficient_on_device) and each step's loss is kept there
-// until the timing is over, so nothing waits for the GPU inside the timed loop.
+// The model trains through a ShardedModel over a group of one (the library's one
+// training path). The step issues its kernels and returns: the norm and the clipping
+// coefficient stay on the device (ShardedModel::step_on_device) and each step's loss is
+// kept there until the timing is over, so nothing waits for the GPU inside the timed loop.
 //
 //   tokens/s = steps * batch * seq / seconds
 //   MFU      = tokens/s * flops_per_token / peak flop/s, with (PaLM, appendix B)
@@ -31,8 +32,8 @@
 #endif
 #include "nn/gpt.h"
 #include "nn/serialize.h"
-#include "optim/adamw.h"
-#include "optim/schedule.h"
+#include "dist/comm/fake_group.h"
+#include "dist/zero/sharded_model.h"
 #include "zerograd.h"
 
 using namespace zg;
@@ -157,20 +158,19 @@ int run(const Flags& f) {
   const Tensor inputs = tokens.narrow(1, 0, f.seq).contiguous(), targets = tokens.narrow(1, 1, f.seq).contiguous();
 
   // bf16 weights the model computes with, fp32 master and Adam moments (16 bytes a parameter).
-  optim::FlatParameters params(model.named_parameters(), compute);
-  optim::AdamW adamw(params, {0.9, 0.95, 1e-8, 0.1});
-  const double max_grad_norm = 1.0;
+  dist::SingleRank one;
+  dist::ShardedModel trainer(model, one, {.compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, 0.1}, .max_grad_norm = 1.0});
 
   std::vector<Tensor> losses;  // kept on the device until the timing is over
   auto step = [&]() {
-    params.zero_grad();
+    trainer.zero_grad();
     {
       MemoryScope scope(MemoryCategory::activation);
       Tensor loss = model.forward(inputs, targets).loss;
       loss.backward();
       losses.push_back(loss.detach());
     }
-    adamw.step(f.lr, 1.0, optim::clip_coefficient_on_device(params, max_grad_norm));
+    trainer.step_on_device(f.lr);
   };
   for (int64_t s = 0; s < f.warmup; ++s) step();
   backend(device).synchronize(device);

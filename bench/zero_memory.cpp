@@ -20,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@
 #include "dist/comm/local_group.h"
 #include "dist/zero/sharded_model.h"
 #include "nn/gpt.h"
+#include "tensor/deferred.h"
 #include "zerograd.h"
 
 using namespace zg;
@@ -60,7 +62,8 @@ struct Record {
   std::string group;  // the process group's kind
   int stage = 0, world_size = 1, rank = 0;
   int64_t params = 0, parameter = 0, gradient = 0, optimizer_state = 0, activation = 0, communication = 0,
-          peak_allocated = 0, reserved = 0, sent_per_step = 0, formula_states = 0, formula_sent = 0;
+          peak_allocated = 0, reserved = 0, sent_per_step = 0, formula_states = 0, formula_sent = 0,
+          construction_peak = 0;  // the most this rank held while the sharded model was built
 };
 
 int64_t formula_states(int stage, int64_t psi, int n) {
@@ -91,37 +94,41 @@ int64_t available_host_bytes() {
 }
 
 // Refuses a real CPU run that cannot fit, before it starts: every rank (a thread of
-// this process) builds the f32 model (4Ψ bytes), then keeps its model states (the
-// formula). Without this, a model too big for the machine initialised for minutes
-// before the kernel killed the process.
+// this process) keeps its model states (the formula). Without this, a model too big
+// for the machine initialised for minutes before the kernel killed the process.
 void check_host_memory(const Preset& preset, const std::vector<int>& stages, int world) {
   const int64_t psi = nn::GPT(preset.config, kMeta).num_parameters();
   int64_t states = 0;
   for (int stage : stages) states = std::max(states, formula_states(stage, psi, world));
-  const int64_t per_rank = std::max(4 * psi, states), available = available_host_bytes();
-  ZG_CHECK(per_rank <= available / world, "zero_memory: ", world, " ranks of the ", preset.name,
-           " model on the cpu need at least ", format_bytes(per_rank), " of host memory each (the f32 model, 4Ψ, "
-           "and then its model states, ", format_bytes(states), "); ", format_bytes(available),
-           " is available. --device meta gives the figures without allocating them");
+  const int64_t available = available_host_bytes();
+  ZG_CHECK(states <= available / world, "zero_memory: ", world, " ranks of the ", preset.name,
+           " model on the cpu need at least ", format_bytes(states), " of host memory each (their model states); ",
+           format_bytes(available), " is available. --device meta gives the figures without allocating them");
 }
 
 // One training step on this rank; returns the record read after the step.
 Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch, int64_t seq, Device device,
                dist::ProcessGroup& group) {
   manual_seed(1);
-  nn::GPT model(config, TensorOptions(DType::f32).device(device));
-  dist::ShardedModel sharded(model, dist::gpt_unit_plan(config.n_layer), group,
-                             {.stage = stage, .compute_dtype = DType::bf16, .max_grad_norm = 1.0});
+  // Built already sharded: constructed without memory, each rank materialising its units.
+  std::optional<nn::GPT> deferred;
+  {
+    DeferredInit nothing_allocated;
+    deferred.emplace(config, TensorOptions(DType::f32).device(device));
+  }
+  nn::GPT& model = *deferred;
   Context& context = Context::current();
+  context.allocator(device)->reset_peaks();
+  dist::ShardedModel sharded(model, group, {.stage = stage, .compute_dtype = DType::bf16, .max_grad_norm = 1.0});
+  const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
   const TensorOptions ids = TensorOptions(DType::i64).device(device);
   const Tensor x = zeros({batch, seq}, ids), y = zeros({batch, seq}, ids);
   Record r{.group = group.kind(), .stage = stage, .world_size = group.size(), .rank = group.rank(),
-           .params = sharded.num_parameters()};
+           .params = sharded.num_parameters(), .construction_peak = construction_peak};
   for (int s = 0; s < steps; ++s) {
     group.reset_bytes_sent();
     sharded.zero_grad();
-    sharded.prepare_forward();
     {
       MemoryScope scope(MemoryCategory::activation);
       const Tensor loss = model.forward(x, y).loss;  // the logits go: backward writes their gradient over them
@@ -272,12 +279,13 @@ int main(int argc, char** argv) {
         std::printf("  {\"model\": \"%s\", \"device\": \"%s\", \"group\": \"%s\", \"stage\": %d, \"world_size\": %d, \"rank\": %d, "
                     "\"params\": %lld, \"parameter\": %lld, \"gradient\": %lld, \"optimizer_state\": %lld, "
                     "\"activation\": %lld, \"communication\": %lld, \"peak_allocated\": %lld, \"reserved\": %lld, "
-                    "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld}%s\n",
+                    "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld, "
+                    "\"construction_peak\": %lld}%s\n",
                     model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
                     (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
                     (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
                     (long long)r.reserved, (long long)r.sent_per_step, (long long)r.formula_states,
-                    (long long)r.formula_sent, i + 1 < records.size() ? "," : "");
+                    (long long)r.formula_sent, (long long)r.construction_peak, i + 1 < records.size() ? "," : "");
       }
       std::printf("]\n");
       return 0;
@@ -286,15 +294,17 @@ int main(int argc, char** argv) {
                 model_name.c_str(), (long long)records.front().params, world, device.str().c_str(),
                 records.front().group.c_str(), (long long)batch, (long long)seq);
     if (16 * records.front().params < 1'000'000'000) g_unit = 1e6;
-    std::printf("sizes in %s; model states = parameter + gradient + optimizer_state after backward\n\n",
+    std::printf("sizes in %s; model states = parameter + gradient + optimizer_state after backward; build = the\n"
+                "peak while the model was built (deferred, then materialised shard by shard)\n\n",
                 g_unit == 1e9 ? "GB (1e9 bytes)" : "MB (1e6 bytes)");
-    std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s\n", "stage", "rank", "param", "grad", "optim",
-                "model states", "formula", "activation", "comm", "peak", "sent/step", "formula");
+    std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s %9s\n", "stage", "rank", "param", "grad",
+                "optim", "model states", "formula", "activation", "comm", "peak", "sent/step", "formula", "build");
     for (const Record& r : records)
-      std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f\n", r.stage, r.rank,
+      std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f %9.3f\n", r.stage, r.rank,
                   gb(r.parameter), gb(r.gradient), gb(r.optimizer_state),
                   gb(r.parameter + r.gradient + r.optimizer_state), gb(r.formula_states), gb(r.activation),
-                  gb(r.communication), gb(r.peak_allocated), gb(r.sent_per_step), gb(r.formula_sent));
+                  gb(r.communication), gb(r.peak_allocated), gb(r.sent_per_step), gb(r.formula_sent),
+                  gb(r.construction_peak));
     // Each unit's buffers are padded to a multiple of N: next to Ψ / N that is visible
     // only when N is close to a unit's size.
     double above = 0;

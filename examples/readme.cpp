@@ -1,9 +1,11 @@
 // "Write your own model" from README.md, compiled and run by the tests so it stays true:
-// a two-layer MLP module learns XOR-like labels with AdamW over flat parameters.
+// a two-layer MLP module learns XOR-like labels with AdamW. One device is a ShardedModel
+// over a group of one: the same training path as N ranks.
 #include <cstdio>
 
+#include "dist/comm/fake_group.h"
+#include "dist/zero/sharded_model.h"
 #include "nn/layers.h"
-#include "optim/adamw.h"
 #include "zerograd.h"
 
 using namespace zg;
@@ -20,18 +22,18 @@ struct MLP : nn::Module {
 int main() {
   manual_seed(0);
   MLP model(2, 32, 2);
-  optim::FlatParameters params(model.named_parameters(), DType::f32);  // weights and grads in flat buffers
-  optim::AdamW adamw(params, {.weight_decay = 0.0});
+  dist::SingleRank one;  // weights, grads and AdamW state in flat buffers, as at N ranks
+  dist::ShardedModel trainer(model, one, {.compute_dtype = DType::f32, .adamw = {.weight_decay = 0.0}});
 
   const Tensor x = randn({256, 2});
   const Tensor labels = ne(gt(x.select(1, 0), 0.0), gt(x.select(1, 1), 0.0)).to(DType::i64);  // XOR of signs
 
   double first = 0, last = 0;
   for (int step = 0; step < 300; ++step) {
-    params.zero_grad();
+    trainer.zero_grad();
     const Tensor loss = cross_entropy(model(x), labels);
     loss.backward();
-    adamw.step(1e-2);
+    trainer.step(1e-2);
     last = loss.item<double>();
     if (step == 0) first = last;
   }

@@ -1,10 +1,11 @@
 // train_gpt: trains a small GPT on a text file, byte by byte, and reads like a
-// training loop should -- data, model, flat parameters, optimizer, then per step:
-// forward, backward, gradient norm (and inf check), clip, AdamW, progress line.
+// training loop should -- data, model, its parameters in flat units (a ShardedModel
+// over a group of one: train_zero's code at N = 1), then per step: forward, backward,
+// step (gradient norm and inf check, clip, AdamW), progress line.
 //
 //   build/examples/train_gpt --steps 200
-//   build/examples/train_gpt --dtype bf16 --save run.safetensors --save-every 50
-//   build/examples/train_gpt --resume run.safetensors --steps 300
+//   build/examples/train_gpt --dtype bf16 --save run --save-every 50
+//   build/examples/train_gpt --resume run --steps 300
 //
 // The last line is "final loss: X" so scripts can read it.
 #include <chrono>
@@ -15,9 +16,9 @@
 #include <iostream>
 #include <string>
 
+#include "dist/comm/fake_group.h"
+#include "dist/zero/sharded_model.h"
 #include "nn/gpt.h"
-#include "optim/adamw.h"
-#include "optim/checkpoint.h"
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
 #include "training.h"
@@ -38,9 +39,9 @@ void usage() {
                "  --dtype f32|bf16|f16   compute dtype; master weights and Adam state stay f32 (f16 adds a grad scaler)\n"
                "  --device cpu|cuda  where to train (default cpu)\n"
                "  --dropout P        dropout probability (default 0)\n"
-               "  --save PATH        write a training checkpoint (safetensors) at the end\n"
+               "  --save DIR         write a training checkpoint (a directory of safetensors) at the end\n"
                "  --save-every N     ... and every N steps\n"
-               "  --resume PATH      continue from a training checkpoint\n"
+               "  --resume DIR       continue from a training checkpoint (train_zero's too, at any --ranks)\n"
             << Flags().common_help();
 }
 
@@ -74,16 +75,9 @@ int run(const Flags& f) {
   const DType compute = f.dtype == "f32" ? DType::f32 : f.dtype == "bf16" ? DType::bf16 : f.dtype == "f16" ? DType::f16
                         : throw Error("train_gpt: --dtype must be f32, bf16 or f16, got " + f.dtype);
   examples::TextData data("train_gpt", f.data, f.seq);
-  if (!f.save.empty()) {  // found out before training, not after it
-    const std::filesystem::path dir = std::filesystem::path(f.save).parent_path();
-    ZG_CHECK(dir.empty() || std::filesystem::is_directory(dir), "train_gpt: --save ", f.save, ": ", dir.string(),
-             " is not a directory");
-    // What a save will not replace (save_safetensors): a directory, a link, a device.
-    const std::filesystem::file_type type = std::filesystem::symlink_status(f.save).type();
-    ZG_CHECK(type == std::filesystem::file_type::not_found || type == std::filesystem::file_type::regular,
-             "train_gpt: --save ", f.save, " is ", type == std::filesystem::file_type::directory ? "a directory" : "not a regular file",
-             "; name a file");
-  }
+  // Found out before training, not after it: a save writes a directory of rank files.
+  ZG_CHECK(f.save.empty() || !std::filesystem::exists(f.save) || std::filesystem::is_directory(f.save),
+           "train_gpt: --save ", f.save, " is not a directory");
   manual_seed(f.seed);
 
   nn::GPTConfig config;
@@ -91,16 +85,20 @@ int run(const Flags& f) {
   config.vocab_size = 256, config.block_size = f.seq, config.dropout = f.dropout;
   config.activation_checkpointing = f.checkpointing;
   nn::GPT model(config, TensorOptions(DType::f32).device(device));
-  optim::FlatParameters params(model.named_parameters(), compute);
-  optim::AdamW adamw(params, {0.9, 0.95, 1e-8, f.weight_decay});
+  // One device is a group of one: the parameters move into flat units (full, unsharded),
+  // and clipping, loss scaling, AdamW and checkpoints are train_zero's code at N = 1.
+  dist::SingleRank one;
+  dist::ShardedModel trainer(model, one,
+                             {.compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
+                              .max_grad_norm = f.max_grad_norm});
   optim::GradScaler scaler({65536.0, 2.0, 0.5, 2000, compute == DType::f16});
   const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);
   int64_t first_step = 0;
   if (!f.resume.empty()) {
-    const Metadata meta = optim::load_checkpoint(f.resume, params, adamw, &scaler);
-    first_step = record.resume("train_gpt", f.resume, meta, data).value_or(adamw.steps());
-    ZG_CHECK(first_step >= adamw.steps(), "train_gpt: ", f.resume, ": train_step ", first_step,
-             " is before the optimizer's step ", adamw.steps());
+    const Metadata meta = trainer.load(f.resume, &scaler);
+    first_step = record.resume("train_gpt", f.resume, meta, data).value_or(trainer.steps());
+    ZG_CHECK(first_step >= trainer.steps(), "train_gpt: ", f.resume, ": train_step ", first_step,
+             " is before the optimizer's step ", trainer.steps());
     ZG_CHECK(first_step < f.steps, "train_gpt: ", f.resume, " is at step ", first_step, ": --steps ", f.steps,
              " leaves nothing to train");
     std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(first_step));
@@ -109,8 +107,8 @@ int run(const Flags& f) {
               static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
               static_cast<long long>(model.num_parameters()), name(compute), device.str().c_str(), data.tokens.size());
 
-  auto save = [&](const std::string& path, int64_t steps_done) {
-    optim::save_checkpoint(path, params, adamw, &scaler, record.save(data, steps_done));
+  auto save = [&](const std::string& dir, int64_t steps_done) {
+    trainer.save(dir, record.save(data, steps_done), &scaler);
   };
   double loss_value = NAN;
   for (int64_t step = first_step; step < f.steps; ++step) {
@@ -118,7 +116,7 @@ int run(const Flags& f) {
     Context::current().allocator(device)->reset_peaks();
     auto [inputs, targets] = data.next_batch(f.batch, f.seq, device);
 
-    params.zero_grad();
+    trainer.zero_grad();
     Tensor loss;
     {
       MemoryScope scope(MemoryCategory::activation);
@@ -126,10 +124,10 @@ int run(const Flags& f) {
       scaler.scale(loss).backward();
     }
     // One reduction gives the norm for clipping and tells whether f16 overflowed.
-    const double norm = optim::grad_norm(params, scaler.inv_scale());
     const double lr = optim::warmup_cosine_lr(step, f.lr, f.min_lr, f.warmup, f.steps);
-    const bool take = scaler.update(!std::isfinite(norm));
-    if (take) adamw.step(lr, scaler.inv_scale() * optim::clip_coefficient(norm, f.max_grad_norm));
+    const dist::StepResult result = trainer.step(lr, &scaler);  // norm, inf check, clip, AdamW
+    const double norm = result.grad_norm;
+    const bool take = result.stepped;
     loss_value = loss.item<double>();  // the step's one read-back for the progress line
 
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -95,7 +95,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   nn::GPT model(config, TensorOptions(DType::f32).device(device));
   // The parameters move into flat units, sharded as the stage says; rank 0's initial
   // weights become every rank's.
-  dist::ShardedModel sharded(model, dist::gpt_unit_plan(f.layers), group,
+  dist::ShardedModel sharded(model, group,
                              {.stage = static_cast<int>(f.stage),
                               .compute_dtype = f.dtype == "bf16" ? DType::bf16 : DType::f32,
                               .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
@@ -123,7 +123,6 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     const auto [inputs, targets] = data.next_batch(f.batch, f.seq, device);  // the global batch
 
     sharded.zero_grad();
-    sharded.prepare_forward();  // ZeRO-3: no unit left gathered by an earlier forward
     Tensor loss;
     {
       MemoryScope scope(MemoryCategory::activation);

@@ -95,6 +95,15 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
   return out;
 }
 
+UnitPlan GPT::unit_plan() const {
+  UnitPlan plan;
+  for (int64_t i = 0; i < config.n_layer; ++i) plan.units.push_back("transformer.h." + std::to_string(i));
+  plan.root_before = {"transformer.wte", "transformer.wpe"};
+  plan.root_after = {"transformer.ln_f"};
+  plan.backward_reads_no_weights = plan.root_before;  // embeddings: a scatter-add
+  return plan;
+}
+
 int64_t GPT::num_parameters() const {
   int64_t n = 0;
   for (const auto& [_, p] : named_parameters()) n += p.numel();

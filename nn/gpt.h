@@ -73,6 +73,9 @@ class GPT : public Module {
   // idx [B, T] token ids (i64); targets [B, T] or undefined; a target of -1 is ignored.
   GPTOutput forward(const Tensor& idx, const Tensor& targets);
   int64_t num_parameters() const;
+  // Units transformer.h.0 ... h.{n_layer-1}; the root (tied embedding and head, wpe,
+  // ln_f) used by wte and wpe before the blocks and by ln_f (and the head) after them.
+  UnitPlan unit_plan() const override;
 
   GPTConfig config;
   std::shared_ptr<Module> transformer;

@@ -25,7 +25,6 @@ class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, double init_std = 0.02, TensorOptions options = {});
   Tensor forward(const Tensor& indices) override;
-  bool backward_reads_parameters() const override { return false; }
   Tensor weight;
 };
 

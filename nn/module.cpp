@@ -172,7 +172,7 @@ void Module::to(DType dtype) {
   convert([dtype](const Tensor& t) { return is_floating(t.dtype()) ? t.to(dtype) : t; });
 }
 
-// A parameter in flat buffers (FlatParameters, ShardedModel) keeps its .grad view: its
+// A parameter in flat buffers (a ShardedModel's) keeps its .grad view: its
 // owner zeroes its whole gradient buffer, so this module must hold all of the owner's
 // parameters, not a part of them.
 void Module::zero_grad() {

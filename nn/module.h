@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "nn/unit_plan.h"
 #include "tensor/tensor.h"
 
 namespace zg::nn {
@@ -24,10 +25,9 @@ class Module {
   // The one-tensor forward of layers and blocks. Call it through operator(), which
   // runs the forward pre-hooks and hooks around it (ZeRO-3 gathers a unit there).
   virtual Tensor forward(const Tensor& input);
-  // Whether this module's backward reads its parameters' values. An embedding's
-  // does not (its weight gradient is a scatter-add of the output gradient), so
-  // ZeRO-3 need not gather its weights again for the backward.
-  virtual bool backward_reads_parameters() const { return true; }
+  // How its parameters split into units (nn/unit_plan.h) when a ShardedModel holds
+  // them. The default: one root unit.
+  virtual UnitPlan unit_plan() const { return {}; }
   Tensor operator()(const Tensor& input);
 
   // A parameter is stored as given, in the `parameter` memory category (a tensor
@@ -58,12 +58,12 @@ class Module {
   // elsewhere (a hook) see the new data. to(dtype) converts floating tensors only.
   // A parameter whose device or dtype changes drops its .grad (set_data: a gradient of
   // the old kind no longer fits); PyTorch's converts it along.
-  // Refused once the parameters live in a FlatParameters' or ShardedModel's buffers.
+  // Refused once the parameters live in a ShardedModel's buffers.
   void to(Device device);
   void to(DType dtype);
   void apply(const std::function<void(const std::string& path, Module& module)>& fn);
   // Drops every parameter's .grad -- or, for parameters in the flat buffers of a
-  // FlatParameters or a ShardedModel, has that owner zero its gradients (the views stay).
+  // ShardedModel, has that owner zero its gradients (the views stay).
   void zero_grad();
 
   using ForwardPreHook = std::function<Tensor(Module&, const Tensor& input)>;  // defined result replaces input

@@ -25,7 +25,7 @@ struct LoadedState {
 // A shared (tied) parameter loads from any of its names; a file naming it several
 // times (as torch's state_dict does) must hold the same values under each.
 // Every tensor is checked before any is written. Refused once the parameters live in a
-// FlatParameters' or ShardedModel's buffers (their master weights would overwrite what
+// ShardedModel's buffers (their master weights would overwrite what
 // is loaded): load before building those.
 LoadedState load_state(Module& module, const std::string& path, bool strict = true);
 

@@ -2,9 +2,12 @@
 
 #include <cmath>
 
+#include "tensor/backend.h"
 #include "tensor/trace.h"
 
 namespace zg::optim {
+
+DType master_dtype_for(DType compute_dtype) { return accumulate_type(compute_dtype); }
 
 void check_options(const AdamWOptions& o) {
   const auto fraction = [](double x) { return std::isfinite(x) && x >= 0 && x < 1; };
@@ -32,32 +35,6 @@ void adamw_update(const std::vector<AdamWSpan>& spans, const AdamWOptions& optio
     span.master.storage()->bump_version();
     if (span.compute.defined()) span.compute.storage()->bump_version();
   }
-}
-
-AdamW::AdamW(FlatParameters& p, AdamWOptions o) : params(p), options(o) {
-  check_options(options);
-  MemoryScope scope(MemoryCategory::optimizer_state);
-  const TensorOptions state = TensorOptions(params.master.dtype()).device(params.master.device());
-  m = zeros({params.numel()}, state);
-  v = zeros({params.numel()}, state);
-}
-
-void AdamW::set_steps(int64_t step) {
-  ZG_CHECK(step >= 0 && step < INT64_MAX, "AdamW: set_steps needs a count of updates in [0, INT64_MAX), got ", step);
-  step_ = step;
-}
-
-void AdamW::step(double lr, double grad_scale, const Tensor& device_scale) {
-  params.check_compute_unwritten("AdamW::step");
-  std::vector<AdamWSpan> spans;
-  for (const FlatParameters::Span& span : params.spans) {
-    auto part = [&](const Tensor& flat) { return flat.narrow(0, span.offset, span.length); };
-    spans.push_back({part(params.master), part(params.grad), part(m), part(v),
-                     params.compute.is_same(params.master) ? Tensor() : part(params.compute), span.weight_decay});
-  }
-  adamw_update(spans, options, lr, step_ + 1, grad_scale, device_scale);
-  params.mark_compute_current();
-  ++step_;  // only once the update was issued: a refused one leaves the count
 }
 
 }  // namespace zg::optim

@@ -1,6 +1,7 @@
 #include "optim/grad_scaler.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <limits>
 
@@ -55,6 +56,25 @@ bool GradScaler::update(bool found_inf) {
   }
   if (++good_steps_ >= options_.growth_interval) move_to(scale_ * options_.growth_factor);
   return true;
+}
+
+void write_scaler_state(const GradScaler* scaler, Metadata& meta) {
+  if (!scaler || !scaler->enabled()) return;
+  char exact[40];  // metadata numbers are text; a double written exactly
+  std::snprintf(exact, sizeof exact, "%.17g", scaler->scale_factor());
+  meta["loss_scale"] = exact;
+  meta["loss_scale_good_steps"] = std::to_string(scaler->good_steps());
+}
+
+std::optional<ScalerState> read_scaler_state(const Metadata& meta, const GradScaler* scaler, const std::string& path,
+                                             const char* who) {
+  if (!scaler || !scaler->enabled() || !meta.count("loss_scale")) return std::nullopt;
+  const ScalerState state{metadata_number<double>(meta, "loss_scale", path, who),
+                          metadata_number<int64_t>(meta, "loss_scale_good_steps", path, who)};
+  ZG_CHECK(GradScaler::is_valid_scale(state.scale) && state.good_steps >= 0, who, ": ", path,
+           ": metadata loss_scale = ", state.scale, " and loss_scale_good_steps = ", state.good_steps,
+           " are not a valid scale and a count");
+  return state;
 }
 
 }  // namespace zg::optim

@@ -6,6 +6,10 @@
 
 #include <cstdint>
 
+#include <optional>
+#include <string>
+
+#include "tensor/safetensors.h"
 #include "tensor/tensor.h"
 
 namespace zg::optim {
@@ -45,5 +49,19 @@ class GradScaler {
   double scale_;
   int64_t good_steps_ = 0;
 };
+
+// A GradScaler's state in checkpoint metadata ("loss_scale", "loss_scale_good_steps").
+// Written for an enabled scaler only (a disabled one has no state: PyTorch's empty
+// state_dict).
+void write_scaler_state(const GradScaler* scaler, Metadata& meta);
+// The state to give `scaler` from `meta`, parsed and checked (errors name `who` and
+// `path`) before anything changes; nullopt where nothing loads: no scaler, a disabled
+// one, or a file without a scale (an enabled scaler then keeps its own).
+struct ScalerState {
+  double scale;
+  int64_t good_steps;
+};
+std::optional<ScalerState> read_scaler_state(const Metadata& meta, const GradScaler* scaler, const std::string& path,
+                                             const char* who);
 
 }  // namespace zg::optim

@@ -21,20 +21,17 @@ double warmup_cosine_lr(int64_t step, double max_lr, double min_lr, int64_t warm
   return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * t));
 }
 
-double grad_norm(const FlatParameters& params, double inv_scale) {
-  return std::sqrt(sum_of_squares(params.grad).item<double>()) * inv_scale;
-}
-
 namespace {
 void check_max_norm(const char* who, double max_norm) {
   ZG_CHECK(!std::isnan(max_norm), who, ": max_norm is NaN (0 or less disables clipping)");
 }
 }  // namespace
 
-Tensor clip_coefficient_on_device(const FlatParameters& params, double max_norm, double inv_scale) {
+Tensor clip_coefficient_on_device(const Tensor& norm, double max_norm) {
   check_max_norm("clip_coefficient_on_device", max_norm);  // min(NaN, 1) would scale every update by NaN
+  ZG_CHECK(norm.defined() && norm.numel() == 1 && is_floating(norm.dtype()),
+           "clip_coefficient_on_device: expected a norm of one floating element, got ", describe(norm));
   NoGradGuard no_grad;
-  const Tensor norm = mul(sqrt(sum_of_squares(params.grad).to(DType::f32)), inv_scale).view({1});
   const Tensor one = ones_like(norm);
   if (max_norm <= 0) return one;
   // A max_norm past f32's range clips nothing, like inf (full_like refuses what f32 cannot hold).

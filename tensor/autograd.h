@@ -167,11 +167,11 @@ struct AutogradMeta {
   // Leaves keep their hooks here (non-leaves on grad_fn), so they outlive any one graph.
   std::vector<std::function<Tensor(const Tensor&)>> hooks;
   std::vector<std::function<void(const Tensor&)>> post_accumulate_hooks;
-  std::weak_ptr<ParameterOwner> owner;  // set while a FlatParameters or ShardedModel holds it
+  std::weak_ptr<ParameterOwner> owner;  // set while a ShardedModel holds it
 };
 
 // ---- Parameters that live in someone else's buffers ----
-// optim::FlatParameters and dist::ShardedModel make each parameter's data, and its
+// dist::ShardedModel makes each parameter's data, and its
 // .grad, views into flat buffers they own: backward accumulates into one buffer and
 // the optimizer updates another. Pointing such a parameter anywhere else -- set_data,
 // set_grad, Module::to, a zero_grad that drops .grad -- would leave the optimizer
@@ -187,7 +187,7 @@ class ParameterOwner {
   // The live owner of `param`, or nullptr. A plain pointer: valid while the owner lives,
   // which is the caller's to ensure (the same thread that would destroy it).
   static ParameterOwner* of(const Tensor& param);
-  virtual std::string describe() const = 0;  // names it in errors: "a FlatParameters"
+  virtual std::string describe() const = 0;  // names it in errors: "a ZeRO-2 ShardedModel"
   virtual void zero_grad() = 0;              // every gradient it owns
   int64_t num_owned() const { return owned_; }
 

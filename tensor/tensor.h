@@ -141,7 +141,7 @@ class Tensor {
   void register_post_accumulate_grad_hook(std::function<void(const Tensor&)> fn) const;
   // Shares `source`'s storage, offset, shape, strides and dtype (param.data = ... in PyTorch),
   // keeping autograd state; .grad is dropped if the shape, dtype or device changed.
-  // Both refuse a parameter that lives in a FlatParameters' or ShardedModel's flat
+  // Both refuse a parameter that lives in a ShardedModel's flat
   // buffers (ParameterOwner, tensor/autograd.h).
   void set_data(const Tensor& source) const;
 

@@ -5,6 +5,7 @@
 #include "dist/zero/sharded_model.h"
 #include "nn/checkpoint.h"
 #include "nn/serialize.h"
+#include "tensor/deferred.h"
 #include "tiny_gpt.h"
 #include "zero_training.h"
 
@@ -76,6 +77,66 @@ double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
 
 }  // namespace
 
+TEST_CASE("a GPT built deferred and sharded at N = 1, 2, 4 and every stage starts from a one-rank build's weights") {
+  // The reference: built eagerly, whole, on one rank.
+  manual_seed(7);
+  nn::NamedTensors reference;
+  for (const auto& [name, p] : nn::GPT(zero_config()).named_parameters()) reference.emplace_back(name, p.clone());
+  for (DType compute : {DType::f32, DType::bf16})
+    for (int n : {1, 2, 4})
+      for (int stage = 0; stage <= 3; ++stage) {
+        INFO("N = " << n << ", stage " << stage << ", compute " << name(compute));
+        dist::run_local(n, [&](dist::ProcessGroup& pg) {
+          manual_seed(7);
+          std::optional<nn::GPT> model;
+          {
+            DeferredInit deferred;
+            model.emplace(zero_config());
+          }
+          CHECK(memory_stats(kCPU).peak_total == 0);  // constructed without a byte
+          dist::ShardedModel sharded(*model, pg, {.stage = stage, .compute_dtype = compute});
+          // Master weights: exactly the one-rank build's (each rank made only its slice).
+          const nn::NamedTensors master = sharded.gathered_master();
+          const double master_gap = max_difference(master, reference);
+          // Compute weights: the same values, rounded once to the compute dtype.
+          double compute_gap = 0;
+          {
+            const auto full = sharded.summon_full_params();
+            for (const auto& [name, p] : model->named_parameters()) {
+              const auto it = std::find_if(reference.begin(), reference.end(), [&](const auto& e) { return e.first == name; });
+              compute_gap = std::max(compute_gap, max(abs(p.to(DType::f64) - it->second.to(compute).to(DType::f64))).item<double>());
+            }
+          }
+          CHECK(master_gap == 0);
+          CHECK(compute_gap == 0);
+        });
+      }
+}
+
+TEST_CASE("building a deferred model sharded holds no more than the rank's model states and one unit") {
+  // ZeRO-3 at N = 8 on the meta device: each rank allocates its shards and at most one
+  // unit's full buffer at a time; an eager build held the whole f32 model first.
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    Context rank(3);
+    ContextGuard guard(rank);
+    dist::FakeGroup group(3, 8);
+    std::optional<nn::GPT> model;
+    {
+      DeferredInit deferred;
+      model.emplace(zero_config(), kMeta);
+    }
+    dist::ShardedModel sharded(*model, group, {.stage = stage, .compute_dtype = DType::bf16});
+    const MemoryStats stats = memory_stats(kMeta);
+    const int64_t states = stats[MemoryCategory::parameter] + stats[MemoryCategory::gradient] +
+                           stats[MemoryCategory::optimizer_state];
+    int64_t largest_unit = 0;  // bf16 weights of a block, padded
+    for (const auto& [name, p] : model->h->at<nn::Block>(0).named_parameters()) largest_unit += 2 * p.numel();
+    largest_unit = std::max<int64_t>(largest_unit, 2 * (model->wte->weight.numel() + model->wpe->weight.numel() + 2 * 32));
+    CHECK(stats.peak_total <= states + largest_unit + 8 * 16);
+  }
+}
+
 TEST_CASE("every stage at N = 1, 2, 4 trains like one rank with the global batch (f32 and f64)") {
   for (DType dtype : {DType::f32, DType::f64}) {
     const nn::NamedTensors reference = reference_run({.dtype = dtype});
@@ -129,7 +190,7 @@ TEST_CASE("step() after a backward whose gradients were never reduced is refused
                                          [&](dist::ProcessGroup& pg) {
                                            manual_seed(1);
                                            nn::GPT model(zero_config());
-                                           dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg,
+                                           dist::ShardedModel sharded(model, pg,
                                                                       ZeroRun{.stage = stage}.config());
                                            const auto [x, y] = global_batch(0);
                                            sharded.set_gradient_sync(false);
@@ -145,7 +206,7 @@ TEST_CASE("every rank must step with the same lr and loss scale: a difference is
   dist::run_local(2, [&](dist::ProcessGroup& pg) {
     manual_seed(1);
     nn::GPT model(zero_config());
-    dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, ZeroRun{.stage = 1}.config());
+    dist::ShardedModel sharded(model, pg, ZeroRun{.stage = 1}.config());
     const auto [x, y] = global_batch(0);
     model.forward(x, y).loss.backward();
     const auto snapshot = [&] {
@@ -182,7 +243,7 @@ TEST_CASE("bf16: a parameter written in place since the last step is refused on 
     dist::run_local(2, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
       nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, ZeroRun{.dtype = DType::bf16, .stage = stage}.config());
+      dist::ShardedModel sharded(model, pg, ZeroRun{.dtype = DType::bf16, .stage = stage}.config());
       const auto [x, y] = global_batch(0);
       const auto train = [&] {
         model.forward(x, y).loss.backward();
@@ -242,7 +303,7 @@ TEST_CASE("model-state bytes per rank after backward equal the ZeRO formulas (bf
       dist::run_local(n, [&](dist::ProcessGroup& pg) {
         manual_seed(1);
         nn::GPT model(zero_config());
-        dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW, .max_grad_norm = 1.0});
+        dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW, .max_grad_norm = 1.0});
         // P = padded parameter count (each unit padded to a multiple of N)
         int64_t padded = 0;
         for (const std::string unit : {"root", "transformer.h.0", "transformer.h.1"}) {
@@ -256,7 +317,6 @@ TEST_CASE("model-state bytes per rank after backward equal the ZeRO formulas (bf
         }
         const auto [x, y] = global_batch(0);
         sharded.zero_grad();
-        sharded.prepare_forward();
         model.forward(x.narrow(0, 0, 1), y.narrow(0, 0, 1)).loss.backward();
         const MemoryStats s = memory_stats();
         if (stage == 3) {  // every gathered unit was released again, but units were gathered
@@ -286,7 +346,7 @@ static int64_t dry_run_model_states(const nn::GPTConfig& config, int n, int stag
   ContextGuard guard(rank0);
   dist::FakeGroup group(0, n);
   nn::GPT model(config, kMeta);
-  dist::ShardedModel sharded(model, dist::gpt_unit_plan(config.n_layer), group, {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW});
+  dist::ShardedModel sharded(model, group, {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW});
   psi = sharded.num_parameters();
   const MemoryStats s = memory_stats(kMeta);
   return s[MemoryCategory::parameter] + s[MemoryCategory::gradient] + s[MemoryCategory::optimizer_state];
@@ -299,13 +359,12 @@ static std::pair<int64_t, int64_t> dry_run_step(const nn::GPTConfig& config, int
   ContextGuard guard(rank0);
   dist::FakeGroup group(0, n);
   nn::GPT model(config, kMeta);
-  dist::ShardedModel sharded(model, dist::gpt_unit_plan(config.n_layer), group,
+  dist::ShardedModel sharded(model, group,
                              {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW, .prefetch = prefetch});
   psi = sharded.num_parameters();
   const Tensor ids = zeros({1, 64}, TensorOptions(DType::i64).device(kMeta));
   sharded.zero_grad();
   group.reset_bytes_sent();
-  sharded.prepare_forward();
   model.forward(ids, ids).loss.backward();
   sharded.step(1e-3);
   return {group.bytes_sent(), memory_stats(kMeta).peak_of(MemoryCategory::communication)};
@@ -371,13 +430,12 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
     dist::run_local(n, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
       nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::f32, .adamw = kAdamW});
+      dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::f32, .adamw = kAdamW});
       if (load_first) sharded.load(dir);
       const int64_t rows = kBatch / n;
       for (int s = first_step; s < last_step; ++s) {
         const auto [x, y] = global_batch(s);
         sharded.zero_grad();
-        sharded.prepare_forward();
         model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss.backward();
         sharded.step(1e-3);
       }
@@ -396,7 +454,7 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
   dist::run_local(2, [&](dist::ProcessGroup& pg) {
     manual_seed(1);
     nn::GPT model(zero_config());
-    dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 1, .compute_dtype = DType::f32, .adamw = kAdamW});
+    dist::ShardedModel sharded(model, pg, {.stage = 1, .compute_dtype = DType::f32, .adamw = kAdamW});
     sharded.load(dir);
     sharded.export_consolidated(dir + "/consolidated.safetensors");
   });
@@ -435,7 +493,7 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
   dist::run_local(2, [&](dist::ProcessGroup& pg) {
     manual_seed(1);
     nn::GPT model(config(vocab));
-    dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 1, .compute_dtype = DType::f32});
+    dist::ShardedModel sharded(model, pg, {.stage = 1, .compute_dtype = DType::f32});
     sharded.save(dir);
   });
   // Rewrites one file of the save: its tensors through `tensors`, its metadata through `meta`.
@@ -454,7 +512,7 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
       manual_seed(9);
       nn::GPT model(config(model_vocab));
       // Stage 1: each rank checks only its own slice's coverage; either all load or none.
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 1, .compute_dtype = DType::f32});
+      dist::ShardedModel sharded(model, pg, {.stage = 1, .compute_dtype = DType::f32});
       nn::NamedTensors before;
       for (const auto& [name, p] : sharded.gathered_master()) before.emplace_back(name, p.clone());
       std::string error;
@@ -543,7 +601,7 @@ TEST_CASE("a sharded checkpoint keeps the GradScaler's state and replaces an ear
     dist::run_local(n, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
       nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 2, .compute_dtype = DType::f16});
+      dist::ShardedModel sharded(model, pg, {.stage = 2, .compute_dtype = DType::f16});
       fn(sharded);
     });
   };
@@ -583,7 +641,7 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
       nn::GPT reference(zero_config());
       manual_seed(1 + pg.rank());
       nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::f32});
+      dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::f32});
       CHECK(max_difference(sharded.gathered_master(), reference.named_parameters()) == 0);
     });
   CHECK_THROWS_WITH_AS(dist::run_local(2,
@@ -591,7 +649,7 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
                                          manual_seed(1);
                                          nn::GPT model(zero_config());
                                          dist::ShardedModel sharded(
-                                             model, dist::gpt_unit_plan(2), pg,
+                                             model, pg,
                                              {.compute_dtype = DType::f32, .max_grad_norm = pg.rank() == 0 ? 0.0 : 1.0});
                                        }),
                        doctest::Contains("ShardedModel: was built with a different ZeroConfig::max_grad_norm on some "
@@ -599,12 +657,12 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
                        Error);
   // Rank 1 plans its units otherwise: the collectives would pair unit u of one rank with
   // a different unit u of the other.
-  const auto refused_plan = [](const std::function<void(dist::UnitPlan&)>& on_rank_1, const std::string& error) {
+  const auto refused_plan = [](const std::function<void(nn::UnitPlan&)>& on_rank_1, const std::string& error) {
     CHECK_THROWS_WITH_AS(dist::run_local(2,
                                          [&](dist::ProcessGroup& pg) {
                                            manual_seed(1);
                                            nn::GPT model(zero_config());
-                                           dist::UnitPlan plan = dist::gpt_unit_plan(2);
+                                           nn::UnitPlan plan = model.unit_plan();
                                            if (pg.rank() == 1) on_rank_1(plan);
                                            dist::ShardedModel sharded(model, plan, pg, {.stage = 3, .compute_dtype = DType::f32});
                                          }),
@@ -612,10 +670,10 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
   };
   // The same number of units and elements, split differently: buffers of different
   // sizes, which NCCL does not check.
-  refused_plan([](dist::UnitPlan& plan) { plan.units[0] += ".attn"; },  // the rest of h.0 in the root
+  refused_plan([](nn::UnitPlan& plan) { plan.units[0] += ".attn"; },  // the rest of h.0 in the root
                "size of unit root on some ranks");
   // Equal-sized units listed in another order: layer 1 would have trained on layer 0's gradients.
-  refused_plan([](dist::UnitPlan& plan) { std::swap(plan.units[0], plan.units[1]); },
+  refused_plan([](nn::UnitPlan& plan) { std::swap(plan.units[0], plan.units[1]); },
                "parameter names and shapes (hashed) of unit transformer.h.");
   // A rank whose own checks refuse its config still meets the others (else they would
   // wait for it in the agreement until the group's timeout, or for ever under mpi).
@@ -626,7 +684,7 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
                                          nn::GPT model(zero_config());
                                          try {
                                            dist::ShardedModel sharded(
-                                               model, dist::gpt_unit_plan(2), pg,
+                                               model, pg,
                                                {.compute_dtype = DType::f32, .max_grad_norm = pg.rank() == 1 ? -1.0 : 0.0});
                                          } catch (const Error& e) {
                                            if (pg.rank() == 0) rank0_error = e.what();
@@ -643,12 +701,11 @@ TEST_CASE("gathered_master is a copy at every stage") {
     dist::run_local(2, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
       nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::f32});
+      dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::f32});
       const nn::NamedTensors snapshot = sharded.gathered_master();
       std::vector<Tensor> copies;
       for (const auto& [name, t] : snapshot) copies.push_back(t.clone());
       const auto [x, y] = global_batch(0);
-      sharded.prepare_forward();
       model.forward(x, y).loss.backward();
       sharded.step(1e-1);
       for (size_t i = 0; i < copies.size(); ++i) CHECK(max(abs(snapshot[i].second - copies[i])).item<double>() == 0);
@@ -662,8 +719,7 @@ TEST_CASE("a model outlives its ShardedModel: the hooks left behind do nothing")
     nn::GPT model(zero_config());
     const auto [x, y] = global_batch(0);
     {
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 2, .compute_dtype = DType::f32, .adamw = kAdamW});
-      sharded.prepare_forward();
+      dist::ShardedModel sharded(model, pg, {.stage = 2, .compute_dtype = DType::f32, .adamw = kAdamW});
       model.forward(x, y).loss.backward();
       sharded.step(1e-3);
     }
@@ -683,14 +739,13 @@ TEST_CASE("memory does not grow step after step, at any stage") {
       ZeroRun run{.dtype = DType::bf16, .stage = stage, .micro_batches = 2};
       manual_seed(1);
       nn::GPT model(zero_config(stage == 3));
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, run.config());
+      dist::ShardedModel sharded(model, pg, run.config());
       std::vector<MemoryStats> after;
       for (int s = 0; s < 8; ++s) {
         const auto [x, y] = global_batch(s);
         sharded.zero_grad();
         for (int k = 0; k < 2; ++k) {
           sharded.set_gradient_sync(k == 1);
-          sharded.prepare_forward();
           model.forward(x.narrow(0, 2 * pg.rank() + k, 1), y.narrow(0, 2 * pg.rank() + k, 1)).loss.backward();
         }
         sharded.step(1e-3);
@@ -715,7 +770,7 @@ TEST_CASE("a rank that fails in the middle of a sharded backward ends the others
                              [&](dist::ProcessGroup& pg) {
                                manual_seed(1);
                                nn::GPT model(zero_config());
-                               dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg,
+                               dist::ShardedModel sharded(model, pg,
                                                           {.stage = stage, .compute_dtype = DType::f32});
                                if (pg.rank() == 1)  // fails as the backward reaches block 0
                                  (*model.h)[0].register_forward_hook([](nn::Module&, const Tensor&, const Tensor& out) {
@@ -724,7 +779,6 @@ TEST_CASE("a rank that fails in the middle of a sharded backward ends the others
                                  });
                                const auto [x, y] = global_batch(0);
                                sharded.zero_grad();
-                               sharded.prepare_forward();
                                model.forward(x.narrow(0, 2 * pg.rank(), 2), y.narrow(0, 2 * pg.rank(), 2)).loss.backward();
                                sharded.step(1e-3);
                              },
@@ -762,10 +816,9 @@ TEST_CASE("on a GPU: N ranks sharing it train like one rank and hold the formula
       dist::run_local(n, [&](dist::ProcessGroup& pg) {
         manual_seed(1);
         nn::GPT model(zero_config(), TensorOptions(DType::f32).device(kCUDA));
-        dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::bf16});
+        dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::bf16});
         const auto [x, y] = global_batch(0);
         sharded.zero_grad();
-        sharded.prepare_forward();
         model.forward(x.narrow(0, 0, 1).to(kCUDA), y.narrow(0, 0, 1).to(kCUDA)).loss.backward();
         const MemoryStats s = memory_stats(kCUDA);
         const MemoryStats cpu = memory_stats(kCPU);
@@ -797,14 +850,13 @@ TEST_CASE("an inf gradient on one rank makes every rank skip the step and back o
     dist::run_local(2, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
       nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = stage, .compute_dtype = DType::f16});
+      dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::f16});
       optim::GradScaler scaler({.init_scale = 1024.0});
       const nn::NamedTensors before = sharded.gathered_master();
       std::vector<Tensor> copies;
       for (const auto& [name, t] : before) copies.push_back(t.clone());
       const auto [x, y] = global_batch(0);
       sharded.zero_grad();
-      sharded.prepare_forward();
       Tensor loss = scaler.scale(model.forward(x.narrow(0, 2 * pg.rank(), 2), y.narrow(0, 2 * pg.rank(), 2)).loss);
       if (pg.rank() == 1) loss = loss * 1e30;  // overflows f16 gradients on this rank only
       loss.backward();
@@ -835,7 +887,7 @@ TEST_CASE("ZeRO-3 holds exactly the units in use (and those prefetched) during t
       INFO("prefetch " << prefetch);
       manual_seed(1);
       nn::GPT model(config);
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(config.n_layer), pg,
+      dist::ShardedModel sharded(model, pg,
                                  {.stage = 3, .compute_dtype = DType::bf16, .prefetch = prefetch});
       // Gathered bytes of a block and of the root unit: bf16, padded to a multiple of N = 2.
       int64_t block = 0, root = 0;
@@ -852,7 +904,6 @@ TEST_CASE("ZeRO-3 holds exactly the units in use (and those prefetched) during t
           return Tensor();
         });
       const auto [x, y] = global_batch(0);
-      sharded.prepare_forward();
       const Tensor loss = model.forward(x.narrow(0, 2 * pg.rank(), 2), y.narrow(0, 2 * pg.rank(), 2)).loss;
       // Block k, plus the next `prefetch` uses: blocks, then the root (for ln_f and the head).
       std::vector<int64_t> expected;
@@ -886,12 +937,11 @@ TEST_CASE("ZeRO-3: summon_full_params keeps every unit whole -- parameters reada
     dist::run_local(2, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
       nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg,
+      dist::ShardedModel sharded(model, pg,
                                  {.stage = stage, .compute_dtype = DType::f32, .adamw = kAdamW});
       const auto train_step = [&](int s) {
         const auto [x, y] = global_batch(s);
         sharded.zero_grad();
-        sharded.prepare_forward();
         model.forward(x.narrow(0, 2 * pg.rank(), 2), y.narrow(0, 2 * pg.rank(), 2)).loss.backward();
         sharded.step(1e-2);
       };
@@ -901,7 +951,6 @@ TEST_CASE("ZeRO-3: summon_full_params keeps every unit whole -- parameters reada
   const auto evaluate = [](nn::GPT& model, dist::ShardedModel& sharded) {
     NoGradGuard no_grad;
     const auto [x, y] = global_batch(9);
-    sharded.prepare_forward();
     return model.forward(x, y).loss.item<double>();
   };
   nn::NamedTensors plain, summoned;  // the master weights after two steps
@@ -984,8 +1033,7 @@ TEST_CASE("ZeRO-3 weights used outside the uses the plan names, or changed since
   {
     manual_seed(1);
     nn::GPT model(zero_config());
-    dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), group, ZeroRun{.stage = 3}.config());
-    sharded.prepare_forward();
+    dist::ShardedModel sharded(model, group, ZeroRun{.stage = 3}.config());
     const Tensor loss = model.forward(x, y).loss;
     loss.backward(Tensor(), /*retain_graph=*/true);
     CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains(released.c_str()), Error);
@@ -994,19 +1042,17 @@ TEST_CASE("ZeRO-3 weights used outside the uses the plan names, or changed since
      // ones the forward used (was: gradients computed with them, silently).
     manual_seed(1);
     nn::GPT model(zero_config());
-    dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), group, ZeroRun{.stage = 3}.config());
-    sharded.prepare_forward();
+    dist::ShardedModel sharded(model, group, ZeroRun{.stage = 3}.config());
     const Tensor loss = model.forward(x, y).loss;
     sharded.step(1e-3);
     CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("modified in place"), Error);
   }
-  dist::UnitPlan plan = dist::gpt_unit_plan(2);
+  nn::UnitPlan plan = nn::GPT(zero_config(), kMeta).unit_plan();
   plan.root_before = {"transformer.wte"};  // wpe's forward uses the root too
   {
     manual_seed(1);
     nn::GPT model(zero_config());
     dist::ShardedModel sharded(model, plan, group, ZeroRun{.stage = 3}.config());
-    sharded.prepare_forward();
     CHECK_THROWS_WITH_AS(model.forward(x, y), doctest::Contains(read_released.c_str()), Error);
   }
   // The blocks' ModuleList as one unit: its own forward never runs, so nothing gathers
@@ -1016,10 +1062,9 @@ TEST_CASE("ZeRO-3 weights used outside the uses the plan names, or changed since
     INFO("prefetch " << prefetch);
     manual_seed(1);
     nn::GPT model(zero_config());
-    dist::UnitPlan list_plan = dist::gpt_unit_plan(2);
+    nn::UnitPlan list_plan = model.unit_plan();
     list_plan.units = {"transformer.h"};
     dist::ShardedModel sharded(model, list_plan, group, ZeroRun{.stage = 3, .prefetch = prefetch}.config());
-    sharded.prepare_forward();
     const std::string state = prefetch ? "still being gathered (a prefetch is writing them)" : "released";
     CHECK_THROWS_WITH_AS(model.forward(x, y),
                          doctest::Contains(("ShardedModel: the forward of 'transformer.h.0.ln_1' reads the weights of "
@@ -1058,7 +1103,6 @@ TEST_CASE("ZeRO-3: a root parameter the root module reads, not named by the plan
   Scaled model;
   dist::ShardedModel sharded(model, {.units = {"b"}, .root_before = {"a"}}, group,
                              {.stage = 3, .compute_dtype = DType::f64, .adamw = kAdamW});
-  sharded.prepare_forward();
   CHECK_THROWS_WITH_AS(model(ones({2, 3}, DType::f64)),
                        doctest::Contains("the forward of the root module reads the weights of ZeRO-3 unit 'root'"),
                        Error);
@@ -1071,8 +1115,8 @@ TEST_CASE("each backward ends with its reductions done and nothing gathered, wha
   //    first gradient completed the count and started the bucket's reduction while the
   //    rest of it was still being written (stage 1 up to 5e-4 off);
   //  - ZeRO-3 released a unit after its backward only through its input's gradient: the
-  //    first unit (its input needs none) stayed gathered, and without prepare_forward()
-  //    the next forward used its weights from before the step.
+  //    first unit (its input needs none) stayed gathered, and the next forward used its
+  //    weights from before the step.
   const auto train = [](int n, int stage) {
     nn::NamedTensors result;
     dist::run_local(n, [&](dist::ProcessGroup& pg) {
@@ -1139,7 +1183,6 @@ TEST_CASE("a parameter some ranks use and others do not trains like one rank, at
         for (int64_t k = 0; k < steps; ++k) {
           const int64_t begin = pg.rank() * rows + k * micro;
           sharded.set_gradient_sync(k == steps - 1);
-          sharded.prepare_forward();
           model.rows = flags.narrow(0, begin, micro);
           (mean(pow(model(x.narrow(0, begin, micro)) - y.narrow(0, begin, micro), 2.0)) * (1.0 / steps)).backward();
         }
@@ -1202,7 +1245,6 @@ TEST_CASE("ZeRO-3: a parameter some ranks use, inside a unit between others, tra
         const auto [x, y] = two_layers_batch(s);
         const int64_t rows = 4 / n, begin = pg.rank() * rows;
         sharded.zero_grad();
-        sharded.prepare_forward();
         model.g->rows = flags.narrow(0, begin, rows);
         mean(pow(model(x.narrow(0, begin, rows)) - y.narrow(0, begin, rows), 2.0)).backward();
         sharded.step(1e-2);
@@ -1331,7 +1373,7 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
       nn::GPT model(zero_config(checkpointing), TensorOptions(DType::f64));
       for (auto& [name, p] : model.named_parameters())
         if (freeze && frozen(name)) p.set_requires_grad(false);
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg,
+      dist::ShardedModel sharded(model, pg,
                                  {.stage = stage, .compute_dtype = DType::f32, .adamw = kAdamW});
       if (pg.rank() == 0) result.parameter_bytes = memory_stats()[MemoryCategory::parameter];
       fn(pg, model, sharded);
@@ -1365,7 +1407,6 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
       const auto [x, y] = global_batch(s);
       const int64_t rows = kBatch / pg.size();
       sharded.zero_grad();
-      sharded.prepare_forward();
       model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss.backward();
       sharded.step(1e-2);
     }
@@ -1526,7 +1567,7 @@ TEST_CASE("a write that fails on rank 0 mid-export or mid-save ends every rank w
     dist::run_local(2, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
       nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, {.stage = 3, .compute_dtype = DType::f32});
+      dist::ShardedModel sharded(model, pg, {.stage = 3, .compute_dtype = DType::f32});
       try {
         if (save)
           sharded.save(dir + "/checkpoint");
@@ -1558,7 +1599,6 @@ TEST_CASE("a unit of empty parameters steps like any other; save refuses metadat
     for (int stage = 0; stage <= 3; ++stage) {
       // Every step() failed: the norm took sum_of_squares of the empty gradient shard.
       dist::ShardedModel sharded(model, {.units = {"e", "a"}}, pg, {.stage = stage, .compute_dtype = DType::f32});
-      sharded.prepare_forward();
       sum((*model.a)(ones({1, 2}))).backward();
       CHECK(sharded.step(1e-3).stepped);
       if (stage < 3) continue;
@@ -1598,7 +1638,7 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   dist::FakeGroup group(0, 2);
   manual_seed(1);
   nn::GPT model(zero_config(), kMeta);
-  const auto make = [&](dist::UnitPlan plan, dist::ZeroConfig config) { dist::ShardedModel(model, plan, group, config); };
+  const auto make = [&](nn::UnitPlan plan, dist::ZeroConfig config) { dist::ShardedModel(model, plan, group, config); };
   CHECK_THROWS_WITH_AS(make({.units = {"transformer.h.7"}}, {}), "ShardedModel: the model has no submodule 'transformer.h.7'",
                        Error);
   // Listed twice, or a unit inside another listed first: both said the unit "has no
@@ -1617,24 +1657,24 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   CHECK_THROWS_WITH_AS(make({.units = {}, .root_before = {"transformer.wtf"}}, {.stage = 3}),
                        "ShardedModel: the model has no submodule 'transformer.wtf'", Error);
   CHECK(wte.storage() == wte_storage);  // a refused plan left the parameters where they were (was: moved into freed buffers)
-  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.stage = 4}), "ShardedModel: stage must be 0, 1, 2 or 3, got 4", Error);
-  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.compute_dtype = DType::i32}),
+  CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.stage = 4}), "ShardedModel: stage must be 0, 1, 2 or 3, got 4", Error);
+  CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.compute_dtype = DType::i32}),
                        "ShardedModel: compute dtype must be floating, got i32", Error);
-  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.reduce_dtype = DType::boolean}),
+  CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.reduce_dtype = DType::boolean}),
                        "ShardedModel: reduce dtype must be floating, got bool", Error);
-  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.bucket_bytes = 0}), "ShardedModel: bucket_bytes must be positive, got 0",
+  CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.bucket_bytes = 0}), "ShardedModel: bucket_bytes must be positive, got 0",
                        Error);
-  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.prefetch = -1}), "ShardedModel: prefetch must be >= 0, got -1", Error);
+  CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.prefetch = -1}), "ShardedModel: prefetch must be >= 0, got -1", Error);
   // A NaN or negative clip silently disabled clipping.
-  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.max_grad_norm = NAN}),
+  CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.max_grad_norm = NAN}),
                        "ShardedModel: max_grad_norm must be >= 0 and finite (0 disables clipping), got nan", Error);
-  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.max_grad_norm = -1}), doctest::Contains("got -1"), Error);
-  CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.adamw = {.eps = 0}}), doctest::Contains("AdamW: eps must be positive"),
+  CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.max_grad_norm = -1}), doctest::Contains("got -1"), Error);
+  CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.adamw = {.eps = 0}}), doctest::Contains("AdamW: eps must be positive"),
                        Error);
   // Parameters another ShardedModel (or a FlatParameters) already holds in its buffers.
   {
-    dist::ShardedModel first(model, dist::gpt_unit_plan(2), group, {.stage = 1});
-    CHECK_THROWS_WITH_AS(make(dist::gpt_unit_plan(2), {.stage = 2}),
+    dist::ShardedModel first(model, group, {.stage = 1});
+    CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.stage = 2}),
                          "ShardedModel: parameter 'transformer.wte.weight' already lives in the flat buffers of a ZeRO-1 "
                          "ShardedModel", Error);
     CHECK_THROWS_WITH_AS(model.to(DType::f16), doctest::Contains("to: parameter 'transformer.wte.weight' lives in the flat "
@@ -1648,7 +1688,7 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   // A weight registered a second time, in another module, is that same parameter:
   // listed once (it was a second leaf over the same storage, which packing refused).
   nn::GPT tied(zero_config(), kMeta);
-  const auto make_tied = [&](int stage) { dist::ShardedModel(tied, dist::gpt_unit_plan(2), group, {.stage = stage}); };
+  const auto make_tied = [&](int stage) { dist::ShardedModel(tied, group, {.stage = stage}); };
   const Tensor tied_wte = tied.named_parameters().front().second;
   const size_t count = tied.named_parameters().size();
   for (const auto& [path, m] : tied.named_modules())
@@ -1688,10 +1728,9 @@ TEST_CASE("a meta dry run gives the same figures, peaks included, every time") {
     ContextGuard guard(rank0);
     dist::FakeGroup group(0, 8);
     nn::GPT model(nn::GPTConfig{}, kMeta);
-    dist::ShardedModel sharded(model, dist::gpt_unit_plan(12), group, {.stage = stage, .compute_dtype = DType::bf16});
+    dist::ShardedModel sharded(model, group, {.stage = stage, .compute_dtype = DType::bf16});
     const Tensor ids = zeros({1, 64}, TensorOptions(DType::i64).device(kMeta));
     sharded.zero_grad();
-    sharded.prepare_forward();
     model.forward(ids, ids).loss.backward();
     sharded.step(1e-3);
     const MemoryStats s = memory_stats(kMeta);

@@ -62,7 +62,7 @@ inline nn::NamedTensors train_sharded(dist::ProcessGroup& pg, const ZeroRun& run
   manual_seed(1);
   const std::unique_ptr<nn::GPT> owned = zero_model(run);
   nn::GPT& model = *owned;
-  dist::ShardedModel sharded(model, dist::gpt_unit_plan(2), pg, run.config());
+  dist::ShardedModel sharded(model, pg, run.config());
   const int64_t rows = kBatch / pg.size();
   const int micro = rows >= run.micro_batches ? run.micro_batches : 1;
   for (int s = 0; s < run.steps; ++s) {
@@ -73,7 +73,6 @@ inline nn::NamedTensors train_sharded(dist::ProcessGroup& pg, const ZeroRun& run
     else sharded.zero_grad();
     for (int k = 0; k < micro; ++k) {
       sharded.set_gradient_sync(run.sync_every_micro_batch || k == micro - 1);
-      sharded.prepare_forward();
       const int64_t r = rows / micro;
       (model.forward(my_x.narrow(0, k * r, r), my_y.narrow(0, k * r, r)).loss * (1.0 / micro)).backward();
     }

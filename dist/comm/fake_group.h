@@ -12,7 +12,7 @@
 
 namespace zg::dist {
 
-class FakeGroup final : public ProcessGroup {
+class FakeGroup : public ProcessGroup {
  public:
   FakeGroup(int rank, int size);
   int rank() const override { return rank_; }
@@ -23,6 +23,14 @@ class FakeGroup final : public ProcessGroup {
  private:
   WorkHandle issue(Collective collective) override;
   int rank_, size_;
+};
+
+// The trivial group of one: training on one device is a ShardedModel over this group,
+// the same code as N ranks (DESIGN: one training path), every collective the identity.
+class SingleRank final : public FakeGroup {
+ public:
+  SingleRank() : FakeGroup(0, 1) {}
+  std::string kind() const override { return "single"; }
 };
 
 }  // namespace zg::dist

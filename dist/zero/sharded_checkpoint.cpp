@@ -20,8 +20,9 @@
 #include <set>
 #include <string_view>
 
-#include "dist/zero/unit.h"
-#include "optim/checkpoint.h"
+#include "dist/comm/agreement.h"
+#include "dist/zero/sharded_model.h"
+#include "optim/grad_scaler.h"
 #include "tensor/autograd.h"
 #include "tensor/context.h"
 
@@ -78,15 +79,16 @@ std::string rank_file(const std::string& dir, int rank, int size) {
 struct Owned {
   int64_t begin, end, local_base;
 };
-// What a rank writes: its slice r (for DDP, slice r of its full buffers, so ranks share the work).
-Owned saved_range(const ShardedModel::Unit& unit, int rank, int stage) {
+// What a rank writes: its slice r (with full optimizer state -- DDP -- slice r of its full
+// buffers, so ranks share the work).
+Owned saved_range(const Unit& unit, int rank, bool full_state) {
   const int64_t begin = rank * unit.shard, end = std::min(begin + unit.shard, unit.numel);
-  return {begin, std::max(begin, end), stage == 0 ? 0 : begin};
+  return {begin, std::max(begin, end), full_state ? 0 : begin};
 }
-// What a rank must read: everything for DDP (full buffers), else its slice.
-Owned loaded_range(const ShardedModel::Unit& unit, int rank, int stage) {
-  if (stage == 0) return {0, unit.numel, 0};
-  return saved_range(unit, rank, stage);
+// What a rank must read: everything where the optimizer state is full, else its slice.
+Owned loaded_range(const Unit& unit, int rank, bool full_state) {
+  if (full_state) return {0, unit.numel, 0};
+  return saved_range(unit, rank, full_state);
 }
 
 // A range of one parameter's role that a rank saves or loads: elements [begin, begin +
@@ -109,7 +111,7 @@ struct Piece {
 // Calls fn(key, role buffer, entry, [a, b)) for every role of every parameter that overlaps
 // `own`, with [a, b) the overlap in unit elements and key "role/parameter name".
 template <class Fn>
-void for_each_part(const ShardedModel::Unit& unit, const Owned& own, Fn fn) {
+void for_each_part(const Unit& unit, const Owned& own, Fn fn) {
   const std::pair<const char*, const Tensor*> roles[] = {
       {"master", &unit.master}, {"exp_avg", &unit.m}, {"exp_avg_sq", &unit.v}};
   for (const auto& e : unit.entries) {
@@ -121,13 +123,13 @@ void for_each_part(const ShardedModel::Unit& unit, const Owned& own, Fn fn) {
 
 // What a rank saves (`saving`) or loads of the units: the range it owns (saved_range or
 // loaded_range) of every trained parameter's master weights and Adam state and, at
-// stage 3, its slice of each unit's frozen buffer; of the frozen parameters held whole
+// ZeRO-3, its slice of each unit's frozen buffer; of the frozen parameters held whole
 // on every rank (`replicated`), all of each -- rank 0 saves them, every rank loads them.
-std::vector<Part> parts_of(const std::vector<std::unique_ptr<ShardedModel::Unit>>& units,
-                           const nn::NamedTensors& replicated, int r, int stage, bool saving) {
+std::vector<Part> parts_of(const std::vector<std::unique_ptr<Unit>>& units, const nn::NamedTensors& replicated,
+                           int r, bool full_state, bool saving) {
   std::vector<Part> parts;
   for (const auto& unit : units) {
-    const Owned own = saving ? saved_range(*unit, r, stage) : loaded_range(*unit, r, stage);
+    const Owned own = saving ? saved_range(*unit, r, full_state) : loaded_range(*unit, r, full_state);
     for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
       parts.push_back({key, e.shape, a - e.offset, buffer.narrow(0, a - own.local_base, b - a), {}});
     });
@@ -221,7 +223,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
                    {"save_id", std::to_string(static_cast<uint64_t>(id.item<double>()))},
                    {"world_size", std::to_string(group_.size())},
                    {"rank", std::to_string(r)},
-                   {"stage", std::to_string(config_.stage)},
+                   {"stage", std::to_string(placement_.stage())},
                    {"step", std::to_string(step_)},
                    {"compute_dtype", name(config_.compute_dtype)},
                    {"rng_seed", std::to_string(gen.seed())},
@@ -242,7 +244,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
     layout.push_back({key, t.dtype(), t.shape()});
     tensors.emplace_back(key, t);
   };
-  for (const Part& part : parts_of(units_, replicated(), r, config_.stage, /*saving=*/true)) {
+  for (const Part& part : parts_of(units_, replicated(), r, !placement_.optimizer_sharded(), /*saving=*/true)) {
     add(part.key + "/" + std::to_string(part.begin), part.data);
     meta["shape/" + part.key.substr(part.key.find('/') + 1)] = shape_str(part.shape);
   }
@@ -452,7 +454,7 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   }
   LoadPlan plan;
   all_or_none(group_, units_.front()->master.device(), "ShardedModel::load", "nothing was loaded, on any rank", [&] {
-    plan = plan_load(dir, model, parts_of(units_, replicated(), r, config_.stage, /*saving=*/false), buffers, r, scaler);
+    plan = plan_load(dir, model, parts_of(units_, replicated(), r, !placement_.optimizer_sharded(), /*saving=*/false), buffers, r, scaler);
   });
 
   // Everything checked, everywhere: now copy each part's overlap with each piece.
@@ -473,23 +475,9 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   Generator& gen = Context::current().generator();
   gen.manual_seed(plan.seed);
   gen.set_offset(plan.offset);
-  refresh_compute();
-  return plan.files[0]->metadata();
-}
-
-void ShardedModel::refresh_compute() {
-  NoGradGuard no_grad;
-  for (auto& unit : units_) {
-    const bool separate = config_.compute_dtype != unit->master.dtype();
-    if (config_.stage == 0) {
-      if (separate) unit->weights.full.copy_(unit->master);
-      continue;
-    }
-    if (separate) unit->weights.shard.copy_(unit->master);
-    CollectiveTag tag(unit->tag);
-    if (config_.stage < 3) group_.all_gather(unit->weights.shard, unit->weights.full);
-  }
+  for (auto& unit : units_) unit->refresh_compute();
   mark_compute_current();
+  return plan.files[0]->metadata();
 }
 
 namespace {
@@ -521,10 +509,11 @@ void ShardedModel::for_each_consolidated(const std::function<void(const std::str
   NoGradGuard no_grad;
   const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
   for (auto& unit : units_) {
-    // Stage 0: every rank has it all. Else one unit's master weights, gathered and released.
-    const Tensor whole =
-        config_.stage == 0 ? unit->master : all_gathered(unit->master, unit->tag, MemoryCategory::communication);
-    for (const auto& e : unit->entries) fn(e.name, optim::FlatParameters::view_of(whole, e));
+    // Full optimizer state: every rank has it all. Else one unit's master weights, gathered and released.
+    const Tensor whole = placement_.optimizer_sharded()
+                             ? all_gathered(unit->master, unit->tag, MemoryCategory::communication)
+                             : unit->master;
+    for (const auto& e : unit->entries) fn(e.name, view_of(whole, e));
   }
   for (const auto& [key, t] : replicated()) {
     const SafetensorsWriter::Layout entry = consolidated_entry(key, t, master_dtype);
@@ -533,7 +522,7 @@ void ShardedModel::for_each_consolidated(const std::function<void(const std::str
   for (auto& unit : units_) {  // stage 3's frozen parameters: each unit's gathered, then released
     if (!unit->frozen.shard.defined()) continue;
     const Tensor whole = all_gathered(unit->frozen.shard, unit->tag, MemoryCategory::communication);
-    for (const auto& e : unit->frozen_entries) fn(e.name, optim::FlatParameters::view_of(whole, e).to(master_dtype));
+    for (const auto& e : unit->frozen_entries) fn(e.name, view_of(whole, e).to(master_dtype));
   }
 }
 

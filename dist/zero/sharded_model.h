@@ -2,7 +2,7 @@
 // of the design (../shared/DESIGN.md, "Parameters live in flat, sharded units").
 //
 // Each unit (by default: each transformer block, plus a root unit with everything
-// else -- for a GPT the tied embedding/head, wpe and ln_f) owns one flat buffer per
+// else: embeddings, a final norm, a tied head) owns one flat buffer per
 // role, padded to a multiple of the world size N; rank r owns slice r of length
 // S = padded / N. The stages differ only in which roles are sharded and when full
 // buffers exist (bytes per parameter per rank, bf16 compute):
@@ -22,11 +22,16 @@
 // waiting, so every reduction has finished when backward() returns. The optimizer sees spans of the
 // whole buffers for DDP, of the local slices for ZeRO.
 //
-// ZeRO-3 gathers a unit around each use (dist/parameter_gather.cpp): before a
-// block's forward (prefetching the next `prefetch` blocks) and, if its backward
-// reads weights, when the gradient of its output arrives (prefetching the blocks
-// before it); it frees the gathered copy after the forward and after the block's
-// backward. The root unit is gathered around the modules that use it (UnitPlan).
+// ZeRO-3 gathers a unit around each use (dist/zero/gather_scheduler.h). What each
+// stage keeps where is the placement policy's (dist/zero/placement.h); the unit
+// (dist/zero/unit.h) owns its buffers and their lifecycle; the schedulers
+// (gradient_reducer.h, gather_scheduler.h) decide when. One rank is the same code
+// with a group of one (dist::SingleRank): there is one training path.
+//
+// A model built under DeferredInit (nothing allocated) is materialised here unit by
+// unit, each rank allocating only what the placement gives it: its initial values are
+// a one-rank build's at any N (Philox: element i depends on the seed, the parameter
+// and i only).
 #pragma once
 
 #include <deque>
@@ -38,6 +43,9 @@
 #include <vector>
 
 #include "dist/comm/process_group.h"
+#include "dist/zero/gather_scheduler.h"
+#include "dist/zero/gradient_reducer.h"
+#include "dist/zero/placement.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
@@ -64,18 +72,7 @@ struct ZeroConfig {
   int prefetch = 1;
 };
 
-// How a model's parameters are split into units, and where the forward uses the rest.
-struct UnitPlan {
-  // Submodules that become units, in forward order (for a GPT: each block).
-  std::vector<std::string> units{};
-  // Every other parameter forms the root unit. ZeRO-3 gathers it around the modules
-  // that use it: `root_before` run before the units (a GPT's token and position
-  // embeddings), `root_after` after them (the final norm; the tied head follows it).
-  // The root is gathered for root_before and freed after them, gathered again for
-  // root_after and kept through their backward (which comes next), then freed. With
-  // neither given, prepare_forward() gathers it and it is kept until the backward ends.
-  std::vector<std::string> root_before{}, root_after{};
-};
+using nn::UnitPlan;
 
 struct StepResult {
   double grad_norm = 0;  // global, unscaled, before clipping (identical on every rank)
@@ -86,8 +83,10 @@ class ShardedModel final : public ParameterOwner {
  public:
   // Every rank must pass a model of the same shape and the same config (checked, as far
   // as the units' and buffers' names and shapes: collectives, which every rank reaches
-  // even when another's plan is refused); rank 0's initial parameters and buffers become
-  // every rank's, as PyTorch DDP broadcasts its module states. (A forward that changes a
+  // even when another's plan is refused). A model built under DeferredInit is
+  // materialised here, each rank allocating and filling only what it holds; otherwise
+  // rank 0's initial parameters and buffers become every rank's, as PyTorch DDP
+  // broadcasts its module states. (A forward that changes a
   // buffer changes it on its own rank: PyTorch DDP broadcasts buffers before each
   // forward, this does not.) Parameters frozen now (requires_grad false) get no gradient,
   // master or Adam state and are held in the compute dtype, untrained (unfreezing one
@@ -98,25 +97,29 @@ class ShardedModel final : public ParameterOwner {
   // this one's, and moving the parameters elsewhere (Module::to, load_state) is refused.
   // Destroyed, it leaves stages 0-2's parameters holding the compute weights; ZeRO-3's
   // are left unmaterialized (each rank held a shard), so save or export first.
-  ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config);
+  // The units come from the model's own plan (Module::unit_plan), or from `plan`.
+  ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig config = {});
+  ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config = {});
   ~ShardedModel() override;
   std::string describe() const override;  // "a ZeRO-2 ShardedModel"
 
-  // Call before each forward: with ZeRO-3 it frees units left gathered by an earlier
-  // forward that had no backward, and gathers a root unit that has no modules in the plan.
-  void prepare_forward();
   // Gradient accumulation: with sync off, stages 0 and 1 keep accumulating full
   // gradients locally; turn it back on for the last micro-batch (step() refuses to run
   // after a backward whose gradients were never reduced). Leaving it on for every
   // micro-batch is correct too, at the cost of a reduction per micro-batch. Stages 2 and
   // 3 ignore it: keeping no full gradient between micro-batches is the memory they save,
   // so each micro-batch is reduce-scattered and added into the rank's shard.
-  void set_gradient_sync(bool sync) { sync_ = sync; }
+  void set_gradient_sync(bool sync) { reducer_->set_sync(sync); }
   // Also what the model's Module::zero_grad() calls (ParameterOwner).
   void zero_grad() override;
   // Norm (reduced across ranks), inf/NaN check, clipping, AdamW on the local slices,
   // then (stages 1, 2) all-gather of the updated compute weights.
   StepResult step(double lr, optim::GradScaler* scaler = nullptr);
+  // The same step without reading anything back: the global norm and the clipping
+  // coefficient stay on the device, so a GPU step issues its kernels and returns (no loss
+  // scaler: its inf check needs the host; a non-finite norm updates unclipped). Returns
+  // the norm, one f32 element, for the caller to read when it chooses.
+  Tensor step_on_device(double lr);
 
   // Every trained parameter's master weights (f32; f64 for f64 compute), gathered from
   // all ranks (a collective): a copy, which later steps leave as it is.
@@ -171,12 +174,9 @@ class ShardedModel final : public ParameterOwner {
   // collective).
   void export_consolidated(const std::string& path);
   int64_t num_parameters() const;  // Ψ, without padding
+  int64_t steps() const { return step_; }  // optimizer updates taken (a resumed run: the saved count)
   const ZeroConfig& config() const { return config_; }
-
-  struct ShardedWeights;
-  struct Unit;
-  struct Bucket;
-  struct Use;
+  const Placement& placement() const { return placement_; }
 
  private:
   // The consolidated state a unit at a time (a collective): fn(name, weights) for each
@@ -185,88 +185,43 @@ class ShardedModel final : public ParameterOwner {
   // and released once the unit is done.
   void for_each_consolidated(const std::function<void(const std::string&, const Tensor&)>& fn);
   std::vector<SafetensorsWriter::Layout> consolidated_layout() const;  // names, dtypes, shapes
+  Tensor begin_step(double lr, const optim::GradScaler* scaler);  // checks; the global squared norm
+  double gradient_multiplier(const optim::GradScaler* scaler) const;
+  void update(double lr, double grad_scale, const Tensor& device_scale);
   // `shard` of every rank, whole, in a new buffer of `category` (a collective, tagged `tag`).
   Tensor all_gathered(const Tensor& shard, int64_t tag, MemoryCategory category);
-  void plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan,
-                  const std::vector<std::pair<std::string, nn::Module*>>& modules);
-  void build_unit(Unit& unit);
-  int64_t padded_to_ranks(int64_t numel) const;  // rounded up to a multiple of N
-  Tensor rank0_values(const std::vector<optim::FlatParameters::Entry>& entries, int64_t padded, DType dtype,
-                      Device device, int64_t tag);
-  void place_weights(ShardedWeights& weights, const std::vector<optim::FlatParameters::Entry>& entries,
-                     const Tensor& values);
+  // The config checked, the parameters assigned to units, the schedulers planned: all
+  // before any parameter moves, so a refused plan leaves the model as it was.
+  void plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan);
+  void agree_on_plan(Device device);  // every rank built the same units from the same config
+  void materialize(Unit& unit);
   DType reduce_dtype() const { return config_.reduce_dtype.value_or(config_.compute_dtype); }
-
-  // Gradient reduction (dist/gradient_reduction.cpp).
-  void plan_buckets(Unit& unit);
-  void plan_reduce_order(const nn::NamedTensors& parameters);  // reduce_order_
-  void allocate_grad_full(Unit& unit);                          // stages 2, 3
-  void note_backward();  // queues the backward's end, once per pass
-  void on_grad_arrival(Unit& unit, size_t entry);
-  void reduce_after_backward(Unit& unit);  // ZeRO-3: the unit's backward is done
-  void reduce_bucket(Unit& unit, Bucket& bucket);
-  void finish_reductions(size_t keep_in_flight = 0);
-  void reduce_the_rest();  // of this backward's buckets, in reduce_order_
-  void end_of_backward();  // queued by a backward's first gradient (queue_backward_callback)
-
-  // ZeRO-3 parameter gathering (dist/parameter_gather.cpp).
-  // The uses of each unit in forward order (checks the plan's module paths; hooks nothing).
-  void plan_uses(const UnitPlan& plan, const std::vector<std::pair<std::string, nn::Module*>>& modules,
-                 bool root_replicated);
-  void hook_use(size_t index);  // gathers and releases uses_[index]'s unit around its forward and backward
-  void hook_holders(const std::vector<std::pair<std::string, nn::Module*>>& modules);  // checks the plan covers them
-  static bool is_current(Unit& unit);
-  static std::string release_note(const Unit& unit);  // when a unit's full weights exist
-  void gather_unit(Unit& unit);
-  void prefetch_unit(Unit& unit);
-  void prefetch(ShardedWeights& weights);
-  void finish_gathers(Unit& unit);  // waits for its gathers in flight
-  void release_unit(Unit& unit);
-  void prefetch_from(size_t use, int direction);
 
   // Frozen parameters held whole on every rank (stages 0-2; at 3 those of an integer
   // dtype), then buffers, each keyed as checkpoints name it: "frozen/<name>", "buffer/<name>".
   nn::NamedTensors replicated() const;
-  void broadcast_replicated();  // rank 0's, to every rank
-  void refresh_compute();    // compute weights from master after a load
+  void materialize_replicated();  // deferred ones filled; eager ones rank 0's, on every rank
   // With 16-bit compute, step() rewrites the compute weights from the master, so a write
   // to a parameter since our last write (fill_, copy_, an init) would be lost: step()
   // refuses it on every rank alike. Stages 0-2 (at 3, weights exist only in use).
   bool compute_written_by_others() const;
   void mark_compute_current();  // and, while summoned (ZeRO-3), gathers the units again
   void end_summon();            // the last FullParameters scope ended: release, noting writes
+  std::vector<Unit*> units() const;
 
   ProcessGroup& group_;
   ZeroConfig config_;
+  Placement placement_;
+  UnitContext context_;
   // The model's replicated frozen parameters (in the compute dtype, if floating) and
   // buffers: the same on every rank from construction on, and saved, loaded and exported
   // with the trained parameters.
   nn::NamedTensors frozen_, buffers_;
   std::vector<std::unique_ptr<Unit>> units_;
-  std::vector<Use> uses_;  // ZeRO-3: where the forward uses each unit, in forward order
-  // Reductions issued and not yet finished, oldest first; each finishes with `then`
-  // (rounding a reduce-dtype result back, adding a shard into the gradient shard).
-  struct InFlight {
-    WorkHandle work;
-    std::function<void()> then;
-  };
-  std::deque<InFlight> in_flight_;
-  // Every bucket, in the one order all ranks reduce them in (plan_reduce_order); the
-  // first `reduced_` have been reduced in this backward.
-  std::vector<std::pair<Unit*, Bucket*>> reduce_order_;
-  size_t reduced_ = 0;
-  bool in_backward_ = false;  // a gradient has landed since the last backward's end
-  std::weak_ptr<void> end_of_backward_queued_;  // live while this backward's end is queued
-  bool sync_ = true;
-  bool unsynced_ = false;  // stages 0, 1: the last backward kept its gradients local (sync off)
-  int summoned_ = 0;       // ZeRO-3: FullParameters scopes alive; while > 0 no unit is released
+  std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<GatherScheduler> gatherer_;  // ZeRO-3 only
   bool written_while_summoned_ = false;  // ZeRO-3: a summoned unit's weights were written (lost)
   int64_t step_ = 0;
 };
-
-// A GPT's plan: units transformer.h.0 ... transformer.h.{n_layer-1}; the root (tied
-// token embedding and head, position embedding, final norm) used by wte and wpe
-// before the blocks and by ln_f (and the head) after them.
-UnitPlan gpt_unit_plan(int64_t n_layer);
 
 }  // namespace zg::dist

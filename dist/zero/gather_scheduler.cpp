@@ -1,0 +1,215 @@
+#include "dist/zero/gather_scheduler.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "tensor/autograd.h"
+
+namespace zg::dist {
+
+GatherScheduler::GatherScheduler(const nn::UnitPlan& plan, nn::Module& model, Unit* root,
+                                 const std::vector<Unit*>& units, GradientReducer& reducer, int prefetch)
+    : model_(model), units_(units), reducer_(reducer), prefetch_(prefetch),
+      no_weight_backward_(plan.backward_reads_no_weights) {
+  const auto modules = model.named_modules();
+  const auto module_at = [&](const std::string& path) {
+    for (const auto& [p, m] : modules)
+      if (p == path) return m;
+    fail("ShardedModel: the model has no submodule '", path, "'");
+  };
+  const auto reads_weights = [&](const std::string& path) {
+    return std::find(no_weight_backward_.begin(), no_weight_backward_.end(), path) == no_weight_backward_.end();
+  };
+  for (const std::string& path : plan.backward_reads_no_weights) module_at(path);
+  const bool root_named = !plan.root_before.empty() || !plan.root_after.empty();
+  const auto add_root_use = [&](const std::vector<std::string>& paths) {
+    if (paths.empty() || root == nullptr) return;  // nothing of the root to gather
+    Use use{root, {}, false};
+    for (const std::string& path : paths) {
+      use.modules.push_back(module_at(path));
+      use.backward_reads = use.backward_reads || reads_weights(path);
+    }
+    uses_.push_back(use);
+  };
+  if (root != nullptr && !root_named) uses_.push_back({root, {&model}, false, false, true});
+  add_root_use(plan.root_before);
+  for (Unit* unit : units)
+    if (unit->module) uses_.push_back({unit, {unit->module}, true});
+  add_root_use(plan.root_after);
+  for (Use& use : uses_)
+    use.reduces = !use.whole_forward &&
+                  std::none_of(uses_.data(), &use, [&](const Use& earlier) { return earlier.unit == use.unit; });
+}
+
+void GatherScheduler::hook(std::weak_ptr<ParameterOwner> alive) {
+  for (size_t i = 0; i < uses_.size(); ++i) hook_use(i, alive);
+  hook_holders(alive);
+}
+
+// A forward that starts: the first one, one after a backward, or one that begins again at
+// an earlier use than the latest (the previous forward had no backward: evaluation).
+void GatherScheduler::begin_forward() {
+  reducer_.finish();
+  for (Unit* unit : units_) release(*unit);  // left whole by a forward without backward
+  for (Use& use : uses_) use.ran = use.backwards_waiting = 0;
+  forward_open_ = true;
+}
+
+void GatherScheduler::hook_use(size_t index, const std::weak_ptr<ParameterOwner>& alive) {
+  for (nn::Module* module : uses_[index].modules) {
+    module->register_forward_pre_hook([this, index, alive](nn::Module&, const Tensor& input) {
+      if (alive.expired()) return Tensor();
+      Use& use = uses_[index];
+      if (!backward_in_progress() && use.ran == 0) {
+        if (!forward_open_ || index < last_use_) begin_forward();
+        last_use_ = index;
+      }
+      use.unit->gather();
+      if (use.ran == 0 && !backward_in_progress()) {
+        prefetch_from(index, +1);
+        // A call whose backward is to come, even one a checkpoint runs without grad now
+        // (its recompute, in the backward, places the hook below).
+        if (use.reduces) ++use.backwards_waiting;
+      }
+      if (use.ran > 0 || !(use.backward_reads || use.reduces) || !GradMode::is_enabled() || !input.defined() ||
+          !input.requires_grad())
+        return Tensor();
+      // The hook goes on an alias of the input (a view: no copy), a node of its own made
+      // just before the use's, so it runs when every node the use records has run and
+      // their parameters' gradients have landed -- and before the node that made the
+      // input, whose hooks gather the previous use's unit: this one's weights are released
+      // and its gradient reduced first.
+      const Tensor at = input.view(input.shape());
+      at.register_hook([this, index, alive](const Tensor&) {  // this use's backward is done
+        if (alive.expired()) return Tensor();
+        Use& use = uses_[index];
+        if (use.backward_reads) release(*use.unit);
+        // (A call without a backward leaves it above 0: the backward's end reduces the unit.)
+        if (use.reduces && use.backwards_waiting > 0 && --use.backwards_waiting == 0) reducer_.reduce_unit(*use.unit);
+        return Tensor();
+      });
+      return at;
+    });
+    module->register_forward_hook([this, index, alive](nn::Module&, const Tensor&, const Tensor& out) {
+      if (alive.expired()) return Tensor();
+      Use& use = uses_[index];
+      if (++use.ran < use.modules.size()) return Tensor();
+      use.ran = 0;
+      // Kept for the backward that follows at once: the last use's, the whole forward's.
+      const bool kept = index + 1 == uses_.size() || use.whole_forward;
+      if ((!kept || !GradMode::is_enabled()) && !backward_in_progress()) release(*use.unit);
+      if (use.backward_reads && out.requires_grad())
+        out.register_hook([this, index, alive](const Tensor&) {  // the backward reaches this use
+          if (alive.expired()) return Tensor();
+          uses_[index].unit->gather();
+          prefetch_from(index, -1);
+          return Tensor();
+        });
+      return Tensor();
+    });
+  }
+}
+
+// A check under the plan: every module that holds a unit's parameters itself must find
+// the unit whole and current before its forward and, if its backward reads weights,
+// when its output's gradient arrives. Under a plan that names each unit's module, it
+// always does. Under one that does not -- a ModuleList as a unit, whose own forward
+// never runs; a root module missing from root_before / root_after -- the module would
+// read a released buffer, one a prefetch is still writing, or the weights from before a
+// step: refused, naming the module and the unit.
+void GatherScheduler::hook_holders(const std::weak_ptr<ParameterOwner>& alive) {
+  std::map<const TensorImpl*, Unit*> unit_of;
+  for (Unit* unit : units_)
+    for (const auto* entries : {&unit->entries, &unit->frozen_entries})
+      for (const auto& e : *entries) unit_of[&e.param.impl()] = unit;
+  for (const auto& [path, module] : model_.named_modules()) {
+    std::set<Unit*> held;
+    for (const auto& [name, p] : module->named_parameters(/*remove_duplicates=*/false))
+      if (const auto it = unit_of.find(&p.impl()); name.find('.') == std::string::npos && it != unit_of.end())
+        held.insert(it->second);  // (a replicated frozen parameter is in no unit: every rank holds it whole)
+    const bool reads_in_backward =
+        std::find(no_weight_backward_.begin(), no_weight_backward_.end(), path) == no_weight_backward_.end();
+    for (Unit* unit : held) {
+      // Shared by the hooks: each forward hands the backward check to a new tensor hook.
+      const auto check = std::make_shared<const std::function<void(const char*)>>([unit, alive,
+                                                                                  path](const char* when) {
+        if (alive.expired()) return;
+        const auto parts = unit->gathered_parts();
+        const auto any = [&](const auto& test) { return std::any_of(parts.begin(), parts.end(), test); };
+        const char* state = any([](const ShardedWeights* w) { return w->gathering != nullptr; })
+                                ? "still being gathered (a prefetch is writing them)"
+                            : any([](const ShardedWeights* w) { return w->full.storage()->is_released(); }) ? "released"
+                            : !unit->is_current() ? "from before the last step or load"
+                                                  : nullptr;
+        if (state)
+          fail("ShardedModel: the ", when, " of ", path.empty() ? "the root module" : "'" + path + "'",
+               " reads the weights of ZeRO-3 unit '", unit->name, "' while they are ", state, ": ",
+               unit->release_note());
+      });
+      module->register_forward_pre_hook([check](nn::Module&, const Tensor&) {
+        (*check)("forward");
+        return Tensor();
+      });
+      if (!reads_in_backward) continue;
+      module->register_forward_hook([check](nn::Module&, const Tensor&, const Tensor& out) {
+        if (out.defined() && out.requires_grad())
+          out.register_hook([check](const Tensor&) {
+            (*check)("backward");
+            return Tensor();
+          });
+        return Tensor();
+      });
+    }
+  }
+}
+
+// Prefetches the units of the next `prefetch` uses in `direction` (+1 forward,
+// -1 backward; backward skips uses whose backward reads no weights).
+void GatherScheduler::prefetch_from(size_t use, int direction) {
+  int issued = 0;
+  for (size_t i = use + direction; i < uses_.size() && issued < prefetch_; i += direction) {
+    if (direction < 0 && !uses_[i].backward_reads) continue;
+    uses_[i].unit->prefetch();
+    ++issued;
+  }
+}
+
+void GatherScheduler::release(Unit& unit) {
+  if (summoned_ == 0) unit.release();
+}
+
+void GatherScheduler::release_all() {
+  for (Unit* unit : units_) release(*unit);
+  forward_open_ = false;
+}
+
+void GatherScheduler::summon() {
+  if (summoned_++ > 0) return;
+  NoGradGuard no_grad;
+  for (Unit* unit : units_) unit->prefetch();  // every gather issued, then each waited for
+  for (Unit* unit : units_) {
+    unit->finish_gathers();
+    unit->written_by_us = unit->compute_version();
+  }
+}
+
+bool GatherScheduler::end_summon() {
+  if (--summoned_ > 0) return false;
+  bool written = false;
+  for (Unit* unit : units_) {
+    written = written || unit->compute_version() != unit->written_by_us;
+    unit->release();  // (no gather is in flight: summoned units are current)
+  }
+  return written;
+}
+
+void GatherScheduler::after_step() {
+  for (Unit* unit : units_) {
+    if (summoned_ > 0) unit->gather();  // kept whole, and now current
+    unit->written_by_us = unit->compute_version();
+  }
+}
+
+}  // namespace zg::dist
