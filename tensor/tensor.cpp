@@ -184,6 +184,13 @@ Tensor deferred_tensor(const Shape& shape, TensorOptions options, const InitReci
                          shape, options.dtype());
 }
 
+Tensor Tensor::empty_released(const Shape& shape, TensorOptions options) {
+  const int64_t bytes = new_tensor_bytes(shape, options.dtype());
+  return contiguous_over(Storage::unallocated(Context::current().allocator(options.device()), bytes,
+                                              MemoryScope::current()),
+                         shape, options.dtype());
+}
+
 int64_t Tensor::size(int64_t dim) const { return shape()[wrap_dim(dim, this->dim(), "size")]; }
 
 bool Tensor::is_contiguous() const {

@@ -56,6 +56,9 @@ class Tensor {
   // New contiguous tensor from the current context's allocator for `options.device()`,
   // tagged with the current MemoryScope category. Contents are undefined.
   static Tensor empty(const Shape& shape, TensorOptions options = {});
+  // Its storage starts released (tensor/storage.h): nothing is allocated until it is
+  // materialised, in the memory category current now.
+  static Tensor empty_released(const Shape& shape, TensorOptions options = {});
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const { return impl().shape; }
