@@ -7,8 +7,8 @@
 #include <typeinfo>
 #include <unordered_set>
 
-#include "tensor/autograd.h"
-#include "tensor/ops.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "tensor/trace.h"
 
 namespace zg::nn {

@@ -2,8 +2,8 @@
 
 #include <set>
 
-#include "tensor/autograd.h"
-#include "tensor/ops.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 
 namespace zg::optim {
 

@@ -12,15 +12,15 @@
 // and the rest (biases, norms) after, so each group is one contiguous span. The
 // optimizer never sees a parameter tensor: it updates spans of these buffers,
 // which is what lets the dist layer hand it only a shard. While it lives it is the
-// parameters' ParameterOwner (tensor/autograd.h): Module::zero_grad() zeroes `grad`,
+// parameters' ParameterOwner (autograd/graph.h): Module::zero_grad() zeroes `grad`,
 // and repointing a parameter (set_data, Module::to) is refused.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "autograd/graph.h"
 #include "nn/module.h"
-#include "tensor/autograd.h"
 
 namespace zg::optim {
 

@@ -18,8 +18,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "tensor/checks.h"
 #include "tensor/crc32c.h"
-#include "tensor/ops/checks.h"
 
 namespace zg {
 

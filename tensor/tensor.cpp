@@ -5,11 +5,11 @@
 #include <cstring>
 #include <optional>
 
-#include "tensor/autograd.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "tensor/backend.h"
+#include "tensor/checks.h"
 #include "tensor/context.h"
-#include "tensor/ops.h"
-#include "tensor/ops/checks.h"
 
 namespace zg {
 

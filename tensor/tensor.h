@@ -35,7 +35,7 @@ class TensorOptions {
   Device device_ = kCPU;
 };
 
-struct AutogradMeta;  // tensor/autograd.h
+struct AutogradMeta;  // autograd/graph.h; a tensor only points to it
 class ParameterOwner;
 class Node;
 
@@ -119,7 +119,7 @@ class Tensor {
 
   std::string str() const;  // as PyTorch prints: tensor([[1., 2.], ...])
 
-  // ---- autograd (tensor/autograd.cpp; the engine is autograd/engine.cpp) ----
+  // ---- autograd (autograd/graph.cpp; the engine is autograd/engine.cpp) ----
   bool requires_grad() const;
   Tensor& set_requires_grad(bool requires_grad = true);  // leaves only
   bool is_leaf() const;                                  // made by the user, not by a recorded op
@@ -142,7 +142,7 @@ class Tensor {
   // Shares `source`'s storage, offset, shape, strides and dtype (param.data = ... in PyTorch),
   // keeping autograd state; .grad is dropped if the shape, dtype or device changed.
   // Both refuse a parameter that lives in a FlatParameters' or ShardedModel's flat
-  // buffers (ParameterOwner, tensor/autograd.h).
+  // buffers (ParameterOwner, autograd/graph.h).
   void set_data(const Tensor& source) const;
 
  private:

@@ -17,7 +17,7 @@
 #include <algorithm>
 #include <map>
 
-#include "tensor/autograd.h"
+#include "autograd/graph.h"
 #include "tensor/backend.h"
 
 namespace zg::dist {

@@ -32,7 +32,7 @@
 #include <set>
 #include <utility>
 
-#include "tensor/autograd.h"
+#include "autograd/graph.h"
 
 namespace zg::dist {
 

@@ -20,9 +20,9 @@
 #include <set>
 #include <string_view>
 
+#include "autograd/graph.h"
 #include "dist/zero/unit.h"
 #include "optim/checkpoint.h"
-#include "tensor/autograd.h"
 #include "tensor/context.h"
 
 namespace zg::dist {

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <map>
 
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "optim/flat_parameters.h"
 #include "optim/schedule.h"
-#include "tensor/autograd.h"
-#include "tensor/ops.h"
 
 namespace zg::dist {
 

@@ -37,11 +37,11 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/graph.h"
 #include "dist/comm/process_group.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
-#include "tensor/autograd.h"
 #include "tensor/safetensors.h"
 
 namespace zg::dist {
