@@ -84,7 +84,7 @@ class Tensor {
     return static_cast<T*>(data_ptr());
   }
 
-  // ---- views: share storage, no copy ----
+  // ---- views: share storage, no copy (autograd/tensor_methods.cpp, with their gradients) ----
   Tensor view(const Shape& shape) const;       // -1 infers one size; throws if strides forbid it
   Tensor reshape(const Shape& shape) const;    // view when possible, else a contiguous copy
   Tensor permute(const Shape& dims) const;
@@ -100,7 +100,7 @@ class Tensor {
   Tensor flatten() const { return reshape({-1}); }
   Tensor contiguous() const;                   // itself when already contiguous
 
-  // ---- copies and conversions ----
+  // ---- copies and conversions (autograd/tensor_methods.cpp: in-place writes check grad mode) ----
   Tensor to(Device device) const;  // itself when already there
   Tensor to(DType dtype) const;    // itself when already that dtype
   Tensor clone() const;
