@@ -33,6 +33,7 @@
 #include "nn/serialize.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
+#include "tensor/backend.h"
 #include "zerograd.h"
 
 using namespace zg;

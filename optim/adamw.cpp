@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "tensor/backend.h"
 #include "tensor/trace.h"
 
 namespace zg::optim {

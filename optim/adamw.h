@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "optim/flat_parameters.h"
-#include "tensor/backend.h"
 
 namespace zg::optim {
 
