@@ -7,9 +7,9 @@
 #include <typeinfo>
 #include <unordered_set>
 
-#include "tensor/autograd.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "tensor/deferred.h"
-#include "tensor/ops.h"
 #include "tensor/trace.h"
 
 namespace zg::nn {

@@ -1,9 +1,9 @@
 // optim: AdamW against hand-computed and PyTorch values, SGD, clipping and the
 // schedule, gradient accumulation, and mixed precision (bf16 compute tracking
 // f32; f16 with the grad scaler surviving an inf).
+#include "autograd/graph.h"
 #include "nn/serialize.h"
 #include "optim/sgd.h"
-#include "tensor/autograd.h"
 #include "tiny_gpt.h"
 
 #include <unistd.h>

@@ -20,10 +20,10 @@
 #include <set>
 #include <string_view>
 
+#include "autograd/graph.h"
 #include "dist/comm/agreement.h"
 #include "dist/zero/sharded_model.h"
 #include "optim/grad_scaler.h"
-#include "tensor/autograd.h"
 #include "tensor/context.h"
 
 namespace zg::dist {

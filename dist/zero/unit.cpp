@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "tensor/autograd.h"
+#include "autograd/graph.h"
 #include "tensor/backend.h"
 
 namespace zg::dist {
