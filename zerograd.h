@@ -27,14 +27,13 @@
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "nn/serialize.h"
+#include "nn/unit_plan.h"
 
 #include "optim/adamw.h"
-#include "optim/checkpoint.h"
-#include "optim/flat_parameters.h"
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
-#include "optim/sgd.h"
 
+#include "dist/comm/agreement.h"
 #include "dist/comm/fake_group.h"
 #include "dist/comm/local_group.h"
 #include "dist/comm/process_group.h"
@@ -44,4 +43,5 @@
 #if ZG_HAVE_CUDA
 #include "dist/comm/nccl_group.h"
 #endif
+#include "dist/zero/placement.h"
 #include "dist/zero/sharded_model.h"

@@ -23,6 +23,7 @@
 #include "autograd/graph.h"
 #include "dist/comm/agreement.h"
 #include "dist/zero/sharded_model.h"
+#include "dist/zero/unit.h"
 #include "optim/grad_scaler.h"
 #include "tensor/context.h"
 

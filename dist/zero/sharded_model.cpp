@@ -1,5 +1,9 @@
 #include "dist/zero/sharded_model.h"
 
+#include "dist/zero/gather_scheduler.h"
+#include "dist/zero/gradient_reducer.h"
+#include "dist/zero/unit.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -83,7 +87,8 @@ ShardedModel::ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig co
 
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config)
     : group_(group), config_(config), placement_(Placement::for_stage(0)),
-      context_{group, placement_, config.compute_dtype, config.compute_dtype}, buffers_(model.named_buffers()) {
+      context_(std::make_unique<UnitContext>(UnitContext{group, placement_, config.compute_dtype, config.compute_dtype})),
+      buffers_(model.named_buffers()) {
   // The checks and the plan, on each rank alone -- then every rank learns whether any
   // failed, before the collectives below: a rank that threw here would never issue them.
   const nn::NamedTensors parameters = model.named_parameters();
@@ -104,8 +109,8 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
 
 void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan) {
   placement_ = Placement::for_stage(config_.stage);
-  context_.placement = placement_;
-  context_.reduce_dtype = reduce_dtype();
+  context_->placement = placement_;
+  context_->reduce_dtype = reduce_dtype();
   ZG_CHECK(is_floating(config_.compute_dtype), "ShardedModel: compute dtype must be floating, got ",
            name(config_.compute_dtype));
   ZG_CHECK(is_floating(reduce_dtype()), "ShardedModel: reduce dtype must be floating, got ", name(reduce_dtype()));
@@ -115,7 +120,7 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
            "ShardedModel: max_grad_norm must be >= 0 and finite (0 disables clipping), got ", config_.max_grad_norm);
   optim::check_options(config_.adamw);
   const auto modules = model.named_modules();
-  units_.push_back(std::make_unique<Unit>(context_, "root", nullptr));
+  units_.push_back(std::make_unique<Unit>(*context_, "root", nullptr));
   for (const std::string& path : plan.units) {
     for (const auto& unit : units_)
       ZG_CHECK(unit->name != path, "ShardedModel: the plan lists unit '", path, "' twice");
@@ -123,7 +128,7 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
     for (const auto& [p, m] : modules)
       if (p == path) module = m;
     ZG_CHECK(module != nullptr, "ShardedModel: the model has no submodule '", path, "'");
-    units_.push_back(std::make_unique<Unit>(context_, path, module));
+    units_.push_back(std::make_unique<Unit>(*context_, path, module));
   }
   // Each parameter goes to the innermost unit whose path prefixes its name (a unit
   // inside another takes its own parameters, whichever the plan lists first), else to
@@ -279,6 +284,8 @@ void ShardedModel::materialize_replicated() {
 }
 
 ShardedModel::~ShardedModel() = default;
+
+void ShardedModel::set_gradient_sync(bool sync) { reducer_->set_sync(sync); }
 
 std::string ShardedModel::describe() const { return "a " + placement_.name() + " ShardedModel"; }
 

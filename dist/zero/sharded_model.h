@@ -44,8 +44,6 @@
 
 #include "autograd/graph.h"
 #include "dist/comm/process_group.h"
-#include "dist/zero/gather_scheduler.h"
-#include "dist/zero/gradient_reducer.h"
 #include "dist/zero/placement.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
@@ -73,6 +71,11 @@ struct ZeroConfig {
 };
 
 using nn::UnitPlan;
+// dist/zero/unit.h, gradient_reducer.h, gather_scheduler.h: the library's own.
+class Unit;
+struct UnitContext;
+class GradientReducer;
+class GatherScheduler;
 
 struct StepResult {
   double grad_norm = 0;  // global, unscaled, before clipping (identical on every rank)
@@ -109,7 +112,7 @@ class ShardedModel final : public ParameterOwner {
   // micro-batch is correct too, at the cost of a reduction per micro-batch. Stages 2 and
   // 3 ignore it: keeping no full gradient between micro-batches is the memory they save,
   // so each micro-batch is reduce-scattered and added into the rank's shard.
-  void set_gradient_sync(bool sync) { reducer_->set_sync(sync); }
+  void set_gradient_sync(bool sync);
   // Also what the model's Module::zero_grad() calls (ParameterOwner).
   void zero_grad() override;
   // Norm (reduced across ranks), inf/NaN check, clipping, AdamW on the local slices,
@@ -212,7 +215,7 @@ class ShardedModel final : public ParameterOwner {
   ProcessGroup& group_;
   ZeroConfig config_;
   Placement placement_;
-  UnitContext context_;
+  std::unique_ptr<UnitContext> context_;  // what the units share
   // The model's replicated frozen parameters (in the compute dtype, if floating) and
   // buffers: the same on every rank from construction on, and saved, loaded and exported
   // with the trained parameters.
