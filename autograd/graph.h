@@ -42,11 +42,6 @@ class NoGradGuard : public GradModeGuard {
   NoGradGuard() : GradModeGuard(false) {}
 };
 
-// Every in-place write (copy_, fill_, a collective's output...) starts here: it refuses
-// a tensor that requires grad while grad mode is on (the write would silently corrupt
-// its gradient) and bumps the storage version, so a SavedTensor of it fails loudly.
-void begin_inplace(const Tensor& t, const char* op);
-
 // True on a thread that is inside a backward pass (e.g. an activation-checkpointing
 // recompute, whose forward hooks then know they are not in the first forward).
 bool backward_in_progress();

@@ -155,6 +155,12 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// Every in-place write (copy_, fill_, a collective's output...) starts here: it refuses
+// a tensor that requires grad while grad mode is on (the write would silently corrupt
+// its gradient) and bumps the storage version, so a SavedTensor of it fails loudly.
+// Defined with the in-place methods (autograd/tensor_methods.cpp), as it reads grad mode.
+void begin_inplace(const Tensor& t, const char* op);
+
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 // "f32[2, 3] on cpu": how error messages name a tensor.
 std::string describe(const Tensor& t);

@@ -6,7 +6,6 @@
 #include <mutex>
 #include <thread>
 
-#include "autograd/graph.h"
 #include "tensor/backend.h"
 #include "tensor/context.h"
 #include "tensor/trace.h"
