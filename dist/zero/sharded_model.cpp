@@ -174,6 +174,8 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
     }
   }
   for (size_t u = 0; u < units_.size(); ++u) units_[u]->plan(members[u], frozen_members[u]);
+  // A root whose parameters are all replicated (frozen, of an integer dtype) has nothing to gather.
+  const bool root_replicated = holds_frozen[0] && members[0].empty() && frozen_members[0].empty();
   // A unit with nothing to train or shard goes: the root when every parameter is in a
   // unit, a unit whose parameters are all frozen and replicated. A unit without any
   // parameter is a plan's mistake.
@@ -187,7 +189,7 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
   reducer_ = std::make_unique<GradientReducer>(placement_, units(), parameters, config_.bucket_bytes, reduce_dtype());
   if (placement_.gathers_parameters()) {
     Unit* root = units_.front()->module == nullptr ? units_.front().get() : nullptr;
-    ZG_CHECK(root != nullptr || (plan.root_before.empty() && plan.root_after.empty()),
+    ZG_CHECK(root != nullptr || root_replicated || (plan.root_before.empty() && plan.root_after.empty()),
              "ShardedModel: the plan names root modules, but every parameter is in a unit");
     gatherer_ = std::make_unique<GatherScheduler>(plan, model, root, units(), *reducer_, config_.prefetch);
   }
