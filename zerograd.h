@@ -1,11 +1,47 @@
-// zerograd: the public API in one include.
+// zerograd: the public API in one include. The CUDA backend is reached through
+// devices (kCUDA); its own installed headers (cuda/) are included by name.
 #pragma once
 
+#include "zerograd_config.h"  // ZG_HAVE_CUDA, ZG_HAVE_MPI
+
+#include "tensor/activation.h"
 #include "tensor/context.h"
 #include "tensor/deferred.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/half.h"
 #include "tensor/memory.h"
-#include "tensor/ops.h"
+#include "tensor/safetensors.h"
+#include "tensor/shape.h"
+#include "tensor/storage.h"
 #include "tensor/tensor.h"
+#include "tensor/trace.h"
+
+#include "autograd/functions.h"
+#include "autograd/gradcheck.h"
+#include "autograd/graph.h"
+
+#include "nn/checkpoint.h"
+#include "nn/gpt.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+#include "nn/serialize.h"
+
+#include "optim/adamw.h"
+#include "optim/checkpoint.h"
+#include "optim/flat_parameters.h"
+#include "optim/grad_scaler.h"
+#include "optim/schedule.h"
+#include "optim/sgd.h"
+
+#include "dist/comm/fake_group.h"
+#include "dist/comm/local_group.h"
+#include "dist/comm/process_group.h"
+#if ZG_HAVE_MPI
+#include "dist/comm/mpi_group.h"
+#endif
+#if ZG_HAVE_CUDA
+#include "dist/comm/nccl_group.h"
+#endif
+#include "dist/zero/sharded_model.h"

@@ -19,8 +19,8 @@
 #include <unordered_set>
 #include <utility>
 
-#include "tensor/autograd.h"
-#include "tensor/ops.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "tensor/trace.h"
 
 namespace zg {

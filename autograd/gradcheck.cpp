@@ -3,8 +3,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "tensor/autograd.h"
-#include "tensor/ops.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 
 namespace zg {
 

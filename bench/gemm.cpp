@@ -47,7 +47,7 @@ Product square(int64_t n) { return {"square " + std::to_string(n), "A B", n, n, 
 
 // GPT-2 124M (n_embd 768, vocabulary padded to 50304 as llm.c does), `tokens` = B * T
 // rows. Each linear layer y = x W^T, W [out, in], takes three products per step, in
-// the layouts tensor/ops/linalg.cpp's backward uses:
+// the layouts autograd/functions/linalg.cpp's backward uses:
 //   forward       y    = x W^T    [T, out] = [T, in] [out, in]^T    M = T,  N = out, K = in
 //   input grad    dx   = dy W     [T, in]  = [T, out] [out, in]     M = T,  N = in,  K = out
 //   weight grad   dW^T = x^T dy   [in, out] = [T, in]^T [T, out]    M = in, N = out, K = T

@@ -34,6 +34,7 @@
 #include "nn/serialize.h"
 #include "dist/comm/fake_group.h"
 #include "dist/zero/sharded_model.h"
+#include "tensor/backend.h"
 #include "zerograd.h"
 
 using namespace zg;

@@ -66,17 +66,20 @@ struct Record {
           construction_peak = 0;  // the most this rank held while the sharded model was built
 };
 
+// The paper's formulas, read off the placement policy: each role's bytes per parameter
+// (2 compute, 2 gradient, 12 master + Adam), divided by N where the role is sharded.
 int64_t formula_states(int stage, int64_t psi, int n) {
-  switch (stage) {
-    case 0: return 16 * psi;
-    case 1: return 4 * psi + 12 * psi / n;
-    case 2: return 2 * psi + 14 * psi / n;
-    default: return 16 * psi / n;
-  }
+  const dist::Placement placement = dist::Placement::for_stage(stage);
+  const auto bytes = [&](const dist::RolePlacement& role, int64_t per_param) {
+    return role.layout == dist::Layout::sharded ? per_param * psi / n : per_param * psi;
+  };
+  return bytes(placement.compute, 2) + bytes(placement.gradients, 2) + bytes(placement.optimizer_state, 12);
 }
 
+// Elements sent per step: gradients reduced once (2Ψ: a reduce-scatter and an all-gather,
+// or an all-reduce), and at ZeRO-3 the weights gathered twice instead of once (3Ψ).
 int64_t formula_sent(int stage, int64_t psi, int n) {
-  const double elements = stage == 3 ? 3.0 * psi : 2.0 * psi;
+  const double elements = dist::Placement::for_stage(stage).gathers_parameters() ? 3.0 * psi : 2.0 * psi;
   return static_cast<int64_t>(elements * 2 * (n - 1) / n);
 }
 

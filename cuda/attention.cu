@@ -112,7 +112,7 @@ Layout layout(const Shape& dim, Shape stride) {
 
 Layout layout_of(const Tensor& t) { return layout(t.shape(), t.strides()); }
 
-// A fresh [B, H, T, D] operand as the front-end allocates it (tensor/ops/nn.cpp): a
+// A fresh [B, H, T, D] operand as the front-end allocates it (autograd/functions/nn.cpp): a
 // [B, T, H, D]-contiguous buffer seen through its transpose. The order is fixed, not
 // read off `out`: layout() may have given out's size-1 dims any stride.
 Layout bthd_packed(const Shape& dim) {
@@ -143,7 +143,7 @@ Problem problem(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, 
   return {q.dtype(), causal, scale, layout_of(q), layout_of(k), layout_of(v), packed_qkv(q, k, v)};
 }
 
-// What the front-end (tensor/ops/nn.cpp) will hand attention_backward after a forward
+// What the front-end (autograd/functions/nn.cpp) will hand attention_backward after a forward
 // into `out`: out itself, grad_out fresh, and the gradients fresh or, for packed q, k, v,
 // the thirds of one fresh packed buffer (Backend::attention_backward).
 BackwardLayouts front_end_backward(const Problem& p, const Layout& out) {
@@ -308,7 +308,7 @@ Entry backward_graph_for(const Problem& p, const BackwardLayouts& b, Device devi
 // The forward graph for a call, or why none takes it.
 Entry forward_for(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, bool causal, double scale) {
   if (std::string why = flash_attention_unsupported(q, k, v, out); !why.empty()) return declined(std::move(why));
-  // The front-end records a backward only when an input requires grad (tensor/autograd.h).
+  // The front-end records a backward only when an input requires grad (autograd/graph.h).
   const bool with_backward = q.requires_grad() || k.requires_grad() || v.requires_grad();
   return forward_graph_for(problem(q, k, v, causal, scale), layout_of(out), with_backward, q.device());
 }

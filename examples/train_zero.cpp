@@ -57,7 +57,7 @@ bool parse(int argc, char** argv, Flags& f) {
     else flag.unknown();
   }
   f.check("train_zero");
-  ZG_CHECK(f.stage <= 3, "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
+  ZG_CHECK(dist::Placement::valid_stage(f.stage), "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
   ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024, "train_zero: --ranks and --prefetch go up to 1024");
   ZG_CHECK(f.batch % f.ranks == 0, "train_zero: --batch ", f.batch, " is not a multiple of --ranks ", f.ranks,
            ": each rank takes batch / ranks rows");

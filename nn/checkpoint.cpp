@@ -1,6 +1,6 @@
 #include "nn/checkpoint.h"
 
-#include "tensor/autograd.h"
+#include "autograd/graph.h"
 #include "tensor/context.h"
 
 namespace zg::nn {

@@ -3,8 +3,8 @@
 // named_parameters() read the same in both.
 #pragma once
 
+#include "autograd/functions.h"
 #include "nn/module.h"
-#include "tensor/ops.h"
 
 namespace zg::nn {
 

@@ -7,8 +7,9 @@
 #include <typeinfo>
 #include <unordered_set>
 
-#include "tensor/autograd.h"
-#include "tensor/ops.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
+#include "tensor/deferred.h"
 #include "tensor/trace.h"
 
 namespace zg::nn {
@@ -68,15 +69,16 @@ Tensor Module::register_parameter(const std::string& name, const Tensor& value, 
   ZG_CHECK(value.defined(), "register_parameter: '", name, "' is an undefined tensor");
   // Another module's parameter is registered as itself -- one tensor, one .grad -- so
   // a weight shared by two modules stays shared (PyTorch's rule). Anything else is
-  // detached into a new leaf.
+  // detached into a new leaf. A deferred tensor is kept as it is: its memory category
+  // is the one it is materialised in.
   const bool is_parameter = value.requires_grad() && value.is_leaf() && requires_grad &&
-                            value.storage()->category() == MemoryCategory::parameter;
+                            (is_deferred(value) || value.storage()->category() == MemoryCategory::parameter);
   if (is_parameter) {
     parameters_.emplace_back(name, value);
     return value;
   }
   Tensor param = value.detach();
-  if (param.storage()->category() != MemoryCategory::parameter) {
+  if (!is_deferred(param) && param.storage()->category() != MemoryCategory::parameter) {
     MemoryScope scope(MemoryCategory::parameter);
     NoGradGuard no_grad;
     param = value.clone();
@@ -163,13 +165,19 @@ void Module::convert(const std::function<Tensor(const Tensor&)>& fn) {
     for (auto& [name, b] : m->buffers_) b.set_data(fn(b.detach()));
 }
 
+// A deferred tensor stays deferred: only its recipe's target changes.
 void Module::to(Device device) {
-  convert([device](const Tensor& t) { return t.to(device); });
+  convert([device](const Tensor& t) {
+    return is_deferred(t) ? deferred_to(t, TensorOptions(t.dtype()).device(device)) : t.to(device);
+  });
 }
 
 void Module::to(DType dtype) {
   ZG_CHECK(is_floating(dtype), "to: modules convert to floating dtypes only, got ", name(dtype));
-  convert([dtype](const Tensor& t) { return is_floating(t.dtype()) ? t.to(dtype) : t; });
+  convert([dtype](const Tensor& t) {
+    if (!is_floating(t.dtype())) return t;
+    return is_deferred(t) ? deferred_to(t, TensorOptions(dtype).device(t.device())) : t.to(dtype);
+  });
 }
 
 // A parameter in flat buffers (a ShardedModel's) keeps its .grad view: its
@@ -194,6 +202,17 @@ void Module::zero_grad() {
              "the model it was built on");
   for (const Tensor& p : unowned) p.set_grad(Tensor());
   for (const auto& [owner, _] : owners) owner->zero_grad();
+}
+
+// Each handle keeps its identity (set_data), so tied weights stay tied and hooks stay on.
+void materialize(Module& module) {
+  for (const auto& [_, p] : module.named_parameters()) {
+    if (!is_deferred(p)) continue;
+    MemoryScope scope(MemoryCategory::parameter);
+    p.set_data(zg::materialize(p));
+  }
+  for (const auto& [_, b] : module.named_buffers())
+    if (is_deferred(b)) b.set_data(zg::materialize(b));
 }
 
 }  // namespace zg::nn

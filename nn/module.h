@@ -31,7 +31,8 @@ class Module {
   Tensor operator()(const Tensor& input);
 
   // A parameter is stored as given, in the `parameter` memory category (a tensor
-  // made outside that category is copied into it) and set to require grad. Another
+  // made outside that category is copied into it; a deferred one is kept, and takes
+  // the category when it is materialised) and set to require grad. Another
   // module's parameter is registered as that same tensor: a shared (tied) weight.
   Tensor register_parameter(const std::string& name, const Tensor& value, bool requires_grad = true);
   Tensor register_buffer(const std::string& name, const Tensor& value);
@@ -56,6 +57,7 @@ class Module {
 
   // Moves or converts every parameter and buffer in place: the Tensor handles held
   // elsewhere (a hook) see the new data. to(dtype) converts floating tensors only.
+  // A deferred model (tensor/deferred.h) stays deferred, its tensors retargeted.
   // A parameter whose device or dtype changes drops its .grad (set_data: a gradient of
   // the old kind no longer fits); PyTorch's converts it along.
   // Refused once the parameters live in a ShardedModel's buffers.
@@ -93,6 +95,11 @@ class Module {
   std::string local_name_;  // the name its parent registered it under ("attn", "0")
   std::string trace_name_;  // its profiler range's name, made when it is registered
 };
+
+// Gives every deferred parameter and buffer of `module` (tensor/deferred.h) its values,
+// whole and in place: parameters in the `parameter` memory category, buffers in the
+// current one. The one-rank path; a sharded model materialises each rank's slice instead.
+void materialize(Module& module);
 
 // A list of modules named "0", "1", ... (transformer.h.0, transformer.h.1, ...).
 class ModuleList : public Module {

@@ -4,7 +4,7 @@
 #include <map>
 #include <set>
 
-#include "tensor/autograd.h"
+#include "autograd/graph.h"
 
 namespace zg::nn {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "tensor/ops.h"
+#include "autograd/functions.h"
 
 namespace zg::optim {
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "tensor/autograd.h"
-#include "tensor/ops.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 
 namespace zg::optim {
 

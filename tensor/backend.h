@@ -2,7 +2,7 @@
 // Everything else -- broadcasting, reductions over any dims, cat/split, casts,
 // composite ops, and every autograd formula -- is written once above it.
 //
-// Contract for every kernel: inputs are validated by the front-end (tensor/ops/*.cpp);
+// Contract for every kernel: inputs are validated by the front-end (autograd/functions/*.cpp);
 // outputs are allocated by the caller and contiguous unless stated; inputs of an
 // elementwise kernel have exactly the output's shape but may have any strides
 // (a broadcast input has stride 0 in the broadcast dims).

@@ -1,6 +1,6 @@
 #include "tensor/deferred.h"
+#include "tensor/init_recipe.h"
 
-#include "tensor/autograd.h"
 #include "tensor/cpu/loops.h"
 
 namespace zg {
@@ -57,7 +57,9 @@ void materialize_range(const Tensor& deferred, int64_t begin, const Tensor& out)
   const DType own = deferred.dtype();
   ZG_CHECK(out.dtype() == own || (is_floating(own) && is_floating(out.dtype())), op, ": cannot write the values of ",
            describe(deferred), " into ", describe(out), " (its dtype, or for a floating tensor any floating dtype)");
-  begin_inplace(out, op);
+  ZG_CHECK(!out.requires_grad(), op, ": the output ", describe(out),
+           " requires grad; materialise into a plain buffer (a parameter's data is set afterwards)");
+  out.storage()->bump_version();  // as every in-place write: a saved tensor of it goes stale
   if (n == 0) return;
   const InitRecipe recipe = advanced(recipe_of(deferred), deferred.offset() + begin);
   switch (recipe.kind) {

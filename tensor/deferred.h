@@ -12,7 +12,6 @@
 
 #include <cstdint>
 
-#include "tensor/backend.h"
 #include "tensor/tensor.h"
 
 namespace zg {
@@ -32,15 +31,7 @@ class DeferredInit {
   bool previous_;
 };
 
-// What a factory would have written. The values are made in `dtype` and then
-// converted to the tensor's (which differs after a Module::to of a deferred model).
-struct InitRecipe {
-  enum class Kind : uint8_t { undefined, constant, random };
-  Kind kind = Kind::undefined;  // undefined: empty(), whose contents are anything
-  DType dtype = DType::f32;
-  double value = 0;   // constant
-  RandomSpec random;  // random: distribution, a, b, seed, and the stream position of element 0
-};
+struct InitRecipe;  // how a deferred tensor's values are made (tensor/init_recipe.h)
 
 bool is_deferred(const Tensor& t);
 

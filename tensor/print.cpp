@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "tensor/deferred.h"
-#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 namespace zg {
@@ -111,6 +110,16 @@ struct Printer {
   }
 };
 
+// The first and last kEdgeItems of `t` along `dim`, side by side in a new tensor.
+Tensor edges(const Tensor& t, int64_t dim) {
+  Shape shape = t.shape();
+  shape[dim] = 2 * kEdgeItems;
+  Tensor joined = empty(shape, TensorOptions(t.dtype()).device(t.device()));
+  joined.narrow(dim, 0, kEdgeItems).copy_(t.narrow(dim, 0, kEdgeItems));
+  joined.narrow(dim, kEdgeItems, kEdgeItems).copy_(t.narrow(dim, t.size(dim) - kEdgeItems, kEdgeItems));
+  return joined;
+}
+
 }  // namespace
 
 std::string Tensor::str() const {
@@ -129,10 +138,9 @@ std::string Tensor::str() const {
   } else {
     // Only what is shown is read: a long dim keeps its first and last kEdgeItems.
     const bool summarize = numel() > kSummarizeThreshold;
-    Tensor part = *this;
+    Tensor part = detach();  // printing records no graph
     for (int64_t d = 0; summarize && d < dim(); ++d)
-      if (shape()[d] > 2 * kEdgeItems)
-        part = cat({part.narrow(d, 0, kEdgeItems), part.narrow(d, shape()[d] - kEdgeItems, kEdgeItems)}, d);
+      if (shape()[d] > 2 * kEdgeItems) part = edges(part, d);
     const Cells cells = is_floating(dtype()) ? format_floats(part.to_vector<double>()) : format_exact(part);
     const Printer printer{cells, shape(), contiguous_strides(part.shape()), summarize};
     body = dim() == 0 ? printer.element(0) : printer.render(0, 0, 7);  // 7 = strlen("tensor(")

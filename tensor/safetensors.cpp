@@ -18,10 +18,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "tensor/autograd.h"
+#include "tensor/checks.h"
 #include "tensor/crc32c.h"
-#include "tensor/ops.h"
-#include "tensor/ops/checks.h"
 
 namespace zg {
 
@@ -209,8 +207,8 @@ void SafetensorsWriter::write(const std::string& name, const Tensor& value) {
   ZG_CHECK(value.defined() && value.dtype() == slot.dtype && value.shape() == slot.shape, "save_safetensors: ", path_,
            ": '", name, "' was laid out as ", zg::name(slot.dtype), shape_str(slot.shape), ", written as ",
            value.defined() ? std::string(zg::name(value.dtype())) + shape_str(value.shape()) : "an undefined tensor");
-  NoGradGuard no_grad;
-  const Tensor host = value.to(kCPU).contiguous();  // throws for meta tensors: they have no data
+  // Detached: the copy to the host records no graph. Throws for meta tensors: they have no data.
+  const Tensor host = value.detach().to(kCPU).contiguous();
   const auto* bytes = static_cast<const char*>(host.data_ptr());
   write_all_at(fd_, bytes, static_cast<size_t>(slot.nbytes), data_start_ + slot.begin, temp_);
   slot.crc32c = crc32c(bytes, static_cast<size_t>(slot.nbytes));
@@ -479,8 +477,7 @@ Tensor SafetensorsFile::read(const std::string& name) const {
 
 void SafetensorsFile::read_into(const std::string& name, const Tensor& destination) const {
   check_readable_into(name, destination);
-  NoGradGuard no_grad;
-  Tensor(destination).copy_(read(name));
+  destination.detach().copy_(read(name));  // a parameter's data, written as under NoGradGuard
 }
 
 void SafetensorsFile::check_readable_into(const std::string& name, const Tensor& destination) const {
@@ -506,9 +503,11 @@ void SafetensorsFile::check_readable_as(const std::string& name, DType to) const
   const bool narrower = (to == DType::f16 && e.dtype != DType::f16) ||
                         ((to == DType::f32 || to == DType::bf16) && e.dtype == DType::f64);
   if (!narrower) return;
-  NoGradGuard no_grad;
   const Tensor source = read(name);
-  const auto infinities = [](const Tensor& t) { return sum(eq(abs(t), INFINITY)).item<int64_t>(); };
+  const auto infinities = [](const Tensor& t) {
+    const std::vector<double> values = t.to_vector<double>();
+    return std::count_if(values.begin(), values.end(), [](double v) { return std::isinf(v); });
+  };
   ZG_CHECK(infinities(source.to(to)) == infinities(source), "safetensors ", path_, ": tensor '", name, "' (",
            format_name(e.dtype), ") holds values beyond the range of ", format_name(to), ", which would load as inf");
 }

@@ -9,13 +9,19 @@ Storage::Storage(std::shared_ptr<Allocator> allocator, int64_t bytes, MemoryCate
   block_ = allocator_->allocate(bytes_, category_);
 }
 
-Storage::Storage(std::shared_ptr<Allocator> allocator, int64_t bytes, std::shared_ptr<const InitRecipe> recipe)
-    : allocator_(std::move(allocator)), bytes_(bytes), category_(MemoryScope::current()), released_(true),
+Storage::Storage(std::shared_ptr<Allocator> allocator, int64_t bytes, MemoryCategory category,
+                 std::shared_ptr<const InitRecipe> recipe)
+    : allocator_(std::move(allocator)), bytes_(bytes), category_(category), released_(true),
       recipe_(std::move(recipe)) {}
 
 std::shared_ptr<Storage> Storage::deferred(std::shared_ptr<Allocator> allocator, int64_t bytes,
                                            std::shared_ptr<const InitRecipe> recipe) {
-  return std::shared_ptr<Storage>(new Storage(std::move(allocator), bytes, std::move(recipe)));
+  return std::shared_ptr<Storage>(new Storage(std::move(allocator), bytes, MemoryScope::current(), std::move(recipe)));
+}
+
+std::shared_ptr<Storage> Storage::unallocated(std::shared_ptr<Allocator> allocator, int64_t bytes,
+                                              MemoryCategory category) {
+  return std::shared_ptr<Storage>(new Storage(std::move(allocator), bytes, category, nullptr));
 }
 
 Storage::~Storage() {

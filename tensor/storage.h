@@ -23,6 +23,10 @@ class Storage {
   // A storage of `bytes` that allocates nothing and is counted nowhere: data() refuses it.
   static std::shared_ptr<Storage> deferred(std::shared_ptr<Allocator> allocator, int64_t bytes,
                                            std::shared_ptr<const InitRecipe> recipe);
+  // A storage that starts released: its bytes are allocated (in `category`) at the first
+  // materialize() -- a ZeRO-3 unit's full weights, which exist only once gathered.
+  static std::shared_ptr<Storage> unallocated(std::shared_ptr<Allocator> allocator, int64_t bytes,
+                                              MemoryCategory category);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -53,7 +57,8 @@ class Storage {
   void set_release_note(std::string note) { release_note_ = std::move(note); }
 
  private:
-  Storage(std::shared_ptr<Allocator> allocator, int64_t bytes, std::shared_ptr<const InitRecipe> recipe);
+  Storage(std::shared_ptr<Allocator> allocator, int64_t bytes, MemoryCategory category,
+          std::shared_ptr<const InitRecipe> recipe);
 
   std::shared_ptr<Allocator> allocator_;  // kept alive: the bytes return to the rank that took them
   int64_t bytes_;

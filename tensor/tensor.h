@@ -35,7 +35,7 @@ class TensorOptions {
   Device device_ = kCPU;
 };
 
-struct AutogradMeta;  // tensor/autograd.h
+struct AutogradMeta;  // autograd/graph.h; a tensor only points to it
 class ParameterOwner;
 class Node;
 
@@ -56,6 +56,9 @@ class Tensor {
   // New contiguous tensor from the current context's allocator for `options.device()`,
   // tagged with the current MemoryScope category. Contents are undefined.
   static Tensor empty(const Shape& shape, TensorOptions options = {});
+  // Its storage starts released (tensor/storage.h): nothing is allocated until it is
+  // materialised, in the memory category current now.
+  static Tensor empty_released(const Shape& shape, TensorOptions options = {});
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const { return impl().shape; }
@@ -84,7 +87,7 @@ class Tensor {
     return static_cast<T*>(data_ptr());
   }
 
-  // ---- views: share storage, no copy ----
+  // ---- views: share storage, no copy (autograd/tensor_methods.cpp, with their gradients) ----
   Tensor view(const Shape& shape) const;       // -1 infers one size; throws if strides forbid it
   Tensor reshape(const Shape& shape) const;    // view when possible, else a contiguous copy
   Tensor permute(const Shape& dims) const;
@@ -100,7 +103,7 @@ class Tensor {
   Tensor flatten() const { return reshape({-1}); }
   Tensor contiguous() const;                   // itself when already contiguous
 
-  // ---- copies and conversions ----
+  // ---- copies and conversions (autograd/tensor_methods.cpp: in-place writes check grad mode) ----
   Tensor to(Device device) const;  // itself when already there
   Tensor to(DType dtype) const;    // itself when already that dtype
   Tensor clone() const;
@@ -119,7 +122,7 @@ class Tensor {
 
   std::string str() const;  // as PyTorch prints: tensor([[1., 2.], ...])
 
-  // ---- autograd (tensor/autograd.cpp; the engine is autograd/engine.cpp) ----
+  // ---- autograd (autograd/graph.cpp; the engine is autograd/engine.cpp) ----
   bool requires_grad() const;
   Tensor& set_requires_grad(bool requires_grad = true);  // leaves only
   bool is_leaf() const;                                  // made by the user, not by a recorded op
@@ -142,7 +145,7 @@ class Tensor {
   // Shares `source`'s storage, offset, shape, strides and dtype (param.data = ... in PyTorch),
   // keeping autograd state; .grad is dropped if the shape, dtype or device changed.
   // Both refuse a parameter that lives in a ShardedModel's flat
-  // buffers (ParameterOwner, tensor/autograd.h).
+  // buffers (ParameterOwner, autograd/graph.h).
   void set_data(const Tensor& source) const;
 
  private:

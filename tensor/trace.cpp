@@ -1,17 +1,22 @@
 #include "tensor/trace.h"
 
-#ifdef ZG_WITH_NVTX
-#include <nvtx3/nvToolsExt.h>  // header-only NVTX v3, shipped with the CUDA toolkit
-#endif
+#include <atomic>
 
 namespace zg {
 
-#ifdef ZG_WITH_NVTX
-TraceRange::TraceRange(const char* name) { nvtxRangePushA(name); }
-TraceRange::~TraceRange() { nvtxRangePop(); }
-#else
-TraceRange::TraceRange(const char*) {}
-TraceRange::~TraceRange() = default;
-#endif
+namespace {
+// Constant-initialised, so a backend may install its calls during static initialisation.
+std::atomic<const TraceHooks*> installed{nullptr};
+}  // namespace
+
+void set_trace_hooks(const TraceHooks* hooks) { installed.store(hooks, std::memory_order_release); }
+
+TraceRange::TraceRange(const char* name) : hooks_(installed.load(std::memory_order_acquire)) {
+  if (hooks_) hooks_->push(name);
+}
+
+TraceRange::~TraceRange() {
+  if (hooks_) hooks_->pop();
+}
 
 }  // namespace zg

@@ -1,14 +1,26 @@
-// Named ranges on a profiler's timeline. In a CUDA build each range is an NVTX
-// push/pop, so Nsight Systems (nsys profile --trace=cuda,nvtx) shows the model above
-// the kernels it issued: a module's forward ("attn (CausalSelfAttention)"), each
-// op's backward ("backward: matmul"), the optimizer step, every collective. Without
-// CUDA, or when no profiler is attached, a range costs next to nothing (NVTX's calls
-// return at once until a tool injects itself).
+// Named ranges on a profiler's timeline: a module's forward ("attn (CausalSelfAttention)"),
+// each op's backward ("backward: matmul"), the optimizer step, every collective. The
+// ranges go to whatever range calls a backend installed: the CUDA backend installs
+// NVTX's (cuda/nvtx.cpp), so Nsight Systems (nsys profile --trace=cuda,nvtx) shows the
+// model above the kernels it issued. With none installed, or when no profiler is
+// attached, a range costs next to nothing (NVTX's calls return at once until a tool
+// injects itself).
 #pragma once
 
 #include <string>
 
 namespace zg {
+
+// A profiler's range calls: push opens a named range on the calling thread, pop closes
+// the innermost one.
+struct TraceHooks {
+  void (*push)(const char* name);
+  void (*pop)();
+};
+
+// Installs the calls of the ranges opened from now on (nullptr: none). A backend installs
+// its own while the library loads; `hooks` lives as long as the library.
+void set_trace_hooks(const TraceHooks* hooks);
 
 class TraceRange {
  public:
@@ -17,6 +29,9 @@ class TraceRange {
   ~TraceRange();
   TraceRange(const TraceRange&) = delete;
   TraceRange& operator=(const TraceRange&) = delete;
+
+ private:
+  const TraceHooks* hooks_;  // the calls that opened the range close it
 };
 
 }  // namespace zg

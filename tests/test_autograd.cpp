@@ -4,9 +4,9 @@
 #include <map>
 
 #include "autograd/gradcheck.h"
-#include "nn/checkpoint.h"
+#include "autograd/graph.h"
 #include "helpers.h"
-#include "tensor/autograd.h"
+#include "nn/checkpoint.h"
 
 namespace zg::test {
 namespace {

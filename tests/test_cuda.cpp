@@ -3,16 +3,16 @@
 // inputs: inputs are made on the CPU and copied, so they are identical bit for bit.
 #include <random>
 
+#include "autograd/graph.h"
 #include "cuda/attention.h"
 #include "cuda/device.h"
+#include "cuda/online_lse.h"
 #include "cuda/rank_state.h"
 #include "cuda/stream.h"
-#include "cuda/online_lse.h"
 #include "cuda/strided_indexer.h"
 #include "helpers.h"
-#include "tensor/autograd.h"
-#include "tensor/backend.h"
 #include "optim/schedule.h"
+#include "tensor/backend.h"
 #include "tiny_gpt.h"
 
 namespace zg::test {

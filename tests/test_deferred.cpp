@@ -1,9 +1,11 @@
-// Deferred initialisation: tensors built without memory, materialised
+// Deferred initialisation: tensors and models built without memory, materialised
 // whole or a slice at a time with exactly the values an eager build gives them.
 #include <thread>
 
 #include "helpers.h"
+#include "nn/gpt.h"
 #include "tensor/deferred.h"
+#include "tiny_gpt.h"
 
 namespace zg::test {
 
@@ -150,6 +152,135 @@ TEST_CASE("a contiguous view of a deferred tensor materialises its part") {
   const Tensor out = empty({5});
   materialize_range(rows, 3, out);
   check_identical(out, eager.narrow(0, 2, 3).flatten().narrow(0, 3, 5), "part of them");
+}
+
+TEST_CASE("a deferred GPT costs no memory and materialises into the eager one") {
+  Context rank;
+  ContextGuard guard(rank);
+  const nn::GPTConfig config = tiny_config();
+  manual_seed(1);
+  std::shared_ptr<nn::GPT> model;
+  {
+    DeferredInit deferring;
+    model = std::make_shared<nn::GPT>(config);
+  }
+  const uint64_t offset = rank.generator().offset();
+  CHECK(memory_stats(kCPU).peak_total == 0);
+  std::vector<const TensorImpl*> handles;
+  for (const auto& [name, p] : model->named_parameters()) {
+    CHECK(is_deferred(p));
+    CHECK(p.requires_grad());
+    handles.push_back(&p.impl());
+  }
+
+  nn::materialize(*model);
+  manual_seed(1);
+  nn::GPT eager(config);
+  CHECK(rank.generator().offset() == offset);
+  const nn::NamedTensors got = model->named_parameters(), want = eager.named_parameters();
+  REQUIRE(got.size() == want.size());
+  int64_t bytes = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const auto& [name, p] = got[i];
+    CHECK(name == want[i].first);
+    CHECK(!is_deferred(p));
+    CHECK(&p.impl() == handles[i]);  // the same parameter objects, now with values
+    CHECK(p.requires_grad());
+    CHECK(p.storage()->category() == MemoryCategory::parameter);
+    check_identical(p, want[i].second, name);
+    bytes += p.nbytes();
+  }
+  CHECK(memory_stats(kCPU)[MemoryCategory::parameter] == 2 * bytes);  // this model's and the eager one's
+  const Sequence s = fixed_sequence();
+  CHECK(model->forward(s.inputs, s.targets).loss.item<float>() == eager.forward(s.inputs, s.targets).loss.item<float>());
+}
+
+TEST_CASE("a 7.5B-parameter GPT built deferred takes no memory, on the CPU or on meta") {
+  Context rank;
+  ContextGuard guard(rank);
+  nn::GPTConfig config;
+  config.n_layer = 36, config.n_head = 32, config.n_embd = 4096, config.vocab_size = 50304, config.block_size = 2048;
+  for (const Device device : {kCPU, kMeta}) {
+    DeferredInit deferring;
+    const nn::GPT model(config, TensorOptions(DType::bf16).device(device));
+    CHECK(model.num_parameters() > 7'400'000'000);
+    CHECK(memory_stats(device).peak_total == 0);
+  }
+}
+
+TEST_CASE("a deferred model on meta materialises slices into real buffers, as one-rank eager values") {
+  const nn::GPTConfig config = tiny_config();
+  manual_seed(3);
+  std::shared_ptr<nn::GPT> model;
+  {
+    DeferredInit deferring;
+    model = std::make_shared<nn::GPT>(config, kMeta);
+  }
+  manual_seed(3);
+  const nn::GPT eager(config);
+  const nn::NamedTensors got = model->named_parameters(), want = eager.named_parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    // Four "ranks", each taking its quarter (rounded up) of every parameter.
+    const int64_t n = want[i].second.numel(), shard = (n + 3) / 4;
+    for (int64_t begin = 0; begin < n; begin += shard) {
+      const Tensor out = empty({std::min(shard, n - begin)});
+      materialize_range(got[i].second, begin, out);
+      check_identical(out, want[i].second.flatten().narrow(0, begin, out.numel()), got[i].first);
+    }
+  }
+}
+
+TEST_CASE("Module::to keeps a deferred model deferred, with the eager conversion's values") {
+  const nn::GPTConfig config = tiny_config();
+  manual_seed(5);
+  nn::GPT eager(config);
+  eager.to(DType::bf16);
+  manual_seed(5);
+  std::shared_ptr<nn::GPT> model;
+  {
+    DeferredInit deferring;
+    model = std::make_shared<nn::GPT>(config);
+  }
+  model->to(DType::bf16);
+  model->to(kMeta);
+  for (const auto& [name, p] : model->named_parameters()) {
+    CHECK(is_deferred(p));
+    CHECK(p.dtype() == DType::bf16);
+    CHECK(p.device() == kMeta);
+  }
+  CHECK_THROWS_WITH_AS(model->to(DType::f16), doctest::Contains("was made in f32 and converted once already"), Error);
+  model->to(kCPU);
+  nn::materialize(*model);
+  const nn::NamedTensors got = model->named_parameters(), want = eager.named_parameters();
+  for (size_t i = 0; i < got.size(); ++i) check_identical(got[i].second, want[i].second, got[i].first);
+}
+
+TEST_CASE("nn::materialize keeps tied weights tied and fills buffers") {
+  struct Tied : nn::Module {
+    std::shared_ptr<nn::Linear> a;
+    std::shared_ptr<nn::Module> b;
+    Tensor scale;
+    Tied() {
+      a = register_module("a", std::make_shared<nn::Linear>(4, 6, true, 0.02));
+      b = register_module("b", std::make_shared<nn::Module>());
+      b->register_parameter("weight", a->weight);
+      scale = register_buffer("scale", full({2}, 0.5));
+    }
+  };
+  std::shared_ptr<Tied> m;
+  {
+    DeferredInit deferring;
+    m = std::make_shared<Tied>();
+  }
+  REQUIRE(m->named_parameters(false).size() == 3);
+  CHECK(m->named_parameters(false)[2].second.is_same(m->a->weight));
+  nn::materialize(*m);
+  const Tensor tied = m->named_parameters(false)[2].second;
+  CHECK(tied.is_same(m->a->weight));
+  CHECK(!is_deferred(tied));
+  CHECK(tied.storage() == m->a->weight.storage());
+  CHECK(!is_deferred(m->scale));
+  CHECK(m->scale.to_vector<float>() == std::vector<float>{0.5f, 0.5f});
 }
 
 TEST_CASE("materialize makes a whole tensor in the current memory category") {

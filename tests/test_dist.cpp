@@ -4,10 +4,10 @@
 #include <chrono>
 #include <thread>
 
+#include "autograd/graph.h"
 #include "dist/comm/fake_group.h"
 #include "dist/comm/local_group.h"
 #include "helpers.h"
-#include "tensor/autograd.h"
 
 namespace zg::test {
 

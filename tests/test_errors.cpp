@@ -1,8 +1,8 @@
 // Bad input gives a zg::Error whose exact text names the op and what was wrong.
 #include <functional>
 
+#include "autograd/graph.h"
 #include "helpers.h"
-#include "tensor/autograd.h"
 
 namespace zg::test {
 

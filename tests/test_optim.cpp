@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "autograd/graph.h"
 #include "nn/serialize.h"
-#include "tensor/autograd.h"
 #include "tiny_gpt.h"
 
 namespace zg::test {

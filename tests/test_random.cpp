@@ -1,8 +1,8 @@
 // Philox-4x32-10: the published known-answer vectors, and the properties the
 // tensor API promises (same seed, same numbers, however calls split or threads share a context).
+#include "autograd/graph.h"
 #include "helpers.h"
 #include "nn/checkpoint.h"
-#include "tensor/autograd.h"
 #include "tensor/philox.h"
 
 #include <thread>

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <thread>
 
+#include "autograd/functions.h"
 #include "tensor/backend.h"
-#include "tensor/ops.h"
 
 namespace zg::dist {
 

@@ -15,11 +15,11 @@
 
 #include <unistd.h>  // gethostname
 
+#include "autograd/functions.h"
 #include "cuda/caching_allocator.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/stream.h"
-#include "tensor/ops.h"
 
 namespace zg::dist {
 

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <thread>
 
-#include "tensor/autograd.h"
+#include "autograd/graph.h"
 #include "tensor/backend.h"
 #include "tensor/context.h"
 #include "tensor/trace.h"

@@ -108,7 +108,7 @@ class ProcessGroup {
   // Whether its collectives take tensors on `device` (mpi: the CPU only; nccl: its GPU only).
   virtual bool accepts(Device device) const = 0;
 
-  // The buffer a collective writes is an in-place write (begin_inplace, tensor/autograd.h):
+  // The buffer a collective writes is an in-place write (begin_inplace, autograd/graph.h):
   // refused if it requires grad while grad mode is on, and its version is bumped, so a
   // tensor saved for backward that a collective overwrites fails loudly in backward.
   //

@@ -5,7 +5,7 @@
 #include <map>
 #include <set>
 
-#include "tensor/autograd.h"
+#include "autograd/graph.h"
 
 namespace zg::dist {
 

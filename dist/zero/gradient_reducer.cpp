@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "tensor/autograd.h"
+#include "autograd/graph.h"
 
 namespace zg::dist {
 

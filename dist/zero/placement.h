@@ -39,8 +39,9 @@ struct Placement {
   RolePlacement compute, gradients, optimizer_state;
 
   // DDP is stage 0; ZeRO-1, 2, 3 shard optimizer state, then gradients, then parameters.
+  static constexpr bool valid_stage(int64_t stage) { return stage >= 0 && stage <= 3; }
   static Placement for_stage(int stage) {
-    ZG_CHECK(stage >= 0 && stage <= 3, "ShardedModel: stage must be 0, 1, 2 or 3, got ", stage);
+    ZG_CHECK(valid_stage(stage), "ShardedModel: stage must be 0, 1, 2 or 3, got ", stage);
     const bool opt = stage >= 1, grads = stage >= 2, params = stage >= 3;
     return {{params ? Layout::sharded : Layout::full, params ? FullWhen::around_use : FullWhen::always},
             {grads ? Layout::sharded : Layout::full, grads ? FullWhen::during_backward : FullWhen::always},

@@ -22,10 +22,10 @@
 #include <string_view>
 #include <tuple>
 
+#include "autograd/graph.h"
 #include "dist/comm/agreement.h"
 #include "dist/zero/sharded_model.h"
 #include "optim/grad_scaler.h"
-#include "tensor/autograd.h"
 #include "tensor/context.h"
 
 namespace zg::dist {

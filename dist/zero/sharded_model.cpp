@@ -5,11 +5,11 @@
 #include <map>
 #include <set>
 
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "dist/comm/agreement.h"
 #include "optim/schedule.h"
-#include "tensor/autograd.h"
 #include "tensor/deferred.h"
-#include "tensor/ops.h"
 
 namespace zg::dist {
 

@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/graph.h"
 #include "dist/comm/process_group.h"
 #include "dist/zero/gather_scheduler.h"
 #include "dist/zero/gradient_reducer.h"
@@ -49,7 +50,6 @@
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
-#include "tensor/autograd.h"
 #include "tensor/safetensors.h"
 
 namespace zg::dist {

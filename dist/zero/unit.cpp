@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "tensor/autograd.h"
+#include "autograd/graph.h"
 #include "tensor/backend.h"
 
 namespace zg::dist {
@@ -85,9 +85,11 @@ void Unit::place(ShardedWeights& w, const std::vector<ParamSlot>& slots, int64_t
   if (ctx_.placement.gathers_parameters()) {
     w.shard = allocate(shard_numel, ctx_.compute_dtype, device, MemoryCategory::parameter, false);
     fill_range(w.shard, r * shard_numel, slots, initial);
-    w.full = allocate(padded_numel, ctx_.compute_dtype, device, MemoryCategory::communication, false);
+    {
+      MemoryScope scope(MemoryCategory::communication);
+      w.full = Tensor::empty_released({padded_numel}, TensorOptions(ctx_.compute_dtype).device(device));
+    }
     w.full.storage()->set_release_note(release_note());
-    w.full.storage()->release();
     w.gathered_from = w.shard.storage()->version();  // released, so not current: the first use gathers
   } else {
     w.full = allocate(padded_numel, ctx_.compute_dtype, device, MemoryCategory::parameter, false);

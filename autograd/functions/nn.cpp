@@ -4,10 +4,10 @@
 #include <array>
 #include <cmath>
 
-#include "tensor/autograd.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "tensor/backend.h"
-#include "tensor/ops.h"
-#include "tensor/ops/checks.h"
+#include "tensor/checks.h"
 
 namespace zg {
 

@@ -1,9 +1,9 @@
 // matmul: broadcasting of batch dims and transposes are views; the kernel sees
 // [B, M, K] @ [B, K, N] with each matrix row- or column-major (what BLAS takes).
-#include "tensor/autograd.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "tensor/backend.h"
-#include "tensor/ops.h"
-#include "tensor/ops/checks.h"
+#include "tensor/checks.h"
 
 namespace zg {
 

@@ -3,10 +3,10 @@
 // and reduce each row of the resulting [kept, reduced] matrix.
 #include <algorithm>
 
-#include "tensor/autograd.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "tensor/backend.h"
-#include "tensor/ops.h"
-#include "tensor/ops/checks.h"
+#include "tensor/checks.h"
 
 namespace zg {
 

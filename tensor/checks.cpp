@@ -1,4 +1,4 @@
-#include "tensor/ops/checks.h"
+#include "tensor/checks.h"
 
 #include <cmath>
 

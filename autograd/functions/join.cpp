@@ -1,7 +1,7 @@
 // cat writes each input into a narrow() view of the output; split returns views.
-#include "tensor/autograd.h"
-#include "tensor/ops.h"
-#include "tensor/ops/checks.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
+#include "tensor/checks.h"
 
 namespace zg {
 

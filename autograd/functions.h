@@ -1,7 +1,8 @@
-// Op front-ends: validate inputs (throwing zg::Error that names the op, shapes,
-// dtypes and devices), work out the output's shape and dtype, allocate it, and
-// call one primitive kernel of the tensor's backend. Composite ops are built
-// from the primitives here, once, for every device.
+// The differentiable functions (functions/*.cpp, each forward beside its backward
+// formula). Each validates its inputs (throwing zg::Error that names the op, shapes,
+// dtypes and devices), works out the output's shape and dtype, allocates it, and
+// calls one primitive kernel of the tensor's backend. Composite ops are built from
+// the primitives here, once, for every device.
 //
 // Type rules are strict, so nothing is converted behind the user's back: the
 // tensors of one op share a dtype and a device; scalars take the tensor's dtype.

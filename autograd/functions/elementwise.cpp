@@ -1,10 +1,10 @@
 // Elementwise front-ends, each with its gradient beside it. Broadcasting is a
 // view: inputs are expanded to the output's shape (stride 0 where broadcast), so
 // kernels only see equal shapes, and gradients are summed back with sum_to().
-#include "tensor/autograd.h"
+#include "autograd/functions.h"
+#include "autograd/graph.h"
 #include "tensor/backend.h"
-#include "tensor/ops.h"
-#include "tensor/ops/checks.h"
+#include "tensor/checks.h"
 
 namespace zg {
 

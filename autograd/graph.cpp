@@ -1,9 +1,9 @@
-#include "tensor/autograd.h"
+#include "autograd/graph.h"
 
 #include <atomic>
 
-#include "tensor/ops.h"
-#include "tensor/ops/checks.h"
+#include "autograd/functions.h"
+#include "tensor/checks.h"
 
 namespace zg {
 

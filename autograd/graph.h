@@ -1,8 +1,7 @@
-// The part of autograd every op needs: grad mode, the graph node, saved tensors
-// with their version check, and record(), which an op calls after computing its
-// output to attach its backward formula. Ops keep forward and backward side by
-// side (tensor/ops/*.cpp, Tensor's view methods); the engine that runs a
-// backward pass over these nodes lives in autograd/.
+// The autograd graph: grad mode, the graph node, saved tensors with their version
+// check, and record(), which an op calls after computing its output to attach its
+// backward formula. Ops keep forward and backward side by side (functions/*.cpp;
+// Tensor's views in tensor_methods.cpp); engine.cpp runs a backward pass over them.
 //
 // Threads: grad mode and a running pass are per thread, and each thread may record
 // and run backward on graphs of its own (the local group's ranks each train their
