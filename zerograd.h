@@ -29,11 +29,8 @@
 #include "nn/serialize.h"
 
 #include "optim/adamw.h"
-#include "optim/checkpoint.h"
-#include "optim/flat_parameters.h"
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
-#include "optim/sgd.h"
 
 #include "dist/comm/fake_group.h"
 #include "dist/comm/local_group.h"
