@@ -144,7 +144,7 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
   const std::string out =
       run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --world-size 8 --seq 8 --json", status);
   REQUIRE(status == 0);
-  const std::regex record(R"re(\{"model": "124m", "device": "meta", "group": "fake", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+)\})re");
+  const std::regex record(R"re(\{"model": "124m", "device": "meta", "group": "fake", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), "construction_peak": (\d+)\})re");
   int records = 0;
   for (auto it = std::sregex_iterator(out.begin(), out.end(), record); it != std::sregex_iterator(); ++it, ++records) {
     const auto& m = *it;
@@ -154,6 +154,7 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
     CHECK(states >= formula);
     CHECK((states - formula) / formula < 0.005);
     CHECK(std::fabs(std::stod(m[6]) - std::stod(m[8])) / std::stod(m[8]) < 0.01);  // 2Ψ, and 3Ψ for stage 3
+    CHECK(std::stod(m[9]) == states);  // built deferred, shard by shard: a peak of exactly its model states
   }
   CHECK(records == 4);
 
