@@ -188,7 +188,7 @@ class ParameterOwner {
  protected:
   ParameterOwner() = default;
   // Records this as the owner of `param`. One at a time: the caller has refused a
-  // parameter that already has one (optim::check_packable).
+  // parameter that already has one (ShardedModel checks before packing).
   void own(const Tensor& param);
   // set_data and set_grad without the ownership check: the owner repointing its own.
   static void point_data(const Tensor& param, const Tensor& data);

@@ -137,6 +137,13 @@ struct TrainingFlags {
   void check(const std::string& who) const {
     ZG_CHECK(batch <= (int64_t{1} << 40) / seq, who, ": --batch ", batch, " x --seq ", seq,
              " tokens a step is more than 2^40");
+    // Found out before training, not after it: a save makes a directory of rank files
+    // (and its parents), which it cannot where the nearest existing path is not one.
+    if (save.empty()) return;
+    std::filesystem::path existing = std::filesystem::absolute(save);
+    while (!std::filesystem::exists(existing)) existing = existing.parent_path();
+    ZG_CHECK(std::filesystem::is_directory(existing), who, ": --save ", save, ": ", existing.string(),
+             " is not a directory");
   }
 };
 

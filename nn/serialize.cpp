@@ -55,7 +55,7 @@ LoadedState load_state(Module& module, const std::string& path, bool strict) {
     if (const ParameterOwner* owner = ParameterOwner::of(t))
       fail("load_state: parameter '", name, "' lives in the flat buffers of ", owner->describe(), ", whose master weights "
            "would overwrite what is loaded at the next step; load before building that (or resume with "
-           "ShardedModel::load or optim::load_checkpoint)");
+           "ShardedModel::load)");
     const auto aliases = names_of.find(&t.impl());
     const std::vector<std::string> names = aliases != names_of.end() ? aliases->second : std::vector{name};
     expected.insert(names.begin(), names.end());

@@ -1,5 +1,6 @@
 // Checkpoints: safetensors round trips, a file written by PyTorch, resumed
-// training that continues the same curve, and damaged files that must fail cleanly.
+// training that continues the same curve (one device's: a ShardedModel over a group of
+// one; at other world sizes, test_zero), and damaged files that must fail cleanly.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -10,8 +11,8 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include "dist/comm/local_group.h"
 #include "nn/serialize.h"
-#include "optim/checkpoint.h"
 #include "tensor/crc32c.h"
 #include "tiny_gpt.h"
 
@@ -34,6 +35,40 @@ std::string read_bytes(const std::string& path) {
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A one-rank save's one file in `dir`.
+std::string rank_file(const std::string& dir) { return dir + "/rank-00000-of-00001.safetensors"; }
+
+// Every tensor of a file, read, in file order.
+std::vector<std::pair<std::string, Tensor>> tensors_of(const SafetensorsFile& file) {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& name : file.names()) tensors.emplace_back(name, file.read(name));
+  return tensors;
+}
+
+// A training checkpoint as the former optim::save_checkpoint wrote it, in one file
+// (format zerograd-training-checkpoint-1): whole tensors <name> (f32 master weights),
+// optimizer.exp_avg.<name> and optimizer.exp_avg_sq.<name>, and metadata step,
+// compute_dtype, rng_seed, rng_offset, the loss scale and the caller's keys. The state
+// is the trainer's, from a one-rank save (whose pieces are whole parameters).
+void save_single_file_checkpoint(const std::string& path, dist::ShardedModel& trainer, const nn::Module& model,
+                                 const optim::GradScaler* scaler = nullptr, const Metadata& extra = {}) {
+  const std::string dir = path + ".sharded";
+  trainer.save(dir, {}, scaler);
+  const SafetensorsFile saved(rank_file(dir));
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [prefix, role] : {std::pair<std::string, std::string>{"", "master"},
+                                     {"optimizer.exp_avg.", "exp_avg"},
+                                     {"optimizer.exp_avg_sq.", "exp_avg_sq"}})
+    for (const auto& [name, p] : model.named_parameters())
+      tensors.emplace_back(prefix + name, saved.read(role + "/" + name + "/0").view(p.shape()));
+  Metadata meta = extra;
+  meta["format"] = "zerograd-training-checkpoint-1";
+  for (const char* key : {"step", "compute_dtype", "rng_seed", "rng_offset", "loss_scale", "loss_scale_good_steps"})
+    if (saved.metadata().contains(key)) meta[key] = saved.metadata().at(key);
+  save_safetensors(path, tensors, meta);
+  std::filesystem::remove_all(dir);
 }
 
 // A file with this header (length = its size unless given) followed by `data`.
@@ -357,19 +392,20 @@ TEST_CASE("load_state takes a shared parameter under any of its names, and refus
 TEST_CASE("a disabled GradScaler has no state: it saves none and loads none") {
   // An f32 run's checkpoint (scale 1) set an f16 run's scaler to 1 on resume.
   nn::Linear model(2, 2);
-  optim::FlatParameters flat(model.named_parameters(), DType::f32);
-  optim::AdamW adamw(flat);
-  const std::string path = temp_path("scaler.safetensors");
+  dist::SingleRank one;
+  dist::ShardedModel trainer(model, one, {.compute_dtype = DType::f32});
+  const std::string dir = temp_path("scaler");
   optim::GradScaler disabled({.enabled = false}), enabled;
-  optim::save_checkpoint(path, flat, adamw, &disabled);
-  CHECK(SafetensorsFile(path).metadata().count("loss_scale") == 0);
-  optim::load_checkpoint(path, flat, adamw, &enabled);
+  trainer.save(dir, {}, &disabled);
+  CHECK(SafetensorsFile(rank_file(dir)).metadata().count("loss_scale") == 0);
+  trainer.load(dir, &enabled);
   CHECK(enabled.scale_factor() == 65536);
   enabled.update(true);  // 32768
-  optim::save_checkpoint(path, flat, adamw, &enabled);
-  optim::load_checkpoint(path, flat, adamw, &disabled);  // a disabled scaler took the file's scale
+  trainer.save(dir, {}, &enabled);
+  CHECK(SafetensorsFile(rank_file(dir)).metadata().at("loss_scale") == "32768");
+  trainer.load(dir, &disabled);  // a disabled scaler took the file's scale
   CHECK(disabled.scale_factor() == 1);
-  std::remove(path.c_str());
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a training checkpoint round trip is bitwise exact and resumed training continues the same curve") {
@@ -378,7 +414,7 @@ TEST_CASE("a training checkpoint round trip is bitwise exact and resumed trainin
   for (Device device : devices()) {
     INFO("on " << device.str());
     const Sequence s = fixed_sequence();
-    const std::string path = temp_path("train.safetensors");
+    const std::string dir = temp_path("train"), again = temp_path("train_again");
     std::vector<double> uninterrupted;
     {
       Context rank;
@@ -387,34 +423,84 @@ TEST_CASE("a training checkpoint round trip is bitwise exact and resumed trainin
       for (int i = 0; i < 10; ++i) uninterrupted.push_back(t.step(s, 3e-3));
     }
     std::vector<double> resumed;
-    std::vector<float> master, m, v, compute;
+    std::vector<float> compute;
     {
       Context rank;
       ContextGuard guard(rank);
       TinyTrainer t(DType::bf16, false, 1, 0.1, device);
       for (int i = 0; i < 5; ++i) t.step(s, 3e-3);
-      optim::save_checkpoint(path, *t.flat, *t.adamw, nullptr, {{"data_position", "5"}});
-      master = t.flat->master.to_vector<float>();
-      m = t.adamw->m.to_vector<float>();
-      v = t.adamw->v.to_vector<float>();
-      compute = t.flat->compute.to_vector<float>();
+      t.trainer->save(dir, {{"data_position", "5"}});
+      compute = flat_values(t.model->named_parameters());
     }
     {
       Context rank;
       ContextGuard guard(rank);
       TinyTrainer t(DType::bf16, false, 77, 0.1, device);  // different initial weights and RNG state
-      const Metadata meta = optim::load_checkpoint(path, *t.flat, *t.adamw);
+      const Metadata meta = t.trainer->load(dir);
       CHECK(meta.at("data_position") == "5");
-      CHECK(t.adamw->steps() == 5);
-      CHECK(t.flat->master.to_vector<float>() == master);
-      CHECK(t.adamw->m.to_vector<float>() == m);
-      CHECK(t.adamw->v.to_vector<float>() == v);
-      CHECK(t.flat->compute.to_vector<float>() == compute);
+      CHECK(t.trainer->steps() == 5);
+      CHECK(flat_values(t.model->named_parameters()) == compute);
+      // Master weights, m and v, saved again: every tensor as the first save holds it.
+      t.trainer->save(again);
+      const SafetensorsFile first(rank_file(dir)), second(rank_file(again));
+      REQUIRE(first.names() == second.names());
+      for (const std::string& name : first.names()) check_identical(second.read(name), first.read(name), name);
       for (int i = 0; i < 5; ++i) resumed.push_back(t.step(s, 3e-3));
     }
     for (int i = 0; i < 5; ++i) CHECK(resumed[i] == uninterrupted[5 + i]);
-    std::remove(path.c_str());
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(again);
   }
+}
+
+TEST_CASE("a file of the former single-file training checkpoint resumes training exactly, at any world size") {
+  // optim::save_checkpoint's files (before one device trained through a ShardedModel)
+  // load as they are: master weights, m, v, the step, the generator and the loss scale.
+  const Sequence s = fixed_sequence();
+  const std::string path = temp_path("single_file.safetensors");
+  const optim::GradScalerOptions scaling{.init_scale = 1024.0, .growth_interval = 3};
+  std::vector<double> uninterrupted;
+  double saved_scale = 0;
+  {
+    Context rank;
+    ContextGuard guard(rank);
+    TinyTrainer t(DType::bf16, false, 1, 0.1);
+    optim::GradScaler scaler(scaling);
+    for (int i = 0; i < 10; ++i) {
+      uninterrupted.push_back(t.step(s, 3e-3, &scaler));
+      if (i != 3) continue;
+      save_single_file_checkpoint(path, *t.trainer, *t.model, &scaler, {{"data_position", "4"}});
+      saved_scale = scaler.scale_factor();
+    }
+  }
+  REQUIRE(saved_scale == scaling.init_scale * scaling.growth_factor);  // grown once: not its initial state
+  std::vector<double> resumed;
+  nn::NamedTensors loaded;
+  {
+    Context rank;
+    ContextGuard guard(rank);
+    TinyTrainer t(DType::bf16, false, 77, 0.1);  // other weights, another generator state
+    optim::GradScaler scaler(scaling);
+    const Metadata meta = t.trainer->load(path, &scaler);
+    CHECK(meta.at("data_position") == "4");
+    CHECK(t.trainer->steps() == 4);
+    CHECK(scaler.scale_factor() == saved_scale);
+    CHECK(scaler.good_steps() == 1);
+    loaded = t.trainer->gathered_master();
+    for (int i = 4; i < 10; ++i) resumed.push_back(t.step(s, 3e-3, &scaler));
+  }
+  for (int i = 0; i < 6; ++i) CHECK(resumed[i] == uninterrupted[4 + i]);
+  // At N = 2, stage 3, each rank reads the slices it holds of the same whole tensors.
+  dist::run_local(2, [&](dist::ProcessGroup& pg) {
+    nn::GPT model(tiny_config());
+    dist::ShardedModel sharded(model, pg, {.stage = 3, .compute_dtype = DType::bf16});
+    sharded.load(path);
+    CHECK(sharded.steps() == 4);
+    const nn::NamedTensors master = sharded.gathered_master();
+    REQUIRE(master.size() == loaded.size());
+    for (size_t i = 0; i < master.size(); ++i) check_identical(master[i].second, loaded[i].second, master[i].first);
+  });
+  std::remove(path.c_str());
 }
 
 TEST_CASE("damaged files each give a zg::Error") {
@@ -537,35 +623,60 @@ TEST_CASE("damaged files each give a zg::Error") {
   std::remove(path.c_str());
 }
 
-TEST_CASE("a checkpoint from another model or a plain state file does not load as a training checkpoint") {
+TEST_CASE("a plain state file, or a checkpoint of another model, does not load as a training checkpoint") {
   Context rank;
   ContextGuard guard(rank);
   TinyTrainer t;
-  const std::string path = temp_path("not_training.safetensors");
+  const std::string path = temp_path("not_training.safetensors"), dir = temp_path("not_training");
+  const std::vector<float> master = flat_values(t.trainer->gathered_master());
   nn::save_state(*t.model, path);
-  CHECK_THROWS_WITH_AS(optim::load_checkpoint(path, *t.flat, *t.adamw),
-                       doctest::Contains("is not a zerograd training checkpoint"), Error);
-  // A checkpoint with a tensor these parameters lack (a larger model's) loaded its
-  // matching part and dropped the rest without a word.
-  optim::save_checkpoint(path, *t.flat, *t.adamw);
-  const SafetensorsFile file(path);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const std::string& name : file.names()) tensors.emplace_back(name, file.read(name));
-  tensors.emplace_back("transformer.h.9.ln_1.weight", ones({8}));
-  const std::string larger = temp_path("larger_model.safetensors");
-  save_safetensors(larger, tensors, file.metadata());
-  CHECK_THROWS_WITH_AS(optim::load_checkpoint(larger, *t.flat, *t.adamw),
-                       doctest::Contains("has a tensor 'transformer.h.9.ln_1.weight' that none of the parameters given "
-                                         "has; it is a checkpoint of another model"),
+  CHECK_THROWS_WITH_AS(t.trainer->load(path),
+                       doctest::Contains((path + " is a file, not a checkpoint directory; the one file load() takes "
+                                                 "is an optim::save_checkpoint training checkpoint (format "
+                                                 "zerograd-training-checkpoint-1), and this is not one").c_str()),
                        Error);
-  // m and v are laid out by the FlatParameters their AdamW was built on.
-  TinyTrainer other;
-  CHECK_THROWS_WITH_AS(optim::save_checkpoint(path, *t.flat, *other.adamw),
-                       doctest::Contains("save_checkpoint: the AdamW was built on another FlatParameters"), Error);
-  CHECK_THROWS_WITH_AS(optim::load_checkpoint(path, *t.flat, *other.adamw),
-                       doctest::Contains("load_checkpoint: the AdamW was built on another FlatParameters"), Error);
-  std::remove(path.c_str());
-  std::remove(larger.c_str());
+  std::filesystem::create_directories(dir);
+  CHECK_THROWS_WITH_AS(t.trainer->load(dir), doctest::Contains((dir + " has no rank-R-of-N.safetensors files").c_str()), Error);
+  std::filesystem::copy_file(path, rank_file(dir));
+  CHECK_THROWS_WITH_AS(t.trainer->load(dir), doctest::Contains((rank_file(dir) + " is not a zerograd sharded checkpoint").c_str()),
+                       Error);
+  // A single-file checkpoint with a tensor these parameters lack (a larger model's)
+  // loaded its matching part and dropped the rest without a word; one whose tensor has
+  // another shape would load a different model.
+  save_single_file_checkpoint(path, *t.trainer, *t.model);
+  const SafetensorsFile file(path);
+  const auto rewritten = [&](const std::string& name,
+                             const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& change) {
+    std::vector<std::pair<std::string, Tensor>> tensors = tensors_of(file);
+    change(tensors);
+    const std::string other = temp_path(name + ".safetensors");
+    save_safetensors(other, tensors, file.metadata());
+    return other;
+  };
+  const std::string larger = rewritten("larger_model", [](auto& tensors) {
+    tensors.emplace_back("optimizer.exp_avg.transformer.h.9.ln_1.weight", ones({8}));
+  });
+  CHECK_THROWS_WITH_AS(t.trainer->load(larger),
+                       doctest::Contains("holds 'optimizer.exp_avg.transformer.h.9.ln_1.weight' but the model has no "
+                                         "parameter 'transformer.h.9.ln_1.weight'"),
+                       Error);
+  const std::string reshaped = rewritten("reshaped_model", [](auto& tensors) {
+    for (auto& [name, t] : tensors)
+      if (name == "transformer.wte.weight") t = t.reshape({32, 64});
+  });
+  CHECK_THROWS_WITH_AS(t.trainer->load(reshaped),
+                       doctest::Contains("tensor 'transformer.wte.weight' has shape [32, 64]; the model's "
+                                         "'transformer.wte.weight' has shape [64, 32]: a checkpoint of another model"),
+                       Error);
+  const std::string missing = rewritten("missing_tensor", [](auto& tensors) {
+    std::erase_if(tensors, [](const auto& named) { return named.first == "optimizer.exp_avg_sq.transformer.wpe.weight"; });
+  });
+  CHECK_THROWS_WITH_AS(t.trainer->load(missing), doctest::Contains("does not cover exp_avg_sq/transformer.wpe.weight"),
+                       Error);
+  CHECK(t.trainer->steps() == 0);
+  CHECK(flat_values(t.trainer->gathered_master()) == master);  // refused before anything changed
+  std::filesystem::remove_all(dir);
+  for (const std::string& f : {path, larger, reshaped, missing}) std::remove(f.c_str());
 }
 
 TEST_CASE("a checkpoint whose step or loss scale is out of range is refused before anything changes") {
@@ -573,32 +684,37 @@ TEST_CASE("a checkpoint whose step or loss scale is out of range is refused befo
   ContextGuard guard(rank);
   TinyTrainer t;
   optim::GradScaler scaler;
-  const std::string good = temp_path("good_ckpt.safetensors"), bad = temp_path("bad_ckpt.safetensors");
-  optim::save_checkpoint(good, *t.flat, *t.adamw, &scaler);
-  const SafetensorsFile file(good);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const std::string& name : file.names()) tensors.emplace_back(name, file.read(name));
-  const std::vector<float> master = t.flat->master.to_vector<float>();
-  for (const auto& [key, value, message] :
-       {std::tuple{"step", "-3", "'step' = -3 is not a count"},
-        std::tuple{"step", "9223372036854775807", "is not a count of updates that can go on"},
-        std::tuple{"step", "12abc", "metadata 'step' = '12abc' is not an integer"},
-        std::tuple{"rng_seed", "-1", "metadata 'rng_seed' = '-1' is not a non-negative integer"},
-        std::tuple{"loss_scale", "1e-320", "loss_scale = 9.99989e-321"}, std::tuple{"loss_scale", "0", "loss_scale = 0"},
-        std::tuple{"loss_scale", "nan", "metadata 'loss_scale' = 'nan' is not a finite number"},
-        std::tuple{"loss_scale", "1e999", "'1e999' is not a finite number"},
-        std::tuple{"loss_scale", " 5", "' 5' is not a finite number"},  // was read as 5
-        std::tuple{"loss_scale_good_steps", "-1", "= -1"}}) {
-    INFO(key << " = " << value);
-    Metadata meta = file.metadata();
-    meta[key] = value;
-    save_safetensors(bad, tensors, meta);
-    CHECK_THROWS_WITH_AS(optim::load_checkpoint(bad, *t.flat, *t.adamw, &scaler), doctest::Contains(message), Error);
-    CHECK(t.adamw->steps() == 0);
-    CHECK(scaler.scale_factor() == 65536.0);
+  // A one-rank save, and the same state in the former single-file format.
+  const std::string dir = temp_path("range_ckpt"), single = temp_path("range_ckpt.safetensors");
+  t.trainer->save(dir, {}, &scaler);
+  save_single_file_checkpoint(single, *t.trainer, *t.model, &scaler);
+  const std::vector<float> master = flat_values(t.trainer->gathered_master());
+  for (const auto& [loaded, file] : {std::pair{dir, rank_file(dir)}, std::pair{single, single}}) {
+    const SafetensorsFile good(file);
+    const std::vector<std::pair<std::string, Tensor>> tensors = tensors_of(good);
+    const Metadata metadata = good.metadata();
+    for (const auto& [key, value, message] :
+         {std::tuple{"step", "-3", "'step' = -3 is not a count"},
+          std::tuple{"step", "9223372036854775807", "is not a count of updates that can go on"},
+          std::tuple{"step", "12abc", "metadata 'step' = '12abc' is not an integer"},
+          std::tuple{"rng_seed", "-1", "metadata 'rng_seed' = '-1' is not a non-negative integer"},
+          std::tuple{"loss_scale", "1e-320", "loss_scale = 9.99989e-321"}, std::tuple{"loss_scale", "0", "loss_scale = 0"},
+          std::tuple{"loss_scale", "nan", "metadata 'loss_scale' = 'nan' is not a finite number"},
+          std::tuple{"loss_scale", "1e999", "'1e999' is not a finite number"},
+          std::tuple{"loss_scale", " 5", "' 5' is not a finite number"},  // was read as 5
+          std::tuple{"loss_scale_good_steps", "-1", "= -1"}}) {
+      INFO(loaded << ": " << key << " = " << value);
+      Metadata meta = metadata;
+      meta[key] = value;
+      save_safetensors(file, tensors, meta);
+      CHECK_THROWS_WITH_AS(t.trainer->load(loaded, &scaler), doctest::Contains(message), Error);
+      CHECK(t.trainer->steps() == 0);
+      CHECK(scaler.scale_factor() == 65536.0);
+      CHECK(flat_values(t.trainer->gathered_master()) == master);
+    }
   }
-  std::remove(good.c_str());
-  std::remove(bad.c_str());
+  std::filesystem::remove_all(dir);
+  std::remove(single.c_str());
 }
 
 }  // namespace zg::test

@@ -445,17 +445,17 @@ TEST_CASE("a GPT built on the CPU and moved to cuda:0 gives the CPU's loss befor
       manual_seed(1);
       auto model = std::make_shared<nn::GPT>(tiny_config());  // built (and initialised) on the CPU
       model->to(device);
-      optim::FlatParameters flat(model->named_parameters(), compute);
-      optim::AdamW adamw(flat, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+      dist::SingleRank one;
+      dist::ShardedModel trainer(*model, one, {.compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, 0.1}});
       const Tensor inputs = s.inputs.to(device), targets = s.targets.to(device);
       std::vector<double> losses;
       for (int step = 0; step < 2; ++step) {
-        flat.zero_grad();
+        trainer.zero_grad();
         const Tensor loss = model->forward(inputs, targets).loss;
         CHECK(loss.device() == device);
         loss.backward();
         losses.push_back(loss.item<double>());
-        adamw.step(1e-2);
+        trainer.step(1e-2);
       }
       return losses;
     };
@@ -473,16 +473,17 @@ TEST_CASE("a training step on the GPU, batch upload included, never makes the ho
   manual_seed(1);
   auto model = std::make_shared<nn::GPT>(tiny_config());
   model->to(kCUDA);
-  optim::FlatParameters flat(model->named_parameters(), DType::bf16);
-  optim::AdamW adamw(flat, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+  dist::SingleRank one;
+  dist::ShardedModel trainer(*model, one,
+                             {.compute_dtype = DType::bf16, .adamw = {0.9, 0.95, 1e-8, 0.1}, .max_grad_norm = 1.0});
   const Sequence s = fixed_sequence();
   // Each step uploads its batch (from pageable memory), trains, clips on the device and
-  // updates; the loss stays on the GPU.
+  // updates (step_on_device: the norm is never read back); the loss stays on the GPU.
   auto step = [&] {
-    flat.zero_grad();
+    trainer.zero_grad();
     const Tensor loss = model->forward(s.inputs.to(kCUDA), s.targets.to(kCUDA)).loss;
     loss.backward();
-    adamw.step(1e-3, 1.0, optim::clip_coefficient_on_device(flat, 1.0));
+    trainer.step_on_device(1e-3);
     return loss;
   };
   // Warm-up: handles, plans, Adam's moments, the segments of a steady step, staging blocks.

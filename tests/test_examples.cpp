@@ -51,9 +51,10 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
         // empty text, a save path found bad only after training.
         std::pair{"--batch 4611686018427387904 --seq 8", "tokens a step is more than 2^40"},
         std::pair{"--data /tmp", "--data /tmp is not a readable file"},
-        std::pair{"--save /nonexistent/ck.safetensors", "/nonexistent is not a directory"},
-        std::pair{"--save /tmp", "--save /tmp is a directory; name a file"},  // was found after training
-        std::pair{"--save /dev/null", "--save /dev/null is not a regular file; name a file"},
+        // A save writes a directory of rank files: one that cannot be made is found before training.
+        std::pair{"--save /dev/null/run", "--save /dev/null/run: /dev/null is not a directory"},
+        std::pair{"--save /dev/null", "--save /dev/null: /dev/null is not a directory"},
+        std::pair{"--resume /dev/null", "ShardedModel::load: /dev/null is not a directory"},
         std::pair{"--device meta", "--device meta holds no values to train"}}) {
     INFO(flags);
     const std::string bad = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt " + flags + " 2>&1", status);
@@ -61,7 +62,7 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
     CHECK(bad.find(message) != std::string::npos);
   }
   // A resume whose --steps leaves nothing to train said "final loss: nan" and exited 0.
-  const std::string path = "/tmp/zg_test_train_gpt_" + std::to_string(::getpid()) + ".safetensors";
+  const std::string path = "/tmp/zg_test_train_gpt_" + std::to_string(::getpid());  // a checkpoint directory
   const std::string small = std::string(ZG_EXAMPLES_DIR) + "/train_gpt --layers 1 --heads 1 --embd 8 --seq 8 --batch 1";
   run_command(small + " --steps 2 --save " + path + " 2>&1", status);
   REQUIRE(status == 0);
@@ -73,7 +74,7 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
   const std::string other = run_command(small + " --steps 3 --heads 2 --resume " + path + " 2>&1", status);
   CHECK(status != 0);
   CHECK(other.find("is a checkpoint of a GPT with n_head 1; this run has 2") != std::string::npos);
-  std::remove(path.c_str());
+  std::filesystem::remove_all(path);
   // f16 steps skipped for overflow: the run's step, not AdamW's count of updates, is
   // where a resume continues (it ran the skipped steps again, at the wrong lr).
   const std::string f16 = std::string(ZG_EXAMPLES_DIR) +
@@ -84,7 +85,7 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
   const std::string again = run_command(f16 + " --steps 4 --resume " + path + " 2>&1", status);
   CHECK(status != 0);
   CHECK(again.find("is at step 4: --steps 4 leaves nothing to train") != std::string::npos);
-  std::remove(path.c_str());
+  std::filesystem::remove_all(path);
 }
 
 // The "step N/M | loss X" lines of a training example's output.
@@ -143,7 +144,7 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
   const std::string out =
       run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --world-size 8 --seq 8 --json", status);
   REQUIRE(status == 0);
-  const std::regex record(R"re(\{"model": "124m", "device": "meta", "group": "fake", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+)\})re");
+  const std::regex record(R"re(\{"model": "124m", "device": "meta", "group": "fake", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), "construction_peak": (\d+)\})re");
   int records = 0;
   for (auto it = std::sregex_iterator(out.begin(), out.end(), record); it != std::sregex_iterator(); ++it, ++records) {
     const auto& m = *it;
@@ -153,6 +154,7 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
     CHECK(states >= formula);
     CHECK((states - formula) / formula < 0.005);
     CHECK(std::fabs(std::stod(m[6]) - std::stod(m[8])) / std::stod(m[8]) < 0.01);  // 2Ψ, and 3Ψ for stage 3
+    CHECK(std::stod(m[9]) == states);  // built deferred, shard by shard: a peak of exactly its model states
   }
   CHECK(records == 4);
 

@@ -1,14 +1,15 @@
-// optim: AdamW against hand-computed and PyTorch values, SGD, clipping and the
-// schedule, gradient accumulation, and mixed precision (bf16 compute tracking
-// f32; f16 with the grad scaler surviving an inf).
-#include "autograd/graph.h"
-#include "nn/serialize.h"
-#include "optim/sgd.h"
-#include "tiny_gpt.h"
-
+// optim, and one device's training through a ShardedModel over a group of one: AdamW
+// against hand-computed and PyTorch values, clipping and the schedule, gradient
+// accumulation, mixed precision (bf16 compute tracking f32; f16 with the grad scaler
+// surviving an inf), and what the flat buffers refuse.
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+
+#include "autograd/graph.h"
+#include "nn/serialize.h"
+#include "tiny_gpt.h"
 
 namespace zg::test {
 
@@ -18,12 +19,28 @@ struct OneParam : nn::Module {
   Tensor p;
   explicit OneParam(std::vector<double> values) { p = register_parameter("p", tensor(values, {1, 3}, DType::f32)); }
 };
+
+// Writes `values` into a parameter's gradient (a view into its unit's flat buffer).
+void set_grad(const Tensor& p, const std::vector<double>& values) {
+  NoGradGuard no_grad;
+  p.grad().copy_(tensor(values, p.shape(), DType::f32));
+}
+
+// A span over `master` with a zeroed gradient and Adam state, as a unit hands one to AdamW.
+optim::AdamWSpan zeroed_span(const Tensor& master) {
+  const int64_t n = master.numel();
+  return {master, zeros({n}, master.dtype()), zeros({n}, master.dtype()), zeros({n}, master.dtype()), Tensor(), true};
+}
 }  // namespace
 
 TEST_CASE("AdamW matches the hand-computed update for 3 steps, with weight decay and bias correction") {
+  // On a span, where m and v are in sight, and through a ShardedModel over a group of
+  // one, which hands AdamW the same span: the same update, bit for bit.
+  const optim::AdamWOptions options{0.9, 0.999, 1e-8, 0.1};
+  optim::AdamWSpan span = zeroed_span(tensor<float>({0.5, -1.0, 2.0}));
   OneParam module({0.5, -1.0, 2.0});
-  optim::FlatParameters flat(module.named_parameters(), DType::f32);
-  optim::AdamW adamw(flat, {0.9, 0.999, 1e-8, 0.1});
+  dist::SingleRank one;
+  dist::ShardedModel trainer(module, one, {.compute_dtype = DType::f32, .adamw = options});
   const double lr = 0.1;
   const std::vector<std::vector<double>> grads = {{0.1, -0.2, 0.3}, {-0.05, 0.4, 0.0}, {0.2, 0.2, -0.1}};
   // By hand, per element: p -= lr wd p; m = .9 m + .1 g; v = .999 v + .001 g^2;
@@ -42,57 +59,39 @@ TEST_CASE("AdamW matches the hand-computed update for 3 steps, with weight decay
       v[i] = 0.999 * v[i] + 0.001 * g * g;
       p[i] -= lr * (m[i] / (1 - std::pow(0.9, t))) / (std::sqrt(v[i] / (1 - std::pow(0.999, t))) + 1e-8);
     }
-    flat.grad.copy_(tensor(grads[t - 1], {3}, DType::f32));
-    adamw.step(lr);
-    const std::vector<float> got = module.p.to_vector<float>();
+    span.grad.copy_(tensor(grads[t - 1], {3}, DType::f32));
+    optim::adamw_update({span}, options, lr, t, 1.0);
+    set_grad(module.p, grads[t - 1]);
+    trainer.step(lr);
+    const std::vector<float> got = span.master.to_vector<float>(), trained = module.p.to_vector<float>();
     for (int i = 0; i < 3; ++i) {
       INFO("step " << t << " element " << i);
       CHECK(got[i] == doctest::Approx(p[i]).epsilon(1e-6));
+      CHECK(trained[i] == got[i]);
       CHECK(p[i] == doctest::Approx(torch_values[t - 1][i]).epsilon(1e-12));
     }
   }
-  CHECK(adamw.m.to_vector<float>()[0] == doctest::Approx(m[0]).epsilon(1e-6));
+  CHECK(span.m.to_vector<float>()[0] == doctest::Approx(m[0]).epsilon(1e-6));
+  CHECK(span.v.to_vector<float>()[1] == doctest::Approx(v[1]).epsilon(1e-6));
+  CHECK(trainer.steps() == 3);
 }
 
-TEST_CASE("AdamW leaves biases and norms undecayed; SGD with momentum by hand") {
-  nn::Linear layer(3, 2);
-  const std::vector<float> bias_before = layer.bias.to_vector<float>();
-  optim::FlatParameters flat(layer.named_parameters(), DType::f32);
-  CHECK(flat.spans[0].weight_decay);
-  CHECK(flat.spans[0].length == 6);  // weight first
-  CHECK_FALSE(flat.spans[1].weight_decay);
-  optim::AdamW adamw(flat, {0.9, 0.999, 1e-8, 0.5});
-  adamw.step(0.1);  // zero gradients: only decay moves anything
-  CHECK(layer.bias.to_vector<float>() == bias_before);
-
-  OneParam module({1.0, 2.0, 3.0});
-  optim::FlatParameters sgd_flat(module.named_parameters(), DType::f32);
-  optim::SGD sgd(sgd_flat, {0.9, 0.0});
-  for (int t = 0; t < 2; ++t) {
-    sgd_flat.grad.fill_(1.0);
-    sgd.step(0.1);
-  }
-  // buf: 1, then 1.9; p: 1 - 0.1 - 0.19 = 0.71
-  CHECK(module.p.to_vector<float>()[0] == doctest::Approx(0.71));
-
-  // f64 training keeps its momentum in f64 (it was always f32, and the step failed).
-  OneParam wide({1.0, 2.0, 3.0});
-  wide.to(DType::f64);
-  optim::FlatParameters wide_flat(wide.named_parameters(), DType::f64);
-  optim::SGD wide_sgd(wide_flat, {0.9, 0.0});
-  CHECK(wide_sgd.momentum_buffer.dtype() == DType::f64);
-  for (int t = 0; t < 2; ++t) {
-    wide_flat.grad.fill_(1.0);
-    wide_sgd.step(0.1);
-  }
-  CHECK(wide.p.to_vector<double>()[0] == doctest::Approx(0.71).epsilon(1e-15));
-
-  // A NaN lr made every weight NaN.
-  CHECK_THROWS_WITH_AS(sgd.step(NAN), "SGD: lr must be >= 0 and finite, got nan", Error);
-  CHECK_THROWS_WITH_AS(sgd.step(0.1, -1.0), "SGD: grad_scale must be >= 0 and finite, got -1", Error);
-  CHECK_THROWS_WITH_AS(optim::SGD(sgd_flat, {INFINITY, 0.0}), "SGD: momentum must be >= 0 and finite, got inf", Error);
-  CHECK_THROWS_WITH_AS(optim::SGD(sgd_flat, {0.9, -0.1}), "SGD: weight_decay must be >= 0 and finite, got -0.1", Error);
-  CHECK(module.p.to_vector<float>()[0] == doctest::Approx(0.71));  // refused steps changed nothing
+TEST_CASE("AdamW leaves biases and norms undecayed; matrices are packed first, in one decay span") {
+  struct BiasFirst : nn::Module {
+    Tensor b = register_parameter("b", tensor<float>({1, 2, 3}));
+    Tensor w = register_parameter("w", ones({2, 3}));
+  } module;
+  dist::SingleRank one;
+  dist::ShardedModel trainer(module, one, {.compute_dtype = DType::f32, .adamw = {0.9, 0.999, 1e-8, 0.5}});
+  // Registered after the bias, the matrix still comes first in the unit's buffers.
+  CHECK(module.w.storage() == module.b.storage());
+  CHECK(module.w.offset() == 0);
+  CHECK(module.b.offset() == 6);
+  CHECK(module.b.grad().storage() == module.w.grad().storage());
+  CHECK(module.b.grad().offset() == 6);
+  trainer.step(0.1);  // zero gradients: only decay moves anything
+  CHECK(module.b.to_vector<float>() == std::vector<float>{1, 2, 3});
+  for (const float w : module.w.view({-1}).to_vector<float>()) CHECK(w == doctest::Approx(1 - 0.1 * 0.5).epsilon(1e-7));
 }
 
 TEST_CASE("warmup + cosine schedule, grad norm and clipping") {
@@ -105,65 +104,82 @@ TEST_CASE("warmup + cosine schedule, grad norm and clipping") {
   CHECK(optim::warmup_cosine_lr(2, 1e308, 0, 20, 100) == doctest::Approx(1.5e307));  // was inf: max_lr (step + 1) first
   CHECK_THROWS_WITH_AS(optim::warmup_cosine_lr(2, NAN, 0, 20, 100),
                        "warmup_cosine_lr: max_lr and min_lr must be >= 0 and finite, got nan and 0", Error);
+  // The step's global norm, with the loss scale divided out.
   OneParam module({0, 0, 0});
-  optim::FlatParameters flat(module.named_parameters(), DType::bf16);
-  flat.grad.copy_(tensor<float>({3, 0, 4}));
-  CHECK(optim::grad_norm(flat) == doctest::Approx(5.0));
-  CHECK(optim::grad_norm(flat, 0.5) == doctest::Approx(2.5));
+  dist::SingleRank one;
+  dist::ShardedModel trainer(module, one, {.compute_dtype = DType::bf16});
+  const auto norm_of = [&](optim::GradScaler* scaler) {
+    trainer.zero_grad();
+    set_grad(module.p, {3, 0, 4});
+    return trainer.step(0.0, scaler).grad_norm;
+  };
+  CHECK(norm_of(nullptr) == doctest::Approx(5.0));
+  optim::GradScaler scaler({.init_scale = 2.0});
+  CHECK(norm_of(&scaler) == doctest::Approx(2.5));
   CHECK(optim::clip_coefficient(5.0, 1.0) == doctest::Approx(0.2).epsilon(1e-5));
   CHECK(optim::clip_coefficient(0.5, 1.0) == 1.0);
   // A NaN max_norm: the device coefficient was NaN, and every weight NaN after the step.
-  CHECK_THROWS_WITH_AS(optim::clip_coefficient_on_device(flat, NAN),
+  CHECK_THROWS_WITH_AS(optim::clip_coefficient_on_device(tensor<float>({5}), NAN),
                        "clip_coefficient_on_device: max_norm is NaN (0 or less disables clipping)", Error);
   CHECK_THROWS_WITH_AS(optim::clip_coefficient(5.0, NAN), doctest::Contains("max_norm is NaN"), Error);
+  CHECK_THROWS_WITH_AS(optim::clip_coefficient_on_device(tensor<float>({3, 4}), 1.0),
+                       doctest::Contains("expected a norm of one floating element, got f32[2]"), Error);
 }
 
 TEST_CASE("clipping on the device: the host's coefficient, and the same AdamW step, without a read-back") {
+  dist::SingleRank one;
   for (const double max_norm : {1.0, 10.0, 0.0}) {
     CAPTURE(max_norm);
     OneParam host({0.5, -1.0, 2.0}), device({0.5, -1.0, 2.0});
-    optim::FlatParameters host_flat(host.named_parameters(), DType::f32), device_flat(device.named_parameters(), DType::f32);
-    optim::AdamW host_adamw(host_flat, {}), device_adamw(device_flat, {});
-    for (optim::FlatParameters* flat : {&host_flat, &device_flat}) flat->grad.copy_(tensor<float>({3, 0, 4}));
-    const Tensor coefficient = optim::clip_coefficient_on_device(device_flat, max_norm);
+    const dist::ZeroConfig config{.compute_dtype = DType::f32, .max_grad_norm = max_norm};
+    dist::ShardedModel host_trainer(host, one, config), device_trainer(device, one, config);
+    for (const Tensor& p : {host.p, device.p}) set_grad(p, {3, 0, 4});
+    const Tensor coefficient = optim::clip_coefficient_on_device(tensor<float>({5}), max_norm);
     CHECK(coefficient.shape() == Shape{1});
     CHECK(coefficient.dtype() == DType::f32);
     CHECK(coefficient.item<double>() == doctest::Approx(optim::clip_coefficient(5.0, max_norm)).epsilon(1e-6));
-    host_adamw.step(0.1, optim::clip_coefficient(optim::grad_norm(host_flat), max_norm));
-    device_adamw.step(0.1, 1.0, coefficient);
-    const std::vector<float> a = host_flat.master.to_vector<float>(), b = device_flat.master.to_vector<float>();
+    const double host_norm = host_trainer.step(0.1).grad_norm;
+    const Tensor device_norm = device_trainer.step_on_device(0.1);
+    CHECK(device_norm.shape() == Shape{1});
+    CHECK(device_norm.item<double>() == doctest::Approx(host_norm).epsilon(1e-6));
+    const std::vector<float> a = host.p.to_vector<float>(), b = device.p.to_vector<float>();
     for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-6));
   }
   // A non-finite norm leaves the gradient alone (the step is then skipped by the caller).
-  OneParam module({0, 0, 0});
-  optim::FlatParameters flat(module.named_parameters(), DType::f32);
-  flat.grad.copy_(tensor<float>({INFINITY, 0, 1}));
-  CHECK(optim::clip_coefficient_on_device(flat, 1.0).item<double>() == 1.0);
-  // Gradients of a loss scaled by 1024 clip as the unscaled ones once inv_scale is given.
-  flat.grad.copy_(tensor<float>({3 * 1024, 0, 4 * 1024}));
-  CHECK(optim::clip_coefficient_on_device(flat, 1.0, 1.0 / 1024).item<double>() ==
-        doctest::Approx(optim::clip_coefficient(5.0, 1.0)).epsilon(1e-6));
+  CHECK(optim::clip_coefficient_on_device(tensor<float>({INFINITY}), 1.0).item<double>() == 1.0);
+  CHECK(optim::clip_coefficient_on_device(tensor<float>({NAN}), 1.0).item<double>() == 1.0);
+  // Gradients of a loss scaled by 1024 clip as the unscaled ones: the scale leaves the norm first.
+  OneParam plain({0.5, -1.0, 2.0}), scaled({0.5, -1.0, 2.0});
+  const dist::ZeroConfig clipped{.compute_dtype = DType::f32, .max_grad_norm = 1.0};
+  dist::ShardedModel plain_trainer(plain, one, clipped), scaled_trainer(scaled, one, clipped);
+  set_grad(plain.p, {3, 0, 4});
+  set_grad(scaled.p, {3 * 1024, 0, 4 * 1024});
+  optim::GradScaler scaler({.init_scale = 1024});
+  CHECK(scaled_trainer.step(0.1, &scaler).grad_norm == doctest::Approx(plain_trainer.step(0.1).grad_norm));
+  const std::vector<float> a = plain.p.to_vector<float>(), b = scaled.p.to_vector<float>();
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-6));
   // A scale that is not one f32 on the master's device is refused by name.
-  optim::AdamW adamw(flat, {});
-  CHECK_THROWS_WITH_AS(adamw.step(0.1, 1.0, tensor<double>({1.0})),
+  CHECK_THROWS_WITH_AS(optim::adamw_update({zeroed_span(zeros({3}))}, {}, 0.1, 1, 1.0, tensor<double>({1.0})),
                        doctest::Contains("adamw: device_scale must be one f32 on cpu"), Error);
 }
 
 TEST_CASE("gradient accumulation over two micro-batches equals one batch") {
   manual_seed(3);
   nn::GPT model(tiny_config());
-  optim::FlatParameters flat(model.named_parameters(), DType::f32);
+  dist::SingleRank one;
+  dist::ShardedModel trainer(model, one, {.compute_dtype = DType::f32});
   const Tensor x = (rand({4, 16}, DType::f64) * 64.0).to(DType::i64);
   const Tensor y = (rand({4, 16}, DType::f64) * 64.0).to(DType::i64);
   model.forward(x, y).loss.backward();
-  const std::vector<float> whole = flat.grad.to_vector<float>();
-  flat.zero_grad();
+  const std::vector<float> whole = gradients_of(model);
+  trainer.zero_grad();
   for (int64_t half = 0; half < 2; ++half)
     (model.forward(x.narrow(0, 2 * half, 2), y.narrow(0, 2 * half, 2)).loss * 0.5).backward();
-  const std::vector<float> accumulated = flat.grad.to_vector<float>();
+  const std::vector<float> accumulated = gradients_of(model);
   double worst = 0;
   for (size_t i = 0; i < whole.size(); ++i) worst = std::max(worst, std::fabs(double(whole[i]) - accumulated[i]));
   CHECK(worst < 1e-6);
+  CHECK(whole.size() == static_cast<size_t>(trainer.num_parameters()));
 }
 
 TEST_CASE("bf16 compute with fp32 master weights tracks the f32 loss curve within 2% over 50 steps") {
@@ -180,9 +196,10 @@ TEST_CASE("bf16 compute with fp32 master weights tracks the f32 loss curve withi
     ContextGuard guard(rank);
     TinyTrainer t(DType::bf16);
     CHECK(t.model->wte->weight.dtype() == DType::bf16);
-    CHECK(t.flat->master.dtype() == DType::f32);
-    CHECK(memory_stats()[MemoryCategory::optimizer_state] == t.flat->numel() * 12);  // master + m + v
-    CHECK(memory_stats()[MemoryCategory::gradient] == t.flat->numel() * 2);
+    const int64_t n = t.trainer->num_parameters();
+    CHECK(memory_stats()[MemoryCategory::optimizer_state] == n * 12);  // master + m + v
+    CHECK(memory_stats()[MemoryCategory::gradient] == n * 2);
+    CHECK(t.trainer->gathered_master().front().second.dtype() == DType::f32);
     for (int i = 0; i < 50; ++i) bf16_losses.push_back(t.step(s, 3e-3));
   }
   double worst = 0;
@@ -199,32 +216,30 @@ TEST_CASE("f16 with the grad scaler survives an injected inf: step skipped, scal
   const Sequence s = fixed_sequence();
   TinyTrainer t(DType::f16);
   optim::GradScaler scaler({1024.0, 2.0, 0.5, 2000, true});
+  const Tensor first = t.model->named_parameters().front().second;
   auto train_step = [&](bool inject_inf) {
-    t.flat->zero_grad();
+    t.trainer->zero_grad();
     t.forward_backward(s, scaler.scale_factor());
     if (inject_inf) {
       NoGradGuard no_grad;
-      t.flat->grad.narrow(0, 7, 1).fill_(INFINITY);
+      first.grad().view({-1}).narrow(0, 7, 1).fill_(INFINITY);
     }
-    const double norm = optim::grad_norm(*t.flat, scaler.inv_scale());
-    const bool take = scaler.update(!std::isfinite(norm));
-    if (take) t.adamw->step(1e-3, scaler.inv_scale() * optim::clip_coefficient(norm, 1.0));
-    return take;
+    return t.trainer->step(1e-3, &scaler).stepped;
   };
   CHECK(train_step(false));
-  const std::vector<float> master = t.flat->master.to_vector<float>();
-  const std::vector<float> weights = t.flat->compute.to_vector<float>();
-  const int64_t steps = t.adamw->steps();
+  const std::vector<float> master = flat_values(t.trainer->gathered_master());
+  const std::vector<float> weights = flat_values(t.model->named_parameters());
+  const int64_t steps = t.trainer->steps();
   CHECK_FALSE(train_step(true));
   CHECK(scaler.scale_factor() == 512.0);
-  CHECK(t.adamw->steps() == steps);
-  CHECK(t.flat->master.to_vector<float>() == master);
-  CHECK(t.flat->compute.to_vector<float>() == weights);
+  CHECK(t.trainer->steps() == steps);
+  CHECK(flat_values(t.trainer->gathered_master()) == master);
+  CHECK(flat_values(t.model->named_parameters()) == weights);
   CHECK(train_step(false));  // and training goes on
-  CHECK(t.flat->master.to_vector<float>() != master);
+  CHECK(flat_values(t.trainer->gathered_master()) != master);
 }
 
-TEST_CASE("parameters stay in their FlatParameters: Module::zero_grad zeroes the buffer, repointing is refused") {
+TEST_CASE("parameters stay in their ShardedModel: Module::zero_grad zeroes the buffer, repointing is refused") {
   struct Net : nn::Module {
     std::shared_ptr<nn::Linear> first = register_module("first", std::make_shared<nn::Linear>(3, 2));
     std::shared_ptr<nn::Linear> second = register_module("second", std::make_shared<nn::Linear>(2, 1));
@@ -232,42 +247,48 @@ TEST_CASE("parameters stay in their FlatParameters: Module::zero_grad zeroes the
   const Tensor x = tensor<float>({1, -2, 0.5, 3, 1, -1}, {2, 3});
   const auto backward = [&] { sum((*net.second)((*net.first)(x))).backward(); };
   {
-    optim::FlatParameters flat(net.named_parameters(), DType::f32);
+    dist::SingleRank one;
+    dist::ShardedModel trainer(net, one, {.compute_dtype = DType::f32});
     backward();
-    const std::vector<float> once = flat.grad.to_vector<float>();
+    const std::vector<float> once = gradients_of(net);
     backward();
     // It used to drop the .grad views: the next backward made new tensors and the
     // optimizer went on reading the stale flat buffer.
     net.zero_grad();
-    CHECK(flat.grad.to_vector<float>() == std::vector<float>(once.size(), 0.0f));
-    CHECK(net.first->weight.grad().storage() == flat.grad.storage());
+    CHECK(gradients_of(net) == std::vector<float>(once.size(), 0.0f));
+    for (const Tensor& p : net.parameters()) CHECK(p.grad().storage() == net.first->weight.grad().storage());
     backward();
-    CHECK(flat.grad.to_vector<float>() == once);
+    CHECK(gradients_of(net) == once);
 
+    const std::string owner = "a DDP (stage 0) ShardedModel";
     const auto weight_storage = net.first->weight.storage();
     CHECK_THROWS_WITH_AS(net.to(DType::bf16),
-                         "to: parameter 'first.weight' lives in the flat buffers of a FlatParameters, which would not follow "
-                         "it; move or convert the model before building that", Error);
+                         ("to: parameter 'first.weight' lives in the flat buffers of " + owner +
+                          ", which would not follow it; move or convert the model before building that").c_str(),
+                         Error);
     CHECK((net.first->weight.storage() == weight_storage && net.second->bias.dtype() == DType::f32));
     CHECK_THROWS_WITH_AS(net.first->zero_grad(),
-                         doctest::Contains("zero_grad: this module has 2 of the 4 parameters in the flat buffers of a FlatParameters"), Error);
-    CHECK(flat.grad.to_vector<float>() == once);  // nothing zeroed
+                         doctest::Contains(("zero_grad: this module has 2 of the 4 parameters in the flat buffers of " +
+                                            owner).c_str()),
+                         Error);
+    CHECK(gradients_of(net) == once);  // nothing zeroed
     CHECK_THROWS_WITH_AS(net.first->bias.set_grad(Tensor()),
-                         doctest::Contains("set_grad: f32[2] on cpu is a parameter in the flat buffers of a FlatParameters"),
+                         doctest::Contains(("set_grad: f32[2] on cpu is a parameter in the flat buffers of " + owner).c_str()),
                          Error);
     CHECK_THROWS_WITH_AS(net.first->bias.set_data(zeros({2})), doctest::Contains("set_data: f32[2] on cpu is a parameter"),
                          Error);
-    CHECK_THROWS_WITH_AS(optim::FlatParameters(net.named_parameters(), DType::f32),
-                         "FlatParameters: parameter 'first.weight' already lives in the flat buffers of a FlatParameters", Error);
+    CHECK_THROWS_WITH_AS(dist::ShardedModel(net, one, {.compute_dtype = DType::f32}),
+                         ("ShardedModel: parameter 'first.weight' already lives in the flat buffers of " + owner).c_str(),
+                         Error);
     const std::string path = "/tmp/zg_test_owned_" + std::to_string(::getpid()) + ".safetensors";
     nn::save_state(net, path);
     CHECK_THROWS_WITH_AS(nn::load_state(net, path),
-                         doctest::Contains("load_state: parameter 'first.weight' lives in the flat buffers of a FlatParameters, "
-                                           "whose master weights would overwrite what is loaded"),
+                         doctest::Contains(("load_state: parameter 'first.weight' lives in the flat buffers of " + owner +
+                                            ", whose master weights would overwrite what is loaded").c_str()),
                          Error);
     std::remove(path.c_str());
   }
-  // Once the FlatParameters is gone the parameters are the model's own again.
+  // Once the ShardedModel is gone the parameters are the model's own again.
   net.zero_grad();
   CHECK_FALSE(net.first->weight.grad().defined());
   net.to(DType::f64);
@@ -276,38 +297,50 @@ TEST_CASE("parameters stay in their FlatParameters: Module::zero_grad zeroes the
 
 TEST_CASE("a write to a parameter that a bf16 update would overwrite from the master is refused, not lost") {
   OneParam module({0.5, -1.0, 2.0});
-  optim::FlatParameters flat(module.named_parameters(), DType::bf16);
-  optim::AdamW adamw(flat, {});
-  optim::SGD sgd(flat, {});
-  adamw.step(0.1);  // the optimizer's own writes are not the user's
+  dist::SingleRank one;
+  dist::ShardedModel trainer(module, one, {.compute_dtype = DType::bf16});
+  trainer.step(0.1);  // the step's own writes are not the user's
+  const std::string dir = "/tmp/zg_test_written_" + std::to_string(::getpid());
+  trainer.save(dir);
   {
     NoGradGuard no_grad;
     module.p.narrow(1, 0, 1).fill_(1.0);  // through a view, too
   }
-  // The update would have rewritten it from the f32 master: 0.5 - 0.1, not 1.
-  const std::string refused = "the bf16 compute weights were written since the last update";
-  CHECK_THROWS_WITH_AS(adamw.step(0.1), doctest::Contains(("AdamW::step: " + refused).c_str()), Error);
-  CHECK_THROWS_WITH_AS(sgd.step(0.1), doctest::Contains(("SGD::step: " + refused).c_str()), Error);
-  // The way that is kept: write the master, then refresh the compute copy.
-  optim::FlatParameters::view_of(flat.master, flat.entries[0]).narrow(1, 0, 1).fill_(1.0);
-  flat.sync_compute_from_master();
-  adamw.step(0.0);
-  sgd.step(0.0);
+  // The step would have rewritten it from the f32 master: 0.5 - 0.1 - ..., not 1.
+  CHECK_THROWS_WITH_AS(trainer.step(0.1),
+                       doctest::Contains("ShardedModel: step(): the bf16 compute weights were written since the last "
+                                         "step"),
+                       Error);
+  CHECK(trainer.steps() == 1);
+  // The way that is kept: write the master weights, through a checkpoint.
+  const std::string file = dir + "/rank-00000-of-00001.safetensors";
+  {
+    const SafetensorsFile saved(file);
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const std::string& name : saved.names()) tensors.emplace_back(name, saved.read(name));
+    for (auto& [name, t] : tensors)
+      if (name == "master/p/0") t.narrow(0, 0, 1).fill_(1.0);
+    save_safetensors(file, tensors, saved.metadata());
+  }
+  trainer.load(dir);
+  trainer.step(0.0);
   CHECK(module.p.to(DType::f32).to_vector<float>()[0] == 1.0f);
+  std::filesystem::remove_all(dir);
   // With f32 compute the parameter is the master: a write there stays.
   OneParam f32({0.5, -1.0, 2.0});
-  optim::FlatParameters f32_flat(f32.named_parameters(), DType::f32);
-  optim::AdamW f32_adamw(f32_flat, {});
+  dist::ShardedModel f32_trainer(f32, one, {.compute_dtype = DType::f32});
   {
     NoGradGuard no_grad;
     f32.p.fill_(1.0);
   }
-  f32_adamw.step(0.0);
+  f32_trainer.step(0.0);
   CHECK(f32.p.to_vector<float>() == std::vector<float>{1, 1, 1});
 }
 
-TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use") {
+TEST_CASE("AdamW, the grad scaler and ShardedModel's packing refuse what they cannot use") {
   OneParam module({0.5, -1.0, 2.0});
+  dist::SingleRank one;
+  const optim::AdamWSpan span = zeroed_span(tensor<float>({0.5, -1.0, 2.0}));
   using optim::AdamWOptions;
   for (const auto& [options, message] :
        {std::pair{AdamWOptions{1.0, 0.999, 1e-8, 0.0}, "beta1 and beta2 must lie in [0, 1)"},
@@ -315,20 +348,22 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
         std::pair{AdamWOptions{0.9, 0.999, 0.0, 0.0}, "eps must be positive"},
         std::pair{AdamWOptions{0.9, 0.999, 1e-8, -0.1}, "weight_decay must be >= 0"},
         std::pair{AdamWOptions{0.9, 0.999, 1e-8, std::nan("")}, "weight_decay must be >= 0"}}) {
-    optim::FlatParameters flat(module.named_parameters(), DType::f32);
-    CHECK_THROWS_WITH_AS(optim::AdamW(flat, options), doctest::Contains(message), Error);
+    CHECK_THROWS_WITH_AS(dist::ShardedModel(module, one, {.compute_dtype = DType::f32, .adamw = options}),
+                         doctest::Contains(message), Error);
+    CHECK_THROWS_WITH_AS(optim::adamw_update({span}, options, 1e-3, 1, 1.0), doctest::Contains(message), Error);
   }
-  optim::FlatParameters flat(module.named_parameters(), DType::f32);
-  optim::AdamW adamw(flat);
-  const std::vector<float> before = flat.master.to_vector<float>();
-  CHECK_THROWS_WITH_AS(adamw.step(-1e-3), doctest::Contains("lr must be >= 0 and finite, got -0.001"), Error);
-  CHECK_THROWS_WITH_AS(adamw.step(1e-3, std::numeric_limits<double>::infinity()),
+  CHECK(ParameterOwner::of(module.p) == nullptr);  // a refused ShardedModel left the parameter alone
+  dist::ShardedModel trainer(module, one, {.compute_dtype = DType::f32});
+  set_grad(module.p, {1, 1, 1});
+  const std::vector<float> before = module.p.to_vector<float>();
+  CHECK_THROWS_WITH_AS(trainer.step(-1e-3), doctest::Contains("lr must be >= 0 and finite, got -0.001"), Error);
+  CHECK_THROWS_WITH_AS(trainer.step(NAN), doctest::Contains("lr must be >= 0 and finite, got nan"), Error);
+  CHECK(trainer.steps() == 0);  // a refused step is not counted
+  CHECK(module.p.to_vector<float>() == before);
+  CHECK_THROWS_WITH_AS(optim::adamw_update({span}, {}, 1e-3, 1, std::numeric_limits<double>::infinity()),
                        doctest::Contains("grad_scale must be >= 0 and finite"), Error);
-  CHECK(adamw.steps() == 0);  // a refused step is not counted
-  CHECK(flat.master.to_vector<float>() == before);
-  CHECK_THROWS_WITH_AS(adamw.set_steps(-1), doctest::Contains("set_steps needs a count of updates in [0, INT64_MAX), got -1"), Error);
-  adamw.options.beta1 = 2;  // changed after construction: still refused at the update
-  CHECK_THROWS_WITH_AS(adamw.step(1e-3), doctest::Contains("beta1 and beta2"), Error);
+  CHECK_THROWS_WITH_AS(optim::adamw_update({span}, {}, 1e-3, 0, 1.0), doctest::Contains("step counts from 1"), Error);
+  CHECK(span.master.to_vector<float>() == std::vector<float>{0.5, -1.0, 2.0});
 
   CHECK_THROWS_WITH_AS(optim::GradScaler({.init_scale = 0}), doctest::Contains("init_scale must be positive"), Error);
   CHECK_THROWS_WITH_AS(optim::GradScaler({.growth_factor = 1}), doctest::Contains("growth_factor must be > 1"), Error);
@@ -369,42 +404,32 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
     CHECK(loss.grad().dtype() == dtype);
   }
 
-  // A non-leaf "parameter" never trained: its gradient went to what it was computed from.
+  // Packing: trainable parameters, none sharing memory with another. (Module's
+  // register_parameter already refuses undefined tensors and repeated names, and makes
+  // each parameter a leaf.) Leaves over parameter memory are registered as they are.
+  Tensor base;
   {
-    const Tensor a = tensor<float>({1, 2}).set_requires_grad(true), c = tensor<float>({3}).set_requires_grad(true);
-    CHECK_THROWS_WITH_AS(optim::FlatParameters(nn::NamedTensors{{"b", a * 2.0}}, DType::f32),
-                         doctest::Contains("parameter 'b' is the output of mul, not a leaf"), Error);
-    CHECK_THROWS_WITH_AS(optim::FlatParameters(nn::NamedTensors{{"a", a}, {"a", c}}, DType::f32),
-                         doctest::Contains("two parameters are named 'a'"), Error);
-    CHECK_THROWS_WITH_AS(optim::FlatParameters(nn::NamedTensors{{"u", Tensor()}, {"a", a}}, DType::f32),
-                         doctest::Contains("FlatParameters: parameter 'u' is undefined"), Error);
+    MemoryScope scope(MemoryCategory::parameter);
+    base = tensor<float>({1, 2, 3, 4}, {2, 2});
   }
-  // Packing: trainable floating parameters, each once, none sharing memory with another.
   const auto trainable = [](const Tensor& t) {
     Tensor p = t.detach();  // a leaf over the same memory
     p.set_requires_grad(true);
     return p;
   };
-  const Tensor base = tensor<double>({1, 2, 3, 4}, {2, 2}), w = trainable(base);
-  CHECK_THROWS_WITH_AS(optim::FlatParameters({{"w", w}, {"n", zeros({2}, DType::i64)}}, DType::f32),
-                       doctest::Contains("FlatParameters: parameter 'n' is i64[2] on cpu; only floating"), Error);
-  // A frozen one would be weight-decayed all the same (was: accepted).
-  CHECK_THROWS_WITH_AS(optim::FlatParameters({{"w", w}, {"frozen", zeros({2})}}, DType::f32),
-                       doctest::Contains("FlatParameters: parameter 'frozen' does not require grad (frozen)"), Error);
   {
-    // Frozen once packed, it went on moving (weight decay, momentum): refused by name.
-    const Tensor packed = trainable(base);
-    optim::FlatParameters flat({{"packed", packed}}, DType::f32);
-    CHECK_THROWS_WITH_AS(Tensor(packed).set_requires_grad(false),
-                         doctest::Contains("is a parameter in the flat buffers of a FlatParameters, which trains every "
-                                           "parameter it holds"),
-                         Error);
-    CHECK(packed.requires_grad());
+    nn::Module overlapping;
+    overlapping.register_parameter("a", trainable(base));
+    overlapping.register_parameter("row", trainable(base.select(0, 1)));
+    CHECK_THROWS_WITH_AS(dist::ShardedModel(overlapping, one, {.compute_dtype = DType::f32}),
+                         doctest::Contains("parameters 'a' and 'row' share memory"), Error);
   }
-  CHECK_THROWS_WITH_AS(optim::FlatParameters({{"a", w}, {"b", w}}, DType::f32),
-                       doctest::Contains("parameters 'a' and 'b' share memory"), Error);
-  CHECK_THROWS_WITH_AS(optim::FlatParameters({{"a", w}, {"row", trainable(base.select(0, 1))}}, DType::f32),
-                       doctest::Contains("parameters 'a' and 'row' share memory"), Error);
+  // Frozen once packed, it went on moving (weight decay, momentum): refused by name.
+  CHECK_THROWS_WITH_AS(Tensor(module.p).set_requires_grad(false),
+                       doctest::Contains("is a parameter in the flat buffers of a DDP (stage 0) ShardedModel, which "
+                                         "trains every parameter it holds"),
+                       Error);
+  CHECK(module.p.requires_grad());
   // A weight registered in two modules is one parameter: listed once, packed once, one
   // gradient from both uses. (It was two leaves over one storage, so packing refused it.)
   struct Tied : nn::Module {
@@ -418,14 +443,17 @@ TEST_CASE("AdamW, the grad scaler and FlatParameters refuse what they cannot use
   CHECK(tied.named_parameters()[0].first == "embedding");
   tied.to(DType::f64);  // converted once, and still one tensor
   CHECK(tied.head.is_same(tied.embedding));
-  optim::FlatParameters tied_flat(tied.named_parameters(), DType::f64);
-  CHECK(tied_flat.numel() == 8);
+  dist::ShardedModel tied_trainer(tied, one, {.compute_dtype = DType::f64});
+  CHECK(tied_trainer.num_parameters() == 8);
   sum(tied.embedding * 2.0 + tied.head).backward();
   CHECK(tied.head.grad().to_vector<double>() == std::vector<double>(8, 3.0));
   // Two rows of one buffer that do not overlap pack fine (a model whose parameters are
-  // already views into an earlier FlatParameters' buffer).
-  optim::FlatParameters rows({{"r0", trainable(base.select(0, 0))}, {"r1", trainable(base.select(0, 1))}}, DType::f32);
-  CHECK(rows.numel() == 4);
+  // already views into an earlier ShardedModel's buffer).
+  nn::Module rows;
+  rows.register_parameter("r0", trainable(base.select(0, 0)));
+  rows.register_parameter("r1", trainable(base.select(0, 1)));
+  dist::ShardedModel rows_trainer(rows, one, {.compute_dtype = DType::f32});
+  CHECK(rows_trainer.num_parameters() == 4);
 }
 
 }  // namespace zg::test

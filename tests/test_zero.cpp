@@ -20,29 +20,28 @@ namespace zg::test {
 
 namespace {
 
-// One rank, the whole batch: FlatParameters + AdamW, the reference every sharded run must match.
+// One rank, the whole batch: a ShardedModel over a group of one at stage 0 (one device's
+// training), the reference every sharded run must match.
 nn::NamedTensors reference_run(const ZeroRun& run) {
   Context rank;
   ContextGuard guard(rank);
   manual_seed(1);
   const std::unique_ptr<nn::GPT> model_owned = zero_model(run);
   nn::GPT& model = *model_owned;
-  optim::FlatParameters flat(model.named_parameters(), run.dtype);
-  optim::AdamW adamw(flat, kAdamW);
+  dist::SingleRank one;
+  dist::ShardedModel trainer(model, one, {.compute_dtype = run.dtype, .adamw = kAdamW, .max_grad_norm = run.clip});
   for (int s = 0; s < run.steps; ++s) {
     const auto [x_all, y_all] = global_batch(s);
     const Tensor x = x_all.to(run.device), y = y_all.to(run.device);
-    flat.zero_grad();
+    trainer.zero_grad();
     for (int k = 0; k < run.micro_batches; ++k) {
       const int64_t rows = kBatch / run.micro_batches;
       (model.forward(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows)).loss * (1.0 / run.micro_batches))
           .backward();
     }
-    adamw.step(1e-3, optim::clip_coefficient(optim::grad_norm(flat), run.clip));
+    trainer.step(1e-3);
   }
-  nn::NamedTensors out;
-  for (const auto& e : flat.entries) out.emplace_back(e.name, optim::FlatParameters::view_of(flat.master, e).clone());
-  return out;
+  return trainer.gathered_master();
 }
 
 // N ranks, each with its slice of the global batch; the last rank's gathered weights.
@@ -948,7 +947,7 @@ TEST_CASE("ZeRO-3: summon_full_params keeps every unit whole -- parameters reada
       fn(pg, model, sharded, train_step);
     });
   };
-  const auto evaluate = [](nn::GPT& model, dist::ShardedModel& sharded) {
+  const auto evaluate = [](nn::GPT& model) {
     NoGradGuard no_grad;
     const auto [x, y] = global_batch(9);
     return model.forward(x, y).loss.item<double>();
@@ -960,7 +959,7 @@ TEST_CASE("ZeRO-3: summon_full_params keeps every unit whole -- parameters reada
     pg.reset_bytes_sent();
     train_step(0);
     if (pg.rank() == 0) plain_sent = pg.bytes_sent();
-    const double loss = evaluate(model, sharded);
+    const double loss = evaluate(model);
     if (pg.rank() == 0) plain_loss = loss;
     train_step(1);
     keep_master(pg, sharded, 0, plain);
@@ -974,7 +973,7 @@ TEST_CASE("ZeRO-3: summon_full_params keeps every unit whole -- parameters reada
       { const auto inner = sharded.summon_full_params(); }  // nested: the outer scope keeps them
       CHECK(memory_stats()[MemoryCategory::communication] == units);
       pg.reset_bytes_sent();
-      const double loss = evaluate(model, sharded);
+      const double loss = evaluate(model);
       CHECK(pg.bytes_sent() == 0);  // the evaluation gathered nothing
       if (pg.rank() == 0) summoned_loss = loss;
       // A step under the scope: the reduce-scatters, then each unit's new weights gathered
@@ -1671,7 +1670,7 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
   CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.max_grad_norm = -1}), doctest::Contains("got -1"), Error);
   CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.adamw = {.eps = 0}}), doctest::Contains("AdamW: eps must be positive"),
                        Error);
-  // Parameters another ShardedModel (or a FlatParameters) already holds in its buffers.
+  // Parameters another ShardedModel already holds in its buffers.
   {
     dist::ShardedModel first(model, group, {.stage = 1});
     CHECK_THROWS_WITH_AS(make(model.unit_plan(), {.stage = 2}),

@@ -1,7 +1,10 @@
 // The tiny GPT the nn/optim tests train: 2 layers, 2 heads, n_embd 32, on one
-// fixed 64-token sequence, with AdamW over flat fp32 spans.
+// fixed 64-token sequence, through a ShardedModel over a group of one (the one
+// training path: AdamW over its units' flat fp32 spans).
 #pragma once
 
+#include "dist/comm/fake_group.h"
+#include "dist/zero/sharded_model.h"
 #include "helpers.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
@@ -28,11 +31,27 @@ inline Sequence fixed_sequence(int64_t vocab = 64) {
   return {tokens.narrow(0, 0, 64).view({1, 64}), tokens.narrow(0, 1, 64).view({1, 64})};
 }
 
+// The values of `tensors`, one after another in row-major order, as f32.
+inline std::vector<float> flat_values(const nn::NamedTensors& tensors) {
+  std::vector<float> out;
+  for (const auto& [name, t] : tensors) {
+    const std::vector<float> values = t.to(kCPU).to(DType::f32).reshape({-1}).to_vector<float>();
+    out.insert(out.end(), values.begin(), values.end());
+  }
+  return out;
+}
+
+// Every parameter's gradient, in named_parameters() order.
+inline std::vector<float> gradients_of(const nn::Module& model) {
+  nn::NamedTensors grads;
+  for (const auto& [name, p] : model.named_parameters()) grads.emplace_back(name, p.grad());
+  return flat_values(grads);
+}
+
 struct TinyTrainer {
   std::shared_ptr<nn::GPT> model;
-  std::unique_ptr<optim::FlatParameters> flat;
-  std::unique_ptr<optim::AdamW> adamw;
-
+  dist::SingleRank one;
+  std::unique_ptr<dist::ShardedModel> trainer;
   Device device;
 
   // The model is built (and initialised) on the CPU, then moved to `device`.
@@ -45,8 +64,8 @@ struct TinyTrainer {
     config.dropout = dropout;
     model = std::make_shared<nn::GPT>(config);
     model->to(device);
-    flat = std::make_unique<optim::FlatParameters>(model->named_parameters(), compute);
-    adamw = std::make_unique<optim::AdamW>(*flat, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.0});
+    trainer = std::make_unique<dist::ShardedModel>(
+        *model, one, dist::ZeroConfig{.compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, 0.0}});
   }
 
   // forward + backward; returns the loss (f32 on the host)
@@ -56,10 +75,11 @@ struct TinyTrainer {
     return loss.item<double>();
   }
 
-  double step(const Sequence& s, double lr) {
-    flat->zero_grad();
-    const double loss = forward_backward(s);
-    adamw->step(lr);
+  // One training step (the loss scaled by `scaler`, if given); returns the loss.
+  double step(const Sequence& s, double lr, optim::GradScaler* scaler = nullptr) {
+    trainer->zero_grad();
+    const double loss = forward_backward(s, scaler ? scaler->scale_factor() : 1.0);
+    trainer->step(lr, scaler);
     return loss;
   }
 };

@@ -98,8 +98,10 @@ void GatherScheduler::hook_use(size_t index, const std::weak_ptr<ParameterOwner>
       if (++use.ran < use.modules.size()) return Tensor();
       use.ran = 0;
       // Kept for the backward that follows at once: the last use's, the whole forward's.
-      const bool kept = index + 1 == uses_.size() || use.whole_forward;
-      if ((!kept || !GradMode::is_enabled()) && !backward_in_progress()) release(*use.unit);
+      // Without grad no backward follows, but the model's forward may read the last use's
+      // unit after it (GPT's tied head, after ln_f): the next forward releases it.
+      const bool kept = use.whole_forward ? GradMode::is_enabled() : index + 1 == uses_.size();
+      if (!kept && !backward_in_progress()) release(*use.unit);
       if (use.backward_reads && out.requires_grad())
         out.register_hook([this, index, alive](const Tensor&) {  // the backward reaches this use
           if (alive.expired()) return Tensor();

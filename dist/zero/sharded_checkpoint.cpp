@@ -9,7 +9,8 @@
 // each as one piece. Rank 0's file also holds the buffers, whole, as buffer/<name>.
 // Loading at another world size or stage only needs, for each parameter, the pieces
 // that overlap the range a rank holds now -- found from the file headers -- and the
-// buffers from the first file.
+// buffers from the first file. load() also takes the one file optim::save_checkpoint
+// wrote before training went through ShardedModel: each of its tensors is one piece.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <random>
 #include <set>
 #include <string_view>
+#include <tuple>
 
 #include "autograd/graph.h"
 #include "dist/comm/agreement.h"
@@ -61,6 +63,19 @@ int world_size_of(const std::string& file) {
 constexpr const char* kFormats[] = {"zerograd-sharded-checkpoint-1", "zerograd-sharded-checkpoint-2",
                                     "zerograd-sharded-checkpoint-3", "zerograd-sharded-checkpoint-4"};
 constexpr int kFormatVersion = 4;
+
+// optim::save_checkpoint's single file: whole tensors named <parameter> (master weights),
+// optimizer.exp_avg.<parameter> and optimizer.exp_avg_sq.<parameter>; no frozen
+// parameters or buffers. format_of() gives it 0, below every sharded format.
+constexpr const char* kSingleFileFormat = "zerograd-training-checkpoint-1";
+
+// The role and parameter of a tensor of the single file.
+std::pair<std::string, std::string> single_file_name(const std::string& tensor) {
+  for (const std::string role : {"exp_avg", "exp_avg_sq"})
+    if (const std::string prefix = "optimizer." + role + "."; tensor.starts_with(prefix))
+      return {role, tensor.substr(prefix.size())};
+  return {"master", tensor};
+}
 
 // A file's format version (1 to 4), or 0 for none of them.
 int format_of(const Metadata& meta) {
@@ -291,26 +306,36 @@ LoadPlan plan_load(const std::string& dir, const ModelParameters& model, const s
                    const nn::NamedTensors& buffers, int r, const optim::GradScaler* scaler) {
   constexpr const char* who = "ShardedModel::load";
   LoadPlan plan;
-  // The files of one save: rank-R-of-N for every R < N.
-  int old_size = -1;
-  ZG_CHECK(std::filesystem::is_directory(dir), who, ": ", dir, " is not a directory");
-  for (const auto& [path, n] : rank_files_in(dir, who)) {
-    ZG_CHECK(old_size < 0 || old_size == n, who, ": ", dir, " mixes saves of ", old_size, " and ", n, " ranks");
-    old_size = n;
+  // The files of one save: rank-R-of-N for every R < N; or optim::save_checkpoint's one file.
+  const bool single_file = std::filesystem::is_regular_file(dir);
+  int old_size = single_file ? 1 : -1;
+  if (!single_file) {
+    ZG_CHECK(std::filesystem::is_directory(dir), who, ": ", dir, " is not a directory");
+    for (const auto& [path, n] : rank_files_in(dir, who)) {
+      ZG_CHECK(old_size < 0 || old_size == n, who, ": ", dir, " mixes saves of ", old_size, " and ", n, " ranks");
+      old_size = n;
+    }
   }
   ZG_CHECK(old_size > 0, who, ": ", dir, " has no rank-R-of-N.safetensors files");
   for (int q = 0; q < old_size; ++q) {
-    const std::string path = rank_file(dir, q, old_size);
+    const std::string path = single_file ? dir : rank_file(dir, q, old_size);
     ZG_CHECK(std::filesystem::is_regular_file(path), who, ": ", path, " is missing (a save of ", old_size, " ranks)");
     plan.files.push_back(std::make_unique<SafetensorsFile>(path));
     const Metadata& meta = plan.files.back()->metadata();
-    ZG_CHECK(format_of(meta) > 0, who, ": ", path, " is not a zerograd sharded checkpoint");
-    ZG_CHECK(format_of(meta) == format_of(plan.files.front()->metadata()), who, ": ", path, " has format ",
-             meta.at("format"), ", ", plan.files.front()->path(), " has ", plan.files.front()->metadata().at("format"),
-             ": the files come from different saves");
-    ZG_CHECK(metadata_number<int64_t>(meta, "world_size", path, who) == old_size &&
-                 metadata_number<int64_t>(meta, "rank", path, who) == q,
-             who, ": ", path, " says it is rank ", meta.at("rank"), " of ", meta.at("world_size"));
+    if (single_file) {
+      const auto format = meta.find("format");
+      ZG_CHECK(format != meta.end() && format->second == kSingleFileFormat, who, ": ", path,
+               " is a file, not a checkpoint directory; the one file load() takes is an optim::save_checkpoint "
+               "training checkpoint (format ", kSingleFileFormat, "), and this is not one");
+    } else {
+      ZG_CHECK(format_of(meta) > 0, who, ": ", path, " is not a zerograd sharded checkpoint");
+      ZG_CHECK(format_of(meta) == format_of(plan.files.front()->metadata()), who, ": ", path, " has format ",
+               meta.at("format"), ", ", plan.files.front()->path(), " has ",
+               plan.files.front()->metadata().at("format"), ": the files come from different saves");
+      ZG_CHECK(metadata_number<int64_t>(meta, "world_size", path, who) == old_size &&
+                   metadata_number<int64_t>(meta, "rank", path, who) == q,
+               who, ": ", path, " says it is rank ", meta.at("rank"), " of ", meta.at("world_size"));
+    }
     const int64_t step = metadata_number<int64_t>(meta, "step", path, who);
     ZG_CHECK(step >= 0 && step < INT64_MAX, who, ": ", path, ": metadata 'step' = ", step,
              " is not a count of updates that can go on");
@@ -372,12 +397,17 @@ LoadPlan plan_load(const std::string& dir, const ModelParameters& model, const s
         plan.pieces[tensor].push_back({file.get(), tensor, 0, numel(entry.shape)});
         continue;
       }
-      const size_t last = tensor.rfind('/'), first = tensor.find('/');
-      int64_t begin = -1;
-      ZG_CHECK(first != last && last != std::string::npos &&
-                   parse_number(std::string_view(tensor).substr(last + 1), begin) && begin >= 0,
-               who, ": ", file->path(), ": tensor '", tensor, "' is not named <role>/<parameter>/<first element>");
-      const std::string role = tensor.substr(0, first), parameter = tensor.substr(first + 1, last - first - 1);
+      std::string role, parameter;
+      int64_t begin = 0;
+      if (plan.format == 0) {
+        std::tie(role, parameter) = single_file_name(tensor);
+      } else {
+        const size_t last = tensor.rfind('/'), first = tensor.find('/');
+        ZG_CHECK(first != last && last != std::string::npos &&
+                     parse_number(std::string_view(tensor).substr(last + 1), begin) && begin >= 0,
+                 who, ": ", file->path(), ": tensor '", tensor, "' is not named <role>/<parameter>/<first element>");
+        role = tensor.substr(0, first), parameter = tensor.substr(first + 1, last - first - 1);
+      }
       const bool frozen = role == "frozen";
       ZG_CHECK(role == "master" || role == "exp_avg" || role == "exp_avg_sq" || (frozen && plan.format >= 4), who,
                ": ", file->path(), ": tensor '", tensor, "' has no role master, exp_avg, exp_avg_sq",
@@ -390,20 +420,27 @@ LoadPlan plan_load(const std::string& dir, const ModelParameters& model, const s
                "parameter '", parameter, "'",
                trained_now != model.trained.end() ? " (it trains it: the save has no Adam state for it)" : "");
       const auto [held_shape, held_dtype] = (frozen_now != model.frozen.end() ? frozen_now : trained_now)->second;
-      ZG_CHECK(entry.shape.size() == 1, who, ": ", file->path(), ": tensor '", tensor, "' is ", name(entry.dtype),
-               shape_str(entry.shape), ", expected a 1-D piece");
-      check_dtype(held_dtype, "1-D ");
-      const auto shape = file->metadata().find("shape/" + parameter);
-      const bool shapes_recorded = plan.format >= 2;
-      ZG_CHECK(!shapes_recorded || (shape != file->metadata().end() && shape->second == shape_str(held_shape)),
-               who, ": ", file->path(), ": tensor '", tensor, "' is a piece of a parameter of shape ",
-               shape == file->metadata().end() ? std::string("(not recorded)") : shape->second, "; the model's '",
-               parameter, "' has shape ", shape_str(held_shape), ": a checkpoint of another model");
-      const int64_t size = numel(held_shape);
-      ZG_CHECK(begin <= size && entry.shape[0] <= size - begin, who, ": ", file->path(), ": tensor '", tensor,
-               "' holds elements [", begin, ", ", begin + entry.shape[0], ") but the model's '", parameter, "' has ",
-               size, " (shape ", shape_str(held_shape), "): a checkpoint of another model");
-      plan.pieces[tensor.substr(0, last)].push_back({file.get(), tensor, begin, entry.shape[0]});
+      if (plan.format == 0) {  // a whole tensor, shaped as the parameter
+        ZG_CHECK(entry.shape == held_shape, who, ": ", file->path(), ": tensor '", tensor, "' has shape ",
+                 shape_str(entry.shape), "; the model's '", parameter, "' has shape ", shape_str(held_shape),
+                 ": a checkpoint of another model");
+        check_dtype(held_dtype, "");
+      } else {
+        ZG_CHECK(entry.shape.size() == 1, who, ": ", file->path(), ": tensor '", tensor, "' is ", name(entry.dtype),
+                 shape_str(entry.shape), ", expected a 1-D piece");
+        check_dtype(held_dtype, "1-D ");
+        const auto shape = file->metadata().find("shape/" + parameter);
+        const bool shapes_recorded = plan.format >= 2;
+        ZG_CHECK(!shapes_recorded || (shape != file->metadata().end() && shape->second == shape_str(held_shape)),
+                 who, ": ", file->path(), ": tensor '", tensor, "' is a piece of a parameter of shape ",
+                 shape == file->metadata().end() ? std::string("(not recorded)") : shape->second, "; the model's '",
+                 parameter, "' has shape ", shape_str(held_shape), ": a checkpoint of another model");
+      }
+      const int64_t size = numel(held_shape), length = numel(entry.shape);
+      ZG_CHECK(begin <= size && length <= size - begin, who, ": ", file->path(), ": tensor '", tensor,
+               "' holds elements [", begin, ", ", begin + length, ") but the model's '", parameter, "' has ", size,
+               " (shape ", shape_str(held_shape), "): a checkpoint of another model");
+      plan.pieces[role + "/" + parameter].push_back({file.get(), tensor, begin, length});
     }
   for (auto& [key, list] : plan.pieces) {
     std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });

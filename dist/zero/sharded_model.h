@@ -162,9 +162,12 @@ class ShardedModel final : public ParameterOwner {
   //    has written its file, rank 0 removes the files of an earlier save of another N.
   //  - The files of one save share an id: load() refuses files of different saves.
   //  - With a GradScaler, its scale and count are saved, and loaded into an enabled
-  //    scaler (as optim::save_checkpoint and load_checkpoint).
+  //    scaler (a disabled one has no state).
   //  - The generator state is saved per rank; at a larger world size, the ranks the save
   //    did not have take the last saved rank's (reseed them if they need streams apart).
+  //  - load() also takes, as `dir`, the single file of the former optim::save_checkpoint
+  //    (format zerograd-training-checkpoint-1), at any world size and stage; a save()
+  //    after it converts it into a directory.
   void save(const std::string& dir, const Metadata& extra = {}, const optim::GradScaler* scaler = nullptr);
   Metadata load(const std::string& dir, optim::GradScaler* scaler = nullptr);
   // The whole model, gathered on every rank (a collective), by name: every parameter's
