@@ -99,7 +99,7 @@ void GatherScheduler::hook_use(size_t index, const std::weak_ptr<ParameterOwner>
       use.ran = 0;
       // Kept for the backward that follows at once: the last use's, the whole forward's.
       // Without grad no backward follows, but the model's forward may read the last use's
-      // unit after it (GPT's tied head, after ln_f): the next forward releases it.
+      // unit after it (a tied head after the final norm): the next forward releases it.
       const bool kept = use.whole_forward ? GradMode::is_enabled() : index + 1 == uses_.size();
       if (!kept && !backward_in_progress()) release(*use.unit);
       if (use.backward_reads && out.requires_grad())
