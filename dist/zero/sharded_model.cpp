@@ -239,7 +239,7 @@ void ShardedModel::materialize(Unit& unit) {
       for (const ParamSlot& slot : *slots) {
         if (is_deferred(slot.param) || slot.param.numel() == 0) continue;
         ZG_CHECK(slot.param.is_contiguous(), "ShardedModel: parameter '", slot.name, "' is not contiguous");
-        group_.broadcast(slot.param, 0);
+        group_.broadcast(slot.param.detach(), 0);  // the collective's thread must not touch its autograd state
       }
   }
   unit.materialize(device, [](const ParamSlot& slot, int64_t begin, const Tensor& out) {
