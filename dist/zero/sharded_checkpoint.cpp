@@ -239,7 +239,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
                    {"save_id", std::to_string(static_cast<uint64_t>(id.item<double>()))},
                    {"world_size", std::to_string(group_.size())},
                    {"rank", std::to_string(r)},
-                   {"stage", std::to_string(placement_.stage())},
+                   {"stage", std::to_string(placement().stage())},
                    {"step", std::to_string(step_)},
                    {"compute_dtype", name(config_.compute_dtype)},
                    {"rng_seed", std::to_string(gen.seed())},
@@ -260,7 +260,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
     layout.push_back({key, t.dtype(), t.shape()});
     tensors.emplace_back(key, t);
   };
-  for (const Part& part : parts_of(units_, replicated(), r, !placement_.optimizer_sharded(), /*saving=*/true)) {
+  for (const Part& part : parts_of(units_, replicated(), r, !placement().optimizer_sharded(), /*saving=*/true)) {
     add(part.key + "/" + std::to_string(part.begin), part.data);
     meta["shape/" + part.key.substr(part.key.find('/') + 1)] = shape_str(part.shape);
   }
@@ -492,7 +492,7 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   }
   LoadPlan plan;
   all_or_none(group_, units_.front()->master.device(), "ShardedModel::load", "nothing was loaded, on any rank", [&] {
-    plan = plan_load(dir, model, parts_of(units_, replicated(), r, !placement_.optimizer_sharded(), /*saving=*/false), buffers, r, scaler);
+    plan = plan_load(dir, model, parts_of(units_, replicated(), r, !placement().optimizer_sharded(), /*saving=*/false), buffers, r, scaler);
   });
 
   // Everything checked, everywhere: now copy each part's overlap with each piece.
@@ -548,7 +548,7 @@ void ShardedModel::for_each_consolidated(const std::function<void(const std::str
   const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
   for (auto& unit : units_) {
     // Full optimizer state: every rank has it all. Else one unit's master weights, gathered and released.
-    const Tensor whole = placement_.optimizer_sharded()
+    const Tensor whole = placement().optimizer_sharded()
                              ? all_gathered(unit->master, unit->tag, MemoryCategory::communication)
                              : unit->master;
     for (const auto& e : unit->entries) fn(e.name, view_of(whole, e));

@@ -86,8 +86,9 @@ ShardedModel::ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig co
     : ShardedModel(model, model.unit_plan(), group, config) {}
 
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config)
-    : group_(group), config_(config), placement_(Placement::for_stage(0)),
-      context_(std::make_unique<UnitContext>(UnitContext{group, placement_, config.compute_dtype, config.compute_dtype})),
+    : group_(group), config_(config),
+      context_(std::make_unique<UnitContext>(
+          UnitContext{group, Placement::for_stage(0), config.compute_dtype, config.compute_dtype})),
       buffers_(model.named_buffers()) {
   // The checks and the plan, on each rank alone -- then every rank learns whether any
   // failed, before the collectives below: a rank that threw here would never issue them.
@@ -108,8 +109,7 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
 }
 
 void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan) {
-  placement_ = Placement::for_stage(config_.stage);
-  context_->placement = placement_;
+  context_->placement = Placement::for_stage(config_.stage);
   context_->reduce_dtype = reduce_dtype();
   ZG_CHECK(is_floating(config_.compute_dtype), "ShardedModel: compute dtype must be floating, got ",
            name(config_.compute_dtype));
@@ -145,7 +145,7 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
   // they are gathered per use they are sharded with their unit (as FSDP does: a frozen
   // base model is most of a fine-tuned one), in a buffer of their own -- except one of an
   // integer dtype, which no compute dtype holds.
-  const auto sharded_frozen = [&](const Tensor& p) { return placement_.gathers_parameters() && is_floating(p.dtype()); };
+  const auto sharded_frozen = [&](const Tensor& p) { return placement().gathers_parameters() && is_floating(p.dtype()); };
   std::vector<nn::NamedTensors> members(units_.size()), frozen_members(units_.size());
   std::vector<bool> holds_frozen(units_.size(), false);
   nn::NamedTensors trainable;
@@ -161,7 +161,7 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
   std::erase_if(frozen_, [&](const auto& named) { return sharded_frozen(named.second); });
   // A weight shared by modules of two units: where a unit's weights exist only around its
   // own uses, the other unit's forward would find them released.
-  if (placement_.gathers_parameters()) {
+  if (placement().gathers_parameters()) {
     std::map<const TensorImpl*, std::string> first_name;
     for (const auto& [name, p] : parameters) first_name[&p.impl()] = name;
     for (const auto& [name, p] : model.named_parameters(/*remove_duplicates=*/false)) {
@@ -186,8 +186,8 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
   }
   // Collective tags: each unit's number, from 1 (the reducer numbers DDP's buckets after them).
   for (size_t u = 0; u < units_.size(); ++u) units_[u]->tag = static_cast<int64_t>(u) + 1;
-  reducer_ = std::make_unique<GradientReducer>(placement_, units(), parameters, config_.bucket_bytes, reduce_dtype());
-  if (placement_.gathers_parameters()) {
+  reducer_ = std::make_unique<GradientReducer>(placement(), units(), parameters, config_.bucket_bytes, reduce_dtype());
+  if (placement().gathers_parameters()) {
     Unit* root = units_.front()->module == nullptr ? units_.front().get() : nullptr;
     ZG_CHECK(root != nullptr || root_replicated || (plan.root_before.empty() && plan.root_after.empty()),
              "ShardedModel: the plan names root modules, but every parameter is in a unit");
@@ -289,7 +289,9 @@ ShardedModel::~ShardedModel() = default;
 
 void ShardedModel::set_gradient_sync(bool sync) { reducer_->set_sync(sync); }
 
-std::string ShardedModel::describe() const { return "a " + placement_.name() + " ShardedModel"; }
+const Placement& ShardedModel::placement() const { return context_->placement; }
+
+std::string ShardedModel::describe() const { return "a " + placement().name() + " ShardedModel"; }
 
 std::vector<Unit*> ShardedModel::units() const {
   std::vector<Unit*> out;
@@ -300,7 +302,7 @@ std::vector<Unit*> ShardedModel::units() const {
 bool ShardedModel::compute_written_by_others() const {
   // Full compute weights: with separate compute and master weights (as in step()), a
   // write that was not ours. Gathered per use: any write to summoned weights, copies.
-  const bool copies = placement_.gathers_parameters();
+  const bool copies = placement().gathers_parameters();
   const bool summoned = gatherer_ && gatherer_->summoned();
   for (const auto& unit : units_)
     if ((copies ? summoned : config_.compute_dtype != unit->master.dtype()) &&
@@ -362,7 +364,7 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
            "ShardedModel was built and requires grad now; it has no place in the units, so its gradient would be neither "
            "reduced nor applied. Build the ShardedModel after unfreezing it");
   ZG_CHECK(!written, "ShardedModel: step(): ",
-           placement_.gathers_parameters()
+           placement().gathers_parameters()
                ? std::string("the full weights of summon_full_params() were written (an in-place write "
                              "to a parameter: fill_, copy_, an init); they are copies of the shards, "
                              "released at the scope's end, so that write is lost")
@@ -379,7 +381,7 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
 // that summed (ZeRO-1) the 1 / N it left to the step -- folded into the norm and the
 // update, so no pass over the gradients takes the average.
 double ShardedModel::gradient_multiplier(const optim::GradScaler* scaler) const {
-  return (scaler ? scaler->inv_scale() : 1.0) / (placement_.sums_into_full_gradient() ? group_.size() : 1);
+  return (scaler ? scaler->inv_scale() : 1.0) / (placement().sums_into_full_gradient() ? group_.size() : 1);
 }
 
 // AdamW on every span this rank updates, then (ZeRO-1, 2) every rank's new slices into
@@ -425,7 +427,7 @@ nn::NamedTensors ShardedModel::gathered_master() {
   nn::NamedTensors out;
   for (auto& unit : units_) {
     Tensor full;
-    if (placement_.optimizer_sharded()) {
+    if (placement().optimizer_sharded()) {
       full = all_gathered(unit->master, unit->tag, MemoryCategory::other);
     } else {  // each rank has it all
       MemoryScope scope(MemoryCategory::other);

@@ -182,7 +182,7 @@ class ShardedModel final : public ParameterOwner {
   int64_t num_parameters() const;  // Ψ, without padding
   int64_t steps() const { return step_; }  // optimizer updates taken (a resumed run: the saved count)
   const ZeroConfig& config() const { return config_; }
-  const Placement& placement() const { return placement_; }
+  const Placement& placement() const;
 
  private:
   // The consolidated state a unit at a time (a collective): fn(name, weights) for each
@@ -217,8 +217,7 @@ class ShardedModel final : public ParameterOwner {
 
   ProcessGroup& group_;
   ZeroConfig config_;
-  Placement placement_;
-  std::unique_ptr<UnitContext> context_;  // what the units share
+  std::unique_ptr<UnitContext> context_;  // what the units share: the group, the placement policy, dtypes
   // The model's replicated frozen parameters (in the compute dtype, if floating) and
   // buffers: the same on every rank from construction on, and saved, loaded and exported
   // with the trained parameters.

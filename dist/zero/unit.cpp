@@ -137,20 +137,20 @@ void Unit::materialize(Device device, const InitialValues& initial) {
 std::vector<ShardedWeights*> Unit::gathered_parts() {
   std::vector<ShardedWeights*> parts;
   for (ShardedWeights* w : {&weights, &frozen})
-    if (w->full.defined() && w->full.numel() > 0) parts.push_back(w);
+    if (w->has_full()) parts.push_back(w);
   return parts;
 }
 
 uint64_t Unit::compute_version() const {
   uint64_t version = 0;  // a sum of counters that only grow
   for (const ShardedWeights* w : {&weights, &frozen})
-    if (w->full.defined() && w->full.numel() > 0) version += w->full.storage()->version();
+    if (w->has_full()) version += w->full.storage()->version();
   return version;
 }
 
 bool Unit::is_current() const {
   for (const ShardedWeights* w : {&weights, &frozen})
-    if (w->full.defined() && w->full.numel() > 0 && !w->current()) return false;
+    if (w->has_full() && !w->current()) return false;
   return true;
 }
 

@@ -55,6 +55,7 @@ struct ShardedWeights {
   WorkHandle gathering;        // an all-gather of `full` in flight (a prefetch)
   uint64_t gathered_from = 0;  // shard's storage version at the last gather
   bool current() const;        // whole, gathered from the shard as it is now
+  bool has_full() const { return full.defined() && full.numel() > 0; }  // a part ZeRO-3 gathers
 };
 
 // A reduction in flight; `then` finishes it (rounds a reduce-dtype result back, adds a
