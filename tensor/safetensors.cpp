@@ -11,13 +11,13 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "tensor/atomic_file.h"
 #include "tensor/checks.h"
 #include "tensor/crc32c.h"
 
@@ -58,65 +58,6 @@ bool parse_dtype(const std::string& s, DType& out) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// A save writes "<path>.tmp.<host>.<pid>.<n>" (whose it is, for a reader of the folder),
-// holding an exclusive flock on it until it has renamed it over path.
-std::string temporary_name(const std::string& path) {
-  static std::atomic<uint64_t> saves{0};  // a name of its own per call: threads may save to one path
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown-host");
-  return path + ".tmp." + host + "." + std::to_string(::getpid()) + "." + std::to_string(saves++);
-}
-
-// Removes what saves to `path` killed part-way left behind: a temporary as large as the
-// checkpoint, which filled the disk one crash at a time. A temporary is stale when no
-// process holds its lock (a live writer does, on any host or in any PID namespace that
-// shares the folder: flock works over NFS too) and it has not been written for
-// kStaleAfter (the window between a writer creating its file and locking it). Best
-// effort: what cannot be listed, opened or removed stays.
-void remove_stale_temporaries(const std::string& path) {
-  constexpr auto kStaleAfter = std::chrono::minutes(10);
-  const std::filesystem::path target(path);
-  const std::string prefix = target.filename().string() + ".tmp.";
-  const std::filesystem::path folder = target.has_parent_path() ? target.parent_path() : ".";
-  std::error_code error;
-  std::filesystem::directory_iterator it(folder, error), end;
-  for (; !error && it != end; it.increment(error)) {
-    const std::string name = it->path().filename().string();
-    // "<prefix><host>.<pid>.<n>": the last two fields are numbers.
-    if (!name.starts_with(prefix)) continue;
-    const size_t last = name.find_last_of('.'), before = name.find_last_of('.', last - 1);
-    uint64_t pid = 0, n = 0;
-    if (before == std::string::npos || before < prefix.size() ||
-        !parse_number(std::string_view(name).substr(before + 1, last - before - 1), pid) ||
-        !parse_number(std::string_view(name).substr(last + 1), n))
-      continue;
-    std::error_code stat_error;
-    const auto written = std::filesystem::last_write_time(it->path(), stat_error);
-    if (stat_error || std::filesystem::file_time_type::clock::now() - written < kStaleAfter) continue;
-    const int fd = ::open(it->path().c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW);
-    if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(it->path().c_str());  // still locked: our own fd, closed next
-    ::close(fd);
-  }
-}
-
-// What a path that is not a regular file is, for errors.
-const char* file_kind(mode_t mode) {
-  return S_ISDIR(mode) ? "a directory" : S_ISLNK(mode) ? "a symbolic link" : "a FIFO, socket or device";
-}
-
-// Writes all of `bytes` to fd at `offset`, or throws.
-void write_all_at(int fd, const char* bytes, size_t size, int64_t offset, const std::string& path) {
-  while (size > 0) {
-    const ssize_t n = ::pwrite(fd, bytes, size, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    ZG_CHECK(n > 0, "safetensors: writing ", path, " failed: ", errno_text());
-    bytes += n;
-    offset += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -148,34 +89,15 @@ SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<Layout>
   const std::string json = header();
   data_start_ = 8 + static_cast<int64_t>(json.size());
 
-  // The rename at commit replaces whatever is at `path`: only a regular file may be there
-  // (a symlink would be replaced, not written through; a device node by a plain file).
-  struct stat existing {};
-  if (::lstat(path_.c_str(), &existing) == 0)
-    ZG_CHECK(S_ISREG(existing.st_mode), "save_safetensors: ", path_, " exists and is not a regular file (",
-             file_kind(existing.st_mode), "); it is not replaced");
-  remove_stale_temporaries(path_);  // before writing: a disk that earlier crashes filled may be why this one fails
-  temp_ = temporary_name(path_);
-  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  ZG_CHECK(fd_ >= 0, "save_safetensors: cannot create ", temp_, ": ", errno_text());
-  ::flock(fd_, LOCK_EX);  // ours until renamed: remove_stale_temporaries leaves it alone (closing releases it)
-  try {
-    const uint64_t length = json.size();
-    char length_bytes[8];
-    for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<char>((length >> (8 * i)) & 0xff);
-    write_all_at(fd_, length_bytes, 8, 0, temp_);
-    write_all_at(fd_, json.data(), json.size(), 8, temp_);
-  } catch (...) {
-    ::close(fd_);
-    ::unlink(temp_.c_str());
-    throw;
-  }
+  file_ = std::make_unique<AtomicFile>(path_, "save_safetensors");
+  const uint64_t length = json.size();
+  char length_bytes[8];
+  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<char>((length >> (8 * i)) & 0xff);
+  file_->write_at(length_bytes, 8, 0);
+  file_->write_at(json.data(), json.size(), 8);
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
-}
+SafetensorsWriter::~SafetensorsWriter() = default;
 
 std::string SafetensorsWriter::header() const {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -210,7 +132,7 @@ void SafetensorsWriter::write(const std::string& name, const Tensor& value) {
   // Detached: the copy to the host records no graph. Throws for meta tensors: they have no data.
   const Tensor host = value.detach().to(kCPU).contiguous();
   const auto* bytes = static_cast<const char*>(host.data_ptr());
-  write_all_at(fd_, bytes, static_cast<size_t>(slot.nbytes), data_start_ + slot.begin, temp_);
+  file_->write_at(bytes, static_cast<size_t>(slot.nbytes), data_start_ + slot.begin);
   slot.crc32c = crc32c(bytes, static_cast<size_t>(slot.nbytes));
 }
 
@@ -221,21 +143,9 @@ void SafetensorsWriter::commit() {
   const std::string json = header();  // the checksums in place of the zeros: the same length
   ZG_CHECK(8 + static_cast<int64_t>(json.size()) == data_start_, "save_safetensors: ", path_,
            ": the header changed length with its checksums (an internal error)");
-  write_all_at(fd_, json.data(), json.size(), 8, temp_);
-  ZG_CHECK(::fsync(fd_) == 0, "save_safetensors: fsync of ", temp_, " failed: ", errno_text());
-  ::close(fd_);
-  fd_ = -1;
-  if (::rename(temp_.c_str(), path_.c_str()) != 0)
-    fail("save_safetensors: cannot rename ", temp_, " to ", path_, ": ", errno_text());  // the destructor unlinks temp_
+  file_->write_at(json.data(), json.size(), 8);
+  file_->commit();
   committed_ = true;
-  // Make the rename itself durable.
-  const size_t slash = path_.find_last_of('/');
-  const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
-  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
 }
 
 // The file behind a SafetensorsFile. The header is read through a descriptor closed
@@ -451,28 +361,54 @@ const SafetensorsFile::Entry& SafetensorsFile::entry(const std::string& name) co
   return it->second;
 }
 
+// The checks of a tensor's bytes, over them in order a block at a time: BOOL bytes are 0
+// or 1, and the CRC-32C (continued in `crc`) is compared by the caller at the end.
+void SafetensorsFile::check_bytes(const std::string& name, const Entry& e, const void* bytes, int64_t size,
+                                  int64_t at, uint32_t& crc) const {
+  crc = crc32c(bytes, static_cast<size_t>(size), crc);
+  if (e.dtype != DType::boolean) return;
+  // A bool is one byte holding 0 or 1; any other byte would be a bool the kernels cannot
+  // represent (it compares unequal to both true and false).
+  const auto* b = static_cast<const uint8_t*>(bytes);
+  for (int64_t i = 0; i < size; ++i)
+    ZG_CHECK(b[i] <= 1, "safetensors ", path_, ": tensor '", name, "' is BOOL but the byte at file offset ",
+             data_start_ + e.begin + at + i, " is ", int{b[i]}, " (a BOOL byte must be 0 or 1)");
+}
+
+void SafetensorsFile::check_checksum(const std::string& name, const Entry& e, uint32_t crc) const {
+  if (!e.crc32c) return;
+  ZG_CHECK(crc == *e.crc32c, "safetensors ", path_, ": tensor '", name, "' (file bytes ", data_start_ + e.begin, "-",
+           data_start_ + e.end, ") fails its checksum: CRC-32C ", hex8(crc), ", the file records ", hex8(*e.crc32c),
+           " -- the bytes changed after they were written (a damaged disk or copy)");
+}
+
 Tensor SafetensorsFile::read(const std::string& name) const {
   const Entry& e = entry(name);
   Tensor t = empty(e.shape, e.dtype);
-  const std::string bytes = "bytes " + std::to_string(data_start_ + e.begin) + "-" + std::to_string(data_start_ + e.end);
   if (e.end > e.begin)
     OpenFile::read_at(file_->reading(path_), t.data_ptr(), e.end - e.begin, data_start_ + e.begin,
-                      "safetensors " + path_ + ": tensor '" + name + "': reading " + bytes);
-  if (e.crc32c) {
-    const uint32_t crc = crc32c(t.data_ptr(), static_cast<size_t>(e.end - e.begin));
-    ZG_CHECK(crc == *e.crc32c, "safetensors ", path_, ": tensor '", name, "' (file ", bytes,
-             ") fails its checksum: CRC-32C ", hex8(crc), ", the file records ", hex8(*e.crc32c),
-             " -- the bytes changed after they were written (a damaged disk or copy)");
-  }
-  if (e.dtype == DType::boolean) {
-    // A bool is one byte holding 0 or 1; any other byte would be a bool the kernels
-    // cannot represent (it compares unequal to both true and false).
-    const auto* bytes = static_cast<const uint8_t*>(t.data_ptr());
-    for (int64_t i = 0; i < t.numel(); ++i)
-      ZG_CHECK(bytes[i] <= 1, "safetensors ", path_, ": tensor '", name, "' is BOOL but the byte at file offset ",
-               data_start_ + e.begin + i, " is ", int{bytes[i]}, " (a BOOL byte must be 0 or 1)");
-  }
+                      "safetensors " + path_ + ": tensor '" + name + "': reading bytes " +
+                          std::to_string(data_start_ + e.begin) + "-" + std::to_string(data_start_ + e.end));
+  uint32_t crc = 0;
+  check_bytes(name, e, t.data_ptr(), e.end - e.begin, 0, crc);
+  check_checksum(name, e, crc);
   return t;
+}
+
+void SafetensorsFile::verify(const std::string& name) const {
+  const Entry& e = entry(name);
+  constexpr int64_t kBlock = 1 << 20;  // streamed: a verify holds one block, not the tensor
+  std::vector<char> block(static_cast<size_t>(std::min(kBlock, e.end - e.begin)));
+  uint32_t crc = 0;
+  for (int64_t at = 0; at < e.end - e.begin; at += kBlock) {
+    const int64_t size = std::min(kBlock, e.end - e.begin - at);
+    OpenFile::read_at(file_->reading(path_), block.data(), size, data_start_ + e.begin + at,
+                      "safetensors " + path_ + ": tensor '" + name + "': reading bytes " +
+                          std::to_string(data_start_ + e.begin + at) + "-" +
+                          std::to_string(data_start_ + e.begin + at + size));
+    check_bytes(name, e, block.data(), size, at, crc);
+  }
+  check_checksum(name, e, crc);
 }
 
 void SafetensorsFile::read_into(const std::string& name, const Tensor& destination) const {
@@ -502,8 +438,8 @@ void SafetensorsFile::check_readable_as(const std::string& name, DType to) const
   // overwriting anything.
   const bool narrower = (to == DType::f16 && e.dtype != DType::f16) ||
                         ((to == DType::f32 || to == DType::bf16) && e.dtype == DType::f64);
-  if (!narrower) return;
-  const Tensor source = read(name);
+  if (!narrower) return verify(name);
+  const Tensor source = read(name);  // verified as it is read
   const auto infinities = [](const Tensor& t) {
     const std::vector<double> values = t.to_vector<double>();
     return std::count_if(values.begin(), values.end(), [](double v) { return std::isinf(v); });

@@ -29,13 +29,14 @@
 
 namespace zg {
 
+class AtomicFile;  // tensor/atomic_file.h
 using Metadata = std::map<std::string, std::string>;
 
 // Writes atomically: a temporary file in the same folder, fsync, rename over `path`,
 // fsync of the folder. Tensors may live on any device with data (not meta), and are
 // copied to host memory one at a time. First it removes what saves to `path` killed
-// part-way left: temporaries ("<path>.tmp.<host>.<pid>.<n>") no writer holds locked and
-// unwritten for 10 minutes. (A SafetensorsWriter over `tensors`' layout.)
+// part-way left: temporaries ("<path>.tmp.<host>.<pid>.<n>") no writer holds locked.
+// (A SafetensorsWriter over `tensors`' layout.)
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const Metadata& metadata = {});
 
@@ -72,8 +73,8 @@ class SafetensorsWriter {
   };
   std::string header() const;  // the JSON, padded; unwritten tensors' checksums as zeros (same length)
 
-  std::string path_, temp_;
-  int fd_ = -1;
+  std::string path_;
+  std::unique_ptr<AtomicFile> file_;  // the temporary, renamed over path_ at commit
   Metadata metadata_;
   std::vector<std::pair<std::string, Slot>> slots_;  // in file order
   std::map<std::string, size_t> index_;              // name -> slot
@@ -112,15 +113,24 @@ class SafetensorsFile {
   Tensor read(const std::string& name) const;  // a new CPU tensor, its checksum verified
   // Reads into an existing tensor of the same shape (any device); floating dtypes convert.
   void read_into(const std::string& name, const Tensor& destination) const;
-  // What read_into checks first (shape, and dtype: the same or both floating): call it for
-  // every tensor before reading any, so a mismatch leaves every destination as it was.
+  // Everything read_into checks (shape; dtype: the same or both floating; the bytes, as
+  // verify does): call it for every tensor before reading any, so a load that fails
+  // leaves every destination as it was. The file is read once here and once by the load.
   void check_readable_into(const std::string& name, const Tensor& destination) const;
-  // Its dtype check alone: the tensor's dtype is `to` or both are floating, and its values
-  // stay finite when rounded to `to` (for a load that reads it in parts).
+  // Its checks but the shape: the tensor's dtype is `to` or both are floating, its values
+  // stay finite when rounded to `to`, and its bytes verify (for a load that reads it in parts).
   void check_readable_as(const std::string& name, DType to) const;
+  // Reads the tensor's bytes a block at a time (never the whole tensor in memory) and
+  // checks them as read() does: the checksum, and that BOOL bytes are 0 or 1.
+  void verify(const std::string& name) const;
 
  private:
   struct OpenFile;
+  // read() and verify(): the checks of `size` bytes at tensor byte `at`, continuing `crc`;
+  // then the checksum's comparison once every byte was seen.
+  void check_bytes(const std::string& name, const Entry& e, const void* bytes, int64_t size, int64_t at,
+                   uint32_t& crc) const;
+  void check_checksum(const std::string& name, const Entry& e, uint32_t crc) const;
   std::string path_;
   std::shared_ptr<OpenFile> file_;
   int64_t data_start_ = 0;

@@ -1,15 +1,20 @@
 // Checkpoints: safetensors round trips, a file written by PyTorch, resumed
 // training that continues the same curve (one device's: a ShardedModel over a group of
 // one; at other world sizes, test_zero), and damaged files that must fail cleanly.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sys/stat.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
+
+#include <thread>
 
 #include "dist/comm/local_group.h"
 #include "nn/serialize.h"
@@ -37,8 +42,10 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-// A one-rank save's one file in `dir`.
-std::string rank_file(const std::string& dir) { return dir + "/rank-00000-of-00001.safetensors"; }
+// The one file of the one-rank save `dir` holds now.
+std::string rank_file(const std::string& dir) {
+  return dist::ShardedModel::current_save(dir) + "/rank-00000-of-00001.safetensors";
+}
 
 // Every tensor of a file, read, in file order.
 std::vector<std::pair<std::string, Tensor>> tensors_of(const SafetensorsFile& file) {
@@ -169,23 +176,21 @@ TEST_CASE("each tensor's checksum is saved and checked: a flipped bit is an erro
 TEST_CASE("a save leaves no temporary file, and removes those of killed saves to the same path") {
   // A save killed between writing its temporary file and renaming it left the file --
   // as large as the checkpoint -- for good. The next save to the path removes those no
-  // writer holds locked and that have not been written for 10 minutes; a live writer's,
-  // a recent one's and other paths' stay.
+  // writer holds locked, however recent (a quick restart on a nearly full disk must be
+  // able to save); a live writer's and other paths' stay.
   const std::string dir = temp_path("temporaries");
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/model.safetensors";
-  const auto hour_ago = std::filesystem::file_time_type::clock::now() - std::chrono::hours(1);
-  auto leftover = [&](const std::string& name, bool old) {
+  auto leftover = [&](const std::string& name) {
     write_bytes(name, "partial");
-    if (old) std::filesystem::last_write_time(name, hour_ago);
     return name;
   };
-  const std::vector<std::string> killed{leftover(path + ".tmp.node-1.cluster.4242.0", true),
-                                        leftover(path + ".tmp.other-host.77.3", true)};
-  const std::string locked = leftover(path + ".tmp.node-2.99.0", true);  // a live writer on another host
-  const std::vector<std::string> kept{locked, leftover(path + ".tmp.node-1.4243.0", false),  // being written
-                                      leftover(dir + "/other.safetensors.tmp.node-1.4242.0", true),
-                                      leftover(path + ".tmp.notes", true), leftover(path + ".tmp.a.b.c", true)};
+  const std::vector<std::string> killed{leftover(path + ".tmp.node-1.cluster.4242.0"),
+                                        leftover(path + ".tmp.other-host.77.3"),
+                                        leftover(path + ".tmp.node-1.4243.0")};  // killed a moment ago
+  const std::string locked = leftover(path + ".tmp.node-2.99.0");  // a live writer on another host
+  const std::vector<std::string> kept{locked, leftover(dir + "/other.safetensors.tmp.node-1.4242.0"),
+                                      leftover(path + ".tmp.notes"), leftover(path + ".tmp.a.b.c")};
   const int writer = ::open(locked.c_str(), O_RDONLY);
   REQUIRE(writer >= 0);
   REQUIRE(::flock(writer, LOCK_EX) == 0);
@@ -197,6 +202,20 @@ TEST_CASE("a save leaves no temporary file, and removes those of killed saves to
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;
   CHECK(files == 1 + kept.size());
   CHECK(SafetensorsFile(path).names() == std::vector<std::string>{"x"});
+  // Saves racing to one path, each cleaning up as it starts, never remove each other's file.
+  std::vector<std::thread> savers;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t)
+    savers.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) try {
+          save_safetensors(path, {{"x", full({2}, t)}});
+        } catch (const Error&) {
+          ++failures;
+        }
+    });
+  for (auto& s : savers) s.join();
+  CHECK(failures == 0);
+  CHECK(SafetensorsFile(path).read("x").numel() == 2);
   std::filesystem::remove_all(dir);
 }
 
@@ -636,9 +655,12 @@ TEST_CASE("a plain state file, or a checkpoint of another model, does not load a
                                                  "zerograd-training-checkpoint-1), and this is not one").c_str()),
                        Error);
   std::filesystem::create_directories(dir);
-  CHECK_THROWS_WITH_AS(t.trainer->load(dir), doctest::Contains((dir + " has no rank-R-of-N.safetensors files").c_str()), Error);
-  std::filesystem::copy_file(path, rank_file(dir));
-  CHECK_THROWS_WITH_AS(t.trainer->load(dir), doctest::Contains((rank_file(dir) + " is not a zerograd sharded checkpoint").c_str()),
+  CHECK_THROWS_WITH_AS(t.trainer->load(dir),
+                       doctest::Contains((dir + " has no checkpoint: no latest file and no rank-R-of-N.safetensors files").c_str()),
+                       Error);
+  const std::string rank0 = dir + "/rank-00000-of-00001.safetensors";
+  std::filesystem::copy_file(path, rank0);
+  CHECK_THROWS_WITH_AS(t.trainer->load(dir), doctest::Contains((rank0 + " is not a zerograd sharded checkpoint").c_str()),
                        Error);
   // A single-file checkpoint with a tensor these parameters lack (a larger model's)
   // loaded its matching part and dropped the rest without a word; one whose tensor has
@@ -715,6 +737,217 @@ TEST_CASE("a checkpoint whose step or loss scale is out of range is refused befo
   }
   std::filesystem::remove_all(dir);
   std::remove(single.c_str());
+}
+
+namespace {
+
+// Flips every bit of the byte at `offset` from the end of `path` (1: the last byte).
+void flip_byte_from_end(const std::string& path, int64_t offset = 1) {
+  std::string bytes = read_bytes(path);
+  REQUIRE(static_cast<int64_t>(bytes.size()) >= offset);
+  bytes[bytes.size() - static_cast<size_t>(offset)] ^= 0xff;
+  write_bytes(path, bytes);
+}
+
+// Every tensor of every rank file of the save `dir` holds now, by file and name: the
+// master weights, Adam m and v, frozen weights and buffers, as saved.
+std::map<std::string, std::string> saved_bytes(const std::string& dir) {
+  std::map<std::string, std::string> bytes;
+  const std::string save = dist::ShardedModel::current_save(dir);
+  for (const auto& entry : std::filesystem::directory_iterator(save)) {
+    const SafetensorsFile file(entry.path());
+    for (const std::string& name : file.names()) {
+      const Tensor t = file.read(name);
+      bytes[entry.path().filename().string() + ":" + name] =
+          std::string(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.nbytes()));
+    }
+  }
+  return bytes;
+}
+
+// A tiny GPT's ShardedModel on each of N local ranks at `stage`, after one step from its
+// own initial weights (`seed`): its Adam state is not zero.
+void with_trained_ranks(int n, int stage, uint64_t seed,
+                        const std::function<void(dist::ProcessGroup&, nn::GPT&, dist::ShardedModel&)>& fn) {
+  const Sequence s = fixed_sequence();
+  dist::run_local(n, [&](dist::ProcessGroup& pg) {
+    manual_seed(seed);
+    nn::GPT model(tiny_config());
+    dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::f32, .adamw = {0.9, 0.95, 1e-8, 0.1}});
+    sharded.zero_grad();
+    model.forward(s.inputs, s.targets).loss.backward();  // every rank the same batch: the same update
+    sharded.step(1e-2);
+    fn(pg, model, sharded);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("one damaged byte in the last tensor of a single file leaves every parameter and optimizer value unchanged") {
+  // Before: checksums were checked as each tensor was read, so a damaged last tensor
+  // threw after the others had been written (nn::load_state changed 10 of 28 tensors,
+  // the single-file training checkpoint the master weights).
+  Context rank;
+  ContextGuard guard(rank);
+  TinyTrainer saved(DType::f32, false, /*seed=*/1), target(DType::f32, false, /*seed=*/2);
+  const Sequence s = fixed_sequence();
+  saved.step(s, 1e-2);
+  target.step(s, 1e-2);
+  const std::string state = temp_path("damaged_state.safetensors"), single = temp_path("damaged_single.safetensors"),
+                    before = temp_path("damaged_before"), after = temp_path("damaged_after");
+  // nn::load_state of a module state file, into a plain module.
+  nn::save_state(*saved.model, state);
+  flip_byte_from_end(state);
+  manual_seed(3);
+  nn::GPT plain(tiny_config());
+  const std::vector<float> plain_values = flat_values(plain.named_parameters());
+  CHECK_THROWS_WITH_AS(nn::load_state(plain, state), doctest::Contains("fails its checksum"), Error);
+  CHECK(flat_values(plain.named_parameters()) == plain_values);
+  // ShardedModel::load of the single-file training checkpoint: master, m, v and the step.
+  save_single_file_checkpoint(single, *saved.trainer, *saved.model);
+  flip_byte_from_end(single);
+  target.trainer->save(before);
+  const std::vector<float> weights = flat_values(target.model->named_parameters());
+  CHECK_THROWS_WITH_AS(target.trainer->load(single), doctest::Contains("fails its checksum"), Error);
+  target.trainer->save(after);
+  CHECK(saved_bytes(after) == saved_bytes(before));
+  CHECK(flat_values(target.model->named_parameters()) == weights);
+  CHECK(target.trainer->steps() == 1);
+  for (const std::string& path : {before, after}) std::filesystem::remove_all(path);
+  for (const std::string& path : {state, single}) std::remove(path.c_str());
+}
+
+TEST_CASE("one damaged byte in the last tensor of any rank's file: every rank throws its reason, nothing changes, at every stage") {
+  // Before: ranks agreed on the headers only; the rank that met the damaged tensor threw
+  // alone (at stage 3 rank 0 returned normally while rank 1 threw), and at stages 0-2 the
+  // parameters had already changed.
+  const std::string dir = temp_path("damaged_sharded"), before = temp_path("damaged_sharded_before"),
+                    after = temp_path("damaged_sharded_after");
+  with_trained_ranks(2, 1, /*seed=*/1, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& sharded) { sharded.save(dir); });
+  const std::string save = dist::ShardedModel::current_save(dir);
+  for (int damaged = 0; damaged < 2; ++damaged) {
+    const std::string file = save + "/rank-0000" + std::to_string(damaged) + "-of-00002.safetensors";
+    const std::string good = read_bytes(file);
+    flip_byte_from_end(file);
+    for (int stage = 0; stage <= 3; ++stage) {
+      INFO("rank " << damaged << "'s file damaged, loaded at stage " << stage);
+      std::vector<std::string> errors(2);
+      std::vector<std::vector<float>> weights_before(2), weights_after(2);
+      with_trained_ranks(2, stage, /*seed=*/2, [&](dist::ProcessGroup& pg, nn::GPT& model, dist::ShardedModel& sharded) {
+        const auto weights = [&] {
+          const auto full = sharded.summon_full_params();  // (ZeRO-3: each rank holds a shard)
+          return flat_values(model.named_parameters());
+        };
+        sharded.save(before);
+        weights_before[pg.rank()] = weights();
+        try {
+          sharded.load(dir);
+        } catch (const Error& e) {
+          errors[pg.rank()] = e.what();
+        }
+        sharded.save(after);
+        weights_after[pg.rank()] = weights();
+        CHECK(sharded.steps() == 1);
+      });
+      for (int r = 0; r < 2; ++r) {
+        CHECK_MESSAGE(errors[r].find("fails its checksum") != std::string::npos, errors[r]);
+        CHECK_MESSAGE(errors[r].find("nothing was loaded, on any rank") != std::string::npos, errors[r]);
+        CHECK(weights_after[r] == weights_before[r]);
+      }
+      CHECK(saved_bytes(after) == saved_bytes(before));
+    }
+    write_bytes(file, good);
+  }
+  for (const std::string& path : {dir, before, after}) std::filesystem::remove_all(path);
+}
+
+TEST_CASE("a sharded save becomes current only once every rank's file is durable; the next save clears what a kill left") {
+  // Before: each rank renamed its own file into place and an earlier save of another world
+  // size was removed afterwards; a kill in between left a directory that loaded neither.
+  const std::string dir = temp_path("atomic_saves");
+  const auto entries = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto latest = [&] { return read_bytes(dir + "/latest"); };
+  const auto name_of = [](const std::string& save) { return std::filesystem::path(save).filename().string(); };
+  std::string first, second;
+  with_trained_ranks(2, 2, 1, [&](dist::ProcessGroup& pg, nn::GPT&, dist::ShardedModel& sharded) {
+    sharded.save(dir);
+    if (pg.rank() == 0) first = dist::ShardedModel::current_save(dir);
+  });
+  CHECK(name_of(first).starts_with("step-00000001-"));
+  CHECK(latest() == name_of(first) + "\n");
+  // What kills leave: a save folder with one rank's file and a temporary (killed while
+  // writing), and one complete but never made current (killed before `latest` was renamed).
+  const std::string killed = dir + "/step-00000002-0badf00d", unnamed = dir + "/step-00000002-00c0ffee";
+  std::filesystem::create_directories(killed);
+  std::filesystem::copy_file(first + "/rank-00000-of-00002.safetensors", killed + "/rank-00000-of-00002.safetensors");
+  write_bytes(killed + "/rank-00001-of-00002.safetensors.tmp.host.123.0", "partial");
+  std::filesystem::copy(first, unnamed);
+  with_trained_ranks(3, 3, 2, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& sharded) {
+    // The previous save loads, and says which it is.
+    CHECK(sharded.load(dir).at("path") == first);
+    sharded.save(dir, {}, nullptr, /*keep=*/2);
+  });
+  second = dist::ShardedModel::current_save(dir);
+  CHECK(name_of(second) != name_of(first));
+  // The new save is current; the kept older one stays, what the kills left is gone.
+  CHECK(latest() == name_of(second) + "\n" + name_of(first) + "\n");
+  std::vector<std::string> expected{"latest", name_of(first), name_of(second)};
+  std::sort(expected.begin(), expected.end());
+  CHECK(entries() == expected);
+  // An older save loads by its folder.
+  with_trained_ranks(1, 0, 3, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& sharded) {
+    CHECK(sharded.load(first).at("world_size") == "2");
+    CHECK(sharded.load(dir).at("world_size") == "3");
+    sharded.save(dir, {}, nullptr, /*keep=*/1);  // keeps the newest only
+  });
+  CHECK(entries().size() == 2);
+  CHECK_FALSE(std::filesystem::exists(first));
+  CHECK_FALSE(std::filesystem::exists(second));
+
+  // A damaged `latest`, or one naming a removed save: a clear error; the next save replaces it.
+  const std::string current = dist::ShardedModel::current_save(dir);
+  write_bytes(dir + "/latest", "step-x\n");
+  with_trained_ranks(1, 0, 3, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& sharded) {
+    CHECK_THROWS_WITH_AS(sharded.load(dir), doctest::Contains("names 'step-x', which is not a save folder"), Error);
+    write_bytes(dir + "/latest", "step-00000009-12345678\n");
+    CHECK_THROWS_WITH_AS(sharded.load(dir), doctest::Contains("names the save step-00000009-12345678, but"), Error);
+    sharded.save(dir);
+    CHECK(sharded.load(dir).at("path") == dist::ShardedModel::current_save(dir));
+  });
+  CHECK_FALSE(std::filesystem::exists(current));
+  // A directory whose only save never finished has no checkpoint to load.
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(killed);
+  with_trained_ranks(1, 0, 3, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& sharded) {
+    CHECK_THROWS_WITH_AS(sharded.load(dir),
+                         doctest::Contains("holds no complete save: step-00000002-0badf00d never finished"), Error);
+  });
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a checkpoint directory of an earlier version (rank files directly in it) loads; a save converts it") {
+  const std::string dir = temp_path("flat_layout");
+  with_trained_ranks(2, 1, 1, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& sharded) { sharded.save(dir); });
+  const std::string save = dist::ShardedModel::current_save(dir);
+  for (const auto& entry : std::filesystem::directory_iterator(save))
+    std::filesystem::rename(entry.path(), dir + "/" + entry.path().filename().string());
+  std::filesystem::remove(save);
+  std::filesystem::remove(dir + "/latest");
+  write_bytes(dir + "/rank-00001-of-00002.safetensors.tmp.host.1.0", "a killed save's");
+  with_trained_ranks(2, 3, 2, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& sharded) {
+    CHECK(sharded.load(dir).at("path") == dir);
+    sharded.save(dir);
+  });
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename());
+  CHECK(names.size() == 2);  // latest and the new save's folder: the flat files and the temporary are gone
+  CHECK(std::filesystem::exists(dir + "/latest"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace zg::test

@@ -313,7 +313,7 @@ TEST_CASE("a write to a parameter that a bf16 update would overwrite from the ma
                        Error);
   CHECK(trainer.steps() == 1);
   // The way that is kept: write the master weights, through a checkpoint.
-  const std::string file = dir + "/rank-00000-of-00001.safetensors";
+  const std::string file = dist::ShardedModel::current_save(dir) + "/rank-00000-of-00001.safetensors";
   {
     const SafetensorsFile saved(file);
     std::vector<std::pair<std::string, Tensor>> tensors;

@@ -461,13 +461,14 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
   nn::GPT fresh(zero_config());
   nn::load_state(fresh, dir + "/consolidated.safetensors");
   const Tensor wte = fresh.wte->weight;
-  const std::vector<float> saved_wte = SafetensorsFile(dir + "/rank-00000-of-00004.safetensors")
+  const std::string save = dist::ShardedModel::current_save(dir);  // dir/step-00000003-<id>
+  const std::vector<float> saved_wte = SafetensorsFile(save + "/rank-00000-of-00004.safetensors")
                                            .read("master/transformer.wte.weight/0")
                                            .to_vector<float>();
   CHECK(std::equal(saved_wte.begin(), saved_wte.end(), wte.view({-1}).to_vector<float>().begin()));
 
   // A save of another world size is missing a file: a clear error, not a partial load.
-  std::filesystem::remove(dir + "/rank-00002-of-00004.safetensors");
+  std::filesystem::remove(save + "/rank-00002-of-00004.safetensors");
   CHECK_THROWS_WITH_AS(train(2, 1, 3, 4, false, true), doctest::Contains("rank-00002-of-00004.safetensors is missing"),
                        Error);
   std::filesystem::remove_all(dir);
@@ -482,7 +483,6 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
   // i64 pieces were converted, overlapping pieces counted twice, files of two saves mixed,
   // bad names gave "stoll", and a bad step threw after the weights had been overwritten.
   const std::string dir = "/tmp/zg_test_bad_sharded_" + std::to_string(::getpid());
-  const std::string file0 = dir + "/rank-00000-of-00002.safetensors", file1 = dir + "/rank-00001-of-00002.safetensors";
   const auto config = [](int64_t vocab) {
     nn::GPTConfig c = zero_config();
     c.vocab_size = vocab;
@@ -495,6 +495,8 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
     dist::ShardedModel sharded(model, pg, {.stage = 1, .compute_dtype = DType::f32});
     sharded.save(dir);
   });
+  const std::string save = dist::ShardedModel::current_save(dir);
+  const std::string file0 = save + "/rank-00000-of-00002.safetensors", file1 = save + "/rank-00001-of-00002.safetensors";
   // Rewrites one file of the save: its tensors through `tensors`, its metadata through `meta`.
   const auto rewrite = [](const std::string& path, auto tensors, auto meta) {
     const SafetensorsFile file(path);
@@ -590,10 +592,15 @@ TEST_CASE("a sharded checkpoint keeps the GradScaler's state and replaces an ear
   // at its initial scale and skipped steps the uninterrupted run took; and a save at N = 2
   // into a directory holding one at N = 4 returned normally but left it unloadable.
   const std::string dir = "/tmp/zg_test_sharded_scaler_" + std::to_string(::getpid());
+  // The current save's files; and that dir holds `latest` and that save's folder only.
   const auto rank_files = [&] {
-    std::vector<std::string> names;
-    for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename());
+    const std::string save = dist::ShardedModel::current_save(dir);
+    std::vector<std::string> names, entries;
+    for (const auto& entry : std::filesystem::directory_iterator(save)) names.push_back(entry.path().filename());
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) entries.push_back(entry.path().filename());
     std::sort(names.begin(), names.end());
+    std::sort(entries.begin(), entries.end());
+    CHECK(entries == std::vector<std::string>{"latest", std::filesystem::path(save).filename().string()});
     return names;
   };
   const auto run = [&](int n, const std::function<void(dist::ShardedModel&)>& fn) {
@@ -691,7 +698,9 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
                                          }
                                        }),
                        Error);
-  CHECK(rank0_error == "ShardedModel: 1 other rank(s) failed (their errors say why)");
+  // Rank 0 says why rank 1 failed.
+  CHECK(rank0_error == "ShardedModel: rank 1 failed: ShardedModel: max_grad_norm must be >= 0 and finite (0 disables "
+                       "clipping), got -1");
 }
 
 TEST_CASE("gathered_master is a copy at every stage") {
@@ -1315,8 +1324,9 @@ TEST_CASE("buffers are rank 0's on every rank, and sharded checkpoints and the c
     sharded.save(dir);
     sharded.export_consolidated(dir + "/consolidated.safetensors");
   });
-  CHECK(SafetensorsFile(dir + "/rank-00000-of-00002.safetensors").contains("buffer/b.count"));
-  CHECK_FALSE(SafetensorsFile(dir + "/rank-00001-of-00002.safetensors").contains("buffer/b.count"));
+  const std::string save = dist::ShardedModel::current_save(dir);
+  CHECK(SafetensorsFile(save + "/rank-00000-of-00002.safetensors").contains("buffer/b.count"));
+  CHECK_FALSE(SafetensorsFile(save + "/rank-00001-of-00002.safetensors").contains("buffer/b.count"));
   for (int stage : {0, 1}) {
     INFO("loaded at N=1, stage " << stage);
     run(1, stage, [&](dist::ProcessGroup&, WithBuffers& model, dist::ShardedModel& sharded) {
@@ -1438,7 +1448,8 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
           const int64_t slice = (count + 3) / 4;
           if (key.second) held += std::clamp<int64_t>(count - pg.rank() * slice, 0, slice);
         }
-        const SafetensorsFile mine(dir + "/rank-0000" + std::to_string(pg.rank()) + "-of-00004.safetensors");
+        const SafetensorsFile mine(dist::ShardedModel::current_save(dir) + "/rank-0000" + std::to_string(pg.rank()) +
+                                   "-of-00004.safetensors");
         for (const std::string& name : mine.names())
           if (name.starts_with("frozen/")) written += zg::numel(mine.entry(name).shape);
         CHECK(written == held);
@@ -1493,7 +1504,9 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
   // 0), still loads: the same save, rewritten so.
   std::map<std::string, Tensor> whole;  // frozen/<name> -> its weights, from the pieces
   for (const auto& [name, t] : initial) whole["frozen/" + name] = zeros(t.shape(), TensorOptions(t.dtype()));
-  const auto file_of = [&](int q) { return dir + "/rank-0000" + std::to_string(q) + "-of-00004.safetensors"; };
+  const auto file_of = [&](int q) {
+    return dist::ShardedModel::current_save(dir) + "/rank-0000" + std::to_string(q) + "-of-00004.safetensors";
+  };
   for (int q = 0; q < 4; ++q) {
     const SafetensorsFile file(file_of(q));
     for (const std::string& name : file.names())
@@ -1579,8 +1592,10 @@ TEST_CASE("a write that fails on rank 0 mid-export or mid-save ends every rank w
     ::setrlimit(RLIMIT_FSIZE, &old_limit);
     std::signal(SIGXFSZ, old_handler);
     CHECK_MESSAGE(errors[0].find("File too large") != std::string::npos, errors[0]);
-    // (A save's rank 1 writes a file of its own, as large: it fails by itself.)
-    CHECK_MESSAGE(errors[1].find(save ? "File too large" : "1 other rank(s) failed") != std::string::npos, errors[1]);
+    // (A save's rank 1 writes a file of its own, as large: it fails by itself; an export's
+    // rank 1 gives rank 0's reason.)
+    CHECK_MESSAGE(errors[1].find(save ? "File too large" : "rank 0 failed: save_safetensors: writing") != std::string::npos,
+                  errors[1]);
     size_t files = 0;  // nothing written, no temporary left behind
     for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) files += e.is_regular_file();
     CHECK(files == 0);
@@ -1607,7 +1622,7 @@ TEST_CASE("a unit of empty parameters steps like any other; save refuses metadat
                            Error);  // without a scaler it was written, and loaded as one
       CHECK_THROWS_WITH_AS(sharded.save("/tmp/zg_test_reserved_keys", {{"step", "7"}}),
                            "ShardedModel::save: the metadata key 'step' is one the checkpoint writes itself; name it "
-                           "otherwise",
+                           "otherwise (nothing was saved, on any rank)",
                            Error);
       CHECK_THROWS_WITH_AS(sharded.save("/tmp/zg_test_reserved_keys", {{"shape/a.weight", "[9]"}}),
                            doctest::Contains("the metadata key 'shape/a.weight'"), Error);

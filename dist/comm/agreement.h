@@ -19,7 +19,7 @@ Device agreement_device(const ProcessGroup& group, Device model_device);
 
 // Runs fn on this rank, then every rank learns whether it threw on any: where it did,
 // its error is rethrown (with " (<consequence>)" unless that is empty); elsewhere
-// "<who>: k other rank(s) failed (their errors say why); <consequence>".
+// "<who>: rank q failed: <q's message>; <consequence>", q the lowest rank that threw.
 void all_or_none(ProcessGroup& group, Device device, const std::string& who, const std::string& consequence,
                  const std::function<void()>& fn);
 

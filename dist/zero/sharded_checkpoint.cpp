@@ -24,6 +24,7 @@
 
 #include "autograd/graph.h"
 #include "dist/comm/agreement.h"
+#include "dist/zero/checkpoint_dir.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/unit.h"
 #include "optim/grad_scaler.h"
@@ -31,30 +32,9 @@
 
 namespace zg::dist {
 
-namespace {
+using checkpoint_dir::rank_file;
 
-// N for a file named rank-R-of-N.safetensors (R < N, plain decimals), else -1.
-int world_size_of(const std::string& file) {
-  const auto number = [&](size_t& at) -> int64_t {
-    int64_t value = 0;
-    const size_t start = at;
-    while (at < file.size() && std::isdigit(static_cast<unsigned char>(file[at])) && at - start < 9)
-      value = value * 10 + (file[at++] - '0');
-    return at > start ? value : -1;
-  };
-  const auto literal = [&](size_t& at, std::string_view text) {
-    if (file.compare(at, text.size(), text) != 0) return false;
-    at += text.size();
-    return true;
-  };
-  size_t at = 0;
-  if (!literal(at, "rank-")) return -1;
-  const int64_t rank = number(at);
-  if (rank < 0 || !literal(at, "-of-")) return -1;
-  const int64_t size = number(at);
-  if (size <= rank || !literal(at, ".safetensors") || at != file.size()) return -1;
-  return static_cast<int>(size);
-}
+namespace {
 
 // Format 4 saves frozen parameters as pieces. Older files still load: format 3, whose
 // first file holds the frozen parameters whole (as frozen/<name>); format 2, without
@@ -83,12 +63,6 @@ int format_of(const Metadata& meta) {
   for (int version = 1; version <= kFormatVersion; ++version)
     if (it != meta.end() && it->second == kFormats[version - 1]) return version;
   return 0;
-}
-
-std::string rank_file(const std::string& dir, int rank, int size) {
-  char name[64];
-  std::snprintf(name, sizeof name, "/rank-%05d-of-%05d.safetensors", rank, size);
-  return dir + name;
 }
 
 // A unit range [begin, end) and where unit element `local_base` sits in the local buffers.
@@ -165,26 +139,6 @@ std::vector<Part> parts_of(const std::vector<std::unique_ptr<Unit>>& units, cons
   return parts;
 }
 
-// The rank-R-of-N.safetensors files in `dir`, each with its N.
-std::vector<std::pair<std::filesystem::path, int>> rank_files_in(const std::string& dir, const char* who) {
-  std::vector<std::pair<std::filesystem::path, int>> files;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, error))
-    if (const int n = world_size_of(entry.path().filename().string()); n > 0) files.emplace_back(entry.path(), n);
-  ZG_CHECK(!error, who, ": cannot list ", dir, ": ", error.message());
-  return files;
-}
-
-// Removes the files of a save of another world size than `world_size` from `dir`.
-void remove_other_saves(const std::string& dir, int world_size) {
-  for (const auto& [path, n] : rank_files_in(dir, "ShardedModel::save")) {
-    std::error_code error;
-    if (n != world_size) std::filesystem::remove(path, error);
-    ZG_CHECK(!error, "ShardedModel::save: cannot remove ", path.string(), " of an earlier save of ", n,
-             " ranks: ", error.message());
-  }
-}
-
 // A safetensors file that some ranks write while every rank takes part in the
 // collectives that feed it (gathers, a unit at a time). It is opened on every rank that
 // writes one, or on none (all_or_none). A write that fails is kept, not thrown, so its
@@ -224,19 +178,25 @@ class GroupFileWriter {
 
 }  // namespace
 
-void ShardedModel::save(const std::string& dir, const Metadata& extra, const optim::GradScaler* scaler) {
+void ShardedModel::save(const std::string& dir, const Metadata& extra, const optim::GradScaler* scaler, int keep) {
   NoGradGuard no_grad;
   const int r = group_.rank();
   const Generator& gen = Context::current().generator();
-  // The save's id, on every rank's file: rank 0's random draw of 53 bits (exact in an f64).
-  std::random_device entropy;
-  const uint64_t draw = (static_cast<uint64_t>(entropy()) << 32 | entropy()) >> 11;
   const Device device = units_.front()->master.device();
-  const Tensor id = full({1}, r == 0 ? static_cast<double>(draw) : 0.0,
-                         TensorOptions(DType::f64).device(agreement_device(group_, device)));
+  // The save's id, on every rank's file and in its folder's name: rank 0's random draw of
+  // 53 bits (exact in an f64), one that names no folder there yet.
+  uint64_t draw = 0;
+  if (r == 0) {
+    std::random_device entropy;
+    do draw = (static_cast<uint64_t>(entropy()) << 32 | entropy()) >> 11;
+    while (std::filesystem::exists(dir + "/" + checkpoint_dir::save_name(step_, draw)));
+  }
+  const Tensor id = full({1}, static_cast<double>(draw), TensorOptions(DType::f64).device(agreement_device(group_, device)));
   group_.broadcast(id, 0);
+  const uint64_t save_id = static_cast<uint64_t>(id.item<double>());
+  const std::string folder = dir + "/" + checkpoint_dir::save_name(step_, save_id);
   Metadata meta = {{"format", kFormats[kFormatVersion - 1]},
-                   {"save_id", std::to_string(static_cast<uint64_t>(id.item<double>()))},
+                   {"save_id", std::to_string(save_id)},
                    {"world_size", std::to_string(group_.size())},
                    {"rank", std::to_string(r)},
                    {"stage", std::to_string(placement().stage())},
@@ -244,15 +204,19 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
                    {"compute_dtype", name(config_.compute_dtype)},
                    {"rng_seed", std::to_string(gen.seed())},
                    {"rng_offset", std::to_string(gen.offset())}};
-  // The checkpoint's own keys would overwrite the caller's values. (shape/<parameter> keys
-  // are refused whole: a rank writes only those of the parameters it owns, and every rank
-  // must refuse alike; the scaler's, with or without a scaler, for the same reason.)
-  for (const auto& [key, value] : extra)
-    ZG_CHECK(!key.starts_with("shape/") && !key.starts_with("loss_scale") && !meta.contains(key),
-             "ShardedModel::save: the metadata key '", key, "' is one the checkpoint writes itself; name it otherwise");
+  all_or_none(group_, device, "ShardedModel::save", "nothing was saved, on any rank", [&] {
+    ZG_CHECK(keep >= 1, "ShardedModel::save: keep = ", keep, " would keep no save; it must be at least 1");
+    // The checkpoint's own keys would overwrite the caller's values ("path" is what load()
+    // adds). shape/<parameter> keys are refused whole: a rank writes only those of the
+    // parameters it owns, and every rank must refuse alike; the scaler's, with or without
+    // a scaler, for the same reason.
+    for (const auto& [key, value] : extra)
+      ZG_CHECK(!key.starts_with("shape/") && !key.starts_with("loss_scale") && !meta.contains(key) && key != "path",
+               "ShardedModel::save: the metadata key '", key, "' is one the checkpoint writes itself; name it otherwise");
+    std::filesystem::create_directories(folder);
+  });
   optim::write_scaler_state(scaler, meta);
   meta.insert(extra.begin(), extra.end());
-  std::filesystem::create_directories(dir);
   // This rank's pieces; on rank 0 the buffers too.
   std::vector<SafetensorsWriter::Layout> layout;
   nn::NamedTensors tensors;  // views of the buffers
@@ -267,13 +231,18 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   if (r == 0)
     for (const auto& [key, t] : replicated())
       if (key.starts_with(kBufferKey)) add(key, t);
-  GroupFileWriter file(group_, device, "ShardedModel::save", true, rank_file(dir, r, group_.size()), layout, meta);
+  GroupFileWriter file(group_, device, "ShardedModel::save", true, rank_file(folder, r, group_.size()), layout, meta);
   for (const auto& [key, t] : tensors) file.write(key, t);
-  file.commit("the save in " + dir + " is incomplete");
-  // Every rank's file exists: an earlier save of another N is superseded, and gone when save returns.
-  all_or_none(group_, device, "ShardedModel::save", "files of an earlier save remain in " + dir, [&] {
-    if (r == 0) remove_other_saves(dir, group_.size());
-  });
+  file.commit("the save in " + folder + " is incomplete; load() reads the previous one");
+  // Every rank's file is durable: one rename of `latest` makes the save current.
+  all_or_none(group_, device, "ShardedModel::save",
+              "the save in " + folder + " is complete but not current; load() reads the previous one", [&] {
+                if (r == 0) checkpoint_dir::make_current(dir, folder.substr(dir.size() + 1), keep);
+              });
+}
+
+std::string ShardedModel::current_save(const std::string& dir) {
+  return checkpoint_dir::current_save(dir, "ShardedModel::current_save");
 }
 
 namespace {
@@ -310,8 +279,7 @@ LoadPlan plan_load(const std::string& dir, const ModelParameters& model, const s
   const bool single_file = std::filesystem::is_regular_file(dir);
   int old_size = single_file ? 1 : -1;
   if (!single_file) {
-    ZG_CHECK(std::filesystem::is_directory(dir), who, ": ", dir, " is not a directory");
-    for (const auto& [path, n] : rank_files_in(dir, who)) {
+    for (const auto& [path, n] : checkpoint_dir::rank_files_in(dir, who)) {
       ZG_CHECK(old_size < 0 || old_size == n, who, ": ", dir, " mixes saves of ", old_size, " and ", n, " ranks");
       old_size = n;
     }
@@ -454,8 +422,9 @@ LoadPlan plan_load(const std::string& dir, const ModelParameters& model, const s
     const std::string key = std::string(kFrozenKey) + name, master = "master/" + name;
     if (!plan.pieces.contains(key) && plan.pieces.contains(master)) plan.pieces[key] = plan.pieces[master];
   }
-  // Each part this rank loads, covered by pieces it can read into it. (Saves before
-  // format 3 held no frozen parameters: those are left as they are.)
+  // Each part this rank loads, covered by pieces it can read into it, their bytes verified
+  // (each piece once). (Saves before format 3 held no frozen parameters: those are left as they are.)
+  std::set<std::tuple<const SafetensorsFile*, std::string, DType>> verified;  // and checked as that dtype
   for (const Part& part : parts) {
     if (plan.format < 3 && part.key.starts_with(kFrozenKey) && !plan.pieces.contains(part.key)) continue;
     const int64_t a = part.begin, b = part.begin + part.data.numel();
@@ -464,7 +433,7 @@ LoadPlan plan_load(const std::string& dir, const ModelParameters& model, const s
       const int64_t overlap = std::min(b, p.begin + p.length) - std::max(a, p.begin);
       if (overlap <= 0) continue;
       covered += overlap;
-      p.file->check_readable_as(p.tensor, part.data.dtype());
+      if (verified.emplace(p.file, p.tensor, part.data.dtype()).second) p.file->check_readable_as(p.tensor, part.data.dtype());
     }
     ZG_CHECK(covered == b - a, who, ": ", dir, " does not cover ", part.key, " elements [", a, ", ", b, ") (",
              covered, " of ", b - a, " found)");
@@ -475,8 +444,9 @@ LoadPlan plan_load(const std::string& dir, const ModelParameters& model, const s
 
 }  // namespace
 
-// Each rank plans its part; then all ranks agree, so that either every rank loads or
-// none does -- a rank whose range is not covered must not leave the others loaded.
+// Each rank plans its part, every byte it will read verified; then all ranks agree, so
+// that either every rank loads or none does -- a rank whose range is not covered, or
+// whose file is damaged, must not leave the others loaded.
 Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
   const int r = group_.rank();
@@ -491,9 +461,22 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
     else buffers.emplace_back(key, t);
   }
   LoadPlan plan;
-  all_or_none(group_, units_.front()->master.device(), "ShardedModel::load", "nothing was loaded, on any rank", [&] {
-    plan = plan_load(dir, model, parts_of(units_, replicated(), r, !placement().optimizer_sharded(), /*saving=*/false), buffers, r, scaler);
+  std::string save;  // the folder (or file) of the save `dir` holds now
+  const Device device = units_.front()->master.device();
+  all_or_none(group_, device, "ShardedModel::load", "nothing was loaded, on any rank", [&] {
+    save = checkpoint_dir::current_save(dir, "ShardedModel::load");
+    plan = plan_load(save, model, parts_of(units_, replicated(), r, !placement().optimizer_sharded(), /*saving=*/false),
+                     buffers, r, scaler);
   });
+  // One save on every rank (a save made current between two ranks' reads of `latest` is another).
+  Hash53 which;
+  for (const std::string& key : {"save_id", "step"}) {
+    const auto it = plan.files[0]->metadata().find(key);
+    const std::string value = it == plan.files[0]->metadata().end() ? "" : it->second;
+    which.mix(value.data(), value.size() + 1);
+  }
+  Agreement(group_, agreement_device(group_, device), {{"save (its id and step)", which.value()}})
+      .check("ShardedModel::load: nothing was loaded, on any rank: ranks found");
 
   // Everything checked, everywhere: now copy each part's overlap with each piece.
   for (const Part& part : plan.parts) {
@@ -515,7 +498,9 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   gen.set_offset(plan.offset);
   for (auto& unit : units_) unit->refresh_compute();
   mark_compute_current();
-  return plan.files[0]->metadata();
+  Metadata loaded = plan.files[0]->metadata();
+  loaded["path"] = save;
+  return loaded;
 }
 
 namespace {

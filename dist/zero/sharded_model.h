@@ -151,25 +151,36 @@ class ShardedModel final : public ParameterOwner {
   };
   [[nodiscard]] FullParameters summon_full_params();
 
-  // Sharded checkpoints (dist/sharded_checkpoint.cpp). save() writes, from every rank,
-  // `dir/rank-RRRRR-of-NNNNN.safetensors` (zero-padded) with the parts of each parameter's
-  // master weights and Adam m, v that the rank owns (and at stage 3 of the frozen weights
-  // it holds), named by parameter and element offset, so load() works at any world size
-  // and stage: each rank reads the pieces that overlap what it holds now. Rank 0's file
-  // also holds the frozen parameters every rank holds whole, and the buffers.
+  // Sharded checkpoints (dist/zero/sharded_checkpoint.cpp, checkpoint_dir.h). save()
+  // writes, from every rank, `dir/<save>/rank-RRRRR-of-NNNNN.safetensors` (zero-padded),
+  // <save> = step-<step>-<id>, with the parts of each parameter's master weights and Adam
+  // m, v that the rank owns (and at stage 3 of the frozen weights it holds), named by
+  // parameter and element offset, so load() works at any world size and stage: each rank
+  // reads the pieces that overlap what it holds now. Rank 0's file also holds the frozen
+  // parameters every rank holds whole, and the buffers.
+  //  - Saves are committed whole: once every rank's file is durable, rank 0 renames
+  //    `dir/latest` to name the new save; only then are older saves removed (all but the
+  //    newest `keep`) and folders of saves killed part-way. A kill at any moment leaves
+  //    the previous save or the new one loadable.
+  //  - load(dir) reads the save `dir/latest` names (current_save(dir) says which; the
+  //    returned metadata's "path" too); `dir` may also be one save's folder, or a
+  //    directory of rank files of an earlier version.
+  //  - Loads are all-or-nothing: every file's header, every shape and dtype, and the
+  //    checksum of every byte a rank will read are checked before anything changes; then
+  //    either every rank loads or every rank throws, with the failing rank's reason.
   //  - A parameter trained in the save and frozen in the model loads its master weights.
-  //  - A save replaces the checkpoint in `dir`, whatever its world size: once every rank
-  //    has written its file, rank 0 removes the files of an earlier save of another N.
-  //  - The files of one save share an id: load() refuses files of different saves.
   //  - With a GradScaler, its scale and count are saved, and loaded into an enabled
   //    scaler (a disabled one has no state).
   //  - The generator state is saved per rank; at a larger world size, the ranks the save
   //    did not have take the last saved rank's (reseed them if they need streams apart).
   //  - load() also takes, as `dir`, the single file of the former optim::save_checkpoint
-  //    (format zerograd-training-checkpoint-1), at any world size and stage; a save()
-  //    after it converts it into a directory.
-  void save(const std::string& dir, const Metadata& extra = {}, const optim::GradScaler* scaler = nullptr);
+  //    (format zerograd-training-checkpoint-1), at any world size and stage.
+  void save(const std::string& dir, const Metadata& extra = {}, const optim::GradScaler* scaler = nullptr,
+            int keep = 1);
   Metadata load(const std::string& dir, optim::GradScaler* scaler = nullptr);
+  // The save load(dir) reads: the folder `dir/latest` names, or `dir` itself (a save's
+  // folder, or a single file); a zg::Error when `dir` holds no complete save.
+  static std::string current_save(const std::string& dir);
   // The whole model, gathered on every rank (a collective), by name: every parameter's
   // weights -- the master weights of the trained ones, the frozen ones in the master
   // dtype -- and the buffers; what nn::load_state reads. A copy, which later steps leave
