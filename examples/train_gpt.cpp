@@ -29,7 +29,6 @@ namespace {
 
 struct Flags : examples::TrainingFlags {
   double dropout = 0.0;
-  int64_t save_every = 0;
 };
 
 void usage() {
@@ -38,8 +37,6 @@ void usage() {
                "  --dtype f32|bf16|f16   compute dtype; master weights and Adam state stay f32 (f16 adds a grad scaler)\n"
                "  --device cpu|cuda  where to train (default cpu)\n"
                "  --dropout P        dropout probability (default 0)\n"
-               "  --save DIR         write a training checkpoint (a directory of safetensors) at the end\n"
-               "  --save-every N     ... and every N steps\n"
                "  --resume DIR       continue from a training checkpoint (train_zero's too, at any --ranks)\n"
             << Flags().common_help();
 }
@@ -51,7 +48,6 @@ bool parse(int argc, char** argv, Flags& f) {
     if (a == "--help") return false;
     else if (f.read(flag)) continue;
     else if (a == "--dropout") f.dropout = flag.number();
-    else if (a == "--save-every") f.save_every = flag.count(0);
     else flag.unknown();
   }
   f.check("train_gpt");
@@ -81,6 +77,7 @@ int run(const Flags& f) {
   config.vocab_size = 256, config.block_size = f.seq, config.dropout = f.dropout;
   config.activation_checkpointing = f.checkpointing;
   nn::GPT model(config, TensorOptions(DType::f32).device(device));
+  if (!f.init.empty()) nn::load_state(model, f.init);
   // One device is a group of one: the parameters move into flat units (full, unsharded),
   // and clipping, loss scaling, AdamW and checkpoints are train_zero's code at N = 1.
   dist::SingleRank one;
@@ -97,15 +94,12 @@ int run(const Flags& f) {
              " is before the optimizer's step ", trainer.steps());
     ZG_CHECK(first_step < f.steps, "train_gpt: ", f.resume, " is at step ", first_step, ": --steps ", f.steps,
              " leaves nothing to train");
-    std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(first_step));
+    std::printf("resumed from %s at step %lld\n", meta.at("path").c_str(), static_cast<long long>(first_step));
   }
   std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s compute on %s; %zu bytes of text\n",
               static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
               static_cast<long long>(model.num_parameters()), name(compute), device.str().c_str(), data.tokens.size());
 
-  auto save = [&](const std::string& dir, int64_t steps_done) {
-    trainer.save(dir, record.save(data, steps_done), &scaler);
-  };
   double loss_value = NAN;
   for (int64_t step = first_step; step < f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
@@ -132,9 +126,8 @@ int run(const Flags& f) {
                 static_cast<double>(f.batch * f.seq) / seconds, lr, memory_line(device).c_str(),
                 take ? "" : " | skipped (inf/nan gradients)");
     std::fflush(stdout);
-    if (!f.save.empty() && f.save_every > 0 && (step + 1) % f.save_every == 0) save(f.save, step + 1);
+    f.save_after(step + 1, trainer, record.save(data, step + 1), &scaler);
   }
-  if (!f.save.empty()) save(f.save, f.steps);
   std::printf("final loss: %.4f\n", loss_value);
   return 0;
 }

@@ -40,7 +40,6 @@ void usage() {
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
                "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
                "  --device cpu|cuda  where every rank trains (default cpu)\n"
-               "  --save DIR         write a sharded checkpoint (a file per rank) at the end\n"
                "  --resume DIR       continue from a sharded checkpoint, saved at any --ranks and --stage\n"
             << Flags().common_help();
 }
@@ -89,6 +88,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   config.vocab_size = 256, config.block_size = f.seq;
   config.activation_checkpointing = f.checkpointing;
   nn::GPT model(config, TensorOptions(DType::f32).device(device));
+  if (!f.init.empty() && group.rank() == 0) nn::load_state(model, f.init);  // rank 0's weights become every rank's
   // The parameters move into flat units, sharded as the stage says; rank 0's initial
   // weights become every rank's.
   dist::ShardedModel sharded(model, group,
@@ -100,10 +100,11 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);  // what a checkpoint records, as train_gpt's
   int64_t first_step = 0;
   if (!f.resume.empty()) {
-    first_step = record.resume("train_zero", f.resume, sharded.load(f.resume), data).value_or(0);
+    const Metadata meta = sharded.load(f.resume);
+    first_step = record.resume("train_zero", f.resume, meta, data).value_or(0);
     ZG_CHECK(first_step < f.steps, "train_zero: ", f.resume, " is at step ", first_step, ": --steps ",
              f.steps, " leaves nothing to train");
-    if (printer) std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(first_step));
+    if (printer) std::printf("resumed from %s at step %lld\n", meta.at("path").c_str(), static_cast<long long>(first_step));
   }
   if (printer)
     std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s on %lld ranks, %s compute on %s\n",
@@ -140,8 +141,8 @@ void train(dist::ProcessGroup& group, const Flags& f) {
                   result.stepped ? "" : " | skipped (inf/nan gradients)");
       std::fflush(stdout);
     }
+    f.save_after(step + 1, sharded, record.save(data, step + 1));
   }
-  if (!f.save.empty()) sharded.save(f.save, record.save(data, f.steps));
   if (printer) std::printf("final loss: %.4f\n", loss_value);
 }
 

@@ -94,7 +94,8 @@ struct TrainingFlags {
   std::string data = std::string(ZG_SOURCE_DIR) + "/examples/data/gradients.txt";
   int64_t steps = 200, batch = 8, seq = 64, layers = 4, heads = 4, embd = 128, warmup = 20;
   double lr = 3e-3, min_lr = 3e-4, max_grad_norm = 1.0, weight_decay = 0.1;
-  std::string dtype = "f32", device = "cpu", save, resume;
+  std::string dtype = "f32", device = "cpu", save, resume, export_path, init;
+  int64_t save_every = 0;
   bool checkpointing = false;
   uint64_t seed = 1337;
 
@@ -114,12 +115,15 @@ struct TrainingFlags {
     else if (a == "--checkpointing") checkpointing = true;
     else if (a == "--save") save = flag.value();
     else if (a == "--resume") resume = flag.value();
+    else if (a == "--save-every") save_every = flag.count(0);
+    else if (a == "--export") export_path = flag.value();
+    else if (a == "--init") init = flag.value();
     else if (a == "--seed") seed = flag.count<uint64_t>(0);
     else return false;
     return true;
   }
   // The help lines of the flags that mean the same in every example, with this object's
-  // defaults (--batch, --dtype, --device, --save and --resume each example describes itself).
+  // defaults (--batch, --dtype, --device and --resume each example describes itself).
   std::string common_help() const {
     std::ostringstream out;
     out << "  --data PATH        text file to learn, byte-level tokens (default: examples/data/gradients.txt)\n"
@@ -129,6 +133,13 @@ struct TrainingFlags {
         << "  --lr X             peak learning rate (default " << lr << "), warmup " << warmup
         << " steps then cosine to lr/10\n"
         << "  --checkpointing    recompute each block's activations in backward (less activation memory)\n"
+        << "  --save DIR         write a training checkpoint at the end: DIR/latest names the newest save,\n"
+        << "                     a folder of safetensors (one per rank); a save replaces the one before it\n"
+        << "  --save-every N     ... and every N steps\n"
+        << "  --export FILE      the model's weights in one safetensors file (PyTorch, Hugging Face), written\n"
+        << "                     with each save and at the end\n"
+        << "  --init FILE        start from the weights in a safetensors file (an --export's, or any state of\n"
+        << "                     this GPT's shape)\n"
         << "  --seed N           initialisation and data seed (default " << seed << ")\n"
         << "  --help             this text\n";
     return out.str();
@@ -138,12 +149,28 @@ struct TrainingFlags {
     ZG_CHECK(batch <= (int64_t{1} << 40) / seq, who, ": --batch ", batch, " x --seq ", seq,
              " tokens a step is more than 2^40");
     // Found out before training, not after it: a save makes a directory of rank files
-    // (and its parents), which it cannot where the nearest existing path is not one.
-    if (save.empty()) return;
-    std::filesystem::path existing = std::filesystem::absolute(save);
-    while (!std::filesystem::exists(existing)) existing = existing.parent_path();
-    ZG_CHECK(std::filesystem::is_directory(existing), who, ": --save ", save, ": ", existing.string(),
-             " is not a directory");
+    // (and its parents), which it cannot where the nearest existing path is not one; an
+    // export writes a file in a folder that must exist.
+    if (!save.empty()) {
+      std::filesystem::path existing = std::filesystem::absolute(save);
+      while (!std::filesystem::exists(existing)) existing = existing.parent_path();
+      ZG_CHECK(std::filesystem::is_directory(existing), who, ": --save ", save, ": ", existing.string(),
+               " is not a directory");
+    }
+    if (!export_path.empty()) {
+      const std::filesystem::path folder = std::filesystem::absolute(export_path).parent_path();
+      ZG_CHECK(std::filesystem::is_directory(folder), who, ": --export ", export_path, ": ", folder.string(),
+               " is not a directory");
+    }
+  }
+
+  // After `steps_done` steps (every --save-every, and at the end): the checkpoint (--save,
+  // with `record`) and the weights (--export). Collectives: every rank calls it.
+  void save_after(int64_t steps_done, dist::ShardedModel& model, const Metadata& record,
+                  const optim::GradScaler* scaler = nullptr) const {
+    if (steps_done != steps && (save_every == 0 || steps_done % save_every != 0)) return;
+    if (!save.empty()) model.save(save, record, scaler);
+    if (!export_path.empty()) model.export_consolidated(export_path);
   }
 };
 

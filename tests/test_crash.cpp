@@ -1,0 +1,191 @@
+// Crash consistency: train_zero and train_gpt, saving after every step, are killed with
+// SIGKILL at random moments; after each kill the checkpoint on disk must load. A sharded
+// save alternates world sizes (2 and 3 ranks) and stages; a single file is the
+// consolidated export, loaded with nn::load_state.
+//
+// ZG_KILL_TRIALS sets the trials per kind (default 20), ZG_KILL_SEED the random moments
+// (printed, so a failure can be replayed):
+//   ZG_KILL_TRIALS=100 build/tests/test_crash
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "dist/comm/local_group.h"
+#include "dist/zero/sharded_model.h"
+#include "helpers.h"
+#include "nn/gpt.h"
+#include "nn/serialize.h"
+
+#ifndef ZG_EXAMPLES_DIR
+#define ZG_EXAMPLES_DIR "examples"
+#endif
+
+extern char** environ;
+
+namespace zg::test {
+
+namespace {
+
+int env_number(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value ? std::atoi(value) : fallback;
+}
+
+// The examples' model at the flags below: 1 layer, 1 head, n_embd 16, 8 tokens, bytes.
+nn::GPTConfig small_config() {
+  nn::GPTConfig c;
+  c.n_layer = 1, c.n_head = 1, c.n_embd = 16, c.vocab_size = 256, c.block_size = 8;
+  return c;
+}
+const std::vector<std::string> kSmall = {"--layers", "1", "--heads", "1", "--embd", "16", "--seq",
+                                         "8", "--batch", "6", "--steps", "1000000", "--save-every", "1"};
+
+// Starts `program` with `args` (its output discarded), lets it run for `delay`, kills it
+// with SIGKILL and reaps it. Returns whether it was still running when killed.
+bool kill_after(const std::string& program, std::vector<std::string> args, std::chrono::microseconds delay) {
+  args.insert(args.begin(), program);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ) == 0);
+  posix_spawn_file_actions_destroy(&actions);
+  std::this_thread::sleep_for(delay);
+  const bool running = ::waitpid(pid, nullptr, WNOHANG) == 0;
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return running;
+}
+
+// What kills left in a checkpoint directory beside the current save: folders of saves
+// `latest` does not name (with what is in them), and temporaries.
+struct Leftovers {
+  int folders = 0, files = 0;
+};
+Leftovers leftovers(const std::string& dir, const std::string& current) {
+  Leftovers left;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    const bool other_save = name.starts_with("step-") && entry.path().parent_path() == dir && entry.path() != current;
+    left.folders += other_save;
+    left.files += name.find(".tmp.") != std::string::npos;
+  }
+  return left;
+}
+
+struct Trials {
+  int trials = env_number("ZG_KILL_TRIALS", 20);
+  unsigned seed = static_cast<unsigned>(env_number("ZG_KILL_SEED", static_cast<int>(std::random_device{}() & 0x7fffffff)));
+  std::mt19937 random{seed};
+  // Kill moments, uniform over the first 0.6 s of a run: start-up, the first saves, and
+  // many later ones (a save of this model takes a few milliseconds).
+  std::chrono::microseconds next_delay() { return std::chrono::microseconds(random() % 600000); }
+};
+
+}  // namespace
+
+TEST_CASE("kill -9 at any moment of sharded saves, at alternating world sizes, never leaves a checkpoint that does not load") {
+  Trials t;
+  MESSAGE("ZG_KILL_TRIALS=" << t.trials << " ZG_KILL_SEED=" << t.seed);
+  const std::string dir = "/tmp/zg_test_kill_sharded_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  int64_t last_step = 0;
+  int loaded = 0, failed = 0, mid_save = 0;
+  for (int trial = 0; trial < t.trials; ++trial) {
+    const int ranks = 2 + trial % 2, stage = trial % 4;
+    INFO("trial " << trial << ": train_zero --ranks " << ranks << " --stage " << stage);
+    std::vector<std::string> args = kSmall;
+    args.insert(args.end(), {"--ranks", std::to_string(ranks), "--stage", std::to_string(stage), "--save", dir});
+    if (last_step > 0) args.insert(args.end(), {"--resume", dir});
+    kill_after(std::string(ZG_EXAMPLES_DIR) + "/train_zero", args, t.next_delay());
+    if (!std::filesystem::exists(dir + "/latest")) {
+      CHECK(last_step == 0);  // no save ever finished: nothing to load yet
+      continue;
+    }
+    // Load at the other world size and another stage, as a resume would.
+    const int load_ranks = 5 - ranks;
+    std::string error, current;
+    int64_t step = 0;
+    dist::run_local(load_ranks, [&](dist::ProcessGroup& pg) {
+      nn::GPT model(small_config());
+      dist::ShardedModel sharded(model, pg, {.stage = (stage + 1) % 4, .compute_dtype = DType::f32});
+      try {
+        const Metadata meta = sharded.load(dir);
+        if (pg.rank() == 0) current = meta.at("path"), step = sharded.steps();
+      } catch (const Error& e) {
+        if (pg.rank() == 0) error = e.what();
+      }
+    });
+    CHECK_MESSAGE(error.empty(), error);
+    if (!error.empty()) {
+      ++failed;
+      continue;
+    }
+    ++loaded;
+    CHECK(step >= last_step);  // never an older save than one that loaded before
+    last_step = step;
+    const Leftovers left = leftovers(dir, current);
+    mid_save += left.folders + left.files > 0;
+    // The next save clears what a kill left: at most this kill's save and the one before
+    // it (killed before it became current), never a growing pile.
+    CHECK(left.folders <= 2);
+  }
+  MESSAGE(t.trials << " kills: " << loaded << " loaded after the kill (" << mid_save << " of them killed in the middle "
+                   << "of a save), " << failed << " failed to load; last step " << last_step);
+  CHECK(loaded > 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("kill -9 at any moment of single-file saves never leaves a file that does not load") {
+  Trials t;
+  MESSAGE("ZG_KILL_TRIALS=" << t.trials << " ZG_KILL_SEED=" << t.seed);
+  const std::string dir = "/tmp/zg_test_kill_file_" + std::to_string(::getpid());
+  const std::string file = dir + "/weights.safetensors";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  int loaded = 0, failed = 0, mid_save = 0;
+  for (int trial = 0; trial < t.trials; ++trial) {
+    INFO("trial " << trial);
+    std::vector<std::string> args = kSmall;
+    args.insert(args.end(), {"--export", file});
+    const bool existed = std::filesystem::exists(file);
+    if (existed) args.insert(args.end(), {"--init", file});
+    kill_after(std::string(ZG_EXAMPLES_DIR) + "/train_gpt", args, t.next_delay());
+    if (!std::filesystem::exists(file)) {
+      CHECK_FALSE(existed);
+      continue;
+    }
+    nn::GPT model(small_config());
+    std::string error;
+    try {
+      nn::load_state(model, file);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    CHECK_MESSAGE(error.empty(), error);
+    (error.empty() ? loaded : failed) += 1;
+    const Leftovers left = leftovers(dir, file);
+    mid_save += left.files > 0;
+    CHECK(left.files <= 1);  // the next save removes a killed one's temporary
+  }
+  MESSAGE(t.trials << " kills: " << loaded << " loaded after the kill (" << mid_save << " of them killed in the middle "
+                   << "of a save), " << failed << " failed to load");
+  CHECK(loaded > 0);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace zg::test
