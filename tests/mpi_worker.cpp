@@ -4,9 +4,12 @@
 // group. With `mismatch` as second argument, the ranks call different collectives;
 // with `stall`, rank 1 never joins rank 0's all_reduce (it sleeps a minute), and rank 0,
 // whose group times out after 2 s, fails and exits, so mpirun ends the job; with
-// `huge`, both broadcast 2^31 bytes, one more than an MPI count holds.
+// `huge`, both broadcast 2^31 bytes, one more than an MPI count holds; with `throw`,
+// rank 1 throws while rank 0 waits for it; with `damaged`, a sharded load meets a
+// damaged byte in rank 1's file.
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "dist/comm/mpi_group.h"
@@ -15,34 +18,53 @@
 int main(int argc, char** argv) {
   using namespace zg;
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpi_worker OUT_DIR [mismatch|stall|huge]\n");
+    std::fprintf(stderr, "usage: mpi_worker OUT_DIR [mismatch|stall|huge|throw|damaged]\n");
     return 2;
   }
-  const std::string mode = argc > 2 ? argv[2] : "";
-  int status = 0;
-  try {
-    dist::MpiGroup group(mode == "stall" ? dist::MpiOptions{.timeout = std::chrono::seconds(2)} : dist::MpiOptions{});
-    dist::ProcessGroup& pg = group;
-    if (mode == "stall") {
-      Tensor t = zeros({4});
-      if (pg.rank() == 0) pg.all_reduce(t);
-      else std::this_thread::sleep_for(std::chrono::minutes(1));
-    }
-    if (mode == "huge") pg.broadcast(empty({int64_t{1} << 31}, DType::boolean), 0);  // never written: not paged in
-    if (mode == "mismatch") {
-      Tensor t = zeros({4});
-      if (pg.rank() == 0) pg.all_reduce(t);
-      else pg.all_gather(zeros({2}), t);
-    }
-    for (int stage = 0; stage <= 3; ++stage) {
-      const nn::NamedTensors weights = test::train_sharded(pg, {.dtype = DType::f32, .stage = stage, .steps = 3});
-      if (pg.rank() == 0)
-        save_safetensors(std::string(argv[1]) + "/stage-" + std::to_string(stage) + ".safetensors", weights);
-    }
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    status = 1;
-  }
-  if (status == 0) dist::MpiGroup::finalize();
-  return status;  // a failed rank exits without finalize: mpirun ends the job
+  const std::string mode = argc > 2 ? argv[2] : "", out = argv[1];
+  const auto options = mode == "stall" ? dist::MpiOptions{.timeout = std::chrono::seconds(2)} : dist::MpiOptions{};
+  return dist::run_mpi(
+        [&](dist::ProcessGroup& pg) {
+          if (mode == "stall") {
+            Tensor t = zeros({4});
+            if (pg.rank() == 0) pg.all_reduce(t);
+            else std::this_thread::sleep_for(std::chrono::minutes(1));
+          }
+          if (mode == "huge") pg.broadcast(empty({int64_t{1} << 31}, DType::boolean), 0);  // never written: not paged in
+          if (mode == "mismatch") {
+            Tensor t = zeros({4});
+            if (pg.rank() == 0) pg.all_reduce(t);
+            else pg.all_gather(zeros({2}), t);
+          }
+          if (mode == "throw") {  // rank 1 fails while rank 0 waits in a collective (timeout: 5 minutes)
+            Tensor t = zeros({4});
+            if (pg.rank() == 1) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(500));
+              fail("rank 1's data loader found no more data");
+            }
+            pg.all_reduce(t);
+          }
+          if (mode == "damaged") {  // a load whose rank 1 meets a damaged byte: every rank refuses it
+            manual_seed(1);
+            nn::GPT model(test::zero_config());
+            dist::ShardedModel sharded(model, pg, {.stage = 1, .compute_dtype = DType::f32});
+            const std::string dir = out + "/damaged";
+            sharded.save(dir);
+            if (pg.rank() == 0) {
+              const std::string file = dist::ShardedModel::current_save(dir) + "/rank-00001-of-00002.safetensors";
+              std::fstream bytes(file, std::ios::in | std::ios::out | std::ios::binary);
+              bytes.seekg(-1, std::ios::end);
+              const char last = static_cast<char>(bytes.get() ^ 0xff);
+              bytes.seekp(-1, std::ios::end);
+              bytes.put(last);
+            }
+            pg.barrier();
+            sharded.load(dir);
+          }
+          for (int stage = 0; stage <= 3 && mode.empty(); ++stage) {
+            const nn::NamedTensors weights = test::train_sharded(pg, {.dtype = DType::f32, .stage = stage, .steps = 3});
+            if (pg.rank() == 0) save_safetensors(out + "/stage-" + std::to_string(stage) + ".safetensors", weights);
+          }
+        },
+        options);  // an error: printed, sent to the other rank, exit status 1 (mpirun then ends the job)
 }

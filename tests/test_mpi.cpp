@@ -69,6 +69,25 @@ TEST_CASE("a rank that never joins a collective fails the others within the time
   CHECK(seconds < 40);  // rank 1 sleeps 60 s: mpirun ended it when rank 0 exited
 }
 
+TEST_CASE("a rank that throws makes the other throw its message at once, not at the timeout") {
+  const double seconds = run_failing("throw", "mpi group: rank 1 failed: rank 1's data loader found no more data");
+  CHECK(seconds < 30);  // the group's timeout is 5 minutes
+}
+
+TEST_CASE("a sharded load that one process finds damaged fails on every process with that reason") {
+  const std::string dir = "/tmp/zg_test_mpi_damaged_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  int status = 0;
+  const std::string out = run_command(mpirun(dir + " damaged"), status);
+  INFO(out);
+  CHECK(status != 0);
+  // Rank 0's error: rank 1's reason, and that nothing was loaded.
+  CHECK(out.find("ShardedModel::load: rank 1 failed: safetensors " + dir) != std::string::npos);
+  CHECK(out.find("fails its checksum") != std::string::npos);
+  CHECK(out.find("nothing was loaded, on any rank") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a collective larger than an MPI count is refused before anything moves") {
   run_failing("huge", "mpi group: broadcast(bool[2147483648] on cpu, root 0) moves 2147483648 bytes per rank, over "
                       "MPI's count limit of 2^31 - 1");

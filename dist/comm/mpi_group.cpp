@@ -2,7 +2,10 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <memory>
 #include <cstring>
 #include <thread>
 
@@ -56,22 +59,20 @@ void scale(const Tensor& t, ReduceKind op, int size) {
 
 MPI_Op mpi_op(ReduceKind op) { return op == ReduceKind::max ? MPI_MAX : MPI_SUM; }
 
-// True once MPI has completed `request`, false when `timeout` passed first. A
-// non-blocking collective progresses only inside MPI calls (OpenMPI runs no progress
-// thread), so it is tested without pause for the first 200 us -- a collective whose peers
-// are all there ends within that -- then every 100 us, leaving the core to the rank's
-// compute while a late peer is awaited.
-bool completes(MPI_Request& request, std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  for (;;) {
-    int done = 0;
-    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-    if (done) return true;
-    const Clock::duration waited = Clock::now() - start;
-    if (waited > timeout) return false;
-    if (waited > std::chrono::microseconds(200)) std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
+// Failure notices travel on their own communicator with these tags: a notice (the
+// failing rank's message) and its acknowledgement.
+constexpr int kNoticeTag = 1, kAckTag = 2;
+constexpr int kMaxNoticeBytes = 4096;
+
+// The notice `status` found on `notices`, received.
+std::string receive_notice(const MPI_Status& status, MPI_Comm notices) {
+  int bytes = 0;
+  MPI_Get_count(&status, MPI_CHAR, &bytes);
+  std::string notice(static_cast<size_t>(std::clamp(bytes, 0, kMaxNoticeBytes)), '\0');
+  check(MPI_Recv(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, status.MPI_SOURCE, kNoticeTag, notices,
+                 MPI_STATUS_IGNORE),
+        "MPI_Recv (failure notice)");
+  return notice;
 }
 
 }  // namespace
@@ -89,6 +90,9 @@ MpiGroup::MpiGroup(MpiOptions options) : timeout_(checked_timeout("mpi group", o
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
   check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  MPI_Comm notices = MPI_COMM_NULL;
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &notices), "MPI_Comm_dup");
+  notices_ = MPI_Comm_c2f(notices);
 }
 
 void MpiGroup::finalize() {
@@ -98,14 +102,118 @@ void MpiGroup::finalize() {
   if (initialized && !finalized) MPI_Finalize();
 }
 
-void MpiGroup::time_out(const char* what, const Collective& c, std::shared_ptr<void> keep) {
+void MpiGroup::give_up(std::string why, std::shared_ptr<void> keep) {
   // MPI may still complete the abandoned call and write these buffers: they are never freed.
   new std::shared_ptr<void>(std::move(keep));  // NOLINT: leaked on purpose
-  broken_ = "mpi group: " + std::string(what) + " for " + c.describe() + " (collective #" +
-            std::to_string(calls_ - 1) + ") did not finish within " + std::to_string(timeout_.count()) +
-            " ms: a rank is missing, failed or stuck. MPI cannot cancel a collective, so the group is unusable: "
-            "end the process (mpirun then ends the other ranks)";
+  std::lock_guard<std::mutex> lock(mpi_);
+  if (broken_.empty()) broken_ = std::move(why);
   fail(broken_);
+}
+
+void MpiGroup::time_out(const char* what, const Collective& c, std::shared_ptr<void> keep) {
+  give_up("mpi group: " + std::string(what) + " for " + c.describe() + " (collective #" + std::to_string(calls_ - 1) +
+              ") did not finish within " + std::to_string(timeout_.count()) +
+              " ms: a rank is missing, failed or stuck. MPI cannot cancel a collective, so the group is unusable: "
+              "end the process (mpirun then ends the other ranks)",
+          std::move(keep));
+}
+
+// A non-blocking collective progresses only inside MPI calls (OpenMPI runs no progress
+// thread), so it is tested without pause for the first 200 us -- a collective whose peers
+// are all there ends within that -- then every 100 us, leaving the core to the rank's
+// compute while a late peer is awaited. Each test also looks for a failure notice.
+bool MpiGroup::completes(void* request_ptr, const Collective& c, const std::shared_ptr<void>& keep) {
+  using Clock = std::chrono::steady_clock;
+  MPI_Request& request = *static_cast<MPI_Request*>(request_ptr);
+  const MPI_Comm notices = MPI_Comm_f2c(notices_);
+  const Clock::time_point start = Clock::now();
+  for (;;) {
+    std::string notice;
+    int sender = -1;
+    {
+      std::lock_guard<std::mutex> lock(mpi_);
+      ZG_CHECK(broken_.empty(), broken_, " (abandoning ", c.describe(), ")");  // fail_others ran meanwhile
+      int done = 0;
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) return true;
+      int arrived = 0;
+      MPI_Status status;
+      check(MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, notices, &arrived, &status), "MPI_Iprobe");
+      if (arrived) {
+        sender = status.MPI_SOURCE;
+        notice = receive_notice(status, notices);
+        notified_by_ = sender;  // acknowledged by fail_others, once this rank has reported it
+      }
+    }
+    if (sender >= 0)
+      give_up("mpi group: rank " + std::to_string(sender) + " failed: " + notice + " (this rank was in " +
+                  c.describe() + ", collective #" + std::to_string(calls_ - 1) + ", which cannot finish)",
+              keep);
+    const Clock::duration waited = Clock::now() - start;
+    if (waited > timeout_) return false;
+    if (waited > std::chrono::microseconds(200)) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+void MpiGroup::fail_others(const std::string& message) {
+  using Clock = std::chrono::steady_clock;
+  const MPI_Comm notices = MPI_Comm_f2c(notices_);
+  const std::string text = message.substr(0, kMaxNoticeBytes);
+  std::vector<MPI_Request> sends, acks;
+  std::vector<char> ack_bytes(static_cast<size_t>(size_));
+  const char ack = 1;
+  {
+    std::lock_guard<std::mutex> lock(mpi_);
+    if (notified_by_ >= 0) {  // failed because another rank did: tell that one it was heard
+      MPI_Send(&ack, 1, MPI_CHAR, notified_by_, kAckTag, notices);
+      return;
+    }
+    if (broken_.empty()) broken_ = "mpi group: this rank failed (" + message.substr(0, 200) + ") and told the others";
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      sends.emplace_back();
+      acks.emplace_back();
+      MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, q, kNoticeTag, notices, &sends.back());
+      MPI_Irecv(&ack_bytes[static_cast<size_t>(q)], 1, MPI_CHAR, q, kAckTag, notices, &acks.back());
+    }
+  }
+  // The others acknowledge from the collective they wait in; one that computes for long
+  // reads the notice at its next collective, after this rank has gone.
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < deadline) {
+    int all = 0;
+    {
+      std::lock_guard<std::mutex> lock(mpi_);
+      MPI_Testall(static_cast<int>(acks.size()), acks.data(), &all, MPI_STATUSES_IGNORE);
+      // Another rank failing at the same time waits for this one's word too.
+      int arrived = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, notices, &arrived, &status) == MPI_SUCCESS && arrived) {
+        receive_notice(status, notices);
+        MPI_Send(&ack, 1, MPI_CHAR, status.MPI_SOURCE, kAckTag, notices);
+      }
+    }
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+int run_mpi(const std::function<void(ProcessGroup&)>& fn, MpiOptions options) {
+  std::unique_ptr<MpiGroup> group;
+  try {
+    group = std::make_unique<MpiGroup>(options);
+    fn(*group);
+    group->barrier();
+  } catch (const std::exception& e) {
+    // Reported before the others hear of it (fail_others): once they have, mpirun may end this process.
+    std::fprintf(stderr, "rank %d: %s\n", group ? group->rank() : -1, e.what());
+    std::fflush(stderr);
+    if (group) group->fail_others(e.what());
+    return 1;  // without finalize: the others may still be in collectives with this rank
+  }
+  group.reset();
+  MpiGroup::finalize();
+  return 0;
 }
 
 // Every rank's call, all-gathered as a signature and compared before any data moves.
@@ -116,9 +224,12 @@ void MpiGroup::agree(const Collective& c) {
   const int n = static_cast<int>((*all)[size_].size());
   ++calls_;
   MPI_Request request;
-  check(MPI_Iallgather((*all)[size_].data(), n, MPI_INT64_T, all->data(), n, MPI_INT64_T, MPI_COMM_WORLD, &request),
-        "MPI_Iallgather (call check)");
-  if (!completes(request, timeout_)) time_out("MPI_Iallgather (call check)", c, all);
+  {
+    std::lock_guard<std::mutex> lock(mpi_);
+    check(MPI_Iallgather((*all)[size_].data(), n, MPI_INT64_T, all->data(), n, MPI_INT64_T, MPI_COMM_WORLD, &request),
+          "MPI_Iallgather (call check)");
+  }
+  if (!completes(&request, c, all)) time_out("MPI_Iallgather (call check)", c, all);
   all->pop_back();
   if (std::string problem = Collective::mismatch(*all, calls_ - 1, "mpi group"); !problem.empty()) fail(problem);
 }
@@ -127,7 +238,10 @@ void MpiGroup::agree(const Collective& c) {
 // out of memory fails before the others post anything, so it can free memory and call
 // again in step. After agree(), a failing rank should exit, and mpirun ends the others.
 void MpiGroup::run(const Collective& c) {
-  ZG_CHECK(broken_.empty(), broken_, " (refusing ", c.describe(), ")");
+  {
+    std::lock_guard<std::mutex> lock(mpi_);
+    ZG_CHECK(broken_.empty(), broken_, " (refusing ", c.describe(), ")");
+  }
   for (const Tensor* t : {&c.input, &c.output})
     if (t->defined()) check_cpu(name(c.op), *t);
   // MPI counts are ints: per rank, at most 2^31 - 1 elements (reductions) or bytes (the rest).
@@ -152,6 +266,7 @@ void MpiGroup::run(const Collective& c) {
   // Issue the call, then wait for it within the timeout.
   MPI_Request request;
   const char* call = "";
+  std::unique_lock<std::mutex> lock(mpi_);
   switch (c.op) {
     case CollectiveOp::all_reduce:
       call = "MPI_Iallreduce";
@@ -183,8 +298,9 @@ void MpiGroup::run(const Collective& c) {
       check(MPI_Ibarrier(MPI_COMM_WORLD, &request), call);
       break;
   }
-  if (!completes(request, timeout_))
-    time_out(call, c, std::make_shared<std::vector<Tensor>>(std::vector<Tensor>{c.input, c.output, send, result}));
+  lock.unlock();
+  const auto buffers = std::make_shared<std::vector<Tensor>>(std::vector<Tensor>{c.input, c.output, send, result});
+  if (!completes(&request, c, buffers)) time_out(call, c, buffers);
   // The reductions' last steps: the average's division, and the copy out of f32.
   if (c.op == CollectiveOp::all_reduce) {
     scale(send, c.reduce, size_);

@@ -12,9 +12,16 @@
 // non-blocking form, polled until done or until `timeout` has passed; then the call
 // fails with a zg::Error and the group is unusable (MPI cannot cancel a collective:
 // the process should exit, and mpirun ends the job when a rank exits non-zero).
+//
+// A rank that fails says so: fail_others (which run_mpi calls for an exception) sends its
+// message to every other rank on a communicator of its own, and each throws
+// "mpi group: rank q failed: <message>" from the collective it waits in -- at once, not
+// at the timeout -- or from its next one.
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <mutex>
 
 #include "dist/comm/process_group.h"
 
@@ -31,6 +38,11 @@ class MpiGroup final : public HostGroup {
   explicit MpiGroup(MpiOptions options = {});
   static void finalize();
 
+  // Tells every other rank this one failed, with `message` (see above), and leaves the
+  // group unusable here too. Waits up to 5 s for the others to acknowledge, so they can
+  // report it before mpirun ends the job.
+  void fail_others(const std::string& message);
+
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string kind() const override { return "mpi"; }
@@ -43,10 +55,24 @@ class MpiGroup final : public HostGroup {
   // After a call (`what`, for `collective`) has not finished within the timeout: marks the
   // group broken and throws. `keep` holds the buffers MPI may still write; kept for ever.
   [[noreturn]] void time_out(const char* what, const Collective& collective, std::shared_ptr<void> keep);
+  // Polls `request` (an MPI_Request) until it completes (true), the timeout passes
+  // (false), or another rank's failure notice arrives or this rank failed (throws).
+  bool completes(void* request, const Collective& collective, const std::shared_ptr<void>& keep);
+  [[noreturn]] void give_up(std::string why, std::shared_ptr<void> keep);
   int rank_ = 0, size_ = 1;
   int64_t calls_ = 0;
   std::chrono::milliseconds timeout_;
-  std::string broken_;  // why the group is unusable (a collective timed out); "" while it works
+  int notices_ = 0;  // the communicator of failure notices (a Fortran handle: no mpi.h here)
+  // MPI runs MPI_THREAD_SERIALIZED: the worker's collectives and fail_others take turns.
+  std::mutex mpi_;
+  std::string broken_;  // why the group is unusable (a timeout, a failure); "" while it works; under mpi_
+  int notified_by_ = -1;  // the rank whose failure notice this one received (under mpi_)
 };
+
+// Runs fn(group) on this process's rank of a new MpiGroup, as a launcher runs a worker,
+// and returns the process's exit status: 0 once every rank has finished (MPI is then
+// finalized); 1 after an exception, printed to stderr as "rank r: <what>" and then sent
+// to every other rank (fail_others), so that each of them ends promptly with it too.
+int run_mpi(const std::function<void(ProcessGroup&)>& fn, MpiOptions options = {});
 
 }  // namespace zg::dist
