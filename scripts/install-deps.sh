@@ -5,7 +5,11 @@
 # and doctest. The CUDA toolkit is optional and never installed here:
 # when /usr/local/cuda (or nvcc on PATH) exists, the build uses it, and this script
 # adds the cuDNN frontend headers (the CUDA backend's fused attention) next to it.
+# With --clang (CI) it adds Clang, its sanitizer and libFuzzer runtimes and
+# llvm-symbolizer: the Clang build, the fuzzers and the ThreadSanitizer run.
 set -euo pipefail
+with_clang=false
+[ "${1:-}" = "--clang" ] && with_clang=true
 
 need=()
 command -v g++ >/dev/null || need+=(g++)
@@ -25,6 +29,11 @@ meson_min=1.0
 has_cuda && meson_min=1.4
 meson_ok() { command -v meson >/dev/null && printf '%s\n' "$meson_min" "$(meson --version)" | sort -V -C; }
 command -v meson >/dev/null || need+=(meson)
+if $with_clang; then
+  command -v clang++ >/dev/null || need+=(clang)
+  [ -n "$(find /usr/lib/llvm-* -name 'libclang_rt.fuzzer-*.a' -print -quit 2>/dev/null)" ] || need+=(libclang-rt-dev)
+  command -v llvm-symbolizer >/dev/null || need+=(llvm)  # sanitizer reports with file:line
+fi
 has_cuda && ! python3 -m pip --version >/dev/null 2>&1 && need+=(python3-pip)
 
 if ((${#need[@]})); then

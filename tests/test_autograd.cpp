@@ -125,7 +125,8 @@ TEST_CASE("gradcheck passes for every differentiable op in f64") {
     for (const auto& [name, c] : grad_cases(device)) {
       if (c.needs_gpu && devices().size() < 2) continue;
       const GradcheckResult r = gradcheck(c.fn, c.inputs, c.eps, c.atol, c.rtol);
-      INFO(name << " on " << device.str() << ": " << r.message);
+      const std::string& case_name = name;  // INFO's lambda cannot capture a structured binding (Clang)
+      INFO(case_name << " on " << device.str() << ": " << r.message);
       CHECK(r.ok);
     }
   }

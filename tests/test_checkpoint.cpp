@@ -106,7 +106,8 @@ TEST_CASE("safetensors round trip is bitwise exact for every dtype, views includ
   CHECK(file.metadata().at("note") == "hello");
   CHECK(file.names().size() == tensors.size());
   for (const auto& [name, t] : tensors) {
-    INFO(name);
+    const std::string& tensor = name;  // INFO's lambda cannot capture a structured binding (Clang)
+    INFO(tensor);
     const Tensor back = file.read(name);
     CHECK(back.dtype() == t.dtype());
     CHECK(back.shape() == t.shape());
@@ -725,7 +726,8 @@ TEST_CASE("a checkpoint whose step or loss scale is out of range is refused befo
           std::tuple{"loss_scale", "1e999", "'1e999' is not a finite number"},
           std::tuple{"loss_scale", " 5", "' 5' is not a finite number"},  // was read as 5
           std::tuple{"loss_scale_good_steps", "-1", "= -1"}}) {
-      INFO(loaded << ": " << key << " = " << value);
+      const std::string damage = loaded + ": " + key + " = " + value;  // INFO cannot capture bindings (Clang)
+      INFO(damage);
       Metadata meta = metadata;
       meta[key] = value;
       save_safetensors(file, tensors, meta);

@@ -96,7 +96,8 @@ TEST_CASE("materialize_range gives the eager tensor's values bit for bit, from a
   for (const Device device : devices()) {
     for (const DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
       for (const auto& [name, make] : factories()) {
-        INFO(device.str() << " " << zg::name(dtype) << " " << name);
+        const std::string factory = name;  // INFO's lambda cannot capture a structured binding (Clang)
+        INFO(device.str() << " " << zg::name(dtype) << " " << factory);
         const TensorOptions options = TensorOptions(dtype).device(device);
         const auto [eager, deferred] = eager_and_deferred(make, {7, 9}, options);  // 63 elements: 15 blocks and 3
         const Tensor flat = eager.flatten();
@@ -134,7 +135,8 @@ TEST_CASE("materialize_range writes the tensor's own values converted to the out
     for (const auto& [name, make] : factories()) {
       for (const auto& [own, into] : std::vector<std::pair<DType, DType>>{
                {DType::bf16, DType::f32}, {DType::f32, DType::bf16}, {DType::f16, DType::f64}, {DType::f64, DType::f16}}) {
-        INFO(device.str() << " " << name << " " << zg::name(own) << " into " << zg::name(into));
+        const std::string what = std::string(name) + " " + zg::name(own) + " into " + zg::name(into);  // INFO cannot capture bindings (Clang)
+        INFO(device.str() << " " << what);
         const auto [eager, deferred] = eager_and_deferred(make, {23}, TensorOptions(own).device(device));
         const Tensor out = empty({17}, TensorOptions(into).device(device));
         materialize_range(deferred, 3, out);

@@ -230,6 +230,23 @@ TEST_CASE("a collective's output is an in-place write: not into a tensor that re
   CHECK_THROWS_WITH_AS(y.backward(), doctest::Contains("was modified in place after it was saved"), Error);
 }
 
+TEST_CASE("a collective reading a tensor that requires grad leaves its autograd state to the rank's thread") {
+  // The workers view every rank's input. Under ThreadSanitizer (scripts/tsan.sh): with
+  // grad mode on there, a view recorded autograd and set the leaf's gradient accumulator
+  // while the rank's own backward set it too.
+  dist::run_local(2, [](ProcessGroup& pg) {
+    const Tensor weight = full({4}, 1.0).set_requires_grad(true);
+    const Tensor gathered = zeros({8});
+    for (int i = 0; i < 10; ++i) {
+      const dist::WorkHandle work = pg.all_gather_async(weight, gathered);
+      sum(weight * 2.0).backward();
+      work->wait();
+    }
+    CHECK(weight.grad().to_vector<double>() == std::vector<double>(4, 20.0));
+    CHECK(gathered.to_vector<double>() == std::vector<double>(8, 1.0));
+  });
+}
+
 TEST_CASE("each rank keeps its own memory figures") {
   std::vector<int64_t> seen(3);
   dist::run_local(3, [&](ProcessGroup& pg) {

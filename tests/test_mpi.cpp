@@ -56,7 +56,8 @@ TEST_CASE("mpirun -n 2 runs every stage and matches the local group") {
     });
     const SafetensorsFile file(dir + "/stage-" + std::to_string(stage) + ".safetensors");
     for (const auto& [name, t] : local) {
-      INFO("stage " << stage << " " << name);
+      const std::string& tensor = name;  // INFO's lambda cannot capture a structured binding (Clang)
+      INFO("stage " << stage << " " << tensor);
       CHECK(file.read(name).to_vector<float>() == t.to_vector<float>());
     }
   }

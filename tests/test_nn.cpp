@@ -46,7 +46,8 @@ TEST_CASE("GPT-2 initialisation: std 0.02, residual projections 0.02 / sqrt(2 n_
     return std::sqrt(mean(pow(x - mean(x), 2.0)).item<double>());
   };
   for (const auto& [name, p] : model.named_parameters()) {
-    INFO(name);
+    const std::string& parameter = name;  // INFO's lambda cannot capture a structured binding (Clang)
+    INFO(parameter);
     if (name.ends_with("c_proj.weight")) CHECK(std_of(p) == doctest::Approx(0.02 / 4).epsilon(0.05));
     else if (name.ends_with(".weight") && p.dim() == 2) CHECK(std_of(p) == doctest::Approx(0.02).epsilon(0.05));
     else if (name.ends_with("bias")) CHECK(max(abs(p)).item<double>() == 0.0);

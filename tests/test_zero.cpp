@@ -58,7 +58,7 @@ double max_difference(const nn::NamedTensors& a, const nn::NamedTensors& b) {
   REQUIRE(a.size() == b.size());
   double worst = 0;
   for (const auto& [name, t] : a) {
-    const auto it = std::find_if(b.begin(), b.end(), [&](const auto& e) { return e.first == name; });
+    const auto it = std::find_if(b.begin(), b.end(), [&name = name](const auto& e) { return e.first == name; });
     REQUIRE(it != b.end());
     worst = std::max(worst, max(abs(t.to(kCPU).to(DType::f64) - it->second.to(kCPU).to(DType::f64))).item<double>());
   }
@@ -102,7 +102,7 @@ TEST_CASE("a GPT built deferred and sharded at N = 1, 2, 4 and every stage start
           {
             const auto full = sharded.summon_full_params();
             for (const auto& [name, p] : model->named_parameters()) {
-              const auto it = std::find_if(reference.begin(), reference.end(), [&](const auto& e) { return e.first == name; });
+              const auto it = std::find_if(reference.begin(), reference.end(), [&name = name](const auto& e) { return e.first == name; });
               compute_gap = std::max(compute_gap, max(abs(p.to(DType::f64) - it->second.to(compute).to(DType::f64))).item<double>());
             }
           }
@@ -243,9 +243,9 @@ TEST_CASE("bf16: a parameter written in place since the last step is refused on 
       manual_seed(1);
       nn::GPT model(zero_config());
       dist::ShardedModel sharded(model, pg, ZeroRun{.dtype = DType::bf16, .stage = stage}.config());
-      const auto [x, y] = global_batch(0);
+      const std::pair<Tensor, Tensor> batch = global_batch(0);
       const auto train = [&] {
-        model.forward(x, y).loss.backward();
+        model.forward(batch.first, batch.second).loss.backward();
         sharded.step(1e-3);
       };
       train();  // the step's own writes are not the user's
@@ -853,7 +853,7 @@ TEST_CASE("an inf gradient on one rank makes every rank skip the step and back o
   for (int stage = 0; stage <= 3; ++stage) {
     INFO("stage " << stage);
     std::vector<double> scales(2);
-    std::vector<bool> stepped(2);
+    std::vector<char> stepped(2);  // not vector<bool>: its ranks' bits share a word both threads write
     std::vector<double> moved(2);
     dist::run_local(2, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
@@ -877,7 +877,7 @@ TEST_CASE("an inf gradient on one rank makes every rank skip the step and back o
         change = std::max(change, max(abs(after[i].second - copies[i])).item<double>());
       moved[pg.rank()] = change;
     });
-    CHECK(stepped == std::vector<bool>{false, false});
+    CHECK(stepped == std::vector<char>{false, false});
     CHECK(scales == std::vector<double>{512.0, 512.0});
     CHECK(moved == std::vector<double>{0.0, 0.0});
   }

@@ -121,7 +121,9 @@ void LocalHub::enter(int rank, const Collective& call) {
   int64_t index;
   {
     std::lock_guard lock(mutex_);
-    posted_[rank] = call;
+    // A failed group keeps what was posted: another rank's worker may still be reading it
+    // (a retry overwrote it under that read: ThreadSanitizer). The rendezvous then throws.
+    if (!aborted_) posted_[rank] = call;
     index = calls_made_[rank]++;
   }
   rendezvous(rank, std::string(name(call.op)) + " #" + std::to_string(index), [&]() -> std::string {

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "autograd/graph.h"
 #include "tensor/backend.h"
 #include "tensor/context.h"
 #include "tensor/trace.h"
@@ -176,6 +177,10 @@ class CommWorker {
       try {
         ContextGuard context(*job.context);
         MemoryScope scope(job.category);
+        // A collective is never differentiable. With grad mode on (each thread's own), a
+        // view of a rank's requires-grad buffer would record autograd here and write the
+        // leaf's state (its gradient accumulator) while the rank's thread uses it.
+        NoGradGuard no_grad;
         run_(job.collective);
       } catch (const OutOfMemory& e) {
         failed = out_of_memory = true;

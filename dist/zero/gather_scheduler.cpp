@@ -135,8 +135,9 @@ void GatherScheduler::hook_holders(const std::weak_ptr<ParameterOwner>& alive) {
         std::find(no_weight_backward_.begin(), no_weight_backward_.end(), path) == no_weight_backward_.end();
     for (Unit* unit : held) {
       // Shared by the hooks: each forward hands the backward check to a new tensor hook.
+      // (path = path: a structured binding is not a variable C++20 lets a lambda capture; Clang refuses it.)
       const auto check = std::make_shared<const std::function<void(const char*)>>([unit, alive,
-                                                                                  path](const char* when) {
+                                                                                  path = path](const char* when) {
         if (alive.expired()) return;
         const auto parts = unit->gathered_parts();
         const auto any = [&](const auto& test) { return std::any_of(parts.begin(), parts.end(), test); };
