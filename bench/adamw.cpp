@@ -2,12 +2,15 @@
 // bandwidth, measured in the same run. Per parameter the update moves
 //   read  grad (bf16, 2 B) + master, m, v (f32, 12 B)
 //   write master, m, v (12 B) + the bf16 compute copy (2 B)           = 28 B
+// or, with --grad f32 (f32 training: the master is the parameter, as DeepSpeedCPUAdam's
+// fp32 step), read grad, master, m, v (16 B) and write master, m, v (12 B): 28 B too.
 // so its bandwidth is 28 n / time; the reference is a device-to-device copy of a
 // buffer of 14 n bytes (cudaMemcpyAsync; memcpy on the CPU), which moves 28 n bytes
 // too. The bar: AdamW at >= 80% of the copy's bandwidth.
 //
 //   build/bench/adamw --params 100000000            (cuda:0)
 //   build/bench/adamw --device cpu --params 1000000 --json
+//   build/bench/adamw --device cpu --params 10000000 --grad f32       (bench/deepspeed_adam.py's case)
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -32,9 +35,10 @@ constexpr int64_t kBytesPerParameter = 28;
 
 void usage() {
   std::printf(
-      "usage: adamw [--device cuda|cpu] [--params N] [--iters K] [--json]\n"
+      "usage: adamw [--device cuda|cpu] [--params N] [--iters K] [--grad bf16|f32] [--json]\n"
       "GB/s of the fused AdamW update over N parameters (bf16 grads and compute copy, f32 master,\n"
-      "m, v: 28 bytes moved a parameter) and of a device-to-device copy moving as many bytes.\n"
+      "m, v; or f32 grads and no copy: 28 bytes moved a parameter either way) and of a\n"
+      "device-to-device copy moving as many bytes.\n"
       "Defaults: --device cuda, --params 100000000 (1000000 on the cpu), --iters 20.\n");
 }
 
@@ -52,7 +56,7 @@ void raw_copy(const Tensor& src, const Tensor& dst) {
 }
 
 int run(int argc, char** argv) {
-  std::string device_arg = "cuda";
+  std::string device_arg = "cuda", grad_arg = "bf16";
   int64_t params = 0, iters = 20;
   bool json = false;
   bench::Args args("adamw", argc, argv);
@@ -62,6 +66,7 @@ int run(int argc, char** argv) {
     else if (flag == "--device") device_arg = args.value(flag);
     else if (flag == "--params") params = args.count(flag);
     else if (flag == "--iters") iters = args.count(flag);
+    else if (flag == "--grad") grad_arg = args.value(flag);
     else if (flag == "--json") json = true;
     else fail("adamw: unknown flag ", flag, " (see --help)");
   }
@@ -70,7 +75,10 @@ int run(int argc, char** argv) {
 
   const TensorOptions f32 = TensorOptions(DType::f32).device(device), bf16 = TensorOptions(DType::bf16).device(device);
   const Tensor master = randn({params}, f32), m = zeros({params}, f32), v = zeros({params}, f32);
-  const Tensor grad = randn({params}, bf16), compute = empty({params}, bf16);
+  ZG_CHECK(grad_arg == "bf16" || grad_arg == "f32", "adamw: --grad must be bf16 or f32, got ", grad_arg);
+  const bool f32_training = grad_arg == "f32";
+  const Tensor grad = randn({params}, f32_training ? f32 : bf16);
+  const Tensor compute = f32_training ? Tensor() : empty({params}, bf16);
   const Tensor copy_src = zeros({params * kBytesPerParameter / 2}, TensorOptions(DType::boolean).device(device));
   const Tensor copy_dst = empty_like(copy_src);
   AdamWStep step;  // GPT-2's settings; the step count only changes the bias corrections
@@ -86,14 +94,15 @@ int run(int argc, char** argv) {
   const double bytes = static_cast<double>(params * kBytesPerParameter);
   const double adamw_gbps = bytes / (adamw_ms * 1e6), copy_gbps = bytes / (copy_ms * 1e6);
   if (json) {
-    std::printf("{\"device\": \"%s\", \"params\": %lld, \"iters\": %lld, \"adamw_ms\": %.6g, \"adamw_gbps\": %.6g, "
+    std::printf("{\"device\": \"%s\", \"grad\": \"%s\", \"params\": %lld, \"iters\": %lld, \"adamw_ms\": %.6g, \"adamw_gbps\": %.6g, "
                 "\"copy_ms\": %.6g, \"copy_gbps\": %.6g, \"ratio\": %.6g}\n",
-                bench::describe_device(device).c_str(), static_cast<long long>(params), static_cast<long long>(iters),
-                adamw_ms, adamw_gbps, copy_ms, copy_gbps, adamw_gbps / copy_gbps);
+                bench::describe_device(device).c_str(), grad_arg.c_str(), static_cast<long long>(params),
+                static_cast<long long>(iters), adamw_ms, adamw_gbps, copy_ms, copy_gbps, adamw_gbps / copy_gbps);
     return 0;
   }
-  std::printf("fused AdamW over %lld parameters on %s (%lld timed calls each)\n", static_cast<long long>(params),
-              bench::describe_device(device).c_str(), static_cast<long long>(iters));
+  std::printf("fused AdamW over %lld parameters on %s, %s gradients (%lld timed calls each)\n",
+              static_cast<long long>(params), bench::describe_device(device).c_str(), grad_arg.c_str(),
+              static_cast<long long>(iters));
   std::printf("  adamw  %9.3f ms  %8.1f GB/s   (28 bytes a parameter)\n", adamw_ms, adamw_gbps);
   std::printf("  copy   %9.3f ms  %8.1f GB/s   (the same bytes, device to device)\n", copy_ms, copy_gbps);
   std::printf("  adamw / copy = %.1f%% of the copy's bandwidth\n", 100.0 * adamw_gbps / copy_gbps);

@@ -57,18 +57,10 @@ __global__ void adamw_kernel(M* master, const G* grad, M* m, M* v, C* compute, i
 
 void CudaBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                         const Tensor& compute, const AdamWStep& step) {
+  check_adamw_arguments(master, grad, m, v, compute, step);
   const int64_t n = master.numel();
   const bool has_compute = compute.defined() && !compute.is_same(master);
-  for (const Tensor* t : {&master, &grad, &m, &v, &compute}) {
-    if (t == &compute && !has_compute) continue;
-    ZG_CHECK(t->is_contiguous() && t->numel() == n, "adamw: every span must be contiguous with ", n,
-             " elements like the master ", describe(master), ", got ", describe(*t));
-  }
-  ZG_CHECK(m.dtype() == master.dtype() && v.dtype() == master.dtype(), "adamw: m and v must have the master's dtype ",
-           describe(master), ", got ", describe(m), " and ", describe(v));
   const Tensor& scale = step.device_scale;
-  ZG_CHECK(!scale.defined() || (scale.numel() == 1 && scale.dtype() == DType::f32 && scale.device() == master.device()),
-           "adamw: device_scale must be one f32 on ", master.device().str(), ", got ", describe(scale));
   const AdamWConstants s{.lr = step.lr,
                          .eps = step.eps,
                          .grad_scale = step.grad_scale,

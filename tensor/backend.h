@@ -65,6 +65,12 @@ struct AdamWStep {
   Tensor device_scale;
 };
 
+// What every backend's adamw checks first: master, grad, m, v (and compute, unless
+// undefined or the master itself) contiguous with the master's numel; m and v in the
+// master's dtype; device_scale, if given, one f32 on the master's device.
+void check_adamw_arguments(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                           const Tensor& compute, const AdamWStep& step);
+
 class Backend {
  public:
   virtual ~Backend() = default;

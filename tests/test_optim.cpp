@@ -4,11 +4,14 @@
 // surviving an inf), and what the flat buffers refuse.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "autograd/graph.h"
 #include "nn/serialize.h"
+#include "tensor/backend.h"
 #include "tiny_gpt.h"
 
 namespace zg::test {
@@ -161,6 +164,57 @@ TEST_CASE("clipping on the device: the host's coefficient, and the same AdamW st
   // A scale that is not one f32 on the master's device is refused by name.
   CHECK_THROWS_WITH_AS(optim::adamw_update({zeroed_span(zeros({3}))}, {}, 0.1, 1, 1.0, tensor<double>({1.0})),
                        doctest::Contains("adamw: device_scale must be one f32 on cpu"), Error);
+}
+
+TEST_CASE("the CPU AdamW kernel: each element is the f32 update, bit for bit, at any span length and thread split") {
+  // The vectorized loop (AVX2, 8 lanes) and its tail, the threads' chunks (64Ki elements a
+  // grain), bf16 and f32 gradients and compute copies: every element equals this loop's
+  // f32 arithmetic (cuda/adamw.cu's order), and the bf16 copy is the master rounded.
+  manual_seed(11);
+  AdamWStep step;
+  step.lr = 3e-3, step.beta1 = 0.9, step.beta2 = 0.95, step.eps = 1e-8, step.weight_decay = 0.1;
+  step.grad_scale = 0.5, step.step = 3;
+  // The constants as the kernel has them: computed in f64, rounded to f32 once.
+  const float lr = 3e-3f, decay = static_cast<float>(3e-3 * 0.1), b1 = 0.9f, b2 = 0.95f;
+  const float one_minus_b1 = static_cast<float>(1 - 0.9), one_minus_b2 = static_cast<float>(1 - 0.95);
+  const float bias1 = static_cast<float>(1 - std::pow(0.9, 3)), bias2 = static_cast<float>(1 - std::pow(0.95, 3));
+  for (const DType grad_dtype : {DType::f32, DType::bf16})
+    for (const bool bf16_copy : {false, true})
+      for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{13}, int64_t{1000}, int64_t{3 * 65536 + 5}}) {
+        const std::string what = std::string(name(grad_dtype)) + " gradients, " +
+                                 (bf16_copy ? "a bf16 copy, " : "no copy, ") + std::to_string(n) + " elements";
+        INFO(what);
+        const Tensor master = randn({n}), grad = randn({n}).to(grad_dtype), m = randn({n}) * 0.1, v = rand({n});
+        if (n > 8) {  // the lanes pass NaN and inf through as the scalar loop does
+          Tensor(grad.narrow(0, 3, 1)).fill_(NAN);
+          Tensor(grad.narrow(0, 5, 1)).fill_(INFINITY);
+        }
+        const Tensor compute = bf16_copy ? empty({n}, DType::bf16) : Tensor();
+        std::vector<float> p = master.to_vector<float>(), g = grad.to(DType::f32).to_vector<float>(),
+                           m1 = m.to_vector<float>(), v1 = v.to_vector<float>();
+        backend(kCPU).adamw(master, grad, m, v, compute, step);
+        for (int64_t i = 0; i < n; ++i) {
+          const float gi = g[i] * 0.5f;
+          float pi = p[i];
+          pi -= decay * pi;
+          m1[i] = b1 * m1[i] + one_minus_b1 * gi;
+          v1[i] = b2 * v1[i] + one_minus_b2 * gi * gi;
+          p[i] = pi - lr * (m1[i] / bias1) / (std::sqrt(v1[i] / bias2) + 1e-8f);
+        }
+        const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {  // any NaN equals any NaN
+          if (a.size() != b.size()) return false;
+          for (size_t i = 0; i < a.size(); ++i)
+            if (!(std::isnan(a[i]) && std::isnan(b[i])) && std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return false;
+          return true;
+        };
+        CHECK(same_bits(master.to_vector<float>(), p));
+        CHECK(same_bits(m.to_vector<float>(), m1));
+        CHECK(same_bits(v.to_vector<float>(), v1));
+        if (bf16_copy) {
+          const std::vector<float> rounded = tensor<float>(p).to(DType::bf16).to(DType::f32).to_vector<float>();
+          CHECK(same_bits(compute.to(DType::f32).to_vector<float>(), rounded));
+        }
+      }
 }
 
 TEST_CASE("gradient accumulation over two micro-batches equals one batch") {

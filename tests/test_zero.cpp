@@ -1362,6 +1362,9 @@ TEST_CASE("buffers are rank 0's on every rank, and sharded checkpoints and the c
 }
 
 TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at stages 0-2 and sharded at 3") {
+  // N ranks against one: gradients summed in another order, then AdamW in f32 (as on a
+  // GPU), whose m / sqrt(v) turns a last-bit difference of a tiny gradient into ~1e-5.
+  constexpr double kRounding = 2e-5;
   // Before, a frozen parameter was refused. Now it has no gradient, master or Adam state,
   // and is held in the compute dtype: whole on every rank at stages 0-2 (a unit with
   // nothing left to train drops out), sharded with its unit at stage 3. Here the tied
@@ -1471,20 +1474,20 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
           CHECK(max_difference({{state[i].first, exported.read(state[i].first)}}, {state[i]}) == 0);
         }
       });
-      CHECK(max_difference(sharded.master, reference.master) <= 1e-5);
+      CHECK(max_difference(sharded.master, reference.master) <= kRounding);
       CHECK(max_difference(sharded.frozen, initial) == 0);
       CHECK(sharded.parameter_bytes == parameter_bytes(n, stage));
     }
   // With activation checkpointing, the all-frozen block 0 is gathered again for its recompute.
   const Result recomputed = run(2, 3, 1, train, /*checkpointing=*/true);
-  CHECK(max_difference(recomputed.master, reference.master) <= 1e-5);
+  CHECK(max_difference(recomputed.master, reference.master) <= kRounding);
   CHECK(max_difference(recomputed.frozen, initial) == 0);
   // Saved at N = 4 stage 3, loaded into a model of other initial weights: at N = 2 stage 1
   // (frozen weights whole), and at N = 1 and N = 2 stage 3 (each rank keeps its slice),
   // where training goes on from there.
   const Result loaded = run(2, 1, 7, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& s) { s.load(dir); });
   CHECK(max_difference(loaded.frozen, initial) == 0);
-  CHECK(max_difference(loaded.master, reference.master) <= 1e-5);
+  CHECK(max_difference(loaded.master, reference.master) <= kRounding);
   const Result continued = run(2, 3, 1, [&](dist::ProcessGroup& pg, nn::GPT& model, dist::ShardedModel& s) {
     train(pg, model, s);
     train(pg, model, s);
@@ -1530,7 +1533,7 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
     INFO("format 3, loaded at N=2 stage " << stage);
     const Result old = run(2, stage, 7, [&](dist::ProcessGroup&, nn::GPT&, dist::ShardedModel& s) { s.load(dir); });
     CHECK(max_difference(old.frozen, initial) == 0);
-    CHECK(max_difference(old.master, reference.master) <= 1e-5);
+    CHECK(max_difference(old.master, reference.master) <= kRounding);
   }
   // A save that trained every parameter loads into a model that freezes some (fine-tuning
   // a pre-trained model): their master weights become the frozen weights.

@@ -57,6 +57,15 @@ void for_each_element(const Shape& shape, const std::array<const Shape*, N>& str
 template <class T>
 constexpr bool is_float_v = std::is_floating_point_v<compute_t<T>>;
 
+// body<T>() for a floating dtype; "<op>: not defined for <dtype>" for the others.
+template <class Body>
+void with_float(DType dtype, const char* op, Body&& body) {
+  dispatch(dtype, [&]<class T>() {
+    if constexpr (is_float_v<T>) body.template operator()<T>();
+    else fail(op, ": not defined for ", name(dtype));
+  });
+}
+
 // Value conversion between element types (through f32 for the 16-bit floats). Float to
 // integer saturates, NaN to 0 (tensor/int_math.h), as the GPU converts.
 template <class To, class From>

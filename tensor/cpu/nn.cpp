@@ -31,14 +31,6 @@ RowLse row_lse(const T* row, int64_t length) {
   return {max, std::log(total)};
 }
 
-template <class Body>
-void with_float(DType dtype, const char* op, Body&& body) {
-  dispatch(dtype, [&]<class T>() {
-    if constexpr (is_float_v<T>) body.template operator()<T>();
-    else fail(op, ": not defined for ", name(dtype));
-  });
-}
-
 }  // namespace
 
 // softmax(x)_j = exp(x_j - lse(x)),  log_softmax(x)_j = x_j - lse(x)  (RowLse::shifted).
@@ -246,43 +238,3 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
 
 }  // namespace zg::cpu
 
-namespace zg::cpu {
-
-// See AdamWStep in tensor/backend.h for the update; computed in f64 per element.
-// master, m, v are f32 (f64 when training in f64).
-void CpuBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
-                       const Tensor& compute, const AdamWStep& s) {
-  const double bias1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
-  const double bias2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
-  const Tensor& device_scale = s.device_scale;
-  ZG_CHECK(!device_scale.defined() || (device_scale.numel() == 1 && device_scale.dtype() == DType::f32 &&
-                                       device_scale.device() == master.device()),
-           "adamw: device_scale must be one f32 on ", master.device().str(), ", got ", describe(device_scale));
-  const double grad_scale =
-      device_scale.defined() ? s.grad_scale * static_cast<double>(device_scale.data<float>()[0]) : s.grad_scale;
-  with_float(master.dtype(), "adamw", [&]<class M>() {
-    if constexpr (std::is_same_v<M, float> || std::is_same_v<M, double>) {
-      M* p = master.data<M>();
-      M* m1 = m.data<M>();
-      M* m2 = v.data<M>();
-      with_float(grad.dtype(), "adamw", [&]<class G>() {
-        const G* g = grad.data<G>();
-        for (int64_t i = 0; i < master.numel(); ++i) {
-          const double gi = static_cast<double>(compute_t<G>(g[i])) * grad_scale;
-          double pi = static_cast<double>(p[i]) * (1.0 - s.lr * s.weight_decay);
-          const double mi = s.beta1 * m1[i] + (1.0 - s.beta1) * gi;
-          const double vi = s.beta2 * m2[i] + (1.0 - s.beta2) * gi * gi;
-          pi -= s.lr * (mi / bias1) / (std::sqrt(vi / bias2) + s.eps);
-          p[i] = static_cast<M>(pi);
-          m1[i] = static_cast<M>(mi);
-          m2[i] = static_cast<M>(vi);
-        }
-      });
-    } else {
-      fail("adamw: master weights must be f32 or f64, got ", name(master.dtype()));
-    }
-  });
-  if (compute.defined() && !compute.is_same(master)) copy(master, compute);
-}
-
-}  // namespace zg::cpu

@@ -1,0 +1,173 @@
+// The fused AdamW update on the CPU (Backend::adamw): one pass over a span reads grad,
+// master, m and v once and writes master, m, v and the compute copy once, with the
+// operations, order and precision of cuda/adamw.cu (f32 math for f32 masters, f64 for f64):
+//   g  = grad * grad_scale
+//   p -= lr * wd * p
+//   m  = beta1 m + (1 - beta1) g          v = beta2 v + (1 - beta2) g^2
+//   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+// It is what CPU training and ZeRO-Offload's host step run, so it is built for bandwidth:
+// the f32-master cases with f32 or bf16 gradients and compute copies have an AVX2 loop
+// (8 lanes; picked at run time when the CPU has it, the portable loop otherwise, which
+// gives the same bits: no FMA in either), and a span of more than kGrain elements is
+// split over the machine's cores.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/loops.h"
+
+namespace zg::cpu {
+
+namespace {
+
+// The update's constants, in the master's precision M.
+template <class M>
+struct AdamWConstants {
+  M lr, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, bias1, bias2, eps;
+  double grad_scale;  // applied in the gradient's compute type, as the GPU does
+};
+
+// Elements [begin, end) of one span, one at a time.
+template <class M, class G, class C>
+void adamw_scalar(M* p, const G* g, M* m, M* v, C* out, const AdamWConstants<M>& s, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    using GC = compute_t<G>;
+    const M gi = static_cast<M>(static_cast<GC>(g[i]) * static_cast<GC>(s.grad_scale));
+    M pi = p[i];
+    pi -= s.decay * pi;
+    const M mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
+    const M vi = s.beta2 * v[i] + s.one_minus_beta2 * gi * gi;
+    pi -= s.lr * (mi / s.bias1) / (std::sqrt(vi / s.bias2) + s.eps);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if constexpr (!std::is_void_v<C>) out[i] = convert<C>(pi);
+  }
+}
+
+#if defined(__x86_64__)
+// AVX2: 8 f32 lanes. bf16 in: the 16 bits shifted up; bf16 out: BFloat16::from_float's
+// round-to-nearest-even and quiet NaN, lane by lane.
+[[gnu::target("avx2")]] inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+[[gnu::target("avx2")]] inline __m256 load8(const BFloat16* x) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+[[gnu::target("avx2")]] inline void store8(float* x, __m256 value) { _mm256_storeu_ps(x, value); }
+[[gnu::target("avx2")]] inline void store8(BFloat16* x, __m256 value) {
+  const __m256i u = _mm256_castps_si256(value);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i is_nan =
+      _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256i bits = _mm256_blendv_epi8(rounded, quiet, is_nan);  // each < 2^16: packs without saturating
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0b1000);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(x), _mm256_castsi256_si128(packed));
+}
+
+template <class G, class C>
+[[gnu::target("avx2")]] void adamw_avx2(float* p, const G* g, float* m, float* v, C* out,
+                                         const AdamWConstants<float>& s, int64_t begin, int64_t end) {
+  const __m256 grad_scale = _mm256_set1_ps(static_cast<float>(s.grad_scale)), decay = _mm256_set1_ps(s.decay), lr = _mm256_set1_ps(s.lr);
+  const __m256 beta1 = _mm256_set1_ps(s.beta1), beta2 = _mm256_set1_ps(s.beta2);
+  const __m256 one_minus_beta1 = _mm256_set1_ps(s.one_minus_beta1), one_minus_beta2 = _mm256_set1_ps(s.one_minus_beta2);
+  const __m256 bias1 = _mm256_set1_ps(s.bias1), bias2 = _mm256_set1_ps(s.bias2), eps = _mm256_set1_ps(s.eps);
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 gi = _mm256_mul_ps(load8(g + i), grad_scale);
+    __m256 pi = _mm256_loadu_ps(p + i);
+    pi = _mm256_sub_ps(pi, _mm256_mul_ps(decay, pi));
+    const __m256 mi = _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(one_minus_beta1, gi));
+    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(v + i)),
+                                    _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, gi), gi));
+    const __m256 denominator = _mm256_add_ps(_mm256_sqrt_ps(_mm256_div_ps(vi, bias2)), eps);
+    pi = _mm256_sub_ps(pi, _mm256_div_ps(_mm256_mul_ps(lr, _mm256_div_ps(mi, bias1)), denominator));
+    _mm256_storeu_ps(p + i, pi);
+    _mm256_storeu_ps(m + i, mi);
+    _mm256_storeu_ps(v + i, vi);
+    if constexpr (!std::is_void_v<C>) store8(out + i, pi);
+  }
+  adamw_scalar(p, g, m, v, out, s, i, end);  // the last < 8
+}
+
+bool has_avx2() {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && std::getenv("ZG_CPU_NO_AVX2") == nullptr;
+  return avx2;
+}
+#endif
+
+// The best loop this CPU has for these element types, over [begin, end).
+template <class M, class G, class C>
+void adamw_range(M* p, const G* g, M* m, M* v, C* out, const AdamWConstants<M>& s, int64_t begin, int64_t end) {
+#if defined(__x86_64__)
+  constexpr bool vectorized = std::is_same_v<M, float> && (std::is_same_v<G, float> || std::is_same_v<G, BFloat16>) &&
+                              (std::is_void_v<C> || std::is_same_v<C, float> || std::is_same_v<C, BFloat16>);
+  if constexpr (vectorized)
+    if (has_avx2()) return adamw_avx2(p, g, m, v, out, s, begin, end);
+#endif
+  adamw_scalar(p, g, m, v, out, s, begin, end);
+}
+
+// fn(begin, end) over [0, n) in chunks, on up to the machine's cores (ZG_CPU_THREADS sets
+// how many); this thread takes the first chunk. Spans under two grains stay on this thread.
+constexpr int64_t kGrain = int64_t{1} << 16;
+template <class F>
+void parallel_chunks(int64_t n, const F& fn) {
+  static const int64_t cores = [] {
+    const char* set = std::getenv("ZG_CPU_THREADS");
+    const int64_t threads = set ? std::atoll(set) : static_cast<int64_t>(std::thread::hardware_concurrency());
+    return std::max<int64_t>(1, threads);
+  }();
+  const int64_t chunks = std::clamp<int64_t>(n / kGrain, 1, cores);
+  const int64_t size = (n + chunks - 1) / chunks;
+  std::vector<std::thread> helpers;
+  for (int64_t c = 1; c < chunks; ++c) helpers.emplace_back([&, c] { fn(c * size, std::min(n, (c + 1) * size)); });
+  fn(0, std::min(n, size));
+  for (std::thread& t : helpers) t.join();
+}
+
+}  // namespace
+
+void CpuBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
+                       const Tensor& compute, const AdamWStep& step) {
+  check_adamw_arguments(master, grad, m, v, compute, step);
+  const Tensor& scale = step.device_scale;
+  const double grad_scale = scale.defined() ? step.grad_scale * static_cast<double>(scale.data<float>()[0]) : step.grad_scale;
+  const bool has_compute = compute.defined() && !compute.is_same(master);
+  with_float(master.dtype(), "adamw", [&]<class M>() {
+    if constexpr (std::is_same_v<M, float> || std::is_same_v<M, double>) {
+      const AdamWConstants<M> s{static_cast<M>(step.lr),
+                                static_cast<M>(step.lr * step.weight_decay),
+                                static_cast<M>(step.beta1),
+                                static_cast<M>(step.beta2),
+                                static_cast<M>(1.0 - step.beta1),
+                                static_cast<M>(1.0 - step.beta2),
+                                static_cast<M>(1.0 - std::pow(step.beta1, static_cast<double>(step.step))),
+                                static_cast<M>(1.0 - std::pow(step.beta2, static_cast<double>(step.step))),
+                                static_cast<M>(step.eps),
+                                grad_scale};
+      with_float(grad.dtype(), "adamw", [&]<class G>() {
+        const auto run = [&]<class C>(C* out) {
+          parallel_chunks(master.numel(), [&](int64_t begin, int64_t end) {
+            adamw_range(master.data<M>(), grad.data<G>(), m.data<M>(), v.data<M>(), out, s, begin, end);
+          });
+        };
+        if (!has_compute) return run(static_cast<void*>(nullptr));
+        with_float(compute.dtype(), "adamw", [&]<class C>() { run(compute.data<C>()); });
+      });
+    } else {
+      fail("adamw: master weights must be f32 or f64, got ", name(master.dtype()));
+    }
+  });
+}
+
+}  // namespace zg::cpu
