@@ -1,11 +1,13 @@
 // train_zero: train_gpt's loop on N ranks, its parameters in a ShardedModel -- DDP or
 // ZeRO-1/2/3 is one flag. The ranks are N threads of this process (a local group: on
-// the CPU, or sharing one GPU); each takes its rows of the global batch, so every
-// stage trains the same model as one rank would. The checkpoint is a directory of
-// per-rank shards, and a run resumes from it at any --ranks and --stage.
+// the CPU, or sharing one GPU), or, under mpirun, one process each (the mpi group, CPU
+// tensors); each takes its rows of the global batch, so every stage trains the same
+// model as one rank would. The checkpoint is a directory of per-rank shards, and a run
+// resumes from it at any --ranks and --stage.
 //
 //   build/examples/train_zero --ranks 4 --stage 3 --steps 100 --save ckpt
 //   build/examples/train_zero --ranks 2 --stage 1 --steps 200 --resume ckpt
+//   mpirun -n 4 build/examples/train_zero --stage 3 --steps 100
 //
 // Rank 0 prints a line per step: the global loss, the gradient norm, and its own bytes
 // by category -- the model states shrink with the stage, `comm` holds the gathered
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -28,13 +31,23 @@ using namespace zg;
 namespace {
 
 struct Flags : examples::TrainingFlags {
-  int64_t ranks = 2, stage = 3, prefetch = 1;
+  int64_t ranks = 0, stage = 3, prefetch = 1;  // ranks 0: unset (2 threads; under mpirun, its processes)
+  std::string group = "auto";
   Flags() { steps = 100; }
 };
 
+// Whether this process was started by mpirun / srun as one rank of several.
+bool launched_as_ranks() {
+  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(variable) != nullptr) return true;
+  return false;
+}
+
 void usage() {
   std::cout << "usage: train_zero [flags]\n"
-               "  --ranks N          ranks, as threads of this process (default 2)\n"
+               "  --ranks N          ranks, as threads of this process (default 2; under mpirun: its processes)\n"
+               "  --group G          auto (mpi under mpirun, else local), local (threads) or mpi (a process\n"
+               "                     a rank, CPU tensors)\n"
                "  --stage S          0 = DDP, 1, 2, 3 = ZeRO-1/2/3 (default 3)\n"
                "  --prefetch K       ZeRO-3: units gathered ahead of use (default 1)\n"
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
@@ -53,13 +66,19 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--ranks") f.ranks = flag.count(1);
     else if (a == "--stage") f.stage = flag.count(0);
     else if (a == "--prefetch") f.prefetch = flag.count(0);
+    else if (a == "--group") f.group = flag.value();
     else flag.unknown();
   }
   f.check("train_zero");
   ZG_CHECK(dist::Placement::valid_stage(f.stage), "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
   ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024, "train_zero: --ranks and --prefetch go up to 1024");
-  ZG_CHECK(f.batch % f.ranks == 0, "train_zero: --batch ", f.batch, " is not a multiple of --ranks ", f.ranks,
-           ": each rank takes batch / ranks rows");
+  ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi", "train_zero: --group must be auto, local or mpi, got ",
+           f.group);
+  if (f.group == "auto") f.group = launched_as_ranks() ? "mpi" : "local";
+  if (f.group == "local" && f.ranks == 0) f.ranks = 2;
+  if (f.group == "local")  // (under mpirun: once the processes are counted)
+    ZG_CHECK(f.batch % f.ranks == 0, "train_zero: --batch ", f.batch, " is not a multiple of --ranks ", f.ranks,
+             ": each rank takes batch / ranks rows");
   ZG_CHECK(f.dtype == "f32" || f.dtype == "bf16", "train_zero: --dtype must be f32 or bf16, got ", f.dtype);
   return true;
 }
@@ -110,7 +129,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s on %lld ranks, %s compute on %s\n",
                 static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
                 static_cast<long long>(sharded.num_parameters()), sharded.describe().c_str(),
-                static_cast<long long>(f.ranks), f.dtype.c_str(), device.str().c_str());
+                static_cast<long long>(group.size()), f.dtype.c_str(), device.str().c_str());
 
   const int64_t rows = f.batch / group.size(), first_row = group.rank() * rows;
   double loss_value = NAN;
@@ -143,7 +162,26 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     }
     f.save_after(step + 1, sharded, record.save(data, step + 1));
   }
-  if (printer) std::printf("final loss: %.4f\n", loss_value);
+  // Every rank's model states, least and most (one collective: a max-reduction of x and -x).
+  const MemoryStats s = memory_stats(device);
+  const MemoryCategory shown[] = {MemoryCategory::parameter, MemoryCategory::gradient, MemoryCategory::optimizer_state};
+  std::vector<double> bounds;
+  for (MemoryCategory c : shown) bounds.insert(bounds.end(), {static_cast<double>(s[c]), -static_cast<double>(s[c])});
+  bounds.insert(bounds.end(), {static_cast<double>(s.peak_of(MemoryCategory::communication)),
+                               -static_cast<double>(s.peak_of(MemoryCategory::communication))});
+  const Tensor extremes = tensor<double>(bounds);
+  group.all_reduce(extremes, dist::ReduceKind::max);
+  if (printer) {
+    const std::vector<double> e = extremes.to_vector<double>();
+    const auto range = [&](size_t i) {
+      char text[64];
+      std::snprintf(text, sizeof text, "%.2f-%.2f", -e[2 * i + 1] / (1 << 20), e[2 * i] / (1 << 20));
+      return std::string(text);
+    };
+    std::printf("every rank (least-most MiB): param %s grad %s opt %s comm(peak) %s\n", range(0).c_str(),
+                range(1).c_str(), range(2).c_str(), range(3).c_str());
+    std::printf("final loss: %.4f\n", loss_value);
+  }
 }
 
 }  // namespace
@@ -155,8 +193,24 @@ int main(int argc, char** argv) {
       usage();
       return 0;
     }
-    dist::run_local(static_cast<int>(flags.ranks), [&](dist::ProcessGroup& group) { train(group, flags); });
-    return 0;
+    if (flags.group == "local") {
+      dist::run_local(static_cast<int>(flags.ranks), [&](dist::ProcessGroup& group) { train(group, flags); });
+      return 0;
+    }
+#if ZG_HAVE_MPI
+    ZG_CHECK(Device(flags.device).type == DeviceType::cpu, "train_zero: --group mpi moves CPU tensors; --device ",
+             flags.device, " needs the nccl group, which train_zero does not launch yet");
+    // One rank per process: an error is printed by its rank and sent to the others (run_mpi).
+    return dist::run_mpi([&](dist::ProcessGroup& group) {
+      ZG_CHECK(flags.ranks == 0 || flags.ranks == group.size(), "train_zero: --ranks ", flags.ranks, " but mpirun started ",
+               group.size(), " processes");
+      ZG_CHECK(flags.batch % group.size() == 0, "train_zero: --batch ", flags.batch, " is not a multiple of the ",
+               group.size(), " ranks: each rank takes batch / ranks rows");
+      train(group, flags);
+    });
+#else
+    fail("train_zero: --group mpi: this build has no MPI (install libopenmpi-dev and rebuild)");
+#endif
   } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::cerr << e.what() << "\n";
     return 1;

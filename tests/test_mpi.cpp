@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 #include <unistd.h>
 
 #include "dist/comm/local_group.h"
@@ -11,6 +12,9 @@
 
 #ifndef ZG_MPI_WORKER
 #define ZG_MPI_WORKER "mpi_worker"
+#endif
+#ifndef ZG_EXAMPLES_DIR
+#define ZG_EXAMPLES_DIR "examples"
 #endif
 #ifndef ZG_MPIRUN
 #define ZG_MPIRUN "mpirun"
@@ -87,6 +91,33 @@ TEST_CASE("a sharded load that one process finds damaged fails on every process 
   CHECK(out.find("fails its checksum") != std::string::npos);
   CHECK(out.find("nothing was loaded, on any rank") != std::string::npos);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("train_zero under mpirun: a process a rank, the same losses as its ranks as threads") {
+  const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 1 --heads 2 --embd 16 --seq 8 "
+                                 "--batch 4 --steps 4 --stage 3";
+  const auto losses = [](const std::string& out) {  // rank 0's step lines and its last two lines
+    std::string kept;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);)
+      if (line.starts_with("step ") || line.starts_with("final loss") || line.starts_with("every rank"))
+        kept += line.substr(0, line.find(" | ", line.find("norm"))) + "\n";  // without tok/s and memory
+    return kept;
+  };
+  int status = 0;
+  const std::string threads = run_command(train_zero + " --ranks 2 2>&1", status);
+  REQUIRE(status == 0);
+  const std::string processes = run_command(std::string(ZG_MPIRUN) + " -n 2 --oversubscribe --allow-run-as-root "
+                                            "-x ASAN_OPTIONS=detect_leaks=0 " + train_zero + " 2>&1", status);
+  INFO(processes);
+  CHECK(status == 0);
+  CHECK(losses(processes) == losses(threads));
+  CHECK(losses(processes).find("final loss") != std::string::npos);
+  // Rank counts that disagree: every process says so, and mpirun fails.
+  const std::string wrong = run_command(std::string(ZG_MPIRUN) + " -n 2 --oversubscribe --allow-run-as-root -x "
+                                        "ASAN_OPTIONS=detect_leaks=0 " + train_zero + " --ranks 3 2>&1", status);
+  CHECK(status != 0);
+  CHECK(wrong.find("train_zero: --ranks 3 but mpirun started 2 processes") != std::string::npos);
 }
 
 TEST_CASE("a collective larger than an MPI count is refused before anything moves") {
