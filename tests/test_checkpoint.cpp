@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "dist/comm/local_group.h"
+#include "legacy_checkpoint.h"
 #include "nn/serialize.h"
 #include "tensor/crc32c.h"
 #include "tiny_gpt.h"
@@ -52,30 +53,6 @@ std::vector<std::pair<std::string, Tensor>> tensors_of(const SafetensorsFile& fi
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const std::string& name : file.names()) tensors.emplace_back(name, file.read(name));
   return tensors;
-}
-
-// A training checkpoint as the former optim::save_checkpoint wrote it, in one file
-// (format zerograd-training-checkpoint-1): whole tensors <name> (f32 master weights),
-// optimizer.exp_avg.<name> and optimizer.exp_avg_sq.<name>, and metadata step,
-// compute_dtype, rng_seed, rng_offset, the loss scale and the caller's keys. The state
-// is the trainer's, from a one-rank save (whose pieces are whole parameters).
-void save_single_file_checkpoint(const std::string& path, dist::ShardedModel& trainer, const nn::Module& model,
-                                 const optim::GradScaler* scaler = nullptr, const Metadata& extra = {}) {
-  const std::string dir = path + ".sharded";
-  trainer.save(dir, {}, scaler);
-  const SafetensorsFile saved(rank_file(dir));
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [prefix, role] : {std::pair<std::string, std::string>{"", "master"},
-                                     {"optimizer.exp_avg.", "exp_avg"},
-                                     {"optimizer.exp_avg_sq.", "exp_avg_sq"}})
-    for (const auto& [name, p] : model.named_parameters())
-      tensors.emplace_back(prefix + name, saved.read(role + "/" + name + "/0").view(p.shape()));
-  Metadata meta = extra;
-  meta["format"] = "zerograd-training-checkpoint-1";
-  for (const char* key : {"step", "compute_dtype", "rng_seed", "rng_offset", "loss_scale", "loss_scale_good_steps"})
-    if (saved.metadata().contains(key)) meta[key] = saved.metadata().at(key);
-  save_safetensors(path, tensors, meta);
-  std::filesystem::remove_all(dir);
 }
 
 // A file with this header (length = its size unless given) followed by `data`.

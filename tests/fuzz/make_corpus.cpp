@@ -7,6 +7,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "../legacy_checkpoint.h"
 #include "tiny_save.h"
 
 namespace {
@@ -62,7 +63,7 @@ void safetensors_seeds(const fs::path& out, const fs::path& scratch) {
 }
 
 // Model state, and the former single-file training checkpoint made from a one-rank
-// save as optim::save_checkpoint wrote it (tests/test_checkpoint.cpp does the same).
+// save as optim::save_checkpoint wrote it (tests/legacy_checkpoint.h).
 void single_file_seeds(const fs::path& out, const fs::path& scratch) {
   manual_seed(1);
   nn::GPT model(fuzz::tiny_gpt());
@@ -72,21 +73,8 @@ void single_file_seeds(const fs::path& out, const fs::path& scratch) {
   dist::SingleRank one;
   dist::ShardedModel sharded(model, one, {.stage = 0, .compute_dtype = DType::f32});
   optim::GradScaler scaler;
-  sharded.save((scratch / "one-rank").string(), {}, &scaler);
-  fs::path rank_file;
-  for (const auto& entry : fs::recursive_directory_iterator(scratch / "one-rank"))
-    if (entry.path().extension() == ".safetensors") rank_file = entry.path();
-  const SafetensorsFile saved(rank_file.string());
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& [prefix, role] : {std::pair<std::string, std::string>{"", "master"},
-                                     {"optimizer.exp_avg.", "exp_avg"},
-                                     {"optimizer.exp_avg_sq.", "exp_avg_sq"}})
-    for (const auto& [name, p] : model.named_parameters())
-      tensors.emplace_back(prefix + name, saved.read(role + "/" + name + "/0").view(p.shape()));
-  Metadata meta = {{"format", "zerograd-training-checkpoint-1"}, {"data_position", "0"}};
-  for (const char* key : {"step", "compute_dtype", "rng_seed", "rng_offset", "loss_scale", "loss_scale_good_steps"})
-    if (saved.metadata().contains(key)) meta[key] = saved.metadata().at(key);
-  save_safetensors((scratch / "legacy.safetensors").string(), tensors, meta);
+  test::save_single_file_checkpoint((scratch / "legacy.safetensors").string(), sharded, model, &scaler,
+                                    {{"data_position", "0"}});
   seeds_of(out, "legacy", read_file(scratch / "legacy.safetensors"));
 }
 
