@@ -45,6 +45,7 @@ CudaBackend& instance() {
 // Static registration: runs when the library is loaded, makes no CUDA call.
 [[maybe_unused]] const bool registered = [] {
   register_backend(DeviceType::cuda, &instance());
+  register_pinned_allocator(&make_page_locked_allocator);
   return true;
 }();
 

@@ -67,4 +67,7 @@ class CudaBackend final : public Backend {
 // ("cuda:0 requested but no CUDA device is visible (cudaGetDeviceCount: ...)").
 void require_device(Device device);
 
+// The host pool's page-locked allocator (cuda/pinned_allocator.cu); null without a GPU.
+std::shared_ptr<Allocator> make_page_locked_allocator();
+
 }  // namespace zg::cuda

@@ -18,9 +18,15 @@ std::array<Backend*, 3>& registry() {
   static std::array<Backend*, 3> backends{&cpu_backend(), nullptr, &meta_backend()};
   return backends;
 }
+PinnedAllocatorFactory& pinned_factory() {
+  static PinnedAllocatorFactory make = nullptr;
+  return make;
+}
 }  // namespace
 
 void register_backend(DeviceType type, Backend* backend) { registry()[static_cast<int>(type)] = backend; }
+void register_pinned_allocator(PinnedAllocatorFactory make) { pinned_factory() = make; }
+std::shared_ptr<Allocator> make_pinned_allocator() { return pinned_factory() ? pinned_factory()() : nullptr; }
 
 void Backend::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                  const Tensor&, bool, double, const Tensor&, const Tensor&, const Tensor&) {

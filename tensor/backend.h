@@ -230,5 +230,10 @@ std::string flash_attention_unreadable(const Tensor& t, const char* which);
 // backend registers itself when the library is built with CUDA.
 Backend& backend(Device device);
 void register_backend(DeviceType type, Backend* backend);
+// The host pool's allocator (Context::host_allocator): page-locked memory from the CUDA
+// backend when it is built in and a GPU is visible, else null (ordinary memory then).
+using PinnedAllocatorFactory = std::shared_ptr<Allocator> (*)();
+void register_pinned_allocator(PinnedAllocatorFactory make);
+std::shared_ptr<Allocator> make_pinned_allocator();
 
 }  // namespace zg

@@ -11,6 +11,16 @@ std::shared_ptr<Allocator> Context::allocator(Device device) {
   return slot;
 }
 
+std::shared_ptr<Allocator> Context::host_allocator(Device device) {
+  ZG_CHECK(device.type != DeviceType::cuda, "host_allocator: the host pool holds host memory; ask for cpu (or meta, "
+           "for a dry run's pool), not ", device.str());
+  std::lock_guard lock(mutex_);
+  auto& slot = host_allocators_[device];
+  if (!slot && device.type == DeviceType::cpu) slot = make_pinned_allocator();
+  if (!slot) slot = backend(device).make_allocator(device);
+  return slot;
+}
+
 std::shared_ptr<void> Context::backend_state(Device device, const std::function<std::shared_ptr<void>()>& make) {
   std::lock_guard lock(mutex_);
   auto& slot = backend_states_[device];

@@ -80,6 +80,13 @@ class Context {
   // The allocator for `device`, created by the device's backend on first use.
   std::shared_ptr<Allocator> allocator(Device device);
   MemoryStats memory_stats(Device device = kCPU) { return allocator(device)->stats(); }
+  // The host pool: where offloaded state lives (TensorOptions::pinned). Page-locked
+  // (cudaHostAlloc) when this build has CUDA and a GPU is visible, so copies to and from
+  // the GPU run asynchronously at full bus speed; else ordinary memory. Either way an
+  // allocator of its own, so its bytes are counted apart from the device's -- also on a
+  // CPU run, where both are host memory. `device` is cpu, or meta for a dry run's pool.
+  std::shared_ptr<Allocator> host_allocator(Device device = kCPU);
+  MemoryStats host_memory_stats(Device device = kCPU) { return host_allocator(device)->stats(); }
   Generator& generator() { return generator_; }
   // Per-rank state a backend keeps for `device` (the CUDA backend: this rank's
   // streams and library handles), made by `make` on first use and released before
@@ -93,7 +100,7 @@ class Context {
  private:
   int rank_;
   std::mutex mutex_;
-  std::map<Device, std::shared_ptr<Allocator>> allocators_;
+  std::map<Device, std::shared_ptr<Allocator>> allocators_, host_allocators_;
   std::map<Device, std::shared_ptr<void>> backend_states_;  // declared after allocators_: destroyed first
   Generator generator_;
 };
@@ -112,6 +119,7 @@ class ContextGuard {
 
 // Shorthands on the current context.
 inline MemoryStats memory_stats(Device device = kCPU) { return Context::current().memory_stats(device); }
+inline MemoryStats host_memory_stats(Device device = kCPU) { return Context::current().host_memory_stats(device); }
 inline void manual_seed(uint64_t seed) { Context::current().generator().manual_seed(seed); }
 
 }  // namespace zg

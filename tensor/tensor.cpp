@@ -45,27 +45,31 @@ Tensor contiguous_over(std::shared_ptr<Storage> storage, const Shape& shape, DTy
   return Tensor(std::move(impl));
 }
 
+// The allocator a new tensor with these options comes from: the device's, or the host pool's.
+std::shared_ptr<Allocator> allocator_for(const TensorOptions& options) {
+  Context& context = Context::current();
+  return options.is_pinned() ? context.host_allocator(options.device()) : context.allocator(options.device());
+}
+
 }  // namespace
 
 Tensor Tensor::empty(const Shape& shape, TensorOptions options) {
   const int64_t bytes = new_tensor_bytes(shape, options.dtype());
-  return contiguous_over(
-      std::make_shared<Storage>(Context::current().allocator(options.device()), bytes, MemoryScope::current()), shape,
-      options.dtype());
+  return contiguous_over(std::make_shared<Storage>(allocator_for(options), bytes, MemoryScope::current()), shape,
+                         options.dtype());
 }
 
 Tensor deferred_tensor(const Shape& shape, TensorOptions options, const InitRecipe& recipe) {
   const int64_t bytes = new_tensor_bytes(shape, options.dtype());
-  return contiguous_over(Storage::deferred(Context::current().allocator(options.device()), bytes,
-                                           std::make_shared<const InitRecipe>(recipe)),
-                         shape, options.dtype());
+  return contiguous_over(
+      Storage::deferred(allocator_for(options), bytes, std::make_shared<const InitRecipe>(recipe)), shape,
+      options.dtype());
 }
 
 Tensor Tensor::empty_released(const Shape& shape, TensorOptions options) {
   const int64_t bytes = new_tensor_bytes(shape, options.dtype());
-  return contiguous_over(Storage::unallocated(Context::current().allocator(options.device()), bytes,
-                                              MemoryScope::current()),
-                         shape, options.dtype());
+  return contiguous_over(Storage::unallocated(allocator_for(options), bytes, MemoryScope::current()), shape,
+                         options.dtype());
 }
 
 int64_t Tensor::size(int64_t dim) const { return shape()[wrap_dim(dim, this->dim(), "size")]; }

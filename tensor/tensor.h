@@ -27,12 +27,18 @@ class TensorOptions {
   TensorOptions(Device device) : device_(device) {}  // NOLINT: implicit
   TensorOptions dtype(DType dtype) const { TensorOptions o = *this; o.dtype_ = dtype; return o; }
   TensorOptions device(Device device) const { TensorOptions o = *this; o.device_ = device; return o; }
+  // From the rank's host pool (Context::host_allocator): page-locked where a GPU is
+  // present, and counted apart from other host memory (host_memory_stats). Offloaded
+  // optimizer state lives there. For cpu tensors (meta: a dry run's host bytes).
+  TensorOptions pinned(bool pinned = true) const { TensorOptions o = *this; o.pinned_ = pinned; return o; }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
+  bool is_pinned() const { return pinned_; }
 
  private:
   DType dtype_ = DType::f32;
   Device device_ = kCPU;
+  bool pinned_ = false;
 };
 
 struct AutogradMeta;  // autograd/graph.h; a tensor only points to it
