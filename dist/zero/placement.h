@@ -8,7 +8,19 @@
 //   master + Adam m, v   full           sharded        sharded              sharded
 //
 // Every other file asks this policy a question ("are the compute weights gathered
-// around each use?"), never a stage number. Host placement (offload) is a Location here.
+// around each use?"), never a stage number.
+//
+// Offload (ZeRO-Offload, ZeRO-Infinity's CPU tier) moves roles to host memory, the
+// rank's host pool (bytes per parameter per rank, bf16 compute, stage 3 at N ranks):
+//
+//   offload                 device                          host
+//   none                    16/N (+ the units in use)       0
+//   optimizer               4/N  (+ the units in use)       14/N: master, m, v, gradient shard
+//   optimizer + parameters  the units in use only           14/N: the f32 master doubles as the
+//                                                           parameter shard, cast per gather
+//
+// The gradient shard goes with the optimizer: the CPU AdamW reads it where it runs.
+#include <string_view>
 #pragma once
 
 #include <string>
@@ -29,6 +41,16 @@ enum class FullWhen : uint8_t {
 };
 enum class Location : uint8_t { device, host };
 
+// Which roles live in host memory (ZeroConfig::offload).
+enum class Offload : uint8_t {
+  none,
+  optimizer,              // master weights, Adam m and v, the gradient shard; stages 1-3
+  optimizer_and_params,   // and the parameter shards (ZeRO-3)
+};
+const char* name(Offload offload);  // "none", "optimizer", "optimizer+params"
+// Parses name(); throws zg::Error listing the choices.
+Offload parse_offload(std::string_view text);
+
 struct RolePlacement {
   Layout layout;
   FullWhen full_when;
@@ -40,12 +62,19 @@ struct Placement {
 
   // DDP is stage 0; ZeRO-1, 2, 3 shard optimizer state, then gradients, then parameters.
   static constexpr bool valid_stage(int64_t stage) { return stage >= 0 && stage <= 3; }
-  static Placement for_stage(int stage) {
+  static Placement for_stage(int stage, Offload offload = Offload::none) {
     ZG_CHECK(valid_stage(stage), "ShardedModel: stage must be 0, 1, 2 or 3, got ", stage);
+    ZG_CHECK(offload == Offload::none || stage >= 1, "ShardedModel: offload ", dist::name(offload), " needs the optimizer "
+             "state sharded: stage 1, 2 or 3 (at one rank they hold what DDP holds)");
+    ZG_CHECK(offload != Offload::optimizer_and_params || stage == 3, "ShardedModel: offload optimizer+params needs "
+             "stage 3, where parameters are sharded; stage ", stage, " keeps them whole on the device (offload "
+             "optimizer moves the rest)");
     const bool opt = stage >= 1, grads = stage >= 2, params = stage >= 3;
-    return {{params ? Layout::sharded : Layout::full, params ? FullWhen::around_use : FullWhen::always},
-            {grads ? Layout::sharded : Layout::full, grads ? FullWhen::during_backward : FullWhen::always},
-            {opt ? Layout::sharded : Layout::full, opt ? FullWhen::never : FullWhen::always}};
+    const Location state = offload == Offload::none ? Location::device : Location::host;
+    const Location weights = offload == Offload::optimizer_and_params ? Location::host : Location::device;
+    return {{params ? Layout::sharded : Layout::full, params ? FullWhen::around_use : FullWhen::always, weights},
+            {grads ? Layout::sharded : Layout::full, grads ? FullWhen::during_backward : FullWhen::always, state},
+            {opt ? Layout::sharded : Layout::full, opt ? FullWhen::never : FullWhen::always, state}};
   }
 
   // ZeRO-3: compute weights are gathered before each use and freed after.
@@ -61,11 +90,21 @@ struct Placement {
   // The optimizer updates slice r (else the whole buffer).
   bool optimizer_sharded() const { return optimizer_state.layout == Layout::sharded; }
 
+  // Offload: the optimizer state (and the gradient shard it reads) in host memory.
+  bool offloads_optimizer() const { return optimizer_state.where == Location::host; }
+  // ZeRO-3 with parameter offload: the parameter shards in host memory.
+  bool offloads_parameters() const { return compute.where == Location::host; }
+
   // "DDP (stage 0)", "ZeRO-2": the stage number is derived back, only to name it.
   int stage() const {
     return gathers_parameters() ? 3 : frees_full_gradients() ? 2 : optimizer_sharded() ? 1 : 0;
   }
-  std::string name() const { return stage() == 0 ? "DDP (stage 0)" : "ZeRO-" + std::to_string(stage()); }
+  std::string name() const {
+    const std::string stage_name = stage() == 0 ? "DDP (stage 0)" : "ZeRO-" + std::to_string(stage());
+    return offloads_parameters()   ? stage_name + " + offload optimizer+params"
+           : offloads_optimizer() ? stage_name + " + offload optimizer"
+                                  : stage_name;
+  }
 };
 
 }  // namespace zg::dist

@@ -182,7 +182,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   NoGradGuard no_grad;
   const int r = group_.rank();
   const Generator& gen = Context::current().generator();
-  const Device device = units_.front()->master.device();
+  const Device device = context_->device;
   // The save's id, on every rank's file and in its folder's name: rank 0's random draw of
   // 53 bits (exact in an f64), one that names no folder there yet.
   uint64_t draw = 0;
@@ -462,7 +462,7 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   }
   LoadPlan plan;
   std::string save;  // the folder (or file) of the save `dir` holds now
-  const Device device = units_.front()->master.device();
+  const Device device = context_->device;
   all_or_none(group_, device, "ShardedModel::load", "nothing was loaded, on any rank", [&] {
     save = checkpoint_dir::current_save(dir, "ShardedModel::load");
     plan = plan_load(save, model, parts_of(units_, replicated(), r, !placement().optimizer_sharded(), /*saving=*/false),
@@ -561,7 +561,7 @@ nn::NamedTensors ShardedModel::consolidated_state() {
 // Rank 0 writes each unit's weights as they are gathered: no rank holds more than one
 // unit's at a time, as FSDP's full state dict with rank0_only and offload to the CPU.
 void ShardedModel::export_consolidated(const std::string& path) {
-  GroupFileWriter file(group_, units_.front()->master.device(), "ShardedModel::export_consolidated",
+  GroupFileWriter file(group_, context_->device, "ShardedModel::export_consolidated",
                        group_.rank() == 0, path, consolidated_layout(), {{"format", "zerograd-consolidated-1"}});
   for_each_consolidated([&](const std::string& name, const Tensor& value) { file.write(name, value); });
   file.commit(path + " was not written");

@@ -88,12 +88,13 @@ ShardedModel::ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig co
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config)
     : group_(group), config_(config),
       context_(std::make_unique<UnitContext>(
-          UnitContext{group, Placement::for_stage(0), config.compute_dtype, config.compute_dtype})),
+          UnitContext{group, Placement::for_stage(0), config.compute_dtype, config.compute_dtype, kCPU})),
       buffers_(model.named_buffers()) {
   // The checks and the plan, on each rank alone -- then every rank learns whether any
   // failed, before the collectives below: a rank that threw here would never issue them.
   const nn::NamedTensors parameters = model.named_parameters();
   const Device device = parameters.empty() ? kCPU : parameters.front().second.device();
+  context_->device = device;
   all_or_none(group_, device, "ShardedModel", "", [&] { plan_units(model, parameters, plan); });
   agree_on_plan(device);
   for (auto& unit : units_) materialize(*unit);
@@ -109,7 +110,7 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
 }
 
 void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan) {
-  context_->placement = Placement::for_stage(config_.stage);
+  context_->placement = Placement::for_stage(config_.stage, config_.offload);
   context_->reduce_dtype = reduce_dtype();
   ZG_CHECK(is_floating(config_.compute_dtype), "ShardedModel: compute dtype must be floating, got ",
            name(config_.compute_dtype));
@@ -208,6 +209,7 @@ void ShardedModel::agree_on_plan(Device device) {
                    {"reduce dtype", static_cast<double>(reduce_dtype())},
                    {"ZeroConfig::bucket_bytes", static_cast<double>(c.bucket_bytes)},
                    {"ZeroConfig::prefetch", c.prefetch}, {"ZeroConfig::max_grad_norm", c.max_grad_norm},
+                   {"ZeroConfig::offload", static_cast<double>(c.offload)},
                    {"AdamWOptions::beta1", c.adamw.beta1}, {"AdamWOptions::beta2", c.adamw.beta2},
                    {"AdamWOptions::eps", c.adamw.eps}, {"AdamWOptions::weight_decay", c.adamw.weight_decay},
                    {"number of units", static_cast<double>(units_.size())}});
@@ -231,8 +233,6 @@ void ShardedModel::agree_on_plan(Device device) {
 // broadcast whole first (as PyTorch DDP broadcasts its module states).
 void ShardedModel::materialize(Unit& unit) {
   NoGradGuard no_grad;
-  const std::vector<ParamSlot>& any = unit.entries.empty() ? unit.frozen_entries : unit.entries;
-  const Device device = any.front().param.device();
   {
     CollectiveTag tag(unit.tag);
     for (const auto* slots : {&unit.entries, &unit.frozen_entries})
@@ -242,7 +242,7 @@ void ShardedModel::materialize(Unit& unit) {
         group_.broadcast(slot.param.detach(), 0);  // the collective's thread must not touch its autograd state
       }
   }
-  unit.materialize(device, [](const ParamSlot& slot, int64_t begin, const Tensor& out) {
+  unit.materialize([](const ParamSlot& slot, int64_t begin, const Tensor& out) {
     if (is_deferred(slot.param)) materialize_range(slot.param, begin, out);
     else Tensor(out).copy_(flat_range(slot.param, begin, out.numel()));
   });
@@ -439,13 +439,15 @@ nn::NamedTensors ShardedModel::gathered_master() {
 }
 
 Tensor ShardedModel::all_gathered(const Tensor& shard, int64_t tag, MemoryCategory category) {
+  // An offloaded shard is gathered on the model's device when the group needs that (NCCL).
+  const Device on = group_.accepts(shard.device()) ? shard.device() : context_->device;
   Tensor whole;
   {
     MemoryScope scope(category);
-    whole = empty({shard.numel() * group_.size()}, TensorOptions(shard.dtype()).device(shard.device()));
+    whole = empty({shard.numel() * group_.size()}, TensorOptions(shard.dtype()).device(on));
   }
   CollectiveTag scope(tag);
-  group_.all_gather(shard, whole);
+  group_.all_gather(shard.to(on), whole);
   return whole;
 }
 

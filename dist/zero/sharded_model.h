@@ -68,6 +68,11 @@ struct ZeroConfig {
   // ZeRO-3: how many units ahead (in forward order, or behind in backward) are
   // all-gathered while the current one computes. 0: gather each just in time.
   int prefetch = 1;
+  // ZeRO-Offload: optimizer places the master weights, Adam m and v and the gradient
+  // shard in the rank's host pool (page-locked with a GPU), where the CPU AdamW updates
+  // them; optimizer+params (stage 3) also the parameter shards, gathered to the device
+  // per unit. Results are the same bit for bit as without offload.
+  Offload offload = Offload::none;
 };
 
 using nn::UnitPlan;

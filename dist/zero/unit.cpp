@@ -1,6 +1,7 @@
 #include "dist/zero/unit.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "autograd/graph.h"
 #include "tensor/backend.h"
@@ -15,15 +16,27 @@ struct Repoint : ParameterOwner {
   using ParameterOwner::point_grad;
 };
 
-Tensor allocate(int64_t numel, DType dtype, Device device, MemoryCategory category, bool zeroed) {
+// On the host (cpu or meta) a buffer comes from the rank's host pool (TensorOptions::pinned).
+Tensor allocate(int64_t numel, DType dtype, Device device, MemoryCategory category, bool zeroed, bool host = false) {
   MemoryScope scope(category);
-  Tensor t = empty({numel}, TensorOptions(dtype).device(device));
+  Tensor t = empty({numel}, TensorOptions(dtype).device(device).pinned(host));
   if (zeroed) t.zero_();
   return t;
 }
 
-// dst = src rounded to dst's dtype, through the backend (grads are not autograd state).
-void cast_into(const Tensor& src, const Tensor& dst) { backend(dst.device()).copy(src, dst); }
+// dst = src rounded to dst's dtype, through the backend (grads are not autograd state);
+// across devices (offload) through the device's backend.
+void cast_into(const Tensor& src, const Tensor& dst) {
+  backend(dst.device().type == DeviceType::cpu ? src.device() : dst.device()).copy(src, dst);
+}
+
+// `t` on `device` in `dtype`: itself, or a `communication` copy (offload's transfers).
+Tensor moved(const Tensor& t, Device device, DType dtype) {
+  if (t.device() == device && t.dtype() == dtype) return t;
+  const Tensor out = allocate(t.numel(), dtype, device, MemoryCategory::communication, false);
+  cast_into(t, out);
+  return out;
+}
 
 // The buffer a collective works on: `grad` itself, or a copy in the reduce dtype.
 Tensor in_reduce_dtype(const Tensor& grad, DType dtype) {
@@ -79,18 +92,22 @@ void Unit::plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen)
 // Compute weights of `slots` in the compute dtype: the whole buffer (full placement) or
 // slice r, with the full buffer allocated and released until gathered (ZeRO-3).
 void Unit::place(ShardedWeights& w, const std::vector<ParamSlot>& slots, int64_t padded_numel,
-                 const InitialValues& initial, Device device) {
+                 const InitialValues& initial, bool shard_from_master) {
   const int r = ctx_.group.rank();
   const int64_t shard_numel = padded_numel / ctx_.group.size();
+  const Device device = ctx_.device;
   if (ctx_.placement.gathers_parameters()) {
-    w.shard = allocate(shard_numel, ctx_.compute_dtype, device, MemoryCategory::parameter, false);
-    fill_range(w.shard, r * shard_numel, slots, initial);
+    if (!shard_from_master) {  // else materialize() points it at the master
+      const bool host = ctx_.placement.offloads_parameters();
+      w.shard = allocate(shard_numel, ctx_.compute_dtype, ctx_.where(ctx_.placement.compute), MemoryCategory::parameter,
+                         false, host);
+      fill_range(w.shard, r * shard_numel, slots, initial);
+    }
     {
       MemoryScope scope(MemoryCategory::communication);
       w.full = Tensor::empty_released({padded_numel}, TensorOptions(ctx_.compute_dtype).device(device));
     }
-    w.full.storage()->set_release_note(release_note());
-    w.gathered_from = w.shard.storage()->version();  // released, so not current: the first use gathers
+    w.full.storage()->set_release_note(release_note());  // released, so not current: the first use gathers
   } else {
     w.full = allocate(padded_numel, ctx_.compute_dtype, device, MemoryCategory::parameter, false);
     fill_range(w.full, 0, slots, initial);
@@ -98,29 +115,41 @@ void Unit::place(ShardedWeights& w, const std::vector<ParamSlot>& slots, int64_t
   }
 }
 
-void Unit::materialize(Device device, const InitialValues& initial) {
+void Unit::materialize(const InitialValues& initial) {
   NoGradGuard no_grad;
   const int r = ctx_.group.rank();
   const DType master_dtype = optim::master_dtype_for(ctx_.compute_dtype);
   const Placement& placement = ctx_.placement;
-  place(weights, entries, padded, initial, device);
+  const Device device = ctx_.device;
+  // Parameter offload with 16-bit compute: the f32 master shard is the parameter shard.
+  const bool shard_from_master = placement.offloads_parameters() && master_dtype != ctx_.compute_dtype;
+  place(weights, entries, padded, initial, shard_from_master);
   if (!frozen_entries.empty())
     place(frozen, frozen_entries, padded_to(frozen_entries.back().offset + zg::numel(frozen_entries.back().shape),
                                             ctx_.group.size()),
-          initial, device);
+          initial, false);
 
   const bool opt_sharded = placement.optimizer_sharded();
-  if (master_dtype != ctx_.compute_dtype) {
-    master = allocate(opt_sharded ? shard : padded, master_dtype, device, MemoryCategory::optimizer_state, false);
+  const bool host = placement.offloads_optimizer();
+  const Device state_device = ctx_.where(placement.optimizer_state);
+  // The master weights have a buffer of their own unless they are the compute weights:
+  // f32 compute, with the shard where the optimizer state is.
+  if (master_dtype != ctx_.compute_dtype || (host && !placement.offloads_parameters())) {
+    master = allocate(opt_sharded ? shard : padded, master_dtype, state_device, MemoryCategory::optimizer_state, false,
+                      host);
     fill_range(master, opt_sharded ? r * shard : 0, entries, initial);
-  } else {  // the compute weights are the master weights
+    if (shard_from_master) weights.shard = master;
+  } else {
     master = opt_sharded ? weights.shard : weights.full;
   }
-  m = allocate(master.numel(), master_dtype, device, MemoryCategory::optimizer_state, true);
-  v = allocate(master.numel(), master_dtype, device, MemoryCategory::optimizer_state, true);
+  m = allocate(master.numel(), master_dtype, state_device, MemoryCategory::optimizer_state, true, host);
+  v = allocate(master.numel(), master_dtype, state_device, MemoryCategory::optimizer_state, true, host);
 
-  if (placement.frees_full_gradients()) {
-    grad_shard = allocate(shard, ctx_.compute_dtype, device, MemoryCategory::gradient, true);
+  if (placement.frees_full_gradients() || host) {  // a shard of its own (offload: on the host)
+    grad_shard = allocate(shard, ctx_.compute_dtype, ctx_.where(placement.gradients), MemoryCategory::gradient, true,
+                          host);
+    if (!placement.frees_full_gradients())
+      grad_full = allocate(padded, ctx_.compute_dtype, device, MemoryCategory::gradient, true);
   } else {
     grad_full = allocate(padded, ctx_.compute_dtype, device, MemoryCategory::gradient, true);
     grad_shard = grad_full.narrow(0, r * shard, shard);
@@ -180,7 +209,8 @@ void Unit::issue_gather(ShardedWeights& w) {
   // of computing gradients with weights the forward never used.
   const uint64_t shard_version = w.shard.storage()->version();
   const uint64_t version = full.version();
-  w.gathering = ctx_.group.all_gather_async(w.shard, w.full);
+  // An offloaded shard goes up to the device first (the f32 master cast to the compute dtype).
+  w.gathering = ctx_.group.all_gather_async(moved(w.shard, ctx_.device, ctx_.compute_dtype), w.full);
   if (shard_version == w.gathered_from) full.restore_version(version);
   w.gathered_from = shard_version;
 }
@@ -198,7 +228,7 @@ void Unit::release() {
 
 void Unit::ensure_full_gradient() {
   if (grad_full.defined()) return;
-  grad_full = allocate(padded, ctx_.compute_dtype, grad_shard.device(), MemoryCategory::gradient, true);
+  grad_full = allocate(padded, ctx_.compute_dtype, ctx_.device, MemoryCategory::gradient, true);
   for (const ParamSlot& slot : entries) Repoint::point_grad(slot.param, view_of(grad_full, slot));
 }
 
@@ -210,6 +240,7 @@ void Unit::ensure_full_gradient() {
 //   ZeRO-2, 3      the full gradient (alive only during the unit's backward) is
 //                  reduce-scattered into a `communication` buffer, added into the
 //                  persistent gradient shard, and freed
+// Offloaded, the gradient shard is in host memory: slice r goes down to it once reduced.
 InFlight Unit::reduce_gradients(Bucket& bucket, bool sync) {
   NoGradGuard no_grad;
   CollectiveTag scope(bucket.tag);
@@ -230,12 +261,14 @@ InFlight Unit::reduce_gradients(Bucket& bucket, bool sync) {
     // the others are zeroed once reduced, so the next synced micro-batch's reduction adds
     // only what came since. (An in-place average would average slice r's earlier average.)
     const Tensor buffer = in_reduce_dtype(grad_full, dtype);
+    const Tensor slice = ctx_.placement.offloads_optimizer() ? grad_full.narrow(0, group.rank() * shard, shard) : grad_shard;
     const Tensor mine = buffer.is_same(grad_full)
-                            ? grad_shard
+                            ? slice
                             : allocate(shard, dtype, buffer.device(), MemoryCategory::communication, false);
     job.work = group.reduce_scatter_async(buffer, mine, ReduceKind::sum);
-    job.then = [mine, full = grad_full, to = grad_shard, r = group.rank(), s = shard] {
-      if (!mine.is_same(to)) cast_into(mine, to);
+    job.then = [mine, slice, full = grad_full, to = grad_shard, r = group.rank(), s = shard] {
+      if (!mine.is_same(slice)) cast_into(mine, slice);
+      if (!slice.is_same(to)) cast_into(slice, to);  // offload: the running sum, down to the host
       backend(full.device()).fill(full.narrow(0, 0, r * s), 0.0);
       backend(full.device()).fill(full.narrow(0, (r + 1) * s, full.numel() - (r + 1) * s), 0.0);
     };
@@ -252,7 +285,7 @@ InFlight Unit::reduce_gradients(Bucket& bucket, bool sync) {
     const Tensor mine = allocate(shard, dtype, buffer.device(), MemoryCategory::communication, false);
     job.work = group.reduce_scatter_async(buffer, mine, ReduceKind::average);
     job.then = [mine, to = grad_shard] {  // accumulates across micro-batches: grad_shard += mine
-      backend(to.device()).binary(BinaryOp::add, to, mine.dtype() == to.dtype() ? mine : mine.to(to.dtype()), to);
+      backend(to.device()).binary(BinaryOp::add, to, moved(mine, to.device(), to.dtype()), to);
     };
   }
   return job;
@@ -265,6 +298,7 @@ void Unit::zero_grad() {
     grad_full = Tensor();  // a backward that never completed
   } else {
     grad_full.zero_();
+    if (ctx_.placement.offloads_optimizer()) grad_shard.zero_();  // its own buffer, on the host
   }
   for (Bucket& bucket : buckets) {
     bucket.arrived = 0;
@@ -276,8 +310,7 @@ std::vector<optim::AdamWSpan> Unit::optimizer_spans() {
   const bool sharded = ctx_.placement.optimizer_sharded();
   const int64_t base = sharded ? ctx_.group.rank() * shard : 0;
   const Tensor& grad = sharded ? grad_shard : grad_full;
-  const Tensor& compute = sharded ? weights.shard : weights.full;
-  const bool separate = ctx_.compute_dtype != master.dtype();  // else master *is* the compute buffer
+  const Tensor compute = compute_for_update();
   std::vector<optim::AdamWSpan> spans;
   // The decay range [0, decay) and the rest [decay, numel), cut to this rank's part.
   for (const auto& [lo, hi, decay] :
@@ -285,12 +318,26 @@ std::vector<optim::AdamWSpan> Unit::optimizer_spans() {
     const int64_t begin = std::max(lo, base), end = std::min(hi, base + master.numel());
     if (end <= begin) continue;
     auto part = [&](const Tensor& t) { return t.narrow(0, begin - base, end - begin); };
-    spans.push_back({part(master), part(grad), part(m), part(v), separate ? part(compute) : Tensor(), decay});
+    spans.push_back({part(master), part(grad), part(m), part(v), compute.defined() ? part(compute) : Tensor(), decay});
   }
   return spans;
 }
 
+Tensor Unit::compute_for_update() {
+  const Tensor& mine = ctx_.placement.optimizer_sharded() ? weights.shard : weights.full;
+  if (mine.is_same(master)) return {};  // the master is the compute weights
+  if (mine.device() == master.device()) return mine;
+  compute_staging = allocate(master.numel(), ctx_.compute_dtype, master.device(), MemoryCategory::communication, false,
+                             true);
+  return compute_staging;
+}
+
 WorkHandle Unit::after_step() {
+  if (compute_staging.defined()) {  // offload: the updated compute weights up to the device
+    const Tensor& mine = ctx_.placement.optimizer_sharded() ? weights.shard : weights.full;
+    cast_into(std::exchange(compute_staging, Tensor()), mine);
+    mine.storage()->bump_version();
+  }
   if (!ctx_.placement.gathers_after_step()) return nullptr;
   CollectiveTag scope(tag);
   return ctx_.group.all_gather_async(weights.shard, weights.full);
@@ -298,12 +345,11 @@ WorkHandle Unit::after_step() {
 
 void Unit::refresh_compute() {
   NoGradGuard no_grad;
-  const bool separate = ctx_.compute_dtype != master.dtype();
   if (!ctx_.placement.optimizer_sharded()) {
-    if (separate) weights.full.copy_(master);
+    if (!weights.full.is_same(master)) weights.full.copy_(master);
     return;
   }
-  if (separate) weights.shard.copy_(master);
+  if (!weights.shard.is_same(master)) weights.shard.copy_(master);
   CollectiveTag scope(tag);
   if (!ctx_.placement.gathers_parameters()) ctx_.group.all_gather(weights.shard, weights.full);
 }

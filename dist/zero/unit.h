@@ -49,7 +49,9 @@ struct Bucket {
 
 // Compute weights in one flat buffer, padded to a multiple of N. Full placement: `full`
 // is the buffer and `shard` a view of slice r. Sharded (ZeRO-3): `shard` has its own
-// storage, and `full` (`communication`) exists only while gathered.
+// storage, and `full` (`communication`) exists only while gathered. With parameter
+// offload and 16-bit compute, `shard` is the f32 master shard in host memory, cast to
+// the compute dtype as it is gathered (its rounding is what the update would write).
 struct ShardedWeights {
   Tensor full, shard;
   WorkHandle gathering;        // an all-gather of `full` in flight (a prefetch)
@@ -70,6 +72,10 @@ struct UnitContext {
   ProcessGroup& group;
   Placement placement;
   DType compute_dtype, reduce_dtype;
+  Device device;  // the compute device (the parameters')
+  // Where host-placed roles live: the host pool on the cpu (meta for a dry run).
+  Device host() const { return device.type == DeviceType::meta ? kMeta : kCPU; }
+  Device where(const RolePlacement& role) const { return role.where == Location::host ? host() : device; }
 };
 
 class Unit {
@@ -85,7 +91,7 @@ class Unit {
   // gradient. `initial(slot, begin, out)` writes elements [begin, begin + out.numel())
   // of a parameter's initial values into `out`, which is all a unit asks of a model.
   using InitialValues = std::function<void(const ParamSlot& slot, int64_t begin, const Tensor& out)>;
-  void materialize(Device device, const InitialValues& initial);
+  void materialize(const InitialValues& initial);
 
   void prefetch();          // ZeRO-3: issues the all-gathers of what is not current
   void finish_gathers();    // waits for them
@@ -107,6 +113,9 @@ class Unit {
   WorkHandle after_step();
   // After master weights were loaded: the compute copy from them (every rank's, gathered).
   void refresh_compute();
+  // The optimizer's slice of the compute weights: the shard itself, or (offload, with the
+  // shard on the device) a host buffer the update writes, copied up by after_step.
+  Tensor compute_for_update();
 
   // Identity and layout.
   std::string name;
@@ -120,6 +129,7 @@ class Unit {
   Tensor grad_full;        // [padded]: always (full gradients), or during the unit's backward
   Tensor grad_shard;       // [shard]: slice r of grad_full, or its own storage
   Tensor master, m, v;     // [padded] (full optimizer state) or [shard]
+  Tensor compute_staging;  // offload: the update's 16-bit weights on the host, until after_step
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;  // entry -> its bucket
   uint64_t written_by_us = 0;     // compute_version() after our last write
@@ -127,7 +137,7 @@ class Unit {
  private:
   void issue_gather(ShardedWeights& weights);
   void place(ShardedWeights& weights, const std::vector<ParamSlot>& slots, int64_t padded, const InitialValues& initial,
-             Device device);
+             bool shard_from_master);
   const UnitContext& ctx_;
 };
 

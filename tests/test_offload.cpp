@@ -1,0 +1,267 @@
+// ZeRO-Offload: the optimizer state (and at stage 3 the parameter shards) in the rank's
+// host pool changes where bytes live, never what is computed: offloaded runs equal the
+// same run on the device bit for bit, their figures split device and host as the
+// placement says, and their checkpoints load with or without offload.
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "helpers.h"
+
+#include "dist/comm/fake_group.h"
+#include "dist/comm/local_group.h"
+#include "zero_training.h"
+
+namespace zg::test {
+
+namespace {
+
+struct OffloadRun {
+  int stage = 1;
+  dist::Offload offload = dist::Offload::none;
+  DType dtype = DType::bf16;
+  int steps = 4;
+  int micro_batches = 2;
+};
+
+struct Trained {
+  nn::NamedTensors master;    // gathered, on the cpu
+  std::vector<double> norms;  // every step's global gradient norm (NaN: skipped)
+  std::vector<double> scales; // the loss scale after every step
+};
+
+dist::ZeroConfig config_of(const OffloadRun& run) {
+  return {.stage = run.stage, .compute_dtype = run.dtype, .adamw = kAdamW, .max_grad_norm = 0.05,
+          .offload = run.offload};
+}
+
+// Trains the tiny GPT on this rank's slice of each global batch with a loss scaler and
+// clipping, step 1 overflowing on purpose (every rank skips it).
+Trained train(dist::ProcessGroup& pg, const OffloadRun& run) {
+  manual_seed(1);
+  nn::GPT model(zero_config());
+  dist::ShardedModel sharded(model, pg, config_of(run));
+  optim::GradScaler scaler({.init_scale = 1024.0});
+  const int64_t rows = kBatch / pg.size();
+  const int micro = rows >= run.micro_batches ? run.micro_batches : 1;
+  Trained out;
+  for (int s = 0; s < run.steps; ++s) {
+    const auto [x, y] = global_batch(s);
+    sharded.zero_grad();
+    for (int k = 0; k < micro; ++k) {
+      const int64_t r = rows / micro, from = pg.rank() * rows + k * r;
+      Tensor loss = scaler.scale(model.forward(x.narrow(0, from, r), y.narrow(0, from, r)).loss * (1.0 / micro));
+      if (s == 1 && pg.rank() == 0) loss = loss * std::numeric_limits<double>::infinity();
+      loss.backward();
+    }
+    const dist::StepResult result = sharded.step(1e-3, &scaler);
+    out.norms.push_back(result.stepped ? result.grad_norm : std::nan(""));
+    out.scales.push_back(scaler.scale_factor());
+  }
+  for (auto& [name, t] : sharded.gathered_master()) out.master.emplace_back(name, t.to(kCPU).clone());
+  return out;
+}
+
+Trained train_on(int n, const OffloadRun& run) {
+  Trained kept;
+  dist::run_local(n, [&](dist::ProcessGroup& pg) {
+    Trained mine = train(pg, run);
+    if (pg.rank() == n - 1) kept = std::move(mine);
+  });
+  return kept;
+}
+
+// Every element equal (the bits of f32 values; NaN never occurs in master weights).
+bool same_bits(const nn::NamedTensors& a, const nn::NamedTensors& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].first != b[i].first || max(abs(a[i].second - b[i].second)).item<double>() != 0.0) return false;
+  return true;
+}
+
+bool same_norms(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+  return true;
+}
+
+int64_t model_states(const MemoryStats& s) {
+  return s[MemoryCategory::parameter] + s[MemoryCategory::gradient] + s[MemoryCategory::optimizer_state];
+}
+
+}  // namespace
+
+TEST_CASE("offload on or off: the same bits at N = 1, 2, 4 and stages 1-3, with clipping, a loss scaler and a skipped step") {
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (int n : {1, 2, 4})
+      for (int stage = 1; stage <= 3; ++stage) {
+        const Trained device = train_on(n, {.stage = stage, .dtype = dtype});
+        CHECK(std::isnan(device.norms[1]));  // the overflow was skipped
+        for (dist::Offload offload : {dist::Offload::optimizer, dist::Offload::optimizer_and_params}) {
+          if (offload == dist::Offload::optimizer_and_params && stage != 3) continue;
+          INFO(name(dtype) << " N=" << n << " stage " << stage << " offload " << dist::name(offload));
+          const Trained host = train_on(n, {.stage = stage, .offload = offload, .dtype = dtype});
+          CHECK(same_bits(host.master, device.master));
+          CHECK(same_norms(host.norms, device.norms));
+          CHECK(host.scales == device.scales);
+        }
+      }
+}
+
+TEST_CASE("offloaded roles are counted in the host pool, the rest on the device (bf16, N = 2)") {
+  for (int stage = 1; stage <= 3; ++stage)
+    for (dist::Offload offload : {dist::Offload::optimizer, dist::Offload::optimizer_and_params}) {
+      if (offload == dist::Offload::optimizer_and_params && stage != 3) continue;
+      INFO("stage " << stage << " offload " << dist::name(offload));
+      dist::run_local(2, [&](dist::ProcessGroup& pg) {
+        manual_seed(1);
+        nn::GPT model(zero_config());
+        dist::ShardedModel sharded(model, pg, config_of({.stage = stage, .offload = offload}));
+        int64_t padded = 0;  // each unit's count padded to a multiple of N = 2
+        for (const std::string unit : {"root", "transformer.h.0", "transformer.h.1"}) {
+          int64_t count = 0;
+          for (const auto& [name, p] : model.named_parameters()) {
+            const bool in_block = name.starts_with("transformer.h.");
+            if ((unit == "root" && !in_block) || (in_block && name.starts_with(unit + "."))) count += p.numel();
+          }
+          padded += (count + 1) / 2 * 2;
+        }
+        const int64_t shard = padded / 2;
+        const auto [x, y] = global_batch(0);
+        sharded.zero_grad();
+        model.forward(x.narrow(0, 2 * pg.rank(), 2), y.narrow(0, 2 * pg.rank(), 2)).loss.backward();
+        const MemoryStats device = memory_stats(), host = host_memory_stats();
+        // Host: f32 master, m, v (12 bytes) and the bf16 gradient shard (2), per element of the shard.
+        CHECK(host[MemoryCategory::optimizer_state] == 12 * shard);
+        CHECK(host[MemoryCategory::gradient] == 2 * shard);
+        CHECK(host[MemoryCategory::parameter] == 0);  // at optimizer+params the master is the shard
+        CHECK(device[MemoryCategory::optimizer_state] == 0);
+        // Device: the compute weights (whole at stages 1-2, the shard at 3 unless offloaded)
+        // and, at stage 1, the full gradient.
+        const int64_t weights = stage < 3 ? 2 * padded : offload == dist::Offload::optimizer ? 2 * shard : 0;
+        CHECK(device[MemoryCategory::parameter] == weights);
+        CHECK(device[MemoryCategory::gradient] == (stage == 1 ? 2 * padded : 0));
+        sharded.step(1e-3);
+        CHECK(host_memory_stats()[MemoryCategory::communication] == 0);  // no staging left behind
+      });
+    }
+}
+
+TEST_CASE("GPT 7.5B, one rank, ZeRO-3 offloading optimizer and parameters: 14Ψ on the host, units in use on the device") {
+  Context rank0;
+  ContextGuard guard(rank0);
+  dist::FakeGroup group(0, 1);
+  nn::GPTConfig c;
+  c.n_layer = 36, c.n_head = 32, c.n_embd = 4096, c.vocab_size = 60000, c.block_size = 1024;
+  nn::GPT model(c, kMeta);
+  dist::ShardedModel sharded(model, group,
+                             {.stage = 3, .compute_dtype = DType::bf16, .offload = dist::Offload::optimizer_and_params});
+  Context::current().allocator(kMeta)->reset_peaks();  // the model as built, before sharding, is gone
+  const double psi = static_cast<double>(sharded.num_parameters());
+  const Tensor ids = zeros({1, 128}, TensorOptions(DType::i64).device(kMeta));
+  sharded.zero_grad();
+  model.forward(ids, ids).loss.backward();
+  const MemoryStats host = host_memory_stats(kMeta);
+  CHECK(std::abs(static_cast<double>(model_states(host)) / (14 * psi) - 1) < 0.005);
+  CHECK(model_states(memory_stats(kMeta)) == 0);  // after backward: nothing persistent on the device
+  sharded.step(1e-4);
+  // During the step: no parameter or optimizer state on the device ever; gradients of at
+  // most two units at once -- the root's (the tied embedding gets its gradient first from
+  // the head, last from the lookup, so it lives through the backward) and one block's.
+  const MemoryStats device = memory_stats(kMeta);
+  const double root = 60000.0 * 4096 + 1024.0 * 4096 + 2 * 4096, block = 12.0 * 4096 * 4096 + 13 * 4096;
+  CHECK(device.peak_of(MemoryCategory::parameter) == 0);
+  CHECK(device.peak_of(MemoryCategory::optimizer_state) == 0);
+  CHECK(device.peak_of(MemoryCategory::gradient) <= 2 * (root + block));
+}
+
+TEST_CASE("a checkpoint saved with offload resumes without it, and the reverse, at another N and stage") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "zg_test_offload_checkpoint";
+  std::filesystem::remove_all(dir);
+  struct Leg {
+    int n, stage;
+    dist::Offload offload;
+  };
+  auto one_step = [](dist::ProcessGroup& pg, nn::GPT& model, dist::ShardedModel& sharded, int s) {
+    const auto [x, y] = global_batch(s);
+    const int64_t rows = kBatch / pg.size();
+    sharded.zero_grad();
+    model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss.backward();
+    sharded.step(1e-3);
+  };
+  auto keep = [](dist::ProcessGroup& pg, dist::ShardedModel& sharded, nn::NamedTensors& out) {
+    const nn::NamedTensors all = sharded.gathered_master();
+    if (pg.rank() == 0)
+      for (const auto& [name, t] : all) out.emplace_back(name, t.to(kCPU).clone());
+  };
+  // Saved at `from`, loaded at `to` and at `to` with offload the other way: the loaded
+  // weights are the saved ones, and the next step is the same bits either way.
+  for (const auto& [from, to] : {std::pair{Leg{2, 3, dist::Offload::optimizer_and_params}, Leg{1, 1, dist::Offload::none}},
+                                 std::pair{Leg{4, 2, dist::Offload::none}, Leg{2, 3, dist::Offload::optimizer_and_params}},
+                                 std::pair{Leg{1, 1, dist::Offload::optimizer}, Leg{4, 2, dist::Offload::optimizer}}}) {
+    INFO("from N=" << from.n << " stage " << from.stage << " " << dist::name(from.offload) << " to N=" << to.n
+                   << " stage " << to.stage << " " << dist::name(to.offload));
+    nn::NamedTensors saved;
+    dist::run_local(from.n, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      dist::ShardedModel sharded(model, pg, config_of({.stage = from.stage, .offload = from.offload}));
+      for (int s = 0; s < 2; ++s) one_step(pg, model, sharded, s);
+      sharded.save(dir.string());
+      keep(pg, sharded, saved);
+    });
+    nn::NamedTensors loaded[2], continued[2];
+    const dist::Offload flipped = to.offload != dist::Offload::none ? dist::Offload::none
+                                  : to.stage == 3                 ? dist::Offload::optimizer_and_params
+                                                                  : dist::Offload::optimizer;
+    for (int k = 0; k < 2; ++k)
+      dist::run_local(to.n, [&](dist::ProcessGroup& pg) {
+        manual_seed(2);  // other initial weights: the load replaces them
+        nn::GPT model(zero_config());
+        dist::ShardedModel sharded(model, pg, config_of({.stage = to.stage, .offload = k == 0 ? to.offload : flipped}));
+        sharded.load(dir.string());
+        keep(pg, sharded, loaded[k]);
+        one_step(pg, model, sharded, 2);
+        keep(pg, sharded, continued[k]);
+      });
+    CHECK(same_bits(loaded[0], saved));
+    CHECK(same_bits(loaded[1], saved));
+    CHECK(same_bits(continued[0], continued[1]));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("offload settings that cannot work are refused with the reason") {
+  dist::SingleRank one;
+  auto build = [&](int stage, dist::Offload offload) {
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, one, {.stage = stage, .offload = offload});
+  };
+  CHECK_THROWS_WITH_AS(build(0, dist::Offload::optimizer),
+                       doctest::Contains("offload optimizer needs the optimizer state sharded: stage 1, 2 or 3"),
+                       Error);
+  CHECK_THROWS_WITH_AS(build(2, dist::Offload::optimizer_and_params),
+                       doctest::Contains("offload optimizer+params needs stage 3"), Error);
+  CHECK_THROWS_WITH_AS(dist::parse_offload("params"),
+                       doctest::Contains("offload must be none, optimizer or optimizer+params, got 'params'"), Error);
+  CHECK(dist::parse_offload("optimizer+params") == dist::Offload::optimizer_and_params);
+  CHECK_THROWS_WITH_AS(empty({2}, TensorOptions().device(kCUDA).pinned()), doctest::Contains("host pool"), Error);
+}
+
+TEST_CASE("the host pool is an allocator of its own: pinned tensors are counted apart from other cpu memory") {
+  Context rank;
+  ContextGuard guard(rank);
+  const int64_t before = memory_stats().allocated_total;
+  {
+    MemoryScope scope(MemoryCategory::optimizer_state);
+    const Tensor t = ones({1000}, TensorOptions(DType::f32).pinned());
+    CHECK(host_memory_stats()[MemoryCategory::optimizer_state] == 4000);
+    CHECK(memory_stats().allocated_total == before);
+    CHECK(sum(t * 2.0).item<double>() == 2000.0);  // an ordinary cpu tensor to every op
+  }
+  CHECK(host_memory_stats().allocated_total == 0);
+  CHECK(host_memory_stats().peak_of(MemoryCategory::optimizer_state) == 4000);
+}
+
+}  // namespace zg::test
