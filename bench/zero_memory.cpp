@@ -4,6 +4,16 @@
 //   traffic       stages 0-2: 2Ψ elements per step, stage 3: 3Ψ, each element 2 bytes,
 //                 counted as a ring moves data ((N-1)/N per reduce-scatter or all-gather).
 //
+// --offload optimizer | optimizer+params | all (ZeRO-Offload; ZeRO-Infinity's CPU tier)
+// moves roles into the rank's host pool, counted in host columns apart from the
+// device's; the formulas (ZeRO-Offload paper, Ren et al. 2021, and placement.h): the
+// host holds 14Ψ/N (f32 master, m, v and the 16-bit gradient shard; at optimizer+params
+// the f32 master doubles as the parameter shard, cast per gather), the device keeps
+// the compute weights (2Ψ, or 2Ψ/N at stage 3; none at optimizer+params) and, at stage
+// 1, the full gradient (2Ψ).
+// --largest-on GB: for each offload setting, the largest GPT-3-family model whose dry
+// run (one rank, activation checkpointing, batch 1 x 1024) peaks within GB of device memory.
+//
 // --device meta (default): a dry run of rank 0 with a fake group -- real code paths,
 // counted bytes, nothing allocated -- so 7.5B parameters at N = 64 take a second. Its
 // activations are a GPU's: attention keeps flash attention's row statistics.
@@ -15,6 +25,8 @@
 //
 //   build/bench/zero_memory --model 7.5b --world-size 64 --stage all
 //   build/bench/zero_memory --model tiny --world-size 4 --device cpu --json
+//   build/bench/zero_memory --model 7.5b --world-size 1 --stage 3 --offload optimizer+params --json
+//   build/bench/zero_memory --largest-on 80
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
@@ -22,6 +34,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <unistd.h>
@@ -57,23 +70,47 @@ nn::GPTConfig gpt(int64_t layers, int64_t heads, int64_t embd, int64_t vocab = 5
 const std::vector<Preset> kPresets = {{"tiny", gpt(2, 2, 32, 64, 64)},        {"124m", gpt(12, 12, 768)},
                                       {"350m", gpt(24, 16, 1024)},            {"1.5b", gpt(48, 25, 1600)},
                                       {"7.5b", gpt(36, 32, 4096, 60000, 1024)}};
+// The GPT-3 paper's shapes (Brown et al. 2020, table 2.1) and a few between them, for
+// --largest-on: increasing in size.
+const std::vector<Preset> kLadder = {
+    {"gpt3-1.3b", gpt(24, 16, 2048)},  {"gpt3-2.7b", gpt(32, 32, 2560)}, {"4b", gpt(36, 24, 3072)},
+    {"gpt3-6.7b", gpt(32, 32, 4096)},  {"10b", gpt(48, 32, 4096)},       {"gpt3-13b", gpt(40, 40, 5120)},
+    {"20b", gpt(44, 48, 6144)},        {"30b", gpt(48, 56, 7168)},       {"45b", gpt(56, 64, 8192)},
+    {"65b", gpt(80, 64, 8192)},        {"100b", gpt(80, 80, 10240)},     {"gpt3-175b", gpt(96, 96, 12288)},
+    {"240b", gpt(112, 104, 13312)},    {"340b", gpt(128, 116, 14848)},   {"530b", gpt(105, 160, 20480)}};
 
 struct Record {
   std::string group;  // the process group's kind
   int stage = 0, world_size = 1, rank = 0;
+  dist::Offload offload = dist::Offload::none;
   int64_t params = 0, parameter = 0, gradient = 0, optimizer_state = 0, activation = 0, communication = 0,
           peak_allocated = 0, reserved = 0, sent_per_step = 0, formula_states = 0, formula_sent = 0,
           construction_peak = 0;  // the most this rank held while the sharded model was built
+  // The host pool (offload), after backward as the device's; its peak over the steps.
+  int64_t host_parameter = 0, host_gradient = 0, host_optimizer_state = 0, host_peak = 0, formula_host = 0;
 };
 
-// The paper's formulas, read off the placement policy: each role's bytes per parameter
-// (2 compute, 2 gradient, 12 master + Adam), divided by N where the role is sharded.
-int64_t formula_states(int stage, int64_t psi, int n) {
-  const dist::Placement placement = dist::Placement::for_stage(stage);
+// The formulas, read off the placement policy: each role's bytes per parameter (2
+// compute, 2 gradient, 12 master + Adam), divided by N where the role is sharded, on
+// the device or (offload) the host. An offloaded gradient keeps only its shard, on the
+// host; the device's full one (stage 1) stays. Parameter offload: the master is the shard.
+struct Formula {
+  int64_t device = 0, host = 0;
+};
+Formula formula_states(int stage, dist::Offload offload, int64_t psi, int n) {
+  const dist::Placement placement = dist::Placement::for_stage(stage, offload);
   const auto bytes = [&](const dist::RolePlacement& role, int64_t per_param) {
     return role.layout == dist::Layout::sharded ? per_param * psi / n : per_param * psi;
   };
-  return bytes(placement.compute, 2) + bytes(placement.gradients, 2) + bytes(placement.optimizer_state, 12);
+  Formula f;
+  if (!placement.offloads_parameters()) f.device += bytes(placement.compute, 2);
+  if (placement.offloads_optimizer()) {
+    f.host += 14 * psi / n;
+    if (placement.gradients.layout == dist::Layout::full) f.device += 2 * psi;
+  } else {
+    f.device += bytes(placement.gradients, 2) + bytes(placement.optimizer_state, 12);
+  }
+  return f;
 }
 
 // Elements sent per step: gradients reduced once (2Ψ: a reduce-scatter and an all-gather,
@@ -102,7 +139,7 @@ int64_t available_host_bytes() {
 void check_host_memory(const Preset& preset, const std::vector<int>& stages, int world) {
   const int64_t psi = nn::GPT(preset.config, kMeta).num_parameters();
   int64_t states = 0;
-  for (int stage : stages) states = std::max(states, formula_states(stage, psi, world));
+  for (int stage : stages) states = std::max(states, formula_states(stage, dist::Offload::none, psi, world).device);
   const int64_t available = available_host_bytes();
   ZG_CHECK(states <= available / world, "zero_memory: ", world, " ranks of the ", preset.name,
            " model on the cpu need at least ", format_bytes(states), " of host memory each (their model states); ",
@@ -110,8 +147,8 @@ void check_host_memory(const Preset& preset, const std::vector<int>& stages, int
 }
 
 // One training step on this rank; returns the record read after the step.
-Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch, int64_t seq, Device device,
-               dist::ProcessGroup& group) {
+Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, int steps, int64_t batch, int64_t seq,
+               Device device, dist::ProcessGroup& group) {
   manual_seed(1);
   // Built already sharded: constructed without memory, each rank materialising its units.
   std::optional<nn::GPT> deferred;
@@ -121,13 +158,16 @@ Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch,
   }
   nn::GPT& model = *deferred;
   Context& context = Context::current();
+  const Device host = device.type == DeviceType::meta ? kMeta : kCPU;  // where the host pool counts
   context.allocator(device)->reset_peaks();
-  dist::ShardedModel sharded(model, group, {.stage = stage, .compute_dtype = DType::bf16, .max_grad_norm = 1.0});
+  dist::ShardedModel sharded(model, group,
+                             {.stage = stage, .compute_dtype = DType::bf16, .max_grad_norm = 1.0, .offload = offload});
   const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
+  context.host_allocator(host)->reset_peaks();
   const TensorOptions ids = TensorOptions(DType::i64).device(device);
   const Tensor x = zeros({batch, seq}, ids), y = zeros({batch, seq}, ids);
-  Record r{.group = group.kind(), .stage = stage, .world_size = group.size(), .rank = group.rank(),
+  Record r{.group = group.kind(), .stage = stage, .world_size = group.size(), .rank = group.rank(), .offload = offload,
            .params = sharded.num_parameters(), .construction_peak = construction_peak};
   for (int s = 0; s < steps; ++s) {
     group.reset_bytes_sent();
@@ -142,6 +182,10 @@ Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch,
     r.parameter = after_backward[MemoryCategory::parameter];
     r.gradient = after_backward[MemoryCategory::gradient];
     r.optimizer_state = after_backward[MemoryCategory::optimizer_state];
+    const MemoryStats host_after_backward = context.host_memory_stats(host);
+    r.host_parameter = host_after_backward[MemoryCategory::parameter];
+    r.host_gradient = host_after_backward[MemoryCategory::gradient];
+    r.host_optimizer_state = host_after_backward[MemoryCategory::optimizer_state];
     sharded.step(1e-4);
     r.sent_per_step = group.bytes_sent();
   }
@@ -150,7 +194,10 @@ Record measure(const nn::GPTConfig& config, int stage, int steps, int64_t batch,
   r.communication = s.peak_of(MemoryCategory::communication);
   r.peak_allocated = s.peak_total;
   r.reserved = s.peak_reserved;
-  r.formula_states = formula_states(stage, r.params, r.world_size);
+  r.host_peak = context.host_memory_stats(host).peak_total;
+  const Formula formula = formula_states(stage, offload, r.params, r.world_size);
+  r.formula_states = formula.device;
+  r.formula_host = formula.host;
   r.formula_sent = formula_sent(stage, r.params, r.world_size);
   return r;
 }
@@ -168,23 +215,74 @@ bool cuda_usable() {
 double g_unit = 1e9;
 double gb(int64_t bytes) { return static_cast<double>(bytes) / g_unit; }
 
+// --largest-on: for each offload setting (at the stage that gains most from it), the
+// largest model of kLadder whose one-rank dry run peaks within `device_bytes`: ZeRO-3 at
+// N = 1 shards nothing but gathers per unit, so its figures are the offloaded ones'.
+int largest_trainable(double device_bytes) {
+  struct Setting {
+    int stage;
+    dist::Offload offload;
+    const char* paper;  // the device bytes a parameter, as the papers count them
+  };
+  const Setting settings[] = {{0, dist::Offload::none, "16 (DDP; ZeRO paper)"},
+                              {2, dist::Offload::optimizer, "2 (ZeRO-Offload: fp16 weights)"},
+                              {3, dist::Offload::optimizer, "2 (weights, a unit gathered at a time)"},
+                              {3, dist::Offload::optimizer_and_params, "0 (ZeRO-Infinity: units in use)"}};
+  std::printf("The largest GPT whose one-rank step fits %.0f GB of device memory (dry run on meta: bf16 compute,\n"
+              "fp32 AdamW, activation checkpointing, batch 1 x 1024 tokens; peak = every byte allocated at once;\n"
+              "a + after the name: the last model tried, a larger one may fit)\n\n",
+              device_bytes / 1e9);
+  std::printf("%-7s %-16s %-11s %8s %12s %12s %9s  %s\n", "stage", "offload", "model", "Ψ (B)", "device peak",
+              "host states", "host/Ψ", "device bytes a parameter, paper");
+  for (const Setting& setting : settings) {
+    const Preset* fits = nullptr;
+    Record best;
+    for (const Preset& preset : kLadder) {
+      nn::GPTConfig config = preset.config;
+      config.activation_checkpointing = true;
+      Context rank0(0);
+      ContextGuard guard(rank0);
+      dist::FakeGroup group(0, 1);
+      const Record r = measure(config, setting.stage, setting.offload, 1, 1, 1024, kMeta, group);
+      if (static_cast<double>(r.peak_allocated) > device_bytes) break;
+      fits = &preset;
+      best = r;
+    }
+    const int64_t host = best.host_parameter + best.host_gradient + best.host_optimizer_state;
+    if (!fits) {
+      std::printf("%-7d %-16s %-11s\n", setting.stage, dist::name(setting.offload), "none fits");
+      continue;
+    }
+    std::printf("%-7d %-16s %-11s %8.1f %9.1f GB %9.1f GB %9.1f  %s\n", setting.stage, dist::name(setting.offload),
+                (std::string(fits->name) + (fits == &kLadder.back() ? "+" : "")).c_str(),
+                static_cast<double>(best.params) / 1e9, static_cast<double>(best.peak_allocated) / 1e9,
+                static_cast<double>(host) / 1e9, static_cast<double>(host) / static_cast<double>(best.params),
+                setting.paper);
+  }
+  return 0;
+}
+
 void usage() {
   std::printf(
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all]\n"
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
-      "                   [--seq T] [--json]\n"
+      "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--json]\n"
+      "       zero_memory --largest-on GB\n"
       "Per-rank memory by category and bytes sent per step for DDP and ZeRO-1/2/3, next to the ZeRO\n"
       "paper's formulas. meta (default): rank 0 of N with a fake group, nothing allocated, activations\n"
       "as a GPU keeps them (flash attention);\n"
       "cpu / cuda: N ranks as threads, real steps, through the local group (sharing one GPU) or, with\n"
       "N GPUs, nccl (--group auto picks nccl then); --device auto: cuda if usable, else cpu.\n"
-      "--model defaults to 124m (tiny on the cpu).\n");
+      "--model defaults to 124m (tiny on the cpu). --offload: roles in host memory (all: every setting\n"
+      "each stage allows). --largest-on GB: per offload setting, the largest GPT whose one-rank dry run\n"
+      "(activation checkpointing, batch 1 x 1024) peaks within GB of device memory.\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_name, stage_arg = "all", device_arg = "meta", group_arg = "auto";
+  std::string model_name, stage_arg = "all", device_arg = "meta", group_arg = "auto", offload_arg = "none";
+  double largest_on = 0;
   int world = 4, steps = 1;
   int64_t batch = 1, seq = 0;
   bool json = false;
@@ -211,11 +309,14 @@ int main(int argc, char** argv) {
       else if (a == "--batch") batch = number(1, INT64_MAX);
       else if (a == "--seq") seq = number(1, INT64_MAX);
       else if (a == "--json") json = true;
+      else if (a == "--offload") offload_arg = value();
+      else if (a == "--largest-on") largest_on = static_cast<double>(number(1, 1 << 20));
       else {
         usage();
         return a == "--help" ? 0 : 2;
       }
     }
+    if (largest_on > 0) return largest_trainable(largest_on * 1e9);
     // auto: the GPU when this build has a usable one (N ranks sharing it), else the CPU.
     if (device_arg == "auto") device_arg = cuda_usable() ? "cuda" : "cpu";
     // Without --model: GPT-2 124M, or the tiny GPT for real steps on the CPU.
@@ -229,6 +330,18 @@ int main(int argc, char** argv) {
     if (stage_arg == "all") stages = {0, 1, 2, 3};
     else if (stage_arg.size() == 1 && stage_arg[0] >= '0' && stage_arg[0] <= '3') stages = {stage_arg[0] - '0'};
     else fail("zero_memory: --stage must be 0, 1, 2, 3 or all, got '", stage_arg, "'");
+    // The (stage, offload) pairs to run: with `all` on either side, those the stage allows.
+    std::vector<dist::Offload> offloads;
+    if (offload_arg == "all") offloads = {dist::Offload::none, dist::Offload::optimizer, dist::Offload::optimizer_and_params};
+    else offloads = {dist::parse_offload(offload_arg)};
+    std::vector<std::pair<int, dist::Offload>> settings;
+    for (int stage : stages)
+      for (dist::Offload offload : offloads) {
+        const bool allowed = offload == dist::Offload::none || (stage >= 1 && (offload == dist::Offload::optimizer || stage == 3));
+        if (allowed || (offloads.size() == 1 && stages.size() == 1)) settings.emplace_back(stage, offload);  // else the library says why
+      }
+    ZG_CHECK(!settings.empty(), "zero_memory: no stage in --stage ", stage_arg, " allows --offload ", offload_arg,
+             " (optimizer: stages 1-3; optimizer+params: stage 3)");
     const Device device(device_arg);
     ZG_CHECK(group_arg == "auto" || group_arg == "local" || group_arg == "nccl",
              "zero_memory: --group must be auto, local or nccl, got '", group_arg, "'");
@@ -248,23 +361,23 @@ int main(int argc, char** argv) {
 
     std::vector<Record> records;
     std::mutex records_mutex;
-    for (int stage : stages) {
+    for (const auto& [stage, offload] : settings) {
       if (device.type == DeviceType::meta) {
         Context rank0(0);
         ContextGuard guard(rank0);
         dist::FakeGroup group(0, world);
-        records.push_back(measure(preset->config, stage, steps, batch, seq, device, group));
+        records.push_back(measure(preset->config, stage, offload, steps, batch, seq, device, group));
       } else {
         dist::run_local(world, [&](dist::ProcessGroup& group) {
           Record r;
           if (!use_nccl) {
-            r = measure(preset->config, stage, steps, batch, seq, device, group);
+            r = measure(preset->config, stage, offload, steps, batch, seq, device, group);
           } else {
 #ifdef ZG_WITH_NCCL
             // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
             const Device mine(DeviceType::cuda, group.rank());
             const auto nccl = dist::NcclGroup::bootstrap(group, mine);
-            r = measure(preset->config, stage, steps, batch, seq, mine, *nccl);
+            r = measure(preset->config, stage, offload, steps, batch, seq, mine, *nccl);
 #endif
           }
           std::lock_guard lock(records_mutex);
@@ -273,7 +386,9 @@ int main(int argc, char** argv) {
       }
     }
     std::sort(records.begin(), records.end(),
-              [](const Record& a, const Record& b) { return a.stage != b.stage ? a.stage < b.stage : a.rank < b.rank; });
+              [](const Record& a, const Record& b) {
+                return std::tuple(a.stage, a.offload, a.rank) < std::tuple(b.stage, b.offload, b.rank);
+              });
 
     if (json) {
       std::printf("[\n");
@@ -283,12 +398,15 @@ int main(int argc, char** argv) {
                     "\"params\": %lld, \"parameter\": %lld, \"gradient\": %lld, \"optimizer_state\": %lld, "
                     "\"activation\": %lld, \"communication\": %lld, \"peak_allocated\": %lld, \"reserved\": %lld, "
                     "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld, "
-                    "\"construction_peak\": %lld}%s\n",
+                    "\"construction_peak\": %lld, \"offload\": \"%s\", \"host_parameter\": %lld, \"host_gradient\": %lld, "
+                    "\"host_optimizer_state\": %lld, \"host_peak\": %lld, \"formula_host_model_states\": %lld}%s\n",
                     model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
                     (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
                     (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
                     (long long)r.reserved, (long long)r.sent_per_step, (long long)r.formula_states,
-                    (long long)r.formula_sent, (long long)r.construction_peak, i + 1 < records.size() ? "," : "");
+                    (long long)r.formula_sent, (long long)r.construction_peak, dist::name(r.offload),
+                    (long long)r.host_parameter, (long long)r.host_gradient, (long long)r.host_optimizer_state,
+                    (long long)r.host_peak, (long long)r.formula_host, i + 1 < records.size() ? "," : "");
       }
       std::printf("]\n");
       return 0;
@@ -300,20 +418,32 @@ int main(int argc, char** argv) {
     std::printf("sizes in %s; model states = parameter + gradient + optimizer_state after backward; build = the\n"
                 "peak while the model was built (deferred, then materialised shard by shard)\n\n",
                 g_unit == 1e9 ? "GB (1e9 bytes)" : "MB (1e6 bytes)");
-    std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s %9s\n", "stage", "rank", "param", "grad",
+    // With offload, the setting and the host pool's figures follow each row.
+    const bool offloading = std::any_of(records.begin(), records.end(),
+                                        [](const Record& r) { return r.offload != dist::Offload::none; });
+    std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s %9s", "stage", "rank", "param", "grad",
                 "optim", "model states", "formula", "activation", "comm", "peak", "sent/step", "formula", "build");
-    for (const Record& r : records)
-      std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f %9.3f\n", r.stage, r.rank,
+    if (offloading) std::printf("  %-16s %11s %9s %9s", "offload", "host states", "formula", "host peak");
+    std::printf("\n");
+    for (const Record& r : records) {
+      std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f %9.3f", r.stage, r.rank,
                   gb(r.parameter), gb(r.gradient), gb(r.optimizer_state),
                   gb(r.parameter + r.gradient + r.optimizer_state), gb(r.formula_states), gb(r.activation),
                   gb(r.communication), gb(r.peak_allocated), gb(r.sent_per_step), gb(r.formula_sent),
                   gb(r.construction_peak));
+      if (offloading)
+        std::printf("  %-16s %11.3f %9.3f %9.3f", dist::name(r.offload),
+                    gb(r.host_parameter + r.host_gradient + r.host_optimizer_state), gb(r.formula_host),
+                    gb(r.host_peak));
+      std::printf("\n");
+    }
     // Each unit's buffers are padded to a multiple of N: next to Ψ / N that is visible
     // only when N is close to a unit's size.
     double above = 0;
     for (const Record& r : records)
-      above = std::max(above, static_cast<double>(r.parameter + r.gradient + r.optimizer_state) /
-                                      static_cast<double>(std::max<int64_t>(r.formula_states, 1)) - 1);
+      above = std::max(above, static_cast<double>(r.parameter + r.gradient + r.optimizer_state + r.host_parameter +
+                                                  r.host_gradient + r.host_optimizer_state) /
+                                      static_cast<double>(std::max<int64_t>(r.formula_states + r.formula_host, 1)) - 1);
     if (above > 0.01)
       std::printf("\nmodel states are up to %.1f%% above the formula: each unit's buffers are padded to a multiple "
                   "of N = %d\n", 100 * above, world);
