@@ -8,6 +8,7 @@
 //   build/examples/train_zero --ranks 4 --stage 3 --steps 100 --save ckpt
 //   build/examples/train_zero --ranks 2 --stage 1 --steps 200 --resume ckpt
 //   mpirun -n 4 build/examples/train_zero --stage 3 --steps 100
+//   build/examples/train_zero --ranks 2 --stage 3 --offload optimizer+params --dtype bf16
 //
 // Rank 0 prints a line per step: the global loss, the gradient norm, and its own bytes
 // by category -- the model states shrink with the stage, `comm` holds the gathered
@@ -32,7 +33,7 @@ namespace {
 
 struct Flags : examples::TrainingFlags {
   int64_t ranks = 0, stage = 3, prefetch = 1;  // ranks 0: unset (2 threads; under mpirun, its processes)
-  std::string group = "auto";
+  std::string group = "auto", offload = "none";
   Flags() { steps = 100; }
 };
 
@@ -50,6 +51,9 @@ void usage() {
                "                     a rank, CPU tensors)\n"
                "  --stage S          0 = DDP, 1, 2, 3 = ZeRO-1/2/3 (default 3)\n"
                "  --prefetch K       ZeRO-3: units gathered ahead of use (default 1)\n"
+               "  --offload O        none, optimizer (stages 1-3: master, Adam state and gradient shard in host\n"
+               "                     memory, updated by the CPU AdamW) or optimizer+params (stage 3: the\n"
+               "                     parameter shards too); the same results, host bytes shown apart\n"
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
                "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
                "  --device cpu|cuda  where every rank trains (default cpu)\n"
@@ -67,10 +71,12 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--stage") f.stage = flag.count(0);
     else if (a == "--prefetch") f.prefetch = flag.count(0);
     else if (a == "--group") f.group = flag.value();
+    else if (a == "--offload") f.offload = flag.value();
     else flag.unknown();
   }
   f.check("train_zero");
   ZG_CHECK(dist::Placement::valid_stage(f.stage), "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
+  dist::parse_offload(f.offload);  // a bad name is refused here, before any rank starts
   ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024, "train_zero: --ranks and --prefetch go up to 1024");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi", "train_zero: --group must be auto, local or mpi, got ",
            f.group);
@@ -83,14 +89,21 @@ bool parse(int argc, char** argv, Flags& f) {
   return true;
 }
 
-std::string memory_line(Device device) {
+// Rank 0's bytes by category on the device, then (offload) in the host pool.
+std::string memory_line(Device device, bool offloading) {
   const MemoryStats s = memory_stats(device);
   auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
-  char line[200];
-  std::snprintf(line, sizeof line, "rank 0: param %.2f grad %.2f opt %.2f comm(peak) %.2f act(peak) %.2f MiB",
-                mib(s[MemoryCategory::parameter]), mib(s[MemoryCategory::gradient]),
-                mib(s[MemoryCategory::optimizer_state]), mib(s.peak_of(MemoryCategory::communication)),
-                mib(s.peak_of(MemoryCategory::activation)));
+  char line[300];
+  int length = std::snprintf(line, sizeof line, "rank 0: param %.2f grad %.2f opt %.2f comm(peak) %.2f act(peak) %.2f MiB",
+                             mib(s[MemoryCategory::parameter]), mib(s[MemoryCategory::gradient]),
+                             mib(s[MemoryCategory::optimizer_state]), mib(s.peak_of(MemoryCategory::communication)),
+                             mib(s.peak_of(MemoryCategory::activation)));
+  if (offloading) {
+    const MemoryStats h = host_memory_stats();
+    std::snprintf(line + length, sizeof line - length, " | host param %.2f grad %.2f opt %.2f MiB",
+                  mib(h[MemoryCategory::parameter]), mib(h[MemoryCategory::gradient]),
+                  mib(h[MemoryCategory::optimizer_state]));
+  }
   return line;
 }
 
@@ -115,7 +128,8 @@ void train(dist::ProcessGroup& group, const Flags& f) {
                               .compute_dtype = f.dtype == "bf16" ? DType::bf16 : DType::f32,
                               .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
                               .max_grad_norm = f.max_grad_norm,
-                              .prefetch = static_cast<int>(f.prefetch)});
+                              .prefetch = static_cast<int>(f.prefetch),
+                              .offload = dist::parse_offload(f.offload)});
   const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);  // what a checkpoint records, as train_gpt's
   int64_t first_step = 0;
   if (!f.resume.empty()) {
@@ -156,7 +170,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     if (printer) {
       std::printf("step %4lld/%lld | loss %.4f | norm %6.3f | %7.0f tok/s | lr %.2e | %s%s\n",
                   static_cast<long long>(step + 1), static_cast<long long>(f.steps), loss_value, result.grad_norm,
-                  static_cast<double>(f.batch * f.seq) / seconds, lr, memory_line(device).c_str(),
+                  static_cast<double>(f.batch * f.seq) / seconds, lr, memory_line(device, f.offload != "none").c_str(),
                   result.stepped ? "" : " | skipped (inf/nan gradients)");
       std::fflush(stdout);
     }
@@ -169,6 +183,9 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   for (MemoryCategory c : shown) bounds.insert(bounds.end(), {static_cast<double>(s[c]), -static_cast<double>(s[c])});
   bounds.insert(bounds.end(), {static_cast<double>(s.peak_of(MemoryCategory::communication)),
                                -static_cast<double>(s.peak_of(MemoryCategory::communication))});
+  const MemoryStats host = host_memory_stats();  // offload's bytes
+  for (MemoryCategory c : {MemoryCategory::gradient, MemoryCategory::optimizer_state})
+    bounds.insert(bounds.end(), {static_cast<double>(host[c]), -static_cast<double>(host[c])});
   const Tensor extremes = tensor<double>(bounds);
   group.all_reduce(extremes, dist::ReduceKind::max);
   if (printer) {
@@ -178,8 +195,9 @@ void train(dist::ProcessGroup& group, const Flags& f) {
       std::snprintf(text, sizeof text, "%.2f-%.2f", -e[2 * i + 1] / (1 << 20), e[2 * i] / (1 << 20));
       return std::string(text);
     };
-    std::printf("every rank (least-most MiB): param %s grad %s opt %s comm(peak) %s\n", range(0).c_str(),
-                range(1).c_str(), range(2).c_str(), range(3).c_str());
+    std::printf("every rank (least-most MiB): param %s grad %s opt %s comm(peak) %s%s\n", range(0).c_str(),
+                range(1).c_str(), range(2).c_str(), range(3).c_str(),
+                f.offload == "none" ? "" : (" | host grad " + range(4) + " opt " + range(5)).c_str());
     std::printf("final loss: %.4f\n", loss_value);
   }
 }

@@ -132,6 +132,24 @@ TEST_CASE("train_zero trains on N ranks, and its sharded checkpoint resumes at a
   CHECK(status != 0);
 }
 
+TEST_CASE("train_zero --offload prints the same losses as without, with the host bytes beside the device's") {
+  const std::string small = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 2 --heads 2 --embd 32 --seq 16 "
+                            "--batch 4 --ranks 2 --stage 3 --dtype bf16 --steps 4";
+  int status = 0;
+  const std::string on_device = run_command(small + " 2>&1", status);
+  CHECK(status == 0);
+  const std::string offloaded = run_command(small + " --offload optimizer+params 2>&1", status);
+  INFO(offloaded);
+  CHECK(status == 0);
+  CHECK(step_losses(offloaded) == step_losses(on_device));
+  CHECK(step_losses(offloaded).size() == 4);
+  CHECK(offloaded.find("| host param") != std::string::npos);
+  CHECK(on_device.find("| host") == std::string::npos);
+  CHECK(run_command(small + " --offload disk 2>&1", status).find("offload must be none, optimizer or optimizer+params") !=
+        std::string::npos);
+  CHECK(status != 0);
+}
+
 TEST_CASE("the README's write-your-own-model example trains") {
   int status = 0;
   const std::string out = run_command(std::string(ZG_EXAMPLES_DIR) + "/readme", status);
@@ -145,7 +163,7 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
   const std::string out =
       run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --world-size 8 --seq 8 --json", status);
   REQUIRE(status == 0);
-  const std::regex record(R"re(\{"model": "124m", "device": "meta", "group": "fake", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), "construction_peak": (\d+)\})re");
+  const std::regex record(R"re(\{"model": "124m", "device": "meta", "group": "fake", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), "construction_peak": (\d+), "offload": "none", "host_parameter": 0, "host_gradient": 0, "host_optimizer_state": 0, "host_peak": 0, "formula_host_model_states": 0\})re");
   int records = 0;
   for (auto it = std::sregex_iterator(out.begin(), out.end(), record); it != std::sregex_iterator(); ++it, ++records) {
     const auto& m = *it;
@@ -179,6 +197,31 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --device meta --group local 2>&1", status)
             .find("zero_memory: --device meta runs rank 0 of a fake group (a dry run), not --group local") !=
         std::string::npos);
+  CHECK(status != 0);
+}
+
+TEST_CASE("bench/zero_memory --offload: 7.5B at ZeRO-3 on one rank keeps 14Ψ on the host and no model state on the device") {
+  int status = 0;
+  const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 7.5b --world-size 1 --stage 3 "
+                                      "--offload optimizer+params --device meta --json", status);
+  REQUIRE(status == 0);
+  const std::regex record(R"re("params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), .*"offload": "optimizer\+params", "host_parameter": (\d+), "host_gradient": (\d+), "host_optimizer_state": (\d+), "host_peak": (\d+), "formula_host_model_states": (\d+)\})re");
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, record));
+  const double psi = std::stod(m[1]), host = std::stod(m[5]) + std::stod(m[6]) + std::stod(m[7]);
+  CHECK(std::fabs(host / (14 * psi) - 1) < 0.005);
+  CHECK(std::stod(m[2]) + std::stod(m[3]) + std::stod(m[4]) == 0);  // model states on the device after backward
+  CHECK(std::stod(m[9]) == host);  // the formula
+  // The table: every stage with every offload it allows, host columns beside the device's.
+  const std::string table = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --world-size 2 --offload all", status);
+  CHECK(status == 0);
+  CHECK(table.find("host states") != std::string::npos);
+  CHECK(table.find("optimizer+params") != std::string::npos);
+  const std::string fits = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --largest-on 80", status);
+  CHECK(status == 0);
+  CHECK(fits.find("optimizer+params") != std::string::npos);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --stage 2 --offload optimizer+params 2>&1", status)
+            .find("offload optimizer+params needs stage 3") != std::string::npos);
   CHECK(status != 0);
 }
 
