@@ -14,10 +14,11 @@ namespace {
 // (0.999) taken after rounding beta2 to f32 would be 1e-5 off, and 1 - lr * weight_decay
 // would lose most of lr * weight_decay.
 struct AdamWConstants {
-  double lr, eps, grad_scale;
+  double eps, grad_scale;
   double beta1, beta2, one_minus_beta1, one_minus_beta2;
-  double decay;         // lr * weight_decay
-  double bias1, bias2;  // 1 - beta1^step, 1 - beta2^step
+  double decay;           // lr * weight_decay
+  double step_size;       // lr / (1 - beta1^step)
+  double inv_sqrt_bias2;  // 1 / sqrt(1 - beta2^step)
 };
 
 // Per element, in the master's precision M (f32, or f64 for f64 training), as PyTorch's
@@ -26,7 +27,8 @@ struct AdamWConstants {
 // backend works in f64; the two agree to f32 rounding.) See AdamWStep in tensor/backend.h:
 //   g = grad * grad_scale;  p -= lr * weight_decay * p   (= p * (1 - lr * weight_decay))
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
-//   p -= lr * (m / bias1) / (sqrt(v / bias2) + eps);  compute = round(p)
+//   p -= step_size * m / (sqrt(v) * inv_sqrt_bias2 + eps);  compute = round(p)
+//   step_size = lr / bias1, inv_sqrt_bias2 = 1 / sqrt(bias2): the CPU kernel's form
 // M: master/m/v (f32 or f64); G: grad; C: the compute copy (void: none).
 // device_scale (may be null): one f32 on the device that multiplies grad_scale.
 template <class M, class G, class C>
@@ -35,17 +37,17 @@ __global__ void adamw_kernel(M* master, const G* grad, M* m, M* v, C* compute, i
   using GC = acc_t<G>;  // the gradient is scaled in its own compute type, before rounding to M
   const GC grad_scale =
       static_cast<GC>(device_scale ? s.grad_scale * static_cast<double>(*device_scale) : s.grad_scale);
-  const M decay = static_cast<M>(s.decay), lr = static_cast<M>(s.lr), eps = static_cast<M>(s.eps);
+  const M decay = static_cast<M>(s.decay), step_size = static_cast<M>(s.step_size), eps = static_cast<M>(s.eps);
   const M beta1 = static_cast<M>(s.beta1), beta2 = static_cast<M>(s.beta2);
   const M one_minus_beta1 = static_cast<M>(s.one_minus_beta1), one_minus_beta2 = static_cast<M>(s.one_minus_beta2);
-  const M bias1 = static_cast<M>(s.bias1), bias2 = static_cast<M>(s.bias2);
+  const M inv_sqrt_bias2 = static_cast<M>(s.inv_sqrt_bias2);
   for (int64_t i = grid_index(); i < n; i += grid_stride()) {
     const M g = static_cast<M>(widen(grad[i]) * grad_scale);
     M p = master[i];
     p -= decay * p;
     const M mi = beta1 * m[i] + one_minus_beta1 * g;
     const M vi = beta2 * v[i] + one_minus_beta2 * g * g;
-    p -= lr * (mi / bias1) / (math_sqrt(vi / bias2) + eps);
+    p -= step_size * (mi / (math_sqrt(vi) * inv_sqrt_bias2 + eps));
     master[i] = p;
     m[i] = mi;
     v[i] = vi;
@@ -61,16 +63,15 @@ void CudaBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& 
   const int64_t n = master.numel();
   const bool has_compute = compute.defined() && !compute.is_same(master);
   const Tensor& scale = step.device_scale;
-  const AdamWConstants s{.lr = step.lr,
-                         .eps = step.eps,
+  const AdamWConstants s{.eps = step.eps,
                          .grad_scale = step.grad_scale,
                          .beta1 = step.beta1,
                          .beta2 = step.beta2,
                          .one_minus_beta1 = 1.0 - step.beta1,
                          .one_minus_beta2 = 1.0 - step.beta2,
                          .decay = step.lr * step.weight_decay,
-                         .bias1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step)),
-                         .bias2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step))};
+                         .step_size = step.lr / (1.0 - std::pow(step.beta1, static_cast<double>(step.step))),
+                         .inv_sqrt_bias2 = 1.0 / std::sqrt(1.0 - std::pow(step.beta2, static_cast<double>(step.step)))};
   OnDevice on(master.device());
   dispatch_device(master.dtype(), [&]<class M>() {
     if constexpr (!std::is_same_v<M, float> && !std::is_same_v<M, double>) {

@@ -167,20 +167,21 @@ TEST_CASE("clipping on the device: the host's coefficient, and the same AdamW st
 }
 
 TEST_CASE("the CPU AdamW kernel: each element is the f32 update, bit for bit, at any span length and thread split") {
-  // The vectorized loop (AVX2, 8 lanes) and its tail, the threads' chunks (64Ki elements a
-  // grain), bf16 and f32 gradients and compute copies: every element equals this loop's
+  // The vectorized loop (AVX2, 8 lanes) and its tail, the worker threads' blocks (256Ki
+  // elements), bf16 and f32 gradients and compute copies: every element equals this loop's
   // f32 arithmetic (cuda/adamw.cu's order), and the bf16 copy is the master rounded.
   manual_seed(11);
   AdamWStep step;
   step.lr = 3e-3, step.beta1 = 0.9, step.beta2 = 0.95, step.eps = 1e-8, step.weight_decay = 0.1;
   step.grad_scale = 0.5, step.step = 3;
   // The constants as the kernel has them: computed in f64, rounded to f32 once.
-  const float lr = 3e-3f, decay = static_cast<float>(3e-3 * 0.1), b1 = 0.9f, b2 = 0.95f;
+  const float decay = static_cast<float>(3e-3 * 0.1), b1 = 0.9f, b2 = 0.95f;
   const float one_minus_b1 = static_cast<float>(1 - 0.9), one_minus_b2 = static_cast<float>(1 - 0.95);
-  const float bias1 = static_cast<float>(1 - std::pow(0.9, 3)), bias2 = static_cast<float>(1 - std::pow(0.95, 3));
+  const float step_size = static_cast<float>(3e-3 / (1 - std::pow(0.9, 3)));
+  const float inv_sqrt_bias2 = static_cast<float>(1 / std::sqrt(1 - std::pow(0.95, 3)));
   for (const DType grad_dtype : {DType::f32, DType::bf16})
     for (const bool bf16_copy : {false, true})
-      for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{13}, int64_t{1000}, int64_t{3 * 65536 + 5}}) {
+      for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{13}, int64_t{1000}, int64_t{3 * 262144 + 5}}) {
         const std::string what = std::string(name(grad_dtype)) + " gradients, " +
                                  (bf16_copy ? "a bf16 copy, " : "no copy, ") + std::to_string(n) + " elements";
         INFO(what);
@@ -199,7 +200,7 @@ TEST_CASE("the CPU AdamW kernel: each element is the f32 update, bit for bit, at
           pi -= decay * pi;
           m1[i] = b1 * m1[i] + one_minus_b1 * gi;
           v1[i] = b2 * v1[i] + one_minus_b2 * gi * gi;
-          p[i] = pi - lr * (m1[i] / bias1) / (std::sqrt(v1[i] / bias2) + 1e-8f);
+          p[i] = pi - step_size * (m1[i] / (std::sqrt(v1[i]) * inv_sqrt_bias2 + 1e-8f));
         }
         const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {  // any NaN equals any NaN
           if (a.size() != b.size()) return false;

@@ -4,18 +4,18 @@
 //   g  = grad * grad_scale
 //   p -= lr * wd * p
 //   m  = beta1 m + (1 - beta1) g          v = beta2 v + (1 - beta2) g^2
-//   p -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+//   p -= step_size * m / (sqrt(v) * inv_sqrt_bias2 + eps),
+//        step_size = lr / (1 - beta1^t), inv_sqrt_bias2 = 1 / sqrt(1 - beta2^t)  (f64 on the host)
+// (DeepSpeed's CPU Adam's form: one division and one square root an element.)
 // It is what CPU training and ZeRO-Offload's host step run, so it is built for bandwidth:
 // the f32-master cases with f32 or bf16 gradients and compute copies have an AVX2 loop
 // (8 lanes; picked at run time when the CPU has it, the portable loop otherwise, which
-// gives the same bits: no FMA in either), and a span of more than kGrain elements is
-// split over the machine's cores.
+// gives the same bits: no FMA in either), and a span of more than one block is shared
+// by the backend's worker threads (tensor/cpu/thread_pool.h).
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
-#include <thread>
-#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -23,6 +23,7 @@
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loops.h"
+#include "tensor/cpu/thread_pool.h"
 
 namespace zg::cpu {
 
@@ -31,7 +32,7 @@ namespace {
 // The update's constants, in the master's precision M.
 template <class M>
 struct AdamWConstants {
-  M lr, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, bias1, bias2, eps;
+  M step_size, decay, beta1, beta2, one_minus_beta1, one_minus_beta2, inv_sqrt_bias2, eps;
   double grad_scale;  // applied in the gradient's compute type, as the GPU does
 };
 
@@ -45,7 +46,7 @@ void adamw_scalar(M* p, const G* g, M* m, M* v, C* out, const AdamWConstants<M>&
     pi -= s.decay * pi;
     const M mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
     const M vi = s.beta2 * v[i] + s.one_minus_beta2 * gi * gi;
-    pi -= s.lr * (mi / s.bias1) / (std::sqrt(vi / s.bias2) + s.eps);
+    pi -= s.step_size * (mi / (std::sqrt(vi) * s.inv_sqrt_bias2 + s.eps));
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -77,10 +78,11 @@ void adamw_scalar(M* p, const G* g, M* m, M* v, C* out, const AdamWConstants<M>&
 template <class G, class C>
 [[gnu::target("avx2")]] void adamw_avx2(float* p, const G* g, float* m, float* v, C* out,
                                          const AdamWConstants<float>& s, int64_t begin, int64_t end) {
-  const __m256 grad_scale = _mm256_set1_ps(static_cast<float>(s.grad_scale)), decay = _mm256_set1_ps(s.decay), lr = _mm256_set1_ps(s.lr);
+  const __m256 grad_scale = _mm256_set1_ps(static_cast<float>(s.grad_scale)), decay = _mm256_set1_ps(s.decay);
+  const __m256 step_size = _mm256_set1_ps(s.step_size);
   const __m256 beta1 = _mm256_set1_ps(s.beta1), beta2 = _mm256_set1_ps(s.beta2);
   const __m256 one_minus_beta1 = _mm256_set1_ps(s.one_minus_beta1), one_minus_beta2 = _mm256_set1_ps(s.one_minus_beta2);
-  const __m256 bias1 = _mm256_set1_ps(s.bias1), bias2 = _mm256_set1_ps(s.bias2), eps = _mm256_set1_ps(s.eps);
+  const __m256 inv_sqrt_bias2 = _mm256_set1_ps(s.inv_sqrt_bias2), eps = _mm256_set1_ps(s.eps);
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {
     const __m256 gi = _mm256_mul_ps(load8(g + i), grad_scale);
@@ -89,8 +91,8 @@ template <class G, class C>
     const __m256 mi = _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(one_minus_beta1, gi));
     const __m256 vi = _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(v + i)),
                                     _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, gi), gi));
-    const __m256 denominator = _mm256_add_ps(_mm256_sqrt_ps(_mm256_div_ps(vi, bias2)), eps);
-    pi = _mm256_sub_ps(pi, _mm256_div_ps(_mm256_mul_ps(lr, _mm256_div_ps(mi, bias1)), denominator));
+    const __m256 denominator = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(vi), inv_sqrt_bias2), eps);
+    pi = _mm256_sub_ps(pi, _mm256_mul_ps(step_size, _mm256_div_ps(mi, denominator)));
     _mm256_storeu_ps(p + i, pi);
     _mm256_storeu_ps(m + i, mi);
     _mm256_storeu_ps(v + i, vi);
@@ -117,23 +119,9 @@ void adamw_range(M* p, const G* g, M* m, M* v, C* out, const AdamWConstants<M>& 
   adamw_scalar(p, g, m, v, out, s, begin, end);
 }
 
-// fn(begin, end) over [0, n) in chunks, on up to the machine's cores (ZG_CPU_THREADS sets
-// how many); this thread takes the first chunk. Spans under two grains stay on this thread.
-constexpr int64_t kGrain = int64_t{1} << 16;
-template <class F>
-void parallel_chunks(int64_t n, const F& fn) {
-  static const int64_t cores = [] {
-    const char* set = std::getenv("ZG_CPU_THREADS");
-    const int64_t threads = set ? std::atoll(set) : static_cast<int64_t>(std::thread::hardware_concurrency());
-    return std::max<int64_t>(1, threads);
-  }();
-  const int64_t chunks = std::clamp<int64_t>(n / kGrain, 1, cores);
-  const int64_t size = (n + chunks - 1) / chunks;
-  std::vector<std::thread> helpers;
-  for (int64_t c = 1; c < chunks; ++c) helpers.emplace_back([&, c] { fn(c * size, std::min(n, (c + 1) * size)); });
-  fn(0, std::min(n, size));
-  for (std::thread& t : helpers) t.join();
-}
+// Blocks of 256Ki elements (7 MiB of f32 state and gradient): large enough that taking
+// one costs nothing, small enough that two cores finish within a block of each other.
+constexpr int64_t kBlock = int64_t{1} << 18;
 
 }  // namespace
 
@@ -145,19 +133,20 @@ void CpuBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& m
   const bool has_compute = compute.defined() && !compute.is_same(master);
   with_float(master.dtype(), "adamw", [&]<class M>() {
     if constexpr (std::is_same_v<M, float> || std::is_same_v<M, double>) {
-      const AdamWConstants<M> s{static_cast<M>(step.lr),
+      const double bias1 = 1.0 - std::pow(step.beta1, static_cast<double>(step.step));
+      const double bias2 = 1.0 - std::pow(step.beta2, static_cast<double>(step.step));
+      const AdamWConstants<M> s{static_cast<M>(step.lr / bias1),
                                 static_cast<M>(step.lr * step.weight_decay),
                                 static_cast<M>(step.beta1),
                                 static_cast<M>(step.beta2),
                                 static_cast<M>(1.0 - step.beta1),
                                 static_cast<M>(1.0 - step.beta2),
-                                static_cast<M>(1.0 - std::pow(step.beta1, static_cast<double>(step.step))),
-                                static_cast<M>(1.0 - std::pow(step.beta2, static_cast<double>(step.step))),
+                                static_cast<M>(1.0 / std::sqrt(bias2)),
                                 static_cast<M>(step.eps),
                                 grad_scale};
       with_float(grad.dtype(), "adamw", [&]<class G>() {
         const auto run = [&]<class C>(C* out) {
-          parallel_chunks(master.numel(), [&](int64_t begin, int64_t end) {
+          parallel_for(master.numel(), kBlock, [&](int64_t begin, int64_t end) {
             adamw_range(master.data<M>(), grad.data<G>(), m.data<M>(), v.data<M>(), out, s, begin, end);
           });
         };
