@@ -61,7 +61,7 @@ std::string memory_line(Device device) {
   std::snprintf(line, sizeof line, "param %.1f grad %.1f opt %.1f act(peak) %.1f MiB",
                 mib(s[MemoryCategory::parameter]), mib(s[MemoryCategory::gradient]),
                 mib(s[MemoryCategory::optimizer_state]), mib(s.peak_of(MemoryCategory::activation)));
-  return line;
+  return line + examples::host_memory_part();
 }
 
 int run(const Flags& f) {
@@ -80,10 +80,14 @@ int run(const Flags& f) {
   if (!f.init.empty()) nn::load_state(model, f.init);
   // One device is a group of one: the parameters move into flat units (full, unsharded),
   // and clipping, loss scaling, AdamW and checkpoints are train_zero's code at N = 1.
+  // Offload needs a stage that places the optimizer state (1; 3 for the parameters too):
+  // at N = 1 every stage holds what DDP holds.
   dist::SingleRank one;
+  const dist::Offload offload = f.offloaded();
   dist::ShardedModel trainer(model, one,
-                             {.compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
-                              .max_grad_norm = f.max_grad_norm});
+                             {.stage = offload == dist::Offload::none ? 0 : offload == dist::Offload::optimizer ? 1 : 3,
+                              .compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
+                              .max_grad_norm = f.max_grad_norm, .offload = offload});
   optim::GradScaler scaler({65536.0, 2.0, 0.5, 2000, compute == DType::f16});
   const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);
   int64_t first_step = 0;

@@ -33,7 +33,7 @@ namespace {
 
 struct Flags : examples::TrainingFlags {
   int64_t ranks = 0, stage = 3, prefetch = 1;  // ranks 0: unset (2 threads; under mpirun, its processes)
-  std::string group = "auto", offload = "none";
+  std::string group = "auto";
   Flags() { steps = 100; }
 };
 
@@ -51,9 +51,7 @@ void usage() {
                "                     a rank, CPU tensors)\n"
                "  --stage S          0 = DDP, 1, 2, 3 = ZeRO-1/2/3 (default 3)\n"
                "  --prefetch K       ZeRO-3: units gathered ahead of use (default 1)\n"
-               "  --offload O        none, optimizer (stages 1-3: master, Adam state and gradient shard in host\n"
-               "                     memory, updated by the CPU AdamW) or optimizer+params (stage 3: the\n"
-               "                     parameter shards too); the same results, host bytes shown apart\n"
+
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
                "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
                "  --device cpu|cuda  where every rank trains (default cpu)\n"
@@ -71,12 +69,10 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--stage") f.stage = flag.count(0);
     else if (a == "--prefetch") f.prefetch = flag.count(0);
     else if (a == "--group") f.group = flag.value();
-    else if (a == "--offload") f.offload = flag.value();
     else flag.unknown();
   }
   f.check("train_zero");
   ZG_CHECK(dist::Placement::valid_stage(f.stage), "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
-  dist::parse_offload(f.offload);  // a bad name is refused here, before any rank starts
   ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024, "train_zero: --ranks and --prefetch go up to 1024");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi", "train_zero: --group must be auto, local or mpi, got ",
            f.group);
@@ -90,21 +86,15 @@ bool parse(int argc, char** argv, Flags& f) {
 }
 
 // Rank 0's bytes by category on the device, then (offload) in the host pool.
-std::string memory_line(Device device, bool offloading) {
+std::string memory_line(Device device) {
   const MemoryStats s = memory_stats(device);
   auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
   char line[300];
-  int length = std::snprintf(line, sizeof line, "rank 0: param %.2f grad %.2f opt %.2f comm(peak) %.2f act(peak) %.2f MiB",
+  std::snprintf(line, sizeof line, "rank 0: param %.2f grad %.2f opt %.2f comm(peak) %.2f act(peak) %.2f MiB",
                              mib(s[MemoryCategory::parameter]), mib(s[MemoryCategory::gradient]),
                              mib(s[MemoryCategory::optimizer_state]), mib(s.peak_of(MemoryCategory::communication)),
                              mib(s.peak_of(MemoryCategory::activation)));
-  if (offloading) {
-    const MemoryStats h = host_memory_stats();
-    std::snprintf(line + length, sizeof line - length, " | host param %.2f grad %.2f opt %.2f MiB",
-                  mib(h[MemoryCategory::parameter]), mib(h[MemoryCategory::gradient]),
-                  mib(h[MemoryCategory::optimizer_state]));
-  }
-  return line;
+  return line + examples::host_memory_part();
 }
 
 // One rank's run: every rank executes this, with its own Context and group handle.
@@ -129,7 +119,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
                               .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
                               .max_grad_norm = f.max_grad_norm,
                               .prefetch = static_cast<int>(f.prefetch),
-                              .offload = dist::parse_offload(f.offload)});
+                              .offload = f.offloaded()});
   const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);  // what a checkpoint records, as train_gpt's
   int64_t first_step = 0;
   if (!f.resume.empty()) {
@@ -170,7 +160,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     if (printer) {
       std::printf("step %4lld/%lld | loss %.4f | norm %6.3f | %7.0f tok/s | lr %.2e | %s%s\n",
                   static_cast<long long>(step + 1), static_cast<long long>(f.steps), loss_value, result.grad_norm,
-                  static_cast<double>(f.batch * f.seq) / seconds, lr, memory_line(device, f.offload != "none").c_str(),
+                  static_cast<double>(f.batch * f.seq) / seconds, lr, memory_line(device).c_str(),
                   result.stepped ? "" : " | skipped (inf/nan gradients)");
       std::fflush(stdout);
     }

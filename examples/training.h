@@ -88,13 +88,24 @@ class FlagReader {
   std::string name_;
 };
 
+// " | host grad G opt O MiB": this rank's host-pool bytes (offload), or "" when it holds none.
+inline std::string host_memory_part() {
+  const MemoryStats h = host_memory_stats();
+  if (h.allocated_total == 0) return "";
+  auto mib = [](int64_t b) { return static_cast<double>(b) / (1 << 20); };
+  char part[120];
+  std::snprintf(part, sizeof part, " | host param %.2f grad %.2f opt %.2f MiB", mib(h[MemoryCategory::parameter]),
+                mib(h[MemoryCategory::gradient]), mib(h[MemoryCategory::optimizer_state]));
+  return part;
+}
+
 // The flags both examples take, with their defaults: the data, the model's shape, the
 // schedule, dtype and device, checkpoints, the seed.
 struct TrainingFlags {
   std::string data = std::string(ZG_SOURCE_DIR) + "/examples/data/gradients.txt";
   int64_t steps = 200, batch = 8, seq = 64, layers = 4, heads = 4, embd = 128, warmup = 20;
   double lr = 3e-3, min_lr = 3e-4, max_grad_norm = 1.0, weight_decay = 0.1;
-  std::string dtype = "f32", device = "cpu", save, resume, export_path, init;
+  std::string dtype = "f32", device = "cpu", save, resume, export_path, init, offload = "none";
   int64_t save_every = 0;
   bool checkpointing = false;
   uint64_t seed = 1337;
@@ -119,6 +130,7 @@ struct TrainingFlags {
     else if (a == "--export") export_path = flag.value();
     else if (a == "--init") init = flag.value();
     else if (a == "--seed") seed = flag.count<uint64_t>(0);
+    else if (a == "--offload") offload = flag.value();
     else return false;
     return true;
   }
@@ -140,12 +152,16 @@ struct TrainingFlags {
         << "                     with each save and at the end\n"
         << "  --init FILE        start from the weights in a safetensors file (an --export's, or any state of\n"
         << "                     this GPT's shape)\n"
+        << "  --offload O        none, optimizer (master weights, Adam state and the gradient shard in host\n"
+        << "                     memory, updated by the CPU AdamW; stages 1-3) or optimizer+params (stage 3:\n"
+        << "                     the parameter shards too); the same results, host bytes shown apart\n"
         << "  --seed N           initialisation and data seed (default " << seed << ")\n"
         << "  --help             this text\n";
     return out.str();
   }
   // Once every flag is read: what they allow together.
   void check(const std::string& who) const {
+    dist::parse_offload(offload);  // a bad name is refused before training
     ZG_CHECK(batch <= (int64_t{1} << 40) / seq, who, ": --batch ", batch, " x --seq ", seq,
              " tokens a step is more than 2^40");
     // Found out before training, not after it: a save makes a directory of rank files
@@ -163,6 +179,8 @@ struct TrainingFlags {
                " is not a directory");
     }
   }
+
+  dist::Offload offloaded() const { return dist::parse_offload(offload); }
 
   // After `steps_done` steps (every --save-every, and at the end): the checkpoint (--save,
   // with `record`) and the weights (--export). Collectives: every rank calls it.

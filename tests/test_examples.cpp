@@ -148,6 +148,18 @@ TEST_CASE("train_zero --offload prints the same losses as without, with the host
   CHECK(run_command(small + " --offload disk 2>&1", status).find("offload must be none, optimizer or optimizer+params") !=
         std::string::npos);
   CHECK(status != 0);
+  // train_gpt, one rank: the optimizer (stage 1) or everything (stage 3) offloaded.
+  const std::string gpt = std::string(ZG_EXAMPLES_DIR) + "/train_gpt --layers 2 --heads 2 --embd 32 --seq 16 --batch 4 "
+                          "--dtype bf16 --steps 3";
+  const std::vector<double> plain = step_losses(run_command(gpt + " 2>&1", status));
+  CHECK(plain.size() == 3);
+  for (const char* offload : {"optimizer", "optimizer+params"}) {
+    const std::string out = run_command(gpt + " --offload " + offload + " 2>&1", status);
+    INFO(out);
+    CHECK(status == 0);
+    CHECK(step_losses(out) == plain);
+    CHECK(out.find("| host param 0.00 grad") != std::string::npos);
+  }
 }
 
 TEST_CASE("the README's write-your-own-model example trains") {
