@@ -55,6 +55,9 @@ struct RandomSpec {
 //   g = grad * grad_scale;  p -= lr * weight_decay * p
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   p -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
+// computed as p -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps), the
+// constants in f64 on the host and the division by sqrt(1 - beta2^step) a product with its
+// reciprocal: one division and one square root an element (DeepSpeed's CPU Adam's form).
 struct AdamWStep {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   double grad_scale = 1.0;  // unscales (1 / loss scale) and clips in the same pass

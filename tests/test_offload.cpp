@@ -232,6 +232,52 @@ TEST_CASE("a checkpoint saved with offload resumes without it, and the reverse, 
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("with offload: frozen parameters, step_on_device, summon_full_params and the consolidated export as without") {
+  // Stage 3 at N = 2, bf16: a frozen block (sharded, on the host with the parameters),
+  // two steps without reading the norm back, then every parameter read whole and the
+  // model exported; offload on and off give the same values.
+  struct Result {
+    nn::NamedTensors summoned, exported;
+  };
+  const std::filesystem::path folder = std::filesystem::temp_directory_path() / "zg_test_offload_export";
+  std::filesystem::create_directories(folder);
+  auto run = [&](dist::Offload offload) {
+    Result result;
+    const std::string file = (folder / (std::string(dist::name(offload)) + ".safetensors")).string();
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      for (auto& [name, p] : model.named_parameters())
+        if (name.starts_with("transformer.h.0.")) p.set_requires_grad(false);
+      dist::ShardedModel sharded(model, pg, config_of({.stage = 3, .offload = offload}));
+      for (int s = 0; s < 2; ++s) {
+        const auto [x, y] = global_batch(s);
+        sharded.zero_grad();
+        model.forward(x.narrow(0, 2 * pg.rank(), 2), y.narrow(0, 2 * pg.rank(), 2)).loss.backward();
+        sharded.step_on_device(1e-3);
+      }
+      {
+        auto whole = sharded.summon_full_params();
+        if (pg.rank() == 1)
+          for (const auto& [name, p] : model.named_parameters()) result.summoned.emplace_back(name, p.to(kCPU).clone());
+      }
+      sharded.export_consolidated(file);
+    });
+    const SafetensorsFile exported(file);
+    for (const std::string& name : exported.names()) result.exported.emplace_back(name, exported.read(name));
+    return result;
+  };
+  const Result device = run(dist::Offload::none);
+  const Result host = run(dist::Offload::optimizer_and_params);
+  const Result optimizer_only = run(dist::Offload::optimizer);
+  CHECK(!device.summoned.empty());
+  CHECK(same_bits(host.summoned, device.summoned));
+  CHECK(same_bits(optimizer_only.summoned, device.summoned));
+  CHECK(same_bits(host.exported, device.exported));
+  CHECK(same_bits(optimizer_only.exported, device.exported));
+  std::filesystem::remove_all(folder);
+}
+
 TEST_CASE("offload settings that cannot work are refused with the reason") {
   dist::SingleRank one;
   auto build = [&](int stage, dist::Offload offload) {
