@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -13,6 +14,24 @@
 namespace zg::cpu {
 
 namespace {
+
+// How long a worker, or a caller waiting for the workers, spins before it sleeps: calls
+// come in bursts (the optimizer's spans one after another), and waking a sleeping thread
+// costs tens of microseconds on a virtual machine (OpenMP's threads spin likewise).
+constexpr auto kSpin = std::chrono::microseconds(100);
+
+// Spins until pred() or kSpin has passed; returns pred().
+template <class P>
+bool spin_until(const P& pred) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return true;
+}
 
 // States: idle (generation_ unchanged, workers asleep) -> running (a call published its
 // job and bumped generation_; workers and the caller take blocks) -> idle again once
@@ -39,13 +58,14 @@ class Pool {
   void run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
     {
       std::lock_guard lock(mutex_);
-      fn_ = &fn, n_ = n, grain_ = grain, next_.store(0), error_ = nullptr, finished_ = 0;
-      ++generation_;
+      fn_ = &fn, n_ = n, grain_ = grain, next_.store(0), error_ = nullptr, finished_.store(0);
+      generation_.fetch_add(1);
     }
     wake_.notify_all();
     take_blocks();
+    spin_until([&] { return finished_.load() == workers_.size(); });
     std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return finished_ == workers_.size(); });
+    done_.wait(lock, [&] { return finished_.load() == workers_.size(); });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
@@ -63,16 +83,17 @@ class Pool {
   void work() {
     uint64_t seen = 0;
     for (;;) {
+      spin_until([&] { return generation_.load() != seen; });
       {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        wake_.wait(lock, [&] { return stopping_ || generation_.load() != seen; });
         if (stopping_) return;
-        seen = generation_;
+        seen = generation_.load();
       }
       take_blocks();
       {
         std::lock_guard lock(mutex_);
-        ++finished_;
+        finished_.fetch_add(1);
       }
       done_.notify_one();
     }
@@ -85,8 +106,8 @@ class Pool {
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0, grain_ = 1;
   std::atomic<int64_t> next_{0};
-  uint64_t generation_ = 0;
-  size_t finished_ = 0;
+  std::atomic<uint64_t> generation_{0};  // written under mutex_, also read spinning
+  std::atomic<size_t> finished_{0};
   bool stopping_ = false;
   std::exception_ptr error_;
 };

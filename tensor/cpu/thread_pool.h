@@ -2,7 +2,8 @@
 // of `grain` elements that the calling thread and the pool's workers take in turn from
 // one counter, so a core the system takes away for a while (a busy or virtualised
 // machine) delays only the blocks it holds, not half the work. The workers live as long
-// as the process and sleep between calls (no thread is started per call).
+// as the process; between calls they spin for 100 us, then sleep (no thread is started
+// per call, and a burst of calls -- the optimizer's spans -- wakes nobody).
 //
 // One call at a time uses the pool: a call that finds it busy (ranks running as threads
 // of one process, each stepping its optimizer) runs on its own thread -- those ranks
