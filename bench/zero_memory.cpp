@@ -94,10 +94,13 @@ struct Record {
 // compute, 2 gradient, 12 master + Adam), divided by N where the role is sharded, on
 // the device or (offload) the host. An offloaded gradient keeps only its shard, on the
 // host; the device's full one (stage 1) stays. Parameter offload: the master is the shard.
+// --accumulate f32 (stages 2, 3): the gradient shard takes 4 bytes a parameter, not 2.
+std::optional<DType> g_accumulate;
 struct Formula {
   int64_t device = 0, host = 0;
 };
 Formula formula_states(int stage, dist::Offload offload, int64_t psi, int n) {
+  const int64_t shard_bytes = stage >= 2 && g_accumulate ? element_size(*g_accumulate) : 2;
   const dist::Placement placement = dist::Placement::for_stage(stage, offload);
   const auto bytes = [&](const dist::RolePlacement& role, int64_t per_param) {
     return role.layout == dist::Layout::sharded ? per_param * psi / n : per_param * psi;
@@ -105,10 +108,11 @@ Formula formula_states(int stage, dist::Offload offload, int64_t psi, int n) {
   Formula f;
   if (!placement.offloads_parameters()) f.device += bytes(placement.compute, 2);
   if (placement.offloads_optimizer()) {
-    f.host += 14 * psi / n;
+    f.host += (12 + shard_bytes) * psi / n;
     if (placement.gradients.layout == dist::Layout::full) f.device += 2 * psi;
   } else {
-    f.device += bytes(placement.gradients, 2) + bytes(placement.optimizer_state, 12);
+    f.device += bytes(placement.gradients, placement.gradients.layout == dist::Layout::sharded ? shard_bytes : 2) +
+                bytes(placement.optimizer_state, 12);
   }
   return f;
 }
@@ -161,7 +165,8 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
   const Device host = device.type == DeviceType::meta ? kMeta : kCPU;  // where the host pool counts
   context.allocator(device)->reset_peaks();
   dist::ShardedModel sharded(model, group,
-                             {.stage = stage, .compute_dtype = DType::bf16, .max_grad_norm = 1.0, .offload = offload});
+                             {.stage = stage, .compute_dtype = DType::bf16, .max_grad_norm = 1.0,
+                              .accumulate_dtype = stage >= 2 ? g_accumulate : std::nullopt, .offload = offload});
   const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
   context.host_allocator(host)->reset_peaks();
@@ -266,14 +271,16 @@ void usage() {
   std::printf(
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all]\n"
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
-      "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--json]\n"
+      "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
+      "                   [--json]\n"
       "       zero_memory --largest-on GB\n"
       "Per-rank memory by category and bytes sent per step for DDP and ZeRO-1/2/3, next to the ZeRO\n"
       "paper's formulas. meta (default): rank 0 of N with a fake group, nothing allocated, activations\n"
       "as a GPU keeps them (flash attention);\n"
       "cpu / cuda: N ranks as threads, real steps, through the local group (sharing one GPU) or, with\n"
       "N GPUs, nccl (--group auto picks nccl then); --device auto: cuda if usable, else cpu.\n"
-      "--model defaults to 124m (tiny on the cpu). --offload: roles in host memory (all: every setting\n"
+      "--model defaults to 124m (tiny on the cpu). --accumulate f32: stages 2-3 sum micro-batches in an f32\n"
+      "gradient shard. --offload: roles in host memory (all: every setting\n"
       "each stage allows). --largest-on GB: per offload setting, the largest GPT whose one-rank dry run\n"
       "(activation checkpointing, batch 1 x 1024) peaks within GB of device memory.\n");
 }
@@ -310,6 +317,11 @@ int main(int argc, char** argv) {
       else if (a == "--seq") seq = number(1, INT64_MAX);
       else if (a == "--json") json = true;
       else if (a == "--offload") offload_arg = value();
+      else if (a == "--accumulate") {
+        const std::string dtype = value();
+        ZG_CHECK(dtype == "bf16" || dtype == "f32", "zero_memory: --accumulate must be bf16 or f32, got '", dtype, "'");
+        if (dtype == "f32") g_accumulate = DType::f32;
+      }
       else if (a == "--largest-on") largest_on = static_cast<double>(number(1, 1 << 20));
       else {
         usage();

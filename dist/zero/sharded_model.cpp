@@ -88,7 +88,7 @@ ShardedModel::ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig co
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config)
     : group_(group), config_(config),
       context_(std::make_unique<UnitContext>(
-          UnitContext{group, Placement::for_stage(0), config.compute_dtype, config.compute_dtype, kCPU})),
+          UnitContext{group, Placement::for_stage(0), config.compute_dtype, config.compute_dtype, config.compute_dtype, kCPU})),
       buffers_(model.named_buffers()) {
   // The checks and the plan, on each rank alone -- then every rank learns whether any
   // failed, before the collectives below: a rank that threw here would never issue them.
@@ -112,9 +112,16 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
 void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan) {
   context_->placement = Placement::for_stage(config_.stage, config_.offload);
   context_->reduce_dtype = reduce_dtype();
+  context_->accumulate_dtype = accumulate_dtype();
   ZG_CHECK(is_floating(config_.compute_dtype), "ShardedModel: compute dtype must be floating, got ",
            name(config_.compute_dtype));
   ZG_CHECK(is_floating(reduce_dtype()), "ShardedModel: reduce dtype must be floating, got ", name(reduce_dtype()));
+  ZG_CHECK(is_floating(accumulate_dtype()), "ShardedModel: accumulate dtype must be floating, got ",
+           name(accumulate_dtype()));
+  ZG_CHECK(accumulate_dtype() == config_.compute_dtype || config_.stage >= 2, "ShardedModel: accumulate_dtype ",
+           name(accumulate_dtype()), " needs stage 2 or 3, whose gradient shard sums the micro-batches; stage ",
+           config_.stage, " accumulates in the full ", name(config_.compute_dtype),
+           " gradient autograd writes (leave accumulate_dtype unset)");
   ZG_CHECK(config_.bucket_bytes > 0, "ShardedModel: bucket_bytes must be positive, got ", config_.bucket_bytes);
   ZG_CHECK(config_.prefetch >= 0, "ShardedModel: prefetch must be >= 0, got ", config_.prefetch);
   ZG_CHECK(std::isfinite(config_.max_grad_norm) && config_.max_grad_norm >= 0,
@@ -207,6 +214,7 @@ void ShardedModel::agree_on_plan(Device device) {
   Agreement agree(group_, agreement_device(group_, device),
                   {{"ZeroConfig::stage", c.stage}, {"ZeroConfig::compute_dtype", static_cast<double>(c.compute_dtype)},
                    {"reduce dtype", static_cast<double>(reduce_dtype())},
+                   {"accumulate dtype", static_cast<double>(accumulate_dtype())},
                    {"ZeroConfig::bucket_bytes", static_cast<double>(c.bucket_bytes)},
                    {"ZeroConfig::prefetch", c.prefetch}, {"ZeroConfig::max_grad_norm", c.max_grad_norm},
                    {"ZeroConfig::offload", static_cast<double>(c.offload)},

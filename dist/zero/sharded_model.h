@@ -60,6 +60,12 @@ struct ZeroConfig {
   // Gradients are reduced in this dtype (e.g. f32 for bf16 compute: exact sums, twice
   // the traffic), in `communication` buffers, then rounded back. Unset: the compute dtype.
   std::optional<DType> reduce_dtype{};
+  // Stages 2, 3: the gradient shard, which sums every micro-batch's reduced gradient until
+  // the step, in this dtype -- f32 for bf16 compute keeps the sum exact where bf16 would
+  // round at each micro-batch (DeepSpeed issue 2352), at 4 bytes a parameter / N instead of
+  // 2. Unset: the compute dtype. Stages 0, 1 accumulate in the full gradient autograd
+  // writes, in the compute dtype, and refuse another.
+  std::optional<DType> accumulate_dtype{};
   // DDP (stage 0): gradients are all-reduced in buckets of about this many bytes,
   // each started once its last gradient lands and the ones before it have started
   // (PyTorch DDP's default, 25 MiB).
@@ -218,6 +224,7 @@ class ShardedModel final : public ParameterOwner {
   void agree_on_plan(Device device);  // every rank built the same units from the same config
   void materialize(Unit& unit);
   DType reduce_dtype() const { return config_.reduce_dtype.value_or(config_.compute_dtype); }
+  DType accumulate_dtype() const { return config_.accumulate_dtype.value_or(config_.compute_dtype); }
 
   // Frozen parameters held whole on every rank (stages 0-2; at 3 those of an integer
   // dtype), then buffers, each keyed as checkpoints name it: "frozen/<name>", "buffer/<name>".

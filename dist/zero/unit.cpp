@@ -146,8 +146,8 @@ void Unit::materialize(const InitialValues& initial) {
   v = allocate(master.numel(), master_dtype, state_device, MemoryCategory::optimizer_state, true, host);
 
   if (placement.frees_full_gradients() || host) {  // a shard of its own (offload: on the host)
-    grad_shard = allocate(shard, ctx_.compute_dtype, ctx_.where(placement.gradients), MemoryCategory::gradient, true,
-                          host);
+    grad_shard = allocate(shard, ctx_.accumulate_dtype, ctx_.where(placement.gradients), MemoryCategory::gradient,
+                          true, host);
     if (!placement.frees_full_gradients())
       grad_full = allocate(padded, ctx_.compute_dtype, device, MemoryCategory::gradient, true);
   } else {

@@ -71,7 +71,7 @@ struct InFlight {
 struct UnitContext {
   ProcessGroup& group;
   Placement placement;
-  DType compute_dtype, reduce_dtype;
+  DType compute_dtype, reduce_dtype, accumulate_dtype;  // accumulate: the gradient shard's
   Device device;  // the compute device (the parameters')
   // Where host-placed roles live: the host pool on the cpu (meta for a dry run).
   Device host() const { return device.type == DeviceType::meta ? kMeta : kCPU; }
