@@ -198,9 +198,10 @@ TEST_CASE("a checkpoint saved with offload resumes without it, and the reverse, 
   };
   // Saved at `from`, loaded at `to` and at `to` with offload the other way: the loaded
   // weights are the saved ones, and the next step is the same bits either way.
-  for (const auto& [from, to] : {std::pair{Leg{2, 3, dist::Offload::optimizer_and_params}, Leg{1, 1, dist::Offload::none}},
-                                 std::pair{Leg{4, 2, dist::Offload::none}, Leg{2, 3, dist::Offload::optimizer_and_params}},
-                                 std::pair{Leg{1, 1, dist::Offload::optimizer}, Leg{4, 2, dist::Offload::optimizer}}}) {
+  for (const auto& legs : {std::pair{Leg{2, 3, dist::Offload::optimizer_and_params}, Leg{1, 1, dist::Offload::none}},
+                           std::pair{Leg{4, 2, dist::Offload::none}, Leg{2, 3, dist::Offload::optimizer_and_params}},
+                           std::pair{Leg{1, 1, dist::Offload::optimizer}, Leg{4, 2, dist::Offload::optimizer}}}) {
+    const Leg from = legs.first, to = legs.second;  // not a structured binding: lambdas capture these
     INFO("from N=" << from.n << " stage " << from.stage << " " << dist::name(from.offload) << " to N=" << to.n
                    << " stage " << to.stage << " " << dist::name(to.offload));
     nn::NamedTensors saved;
