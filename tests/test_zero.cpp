@@ -1761,3 +1761,73 @@ TEST_CASE("a meta dry run gives the same figures, peaks included, every time") {
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("ZeRO-3 keep_after_forward: 2Ψ elements of traffic for kept units, the same weights; prefetch_bytes bounds prefetch") {
+  // Dry runs of GPT-2 124M, rank 0 of 4: bytes sent, the peak of gathered weights, Ψ.
+  const nn::GPTConfig gpt2;
+  auto dry = [&](dist::ZeroConfig config) {
+    Context rank0;
+    ContextGuard guard(rank0);
+    dist::FakeGroup group(0, 4);
+    nn::GPT model(gpt2, kMeta);
+    config.stage = 3, config.compute_dtype = DType::bf16, config.adamw = kAdamW;
+    dist::ShardedModel sharded(model, group, config);
+    const Tensor ids = zeros({1, 64}, TensorOptions(DType::i64).device(kMeta));
+    sharded.zero_grad();
+    group.reset_bytes_sent();
+    model.forward(ids, ids).loss.backward();
+    sharded.step(1e-3);
+    return std::tuple{static_cast<double>(group.bytes_sent()), memory_stats(kMeta).peak_of(MemoryCategory::communication),
+                      static_cast<double>(sharded.num_parameters())};
+  };
+  const auto [sent, peak, psi] = dry({});
+  const auto [sent_kept, peak_kept, psi_kept] = dry({.keep_after_forward = {"*"}});
+  CHECK(std::abs(sent_kept / (2.0 * psi * 2 * 3 / 4) - 1) < 0.01);  // 2Ψ bf16 elements, ring-counted at N = 4
+  CHECK(std::abs(sent / (3.0 * psi * 2 * 3 / 4) - 1) < 0.01);
+  CHECK(peak_kept > peak);  // every block held from its forward to its backward
+  // A bound below one block's weights prefetches nothing: prefetch 0's peak.
+  const auto [sent_none, peak_none, psi_none] = dry({.prefetch = 0});
+  const auto [sent_bound, peak_bound, psi_bound] = dry({.prefetch = 2, .prefetch_bytes = 1});
+  const auto [sent_two, peak_two, psi_two] = dry({.prefetch = 2});
+  CHECK(peak_bound == peak_none);
+  CHECK(peak_two > peak_none);
+  CHECK(sent_bound == sent_two);  // what is gathered, not when
+
+  // Real steps at N = 2 in bf16: the same bits whichever units are kept and however far prefetch goes.
+  auto train = [](dist::ZeroConfig config) {
+    nn::NamedTensors kept;
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      config.stage = 3, config.compute_dtype = DType::bf16, config.adamw = kAdamW;
+      dist::ShardedModel sharded(model, pg, config);
+      for (int s = 0; s < 3; ++s) {
+        const auto [x, y] = global_batch(s);
+        sharded.zero_grad();
+        model.forward(x.narrow(0, 2 * pg.rank(), 2), y.narrow(0, 2 * pg.rank(), 2)).loss.backward();
+        sharded.step(1e-3);
+      }
+      const nn::NamedTensors master = sharded.gathered_master();
+      if (pg.rank() == 0) kept = master;
+    });
+    return kept;
+  };
+  const nn::NamedTensors reference = train({});
+  for (const dist::ZeroConfig& config : {dist::ZeroConfig{.keep_after_forward = {"root", "transformer.h.1"}},
+                                         dist::ZeroConfig{.keep_after_forward = {"*"}},
+                                         dist::ZeroConfig{.prefetch = 2, .prefetch_bytes = 1}})
+    CHECK(max_difference(train(config), reference) == 0.0);
+
+  dist::SingleRank one;
+  nn::GPT model(zero_config());
+  CHECK_THROWS_WITH_AS(dist::ShardedModel(model, one, {.stage = 3, .keep_after_forward = {"transformer.h.9"}}),
+                       doctest::Contains("keep_after_forward names unit 'transformer.h.9', which the plan does not have "
+                                         "(units: 'root', 'transformer.h.0', 'transformer.h.1'"),
+                       Error);
+  CHECK_THROWS_WITH_AS(dist::ShardedModel(model, one, {.stage = 2, .keep_after_forward = {"*"}}),
+                       doctest::Contains("keep_after_forward is for stage 3"), Error);
+}
+
+}  // namespace zg::test

@@ -10,8 +10,9 @@
 namespace zg::dist {
 
 GatherScheduler::GatherScheduler(const nn::UnitPlan& plan, nn::Module& model, Unit* root,
-                                 const std::vector<Unit*>& units, GradientReducer& reducer, int prefetch)
-    : model_(model), units_(units), reducer_(reducer), prefetch_(prefetch),
+                                 const std::vector<Unit*>& units, GradientReducer& reducer, int prefetch,
+                                 int64_t prefetch_bytes)
+    : model_(model), units_(units), reducer_(reducer), prefetch_(prefetch), prefetch_bytes_(prefetch_bytes),
       no_weight_backward_(plan.backward_reads_no_weights) {
   const auto modules = model.named_modules();
   const auto module_at = [&](const std::string& path) {
@@ -100,7 +101,9 @@ void GatherScheduler::hook_use(size_t index, const std::weak_ptr<ParameterOwner>
       // Kept for the backward that follows at once: the last use's, the whole forward's.
       // Without grad no backward follows, but the model's forward may read the last use's
       // unit after it (a tied head after the final norm): the next forward releases it.
-      const bool kept = use.whole_forward ? GradMode::is_enabled() : index + 1 == uses_.size();
+      const bool kept = use.whole_forward ? GradMode::is_enabled()
+                                          : index + 1 == uses_.size() || (use.unit->keep_after_forward &&
+                                                                          GradMode::is_enabled() && out.requires_grad());
       if (!kept && !backward_in_progress()) release(*use.unit);
       if (use.backward_reads && out.requires_grad())
         out.register_hook([this, index, alive](const Tensor&) {  // the backward reaches this use
@@ -169,11 +172,15 @@ void GatherScheduler::hook_holders(const std::weak_ptr<ParameterOwner>& alive) {
 }
 
 // Prefetches the units of the next `prefetch` uses in `direction` (+1 forward,
-// -1 backward; backward skips uses whose backward reads no weights).
+// -1 backward; backward skips uses whose backward reads no weights), stopping before
+// their gathered weights would pass prefetch_bytes.
 void GatherScheduler::prefetch_from(size_t use, int direction) {
   int issued = 0;
+  int64_t bytes = 0;
   for (size_t i = use + direction; i < uses_.size() && issued < prefetch_; i += direction) {
     if (direction < 0 && !uses_[i].backward_reads) continue;
+    bytes += uses_[i].unit->gathered_bytes();
+    if (prefetch_bytes_ > 0 && bytes > prefetch_bytes_) return;
     uses_[i].unit->prefetch();
     ++issued;
   }

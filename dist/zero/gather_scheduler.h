@@ -5,14 +5,18 @@
 //   forward pre-hook   gather the unit (waiting for its prefetch, if one is in
 //                      flight); prefetch the units of u_{i+1} ... u_{i+prefetch}
 //   forward hook       release it -- except for the last use (the backward starts
-//                      there at once) and inside a checkpoint's recompute
+//                      there at once), a unit kept after forward (keep_after_forward:
+//                      FSDP2's reshard_after_forward=False) and inside a checkpoint's
+//                      recompute
 //   output gradient    (only if the use's backward reads weights) gather it again;
 //                      prefetch the units of u_{i-1} ... u_{i-prefetch}
 //   input gradient     the use's backward is done: release it; if it is the unit's
 //                      first use, the gradient reducer reduce-scatters the unit now
 //   end of backward    release every unit still whole
 // Each unit is thus gathered twice per step and its gradient reduce-scattered once:
-// 3 Ψ elements of traffic per step, the ZeRO paper's figure.
+// 3 Ψ elements of traffic per step, the ZeRO paper's figure (2 Ψ for kept units).
+// Prefetch issues up to `prefetch` units ahead, and no more than `prefetch_bytes` of
+// them (when set).
 //   Nothing is asked of the user per step: the first use's pre-hook of a new forward
 // (the first one, or one that starts over from an earlier use) releases what an
 // earlier forward without backward left whole. A root unit whose plan names no module
@@ -35,7 +39,7 @@ class GatherScheduler {
   // The uses of each unit in forward order, from the plan (checks its module paths);
   // `root` is the root unit when it has weights to gather (else null).
   GatherScheduler(const nn::UnitPlan& plan, nn::Module& model, Unit* root, const std::vector<Unit*>& units,
-                  GradientReducer& reducer, int prefetch);
+                  GradientReducer& reducer, int prefetch, int64_t prefetch_bytes);
   // Hooks the uses, and checks under the plan that every module holding a unit's
   // parameters finds them whole and current when it reads them.
   void hook(std::weak_ptr<ParameterOwner> alive);
@@ -69,6 +73,7 @@ class GatherScheduler {
   std::vector<Unit*> units_;
   GradientReducer& reducer_;
   int prefetch_;
+  int64_t prefetch_bytes_;  // 0: no bound
   std::vector<Use> uses_;
   std::vector<std::string> no_weight_backward_;  // plan.backward_reads_no_weights
   bool forward_open_ = false;  // a forward began and its backward has not ended

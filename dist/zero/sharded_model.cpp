@@ -124,6 +124,8 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
            " gradient autograd writes (leave accumulate_dtype unset)");
   ZG_CHECK(config_.bucket_bytes > 0, "ShardedModel: bucket_bytes must be positive, got ", config_.bucket_bytes);
   ZG_CHECK(config_.prefetch >= 0, "ShardedModel: prefetch must be >= 0, got ", config_.prefetch);
+  ZG_CHECK(config_.prefetch_bytes >= 0, "ShardedModel: prefetch_bytes must be >= 0 (0: no bound), got ",
+           config_.prefetch_bytes);
   ZG_CHECK(std::isfinite(config_.max_grad_norm) && config_.max_grad_norm >= 0,
            "ShardedModel: max_grad_norm must be >= 0 and finite (0 disables clipping), got ", config_.max_grad_norm);
   optim::check_options(config_.adamw);
@@ -194,12 +196,26 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
   }
   // Collective tags: each unit's number, from 1 (the reducer numbers DDP's buckets after them).
   for (size_t u = 0; u < units_.size(); ++u) units_[u]->tag = static_cast<int64_t>(u) + 1;
+  // ZeRO-3's kept units, by name ("*": all); a name no unit has is a mistake.
+  for (const std::string& name : config_.keep_after_forward) {
+    std::string names;
+    bool found = name == "*";
+    for (auto& unit : units_) {
+      if (name == "*" || unit->name == name) unit->keep_after_forward = found = true;
+      names += (names.empty() ? "'" : ", '") + unit->name + "'";
+    }
+    ZG_CHECK(found, "ShardedModel: keep_after_forward names unit '", name, "', which the plan does not have (units: ",
+             names, "; or \"*\" for all)");
+  }
+  ZG_CHECK(config_.keep_after_forward.empty() || config_.stage == 3, "ShardedModel: keep_after_forward is for stage 3, "
+           "where units are gathered around each use; stage ", config_.stage, " keeps every weight whole");
   reducer_ = std::make_unique<GradientReducer>(placement(), units(), parameters, config_.bucket_bytes, reduce_dtype());
   if (placement().gathers_parameters()) {
     Unit* root = units_.front()->module == nullptr ? units_.front().get() : nullptr;
     ZG_CHECK(root != nullptr || root_replicated || (plan.root_before.empty() && plan.root_after.empty()),
              "ShardedModel: the plan names root modules, but every parameter is in a unit");
-    gatherer_ = std::make_unique<GatherScheduler>(plan, model, root, units(), *reducer_, config_.prefetch);
+    gatherer_ = std::make_unique<GatherScheduler>(plan, model, root, units(), *reducer_, config_.prefetch,
+                                                  config_.prefetch_bytes);
   }
 }
 
@@ -218,6 +234,7 @@ void ShardedModel::agree_on_plan(Device device) {
                    {"ZeroConfig::bucket_bytes", static_cast<double>(c.bucket_bytes)},
                    {"ZeroConfig::prefetch", c.prefetch}, {"ZeroConfig::max_grad_norm", c.max_grad_norm},
                    {"ZeroConfig::offload", static_cast<double>(c.offload)},
+                   {"ZeroConfig::prefetch_bytes", static_cast<double>(c.prefetch_bytes)},
                    {"AdamWOptions::beta1", c.adamw.beta1}, {"AdamWOptions::beta2", c.adamw.beta2},
                    {"AdamWOptions::eps", c.adamw.eps}, {"AdamWOptions::weight_decay", c.adamw.weight_decay},
                    {"number of units", static_cast<double>(units_.size())}});
@@ -227,6 +244,9 @@ void ShardedModel::agree_on_plan(Device device) {
     units.emplace_back("size of unit " + unit->name, static_cast<double>(unit->numel));
     units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name, layout_hash(*unit));
   }
+  Hash53 kept;  // the units kept after forward: a rank that regathers one the others keep would pair other gathers
+  for (const auto& unit : units_) kept.mix(&unit->keep_after_forward, sizeof unit->keep_after_forward);
+  units.emplace_back("units kept after forward (hashed)", kept.value());
   Hash53 order;
   for (int64_t tag : reducer_->order_tags()) order.mix(&tag, sizeof tag);
   units.emplace_back("order of gradient reductions (bucket tags, hashed)", order.value());

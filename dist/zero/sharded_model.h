@@ -79,6 +79,15 @@ struct ZeroConfig {
   // them; optimizer+params (stage 3) also the parameter shards, gathered to the device
   // per unit. Results are the same bit for bit as without offload.
   Offload offload = Offload::none;
+  // ZeRO-3: units whose gathered weights stay from their forward to their backward
+  // (FSDP2's reshard_after_forward=False): 2Ψ elements of traffic a step for them instead
+  // of 3Ψ, for holding them whole through the rest of the forward. Unit names as the
+  // plan gives them ("transformer.h.11", "root"); {"*"}: every unit.
+  std::vector<std::string> keep_after_forward{};
+  // ZeRO-3: prefetch also stops before the units it issues would hold more than this many
+  // bytes of gathered weights (DeepSpeed's stage3_prefetch_bucket_size, in bytes); 0:
+  // `prefetch` alone bounds it.
+  int64_t prefetch_bytes = 0;
 };
 
 using nn::UnitPlan;

@@ -170,6 +170,13 @@ std::vector<ShardedWeights*> Unit::gathered_parts() {
   return parts;
 }
 
+int64_t Unit::gathered_bytes() const {
+  int64_t bytes = 0;
+  for (const ShardedWeights* w : {&weights, &frozen})
+    if (w->has_full()) bytes += w->full.nbytes();
+  return bytes;
+}
+
 uint64_t Unit::compute_version() const {
   uint64_t version = 0;  // a sum of counters that only grow
   for (const ShardedWeights* w : {&weights, &frozen})

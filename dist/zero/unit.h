@@ -133,6 +133,8 @@ class Unit {
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;  // entry -> its bucket
   uint64_t written_by_us = 0;     // compute_version() after our last write
+  bool keep_after_forward = false;  // ZeRO-3: gathered from its forward to its backward
+  int64_t gathered_bytes() const;   // of its full compute weights (ZeRO-3), gathered or not
 
  private:
   void issue_gather(ShardedWeights& weights);
