@@ -1798,10 +1798,10 @@ TEST_CASE("ZeRO-3 keep_after_forward: 2Ψ elements of traffic for kept units, th
   // Real steps at N = 2 in bf16: the same bits whichever units are kept and however far prefetch goes.
   auto train = [](dist::ZeroConfig config) {
     nn::NamedTensors kept;
+    config.stage = 3, config.compute_dtype = DType::bf16, config.adamw = kAdamW;  // before the ranks read it
     dist::run_local(2, [&](dist::ProcessGroup& pg) {
       manual_seed(1);
       nn::GPT model(zero_config());
-      config.stage = 3, config.compute_dtype = DType::bf16, config.adamw = kAdamW;
       dist::ShardedModel sharded(model, pg, config);
       for (int s = 0; s < 3; ++s) {
         const auto [x, y] = global_batch(s);
