@@ -118,7 +118,7 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
   ZG_CHECK(is_floating(reduce_dtype()), "ShardedModel: reduce dtype must be floating, got ", name(reduce_dtype()));
   ZG_CHECK(is_floating(accumulate_dtype()), "ShardedModel: accumulate dtype must be floating, got ",
            name(accumulate_dtype()));
-  ZG_CHECK(accumulate_dtype() == config_.compute_dtype || config_.stage >= 2, "ShardedModel: accumulate_dtype ",
+  ZG_CHECK(accumulate_dtype() == config_.compute_dtype || placement().frees_full_gradients(), "ShardedModel: accumulate_dtype ",
            name(accumulate_dtype()), " needs stage 2 or 3, whose gradient shard sums the micro-batches; stage ",
            config_.stage, " accumulates in the full ", name(config_.compute_dtype),
            " gradient autograd writes (leave accumulate_dtype unset)");
@@ -207,7 +207,7 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
     ZG_CHECK(found, "ShardedModel: keep_after_forward names unit '", name, "', which the plan does not have (units: ",
              names, "; or \"*\" for all)");
   }
-  ZG_CHECK(config_.keep_after_forward.empty() || config_.stage == 3, "ShardedModel: keep_after_forward is for stage 3, "
+  ZG_CHECK(config_.keep_after_forward.empty() || placement().gathers_parameters(), "ShardedModel: keep_after_forward is for stage 3, "
            "where units are gathered around each use; stage ", config_.stage, " keeps every weight whole");
   reducer_ = std::make_unique<GradientReducer>(placement(), units(), parameters, config_.bucket_bytes, reduce_dtype());
   if (placement().gathers_parameters()) {

@@ -331,17 +331,17 @@ std::vector<optim::AdamWSpan> Unit::optimizer_spans() {
 }
 
 Tensor Unit::compute_for_update() {
-  const Tensor& mine = ctx_.placement.optimizer_sharded() ? weights.shard : weights.full;
+  const Tensor& mine = updated_weights();
   if (mine.is_same(master)) return {};  // the master is the compute weights
   if (mine.device() == master.device()) return mine;
-  compute_staging = allocate(master.numel(), ctx_.compute_dtype, master.device(), MemoryCategory::communication, false,
-                             true);
+  // Ordinary host memory: page-locking a fresh buffer every step (cudaHostAlloc) costs more than it saves.
+  compute_staging = allocate(master.numel(), ctx_.compute_dtype, master.device(), MemoryCategory::communication, false);
   return compute_staging;
 }
 
 WorkHandle Unit::after_step() {
   if (compute_staging.defined()) {  // offload: the updated compute weights up to the device
-    const Tensor& mine = ctx_.placement.optimizer_sharded() ? weights.shard : weights.full;
+    const Tensor& mine = updated_weights();
     cast_into(std::exchange(compute_staging, Tensor()), mine);
     mine.storage()->bump_version();
   }
@@ -352,11 +352,8 @@ WorkHandle Unit::after_step() {
 
 void Unit::refresh_compute() {
   NoGradGuard no_grad;
-  if (!ctx_.placement.optimizer_sharded()) {
-    if (!weights.full.is_same(master)) weights.full.copy_(master);
-    return;
-  }
-  if (!weights.shard.is_same(master)) weights.shard.copy_(master);
+  if (!updated_weights().is_same(master)) Tensor(updated_weights()).copy_(master);
+  if (!ctx_.placement.optimizer_sharded()) return;
   CollectiveTag scope(tag);
   if (!ctx_.placement.gathers_parameters()) ctx_.group.all_gather(weights.shard, weights.full);
 }

@@ -116,6 +116,8 @@ class Unit {
   // The optimizer's slice of the compute weights: the shard itself, or (offload, with the
   // shard on the device) a host buffer the update writes, copied up by after_step.
   Tensor compute_for_update();
+  // The compute weights the optimizer updates: this rank's slice, or the whole buffer (DDP).
+  const Tensor& updated_weights() const { return ctx_.placement.optimizer_sharded() ? weights.shard : weights.full; }
 
   // Identity and layout.
   std::string name;
