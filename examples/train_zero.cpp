@@ -8,6 +8,7 @@
 //   build/examples/train_zero --ranks 4 --stage 3 --steps 100 --save ckpt
 //   build/examples/train_zero --ranks 2 --stage 1 --steps 200 --resume ckpt
 //   mpirun -n 4 build/examples/train_zero --stage 3 --steps 100
+//   mpirun -n 4 build/examples/train_zero --stage 3 --shard-group 2   (HSDP: 2 groups of 2)
 //   build/examples/train_zero --ranks 2 --stage 3 --offload optimizer+params --dtype bf16
 //
 // Rank 0 prints a line per step: the global loss, the gradient norm, and its own bytes
@@ -33,6 +34,7 @@ namespace {
 
 struct Flags : examples::TrainingFlags {
   int64_t ranks = 0, stage = 3, prefetch = 1;  // ranks 0: unset (2 threads; under mpirun, its processes)
+  int64_t shard_group = 0;                     // 0: shard over every rank
   std::string group = "auto";
   Flags() { steps = 100; }
 };
@@ -51,6 +53,8 @@ void usage() {
                "                     a rank, CPU tensors)\n"
                "  --stage S          0 = DDP, 1, 2, 3 = ZeRO-1/2/3 (default 3)\n"
                "  --prefetch K       ZeRO-3: units gathered ahead of use (default 1)\n"
+               "  --shard-group S    hybrid sharding (stages 2, 3): shard within groups of S consecutive ranks,\n"
+               "                     replicate across the ranks / S groups (default: one group of all)\n"
 
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
                "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
@@ -68,12 +72,14 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--ranks") f.ranks = flag.count(1);
     else if (a == "--stage") f.stage = flag.count(0);
     else if (a == "--prefetch") f.prefetch = flag.count(0);
+    else if (a == "--shard-group") f.shard_group = flag.count(1);
     else if (a == "--group") f.group = flag.value();
     else flag.unknown();
   }
   f.check("train_zero");
   ZG_CHECK(dist::Placement::valid_stage(f.stage), "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
-  ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024, "train_zero: --ranks and --prefetch go up to 1024");
+  ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024,
+           "train_zero: --ranks, --prefetch and --shard-group go up to 1024");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi", "train_zero: --group must be auto, local or mpi, got ",
            f.group);
   if (f.group == "auto") f.group = launched_as_ranks() ? "mpi" : "local";
@@ -119,7 +125,8 @@ void train(dist::ProcessGroup& group, const Flags& f) {
                               .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
                               .max_grad_norm = f.max_grad_norm,
                               .prefetch = static_cast<int>(f.prefetch),
-                              .offload = f.offloaded()});
+                              .offload = f.offloaded(),
+                              .shard_group_size = static_cast<int>(f.shard_group)});
   const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);  // what a checkpoint records, as train_gpt's
   int64_t first_step = 0;
   if (!f.resume.empty()) {
@@ -188,6 +195,10 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     std::printf("every rank (least-most MiB): param %s grad %s opt %s comm(peak) %s%s\n", range(0).c_str(),
                 range(1).c_str(), range(2).c_str(), range(3).c_str(),
                 f.offload == "none" ? "" : (" | host grad " + range(4) + " opt " + range(5)).c_str());
+    if (const dist::ProcessGroup* replicas = sharded.replica_group())  // hybrid: the traffic within and across
+      std::printf("rank 0 sent: %.2f MiB within its shard group, %.2f MiB across the groups\n",
+                  static_cast<double>(sharded.shard_group().bytes_sent()) / (1 << 20),
+                  static_cast<double>(replicas->bytes_sent()) / (1 << 20));
     std::printf("final loss: %.4f\n", loss_value);
   }
 }

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argc > 2 ? argv[2] : "", out = argv[1];
   const auto options = mode == "stall" ? dist::MpiOptions{.timeout = std::chrono::seconds(2)} : dist::MpiOptions{};
-  return dist::run_mpi(
+  const int status = dist::run_mpi(
         [&](dist::ProcessGroup& pg) {
           if (mode == "stall") {
             Tensor t = zeros({4});
@@ -36,13 +36,24 @@ int main(int argc, char** argv) {
             if (pg.rank() == 0) pg.all_reduce(t);
             else pg.all_gather(zeros({2}), t);
           }
-          if (mode == "throw") {  // rank 1 fails while rank 0 waits in a collective (timeout: 5 minutes)
+          if (mode == "throw") {  // the last rank fails while the others wait in collectives (timeout: 5 minutes)
+            const int last = pg.size() - 1;
+            // At N = 4 they wait in hybrid sharding's sub-groups: 1 for 3 across groups, 0 and 2 for 1 and 3 within.
+            const dist::ProcessGroup::Mesh mesh = pg.size() == 4 ? pg.split_mesh(2) : dist::ProcessGroup::Mesh{};
             Tensor t = zeros({4});
-            if (pg.rank() == 1) {
+            if (pg.rank() == last) {
               std::this_thread::sleep_for(std::chrono::milliseconds(500));
-              fail("rank 1's data loader found no more data");
+              const auto now = std::chrono::steady_clock::now().time_since_epoch();  // CLOCK_MONOTONIC: one clock for all processes
+              std::fprintf(stderr, "throws at %lld ns\n",
+                           static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
+              fail("rank ", last, "'s data loader found no more data");
             }
-            pg.all_reduce(t);
+            if (mesh.shard) {
+              mesh.replicas->all_reduce(t);
+              mesh.shard->all_reduce(t);
+            } else {
+              pg.all_reduce(t);
+            }
           }
           if (mode == "damaged") {  // a load whose rank 1 meets a damaged byte: every rank refuses it
             manual_seed(1);
@@ -67,4 +78,8 @@ int main(int argc, char** argv) {
           }
         },
         options);  // an error: printed, sent to the other rank, exit status 1 (mpirun then ends the job)
+  if (mode == "throw")  // when this process ends, on the clock of the throw above (mpirun's own teardown comes after)
+    std::fprintf(stderr, "exits at %lld ns\n", static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                   std::chrono::steady_clock::now().time_since_epoch()).count()));
+  return status;
 }

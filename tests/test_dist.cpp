@@ -331,6 +331,54 @@ TEST_CASE("a rank that throws ends the others with its error; one that leaves ea
                        Error);
 }
 
+TEST_CASE("split forms sub-groups by colour, ranked by key; their collectives are their own") {
+  dist::run_local(4, [](ProcessGroup& pg) {
+    const int r = pg.rank();
+    // Even and odd ranks, the higher first: colour 0 is {2, 0}, colour 1 is {3, 1}.
+    const std::unique_ptr<ProcessGroup> half = pg.split(r % 2, -r);
+    CHECK(half->size() == 2);
+    CHECK(half->rank() == (r < 2 ? 1 : 0));
+    Tensor sum = tensor<float>({float(r)});
+    half->all_reduce(sum);
+    CHECK(sum.item<float>() == (r % 2 == 0 ? 2.0f : 4.0f));
+    // A colour of one's own: a group of one. Sub-groups split again.
+    CHECK(pg.split(r, 0)->size() == 1);
+    CHECK(half->split(0, 0)->size() == 2);
+    // The mesh: shard groups of consecutive ranks {0, 1}, {2, 3}; replicas {0, 2}, {1, 3}.
+    const ProcessGroup::Mesh mesh = pg.split_mesh(2);
+    CHECK(mesh.shard->rank() == r % 2);
+    CHECK(mesh.replicas->rank() == r / 2);
+    Tensor gathered = zeros({2}, DType::i64);
+    mesh.shard->all_gather(tensor<int64_t>({r}), gathered);
+    CHECK(gathered.to_vector<int64_t>() == std::vector<int64_t>{r / 2 * 2, r / 2 * 2 + 1});
+    mesh.replicas->all_gather(tensor<int64_t>({r}), gathered);
+    CHECK(gathered.to_vector<int64_t>() == std::vector<int64_t>{r % 2, r % 2 + 2});
+    CHECK_THROWS_WITH_AS(pg.split_mesh(3), "split_mesh: the shard group size 3 must divide the group's 4 ranks", Error);
+  });
+  // A fake rank knows no other colour, but knows the mesh.
+  dist::FakeGroup fake(5, 8);
+  const ProcessGroup::Mesh mesh = fake.split_mesh(4);
+  CHECK((mesh.shard->rank() == 1 && mesh.shard->size() == 4 && mesh.replicas->rank() == 1 && mesh.replicas->size() == 2));
+  CHECK_THROWS_WITH_AS(fake.split(0, 0), doctest::Contains("fake group: rank 5 of 8 cannot split by colour"), Error);
+  CHECK(dist::FakeGroup(0, 1).split(3, 0)->size() == 1);
+}
+
+TEST_CASE("a rank that throws ends the others waiting in a sub-group's collective, at once") {
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(dist::run_local(
+                           4,
+                           [](ProcessGroup& pg) {
+                             const ProcessGroup::Mesh mesh = pg.split_mesh(2);
+                             if (pg.rank() == 3) throw Error("rank 3's loader is empty");
+                             Tensor t = zeros({4});
+                             mesh.replicas->all_reduce(t);  // rank 1 waits for rank 3 here
+                             mesh.shard->all_reduce(t);     // ranks 0 and 2 wait for 1 here
+                           },
+                           {60s}),
+                       "rank 3: rank 3's loader is empty", Error);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);  // woken, not timed out
+}
+
 TEST_CASE("a collective every rank reached completes on all, even if one rank fails right after it") {
   // The last rank to arrive could leave, fail and abort the group before a waiting rank
   // woke; that rank then reported the finished collective as failed ("rank 1 failed"), so

@@ -478,6 +478,96 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
 
 namespace zg::test {
 
+TEST_CASE("hybrid sharding (HSDP): shards within groups of S, replicas across; trains like one rank, states follow S") {
+  const nn::NamedTensors reference = reference_run({});
+  for (int stage : {2, 3})
+    for (const auto& [n, s] : {std::pair{4, 2}, std::pair{4, 1}, std::pair{2, 1}}) {
+      INFO("stage " << stage << " N=" << n << " S=" << s);
+      CHECK(max_difference(sharded_run({.stage = stage, .shard_group_size = s}, n), reference) <= 1e-5);
+    }
+  // Rank 5 of 8 in shard groups of 4 holds what rank 1 of 4 holds; the traffic splits into
+  // 3 Psi elements a step within its group (ring-counted) and the gradient shard's
+  // all-reduce across the 2 groups.
+  nn::GPTConfig gpt2;  // GPT-2 124M: padding is far below 1%
+  for (int stage : {2, 3}) {
+    INFO("stage " << stage);
+    int64_t states[2], psi = 0;
+    int64_t within = 0, across = 0;
+    for (int hybrid : {0, 1}) {
+      Context rank;
+      ContextGuard guard(rank);
+      dist::FakeGroup group(hybrid ? 5 : 1, hybrid ? 8 : 4);
+      nn::GPT model(gpt2, kMeta);
+      dist::ShardedModel sharded(model, group, {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW,
+                                                .shard_group_size = hybrid ? 4 : 0});
+      const MemoryStats m = memory_stats(kMeta);
+      states[hybrid] = m[MemoryCategory::parameter] + m[MemoryCategory::gradient] + m[MemoryCategory::optimizer_state];
+      psi = sharded.num_parameters();
+      if (!hybrid) continue;
+      CHECK(sharded.replica_group()->size() == 2);
+      const Tensor ids = zeros({1, 64}, TensorOptions(DType::i64).device(kMeta));
+      sharded.zero_grad();
+      sharded.shard_group().reset_bytes_sent();
+      model.forward(ids, ids).loss.backward();
+      sharded.step(1e-3);
+      within = sharded.shard_group().bytes_sent(), across = sharded.replica_group()->bytes_sent();
+    }
+    CHECK(states[1] == states[0]);
+    const double elements_within = (stage == 3 ? 3.0 : 2.0) * psi * 3 / 4;  // ring: (S - 1) / S
+    CHECK(static_cast<double>(within) / 2 == doctest::Approx(elements_within).epsilon(0.01));
+    CHECK(static_cast<double>(across) / 2 == doctest::Approx(2.0 * (psi / 4.0) / 2).epsilon(0.01));  // 2 (R-1)/R x Psi/S
+  }
+  // Refused with the reason, on every rank.
+  dist::run_local(4, [](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    CHECK_THROWS_WITH_AS(dist::ShardedModel(model, pg, {.stage = 1, .shard_group_size = 2}),
+                         "ShardedModel: shard_group_size 2 (hybrid sharding) needs stage 2 or 3, whose unit gradients "
+                         "are reduce-scattered and freed; stage 1 keeps the full gradient, summed into slice r",
+                         Error);
+    CHECK_THROWS_WITH_AS(dist::ShardedModel(model, pg, {.stage = 3, .shard_group_size = 3}),
+                         "ShardedModel: shard_group_size 3 must divide the group's 4 ranks (0: shard over all of them)",
+                         Error);
+  });
+}
+
+TEST_CASE("a hybrid-sharded checkpoint holds one copy of each shard and loads at any N, S and stage") {
+  const std::string dir = "/tmp/zg_test_hsdp_" + std::to_string(::getpid());
+  auto train = [&](int n, int shard, int stage, int first_step, int last_step, bool save_at_end) {
+    nn::NamedTensors result;
+    dist::run_local(n, [&](dist::ProcessGroup& pg) {
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::f32, .adamw = kAdamW,
+                                             .shard_group_size = shard});
+      if (first_step > 0) sharded.load(dir);
+      const int64_t rows = kBatch / n;
+      for (int s = first_step; s < last_step; ++s) {
+        const auto [x, y] = global_batch(s);
+        sharded.zero_grad();
+        model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss.backward();
+        sharded.step(1e-3);
+      }
+      if (save_at_end) sharded.save(dir);
+      keep_master(pg, sharded, 0, result);
+    });
+    return result;
+  };
+  train(4, 2, 3, 0, 3, true);
+  const std::string save = dist::ShardedModel::current_save(dir);
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(save)) files.push_back(entry.path().filename());
+  std::sort(files.begin(), files.end());
+  CHECK(files == std::vector<std::string>{"rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors"});
+  const nn::NamedTensors uninterrupted = train(4, 2, 3, 0, 5, false);
+  CHECK(max_difference(train(4, 2, 3, 3, 5, false), uninterrupted) <= 1e-5);
+  CHECK(max_difference(train(1, 0, 0, 3, 5, false), uninterrupted) <= 1e-5);
+  CHECK(max_difference(train(4, 0, 2, 3, 5, false), uninterrupted) <= 1e-5);
+  train(4, 0, 3, 3, 4, true);  // and back: a save at N = 4 without replicas, loaded hybrid
+  CHECK(max_difference(train(4, 2, 2, 4, 5, false), uninterrupted) <= 1e-5);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused before anything changes") {
   // Before (found by fuzzing): a checkpoint of a bigger vocabulary loaded without a word,
   // i64 pieces were converted, overlapping pieces counted twice, files of two saves mixed,

@@ -42,10 +42,12 @@ struct ZeroRun {
   int prefetch = 1;
   bool unused_parameter = false;  // a parameter registered on the model that no forward uses
   Device device = kCPU;  // on a GPU, the ranks share it (each with its own allocator and streams)
+  int shard_group_size = 0;  // hybrid sharding
 
   dist::ZeroConfig config() const {
     return {.stage = stage, .compute_dtype = dtype, .adamw = kAdamW, .max_grad_norm = clip,
-            .reduce_dtype = reduce_dtype, .bucket_bytes = bucket_bytes, .prefetch = prefetch};
+            .reduce_dtype = reduce_dtype, .bucket_bytes = bucket_bytes, .prefetch = prefetch,
+            .shard_group_size = shard_group_size};
   }
 };
 

@@ -8,6 +8,23 @@ FakeGroup::FakeGroup(int rank, int size) : rank_(rank), size_(size) {
   ZG_CHECK(size >= 1 && rank >= 0 && rank < size, "fake group: rank ", rank, " of ", size, " is not valid");
 }
 
+std::unique_ptr<ProcessGroup> FakeGroup::split(int color, int key) {
+  ZG_CHECK(size_ == 1, "fake group: rank ", rank_, " of ", size_, " cannot split by colour: the other ranks' colours "
+           "do not exist here; split_mesh forms hybrid sharding's groups without them");
+  return ProcessGroup::split(color, key);
+}
+
+std::unique_ptr<ProcessGroup> FakeGroup::subgroup(const std::vector<int>&, int, int) {
+  return std::make_unique<FakeGroup>(0, 1);
+}
+
+ProcessGroup::Mesh FakeGroup::make_mesh(int shard_size) {
+  Mesh mesh;
+  mesh.shard = std::make_unique<FakeGroup>(rank_ % shard_size, shard_size);
+  mesh.replicas = std::make_unique<FakeGroup>(rank_ / shard_size, size_ / shard_size);
+  return mesh;
+}
+
 namespace {
 class Done final : public Work {
  public:

@@ -19,9 +19,15 @@ class FakeGroup : public ProcessGroup {
   int size() const override { return size_; }
   std::string kind() const override { return "fake"; }
   bool accepts(Device) const override { return true; }
+  // A fake rank cannot learn the others' colours: split refuses at N > 1 (at N = 1 the
+  // new group is this rank alone). split_mesh needs no colours: shard group
+  // (r % S of S), replicas (r / S of N / S), as the real groups' split_mesh makes them.
+  std::unique_ptr<ProcessGroup> split(int color, int key) override;
 
  private:
   WorkHandle issue(Collective collective) override;
+  std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key) override;
+  Mesh make_mesh(int shard_size) override;
   int rank_, size_;
 };
 

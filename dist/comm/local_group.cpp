@@ -43,19 +43,44 @@ std::string LocalHub::failure() {
   return aborted_ ? abort_reason_ : std::string();
 }
 
+// Sub-hubs are told outside this hub's lock: a hub never holds two locks.
 void LocalHub::depart(int rank) {
-  std::lock_guard lock(mutex_);
-  departed_[rank] = true;
-  cv_.notify_all();
+  std::vector<std::pair<std::shared_ptr<LocalHub>, int>> children;
+  {
+    std::lock_guard lock(mutex_);
+    departed_[rank] = true;
+    cv_.notify_all();
+    for (const Child& c : children_)
+      if (const auto at = std::find(c.members.begin(), c.members.end(), rank); at != c.members.end())
+        children.emplace_back(c.hub, static_cast<int>(at - c.members.begin()));
+  }
+  for (const auto& [hub, index] : children) hub->depart(index);
 }
 
-void LocalHub::abort(int rank, const std::string& reason) {
-  std::lock_guard lock(mutex_);
-  if (!aborted_) {
-    aborted_ = true;
-    abort_reason_ = "rank " + std::to_string(rank) + " failed: " + reason;
+void LocalHub::abort(int rank, const std::string& reason) { abort_with("rank " + std::to_string(rank) + " failed: " + reason); }
+
+void LocalHub::abort_with(const std::string& reason) {
+  std::vector<std::shared_ptr<LocalHub>> children;
+  {
+    std::lock_guard lock(mutex_);
+    if (!aborted_) {
+      aborted_ = true;
+      abort_reason_ = reason;
+    }
+    cv_.notify_all();
+    for (const Child& c : children_) children.push_back(c.hub);
   }
-  cv_.notify_all();
+  for (const auto& hub : children) hub->abort_with(reason);  // the rank named is this hub's
+}
+
+std::shared_ptr<LocalHub> LocalHub::child(int64_t split, const std::vector<int>& members) {
+  std::lock_guard lock(mutex_);
+  for (const Child& c : children_)
+    if (c.split == split && c.members.front() == members.front()) return c.hub;
+  auto hub = std::make_shared<LocalHub>(static_cast<int>(members.size()), timeout_);
+  if (aborted_) hub->abort_with(abort_reason_);
+  children_.push_back({split, members, hub});
+  return hub;
 }
 
 void LocalHub::fail_locked(const std::string& message) {
@@ -231,6 +256,11 @@ void LocalGroup::exchange(const Collective& c) {
   kernels.synchronize(device);
   hub_->leave(rank_);
   if (result.defined()) kernels.copy(result, output);
+}
+
+std::unique_ptr<ProcessGroup> LocalGroup::subgroup(const std::vector<int>& members, int, int) {
+  const auto at = std::find(members.begin(), members.end(), rank_);
+  return std::make_unique<LocalGroup>(hub_->child(splits_++, members), static_cast<int>(at - members.begin()));
 }
 
 void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, LocalRunOptions options) {

@@ -45,12 +45,23 @@ class LocalHub {
   // Why the group failed, or "" -- also where no rank saw it: a collective issued
   // asynchronously and never waited for.
   std::string failure();
+  // The hub of a sub-group (ProcessGroup::split): `members`, ranks of this hub, formed by
+  // its `split`-th split. The first member to ask makes it, the others find it. It fails
+  // with this hub: an abort here aborts it, a rank departing here departs it.
+  std::shared_ptr<LocalHub> child(int64_t split, const std::vector<int>& members);
 
  private:
   // Waits until every rank arrives. The last to arrive runs `check` (all others are
   // blocked, so every posted call is alive); a non-empty result fails every rank with it.
   void rendezvous(int rank, const std::string& where, const std::function<std::string()>& check = nullptr);
   [[noreturn]] void fail_locked(const std::string& message);
+  void abort_with(const std::string& reason);  // abort()'s work, the reason as given
+
+  struct Child {
+    int64_t split;
+    std::vector<int> members;
+    std::shared_ptr<LocalHub> hub;
+  };
 
   const int size_;
   const std::chrono::milliseconds timeout_;
@@ -64,6 +75,7 @@ class LocalHub {
   bool aborted_ = false;
   std::string abort_reason_;
   std::string mismatch_;  // set when calls did not match: thrown as is by every rank
+  std::vector<Child> children_;
 };
 
 class LocalGroup final : public HostGroup {
@@ -78,8 +90,10 @@ class LocalGroup final : public HostGroup {
  private:
   void run(const Collective& collective) override;
   void exchange(const Collective& collective);  // run()'s work, without the abort on failure
+  std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key) override;
   std::shared_ptr<LocalHub> hub_;
   int rank_;
+  int64_t splits_ = 0;  // split() calls so far: with the first member, names the sub-group's hub
 };
 
 struct LocalRunOptions {

@@ -77,6 +77,16 @@ std::string receive_notice(const MPI_Status& status, MPI_Comm notices) {
 
 }  // namespace
 
+// What every MpiGroup of this process shares. MPI runs MPI_THREAD_SERIALIZED: the groups'
+// workers and fail_others take turns under `mpi`.
+struct MpiProcess {
+  std::mutex mpi;
+  std::string broken;    // why the groups are unusable (a timeout, a failure); "" while they work; under mpi
+  int notified_by = -1;  // the rank (of MPI_COMM_WORLD) whose failure notice this one received; under mpi
+  MPI_Comm notices = MPI_COMM_NULL;  // failure notices, over every rank of MPI_COMM_WORLD
+  int rank = 0, size = 1;            // in MPI_COMM_WORLD
+};
+
 MpiGroup::MpiGroup(MpiOptions options) : timeout_(checked_timeout("mpi group", options.timeout)) {
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -90,9 +100,32 @@ MpiGroup::MpiGroup(MpiOptions options) : timeout_(checked_timeout("mpi group", o
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
   check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
-  MPI_Comm notices = MPI_COMM_NULL;
-  check(MPI_Comm_dup(MPI_COMM_WORLD, &notices), "MPI_Comm_dup");
-  notices_ = MPI_Comm_c2f(notices);
+  comm_ = MPI_Comm_c2f(MPI_COMM_WORLD);
+  process_ = std::make_shared<MpiProcess>();
+  process_->rank = rank_, process_->size = size_;
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &process_->notices), "MPI_Comm_dup");
+}
+
+MpiGroup::MpiGroup(std::shared_ptr<MpiProcess> process, int comm, std::chrono::milliseconds timeout)
+    : process_(std::move(process)), comm_(comm), timeout_(timeout) {
+  check(MPI_Comm_rank(MPI_Comm_f2c(comm_), &rank_), "MPI_Comm_rank");
+  check(MPI_Comm_size(MPI_Comm_f2c(comm_), &size_), "MPI_Comm_size");
+}
+
+// A split's communicator is left to MPI_Finalize: MPI_Comm_free is a collective, and a
+// group destroyed while its rank fails must not wait for the others.
+MpiGroup::~MpiGroup() { stop_worker(); }
+
+// Every rank reached split() (ProcessGroup::split's all-gather): MPI_Comm_split, blocking, returns promptly.
+std::unique_ptr<ProcessGroup> MpiGroup::subgroup(const std::vector<int>&, int color, int key) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  {
+    std::lock_guard<std::mutex> lock(process_->mpi);
+    ZG_CHECK(process_->broken.empty(), process_->broken, " (refusing split)");
+    check(MPI_Comm_split(MPI_Comm_f2c(comm_), color, key, &comm), "MPI_Comm_split");
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  }
+  return std::unique_ptr<ProcessGroup>(new MpiGroup(process_, MPI_Comm_c2f(comm), timeout_));
 }
 
 void MpiGroup::finalize() {
@@ -105,9 +138,9 @@ void MpiGroup::finalize() {
 void MpiGroup::give_up(std::string why, std::shared_ptr<void> keep) {
   // MPI may still complete the abandoned call and write these buffers: they are never freed.
   new std::shared_ptr<void>(std::move(keep));  // NOLINT: leaked on purpose
-  std::lock_guard<std::mutex> lock(mpi_);
-  if (broken_.empty()) broken_ = std::move(why);
-  fail(broken_);
+  std::lock_guard<std::mutex> lock(process_->mpi);
+  if (process_->broken.empty()) process_->broken = std::move(why);
+  fail(process_->broken);
 }
 
 void MpiGroup::time_out(const char* what, const Collective& c, std::shared_ptr<void> keep) {
@@ -125,24 +158,24 @@ void MpiGroup::time_out(const char* what, const Collective& c, std::shared_ptr<v
 bool MpiGroup::completes(void* request_ptr, const Collective& c, const std::shared_ptr<void>& keep) {
   using Clock = std::chrono::steady_clock;
   MPI_Request& request = *static_cast<MPI_Request*>(request_ptr);
-  const MPI_Comm notices = MPI_Comm_f2c(notices_);
+  MpiProcess& p = *process_;
   const Clock::time_point start = Clock::now();
   for (;;) {
     std::string notice;
     int sender = -1;
     {
-      std::lock_guard<std::mutex> lock(mpi_);
-      ZG_CHECK(broken_.empty(), broken_, " (abandoning ", c.describe(), ")");  // fail_others ran meanwhile
+      std::lock_guard<std::mutex> lock(p.mpi);
+      ZG_CHECK(p.broken.empty(), p.broken, " (abandoning ", c.describe(), ")");  // fail_others ran meanwhile
       int done = 0;
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
       if (done) return true;
       int arrived = 0;
       MPI_Status status;
-      check(MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, notices, &arrived, &status), "MPI_Iprobe");
+      check(MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, p.notices, &arrived, &status), "MPI_Iprobe");
       if (arrived) {
         sender = status.MPI_SOURCE;
-        notice = receive_notice(status, notices);
-        notified_by_ = sender;  // acknowledged by fail_others, once this rank has reported it
+        notice = receive_notice(status, p.notices);
+        p.notified_by = sender;  // acknowledged by fail_others, once this rank has reported it
       }
     }
     if (sender >= 0)
@@ -157,20 +190,21 @@ bool MpiGroup::completes(void* request_ptr, const Collective& c, const std::shar
 
 void MpiGroup::fail_others(const std::string& message) {
   using Clock = std::chrono::steady_clock;
-  const MPI_Comm notices = MPI_Comm_f2c(notices_);
+  MpiProcess& p = *process_;
+  const MPI_Comm notices = p.notices;
   const std::string text = message.substr(0, kMaxNoticeBytes);
   std::vector<MPI_Request> sends, acks;
-  std::vector<char> ack_bytes(static_cast<size_t>(size_));
+  std::vector<char> ack_bytes(static_cast<size_t>(p.size));
   const char ack = 1;
   {
-    std::lock_guard<std::mutex> lock(mpi_);
-    if (notified_by_ >= 0) {  // failed because another rank did: tell that one it was heard
-      MPI_Send(&ack, 1, MPI_CHAR, notified_by_, kAckTag, notices);
+    std::lock_guard<std::mutex> lock(p.mpi);
+    if (p.notified_by >= 0) {  // failed because another rank did: tell that one it was heard
+      MPI_Send(&ack, 1, MPI_CHAR, p.notified_by, kAckTag, notices);
       return;
     }
-    if (broken_.empty()) broken_ = "mpi group: this rank failed (" + message.substr(0, 200) + ") and told the others";
-    for (int q = 0; q < size_; ++q) {
-      if (q == rank_) continue;
+    if (p.broken.empty()) p.broken = "mpi group: this rank failed (" + message.substr(0, 200) + ") and told the others";
+    for (int q = 0; q < p.size; ++q) {
+      if (q == p.rank) continue;
       sends.emplace_back();
       acks.emplace_back();
       MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, q, kNoticeTag, notices, &sends.back());
@@ -183,7 +217,7 @@ void MpiGroup::fail_others(const std::string& message) {
   while (Clock::now() < deadline) {
     int all = 0;
     {
-      std::lock_guard<std::mutex> lock(mpi_);
+      std::lock_guard<std::mutex> lock(p.mpi);
       MPI_Testall(static_cast<int>(acks.size()), acks.data(), &all, MPI_STATUSES_IGNORE);
       // Another rank failing at the same time waits for this one's word too.
       int arrived = 0;
@@ -225,8 +259,8 @@ void MpiGroup::agree(const Collective& c) {
   ++calls_;
   MPI_Request request;
   {
-    std::lock_guard<std::mutex> lock(mpi_);
-    check(MPI_Iallgather((*all)[size_].data(), n, MPI_INT64_T, all->data(), n, MPI_INT64_T, MPI_COMM_WORLD, &request),
+    std::lock_guard<std::mutex> lock(process_->mpi);
+    check(MPI_Iallgather((*all)[size_].data(), n, MPI_INT64_T, all->data(), n, MPI_INT64_T, MPI_Comm_f2c(comm_), &request),
           "MPI_Iallgather (call check)");
   }
   if (!completes(&request, c, all)) time_out("MPI_Iallgather (call check)", c, all);
@@ -239,8 +273,8 @@ void MpiGroup::agree(const Collective& c) {
 // again in step. After agree(), a failing rank should exit, and mpirun ends the others.
 void MpiGroup::run(const Collective& c) {
   {
-    std::lock_guard<std::mutex> lock(mpi_);
-    ZG_CHECK(broken_.empty(), broken_, " (refusing ", c.describe(), ")");
+    std::lock_guard<std::mutex> lock(process_->mpi);
+    ZG_CHECK(process_->broken.empty(), process_->broken, " (refusing ", c.describe(), ")");
   }
   for (const Tensor* t : {&c.input, &c.output})
     if (t->defined()) check_cpu(name(c.op), *t);
@@ -266,18 +300,19 @@ void MpiGroup::run(const Collective& c) {
   // Issue the call, then wait for it within the timeout.
   MPI_Request request;
   const char* call = "";
-  std::unique_lock<std::mutex> lock(mpi_);
+  const MPI_Comm comm = MPI_Comm_f2c(comm_);
+  std::unique_lock<std::mutex> lock(process_->mpi);
   switch (c.op) {
     case CollectiveOp::all_reduce:
       call = "MPI_Iallreduce";
       check(MPI_Iallreduce(MPI_IN_PLACE, send.data_ptr(), count, mpi_type(send.dtype()), mpi_op(c.reduce),
-                           MPI_COMM_WORLD, &request),
+                           comm, &request),
             call);
       break;
     case CollectiveOp::reduce_scatter:
       call = "MPI_Ireduce_scatter_block";
       check(MPI_Ireduce_scatter_block(send.data_ptr(), result.data_ptr(), count, mpi_type(send.dtype()),
-                                      mpi_op(c.reduce), MPI_COMM_WORLD, &request),
+                                      mpi_op(c.reduce), comm, &request),
             call);
       break;
     case CollectiveOp::all_gather: {
@@ -285,17 +320,17 @@ void MpiGroup::run(const Collective& c) {
       const bool in_place =
           c.input.storage() == c.output.storage() && c.input.offset() == c.output.offset() + rank_ * c.input.numel();
       check(MPI_Iallgather(in_place ? MPI_IN_PLACE : c.input.data_ptr(), in_place ? 0 : bytes, MPI_BYTE,
-                           c.output.data_ptr(), bytes, MPI_BYTE, MPI_COMM_WORLD, &request),
+                           c.output.data_ptr(), bytes, MPI_BYTE, comm, &request),
             call);
       break;
     }
     case CollectiveOp::broadcast:
       call = "MPI_Ibcast";
-      check(MPI_Ibcast(c.input.data_ptr(), bytes, MPI_BYTE, c.root, MPI_COMM_WORLD, &request), call);
+      check(MPI_Ibcast(c.input.data_ptr(), bytes, MPI_BYTE, c.root, comm, &request), call);
       break;
     case CollectiveOp::barrier:
       call = "MPI_Ibarrier";
-      check(MPI_Ibarrier(MPI_COMM_WORLD, &request), call);
+      check(MPI_Ibarrier(comm, &request), call);
       break;
   }
   lock.unlock();

@@ -17,15 +17,22 @@
 // message to every other rank on a communicator of its own, and each throws
 // "mpi group: rank q failed: <message>" from the collective it waits in -- at once, not
 // at the timeout -- or from its next one.
+//
+// split() makes groups over sub-communicators (MPI_Comm_split). They share the process's
+// MPI lock (MPI_THREAD_SERIALIZED: each group's worker takes turns with the others) and
+// its failure state: a notice from any rank reaches a rank waiting in any group, and a
+// group that times out leaves every group of the process unusable.
 #pragma once
 
 #include <chrono>
 #include <functional>
-#include <mutex>
+#include <memory>
 
 #include "dist/comm/process_group.h"
 
 namespace zg::dist {
+
+struct MpiProcess;  // what the MpiGroups of one process share (mpi_group.cpp)
 
 struct MpiOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
@@ -47,9 +54,11 @@ class MpiGroup final : public HostGroup {
   int size() const override { return size_; }
   std::string kind() const override { return "mpi"; }
   bool accepts(Device device) const override { return device == kCPU; }
-  ~MpiGroup() override { stop_worker(); }
+  ~MpiGroup() override;
 
  private:
+  MpiGroup(std::shared_ptr<MpiProcess> process, int comm, std::chrono::milliseconds timeout);  // split's
+  std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key) override;
   void run(const Collective& collective) override;
   void agree(const Collective& collective);
   // After a call (`what`, for `collective`) has not finished within the timeout: marks the
@@ -59,14 +68,11 @@ class MpiGroup final : public HostGroup {
   // (false), or another rank's failure notice arrives or this rank failed (throws).
   bool completes(void* request, const Collective& collective, const std::shared_ptr<void>& keep);
   [[noreturn]] void give_up(std::string why, std::shared_ptr<void> keep);
+  std::shared_ptr<MpiProcess> process_;
+  int comm_ = 0;  // this group's communicator (a Fortran handle: no mpi.h here)
   int rank_ = 0, size_ = 1;
   int64_t calls_ = 0;
   std::chrono::milliseconds timeout_;
-  int notices_ = 0;  // the communicator of failure notices (a Fortran handle: no mpi.h here)
-  // MPI runs MPI_THREAD_SERIALIZED: the worker's collectives and fail_others take turns.
-  std::mutex mpi_;
-  std::string broken_;  // why the group is unusable (a timeout, a failure); "" while it works; under mpi_
-  int notified_by_ = -1;  // the rank whose failure notice this one received (under mpi_)
 };
 
 // Runs fn(group) on this process's rank of a new MpiGroup, as a launcher runs a worker,

@@ -306,6 +306,15 @@ void agree_on_gpus(ProcessGroup& host, Device device) {
 
 }  // namespace
 
+std::unique_ptr<ProcessGroup> NcclGroup::split(int color, int key) {
+  ZG_CHECK(host_ != nullptr, "nccl group: split needs the host group it was bootstrapped over (NcclGroup::bootstrap); "
+           "this one was made from an id alone");
+  std::unique_ptr<ProcessGroup> host = host_->split(color, key);
+  std::unique_ptr<NcclGroup> group = bootstrap(*host, device_, options_);
+  group->owned_host_ = std::move(host);
+  return group;
+}
+
 std::unique_ptr<NcclGroup> NcclGroup::bootstrap(ProcessGroup& host, Device device, NcclOptions options) {
   agree_on_gpus(host, device);
   NcclId id{};

@@ -55,6 +55,9 @@ class NcclGroup final : public ProcessGroup {
   std::string kind() const override { return "nccl"; }
   bool accepts(Device device) const override { return device == device_; }
   Device device() const { return device_; }
+  // A new communicator over the host group's split (its rank 0 makes the id): needs the
+  // host group this one was bootstrapped over.
+  std::unique_ptr<ProcessGroup> split(int color, int key) override;
 
   struct Communicator;  // the NCCL communicator, its watchdog and pending work (nccl_group.cpp)
 
@@ -62,6 +65,7 @@ class NcclGroup final : public ProcessGroup {
   WorkHandle issue(Collective collective) override;
   void agree(const Collective& collective);  // compares the call across ranks through host_
 
+  std::unique_ptr<ProcessGroup> owned_host_;  // a split's host group (outlives the communicator)
   int rank_, size_;
   Device device_;
   ProcessGroup* host_;

@@ -1,5 +1,6 @@
 #include "dist/comm/process_group.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -297,6 +298,38 @@ WorkHandle ProcessGroup::broadcast_async(const Tensor& buffer, int root) {
   ZG_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of a group of ", size());
   begin_inplace(buffer, "broadcast");
   return submit({CollectiveOp::broadcast, buffer, buffer, ReduceKind::sum, root});
+}
+
+// Every rank's (colour, key), all-gathered on the CPU (which also checks that every rank
+// calls split, within the group's timeout), then this rank's colour-mates in key order.
+std::unique_ptr<ProcessGroup> ProcessGroup::split(int color, int key) {
+  ZG_CHECK(accepts(kCPU), "split: the ", kind(), " group takes no CPU tensors to exchange colours; it must override split");
+  const Tensor mine = tensor<int64_t>({color, key});
+  const Tensor all = empty({2 * int64_t(size())}, TensorOptions(DType::i64));
+  all_gather(mine, all);
+  const std::vector<int64_t> pairs = all.to_vector<int64_t>();
+  std::vector<int> members;
+  for (int q = 0; q < size(); ++q)
+    if (pairs[2 * q] == color) members.push_back(q);
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return pairs[2 * a + 1] < pairs[2 * b + 1]; });
+  return subgroup(members, color, key);
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>&, int, int) {
+  fail("split: the ", kind(), " group cannot form sub-groups");
+}
+
+ProcessGroup::Mesh ProcessGroup::split_mesh(int shard_size) {
+  ZG_CHECK(shard_size >= 1 && size() % shard_size == 0, "split_mesh: the shard group size ", shard_size,
+           " must divide the group's ", size(), " ranks");
+  return make_mesh(shard_size);
+}
+
+ProcessGroup::Mesh ProcessGroup::make_mesh(int shard_size) {
+  Mesh mesh;
+  mesh.shard = split(rank() / shard_size, rank());
+  mesh.replicas = split(rank() % shard_size, rank());
+  return mesh;
 }
 
 void ProcessGroup::barrier() { submit({CollectiveOp::barrier, Tensor(), Tensor(), ReduceKind::sum, 0})->wait(); }

@@ -108,6 +108,18 @@ class ProcessGroup {
   // Whether its collectives take tensors on `device` (mpi: the CPU only; nccl: its GPU only).
   virtual bool accepts(Device device) const = 0;
 
+  // Sub-groups, as MPI_Comm_split: the ranks that pass one `color` form a group of their
+  // own, ranked by (key, rank). A collective: every rank calls it and gets its new group,
+  // which must not outlive this one. Its collectives are its own, apart from this group's.
+  virtual std::unique_ptr<ProcessGroup> split(int color, int key);
+  // Hybrid sharding's 2-D mesh of N = R x S ranks (HSDP, ZeRO++'s hpZ): `shard` holds the
+  // S consecutive ranks r / S = g (one node's GPUs, where bandwidth is high), `replicas`
+  // the R ranks at one place in each, r % S = j. A collective; S must divide N.
+  struct Mesh {
+    std::unique_ptr<ProcessGroup> shard, replicas;
+  };
+  Mesh split_mesh(int shard_size);
+
   // The buffer a collective writes is an in-place write (begin_inplace, tensor/tensor.h):
   // refused if it requires grad while grad mode is on, and its version is bumped, so a
   // tensor saved for backward that a collective overwrites fails loudly in backward.
@@ -136,6 +148,11 @@ class ProcessGroup {
  protected:
   // Issues one validated collective (see the top of this file).
   virtual WorkHandle issue(Collective collective) = 0;
+  // split()'s new group, once every rank's colour is known: `members` are the ranks of
+  // this group that form it, in their new order. Groups that can split override it.
+  virtual std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key);
+  // split_mesh's groups, S checked: two splits, unless a group knows its mesh otherwise.
+  virtual Mesh make_mesh(int shard_size);
 
  private:
   WorkHandle submit(Collective collective);

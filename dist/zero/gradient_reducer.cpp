@@ -158,13 +158,18 @@ void GradientReducer::reduce(Unit& unit, Bucket& bucket) {
   finish(2);
 }
 
+// A reduction's next collective (hybrid sharding's all-reduce across shard groups) joins
+// the back of the queue, overlapping what follows; it counts against `keep_in_flight`
+// only from the next call, so one call waits for as many as were over the bound.
 void GradientReducer::finish(size_t keep_in_flight) {
   NoGradGuard no_grad;
-  while (in_flight_.size() > keep_in_flight) {
+  size_t over = in_flight_.size() > keep_in_flight ? in_flight_.size() - keep_in_flight : 0;
+  while (keep_in_flight == 0 ? !in_flight_.empty() : over-- > 0) {
     InFlight job = std::move(in_flight_.front());
     in_flight_.pop_front();
     job.work->wait();
-    if (job.then) job.then();
+    if (!job.then) continue;
+    if (InFlight next = job.then(); next.work) in_flight_.push_back(std::move(next));
   }
 }
 

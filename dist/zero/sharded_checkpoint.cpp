@@ -180,13 +180,16 @@ class GroupFileWriter {
 
 void ShardedModel::save(const std::string& dir, const Metadata& extra, const optim::GradScaler* scaler, int keep) {
   NoGradGuard no_grad;
-  const int r = group_.rank();
+  // A file per slice: per rank, or with hybrid sharding per rank of the shard group,
+  // written by the first group (the others hold the same slices).
+  const int r = shard_group().rank();
+  const bool writes = replica_group() == nullptr || replica_group()->rank() == 0;
   const Generator& gen = Context::current().generator();
   const Device device = context_->device;
   // The save's id, on every rank's file and in its folder's name: rank 0's random draw of
   // 53 bits (exact in an f64), one that names no folder there yet.
   uint64_t draw = 0;
-  if (r == 0) {
+  if (group_.rank() == 0) {
     std::random_device entropy;
     do draw = (static_cast<uint64_t>(entropy()) << 32 | entropy()) >> 11;
     while (std::filesystem::exists(dir + "/" + checkpoint_dir::save_name(step_, draw)));
@@ -197,7 +200,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   const std::string folder = dir + "/" + checkpoint_dir::save_name(step_, save_id);
   Metadata meta = {{"format", kFormats[kFormatVersion - 1]},
                    {"save_id", std::to_string(save_id)},
-                   {"world_size", std::to_string(group_.size())},
+                   {"world_size", std::to_string(shard_group().size())},
                    {"rank", std::to_string(r)},
                    {"stage", std::to_string(placement().stage())},
                    {"step", std::to_string(step_)},
@@ -231,13 +234,14 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   if (r == 0)
     for (const auto& [key, t] : replicated())
       if (key.starts_with(kBufferKey)) add(key, t);
-  GroupFileWriter file(group_, device, "ShardedModel::save", true, rank_file(folder, r, group_.size()), layout, meta);
+  GroupFileWriter file(group_, device, "ShardedModel::save", writes, rank_file(folder, r, shard_group().size()), layout,
+                       meta);
   for (const auto& [key, t] : tensors) file.write(key, t);
   file.commit("the save in " + folder + " is incomplete; load() reads the previous one");
   // Every rank's file is durable: one rename of `latest` makes the save current.
   all_or_none(group_, device, "ShardedModel::save",
               "the save in " + folder + " is complete but not current; load() reads the previous one", [&] {
-                if (r == 0) checkpoint_dir::make_current(dir, folder.substr(dir.size() + 1), keep);
+                if (group_.rank() == 0) checkpoint_dir::make_current(dir, folder.substr(dir.size() + 1), keep);
               });
 }
 
@@ -465,7 +469,8 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   const Device device = context_->device;
   all_or_none(group_, device, "ShardedModel::load", "nothing was loaded, on any rank", [&] {
     save = checkpoint_dir::current_save(dir, "ShardedModel::load");
-    plan = plan_load(save, model, parts_of(units_, replicated(), r, !placement().optimizer_sharded(), /*saving=*/false),
+    plan = plan_load(save, model,
+                     parts_of(units_, replicated(), shard_group().rank(), !placement().optimizer_sharded(), /*saving=*/false),
                      buffers, r, scaler);
   });
   // One save on every rank (a save made current between two ranks' reads of `latest` is another).

@@ -86,15 +86,25 @@ ShardedModel::ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig co
     : ShardedModel(model, model.unit_plan(), group, config) {}
 
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config)
-    : group_(group), config_(config),
-      context_(std::make_unique<UnitContext>(
-          UnitContext{group, Placement::for_stage(0), config.compute_dtype, config.compute_dtype, config.compute_dtype, kCPU})),
-      buffers_(model.named_buffers()) {
+    : group_(group), config_(config), buffers_(model.named_buffers()) {
   // The checks and the plan, on each rank alone -- then every rank learns whether any
   // failed, before the collectives below: a rank that threw here would never issue them.
   const nn::NamedTensors parameters = model.named_parameters();
   const Device device = parameters.empty() ? kCPU : parameters.front().second.device();
-  context_->device = device;
+  const int shard_size = config_.shard_group_size;
+  const bool hybrid = shard_size != 0 && shard_size != group_.size();
+  all_or_none(group_, device, "ShardedModel", "", [&] {
+    ZG_CHECK(shard_size >= 0 && (shard_size == 0 || group_.size() % shard_size == 0), "ShardedModel: shard_group_size ",
+             shard_size, " must divide the group's ", group_.size(), " ranks (0: shard over all of them)");
+    ZG_CHECK(!hybrid || Placement::for_stage(config_.stage, config_.offload).frees_full_gradients(),
+             "ShardedModel: shard_group_size ", shard_size, " (hybrid sharding) needs stage 2 or 3, whose unit "
+             "gradients are reduce-scattered and freed; stage ", config_.stage,
+             config_.stage == 0 ? " shards nothing" : " keeps the full gradient, summed into slice r");
+  });
+  if (hybrid) mesh_ = group_.split_mesh(shard_size);
+  context_ = std::make_unique<UnitContext>(UnitContext{shard_group(), mesh_.replicas.get(), Placement::for_stage(0),
+                                                       config.compute_dtype, config.compute_dtype,
+                                                       config.compute_dtype, device});
   all_or_none(group_, device, "ShardedModel", "", [&] { plan_units(model, parameters, plan); });
   agree_on_plan(device);
   for (auto& unit : units_) materialize(*unit);
@@ -235,6 +245,7 @@ void ShardedModel::agree_on_plan(Device device) {
                    {"ZeroConfig::prefetch", c.prefetch}, {"ZeroConfig::max_grad_norm", c.max_grad_norm},
                    {"ZeroConfig::offload", static_cast<double>(c.offload)},
                    {"ZeroConfig::prefetch_bytes", static_cast<double>(c.prefetch_bytes)},
+                   {"ZeroConfig::shard_group_size", c.shard_group_size},
                    {"AdamWOptions::beta1", c.adamw.beta1}, {"AdamWOptions::beta2", c.adamw.beta2},
                    {"AdamWOptions::eps", c.adamw.eps}, {"AdamWOptions::weight_decay", c.adamw.weight_decay},
                    {"number of units", static_cast<double>(units_.size())}});
@@ -319,7 +330,11 @@ void ShardedModel::set_gradient_sync(bool sync) { reducer_->set_sync(sync); }
 
 const Placement& ShardedModel::placement() const { return context_->placement; }
 
-std::string ShardedModel::describe() const { return "a " + placement().name() + " ShardedModel"; }
+std::string ShardedModel::describe() const {
+  const std::string hybrid = replica_group() == nullptr ? "" : " (hybrid: shard groups of " +
+      std::to_string(shard_group().size()) + " ranks, " + std::to_string(replica_group()->size()) + " replicas)";
+  return "a " + placement().name() + hybrid + " ShardedModel";
+}
 
 std::vector<Unit*> ShardedModel::units() const {
   std::vector<Unit*> out;
@@ -386,7 +401,7 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
   if (!dry_run)
     for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard).to(DType::f64);
   norm_sq = norm_sq.to(agreement_device(group_, context_->device));  // offloaded: summed on the host, reduced where the group is
-  group_.all_reduce(norm_sq, ReduceKind::sum);
+  shard_group().all_reduce(norm_sq, ReduceKind::sum);  // (hybrid: the other shard groups hold the same shards)
   agree.check("ShardedModel: step() was given");
   ZG_CHECK(unfrozen.empty(), "ShardedModel: step(): parameter '", unfrozen, "' was frozen when the "
            "ShardedModel was built and requires grad now; it has no place in the units, so its gradient would be neither "
@@ -409,7 +424,7 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
 // that summed (ZeRO-1) the 1 / N it left to the step -- folded into the norm and the
 // update, so no pass over the gradients takes the average.
 double ShardedModel::gradient_multiplier(const optim::GradScaler* scaler) const {
-  return (scaler ? scaler->inv_scale() : 1.0) / (placement().sums_into_full_gradient() ? group_.size() : 1);
+  return (scaler ? scaler->inv_scale() : 1.0) / (placement().sums_into_full_gradient() ? shard_group().size() : 1);
 }
 
 // AdamW on every span this rank updates, then (ZeRO-1, 2) every rank's new slices into
@@ -468,14 +483,15 @@ nn::NamedTensors ShardedModel::gathered_master() {
 
 Tensor ShardedModel::all_gathered(const Tensor& shard, int64_t tag, MemoryCategory category) {
   // An offloaded shard is gathered on the model's device when the group needs that (NCCL).
-  const Device on = group_.accepts(shard.device()) ? shard.device() : context_->device;
+  ProcessGroup& group = shard_group();
+  const Device on = group.accepts(shard.device()) ? shard.device() : context_->device;
   Tensor whole;
   {
     MemoryScope scope(category);
-    whole = empty({shard.numel() * group_.size()}, TensorOptions(shard.dtype()).device(on));
+    whole = empty({shard.numel() * group.size()}, TensorOptions(shard.dtype()).device(on));
   }
   CollectiveTag scope(tag);
-  group_.all_gather(shard.to(on), whole);
+  group.all_gather(shard.to(on), whole);
   return whole;
 }
 

@@ -88,6 +88,13 @@ struct ZeroConfig {
   // bytes of gathered weights (DeepSpeed's stage3_prefetch_bucket_size, in bytes); 0:
   // `prefetch` alone bounds it.
   int64_t prefetch_bytes = 0;
+  // Hybrid sharding (HSDP, ZeRO++'s hpZ; stages 2, 3): shard within groups of this many
+  // consecutive ranks (one node's GPUs) and replicate across the N / S groups -- each
+  // unit's gradient is reduce-scattered within its group, then the shard all-reduced
+  // across the groups; gathers stay within. Model states per rank follow the formulas
+  // with S for N; the inter-group traffic is the gradient shard's all-reduce alone.
+  // 0: the whole group (S = N).
+  int shard_group_size = 0;
 };
 
 using nn::UnitPlan;
@@ -214,6 +221,11 @@ class ShardedModel final : public ParameterOwner {
   int64_t steps() const { return step_; }  // optimizer updates taken (a resumed run: the saved count)
   const ZeroConfig& config() const { return config_; }
   const Placement& placement() const;
+  // The groups the units use: the one given, or with hybrid sharding the shard group
+  // (S ranks) and the replica group (N / S ranks; null without hybrid sharding). Their
+  // bytes_sent() split the traffic into within and across shard groups.
+  ProcessGroup& shard_group() const { return mesh_.shard ? *mesh_.shard : group_; }
+  ProcessGroup* replica_group() const { return mesh_.replicas.get(); }
 
  private:
   // The consolidated state a unit at a time (a collective): fn(name, weights) for each
@@ -249,6 +261,7 @@ class ShardedModel final : public ParameterOwner {
 
   ProcessGroup& group_;
   ZeroConfig config_;
+  ProcessGroup::Mesh mesh_;  // hybrid sharding's groups (empty without)
   std::unique_ptr<UnitContext> context_;  // what the units share: the group, the placement policy, dtypes
   // The model's replicated frozen parameters (in the compute dtype, if floating) and
   // buffers: the same on every rank from construction on, and saved, loaded and exported

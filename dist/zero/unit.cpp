@@ -245,8 +245,9 @@ void Unit::ensure_full_gradient() {
 //                  other slices zeroed, so a later synced micro-batch adds only new
 //                  gradients; step() divides by N once
 //   ZeRO-2, 3      the full gradient (alive only during the unit's backward) is
-//                  reduce-scattered into a `communication` buffer, added into the
-//                  persistent gradient shard, and freed
+//                  reduce-scattered into a `communication` buffer (hybrid sharding:
+//                  within the shard group, then all-reduced across the groups), added
+//                  into the persistent gradient shard, and freed
 // Offloaded, the gradient shard is in host memory: slice r goes down to it once reduced.
 InFlight Unit::reduce_gradients(Bucket& bucket, bool sync) {
   NoGradGuard no_grad;
@@ -261,7 +262,10 @@ InFlight Unit::reduce_gradients(Bucket& bucket, bool sync) {
     const Tensor grads = grad_full.narrow(0, bucket.begin, bucket.end - bucket.begin);
     const Tensor buffer = in_reduce_dtype(grads, dtype);
     job.work = group.all_reduce_async(buffer, ReduceKind::average);
-    if (!buffer.is_same(grads)) job.then = [buffer, grads] { cast_into(buffer, grads); };
+    if (!buffer.is_same(grads)) job.then = [buffer, grads] {
+      cast_into(buffer, grads);
+      return InFlight{};
+    };
   } else if (ctx_.placement.sums_into_full_gradient()) {
     if (!sync) return job;
     // Summed, not averaged: slice r keeps the sum of every rank's gradients so far, and
@@ -278,6 +282,7 @@ InFlight Unit::reduce_gradients(Bucket& bucket, bool sync) {
       if (!slice.is_same(to)) cast_into(slice, to);  // offload: the running sum, down to the host
       backend(full.device()).fill(full.narrow(0, 0, r * s), 0.0);
       backend(full.device()).fill(full.narrow(0, (r + 1) * s, full.numel() - (r + 1) * s), 0.0);
+      return InFlight{};
     };
   } else {
     // A unit none of whose parameters got a gradient here still takes part, with zeros:
@@ -291,9 +296,17 @@ InFlight Unit::reduce_gradients(Bucket& bucket, bool sync) {
     grad_full = Tensor();
     const Tensor mine = allocate(shard, dtype, buffer.device(), MemoryCategory::communication, false);
     job.work = group.reduce_scatter_async(buffer, mine, ReduceKind::average);
-    job.then = [mine, to = grad_shard] {  // accumulates across micro-batches: grad_shard += mine
+    const auto accumulate = [mine, to = grad_shard] {  // across micro-batches: grad_shard += mine
       backend(to.device()).binary(BinaryOp::add, to, moved(mine, to.device(), to.dtype()), to);
+      return InFlight{};
     };
+    job.then = accumulate;
+    // Hybrid sharding: the group's average, averaged across the groups holding the same shard.
+    if (ctx_.replicas != nullptr)
+      job.then = [mine, accumulate, replicas = ctx_.replicas, tag = bucket.tag] {
+        CollectiveTag scope(tag);
+        return InFlight{replicas->all_reduce_async(mine, ReduceKind::average), accumulate};
+      };
   }
   return job;
 }

@@ -61,15 +61,17 @@ struct ShardedWeights {
 };
 
 // A reduction in flight; `then` finishes it (rounds a reduce-dtype result back, adds a
-// shard into the gradient shard).
+// shard into the gradient shard), or starts its next collective (hybrid sharding's
+// all-reduce across shard groups), returned as the reduction still in flight.
 struct InFlight {
   WorkHandle work;
-  std::function<void()> then;
+  std::function<InFlight()> then;
 };
 
 // What every unit of one ShardedModel shares.
 struct UnitContext {
-  ProcessGroup& group;
+  ProcessGroup& group;  // the units shard over it: the whole group, or a hybrid shard group
+  ProcessGroup* replicas = nullptr;  // hybrid sharding: the same shard on the other groups
   Placement placement;
   DType compute_dtype, reduce_dtype, accumulate_dtype;  // accumulate: the gradient shard's
   Device device;  // the compute device (the parameters')
