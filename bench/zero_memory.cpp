@@ -11,6 +11,10 @@
 // the f32 master doubles as the parameter shard, cast per gather), the device keeps
 // the compute weights (2Ψ, or 2Ψ/N at stage 3; none at optimizer+params) and, at stage
 // 1, the full gradient (2Ψ).
+// --shard-group S (stages 2, 3): hybrid sharding -- shards within groups of S ranks,
+// replicas across the N / S groups: model states follow the formulas with S for N,
+// traffic splits into the stage's within its group (with S) and the gradient shard's
+// all-reduce across the groups, 2 (R-1)/R x Ψ/S elements (R = N / S).
 // --largest-on GB: for each offload setting, the largest GPT-3-family model whose dry
 // run (one rank, activation checkpointing, batch 1 x 1024) peaks within GB of device memory.
 //
@@ -27,6 +31,7 @@
 //   build/bench/zero_memory --model tiny --world-size 4 --device cpu --json
 //   build/bench/zero_memory --model 7.5b --world-size 1 --stage 3 --offload optimizer+params --json
 //   build/bench/zero_memory --largest-on 80
+//   build/bench/zero_memory --model 7.5b --world-size 64 --stage 3 --shard-group 8
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
@@ -81,11 +86,12 @@ const std::vector<Preset> kLadder = {
 
 struct Record {
   std::string group;  // the process group's kind
-  int stage = 0, world_size = 1, rank = 0;
+  int stage = 0, world_size = 1, rank = 0, shard_group = 0;  // shard_group: S (hybrid), else N
   dist::Offload offload = dist::Offload::none;
   int64_t params = 0, parameter = 0, gradient = 0, optimizer_state = 0, activation = 0, communication = 0,
           peak_allocated = 0, reserved = 0, sent_per_step = 0, formula_states = 0, formula_sent = 0,
-          construction_peak = 0;  // the most this rank held while the sharded model was built
+          construction_peak = 0,  // the most this rank held while the sharded model was built
+          sent_across = 0, formula_sent_across = 0;  // hybrid: of sent_per_step, what went to the other groups
   // The host pool (offload), after backward as the device's; its peak over the steps.
   int64_t host_parameter = 0, host_gradient = 0, host_optimizer_state = 0, host_peak = 0, formula_host = 0;
 };
@@ -96,6 +102,7 @@ struct Record {
 // host; the device's full one (stage 1) stays. Parameter offload: the master is the shard.
 // --accumulate f32 (stages 2, 3): the gradient shard takes 4 bytes a parameter, not 2.
 std::optional<DType> g_accumulate;
+int g_shard_group = 0;  // --shard-group: 0, the whole group
 struct Formula {
   int64_t device = 0, host = 0;
 };
@@ -117,11 +124,16 @@ Formula formula_states(int stage, dist::Offload offload, int64_t psi, int n) {
   return f;
 }
 
-// Elements sent per step: gradients reduced once (2Ψ: a reduce-scatter and an all-gather,
-// or an all-reduce), and at ZeRO-3 the weights gathered twice instead of once (3Ψ).
+// Elements sent per step within a shard group of n: gradients reduced once (2Ψ: a
+// reduce-scatter and an all-gather, or an all-reduce), and at ZeRO-3 the weights gathered
+// twice instead of once (3Ψ).
 int64_t formula_sent(int stage, int64_t psi, int n) {
   const double elements = dist::Placement::for_stage(stage).gathers_parameters() ? 3.0 * psi : 2.0 * psi;
   return static_cast<int64_t>(elements * 2 * (n - 1) / n);
+}
+// Hybrid sharding, across r groups of s: the all-reduce of each gradient shard, Ψ/s elements.
+int64_t formula_sent_across(int64_t psi, int s, int r) {
+  return static_cast<int64_t>(2.0 * (r - 1) / r * static_cast<double>(psi) / s * 2);
 }
 
 // The host memory this process can still take: Linux's MemAvailable estimate, or less
@@ -166,16 +178,21 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
   context.allocator(device)->reset_peaks();
   dist::ShardedModel sharded(model, group,
                              {.stage = stage, .compute_dtype = DType::bf16, .max_grad_norm = 1.0,
-                              .accumulate_dtype = stage >= 2 ? g_accumulate : std::nullopt, .offload = offload});
+                              .accumulate_dtype = stage >= 2 ? g_accumulate : std::nullopt, .offload = offload,
+                              .shard_group_size = g_shard_group});
+  dist::ProcessGroup* replicas = sharded.replica_group();  // hybrid sharding's other groups, or null
   const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
   context.host_allocator(host)->reset_peaks();
   const TensorOptions ids = TensorOptions(DType::i64).device(device);
   const Tensor x = zeros({batch, seq}, ids), y = zeros({batch, seq}, ids);
-  Record r{.group = group.kind(), .stage = stage, .world_size = group.size(), .rank = group.rank(), .offload = offload,
-           .params = sharded.num_parameters(), .construction_peak = construction_peak};
+  Record r{.group = group.kind(), .stage = stage, .world_size = group.size(), .rank = group.rank(),
+           .shard_group = sharded.shard_group().size(), .offload = offload, .params = sharded.num_parameters(),
+           .construction_peak = construction_peak};
   for (int s = 0; s < steps; ++s) {
     group.reset_bytes_sent();
+    sharded.shard_group().reset_bytes_sent();  // (the group itself, without hybrid sharding)
+    if (replicas) replicas->reset_bytes_sent();
     sharded.zero_grad();
     {
       MemoryScope scope(MemoryCategory::activation);
@@ -192,7 +209,8 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
     r.host_gradient = host_after_backward[MemoryCategory::gradient];
     r.host_optimizer_state = host_after_backward[MemoryCategory::optimizer_state];
     sharded.step(1e-4);
-    r.sent_per_step = group.bytes_sent();
+    r.sent_across = replicas ? replicas->bytes_sent() : 0;
+    r.sent_per_step = group.bytes_sent() + (replicas ? sharded.shard_group().bytes_sent() + r.sent_across : 0);
   }
   const MemoryStats s = context.memory_stats(device);
   r.activation = s.peak_of(MemoryCategory::activation);
@@ -200,10 +218,12 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
   r.peak_allocated = s.peak_total;
   r.reserved = s.peak_reserved;
   r.host_peak = context.host_memory_stats(host).peak_total;
-  const Formula formula = formula_states(stage, offload, r.params, r.world_size);
+  // With hybrid sharding the formulas hold with S for N, plus the traffic across groups.
+  const Formula formula = formula_states(stage, offload, r.params, r.shard_group);
   r.formula_states = formula.device;
   r.formula_host = formula.host;
-  r.formula_sent = formula_sent(stage, r.params, r.world_size);
+  r.formula_sent_across = formula_sent_across(r.params, r.shard_group, r.world_size / r.shard_group);
+  r.formula_sent = formula_sent(stage, r.params, r.shard_group) + r.formula_sent_across;
   return r;
 }
 
@@ -272,7 +292,7 @@ void usage() {
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all]\n"
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
-      "                   [--json]\n"
+      "                   [--shard-group S] [--json]\n"
       "       zero_memory --largest-on GB\n"
       "Per-rank memory by category and bytes sent per step for DDP and ZeRO-1/2/3, next to the ZeRO\n"
       "paper's formulas. meta (default): rank 0 of N with a fake group, nothing allocated, activations\n"
@@ -282,7 +302,8 @@ void usage() {
       "--model defaults to 124m (tiny on the cpu). --accumulate f32: stages 2-3 sum micro-batches in an f32\n"
       "gradient shard. --offload: roles in host memory (all: every setting\n"
       "each stage allows). --largest-on GB: per offload setting, the largest GPT whose one-rank dry run\n"
-      "(activation checkpointing, batch 1 x 1024) peaks within GB of device memory.\n");
+      "(activation checkpointing, batch 1 x 1024) peaks within GB of device memory. --shard-group S\n"
+      "(stages 2, 3): hybrid sharding, shards within groups of S ranks, replicas across N / S groups.\n");
 }
 
 }  // namespace
@@ -323,6 +344,7 @@ int main(int argc, char** argv) {
         if (dtype == "f32") g_accumulate = DType::f32;
       }
       else if (a == "--largest-on") largest_on = static_cast<double>(number(1, 1 << 20));
+      else if (a == "--shard-group") g_shard_group = static_cast<int>(number(1, 1 << 20));
       else {
         usage();
         return a == "--help" ? 0 : 2;
@@ -349,11 +371,13 @@ int main(int argc, char** argv) {
     std::vector<std::pair<int, dist::Offload>> settings;
     for (int stage : stages)
       for (dist::Offload offload : offloads) {
-        const bool allowed = offload == dist::Offload::none || (stage >= 1 && (offload == dist::Offload::optimizer || stage == 3));
+        const bool allowed = (offload == dist::Offload::none || (stage >= 1 && (offload == dist::Offload::optimizer || stage == 3))) &&
+                             (g_shard_group == 0 || stage >= 2);
         if (allowed || (offloads.size() == 1 && stages.size() == 1)) settings.emplace_back(stage, offload);  // else the library says why
       }
     ZG_CHECK(!settings.empty(), "zero_memory: no stage in --stage ", stage_arg, " allows --offload ", offload_arg,
-             " (optimizer: stages 1-3; optimizer+params: stage 3)");
+             g_shard_group ? " with --shard-group" : "", " (optimizer: stages 1-3; optimizer+params: stage 3; "
+             "--shard-group: stages 2-3)");
     const Device device(device_arg);
     ZG_CHECK(group_arg == "auto" || group_arg == "local" || group_arg == "nccl",
              "zero_memory: --group must be auto, local or nccl, got '", group_arg, "'");
@@ -411,14 +435,16 @@ int main(int argc, char** argv) {
                     "\"activation\": %lld, \"communication\": %lld, \"peak_allocated\": %lld, \"reserved\": %lld, "
                     "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld, "
                     "\"construction_peak\": %lld, \"offload\": \"%s\", \"host_parameter\": %lld, \"host_gradient\": %lld, "
-                    "\"host_optimizer_state\": %lld, \"host_peak\": %lld, \"formula_host_model_states\": %lld}%s\n",
+                    "\"host_optimizer_state\": %lld, \"host_peak\": %lld, \"formula_host_model_states\": %lld, "
+                    "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld}%s\n",
                     model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
                     (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
                     (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
                     (long long)r.reserved, (long long)r.sent_per_step, (long long)r.formula_states,
                     (long long)r.formula_sent, (long long)r.construction_peak, dist::name(r.offload),
                     (long long)r.host_parameter, (long long)r.host_gradient, (long long)r.host_optimizer_state,
-                    (long long)r.host_peak, (long long)r.formula_host, i + 1 < records.size() ? "," : "");
+                    (long long)r.host_peak, (long long)r.formula_host, r.shard_group, (long long)r.sent_across,
+                    (long long)r.formula_sent_across, i + 1 < records.size() ? "," : "");
       }
       std::printf("]\n");
       return 0;
@@ -436,6 +462,8 @@ int main(int argc, char** argv) {
     std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s %9s", "stage", "rank", "param", "grad",
                 "optim", "model states", "formula", "activation", "comm", "peak", "sent/step", "formula", "build");
     if (offloading) std::printf("  %-16s %11s %9s %9s", "offload", "host states", "formula", "host peak");
+    const bool hybrid = g_shard_group != 0 && g_shard_group != world;
+    if (hybrid) std::printf("  %5s %13s %9s", "S", "sent across", "formula");
     std::printf("\n");
     for (const Record& r : records) {
       std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f %9.3f", r.stage, r.rank,
@@ -447,6 +475,7 @@ int main(int argc, char** argv) {
         std::printf("  %-16s %11.3f %9.3f %9.3f", dist::name(r.offload),
                     gb(r.host_parameter + r.host_gradient + r.host_optimizer_state), gb(r.formula_host),
                     gb(r.host_peak));
+      if (hybrid) std::printf("  %5d %13.3f %9.3f", r.shard_group, gb(r.sent_across), gb(r.formula_sent_across));
       std::printf("\n");
     }
     // Each unit's buffers are padded to a multiple of N: next to Ψ / N that is visible

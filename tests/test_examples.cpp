@@ -175,7 +175,7 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
   const std::string out =
       run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --world-size 8 --seq 8 --json", status);
   REQUIRE(status == 0);
-  const std::regex record(R"re(\{"model": "124m", "device": "meta", "group": "fake", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), "construction_peak": (\d+), "offload": "none", "host_parameter": 0, "host_gradient": 0, "host_optimizer_state": 0, "host_peak": 0, "formula_host_model_states": 0\})re");
+  const std::regex record(R"re(\{"model": "124m", "device": "meta", "group": "fake", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), "construction_peak": (\d+), "offload": "none", "host_parameter": 0, "host_gradient": 0, "host_optimizer_state": 0, "host_peak": 0, "formula_host_model_states": 0, "shard_group": 8, "sent_across_groups": 0, "formula_sent_across_groups": 0\})re");
   int records = 0;
   for (auto it = std::sregex_iterator(out.begin(), out.end(), record); it != std::sregex_iterator(); ++it, ++records) {
     const auto& m = *it;
@@ -217,7 +217,7 @@ TEST_CASE("bench/zero_memory --offload: 7.5B at ZeRO-3 on one rank keeps 14Ψ on
   const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 7.5b --world-size 1 --stage 3 "
                                       "--offload optimizer+params --device meta --json", status);
   REQUIRE(status == 0);
-  const std::regex record(R"re("params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), .*"offload": "optimizer\+params", "host_parameter": (\d+), "host_gradient": (\d+), "host_optimizer_state": (\d+), "host_peak": (\d+), "formula_host_model_states": (\d+)\})re");
+  const std::regex record(R"re("params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), .*"offload": "optimizer\+params", "host_parameter": (\d+), "host_gradient": (\d+), "host_optimizer_state": (\d+), "host_peak": (\d+), "formula_host_model_states": (\d+), )re");
   std::smatch m;
   REQUIRE(std::regex_search(out, m, record));
   const double psi = std::stod(m[1]), host = std::stod(m[5]) + std::stod(m[6]) + std::stod(m[7]);
@@ -234,6 +234,29 @@ TEST_CASE("bench/zero_memory --offload: 7.5B at ZeRO-3 on one rank keeps 14Ψ on
   CHECK(fits.find("optimizer+params") != std::string::npos);
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --stage 2 --offload optimizer+params 2>&1", status)
             .find("offload optimizer+params needs stage 3") != std::string::npos);
+  CHECK(status != 0);
+}
+
+TEST_CASE("bench/zero_memory --shard-group: hybrid sharding's states follow S, its traffic splits within and across") {
+  int status = 0;
+  const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 1.5b --world-size 64 --seq 8 "
+                                      "--shard-group 8 --json", status);
+  REQUIRE(status == 0);
+  const std::regex record(R"re("stage": (\d), "world_size": 64, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), .*"sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), .*"shard_group": 8, "sent_across_groups": (\d+), "formula_sent_across_groups": (\d+)\})re");
+  int records = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), record); it != std::sregex_iterator(); ++it, ++records) {
+    const auto& m = *it;
+    INFO("stage " << m[1]);
+    CHECK((m[1] == "2" || m[1] == "3"));  // stages 0 and 1 have no hybrid form
+    const double psi = std::stod(m[2]), states = std::stod(m[3]) + std::stod(m[4]) + std::stod(m[5]);
+    CHECK(std::fabs(states / std::stod(m[7]) - 1) < 0.005);  // the formula with S = 8 for N
+    CHECK(std::fabs(std::stod(m[6]) / std::stod(m[8]) - 1) < 0.01);
+    CHECK(std::fabs(std::stod(m[9]) / std::stod(m[10]) - 1) < 0.01);
+    CHECK(std::fabs(std::stod(m[10]) / (2.0 * 7 / 8 * psi / 8 * 2) - 1) < 0.001);  // 2 (R-1)/R x Ψ/S elements, bf16
+  }
+  CHECK(records == 2);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --stage 1 --shard-group 2 2>&1", status)
+            .find("hybrid sharding) needs stage 2 or 3") != std::string::npos);
   CHECK(status != 0);
 }
 
