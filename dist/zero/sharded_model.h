@@ -22,6 +22,10 @@
 // waiting, so every reduction has finished when backward() returns. The optimizer sees spans of the
 // whole buffers for DDP, of the local slices for ZeRO.
 //
+// Hybrid sharding (ZeroConfig::shard_group_size = S < N, stages 2-3): the units shard
+// over groups of S ranks, the table's N read as S, and each gradient shard is also
+// all-reduced across the N / S groups.
+//
 // ZeRO-3 gathers a unit around each use (dist/zero/gather_scheduler.h). What each
 // stage keeps where is the placement policy's (dist/zero/placement.h); the unit
 // (dist/zero/unit.h) owns its buffers and their lifecycle; the schedulers
