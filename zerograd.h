@@ -35,6 +35,7 @@
 
 #include "dist/comm/agreement.h"
 #include "dist/comm/fake_group.h"
+#include "dist/comm/launch.h"
 #include "dist/comm/local_group.h"
 #include "dist/comm/process_group.h"
 #if ZG_HAVE_MPI

@@ -25,10 +25,13 @@
 // the CPU or one GPU through the local group (ranks sharing the GPU, each with its
 // own allocator and streams); with at least N GPUs through the nccl group, rank r on
 // cuda:r (--group picks). --device auto: cuda when this build has a usable GPU, else
-// cpu (what scripts/quickstart.sh runs).
+// cpu (what scripts/quickstart.sh runs). Under mpirun (or srun) each process is one rank
+// (CPU tensors over the mpi group; CUDA over NCCL, rank r on its node's GPU r), and rank
+// 0 prints every rank's record.
 //
 //   build/bench/zero_memory --model 7.5b --world-size 64 --stage all
 //   build/bench/zero_memory --model tiny --world-size 4 --device cpu --json
+//   mpirun -n 4 build/bench/zero_memory --model tiny --device cpu
 //   build/bench/zero_memory --model 7.5b --world-size 1 --stage 3 --offload optimizer+params --json
 //   build/bench/zero_memory --largest-on 80
 //   build/bench/zero_memory --model 7.5b --world-size 64 --stage 3 --shard-group 8
@@ -227,6 +230,38 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
   return r;
 }
 
+// Every rank's records, on every rank: their numbers all-gathered over `host` (a CPU group).
+// The group's kind is the one the ranks measured with, the same on all.
+std::vector<Record> all_records(dist::ProcessGroup& host, const std::vector<Record>& mine) {
+  static constexpr int Record::*kInts[] = {&Record::stage, &Record::world_size, &Record::rank, &Record::shard_group};
+  static constexpr int64_t Record::*kInt64s[] = {
+      &Record::params, &Record::parameter, &Record::gradient, &Record::optimizer_state, &Record::activation,
+      &Record::communication, &Record::peak_allocated, &Record::reserved, &Record::sent_per_step,
+      &Record::formula_states, &Record::formula_sent, &Record::construction_peak, &Record::sent_across,
+      &Record::formula_sent_across, &Record::host_parameter, &Record::host_gradient, &Record::host_optimizer_state,
+      &Record::host_peak, &Record::formula_host};
+  constexpr size_t kFields = std::size(kInts) + std::size(kInt64s) + 1;  // + the offload
+  std::vector<int64_t> packed;
+  for (const Record& r : mine) {
+    for (auto field : kInts) packed.push_back(r.*field);
+    for (auto field : kInt64s) packed.push_back(r.*field);
+    packed.push_back(static_cast<int64_t>(r.offload));
+  }
+  const Tensor everyone = empty({static_cast<int64_t>(packed.size()) * host.size()}, DType::i64);
+  host.all_gather(tensor<int64_t>(packed), everyone);
+  const std::vector<int64_t> values = everyone.to_vector<int64_t>();
+  std::vector<Record> out;
+  for (size_t at = 0; at < values.size(); at += kFields) {
+    Record r{.group = mine.front().group};
+    size_t i = at;
+    for (auto field : kInts) r.*field = static_cast<int>(values[i++]);
+    for (auto field : kInt64s) r.*field = values[i++];
+    r.offload = static_cast<dist::Offload>(values[i]);
+    out.push_back(r);
+  }
+  return out;
+}
+
 bool cuda_usable() {
   try {
     zeros({1}, kCUDA);
@@ -311,7 +346,7 @@ void usage() {
 int main(int argc, char** argv) {
   std::string model_name, stage_arg = "all", device_arg = "meta", group_arg = "auto", offload_arg = "none";
   double largest_on = 0;
-  int world = 4, steps = 1;
+  int world = 0, steps = 1;  // world 0: unset (4; under mpirun, its processes)
   int64_t batch = 1, seq = 0;
   bool json = false;
   try {
@@ -359,7 +394,14 @@ int main(int argc, char** argv) {
     for (const Preset& p : kPresets)
       if (model_name == p.name) preset = &p;
     ZG_CHECK(preset != nullptr, "zero_memory: unknown --model ", model_name, " (tiny, 124m, 350m, 1.5b, 7.5b)");
-    ZG_CHECK(world >= 1 && steps >= 1 && batch >= 1, "zero_memory: --world-size, --steps and --batch must be at least 1");
+    // Under mpirun each process is a rank of a real run (the dry run stays one process).
+    const bool processes = dist::launched_as_rank() && device_arg != "meta";
+#if !ZG_HAVE_MPI
+    ZG_CHECK(!processes, "zero_memory: started by mpirun, but this build has no MPI (install libopenmpi-dev and rebuild)");
+#endif
+    if (world == 0 && !processes) world = 4;
+    ZG_CHECK(processes || (world >= 1 && steps >= 1 && batch >= 1),
+             "zero_memory: --world-size, --steps and --batch must be at least 1");
     std::vector<int> stages;
     if (stage_arg == "all") stages = {0, 1, 2, 3};
     else if (stage_arg.size() == 1 && stage_arg[0] >= '0' && stage_arg[0] <= '3') stages = {stage_arg[0] - '0'};
@@ -393,11 +435,38 @@ int main(int argc, char** argv) {
     ZG_CHECK(group_arg != "nccl", "zero_memory: --group nccl needs a build with CUDA");
 #endif
     if (seq <= 0) seq = std::min<int64_t>(preset->config.block_size, 1024);
-    if (device.type == DeviceType::cpu) check_host_memory(*preset, stages, world);
+    if (device.type == DeviceType::cpu && !processes) check_host_memory(*preset, stages, world);
 
     std::vector<Record> records;
     std::mutex records_mutex;
+#if ZG_HAVE_MPI
+    if (processes) {
+      ZG_CHECK(group_arg == "auto", "zero_memory: under mpirun the group is mpi (CPU) or nccl (CUDA); leave --group out");
+      int my_rank = 0;
+      const int status = dist::run_mpi([&](dist::ProcessGroup& host) {
+        ZG_CHECK(world == 0 || world == host.size(), "zero_memory: --world-size ", world, " but mpirun started ",
+                 host.size(), " processes");
+        world = host.size(), my_rank = host.rank();
+        std::unique_ptr<dist::ProcessGroup> nccl;  // CUDA: rank r on its node's GPU r, the id sent over MPI
+        Device mine = device;
+        if (device.type == DeviceType::cuda) {
+#ifdef ZG_WITH_NCCL
+          mine = Device(DeviceType::cuda, dist::node_local_rank(host.rank()));
+          nccl = dist::NcclGroup::bootstrap(host, mine);
+#else
+          fail("zero_memory: --device cuda under mpirun needs a build with CUDA (the nccl group)");
+#endif
+        }
+        std::vector<Record> measured;
+        for (const auto& [stage, offload] : settings)
+          measured.push_back(measure(preset->config, stage, offload, steps, batch, seq, mine, nccl ? *nccl : host));
+        records = all_records(host, measured);
+      });
+      if (status != 0 || my_rank != 0) return status;  // rank 0 prints
+    }
+#endif
     for (const auto& [stage, offload] : settings) {
+      if (processes) break;  // measured above
       if (device.type == DeviceType::meta) {
         Context rank0(0);
         ContextGuard guard(rank0);

@@ -145,6 +145,10 @@ int main(int argc, char** argv) {
       usage();
       return 0;
     }
+    // One rank: N copies of it would each train the whole model and write the same files.
+    ZG_CHECK(dist::launched_world_size() == 1, "train_gpt trains on one rank, and mpirun started ",
+             dist::launched_world_size(), " processes; examples/train_zero runs a process a rank (the same flags, "
+             "--stage 0-3)");
     return run(flags);
   } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::cerr << e.what() << "\n";

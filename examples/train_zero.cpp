@@ -1,13 +1,15 @@
 // train_zero: train_gpt's loop on N ranks, its parameters in a ShardedModel -- DDP or
 // ZeRO-1/2/3 is one flag. The ranks are N threads of this process (a local group: on
-// the CPU, or sharing one GPU), or, under mpirun, one process each (the mpi group, CPU
-// tensors); each takes its rows of the global batch, so every stage trains the same
+// the CPU, or sharing one GPU), or, under mpirun, one process each (CPU tensors over the
+// mpi group; CUDA tensors over NCCL, rank r on its node's GPU r, the NCCL id sent over
+// MPI); each takes its rows of the global batch, so every stage trains the same
 // model as one rank would. The checkpoint is a directory of per-rank shards, and a run
 // resumes from it at any --ranks and --stage.
 //
 //   build/examples/train_zero --ranks 4 --stage 3 --steps 100 --save ckpt
 //   build/examples/train_zero --ranks 2 --stage 1 --steps 200 --resume ckpt
 //   mpirun -n 4 build/examples/train_zero --stage 3 --steps 100
+//   mpirun -n 8 build/examples/train_zero --stage 3 --device cuda          (NCCL, a GPU a process)
 //   mpirun -n 4 build/examples/train_zero --stage 3 --shard-group 2   (HSDP: 2 groups of 2)
 //   build/examples/train_zero --ranks 2 --stage 3 --offload optimizer+params --dtype bf16
 //
@@ -39,18 +41,12 @@ struct Flags : examples::TrainingFlags {
   Flags() { steps = 100; }
 };
 
-// Whether this process was started by mpirun / srun as one rank of several.
-bool launched_as_ranks() {
-  for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
-    if (std::getenv(variable) != nullptr) return true;
-  return false;
-}
-
 void usage() {
   std::cout << "usage: train_zero [flags]\n"
                "  --ranks N          ranks, as threads of this process (default 2; under mpirun: its processes)\n"
-               "  --group G          auto (mpi under mpirun, else local), local (threads) or mpi (a process\n"
-               "                     a rank, CPU tensors)\n"
+               "  --group G          auto (under mpirun: nccl with --device cuda, else mpi; local otherwise),\n"
+               "                     local (threads), mpi (a process a rank, CPU tensors) or nccl (a process a\n"
+               "                     rank, its node's GPU r, bootstrapped over MPI)\n"
                "  --stage S          0 = DDP, 1, 2, 3 = ZeRO-1/2/3 (default 3)\n"
                "  --prefetch K       ZeRO-3: units gathered ahead of use (default 1)\n"
                "  --shard-group S    hybrid sharding (stages 2, 3): shard within groups of S consecutive ranks,\n"
@@ -80,9 +76,12 @@ bool parse(int argc, char** argv, Flags& f) {
   ZG_CHECK(dist::Placement::valid_stage(f.stage), "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
   ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024,
            "train_zero: --ranks, --prefetch and --shard-group go up to 1024");
-  ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi", "train_zero: --group must be auto, local or mpi, got ",
-           f.group);
-  if (f.group == "auto") f.group = launched_as_ranks() ? "mpi" : "local";
+  ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi" || f.group == "nccl",
+           "train_zero: --group must be auto, local, mpi or nccl, got ", f.group);
+  if (f.group == "auto")
+    f.group = !dist::launched_as_rank() ? "local" : Device(f.device).type == DeviceType::cuda ? "nccl" : "mpi";
+  ZG_CHECK(f.group != "nccl" || Device(f.device).type == DeviceType::cuda, "train_zero: --group nccl moves CUDA tensors: "
+           "add --device cuda");
   if (f.group == "local" && f.ranks == 0) f.ranks = 2;
   if (f.group == "local")  // (under mpirun: once the processes are counted)
     ZG_CHECK(f.batch % f.ranks == 0, "train_zero: --batch ", f.batch, " is not a multiple of --ranks ", f.ranks,
@@ -183,7 +182,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   const MemoryStats host = host_memory_stats();  // offload's bytes
   for (MemoryCategory c : {MemoryCategory::gradient, MemoryCategory::optimizer_state})
     bounds.insert(bounds.end(), {static_cast<double>(host[c]), -static_cast<double>(host[c])});
-  const Tensor extremes = tensor<double>(bounds);
+  const Tensor extremes = tensor<double>(bounds).to(group.accepts(kCPU) ? kCPU : device);  // NCCL: on its GPU
   group.all_reduce(extremes, dist::ReduceKind::max);
   if (printer) {
     const std::vector<double> e = extremes.to_vector<double>();
@@ -217,15 +216,24 @@ int main(int argc, char** argv) {
       return 0;
     }
 #if ZG_HAVE_MPI
-    ZG_CHECK(Device(flags.device).type == DeviceType::cpu, "train_zero: --group mpi moves CPU tensors; --device ",
-             flags.device, " needs the nccl group, which train_zero does not launch yet");
+    ZG_CHECK(flags.group == "nccl" || Device(flags.device).type == DeviceType::cpu, "train_zero: --group mpi moves CPU "
+             "tensors; --device ", flags.device, " takes --group nccl");
     // One rank per process: an error is printed by its rank and sent to the others (run_mpi).
-    return dist::run_mpi([&](dist::ProcessGroup& group) {
-      ZG_CHECK(flags.ranks == 0 || flags.ranks == group.size(), "train_zero: --ranks ", flags.ranks, " but mpirun started ",
-               group.size(), " processes");
-      ZG_CHECK(flags.batch % group.size() == 0, "train_zero: --batch ", flags.batch, " is not a multiple of the ",
-               group.size(), " ranks: each rank takes batch / ranks rows");
-      train(group, flags);
+    return dist::run_mpi([&](dist::ProcessGroup& host) {
+      ZG_CHECK(flags.ranks == 0 || flags.ranks == host.size(), "train_zero: --ranks ", flags.ranks, " but mpirun started ",
+               host.size(), " processes");
+      ZG_CHECK(flags.batch % host.size() == 0, "train_zero: --batch ", flags.batch, " is not a multiple of the ",
+               host.size(), " ranks: each rank takes batch / ranks rows");
+      if (flags.group == "mpi") return train(host, flags);
+#if ZG_HAVE_CUDA
+      // Rank r on its node's GPU r; the NCCL id goes out over MPI (bootstrap checks a GPU each).
+      Flags mine = flags;
+      mine.device = Device(DeviceType::cuda, dist::node_local_rank(host.rank())).str();
+      const std::unique_ptr<dist::NcclGroup> nccl = dist::NcclGroup::bootstrap(host, Device(mine.device));
+      train(*nccl, mine);
+#else
+      fail("train_zero: --group nccl needs a build with CUDA");
+#endif
     });
 #else
     fail("train_zero: --group mpi: this build has no MPI (install libopenmpi-dev and rebuild)");

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <regex>
 #include <sstream>
 #include <unistd.h>
 
@@ -146,6 +147,36 @@ TEST_CASE("train_zero under mpirun -n 2 and -n 4, stages 0-3 and HSDP 2x2: the s
   CHECK(status != 0);
   CHECK(wrong.find("train_zero: --ranks 3 but mpirun started 2 processes") != std::string::npos);
 }
+
+#ifdef ZG_BENCH_DIR
+TEST_CASE("bench/zero_memory under mpirun -n 4: every rank's record, the model states of its ranks as threads") {
+  // Model states and bytes sent per rank and stage, hybrid sharding included; the
+  // communication peak differs by group (MPI reduces 16-bit floats in f32 scratch).
+  const auto states = [](const std::string& json) {
+    const std::regex record(R"re("stage": (\d), "world_size": 4, "rank": (\d), "params": \d+, "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), .*"sent_per_step": (\d+), .*"sent_across_groups": (\d+))re");
+    std::vector<std::string> rows;
+    for (auto it = std::sregex_iterator(json.begin(), json.end(), record); it != std::sregex_iterator(); ++it) {
+      std::string row;
+      for (size_t i = 1; i < it->size(); ++i) row += (*it)[i].str() + " ";
+      rows.push_back(row);
+    }
+    return rows;
+  };
+  const std::string zero_memory = std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --device cpu --json";
+  for (const std::string run : {"", " --shard-group 2"}) {
+    INFO(run);
+    int status = 0;
+    const std::string threads = run_command(zero_memory + run + " --world-size 4 2>&1", status);
+    REQUIRE(status == 0);
+    const std::string processes = run_command(launch(4, zero_memory + run), status);
+    INFO(processes);
+    CHECK(status == 0);
+    CHECK(processes.find("\"group\": \"mpi\"") != std::string::npos);
+    CHECK(states(processes) == states(threads));
+    CHECK(states(processes).size() == (run.empty() ? 16u : 8u));  // 4 ranks x 4 stages (hybrid: stages 2, 3)
+  }
+}
+#endif
 
 TEST_CASE("a collective larger than an MPI count is refused before anything moves") {
   run_failing("huge", "mpi group: broadcast(bool[2147483648] on cpu, root 0) moves 2147483648 bytes per rank, over "
