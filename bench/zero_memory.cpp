@@ -17,6 +17,12 @@
 // all-reduce across the groups, 2 (R-1)/R x Ψ/S elements (R = N / S).
 // --largest-on GB: for each offload setting, the largest GPT-3-family model whose dry
 // run (one rank, activation checkpointing, batch 1 x 1024) peaks within GB of device memory.
+// --simulate: the step-time model (dist/comm/step_model.h) replays each dry run's kernels
+// and collectives on a machine of given rates (H100 nodes unless flags say otherwise:
+// --tflops, --memory-gbps, --kernel-us, --ranks-per-node, --intra-gbps/-us, --inter-gbps/-us)
+// for every N of --world-size (a list: 8,64,1024): step time, compute, exposed communication.
+// --calibrate: this machine's rates for those flags (a matrix product, a memory-bound add,
+// an empty kernel; under mpirun also the mpi group's latency and bandwidth).
 //
 // --device meta (default): a dry run of rank 0 with a fake group -- real code paths,
 // counted bytes, nothing allocated -- so 7.5B parameters at N = 64 take a second. Its
@@ -35,8 +41,12 @@
 //   build/bench/zero_memory --model 7.5b --world-size 1 --stage 3 --offload optimizer+params --json
 //   build/bench/zero_memory --largest-on 80
 //   build/bench/zero_memory --model 7.5b --world-size 64 --stage 3 --shard-group 8
-#include <cstdio>
+//   build/bench/zero_memory --model 7.5b --stage all --simulate --world-size 8,64,512,4096
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -53,6 +63,7 @@
 #endif
 #include "dist/comm/fake_group.h"
 #include "dist/comm/local_group.h"
+#include "dist/comm/step_model.h"
 #include "dist/zero/sharded_model.h"
 #include "nn/gpt.h"
 #include "tensor/deferred.h"
@@ -165,9 +176,10 @@ void check_host_memory(const Preset& preset, const std::vector<int>& stages, int
            format_bytes(available), " is available. --device meta gives the figures without allocating them");
 }
 
-// One training step on this rank; returns the record read after the step.
+// Training steps on this rank; returns the record read after the last. With `log`, the
+// last step's kernels and collectives are recorded into it (a dry run: --simulate).
 Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, int steps, int64_t batch, int64_t seq,
-               Device device, dist::ProcessGroup& group) {
+               Device device, dist::ProcessGroup& group, StepLog* log = nullptr) {
   manual_seed(1);
   // Built already sharded: constructed without memory, each rank materialising its units.
   std::optional<nn::GPT> deferred;
@@ -193,6 +205,11 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
            .shard_group = sharded.shard_group().size(), .offload = offload, .params = sharded.num_parameters(),
            .construction_peak = construction_peak};
   for (int s = 0; s < steps; ++s) {
+    std::optional<StepLogScope> recording;
+    if (log != nullptr && s == steps - 1) {
+      log->clear();
+      recording.emplace(*log);
+    }
     group.reset_bytes_sent();
     sharded.shard_group().reset_bytes_sent();  // (the group itself, without hybrid sharding)
     if (replicas) replicas->reset_bytes_sent();
@@ -322,13 +339,130 @@ int largest_trainable(double device_bytes) {
   return 0;
 }
 
+// --simulate: for each N and setting, rank 0's dry run (its second step, recorded)
+// replayed by the step-time model.
+int simulate(const Preset& preset, const std::vector<std::pair<int, dist::Offload>>& settings,
+             const std::vector<int>& worlds, int64_t batch, int64_t seq, const dist::Machine& machine, bool json) {
+  for (const auto& [stage, offload] : settings)
+    ZG_CHECK(offload == dist::Offload::none, "zero_memory: --simulate models the device's step; offload's host "
+             "AdamW and copies are not in the model (leave --offload out)");
+  if (!json) {
+    std::printf("GPT %s, batch %lld x %lld tokens a rank, bf16 compute + fp32 AdamW; the step-time model "
+                "(dist/comm/step_model.h) on\n%s\n\n",
+                preset.name, static_cast<long long>(batch), static_cast<long long>(seq), machine.describe().c_str());
+    std::printf("%5s %6s %5s %11s %11s %11s %11s %14s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
+                "exposed ms", "tokens/s");
+  } else {
+    std::printf("[\n");
+  }
+  bool first = true;
+  for (int world : worlds)
+    for (const auto& [stage, offload] : settings) {
+      Context rank0(0);
+      ContextGuard guard(rank0);
+      dist::FakeGroup group(0, world);
+      StepLog log;
+      const Record r = measure(preset.config, stage, offload, 2, batch, seq, kMeta, group, &log);
+      const dist::StepTime t = dist::predict(log, machine);
+      const double tokens = static_cast<double>(batch * seq) * world / t.step;
+      if (json)
+        std::printf("%s  {\"model\": \"%s\", \"stage\": %d, \"world_size\": %d, \"shard_group\": %d, "
+                    "\"step_seconds\": %.6g, \"compute_seconds\": %.6g, \"communication_seconds\": %.6g, "
+                    "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g}",
+                    first ? "" : ",\n", preset.name, stage, world, r.shard_group, t.step, t.compute, t.communication,
+                    t.exposed, tokens);
+      else
+        std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %14.0f\n", stage, world, r.shard_group, t.step * 1e3,
+                    t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, tokens);
+      first = false;
+    }
+  if (json) std::printf("\n]\n");
+  return 0;
+}
+
+// Seconds a call of fn takes: the median of `reps` after a warm-up (as a run's steps are
+// read: the median, noise included).
+template <class Fn>
+double seconds_per_call(int reps, Fn&& fn) {
+  fn();
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
+  return times[reps / 2];
+}
+
+// --calibrate: this machine's rates, as the flags --simulate takes. Compute: a bf16 matrix
+// product of the model's MLP shape (rows = batch x seq), a memory-bound add, an empty
+// add's cost -- then all three scaled alike so that the model's compute for a one-rank
+// step equals a real one-rank step of this model here (what the kernels' FLOPs and bytes
+// do not say: unfused CPU kernels, conversions, allocation). Under mpirun (every rank
+// measuring at once, as they would train): also the mpi group's latency (an all-reduce
+// of one float) and bandwidth (of 4M floats), every rank counted as on one node.
+void calibrate(const Preset& preset, int64_t batch, int64_t seq, dist::ProcessGroup* group) {
+  dist::Machine rates;
+  {
+    NoGradGuard no_grad;
+    const int64_t rows = batch * seq, width = preset.config.n_embd;
+    const TensorOptions bf16 = TensorOptions(DType::bf16);
+    const Tensor x = randn({rows, width}).to(DType::bf16), w = randn({width, 4 * width}).to(DType::bf16);
+    rates.flops_per_second = 2.0 * rows * width * 4 * width / seconds_per_call(10, [&] { matmul(x, w); });
+    const Tensor big = zeros({int64_t(1) << 22}, bf16), one = zeros({1}, bf16);
+    rates.memory_bytes_per_second = 3.0 * big.nbytes() / seconds_per_call(10, [&] { big + big; });
+    rates.kernel_seconds = seconds_per_call(200, [&] { one + one; });
+  }
+  // A real one-rank step, and the model's compute for the same step from its dry run.
+  double real_step = 0;
+  {
+    manual_seed(1);
+    nn::GPT model(preset.config);
+    dist::SingleRank one;
+    dist::ShardedModel sharded(model, one, {.compute_dtype = DType::bf16});
+    const Tensor ids = zeros({batch, seq}, DType::i64);
+    real_step = seconds_per_call(5, [&] {
+      sharded.zero_grad();
+      model.forward(ids, ids).loss.backward();
+      sharded.step(1e-4);
+    });
+  }
+  StepLog log;
+  {
+    Context rank0(0);
+    ContextGuard guard(rank0);
+    dist::FakeGroup one(0, 1);
+    measure(preset.config, 0, dist::Offload::none, 2, batch, seq, kMeta, one, &log);
+  }
+  const double scale = real_step / dist::predict(log, rates).compute;
+  std::string flags = "--tflops " + std::to_string(rates.flops_per_second / scale / 1e12) + " --memory-gbps " +
+                      std::to_string(rates.memory_bytes_per_second / scale / 1e9) + " --kernel-us " +
+                      std::to_string(rates.kernel_seconds * scale * 1e6);
+  if (group != nullptr && group->size() > 1) {
+    const int n = group->size();
+    Tensor scalar = zeros({1}), large = zeros({int64_t(1) << 22});
+    const double latency = seconds_per_call(200, [&] { group->all_reduce(scalar); }) / (2.0 * (n - 1));
+    const double bulk = seconds_per_call(5, [&] { group->all_reduce(large); });
+    const double sent = 2.0 * (n - 1) / n * static_cast<double>(large.nbytes());
+    flags += " --ranks-per-node " + std::to_string(n) + " --intra-gbps " +
+             std::to_string(sent / std::max(bulk - 2.0 * (n - 1) * latency, 1e-9) / 1e9) + " --intra-us " +
+             std::to_string(latency * 1e6);
+  }
+  if (group == nullptr || group->rank() == 0) std::printf("%s\n", flags.c_str());
+}
+
 void usage() {
   std::printf(
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all]\n"
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--json]\n"
+      "       zero_memory --simulate [--world-size N,N,...] [--tflops X] [--memory-gbps X] [--kernel-us X]\n"
+      "                   [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X] [--inter-us X]\n"
+      "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
       "       zero_memory --largest-on GB\n"
+      "A preset's shape changes with --layers L --heads H --embd C --vocab V.\n"
       "Per-rank memory by category and bytes sent per step for DDP and ZeRO-1/2/3, next to the ZeRO\n"
       "paper's formulas. meta (default): rank 0 of N with a fake group, nothing allocated, activations\n"
       "as a GPU keeps them (flash attention);\n"
@@ -347,6 +481,10 @@ int main(int argc, char** argv) {
   std::string model_name, stage_arg = "all", device_arg = "meta", group_arg = "auto", offload_arg = "none";
   double largest_on = 0;
   int world = 0, steps = 1;  // world 0: unset (4; under mpirun, its processes)
+  std::vector<int> worlds;   // --world-size's list (--simulate runs each)
+  int64_t layers = 0, heads = 0, embd = 0, vocab = 0;  // a shape of one's own over the preset's (0: the preset's)
+  bool simulate_step = false, calibrate_rates = false;
+  dist::Machine machine;
   int64_t batch = 1, seq = 0;
   bool json = false;
   try {
@@ -356,6 +494,14 @@ int main(int argc, char** argv) {
         ZG_CHECK(i + 1 < argc, "zero_memory: ", a, " needs a value");
         return argv[++i];
       };
+      auto rate = [&](double unit) {  // a positive number, in `unit`s
+        const std::string v = value();
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        ZG_CHECK(!v.empty() && *end == '\0' && x >= 0 && std::isfinite(x), "zero_memory: ", a,
+                 " needs a number >= 0, got '", v, "'");
+        return x * unit;
+      };
       auto number = [&](int64_t least, int64_t most) -> int64_t {
         const std::string v = value();
         int64_t n = 0;
@@ -364,7 +510,32 @@ int main(int argc, char** argv) {
         return n;
       };
       if (a == "--model") model_name = value();
-      else if (a == "--world-size") world = static_cast<int>(number(1, 1 << 20));
+      else if (a == "--world-size") {
+        const std::string list = value();
+        for (size_t at = 0; at <= list.size();) {
+          const size_t comma = std::min(list.find(',', at), list.size());
+          int64_t n = 0;
+          ZG_CHECK(parse_number(list.substr(at, comma - at), n) && n >= 1 && n <= (1 << 20),
+                   "zero_memory: --world-size needs whole numbers in [1, 1048576], comma-separated, got '", list, "'");
+          worlds.push_back(static_cast<int>(n));
+          at = comma + 1;
+        }
+        world = worlds.front();
+      }
+      else if (a == "--simulate") simulate_step = true;
+      else if (a == "--layers") layers = number(1, 1 << 16);
+      else if (a == "--heads") heads = number(1, 1 << 16);
+      else if (a == "--embd") embd = number(1, 1 << 20);
+      else if (a == "--vocab") vocab = number(1, 1 << 30);
+      else if (a == "--calibrate") calibrate_rates = true;
+      else if (a == "--tflops") machine.flops_per_second = rate(1e12);
+      else if (a == "--memory-gbps") machine.memory_bytes_per_second = rate(1e9);
+      else if (a == "--kernel-us") machine.kernel_seconds = rate(1e-6);
+      else if (a == "--ranks-per-node") machine.ranks_per_node = static_cast<int>(number(1, 1 << 20));
+      else if (a == "--intra-gbps") machine.intra_bytes_per_second = rate(1e9);
+      else if (a == "--intra-us") machine.intra_latency_seconds = rate(1e-6);
+      else if (a == "--inter-gbps") machine.inter_bytes_per_second = rate(1e9);
+      else if (a == "--inter-us") machine.inter_latency_seconds = rate(1e-6);
       else if (a == "--stage") stage_arg = value();
       else if (a == "--device") device_arg = value();
       else if (a == "--group") group_arg = value();
@@ -394,6 +565,26 @@ int main(int argc, char** argv) {
     for (const Preset& p : kPresets)
       if (model_name == p.name) preset = &p;
     ZG_CHECK(preset != nullptr, "zero_memory: unknown --model ", model_name, " (tiny, 124m, 350m, 1.5b, 7.5b)");
+    // --layers, --heads, --embd, --vocab: the preset's shape changed (e.g. to train_zero's).
+    Preset shaped = *preset;
+    if (layers || heads || embd || vocab) {
+      nn::GPTConfig& c = shaped.config;
+      c.n_layer = layers ? layers : c.n_layer, c.n_head = heads ? heads : c.n_head;
+      c.n_embd = embd ? embd : c.n_embd, c.vocab_size = vocab ? vocab : c.vocab_size;
+      ZG_CHECK(c.n_embd % c.n_head == 0, "zero_memory: --embd ", c.n_embd, " is not a multiple of --heads ", c.n_head);
+      model_name += "-custom";
+      shaped.name = model_name.c_str();
+      preset = &shaped;
+    }
+    if (calibrate_rates) {
+      if (seq <= 0) seq = std::min<int64_t>(preset->config.block_size, 1024);
+#if ZG_HAVE_MPI
+      if (dist::launched_as_rank())
+        return dist::run_mpi([&](dist::ProcessGroup& group) { calibrate(*preset, batch, seq, &group); });
+#endif
+      calibrate(*preset, batch, seq, nullptr);
+      return 0;
+    }
     // Under mpirun each process is a rank of a real run (the dry run stays one process).
     const bool processes = dist::launched_as_rank() && device_arg != "meta";
 #if !ZG_HAVE_MPI
@@ -417,9 +608,17 @@ int main(int argc, char** argv) {
                              (g_shard_group == 0 || stage >= 2);
         if (allowed || (offloads.size() == 1 && stages.size() == 1)) settings.emplace_back(stage, offload);  // else the library says why
       }
+    ZG_CHECK(worlds.size() <= 1 || simulate_step, "zero_memory: a list of world sizes is for --simulate");
     ZG_CHECK(!settings.empty(), "zero_memory: no stage in --stage ", stage_arg, " allows --offload ", offload_arg,
              g_shard_group ? " with --shard-group" : "", " (optimizer: stages 1-3; optimizer+params: stage 3; "
              "--shard-group: stages 2-3)");
+    if (simulate_step) {
+      ZG_CHECK(device_arg == "meta" && !processes, "zero_memory: --simulate replays dry runs on the meta device; "
+               "leave --device out");
+      if (worlds.empty()) worlds = {world};
+      if (seq <= 0) seq = std::min<int64_t>(preset->config.block_size, 1024);
+      return simulate(*preset, settings, worlds, batch, seq, machine, json);
+    }
     const Device device(device_arg);
     ZG_CHECK(group_arg == "auto" || group_arg == "local" || group_arg == "nccl",
              "zero_memory: --group must be auto, local or nccl, got '", group_arg, "'");

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <regex>
 
 #include "helpers.h"
@@ -257,6 +258,41 @@ TEST_CASE("bench/zero_memory --shard-group: hybrid sharding's states follow S, i
   CHECK(records == 2);
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --stage 1 --shard-group 2 2>&1", status)
             .find("hybrid sharding) needs stage 2 or 3") != std::string::npos);
+  CHECK(status != 0);
+}
+
+TEST_CASE("bench/zero_memory --simulate predicts step time per N and stage; --calibrate gives the rates it takes") {
+  int status = 0;
+  const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --simulate --world-size "
+                                      "8,64 --stage all --json", status);
+  REQUIRE(status == 0);
+  const std::regex record(R"re("stage": (\d), "world_size": (\d+), "shard_group": \d+, "step_seconds": ([0-9.e+-]+), "compute_seconds": ([0-9.e+-]+), "communication_seconds": ([0-9.e+-]+), "exposed_seconds": ([0-9.e+-]+))re");
+  std::map<std::pair<int, int>, double> exposed;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), record); it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    const double step = std::stod(m[3]), compute = std::stod(m[4]), communication = std::stod(m[5]);
+    INFO("stage " << m[1] << " N=" << m[2]);
+    CHECK(step >= compute);
+    CHECK(step <= compute + communication + 1e-9);  // overlap only shortens
+    CHECK(std::stod(m[6]) == doctest::Approx(step - compute));
+    exposed[{std::stoi(m[1]), std::stoi(m[2])}] = std::stod(m[6]);
+  }
+  REQUIRE(exposed.size() == 8);
+  CHECK(exposed[{3, 64}] > exposed[{3, 8}]);  // across nodes, at 45 GB/s instead of NVLink's 360
+  // This machine's rates, fed back.
+  const std::string rates = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --calibrate --model tiny --batch 1 "
+                                        "--seq 16", status);
+  REQUIRE(status == 0);
+  CHECK(rates.starts_with("--tflops "));
+  run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --simulate --stage 3 " + rates.substr(0, rates.find('\n')),
+              status);
+  CHECK(status == 0);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --simulate --device cpu 2>&1", status)
+            .find("--simulate replays dry runs on the meta device") != std::string::npos);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --world-size 8,64 2>&1", status)
+            .find("a list of world sizes is for --simulate") != std::string::npos);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --simulate --stage 3 --offload optimizer 2>&1", status)
+            .find("offload's host AdamW and copies are not in the model") != std::string::npos);
   CHECK(status != 0);
 }
 

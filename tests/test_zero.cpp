@@ -2,10 +2,12 @@
 // global batch, and holds exactly the model-state bytes of the ZeRO paper's table.
 #include "dist/comm/fake_group.h"
 #include "dist/comm/local_group.h"
+#include "dist/comm/step_model.h"
 #include "dist/zero/sharded_model.h"
 #include "nn/checkpoint.h"
 #include "nn/serialize.h"
 #include "tensor/deferred.h"
+#include "tensor/step_log.h"
 #include "tiny_gpt.h"
 #include "zero_training.h"
 
@@ -14,6 +16,7 @@
 #include <sys/resource.h>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <unistd.h>
 
 namespace zg::test {
@@ -1918,6 +1921,69 @@ TEST_CASE("ZeRO-3 keep_after_forward: 2Ψ elements of traffic for kept units, th
                        Error);
   CHECK_THROWS_WITH_AS(dist::ShardedModel(model, one, {.stage = 2, .keep_after_forward = {"*"}}),
                        doctest::Contains("keep_after_forward is for stage 3"), Error);
+}
+
+}  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("a dry run's step log holds its kernels' FLOPs and its collectives; the step model replays them") {
+  // GPT-2 124M, ZeRO-3 at N = 8, one sequence of 1024: the matrix products' FLOPs are
+  // 6 x (Ψ without the position table) x tokens, plus attention's 2 T^2 C a layer forward
+  // (causal) and 2.5 times that backward.
+  nn::GPTConfig gpt2;
+  Context rank0;
+  ContextGuard guard(rank0);
+  dist::FakeGroup group(0, 8);
+  nn::GPT model(gpt2, kMeta);
+  dist::ShardedModel sharded(model, group, {.stage = 3, .compute_dtype = DType::bf16, .adamw = kAdamW});
+  const Tensor ids = zeros({1, 1024}, TensorOptions(DType::i64).device(kMeta));
+  StepLog log;
+  group.reset_bytes_sent();
+  {
+    StepLogScope recording(log);
+    sharded.zero_grad();
+    model.forward(ids, ids).loss.backward();
+    sharded.step(1e-3);
+  }
+  double flops = 0, sent = 0;
+  int issued = 0;
+  std::set<int64_t> open;
+  for (const StepEvent& e : log.events) {
+    if (e.kind == StepEvent::Kind::compute) flops += e.flops;
+    if (e.kind == StepEvent::Kind::issue) sent += e.sent, open.insert(e.collective), ++issued;
+    if (e.kind == StepEvent::Kind::wait) CHECK(open.contains(e.collective));  // waits for what was issued
+  }
+  const double T = 1024, C = 768, L = 12;
+  const double expected = 6.0 * static_cast<double>(sharded.num_parameters() - 1024 * 768) * T + 3.5 * 2 * T * T * C * L;
+  CHECK(flops == doctest::Approx(expected).epsilon(0.02));
+  CHECK(sent == static_cast<double>(group.bytes_sent()));
+  CHECK(issued > 3 * 13);  // every unit gathered twice and reduced once, and the agreements
+
+  // The model on a log of its own: 4 s of compute, an all-reduce issued, 4 s more, then a wait.
+  const auto replay = [](double bytes, int group_size) {
+    StepLog synthetic;
+    const int group_id = 0;
+    synthetic.compute(4e12, 0);
+    const int64_t id = synthetic.issue(static_cast<int>(dist::CollectiveOp::all_reduce), bytes, &group_id, group_size, 1);
+    synthetic.compute(4e12, 0);
+    synthetic.wait(id);
+    const dist::Machine machine{.flops_per_second = 1e12, .memory_bytes_per_second = 1e12, .kernel_seconds = 0,
+                                .ranks_per_node = 8, .intra_bytes_per_second = 1e9, .intra_latency_seconds = 0.5,
+                                .inter_bytes_per_second = 1e8, .inter_latency_seconds = 0};
+    return dist::predict(synthetic, machine);
+  };
+  // Within a node: 2 x log2(8) = 6 latencies (log-depth beats the ring's 14) + 1 s: hidden by the second 4 s.
+  const dist::StepTime hidden = replay(1e9, 8);
+  CHECK(hidden.step == doctest::Approx(8));
+  CHECK(hidden.communication == doctest::Approx(4));
+  CHECK(hidden.exposed == doctest::Approx(0));
+  // Across nodes (16 ranks): 1e9 bytes at 1e8 B/s take 10 s from t = 4: 6 s exposed.
+  const dist::StepTime exposed = replay(1e9, 16);
+  CHECK(exposed.step == doctest::Approx(14));
+  CHECK(exposed.exposed == doctest::Approx(6));
+  CHECK_THROWS_WITH_AS(dist::predict(log, {.flops_per_second = 0}), doctest::Contains("step model: every rate must be positive"),
+                       Error);
 }
 
 }  // namespace zg::test

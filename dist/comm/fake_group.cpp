@@ -1,11 +1,13 @@
 #include "dist/comm/fake_group.h"
 
 #include "tensor/backend.h"
+#include "tensor/step_log.h"
 
 namespace zg::dist {
 
-FakeGroup::FakeGroup(int rank, int size) : rank_(rank), size_(size) {
-  ZG_CHECK(size >= 1 && rank >= 0 && rank < size, "fake group: rank ", rank, " of ", size, " is not valid");
+FakeGroup::FakeGroup(int rank, int size, int stride) : rank_(rank), size_(size), stride_(stride) {
+  ZG_CHECK(size >= 1 && rank >= 0 && rank < size && stride >= 1, "fake group: rank ", rank, " of ", size,
+           " (stride ", stride, ") is not valid");
 }
 
 std::unique_ptr<ProcessGroup> FakeGroup::split(int color, int key) {
@@ -20,16 +22,23 @@ std::unique_ptr<ProcessGroup> FakeGroup::subgroup(const std::vector<int>&, int, 
 
 ProcessGroup::Mesh FakeGroup::make_mesh(int shard_size) {
   Mesh mesh;
-  mesh.shard = std::make_unique<FakeGroup>(rank_ % shard_size, shard_size);
-  mesh.replicas = std::make_unique<FakeGroup>(rank_ / shard_size, size_ / shard_size);
+  mesh.shard = std::make_unique<FakeGroup>(rank_ % shard_size, shard_size, stride_);
+  mesh.replicas = std::make_unique<FakeGroup>(rank_ / shard_size, size_ / shard_size, stride_ * shard_size);
   return mesh;
 }
 
 namespace {
+// Complete when issued; a wait for it is logged under a StepLogScope (`logged` >= 0).
 class Done final : public Work {
  public:
-  void wait() override {}
+  explicit Done(int64_t logged = -1) : logged_(logged) {}
+  void wait() override {
+    if (StepLog* log = StepLog::current(); log && logged_ >= 0) log->wait(logged_);
+  }
   bool completed() const override { return true; }
+
+ private:
+  int64_t logged_;
 };
 }  // namespace
 
@@ -42,7 +51,10 @@ class Done final : public Work {
 // gathered weights, a grad norm of inf). Meta tensors hold nothing to compute.
 WorkHandle FakeGroup::issue(Collective c) {
   const Tensor& out = c.output;
-  if (!out.defined() || out.device().type == DeviceType::meta) return std::make_shared<Done>();
+  StepLog* log = StepLog::current();
+  const int64_t logged =
+      log ? log->issue(static_cast<int>(c.op), static_cast<double>(c.ring_bytes(size_)), this, size_, stride_) : -1;
+  if (!out.defined() || out.device().type == DeviceType::meta) return std::make_shared<Done>(logged);
   switch (c.op) {
     case CollectiveOp::all_reduce:
       if (c.reduce == ReduceKind::sum && size_ > 1) scale_buffer(out, size_);
@@ -57,7 +69,7 @@ WorkHandle FakeGroup::issue(Collective c) {
     case CollectiveOp::broadcast:
     case CollectiveOp::barrier: break;
   }
-  return std::make_shared<Done>();
+  return std::make_shared<Done>(logged);
 }
 
 }  // namespace zg::dist

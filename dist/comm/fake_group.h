@@ -6,6 +6,8 @@
 // reduce_scatter or all_gather of them at N > 1 is refused (fake_group.cpp).
 // Each one is complete when issued (no worker thread), so a dry run's peaks do not
 // depend on when a thread lets go of a buffer: the same run gives the same figures.
+// Under a StepLogScope each collective and each wait for it is logged (tensor/step_log.h),
+// with the group's place in the mesh, for a step-time model to replay.
 #pragma once
 
 #include "dist/comm/process_group.h"
@@ -14,7 +16,8 @@ namespace zg::dist {
 
 class FakeGroup : public ProcessGroup {
  public:
-  FakeGroup(int rank, int size);
+  // `stride`: how far apart its ranks are in the whole job (a hybrid mesh's replica group: S).
+  FakeGroup(int rank, int size, int stride = 1);
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string kind() const override { return "fake"; }
@@ -28,7 +31,7 @@ class FakeGroup : public ProcessGroup {
   WorkHandle issue(Collective collective) override;
   std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key) override;
   Mesh make_mesh(int shard_size) override;
-  int rank_, size_;
+  int rank_, size_, stride_;
 };
 
 // The trivial group of one: training on one device is a ShardedModel over this group,

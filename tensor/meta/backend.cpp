@@ -1,8 +1,13 @@
 // The meta backend: tensors with shapes, dtypes and counted bytes but no data.
 // Allocations are accounted exactly (so a memory plan for a 7.5B-parameter model
 // can be read on a laptop) and every kernel does nothing. Where the CPU and a GPU
-// differ in what they keep (fused attention), it does what a GPU does.
+// differ in what they keep (fused attention), it does what a GPU does. Under a
+// StepLogScope each kernel notes its work: the FLOPs of its matrix products and the
+// bytes it reads and writes (tensor/step_log.h), what a step-time model replays.
+#include <initializer_list>
+
 #include "tensor/backend.h"
+#include "tensor/step_log.h"
 
 namespace zg {
 
@@ -21,36 +26,75 @@ class MetaAllocator final : public Allocator {
   void release(void*, int64_t bytes) override { add_reserved(-bytes); }
 };
 
+// A kernel's work, noted in the thread's step log if one records: `flops`, and the bytes
+// of the tensors it reads and writes (each once, as a fused kernel moves them).
+void note(double flops, std::initializer_list<const Tensor*> tensors) {
+  StepLog* log = StepLog::current();
+  if (log == nullptr) return;
+  double bytes = 0;
+  for (const Tensor* t : tensors)
+    if (t->defined()) bytes += static_cast<double>(t->nbytes());
+  log->compute(flops, bytes);
+}
+
+// Attention's forward FLOPs: Q K^T and P V, 2 x 2 B H Tq Tk D, half of them for a causal mask.
+double attention_flops(const Tensor& q, const Tensor& k, bool causal) {
+  const double tk = static_cast<double>(k.size(k.dim() - 2));
+  return 4.0 * static_cast<double>(q.numel()) * tk * (causal ? 0.5 : 1.0);
+}
+
 class MetaBackend final : public Backend {
  public:
   std::shared_ptr<Allocator> make_allocator(Device) override { return std::make_shared<MetaAllocator>(); }
-  void fill(const Tensor&, double) override {}
-  void fill_random(const Tensor&, const RandomSpec&) override {}
-  void copy(const Tensor&, const Tensor&) override {}
-  void unary(UnaryOp, const Tensor&, const Tensor&) override {}
-  void binary(BinaryOp, const Tensor&, const Tensor&, const Tensor&) override {}
-  void where(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
-  void reduce(ReduceOp, const Tensor&, const Tensor&) override {}
-  void matmul(const Tensor&, const Tensor&, const Tensor&) override {}
-  void softmax(const Tensor&, bool, const Tensor&) override {}
-  void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, const Tensor&, const Tensor&,
-                  const Tensor&) override {}
-  void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                           const Tensor&, const Tensor&) override {}
-  void embedding(const Tensor&, const Tensor&, const Tensor&) override {}
-  void embedding_backward(const Tensor&, const Tensor&, const Tensor&) override {}
-  void adamw(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWStep&) override {}
-  void cross_entropy(const Tensor&, const Tensor&, int64_t, const Tensor&) override {}
-  void cross_entropy_backward(const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&,
-                              const Tensor&) override {}
+  void fill(const Tensor& out, double) override { note(0, {&out}); }
+  void fill_random(const Tensor& out, const RandomSpec&) override { note(0, {&out}); }
+  void copy(const Tensor& src, const Tensor& dst) override { note(0, {&src, &dst}); }
+  void unary(UnaryOp, const Tensor& in, const Tensor& out) override { note(0, {&in, &out}); }
+  void binary(BinaryOp, const Tensor& a, const Tensor& b, const Tensor& out) override { note(0, {&a, &b, &out}); }
+  void where(const Tensor& c, const Tensor& a, const Tensor& b, const Tensor& out) override { note(0, {&c, &a, &b, &out}); }
+  void reduce(ReduceOp, const Tensor& in, const Tensor& out) override { note(0, {&in, &out}); }
+  // out [..., M, N] = a [..., M, K] b [..., K, N]: 2 M N K a batch entry.
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    note(2.0 * static_cast<double>(out.numel()) * static_cast<double>(a.size(a.dim() - 1)), {&a, &b, &out});
+  }
+  void softmax(const Tensor& in, bool, const Tensor& out) override { note(0, {&in, &out}); }
+  void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double, const Tensor& out, const Tensor&,
+                  const Tensor&) override {
+    note(0, {&x, &w, &b, &out});
+  }
+  void layer_norm_backward(const Tensor& grad, const Tensor& x, const Tensor& w, const Tensor&, const Tensor&,
+                           const Tensor& grad_x, const Tensor& grad_w, const Tensor& grad_b) override {
+    note(0, {&grad, &x, &w, &grad_x, &grad_w, &grad_b});
+  }
+  void embedding(const Tensor&, const Tensor& indices, const Tensor& out) override { note(0, {&indices, &out, &out}); }
+  void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& grad_weight) override {
+    note(0, {&grad, &indices, &grad_weight});
+  }
+  void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& out,
+             const AdamWStep&) override {
+    note(0, {&master, &master, &grad, &m, &m, &v, &v, &out});  // master, m, v read and written
+  }
+  void cross_entropy(const Tensor& logits, const Tensor& target, int64_t, const Tensor& out) override {
+    note(0, {&logits, &target, &out});
+  }
+  void cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t, const Tensor& loss,
+                              const Tensor&, const Tensor& grad_logits) override {
+    note(0, {&logits, &target, &loss, &grad_logits});
+  }
   // Fused where a GPU's would be: a dry run stands for a GPU run, which keeps attention's
   // row statistics for backward rather than its probabilities.
-  bool attention(const Tensor& q, const Tensor& k, const Tensor& v, bool, double, const Tensor& out,
+  bool attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double, const Tensor& out,
                  const Tensor&) override {
-    return flash_attention_unsupported(q, k, v, out).empty();
+    const bool fused = flash_attention_unsupported(q, k, v, out).empty();
+    if (fused) note(attention_flops(q, k, causal), {&q, &k, &v, &out});
+    return fused;
   }
-  void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          bool, double, const Tensor&, const Tensor&, const Tensor&) override {}
+  // FlashAttention's backward: the forward's two products recomputed, three more: 2.5 x its FLOPs.
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor&,
+                          const Tensor& grad_out, bool causal, double, const Tensor& grad_q, const Tensor& grad_k,
+                          const Tensor& grad_v) override {
+    note(2.5 * attention_flops(q, k, causal), {&q, &k, &v, &out, &grad_out, &grad_q, &grad_k, &grad_v});
+  }
 };
 
 }  // namespace

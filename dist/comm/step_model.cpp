@@ -1,0 +1,86 @@
+#include "dist/comm/step_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "dist/comm/process_group.h"
+#include "tensor/error.h"
+
+namespace zg::dist {
+
+std::string Machine::describe() const {
+  char text[400];
+  std::snprintf(text, sizeof text,
+                "%.0f TFLOP/s, %.0f GB/s memory, %.1f us a kernel; %d ranks a node: %.0f GB/s + %.1f us within, "
+                "%.0f GB/s + %.1f us across nodes",
+                flops_per_second / 1e12, memory_bytes_per_second / 1e9, kernel_seconds * 1e6, ranks_per_node,
+                intra_bytes_per_second / 1e9, intra_latency_seconds * 1e6, inter_bytes_per_second / 1e9,
+                inter_latency_seconds * 1e6);
+  return text;
+}
+
+namespace {
+
+// The latencies a collective pays: a ring's N - 1 steps (an all-reduce: a reduce-scatter
+// and an all-gather, twice that), or NCCL's log-depth algorithms' log2 N where fewer (its
+// double binary tree for all-reduce, PAT for all-gather and reduce-scatter at scale).
+double latency_steps(int op, int size) {
+  const double ring = size - 1, log_depth = std::ceil(std::log2(size));
+  const double steps = std::min(ring, log_depth);
+  return static_cast<CollectiveOp>(op) == CollectiveOp::all_reduce ? 2 * steps : steps;
+}
+
+// A group lies within a node when its ranks, `stride` apart, span fewer than a node's
+// (groups placed as split_mesh places them: blocks that do not straddle nodes).
+bool within_node(const StepGroup& g, int ranks_per_node) {
+  return static_cast<int64_t>(g.stride) * (g.size - 1) < ranks_per_node;
+}
+
+}  // namespace
+
+StepTime predict(const StepLog& log, const Machine& m) {
+  ZG_CHECK(m.flops_per_second > 0 && m.memory_bytes_per_second > 0 && m.intra_bytes_per_second > 0 &&
+               m.inter_bytes_per_second > 0 && m.ranks_per_node >= 1 && m.kernel_seconds >= 0 &&
+               m.intra_latency_seconds >= 0 && m.inter_latency_seconds >= 0,
+           "step model: every rate must be positive and every latency >= 0 (", m.describe(), ")");
+  StepTime t;
+  double now = 0;                                   // the compute stream
+  std::vector<double> link_free(log.groups.size());  // when each group's last collective ends
+  std::vector<double> done;                         // per collective, when it ends
+  for (const StepEvent& e : log.events) {
+    switch (e.kind) {
+      case StepEvent::Kind::compute: {
+        const double busy = e.kernels * m.kernel_seconds +
+                            std::max(e.flops / m.flops_per_second, e.bytes / m.memory_bytes_per_second);
+        now += busy;
+        t.compute += busy;
+        break;
+      }
+      case StepEvent::Kind::issue: {
+        const StepGroup& g = log.groups.at(static_cast<size_t>(e.group));
+        const bool intra = within_node(g, m.ranks_per_node);
+        const double duration =
+            g.size <= 1 ? 0
+                        : latency_steps(e.op, g.size) * (intra ? m.intra_latency_seconds : m.inter_latency_seconds) +
+                              e.sent / (intra ? m.intra_bytes_per_second : m.inter_bytes_per_second);
+        double& free = link_free[static_cast<size_t>(e.group)];
+        free = std::max(free, now) + duration;
+        done.resize(static_cast<size_t>(e.collective) + 1);
+        done[static_cast<size_t>(e.collective)] = free;
+        t.communication += duration;
+        break;
+      }
+      case StepEvent::Kind::wait:
+        now = std::max(now, done.at(static_cast<size_t>(e.collective)));
+        break;
+    }
+  }
+  t.step = now;
+  for (double free : link_free) t.step = std::max(t.step, free);
+  t.exposed = t.step - t.compute;
+  return t;
+}
+
+}  // namespace zg::dist

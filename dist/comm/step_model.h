@@ -1,0 +1,45 @@
+// A step-time model: replays what a dry run did (tensor/step_log.h: the exact kernels
+// and collectives the code issues, recorded on the meta device with a fake group) on a
+// machine described by a few rates, to predict the step time of N ranks without them.
+//
+//   compute stream  kernels in order; each costs a launch, then its FLOPs at the
+//                   achieved rate or its bytes at memory bandwidth, whichever is longer
+//   a link per group  its collectives in issue order (NCCL: a stream per communicator),
+//                   each starting once issued and once the one before it is done:
+//                   latency steps (a ring's N - 1, or log2 N where NCCL has a log-depth
+//                   algorithm) x latency + the bytes this rank sends (ring-counted) /
+//                   bandwidth -- within a node when the group's ranks share one, else across
+//   a wait          holds the compute stream until its collective is done (as NCCL's
+//                   wait makes the compute stream wait)
+//
+// Step time = when the last of either ends; exposed communication = step time - compute.
+// Left out: groups sharing one physical link at once, the network's topology beyond
+// "within or across nodes", kernels slowed by concurrent communication.
+#pragma once
+
+#include <string>
+
+#include "tensor/step_log.h"
+
+namespace zg::dist {
+
+struct Machine {
+  double flops_per_second = 400e12;         // achieved on the model's matrix products (H100 bf16: ~40% of 989e12)
+  double memory_bytes_per_second = 2.5e12;  // achieved by the elementwise kernels (H100 HBM3: 3.35e12 peak)
+  double kernel_seconds = 4e-6;             // a kernel's launch and tail
+  int ranks_per_node = 8;
+  double intra_bytes_per_second = 360e9, intra_latency_seconds = 3e-6;  // NVLink 4, one direction, achieved
+  double inter_bytes_per_second = 45e9, inter_latency_seconds = 12e-6;  // 400 Gb/s InfiniBand per GPU
+  std::string describe() const;  // the rates, in the units people quote them
+};
+
+struct StepTime {
+  double step = 0;           // seconds
+  double compute = 0;        // the compute stream's busy time
+  double communication = 0;  // the collectives' durations, summed over groups
+  double exposed = 0;        // step - compute: communication that compute did not hide
+};
+
+StepTime predict(const StepLog& log, const Machine& machine);
+
+}  // namespace zg::dist

@@ -1,0 +1,38 @@
+#include "tensor/step_log.h"
+
+namespace zg {
+
+namespace {
+thread_local StepLog* recording = nullptr;
+}
+
+StepLog* StepLog::current() { return recording; }
+
+void StepLog::compute(double flops, double bytes) {
+  if (events.empty() || events.back().kind != StepEvent::Kind::compute) events.push_back({});
+  StepEvent& e = events.back();
+  e.flops += flops, e.bytes += bytes, ++e.kernels;
+}
+
+int64_t StepLog::issue(int op, double sent, const void* group, int size, int stride) {
+  int index = 0;
+  while (index < static_cast<int>(groups.size()) && groups[index].identity != group) ++index;
+  if (index == static_cast<int>(groups.size())) groups.push_back({group, size, stride});
+  events.push_back({.kind = StepEvent::Kind::issue, .collective = issued_, .op = op, .group = index, .sent = sent});
+  return issued_++;
+}
+
+void StepLog::wait(int64_t collective) {
+  events.push_back({.kind = StepEvent::Kind::wait, .collective = collective});
+}
+
+void StepLog::clear() {
+  events.clear();
+  groups.clear();
+  issued_ = 0;
+}
+
+StepLogScope::StepLogScope(StepLog& log) : previous_(recording) { recording = &log; }
+StepLogScope::~StepLogScope() { recording = previous_; }
+
+}  // namespace zg

@@ -1,0 +1,60 @@
+// What a dry run did, in order: the record a step-time model replays (dist/comm/step_model.h).
+// While a StepLogScope lives on a thread, the meta backend notes each kernel's work
+// (FLOPs of its matrix products, bytes it reads and writes) and the fake group each
+// collective it issues (the bytes this rank sends, ring-counted) and each wait for one.
+// The dry run computes nothing, so the log says what a real run would do, not how long
+// it takes: the model supplies the rates.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace zg {
+
+struct StepEvent {
+  enum class Kind : uint8_t { compute, issue, wait };
+  Kind kind = Kind::compute;
+  double flops = 0, bytes = 0;  // compute: the kernels' work (merged while no collective comes between)
+  int kernels = 0;              // compute: how many kernels (each pays a launch)
+  int64_t collective = -1;      // issue, wait: which one, numbered in issue order
+  int op = 0;                   // issue: the dist::CollectiveOp
+  int group = -1;               // issue: which group, an index into StepLog::groups
+  double sent = 0;              // issue: bytes this rank sends (ring-counted)
+};
+
+// A group as the model places it: `size` ranks, consecutive ones `stride` apart (1: a
+// block of ranks; a hybrid mesh's replica group: the shard group size).
+struct StepGroup {
+  const void* identity = nullptr;
+  int size = 1, stride = 1;
+};
+
+class StepLog {
+ public:
+  std::vector<StepEvent> events;
+  std::vector<StepGroup> groups;
+
+  void compute(double flops, double bytes);
+  int64_t issue(int op, double sent, const void* group, int size, int stride);  // returns its number
+  void wait(int64_t collective);
+  void clear();
+  // The log recording on this thread, or null.
+  static StepLog* current();
+
+ private:
+  int64_t issued_ = 0;
+};
+
+// Records this thread's kernels and collectives into `log` while it lives.
+class StepLogScope {
+ public:
+  explicit StepLogScope(StepLog& log);
+  ~StepLogScope();
+  StepLogScope(const StepLogScope&) = delete;
+  StepLogScope& operator=(const StepLogScope&) = delete;
+
+ private:
+  StepLog* previous_;
+};
+
+}  // namespace zg
