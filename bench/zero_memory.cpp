@@ -117,6 +117,8 @@ struct Record {
 // --accumulate f32 (stages 2, 3): the gradient shard takes 4 bytes a parameter, not 2.
 std::optional<DType> g_accumulate;
 int g_shard_group = 0;  // --shard-group: 0, the whole group
+int64_t g_prefetch_bytes = 0;                 // --prefetch-bytes (ZeRO-3)
+std::vector<std::string> g_keep_after_forward;  // --keep-after-forward (ZeRO-3)
 struct Formula {
   int64_t device = 0, host = 0;
 };
@@ -194,7 +196,8 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
   dist::ShardedModel sharded(model, group,
                              {.stage = stage, .compute_dtype = DType::bf16, .max_grad_norm = 1.0,
                               .accumulate_dtype = stage >= 2 ? g_accumulate : std::nullopt, .offload = offload,
-                              .shard_group_size = g_shard_group});
+                              .keep_after_forward = stage == 3 ? g_keep_after_forward : std::vector<std::string>{},
+                              .prefetch_bytes = g_prefetch_bytes, .shard_group_size = g_shard_group});
   dist::ProcessGroup* replicas = sharded.replica_group();  // hybrid sharding's other groups, or null
   const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
@@ -457,7 +460,7 @@ void usage() {
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all]\n"
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
-      "                   [--shard-group S] [--json]\n"
+      "                   [--shard-group S] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--tflops X] [--memory-gbps X] [--kernel-us X]\n"
       "                   [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X] [--inter-us X]\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
@@ -551,6 +554,15 @@ int main(int argc, char** argv) {
       }
       else if (a == "--largest-on") largest_on = static_cast<double>(number(1, 1 << 20));
       else if (a == "--shard-group") g_shard_group = static_cast<int>(number(1, 1 << 20));
+      else if (a == "--prefetch-bytes") g_prefetch_bytes = number(0, INT64_MAX);
+      else if (a == "--keep-after-forward") {
+        const std::string list = value();
+        for (size_t at = 0; at <= list.size();) {
+          const size_t comma = std::min(list.find(',', at), list.size());
+          g_keep_after_forward.push_back(list.substr(at, comma - at));
+          at = comma + 1;
+        }
+      }
       else {
         usage();
         return a == "--help" ? 0 : 2;

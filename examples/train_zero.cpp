@@ -16,12 +16,14 @@
 // Rank 0 prints a line per step: the global loss, the gradient norm, and its own bytes
 // by category -- the model states shrink with the stage, `comm` holds the gathered
 // ZeRO-3 units and reduction buffers. The last line is "final loss: X".
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "dist/comm/local_group.h"
 #include "dist/zero/sharded_model.h"
@@ -37,6 +39,8 @@ namespace {
 struct Flags : examples::TrainingFlags {
   int64_t ranks = 0, stage = 3, prefetch = 1;  // ranks 0: unset (2 threads; under mpirun, its processes)
   int64_t shard_group = 0;                     // 0: shard over every rank
+  int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
+  std::vector<std::string> keep_after_forward;
   std::string group = "auto";
   Flags() { steps = 100; }
 };
@@ -49,6 +53,8 @@ void usage() {
                "                     rank, its node's GPU r, bootstrapped over MPI)\n"
                "  --stage S          0 = DDP, 1, 2, 3 = ZeRO-1/2/3 (default 3)\n"
                "  --prefetch K       ZeRO-3: units gathered ahead of use (default 1)\n"
+               "  --prefetch-bytes B ZeRO-3: prefetch stops before the gathered units exceed B bytes\n"
+               "  --keep-after-forward U,U  ZeRO-3: units kept gathered from forward to backward (* for all)\n"
                "  --shard-group S    hybrid sharding (stages 2, 3): shard within groups of S consecutive ranks,\n"
                "                     replicate across the ranks / S groups (default: one group of all)\n"
 
@@ -69,6 +75,15 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--stage") f.stage = flag.count(0);
     else if (a == "--prefetch") f.prefetch = flag.count(0);
     else if (a == "--shard-group") f.shard_group = flag.count(1);
+    else if (a == "--prefetch-bytes") f.prefetch_bytes = flag.count(0);
+    else if (a == "--keep-after-forward") {
+      const std::string list = flag.value();
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        f.keep_after_forward.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
+    }
     else if (a == "--group") f.group = flag.value();
     else flag.unknown();
   }
@@ -125,6 +140,8 @@ void train(dist::ProcessGroup& group, const Flags& f) {
                               .max_grad_norm = f.max_grad_norm,
                               .prefetch = static_cast<int>(f.prefetch),
                               .offload = f.offloaded(),
+                              .keep_after_forward = f.keep_after_forward,
+                              .prefetch_bytes = f.prefetch_bytes,
                               .shard_group_size = static_cast<int>(f.shard_group)});
   const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);  // what a checkpoint records, as train_gpt's
   int64_t first_step = 0;
