@@ -64,12 +64,13 @@ struct Preset {
   const char* name;
   int64_t layers, heads, embd, vocab, block, tokens;  // tokens: ids drawn from [0, tokens)
 };
-const Preset kPresets[] = {{"tiny", 2, 2, 64, 512, 64, 500}, {"124m", 12, 12, 768, 50304, 1024, 50257},
-                           {"350m", 24, 16, 1024, 50304, 1024, 50257}};
+// "tiny" and "small" (4 layers of 256) are the CPU comparison's (bench/cpu_vs_torch.py).
+const Preset kPresets[] = {{"tiny", 2, 2, 64, 512, 64, 500}, {"small", 4, 4, 256, 512, 64, 500},
+                           {"124m", 12, 12, 768, 50304, 1024, 50257}, {"350m", 24, 16, 1024, 50304, 1024, 50257}};
 
 void usage() {
   std::printf(
-      "usage: train_step [--model tiny|124m|350m] [--device cuda|cpu] [--dtype bf16|f32] [--batch B] [--seq T]\n"
+      "usage: train_step [--model tiny|small|124m|350m] [--device cuda|cpu] [--dtype bf16|f32] [--batch B] [--seq T]\n"
       "                  [--steps K] [--warmup W] [--lr X] [--seed S] [--init FILE] [--write-init FILE]\n"
       "                  [--peak-tflops X] [--json]\n"
       "  K steps are trained and printed; the first W of them are left out of the timing.\n");
@@ -111,7 +112,7 @@ bool parse(int argc, char** argv, Flags& f) {
 const Preset& preset_named(const std::string& name) {
   for (const Preset& p : kPresets)
     if (name == p.name) return p;
-  fail("train_step: unknown --model ", name, " (tiny, 124m, 350m)");
+  fail("train_step: unknown --model ", name, " (tiny, small, 124m, 350m)");
 }
 
 // Dense bf16 tensor-core peak of the GPUs this bench is meant for; 0 when unknown

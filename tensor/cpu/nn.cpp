@@ -1,5 +1,8 @@
 // Row kernels of the neural-network primitives: softmax, layer norm, embedding
-// and cross-entropy. Statistics are accumulated in f64.
+// and cross-entropy. Statistics are accumulated in f64; the exponentials of softmax and
+// cross-entropy run through Eigen's vectorised f64 exp (within an ulp of std::exp), a
+// row at a time in a scratch buffer of the thread's.
+#include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -22,14 +25,25 @@ struct RowLse {
   double shifted(double x) const { return (x - max) - log_total; }  // x - lse
 };
 
+using Row = Eigen::Map<Eigen::ArrayXd>;
+
+// A row in f64, in this thread's scratch buffer (valid until the next call on the thread).
 template <class T>
-RowLse row_lse(const T* row, int64_t length) {
-  double max = -std::numeric_limits<double>::infinity();
-  for (int64_t j = 0; j < length; ++j) max = std::max(max, static_cast<double>(compute_t<T>(row[j])));
-  double total = 0;
-  for (int64_t j = 0; j < length; ++j) total += std::exp(static_cast<double>(compute_t<T>(row[j])) - max);
-  return {max, std::log(total)};
+Row widened_row(const T* row, int64_t length) {
+  thread_local std::vector<double> scratch;
+  if (static_cast<int64_t>(scratch.size()) < length) scratch.resize(static_cast<size_t>(length));
+  for (int64_t j = 0; j < length; ++j) scratch[static_cast<size_t>(j)] = static_cast<double>(compute_t<T>(row[j]));
+  return Row(scratch.data(), length);
 }
+
+RowLse row_lse(const Row& row) {
+  double max = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < row.size(); ++j) max = std::max(max, row[j]);  // NaN passes over, as it must
+  return {max, std::log((row - max).exp().sum())};
+}
+
+template <class T>
+RowLse row_lse(const T* row, int64_t length) { return row_lse(widened_row(row, length)); }
 
 }  // namespace
 
@@ -38,13 +52,12 @@ void CpuBackend::softmax(const Tensor& in, bool log, const Tensor& out) {
   const int64_t rows = in.size(0), length = in.size(1);
   with_float(in.dtype(), "softmax", [&]<class T>() {
     for (int64_t i = 0; i < rows; ++i) {
-      const T* x = in.data<T>() + i * length;
       T* y = out.data<T>() + i * length;
-      const RowLse lse = row_lse(x, length);
-      for (int64_t j = 0; j < length; ++j) {
-        const double shifted = lse.shifted(static_cast<double>(compute_t<T>(x[j])));
-        y[j] = convert<T>(log ? shifted : std::exp(shifted));
-      }
+      Row row = widened_row(in.data<T>() + i * length, length);
+      const RowLse lse = row_lse(row);
+      row = (row - lse.max) - lse.log_total;  // x - lse, as RowLse::shifted
+      if (!log) row = row.exp();
+      for (int64_t j = 0; j < length; ++j) y[j] = convert<T>(row[j]);
     }
   });
 }
@@ -228,8 +241,9 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
           // x - lse as (x - x[t]) - loss, or from the row's stats: x - lse = (x - max) - log_total.
           const bool usable = std::isfinite(target_logit) && std::fabs(loss_i) <= kCrossEntropyLossUsable;
           const RowLse lse = usable ? RowLse{target_logit, loss_i} : row_lse(x, classes);
-          for (int64_t j = 0; j < classes; ++j)
-            dx[j] = convert<T>(g * (std::exp(lse.shifted(static_cast<double>(compute_t<T>(x[j])))) - (j == t ? 1.0 : 0.0)));
+          Row p = widened_row(x, classes);
+          p = ((p - lse.max) - lse.log_total).exp();  // the probabilities, exp(x - lse)
+          for (int64_t j = 0; j < classes; ++j) dx[j] = convert<T>(g * (p[j] - (j == t ? 1.0 : 0.0)));
         }
       }
     });
