@@ -77,6 +77,31 @@ void keep_master(dist::ProcessGroup& pg, dist::ShardedModel& sharded, int keeper
 
 double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
 
+// Steps [first, last) of the global batches on n ranks (f32) under `config`, loading the
+// save in `dir` first (first > 0) and saving into it at the end if asked; rank 0's master
+// weights after.
+nn::NamedTensors checkpointed_run(const std::string& dir, int n, dist::ZeroConfig config, int first, int last,
+                                  bool save_at_end) {
+  config.compute_dtype = DType::f32, config.adamw = kAdamW;
+  nn::NamedTensors result;
+  dist::run_local(n, [&](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, pg, config);
+    if (first > 0) sharded.load(dir);
+    const int64_t rows = kBatch / n;
+    for (int s = first; s < last; ++s) {
+      const auto [x, y] = global_batch(s);
+      sharded.zero_grad();
+      model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss.backward();
+      sharded.step(1e-3);
+    }
+    if (save_at_end) sharded.save(dir, {{"data_position", std::to_string(last)}});
+    keep_master(pg, sharded, 0, result);
+  });
+  return result;
+}
+
 }  // namespace
 
 TEST_CASE("a GPT built deferred and sharded at N = 1, 2, 4 and every stage starts from a one-rank build's weights") {
@@ -427,30 +452,14 @@ namespace zg::test {
 TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage 1 and N=1; export one file") {
   const std::string dir = "/tmp/zg_test_sharded_" + std::to_string(::getpid());
   // Train 3 steps at N=4, stage 3, save, and (the reference) go on for 2 more steps.
-  auto train = [&](int n, int stage, int first_step, int last_step, bool save_at_end, bool load_first) {
-    nn::NamedTensors result;
-    dist::run_local(n, [&](dist::ProcessGroup& pg) {
-      manual_seed(1);
-      nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::f32, .adamw = kAdamW});
-      if (load_first) sharded.load(dir);
-      const int64_t rows = kBatch / n;
-      for (int s = first_step; s < last_step; ++s) {
-        const auto [x, y] = global_batch(s);
-        sharded.zero_grad();
-        model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss.backward();
-        sharded.step(1e-3);
-      }
-      if (save_at_end) sharded.save(dir, {{"data_position", std::to_string(last_step)}});
-      keep_master(pg, sharded, 0, result);
-    });
-    return result;
+  auto train = [&](int n, int stage, int first_step, int last_step, bool save_at_end) {
+    return checkpointed_run(dir, n, {.stage = stage}, first_step, last_step, save_at_end);
   };
-  train(4, 3, 0, 3, true, false);
-  const nn::NamedTensors uninterrupted = train(4, 3, 0, 5, false, false);
-  CHECK(max_difference(train(2, 1, 3, 5, false, true), uninterrupted) <= 1e-5);
-  CHECK(max_difference(train(1, 0, 3, 5, false, true), uninterrupted) <= 1e-5);
-  CHECK(max_difference(train(4, 2, 3, 5, false, true), uninterrupted) <= 1e-5);
+  train(4, 3, 0, 3, true);
+  const nn::NamedTensors uninterrupted = train(4, 3, 0, 5, false);
+  CHECK(max_difference(train(2, 1, 3, 5, false), uninterrupted) <= 1e-5);
+  CHECK(max_difference(train(1, 0, 3, 5, false), uninterrupted) <= 1e-5);
+  CHECK(max_difference(train(4, 2, 3, 5, false), uninterrupted) <= 1e-5);
 
   // A consolidated export loads as a plain module state.
   dist::run_local(2, [&](dist::ProcessGroup& pg) {
@@ -472,7 +481,7 @@ TEST_CASE("sharded checkpoints reshard: save at N=4 stage 3, resume at N=2 stage
 
   // A save of another world size is missing a file: a clear error, not a partial load.
   std::filesystem::remove(save + "/rank-00002-of-00004.safetensors");
-  CHECK_THROWS_WITH_AS(train(2, 1, 3, 4, false, true), doctest::Contains("rank-00002-of-00004.safetensors is missing"),
+  CHECK_THROWS_WITH_AS(train(2, 1, 3, 4, false), doctest::Contains("rank-00002-of-00004.safetensors is missing"),
                        Error);
   std::filesystem::remove_all(dir);
 }
@@ -538,24 +547,7 @@ TEST_CASE("hybrid sharding (HSDP): shards within groups of S, replicas across; t
 TEST_CASE("a hybrid-sharded checkpoint holds one copy of each shard and loads at any N, S and stage") {
   const std::string dir = "/tmp/zg_test_hsdp_" + std::to_string(::getpid());
   auto train = [&](int n, int shard, int stage, int first_step, int last_step, bool save_at_end) {
-    nn::NamedTensors result;
-    dist::run_local(n, [&](dist::ProcessGroup& pg) {
-      manual_seed(1);
-      nn::GPT model(zero_config());
-      dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::f32, .adamw = kAdamW,
-                                             .shard_group_size = shard});
-      if (first_step > 0) sharded.load(dir);
-      const int64_t rows = kBatch / n;
-      for (int s = first_step; s < last_step; ++s) {
-        const auto [x, y] = global_batch(s);
-        sharded.zero_grad();
-        model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss.backward();
-        sharded.step(1e-3);
-      }
-      if (save_at_end) sharded.save(dir);
-      keep_master(pg, sharded, 0, result);
-    });
-    return result;
+    return checkpointed_run(dir, n, {.stage = stage, .shard_group_size = shard}, first_step, last_step, save_at_end);
   };
   train(4, 2, 3, 0, 3, true);
   const std::string save = dist::ShardedModel::current_save(dir);
