@@ -671,6 +671,36 @@ TEST_CASE("mlp is linear with GELU then linear, forward and backward, keeping le
   CHECK(memory_stats(kMeta).allocated_total - before == y.nbytes() + 8 * 64 * 2);
 }
 
+TEST_CASE("the CPU's fused f32 attention matches the composed f64 path, forward and backward, masked or not") {
+  // f32 takes tensor/cpu/attention.cpp (query blocks of 64: T = 150 makes three, the last
+  // partial); f64 stays composed (matmul, mask, softmax). q, k, v are [B, T, H, D] buffers
+  // seen as [B, H, T, D]; keys may be fewer than queries, or more.
+  for (const bool causal : {false, true})
+    for (const int64_t keys : {int64_t(150), int64_t(97), int64_t(200)}) {
+      INFO("causal " << causal << " keys " << keys);
+      manual_seed(11);
+      const int64_t batch = 2, heads = 3, queries = 150, head = 16;
+      const Tensor q64 = randn({batch, queries, heads, head}, DType::f64), k64 = randn({batch, keys, heads, head}, DType::f64);
+      const Tensor v64 = randn({batch, keys, heads, head}, DType::f64), g64 = randn({batch, heads, queries, head}, DType::f64);
+      std::vector<Tensor> results[2];
+      for (const DType dt : {DType::f64, DType::f32}) {
+        std::vector<Tensor> leaves;
+        for (const Tensor& t : {q64, k64, v64}) leaves.push_back(t.to(dt).detach().set_requires_grad(true));
+        const Tensor y = scaled_dot_product_attention(leaves[0].transpose(1, 2), leaves[1].transpose(1, 2),
+                                                      leaves[2].transpose(1, 2), causal);
+        sum(y * g64.to(dt)).backward();
+        results[dt == DType::f32] = {y.detach(), leaves[0].grad(), leaves[1].grad(), leaves[2].grad()};
+      }
+      const char* names[] = {"out", "dq", "dk", "dv"};
+      for (int i = 0; i < 4; ++i) {
+        const std::string what = names[i];
+        INFO(what);
+        const double error = max(abs(results[1][i].to(DType::f64) - results[0][i])).item<double>();
+        CHECK(error < 2e-5 * (1 + max(abs(results[0][i])).item<double>()));
+      }
+    }
+}
+
 TEST_CASE("packed_attention is split + scaled_dot_product_attention, forward and backward, on every device") {
   // [B, T, 3C] with C = H * D; D = 64 and 16-bit dtypes take cuDNN's fused kernels on a GPU.
   const int64_t batch = 2, time = 16, heads = 2, head = 64, channels = heads * head;
