@@ -204,6 +204,8 @@ class ShardedModel final : public ParameterOwner {
   //    scaler (a disabled one has no state).
   //  - The generator state is saved per rank; at a larger world size, the ranks the save
   //    did not have take the last saved rank's (reseed them if they need streams apart).
+  //  - Hybrid sharding: a file per rank of the shard group (NNNNN = S), written by the first
+  //    group alone (the others hold the same slices); its generator states are that group's.
   //  - load() also takes, as `dir`, the single file of the former optim::save_checkpoint
   //    (format zerograd-training-checkpoint-1), at any world size and stage.
   void save(const std::string& dir, const Metadata& extra = {}, const optim::GradScaler* scaler = nullptr,
