@@ -497,6 +497,15 @@ int main(int argc, char** argv) {
         ZG_CHECK(i + 1 < argc, "zero_memory: ", a, " needs a value");
         return argv[++i];
       };
+      auto words = [](const std::string& list) {  // a comma-separated list
+        std::vector<std::string> out;
+        for (size_t at = 0; at <= list.size();) {
+          const size_t comma = std::min(list.find(',', at), list.size());
+          out.push_back(list.substr(at, comma - at));
+          at = comma + 1;
+        }
+        return out;
+      };
       auto rate = [&](double unit) {  // a positive number, in `unit`s
         const std::string v = value();
         char* end = nullptr;
@@ -515,13 +524,11 @@ int main(int argc, char** argv) {
       if (a == "--model") model_name = value();
       else if (a == "--world-size") {
         const std::string list = value();
-        for (size_t at = 0; at <= list.size();) {
-          const size_t comma = std::min(list.find(',', at), list.size());
+        for (const std::string& word : words(list)) {
           int64_t n = 0;
-          ZG_CHECK(parse_number(list.substr(at, comma - at), n) && n >= 1 && n <= (1 << 20),
+          ZG_CHECK(parse_number(word, n) && n >= 1 && n <= (1 << 20),
                    "zero_memory: --world-size needs whole numbers in [1, 1048576], comma-separated, got '", list, "'");
           worlds.push_back(static_cast<int>(n));
-          at = comma + 1;
         }
         world = worlds.front();
       }
@@ -555,14 +562,7 @@ int main(int argc, char** argv) {
       else if (a == "--largest-on") largest_on = static_cast<double>(number(1, 1 << 20));
       else if (a == "--shard-group") g_shard_group = static_cast<int>(number(1, 1 << 20));
       else if (a == "--prefetch-bytes") g_prefetch_bytes = number(0, INT64_MAX);
-      else if (a == "--keep-after-forward") {
-        const std::string list = value();
-        for (size_t at = 0; at <= list.size();) {
-          const size_t comma = std::min(list.find(',', at), list.size());
-          g_keep_after_forward.push_back(list.substr(at, comma - at));
-          at = comma + 1;
-        }
-      }
+      else if (a == "--keep-after-forward") g_keep_after_forward = words(value());
       else {
         usage();
         return a == "--help" ? 0 : 2;
