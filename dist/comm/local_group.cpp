@@ -43,7 +43,8 @@ std::string LocalHub::failure() {
   return aborted_ ? abort_reason_ : std::string();
 }
 
-// Sub-hubs are told outside this hub's lock: a hub never holds two locks.
+// Sub-hubs are told outside this hub's lock, so no two shared hubs' locks are ever held
+// at once (child() aborts a new sub-hub under it, before any other thread can see it).
 void LocalHub::depart(int rank) {
   std::vector<std::pair<std::shared_ptr<LocalHub>, int>> children;
   {
