@@ -25,6 +25,7 @@
 #include "bench/device.h"
 #include "bench/timing.h"
 #include "tensor/backend.h"
+#include "tensor/cpu/isa.h"
 #include "zerograd.h"
 
 using namespace zg;
@@ -93,15 +94,17 @@ int run(int argc, char** argv) {
   const double copy_ms = bench::ms_per_call(copy, iters, device);
   const double bytes = static_cast<double>(params * kBytesPerParameter);
   const double adamw_gbps = bytes / (adamw_ms * 1e6), copy_gbps = bytes / (copy_ms * 1e6);
+  // On the CPU, which vector loop ran (tensor/cpu/adamw.cpp; ZG_CPU_ISA caps it).
+  const std::string loop = device.type == DeviceType::cpu ? cpu::name(cpu::cpu_isa()) : "cuda";
   if (json) {
-    std::printf("{\"device\": \"%s\", \"grad\": \"%s\", \"params\": %lld, \"iters\": %lld, \"adamw_ms\": %.6g, \"adamw_gbps\": %.6g, "
+    std::printf("{\"device\": \"%s\", \"loop\": \"%s\", \"grad\": \"%s\", \"params\": %lld, \"iters\": %lld, \"adamw_ms\": %.6g, \"adamw_gbps\": %.6g, "
                 "\"copy_ms\": %.6g, \"copy_gbps\": %.6g, \"ratio\": %.6g}\n",
-                bench::describe_device(device).c_str(), grad_arg.c_str(), static_cast<long long>(params),
+                bench::describe_device(device).c_str(), loop.c_str(), grad_arg.c_str(), static_cast<long long>(params),
                 static_cast<long long>(iters), adamw_ms, adamw_gbps, copy_ms, copy_gbps, adamw_gbps / copy_gbps);
     return 0;
   }
-  std::printf("fused AdamW over %lld parameters on %s, %s gradients (%lld timed calls each)\n",
-              static_cast<long long>(params), bench::describe_device(device).c_str(), grad_arg.c_str(),
+  std::printf("fused AdamW over %lld parameters on %s (%s loop), %s gradients (%lld timed calls each)\n",
+              static_cast<long long>(params), bench::describe_device(device).c_str(), loop.c_str(), grad_arg.c_str(),
               static_cast<long long>(iters));
   std::printf("  adamw  %9.3f ms  %8.1f GB/s   (28 bytes a parameter)\n", adamw_ms, adamw_gbps);
   std::printf("  copy   %9.3f ms  %8.1f GB/s   (the same bytes, device to device)\n", copy_ms, copy_gbps);

@@ -12,6 +12,7 @@
 #include "autograd/graph.h"
 #include "nn/serialize.h"
 #include "tensor/backend.h"
+#include "tensor/cpu/isa.h"
 #include "tiny_gpt.h"
 
 namespace zg::test {
@@ -170,6 +171,8 @@ TEST_CASE("the CPU AdamW kernel: each element is the f32 update, bit for bit, at
   // The vectorized loop (AVX2, 8 lanes) and its tail, the worker threads' blocks (256Ki
   // elements), bf16 and f32 gradients and compute copies: every element equals this loop's
   // f32 arithmetic (cuda/adamw.cu's order), and the bf16 copy is the master rounded.
+  // (The loop is the widest this CPU has: run with ZG_CPU_ISA=avx2 and =portable for the others.)
+  MESSAGE("CPU AdamW loop: " << std::string(cpu::name(cpu::cpu_isa())));
   manual_seed(11);
   AdamWStep step;
   step.lr = 3e-3, step.beta1 = 0.9, step.beta2 = 0.95, step.eps = 1e-8, step.weight_decay = 0.1;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tensor/dtype.h"
+#include "tensor/error.h"
 #include "tensor/int_math.h"
 #include "tensor/shape.h"
 
