@@ -19,6 +19,7 @@
 //   build/bench/train_step --model 124m --device cuda --write-init /tmp/init.safetensors
 //   python3 bench/torch_reference.py --init /tmp/init.safetensors --mode eager
 //   build/bench/train_step --device cpu --model tiny --dtype f32 --steps 20 --json
+//   build/bench/train_step --model 1.5b --batch 8 --offload optimizer --checkpointing   (ZeRO-Offload on one GPU)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,8 +52,9 @@ int64_t host_waits() {
 }
 
 struct Flags {
-  std::string model = "124m", device = "cuda", dtype = "bf16", init, write_init;
-  int64_t batch = 16, seq = 1024, steps = 20, warmup = 3;
+  std::string model = "124m", device = "cuda", dtype = "bf16", init, write_init, offload = "none";
+  int64_t batch = 16, seq = 1024, steps = 20, warmup = 3, stage = -1;  // -1: 0, or what --offload needs
+  bool checkpointing = false;
   double lr = 6e-4, peak_tflops = 0;  // 0: from the device name
   uint64_t seed = 1337;
   bool json = false;
@@ -66,14 +68,18 @@ struct Preset {
 };
 // "tiny" and "small" (4 layers of 256) are the CPU comparison's (bench/cpu_vs_torch.py).
 const Preset kPresets[] = {{"tiny", 2, 2, 64, 512, 64, 500}, {"small", 4, 4, 256, 512, 64, 500},
-                           {"124m", 12, 12, 768, 50304, 1024, 50257}, {"350m", 24, 16, 1024, 50304, 1024, 50257}};
+                           {"124m", 12, 12, 768, 50304, 1024, 50257}, {"350m", 24, 16, 1024, 50304, 1024, 50257},
+                           {"1.5b", 48, 25, 1600, 50304, 1024, 50257}};
 
 void usage() {
   std::printf(
-      "usage: train_step [--model tiny|small|124m|350m] [--device cuda|cpu] [--dtype bf16|f32] [--batch B] [--seq T]\n"
-      "                  [--steps K] [--warmup W] [--lr X] [--seed S] [--init FILE] [--write-init FILE]\n"
+      "usage: train_step [--model tiny|small|124m|350m|1.5b] [--device cuda|cpu] [--dtype bf16|f32] [--batch B]\n"
+      "                  [--seq T] [--steps K] [--warmup W] [--lr X] [--seed S] [--init FILE] [--write-init FILE]\n"
+      "                  [--stage 0-3] [--offload none|optimizer|optimizer+params] [--checkpointing]\n"
       "                  [--peak-tflops X] [--json]\n"
-      "  K steps are trained and printed; the first W of them are left out of the timing.\n");
+      "  K steps are trained and printed; the first W of them are left out of the timing.\n"
+      "  --stage: the ZeRO stage of the group of one (default 0; 1 with --offload optimizer, 3 with\n"
+      "  optimizer+params); --checkpointing recomputes each block's activations in backward.\n");
 }
 
 bool parse(int argc, char** argv, Flags& f) {
@@ -102,6 +108,9 @@ bool parse(int argc, char** argv, Flags& f) {
       ZG_CHECK(f.peak_tflops > 0, "train_step: --peak-tflops needs a positive number, got ", f.peak_tflops);
     }
     else if (a == "--json") f.json = true;
+    else if (a == "--stage") f.stage = args.count(a);
+    else if (a == "--offload") f.offload = args.value(a);
+    else if (a == "--checkpointing") f.checkpointing = true;
     else fail("train_step: unknown flag ", a, " (see --help)");
   }
   ZG_CHECK(f.steps > f.warmup && f.warmup >= 0, "train_step: need --steps > --warmup >= 0, got --steps ", f.steps,
@@ -112,7 +121,7 @@ bool parse(int argc, char** argv, Flags& f) {
 const Preset& preset_named(const std::string& name) {
   for (const Preset& p : kPresets)
     if (name == p.name) return p;
-  fail("train_step: unknown --model ", name, " (tiny, small, 124m, 350m)");
+  fail("train_step: unknown --model ", name, " (tiny, small, 124m, 350m, 1.5b)");
 }
 
 // Dense bf16 tensor-core peak of the GPUs this bench is meant for; 0 when unknown
@@ -131,6 +140,7 @@ int run(const Flags& f) {
   nn::GPTConfig config;
   config.n_layer = p.layers, config.n_head = p.heads, config.n_embd = p.embd;
   config.vocab_size = p.vocab, config.block_size = std::max(p.block, f.seq);
+  config.activation_checkpointing = f.checkpointing;
 
   // Weights and the token block: from --init, or GPT-2's initialisation and Philox draws.
   manual_seed(f.seed);
@@ -159,9 +169,16 @@ int run(const Flags& f) {
   tokens = tokens.to(device);
   const Tensor inputs = tokens.narrow(1, 0, f.seq).contiguous(), targets = tokens.narrow(1, 1, f.seq).contiguous();
 
-  // bf16 weights the model computes with, fp32 master and Adam moments (16 bytes a parameter).
+  // bf16 weights the model computes with, fp32 master and Adam moments (16 bytes a parameter),
+  // the last 12 in host memory with --offload.
+  const dist::Offload offload = dist::parse_offload(f.offload);
+  const int64_t stage = f.stage >= 0                               ? f.stage
+                        : offload == dist::Offload::optimizer_and_params ? 3
+                        : offload == dist::Offload::optimizer           ? 1
+                                                                         : 0;
   dist::SingleRank one;
-  dist::ShardedModel trainer(model, one, {.compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, 0.1}, .max_grad_norm = 1.0});
+  dist::ShardedModel trainer(model, one, {.stage = static_cast<int>(stage), .compute_dtype = compute,
+                                          .adamw = {0.9, 0.95, 1e-8, 0.1}, .max_grad_norm = 1.0, .offload = offload});
 
   std::vector<Tensor> losses;  // kept on the device until the timing is over
   auto step = [&]() {
@@ -177,6 +194,7 @@ int run(const Flags& f) {
   for (int64_t s = 0; s < f.warmup; ++s) step();
   backend(device).synchronize(device);
   Context::current().allocator(device)->reset_peaks();
+  Context::current().host_allocator(device)->reset_peaks();
   const int64_t waits_before = host_waits();
   // The first timed step starts on an idle GPU, so the time until step() returns is the
   // host's alone: what issuing one step's kernels costs. Well below the GPU's time per
@@ -196,34 +214,37 @@ int run(const Flags& f) {
   const std::string description = bench::describe_device(device);
   const double peak = f.peak_tflops > 0 ? f.peak_tflops : peak_tflops_of(description);
   const double mfu = peak > 0 ? tokens_per_s * flops_per_token / (peak * 1e12) : 0.0;
-  const MemoryStats mem = memory_stats(device);
+  const MemoryStats mem = memory_stats(device), host = host_memory_stats(device);
   std::vector<double> loss_values;
   for (const Tensor& l : losses) loss_values.push_back(l.item<double>());
 
   if (f.json) {
     std::printf("{\"impl\": \"zerograd\", \"model\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"batch\": %lld, "
-                "\"seq\": %lld, \"params\": %lld, \"steps\": %lld, \"timed_steps\": %lld, \"ms_per_step\": %.3f, "
+                "\"seq\": %lld, \"stage\": %lld, \"offload\": \"%s\", \"checkpointing\": %s, \"params\": %lld, \"steps\": %lld, \"timed_steps\": %lld, \"ms_per_step\": %.3f, "
                 "\"tokens_per_s\": %.1f, \"flops_per_token\": %.0f, \"mfu\": %.4f, \"peak_allocated\": %lld, "
                 "\"peak_parameter\": %lld, \"peak_gradient\": %lld, \"peak_optimizer_state\": %lld, "
-                "\"peak_activation\": %lld, \"reserved\": %lld, \"host_waits_in_steps\": %lld, \"host_issue_ms\": %.3f, "
+                "\"peak_activation\": %lld, \"reserved\": %lld, \"host_peak\": %lld, \"host_waits_in_steps\": %lld, \"host_issue_ms\": %.3f, "
                 "\"losses\": [",
                 f.model.c_str(), description.c_str(), f.dtype.c_str(), static_cast<long long>(f.batch),
-                static_cast<long long>(f.seq), static_cast<long long>(psi), static_cast<long long>(f.steps),
+                static_cast<long long>(f.seq), static_cast<long long>(stage), f.offload.c_str(),
+                f.checkpointing ? "true" : "false", static_cast<long long>(psi), static_cast<long long>(f.steps),
                 static_cast<long long>(timed), 1e3 * seconds / static_cast<double>(timed), tokens_per_s,
                 flops_per_token, mfu, static_cast<long long>(mem.peak_total),
                 static_cast<long long>(mem.peak_of(MemoryCategory::parameter)),
                 static_cast<long long>(mem.peak_of(MemoryCategory::gradient)),
                 static_cast<long long>(mem.peak_of(MemoryCategory::optimizer_state)),
                 static_cast<long long>(mem.peak_of(MemoryCategory::activation)),
-                static_cast<long long>(mem.peak_reserved), static_cast<long long>(waits_in_steps), 1e3 * issue_seconds);
+                static_cast<long long>(mem.peak_reserved), static_cast<long long>(host.peak_total),
+                static_cast<long long>(waits_in_steps), 1e3 * issue_seconds);
     for (size_t i = 0; i < loss_values.size(); ++i) std::printf("%s%.6f", i ? ", " : "", loss_values[i]);
     std::printf("]}\n");
     return 0;
   }
   auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
-  std::printf("zerograd train_step: GPT %s (%lld parameters), batch %lld x %lld tokens, %s compute, on %s\n",
+  std::printf("zerograd train_step: GPT %s (%lld parameters), batch %lld x %lld tokens, %s compute, on %s; %s%s\n",
               f.model.c_str(), static_cast<long long>(psi), static_cast<long long>(f.batch),
-              static_cast<long long>(f.seq), f.dtype.c_str(), description.c_str());
+              static_cast<long long>(f.seq), f.dtype.c_str(), description.c_str(), trainer.describe().c_str(),
+              f.checkpointing ? ", activation checkpointing" : "");
   for (size_t i = 0; i < loss_values.size(); ++i)
     std::printf("step %3zu  loss %.6f%s\n", i + 1, loss_values[i], static_cast<int64_t>(i) < f.warmup ? "  (warm-up)" : "");
   std::printf("%.2f ms/step, %.0f tokens/s over %lld timed steps (the host waited for the GPU %lld times in them)\n",
@@ -240,6 +261,10 @@ int run(const Flags& f) {
               mib(mem.peak_of(MemoryCategory::parameter)), mib(mem.peak_of(MemoryCategory::gradient)),
               mib(mem.peak_of(MemoryCategory::optimizer_state)), mib(mem.peak_of(MemoryCategory::activation)),
               mib(mem.peak_total), mib(mem.peak_reserved));
+  if (offload != dist::Offload::none)
+    std::printf("host (offloaded) peak %.1f MiB: parameter %.1f, gradient %.1f, optimizer_state %.1f\n",
+                mib(host.peak_total), mib(host.peak_of(MemoryCategory::parameter)),
+                mib(host.peak_of(MemoryCategory::gradient)), mib(host.peak_of(MemoryCategory::optimizer_state)));
   return 0;
 }
 

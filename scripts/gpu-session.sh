@@ -9,12 +9,19 @@
 #   scripts/gpu-session.sh run PART
 #                                  on the device, one call per part (each < 10 minutes),
 #                                  logs and JSON into $OUT:
-#                                  tests     every test binary
+#                                  tests     every test binary (four at a time)
 #                                  memcheck  compute-sanitizer on the CUDA areas
 #                                  bench     zero_memory on cuda (GPT-2 124M, 350M at
 #                                            N = 1, 2, 4, 8), gemm against torch_gemm.py,
 #                                            allocator, adamw, train_step against
 #                                            torch_reference.py (eager and compile)
+#                                  step      train_step and torch_reference.py alone (bench's last)
+#                                  offload   GPT-2 1.5B trained on the one GPU with the optimizer
+#                                            state (then the parameters too) in host memory;
+#                                            GPT-2 124M at ZeRO-3 against stage 0 at N = 1
+#                                  host      the CPU AdamW's loops (avx512, avx2, portable) on the
+#                                            device machine's CPU: test_optim and bench/adamw
+#                                            at 10M and 100M parameters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -50,13 +57,41 @@ case "${1:-}" in
     status=0
     note() { echo "$*" | tee -a "$OUT/summary.txt"; }
     case "$part" in
-      tests)  # every test binary (issue 4 and 5's GPU items)
-        for t in build-gpu/tests/test_*; do
-          case "$t" in *test_mpi) continue ;; esac  # OpenMPI is not on the device; CI runs it
-          echo "== $t" >> "$OUT/tests.log"
-          timeout 300 "$t" >> "$OUT/tests.log" 2>&1 || { status=1; echo "FAILED: $t" | tee -a "$OUT/tests.log"; }
+      tests)  # every test binary (issue 4 and 5's GPU items), four at a time, a log each
+        mkdir -p "$OUT/tests"
+        # OpenMPI is not on the device (CI runs test_mpi); the fuzzers are CI's too.
+        ls build-gpu/tests/test_* | grep -v -e 'test_mpi$' | xargs -P 4 -I{} sh -c \
+          't="{}"; log="$0/tests/$(basename "$t").log"; timeout 300 "$t" > "$log" 2>&1 || echo "FAILED: $t (exit $?)" >> "$log"' "$OUT"
+        for log in "$OUT"/tests/*.log; do
+          { echo "== $(basename "$log" .log)"; cat "$log"; } >> "$OUT/tests.log"
+          grep -q '^FAILED' "$log" && status=1
         done
         grep -E '^== |^FAILED|^\[doctest\] test cases' "$OUT/tests.log" | tee -a "$OUT/summary.txt"
+        ;;
+      offload)  # issue 26 on a GPU: ZeRO-Offload at N = 1; issue 31: ZeRO-3 at N = 1 against stage 0
+        for args in "--stage 0" "--stage 3"; do
+          timeout 90 build-gpu/bench/train_step --model 124m --device cuda --steps 12 $args --json \
+            > "$OUT/train_step_124m_${args// /_}.json" 2>&1 || note "train_step 124m $args failed"
+        done
+        for offload in optimizer optimizer+params; do
+          timeout 180 build-gpu/bench/train_step --model 1.5b --device cuda --batch 8 --steps 6 --warmup 2 \
+            --checkpointing --offload "$offload" > "$OUT/train_step_1.5b_offload_$offload.txt" 2>&1 ||
+            note "train_step 1.5b --offload $offload failed"
+          grep -E 'ms/step|MFU|peak' "$OUT/train_step_1.5b_offload_$offload.txt" >> "$OUT/summary.txt" || true
+        done
+        ;;
+      host)  # issue 26's CPU AdamW on this machine's CPU, each loop (ZG_CPU_ISA caps the widest)
+        grep -m1 'model name' /proc/cpuinfo | tee -a "$OUT/summary.txt"
+        grep -o -w -m1 -e avx512f /proc/cpuinfo | head -n 1 | tee -a "$OUT/summary.txt" || true
+        for isa in avx512 avx2 portable; do
+          ZG_CPU_ISA=$isa timeout 60 build-gpu/tests/test_optim -tc='*CPU AdamW*' > "$OUT/test_optim_$isa.log" 2>&1 ||
+            { status=1; note "test_optim's CPU AdamW case failed with ZG_CPU_ISA=$isa"; }
+          grep -E 'loop|test cases' "$OUT/test_optim_$isa.log" | sed "s/^/$isa: /" >> "$OUT/summary.txt"
+          for n in 10000000 100000000; do
+            ZG_CPU_ISA=$isa timeout 60 build-gpu/bench/adamw --device cpu --params $n --grad f32 --json \
+              >> "$OUT/adamw_cpu.jsonl" 2>&1 || note "adamw cpu $isa $n failed"
+          done
+        done
         ;;
       memcheck)  # compute-sanitizer on the areas that launch kernels
         # (API errors are not reported: test_cuda_runtime asks cudaMalloc for 32 TiB on purpose.)
@@ -87,6 +122,9 @@ case "${1:-}" in
         timeout 60 build-gpu/bench/allocator --json > "$OUT/allocator.json" 2>&1 || note "allocator failed"
         timeout 60 build-gpu/bench/adamw > "$OUT/adamw.txt" 2>&1 || note "adamw failed"
         tail -n 1 "$OUT/adamw.txt" >> "$OUT/summary.txt"
+        bash "$0" run step || status=1
+        ;;
+      step)  # the training step against PyTorch (issue 31): also the last of `bench`
         # GPT-2 124M, batch 16 x 1024: zerograd, then PyTorch eager and torch.compile from the same
         # weights and tokens (the init file is 0.5 GB: it stays out of $OUT). At lr 1e-4: at the
         # default 6e-4, 20 steps of Adam without warm-up on one repeated batch are chaotic (loss
@@ -103,12 +141,12 @@ case "${1:-}" in
           tail -n 1 "$OUT/torch_$mode.txt" >> "$OUT/summary.txt"
         done
         ;;
-      *) echo "run: part must be tests, memcheck or bench, got '$part'" >&2; exit 2 ;;
+      *) echo "run: part must be tests, memcheck, bench, step, offload or host, got '$part'" >&2; exit 2 ;;
     esac
     exit $status
     ;;
   *)
-    echo "usage: scripts/gpu-session.sh build | run tests|memcheck|bench" >&2
+    echo "usage: scripts/gpu-session.sh build | run tests|memcheck|bench|step|offload|host" >&2
     exit 2
     ;;
 esac
