@@ -194,7 +194,7 @@ int run(const Flags& f) {
   for (int64_t s = 0; s < f.warmup; ++s) step();
   backend(device).synchronize(device);
   Context::current().allocator(device)->reset_peaks();
-  Context::current().host_allocator(device)->reset_peaks();
+  Context::current().host_allocator()->reset_peaks();  // offload's pool, in host memory
   const int64_t waits_before = host_waits();
   // The first timed step starts on an idle GPU, so the time until step() returns is the
   // host's alone: what issuing one step's kernels costs. Well below the GPU's time per
@@ -214,7 +214,7 @@ int run(const Flags& f) {
   const std::string description = bench::describe_device(device);
   const double peak = f.peak_tflops > 0 ? f.peak_tflops : peak_tflops_of(description);
   const double mfu = peak > 0 ? tokens_per_s * flops_per_token / (peak * 1e12) : 0.0;
-  const MemoryStats mem = memory_stats(device), host = host_memory_stats(device);
+  const MemoryStats mem = memory_stats(device), host = host_memory_stats();
   std::vector<double> loss_values;
   for (const Tensor& l : losses) loss_values.push_back(l.item<double>());
 
