@@ -4,6 +4,7 @@
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loops.h"
+#include "tensor/cpu/thread_pool.h"
 #include "tensor/philox.h"
 
 namespace zg {
@@ -71,7 +72,16 @@ void CpuBackend::fill_random(const Tensor& out, const RandomSpec& spec) {
 
 void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
-    if (src.nbytes() > 0) std::memmove(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(src.nbytes()));
+    const auto* from = static_cast<const char*>(src.data_ptr());
+    auto* to = static_cast<char*>(dst.data_ptr());
+    const int64_t bytes = src.nbytes();
+    if (from + bytes <= to || to + bytes <= from) {  // apart: in blocks over the threads
+      parallel_for(bytes, int64_t{1} << 20, [&](int64_t begin, int64_t end) {
+        std::memcpy(to + begin, from + begin, static_cast<size_t>(end - begin));
+      });
+    } else if (bytes > 0) {
+      std::memmove(to, from, static_cast<size_t>(bytes));
+    }
     return;
   }
   dispatch(src.dtype(), [&]<class From>() {

@@ -11,48 +11,66 @@
 #include "tensor/error.h"
 #include "tensor/int_math.h"
 #include "tensor/shape.h"
+#include "tensor/cpu/thread_pool.h"
 
 namespace zg::cpu {
 
-// f(offsets) for each element; offsets[j] indexes operand j.
+// Elements a block of the element loops hands to one thread: large enough that the
+// hand-off costs nothing next to it, small enough that a 2-core machine shares a tensor of
+// a few hundred KiB.
+constexpr int64_t kElementGrain = int64_t{1} << 15;
+
+// f(offsets) for each element; offsets[j] indexes operand j. For maps only -- each element
+// written depends on its own inputs alone: blocks of elements run on the backend's worker
+// threads (tensor/cpu/thread_pool.h), so f is called concurrently for different elements.
 template <size_t N, class F>
 void for_each_element(const Shape& shape, const std::array<const Shape*, N>& strides, F&& f) {
   const int64_t rank = static_cast<int64_t>(shape.size());
   const int64_t count = numel(shape);
-  std::array<int64_t, N> base{};
   if (count == 0) return;
   if (rank == 0) {
-    f(base);
+    f(std::array<int64_t, N>{});
     return;
   }
   // Fast path: every operand contiguous, so all offsets are the flat index.
   const Shape contiguous = contiguous_strides(shape);
   if (std::all_of(strides.begin(), strides.end(), [&](const Shape* s) { return *s == contiguous; })) {
-    for (int64_t i = 0; i < count; ++i) {
-      std::array<int64_t, N> offsets;
-      offsets.fill(i);
-      f(offsets);
-    }
+    parallel_for(count, kElementGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        std::array<int64_t, N> offsets;
+        offsets.fill(i);
+        f(offsets);
+      }
+    });
     return;
   }
-  const int64_t inner = shape[rank - 1];
+  // Rows of the innermost dimension, in blocks: each block finds its first row's offsets,
+  // then walks an odometer over the outer dimensions.
+  const int64_t inner = shape[rank - 1], rows = count / inner;
   std::array<int64_t, N> inner_stride;
   for (size_t j = 0; j < N; ++j) inner_stride[j] = (*strides[j])[rank - 1];
-  std::vector<int64_t> index(rank, 0);
-  for (int64_t outer = 0; outer < count / inner; ++outer) {
-    std::array<int64_t, N> offsets = base;
-    for (int64_t i = 0; i < inner; ++i) {
-      f(offsets);
-      for (size_t j = 0; j < N; ++j) offsets[j] += inner_stride[j];
+  parallel_for(rows, std::max<int64_t>(1, kElementGrain / inner), [&](int64_t first, int64_t last) {
+    std::vector<int64_t> index(rank, 0);
+    std::array<int64_t, N> base{};
+    for (int64_t d = rank - 2, rest = first; d >= 0; --d) {
+      index[d] = rest % shape[d];
+      rest /= shape[d];
+      for (size_t j = 0; j < N; ++j) base[j] += index[d] * (*strides[j])[d];
     }
-    // Advance the odometer over the outer dims.
-    for (int64_t d = rank - 2; d >= 0; --d) {
-      for (size_t j = 0; j < N; ++j) base[j] += (*strides[j])[d];
-      if (++index[d] < shape[d]) break;
-      for (size_t j = 0; j < N; ++j) base[j] -= (*strides[j])[d] * shape[d];
-      index[d] = 0;
+    for (int64_t row = first; row < last; ++row) {
+      std::array<int64_t, N> offsets = base;
+      for (int64_t i = 0; i < inner; ++i) {
+        f(offsets);
+        for (size_t j = 0; j < N; ++j) offsets[j] += inner_stride[j];
+      }
+      for (int64_t d = rank - 2; d >= 0; --d) {  // advance the odometer over the outer dims
+        for (size_t j = 0; j < N; ++j) base[j] += (*strides[j])[d];
+        if (++index[d] < shape[d]) break;
+        for (size_t j = 0; j < N; ++j) base[j] -= (*strides[j])[d] * shape[d];
+        index[d] = 0;
+      }
     }
-  }
+  });
 }
 
 template <class T>

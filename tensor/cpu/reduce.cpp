@@ -1,10 +1,16 @@
 // Row reductions over a contiguous [M, R] matrix. Floating-point sums
 // accumulate in f64, so the CPU is the accurate reference the GPU is checked
 // against. max/min propagate NaN; argmax/argmin return the first extreme index.
+// Rows are shared by the worker threads; a long row's sums (a gradient norm over a
+// whole shard) are taken in fixed blocks added in order, so the result does not depend
+// on the thread count.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loops.h"
+#include "tensor/cpu/thread_pool.h"
 
 namespace zg::cpu {
 
@@ -27,6 +33,26 @@ int64_t extreme_index(const T* row, int64_t length, Better better) {
   return best;
 }
 
+// sum_j term(row[j]) over a row: one pass, or (a long row) fixed blocks summed on the
+// worker threads, then added in block order.
+template <class Acc, class T, class Term>
+Acc row_sum(const T* row, int64_t length, Term term) {
+  const auto sum = [&](int64_t begin, int64_t end) {
+    Acc total = 0;
+    for (int64_t j = begin; j < end; ++j) total = wrapping_add(total, term(row[j]));
+    return total;
+  };
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  if (length <= kBlock) return sum(0, length);
+  std::vector<Acc> partial(static_cast<size_t>((length + kBlock - 1) / kBlock));
+  parallel_for(static_cast<int64_t>(partial.size()), 1, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) partial[b] = sum(b * kBlock, std::min(length, (b + 1) * kBlock));
+  });
+  Acc total = 0;
+  for (const Acc p : partial) total = wrapping_add(total, p);
+  return total;
+}
+
 }  // namespace
 
 void CpuBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
@@ -35,36 +61,37 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
     if constexpr (!std::is_same_v<T, bool>) {
       using Acc = std::conditional_t<is_float_v<T>, double, int64_t>;
       const T* x = in.data<T>();
-      for (int64_t i = 0; i < rows; ++i) {
-        const T* row = x + i * length;
-        auto greater = [](auto a, auto b) { return a > b; };
-        auto less = [](auto a, auto b) { return a < b; };
-        switch (op) {
-          case ReduceOp::sum:
-          case ReduceOp::mean: {
-            Acc total = 0;
-            for (int64_t j = 0; j < length; ++j) total = wrapping_add(total, static_cast<Acc>(compute_t<T>(row[j])));
-            const double value = op == ReduceOp::mean ? static_cast<double>(total) / static_cast<double>(length)
-                                                      : static_cast<double>(total);
-            if constexpr (is_float_v<T>) out.data<T>()[i] = convert<T>(value);
-            else out.data<T>()[i] = static_cast<T>(total);
-            break;
-          }
-          case ReduceOp::max: out.data<T>()[i] = row[extreme_index(row, length, greater)]; break;
-          case ReduceOp::min: out.data<T>()[i] = row[extreme_index(row, length, less)]; break;
-          case ReduceOp::argmax: out.data<int64_t>()[i] = extreme_index(row, length, greater); break;
-          case ReduceOp::argmin: out.data<int64_t>()[i] = extreme_index(row, length, less); break;
-          case ReduceOp::sum_of_squares: {
-            double total = 0;
-            for (int64_t j = 0; j < length; ++j) {
-              const double x = static_cast<double>(compute_t<T>(row[j]));
-              total += x * x;
+      const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, length));
+      parallel_for(rows, grain, [&](int64_t first, int64_t last) {
+        for (int64_t i = first; i < last; ++i) {
+          const T* row = x + i * length;
+          auto greater = [](auto a, auto b) { return a > b; };
+          auto less = [](auto a, auto b) { return a < b; };
+          switch (op) {
+            case ReduceOp::sum:
+            case ReduceOp::mean: {
+              const Acc total = row_sum<Acc>(row, length, [](T v) { return static_cast<Acc>(compute_t<T>(v)); });
+              const double value = op == ReduceOp::mean ? static_cast<double>(total) / static_cast<double>(length)
+                                                        : static_cast<double>(total);
+              if constexpr (is_float_v<T>) out.data<T>()[i] = convert<T>(value);
+              else out.data<T>()[i] = static_cast<T>(total);
+              break;
             }
-            dispatch(out.dtype(), [&]<class S>() { out.data<S>()[i] = convert<S>(total); });
-            break;
+            case ReduceOp::max: out.data<T>()[i] = row[extreme_index(row, length, greater)]; break;
+            case ReduceOp::min: out.data<T>()[i] = row[extreme_index(row, length, less)]; break;
+            case ReduceOp::argmax: out.data<int64_t>()[i] = extreme_index(row, length, greater); break;
+            case ReduceOp::argmin: out.data<int64_t>()[i] = extreme_index(row, length, less); break;
+            case ReduceOp::sum_of_squares: {
+              const double total = row_sum<double>(row, length, [](T v) {
+                const double x = static_cast<double>(compute_t<T>(v));
+                return x * x;
+              });
+              dispatch(out.dtype(), [&]<class S>() { out.data<S>()[i] = convert<S>(total); });
+              break;
+            }
           }
         }
-      }
+      });
     } else {
       fail("reduce: bool tensors are summed as i64 by the front-end");
     }
