@@ -100,13 +100,20 @@ void copy_to_device(const Tensor& src, const Tensor& dst) {
   if (!direct) copy_on_device(landing, dst, on.stream);
 }
 
-// device -> host.
+// device -> host. A cast into a contiguous destination happens on the GPU first, so the
+// bytes land where they belong (offload's gradient shards: page-locked, where the copy
+// runs at the link's speed) and the host casts nothing.
 void copy_to_host(const Tensor& src, const Tensor& dst) {
   OnDevice on(src.device());
-  const Tensor packed = contiguous_on_device(src, on.stream);
-  const bool direct = dst.is_contiguous() && dst.dtype() == src.dtype();
-  const Tensor landing = direct ? dst : Tensor::empty(src.shape(), TensorOptions(src.dtype()).device(kCPU));
-  ZG_CUDA_CHECK(cudaMemcpyAsync(landing.data_ptr(), packed.data_ptr(), static_cast<size_t>(src.nbytes()),
+  Tensor packed = contiguous_on_device(src, on.stream);
+  if (dst.is_contiguous() && dst.dtype() != src.dtype()) {
+    const Tensor cast = Tensor::empty(src.shape(), TensorOptions(dst.dtype()).device(src.device()));
+    copy_on_device(packed, cast, on.stream);
+    packed = cast;
+  }
+  const bool direct = dst.is_contiguous() && dst.dtype() == packed.dtype();
+  const Tensor landing = direct ? dst : Tensor::empty(src.shape(), TensorOptions(packed.dtype()).device(kCPU));
+  ZG_CUDA_CHECK(cudaMemcpyAsync(landing.data_ptr(), packed.data_ptr(), static_cast<size_t>(packed.nbytes()),
                                 cudaMemcpyDeviceToHost, on.stream));
   wait_for_stream(on.stream);  // the host reads the data next
   raise_deferred_errors(on.device);
