@@ -108,7 +108,12 @@ bool parse(int argc, char** argv, Flags& f) {
       ZG_CHECK(f.peak_tflops > 0, "train_step: --peak-tflops needs a positive number, got ", f.peak_tflops);
     }
     else if (a == "--json") f.json = true;
-    else if (a == "--stage") f.stage = args.count(a);
+    else if (a == "--stage") {
+      const std::string stage = args.value(a);
+      ZG_CHECK(stage.size() == 1 && stage[0] >= '0' && stage[0] <= '3', "train_step: --stage must be 0, 1, 2 or 3, got '",
+               stage, "'");
+      f.stage = stage[0] - '0';
+    }
     else if (a == "--offload") f.offload = args.value(a);
     else if (a == "--checkpointing") f.checkpointing = true;
     else fail("train_step: unknown flag ", a, " (see --help)");
