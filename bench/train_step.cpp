@@ -66,14 +66,16 @@ struct Preset {
   const char* name;
   int64_t layers, heads, embd, vocab, block, tokens;  // tokens: ids drawn from [0, tokens)
 };
-// "tiny" and "small" (4 layers of 256) are the CPU comparison's (bench/cpu_vs_torch.py).
+// "tiny" and "small" (4 layers of 256) are the CPU comparison's (bench/cpu_vs_torch.py);
+// "6.7b" is GPT-3 6.7B's shape, the largest whose 14 bytes a parameter of offloaded state
+// fit a 128 GiB host (bench/zero_memory --largest-on).
 const Preset kPresets[] = {{"tiny", 2, 2, 64, 512, 64, 500}, {"small", 4, 4, 256, 512, 64, 500},
                            {"124m", 12, 12, 768, 50304, 1024, 50257}, {"350m", 24, 16, 1024, 50304, 1024, 50257},
-                           {"1.5b", 48, 25, 1600, 50304, 1024, 50257}};
+                           {"1.5b", 48, 25, 1600, 50304, 1024, 50257}, {"6.7b", 32, 32, 4096, 50304, 1024, 50257}};
 
 void usage() {
   std::printf(
-      "usage: train_step [--model tiny|small|124m|350m|1.5b] [--device cuda|cpu] [--dtype bf16|f32] [--batch B]\n"
+      "usage: train_step [--model tiny|small|124m|350m|1.5b|6.7b] [--device cuda|cpu] [--dtype bf16|f32] [--batch B]\n"
       "                  [--seq T] [--steps K] [--warmup W] [--lr X] [--seed S] [--init FILE] [--write-init FILE]\n"
       "                  [--stage 0-3] [--offload none|optimizer|optimizer+params] [--checkpointing]\n"
       "                  [--peak-tflops X] [--json]\n"
@@ -126,7 +128,7 @@ bool parse(int argc, char** argv, Flags& f) {
 const Preset& preset_named(const std::string& name) {
   for (const Preset& p : kPresets)
     if (name == p.name) return p;
-  fail("train_step: unknown --model ", name, " (tiny, small, 124m, 350m, 1.5b)");
+  fail("train_step: unknown --model ", name, " (tiny, small, 124m, 350m, 1.5b, 6.7b)");
 }
 
 // Dense bf16 tensor-core peak of the GPUs this bench is meant for; 0 when unknown

@@ -17,7 +17,8 @@
 #                                            torch_reference.py (eager and compile)
 #                                  step      train_step and torch_reference.py alone (bench's last)
 #                                  offload   GPT-2 1.5B trained on the one GPU with the optimizer
-#                                            state (then the parameters too) in host memory;
+#                                            state (then the parameters too) in host memory, and
+#                                            GPT-3 6.7B's shape with both;
 #                                            GPT-2 124M at ZeRO-3 against stage 0 at N = 1
 #                                  host      the CPU AdamW's loops (avx512, avx2, portable) on the
 #                                            device machine's CPU: test_optim and bench/adamw
@@ -79,6 +80,11 @@ case "${1:-}" in
             note "train_step 1.5b --offload $offload failed"
           grep -E 'ms/step|MFU|peak' "$OUT/train_step_1.5b_offload_$offload.txt" >> "$OUT/summary.txt" || true
         done
+        # The largest GPT this machine's host memory holds the offloaded state of (14 bytes a parameter).
+        timeout 240 build-gpu/bench/train_step --model 6.7b --device cuda --batch 4 --steps 3 --warmup 1 \
+          --checkpointing --offload optimizer+params > "$OUT/train_step_6.7b_offload.txt" 2>&1 ||
+          note "train_step 6.7b --offload optimizer+params failed"
+        grep -E 'ms/step|MFU|peak' "$OUT/train_step_6.7b_offload.txt" >> "$OUT/summary.txt" || true
         ;;
       host)  # issue 26's CPU AdamW on this machine's CPU, each loop (ZG_CPU_ISA caps the widest)
         grep -m1 'model name' /proc/cpuinfo | tee -a "$OUT/summary.txt"
