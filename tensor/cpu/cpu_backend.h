@@ -32,7 +32,7 @@ class CpuBackend final : public Backend {
   void cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss,
                               const Tensor& grad_loss, const Tensor& grad_logits) override;
   bool attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const Tensor& out,
-                 const Tensor& stats) override;  // f32 (products.inc)
+                 const Tensor& stats) override;  // f32 (vectorized.inc)
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& stats,
                           const Tensor& grad_out, bool causal, double scale, const Tensor& dq, const Tensor& dk,
                           const Tensor& dv) override;

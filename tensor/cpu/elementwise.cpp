@@ -1,13 +1,12 @@
 // Elementwise kernels. Each op is a small lambda applied in the compute type
 // (f32 for f16/bf16); the op is chosen once, outside the element loop. GELU and its
-// backward on contiguous f32 take a vectorised path of their own (gelu_f32 below).
-#include <Eigen/Core>
+// backward on contiguous f32 take a vectorised path of their own (vectorized.inc).
 #include <algorithm>
 #include <cmath>
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loops.h"
-#include "tensor/cpu/thread_pool.h"
+#include "tensor/cpu/vectorized.h"
 
 namespace zg::cpu {
 
@@ -112,54 +111,18 @@ void map_binary(const Tensor& a, const Tensor& b, const Tensor& out, Fn fn) {
   });
 }
 
-// The tanh-approximated GELU and its backward on contiguous f32, the MLP's hot pair
-// (scalar libm tanh was a fifth of a CPU training step): Eigen's packet math over blocks
-// shared by the worker threads.
-//   y = 0.5 x (1 + t)                                                t = tanh u
-//   dx = g (0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2))         u = k (x + c x^3)
-// 1 + t and 1 - t come from e = exp(-2|u|) (Eigen's vectorised exp, within an ulp) without
-// cancellation -- for u >= 0, 1 + t = 2 / (1 + e) and 1 - t = 2e / (1 + e); mirrored for
-// u < 0 -- so 1 - t^2 = (1 - t)(1 + t) keeps its digits where 1 - t*t would lose them as
-// |u| grows (this is the reference the GPU's kernels are checked against).
-// `grad` null: the forward, into `out`; else the backward, dx into `out`.
 bool contiguous_f32(std::initializer_list<const Tensor*> tensors, int64_t numel) {
   for (const Tensor* t : tensors)
     if (t->dtype() != DType::f32 || !t->is_contiguous() || t->numel() != numel) return false;
   return true;
 }
 
-void gelu_f32(const Tensor& in, const Tensor* grad, const Tensor& out) {
-  using Array = Eigen::Array<float, Eigen::Dynamic, 1>;
-  using In = Eigen::Map<const Array>;
-  constexpr float k = 0.7978845608028654f, c = 0.044715f;
-  constexpr int64_t kBlock = 16384;
-  const float* x_all = in.data<float>();
-  const float* g_all = grad ? grad->data<float>() : nullptr;
-  float* y_all = out.data<float>();
-  parallel_for(in.numel(), kBlock, [&](int64_t begin, int64_t end) {
-    Array u_block(std::min(kBlock, end - begin)), big_block(u_block.size()), small_block(u_block.size());
-    for (int64_t at = begin; at < end; at += kBlock) {
-      const int64_t n = std::min(kBlock, end - at);
-      const In x(x_all + at, n);
-      Eigen::Map<Array> y(y_all + at, n);
-      auto u = u_block.head(n), big = big_block.head(n), small = small_block.head(n);
-      u = k * (x + c * x * x * x);
-      small = (-2.0f * u.abs()).exp();  // e, for now
-      big = 2.0f / (1.0f + small);
-      small *= big;
-      const auto one_plus_t = (u >= 0.0f).select(big, small), one_minus_t = (u >= 0.0f).select(small, big);
-      if (g_all == nullptr) y = 0.5f * x * one_plus_t;
-      else
-        y = In(g_all + at, n) *
-            (0.5f * one_plus_t + 0.5f * x * (one_minus_t * one_plus_t) * k * (1.0f + 3.0f * c * x * x));
-    }
-  });
-}
 
 }  // namespace
 
 void CpuBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out) {
-  if (op == UnaryOp::gelu && contiguous_f32({&in, &out}, out.numel())) return gelu_f32(in, nullptr, out);
+  if (op == UnaryOp::gelu && contiguous_f32({&in, &out}, out.numel()))
+    return vector_kernels().gelu_f32(in, nullptr, out);
   dispatch(in.dtype(), [&]<class T>() {
     if constexpr (std::is_same_v<T, bool>) {
       map_unary<T, T>(in, out, [](bool x) { return !x; });
@@ -172,7 +135,8 @@ void CpuBackend::unary(UnaryOp op, const Tensor& in, const Tensor& out) {
 }
 
 void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  if (op == BinaryOp::gelu_backward && contiguous_f32({&a, &b, &out}, out.numel())) return gelu_f32(a, &b, out);
+  if (op == BinaryOp::gelu_backward && contiguous_f32({&a, &b, &out}, out.numel()))
+    return vector_kernels().gelu_f32(a, &b, out);
   dispatch(a.dtype(), [&]<class T>() {
     if (is_comparison(op) || is_logical(op)) {
       with_predicate(op, [&](auto fn) { map_binary<T, bool>(a, b, out, fn); });

@@ -1,35 +1,32 @@
-// The backend's products go to the build of products.inc for the widest ISA this CPU has.
-#include "tensor/cpu/products.h"
+// The backend's methods that vectorized.inc implements go to the build for the widest ISA
+// this CPU has.
+#include "tensor/cpu/vectorized.h"
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/isa.h"
 
 namespace zg::cpu {
 
-namespace {
-
-const Products& products() {
+const VectorKernels& vector_kernels() {
 #if defined(__x86_64__)
-  static const Products& chosen = cpu_isa() == Isa::portable ? portable::products : avx2::products;
+  static const VectorKernels& chosen = cpu_isa() == Isa::portable ? portable::kernels : avx2::kernels;
   return chosen;
 #else
-  return portable::products;
+  return portable::kernels;
 #endif
 }
 
-}  // namespace
-
-void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) { products().matmul(a, b, out); }
+void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) { vector_kernels().matmul(a, b, out); }
 
 bool CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                            const Tensor& out, const Tensor& stats) {
-  return products().attention(q, k, v, causal, scale, out, stats);
+  return vector_kernels().attention(q, k, v, causal, scale, out, stats);
 }
 
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& stats, const Tensor& grad_out, bool causal, double scale,
                                     const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-  products().attention_backward(q, k, v, out, stats, grad_out, causal, scale, dq, dk, dv);
+  vector_kernels().attention_backward(q, k, v, out, stats, grad_out, causal, scale, dq, dk, dv);
 }
 
 }  // namespace zg::cpu

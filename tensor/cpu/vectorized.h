@@ -1,0 +1,35 @@
+// The CPU backend's kernels that gain from wide vectors (vectorized.inc: the Eigen GEMMs,
+// fused f32 attention, the GELU pair), built once per instruction set: `portable` for any
+// x86-64 (or other) CPU, `avx2` with AVX2 + FMA where the CPU has them (tensor/cpu/isa.h).
+// Eigen's kernels are templates instantiated in each build, so the AVX2 build renames
+// Eigen's namespace: the two never share a symbol the linker could pick the wrong one of.
+// (The zg headers' inline functions both include are emitted by both; the portable object
+// is linked first, and the linker keeps the first copy of each.)
+#pragma once
+
+#include "tensor/tensor.h"
+
+namespace zg::cpu {
+
+struct VectorKernels {
+  void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& out);
+  bool (*attention)(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const Tensor& out,
+                    const Tensor& stats);
+  void (*attention_backward)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& stats, const Tensor& grad_out, bool causal, double scale,
+                             const Tensor& dq, const Tensor& dk, const Tensor& dv);
+  // GELU (grad null) or its backward (dx = grad * gelu'(in)) into `out`; all contiguous f32.
+  void (*gelu_f32)(const Tensor& in, const Tensor* grad, const Tensor& out);
+};
+
+namespace portable {
+extern const VectorKernels kernels;
+}
+namespace avx2 {
+extern const VectorKernels kernels;  // only on x86-64
+}
+
+// The build for the widest ISA this CPU has.
+const VectorKernels& vector_kernels();
+
+}  // namespace zg::cpu
