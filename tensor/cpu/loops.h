@@ -73,6 +73,18 @@ void for_each_element(const Shape& shape, const std::array<const Shape*, N>& str
   });
 }
 
+// Rows a block of the row loops hands to one thread: about kElementGrain elements.
+inline int64_t row_grain(int64_t length) { return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, length)); }
+
+// fn(i) for each of `rows` rows of `length` elements, blocks of row_grain(length) rows on the
+// worker threads: for rows whose results are their own.
+template <class Fn>
+void for_each_row(int64_t rows, int64_t length, Fn&& fn) {
+  parallel_for(rows, row_grain(length), [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) fn(i);
+  });
+}
+
 template <class T>
 constexpr bool is_float_v = std::is_floating_point_v<compute_t<T>>;
 

@@ -1,7 +1,8 @@
 // Row kernels of the neural-network primitives: softmax, layer norm, embedding
 // and cross-entropy. Statistics are accumulated in f64; the exponentials of softmax and
 // cross-entropy run through Eigen's vectorised f64 exp (within an ulp of std::exp), a
-// row at a time in a scratch buffer of the thread's.
+// row at a time in a scratch buffer of the thread's. Blocks of rows run on the worker
+// threads (loops.h: for_each_row).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loops.h"
+#include "tensor/cpu/thread_pool.h"
 
 namespace zg::cpu {
 
@@ -51,14 +53,14 @@ RowLse row_lse(const T* row, int64_t length) { return row_lse(widened_row(row, l
 void CpuBackend::softmax(const Tensor& in, bool log, const Tensor& out) {
   const int64_t rows = in.size(0), length = in.size(1);
   with_float(in.dtype(), "softmax", [&]<class T>() {
-    for (int64_t i = 0; i < rows; ++i) {
+    for_each_row(rows, length, [&](int64_t i) {
       T* y = out.data<T>() + i * length;
       Row row = widened_row(in.data<T>() + i * length, length);
       const RowLse lse = row_lse(row);
       row = (row - lse.max) - lse.log_total;  // x - lse, as RowLse::shifted
       if (!log) row = row.exp();
       for (int64_t j = 0; j < length; ++j) y[j] = convert<T>(row[j]);
-    }
+    });
   });
 }
 
@@ -70,7 +72,7 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
   with_float(x.dtype(), "layer_norm", [&]<class T>() {
     const T* w = weight.defined() ? weight.data<T>() : nullptr;
     const T* b = bias.defined() ? bias.data<T>() : nullptr;
-    for (int64_t i = 0; i < rows; ++i) {
+    for_each_row(rows, channels, [&](int64_t i) {
       const T* row = x.data<T>() + i * channels;
       T* y = out.data<T>() + i * channels;
       double total = 0, squares = 0;
@@ -91,7 +93,7 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor&
         mean.data<S>()[i] = convert<S>(mu);
         rstd.data<S>()[i] = convert<S>(r);
       });
-    }
+    });
   });
 }
 
@@ -102,25 +104,26 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, co
                                      const Tensor& grad_bias) {
   const int64_t rows = x.size(0), channels = x.size(1);
   const auto width = static_cast<double>(channels);
-  std::vector<double> dw(grad_weight.defined() ? channels : 0), db(grad_bias.defined() ? channels : 0);
   with_float(x.dtype(), "layer_norm_backward", [&]<class T>() {
     const T* w = weight.defined() ? weight.data<T>() : nullptr;
     auto at = [](const T* p, int64_t j) { return static_cast<double>(compute_t<T>(p[j])); };
-    for (int64_t i = 0; i < rows; ++i) {
-      const T* xr = x.data<T>() + i * channels;
-      const T* g = grad_out.data<T>() + i * channels;
-      double mu = 0, r = 0;
+    const auto statistics = [&](int64_t i, double& mu, double& r) {
       dispatch(mean.dtype(), [&]<class S>() {
         mu = static_cast<double>(compute_t<S>(mean.data<S>()[i]));
         r = static_cast<double>(compute_t<S>(rstd.data<S>()[i]));
       });
+    };
+    // dx: blocks of rows on the worker threads.
+    for_each_row(rows, channels, [&](int64_t i) {
+      const T* xr = x.data<T>() + i * channels;
+      const T* g = grad_out.data<T>() + i * channels;
+      double mu = 0, r = 0;
+      statistics(i, mu, r);
       double mean_gxhat = 0, mean_gxhat_xhat = 0;
       for (int64_t j = 0; j < channels; ++j) {
         const double xhat = (at(xr, j) - mu) * r, gxhat = at(g, j) * (w ? at(w, j) : 1.0);
         mean_gxhat += gxhat;
         mean_gxhat_xhat += gxhat * xhat;
-        if (!dw.empty()) dw[j] += at(g, j) * xhat;
-        if (!db.empty()) db[j] += at(g, j);
       }
       mean_gxhat /= width;
       mean_gxhat_xhat /= width;
@@ -129,9 +132,27 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, co
         const double xhat = (at(xr, j) - mu) * r, gxhat = at(g, j) * (w ? at(w, j) : 1.0);
         dx[j] = convert<T>(r * (gxhat - mean_gxhat - xhat * mean_gxhat_xhat));
       }
-    }
-    for (int64_t j = 0; j < static_cast<int64_t>(dw.size()); ++j) grad_weight.data<T>()[j] = convert<T>(dw[j]);
-    for (int64_t j = 0; j < static_cast<int64_t>(db.size()); ++j) grad_bias.data<T>()[j] = convert<T>(db[j]);
+    });
+    // dw, db: blocks of channels on the worker threads, each channel summed over the rows in
+    // order (the same sums at any thread count).
+    if (!grad_weight.defined() && !grad_bias.defined()) return;
+    parallel_for(channels, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, rows)), [&](int64_t c0, int64_t c1) {
+      std::vector<double> dw(static_cast<size_t>(c1 - c0)), db(static_cast<size_t>(c1 - c0));
+      for (int64_t i = 0; i < rows; ++i) {
+        const T* xr = x.data<T>() + i * channels;
+        const T* g = grad_out.data<T>() + i * channels;
+        double mu = 0, r = 0;
+        statistics(i, mu, r);
+        for (int64_t j = c0; j < c1; ++j) {
+          dw[j - c0] += at(g, j) * ((at(xr, j) - mu) * r);
+          db[j - c0] += at(g, j);
+        }
+      }
+      for (int64_t j = c0; j < c1; ++j) {
+        if (grad_weight.defined()) grad_weight.data<T>()[j] = convert<T>(dw[j - c0]);
+        if (grad_bias.defined()) grad_bias.data<T>()[j] = convert<T>(db[j - c0]);
+      }
+    });
   });
 }
 
@@ -193,19 +214,19 @@ void CpuBackend::cross_entropy(const Tensor& logits, const Tensor& target, int64
   with_float(logits.dtype(), "cross_entropy", [&]<class T>() {
     dispatch(target.dtype(), [&]<class I>() {
       if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
-        for (int64_t i = 0; i < rows; ++i) {
+        for_each_row(rows, classes, [&](int64_t i) {
           const int64_t t = target.data<I>()[i];
           using Loss = std::conditional_t<std::is_same_v<T, double>, double, float>;
           if (t == ignore_index) {
             loss.data<Loss>()[i] = 0;
-            continue;
+            return;
           }
           ZG_CHECK(t >= 0 && t < classes, "cross_entropy: target ", t, " is out of range for ", classes,
                    " classes (row ", i, ")");
           const T* row = logits.data<T>() + i * classes;
           loss.data<Loss>()[i] =
               static_cast<Loss>(-row_lse(row, classes).shifted(static_cast<double>(compute_t<T>(row[t]))));
-        }
+        });
       }
     });
   });
@@ -223,13 +244,13 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
     dispatch(target.dtype(), [&]<class I>() {
       if constexpr (std::is_integral_v<I> && !std::is_same_v<I, bool>) {
         using Loss = std::conditional_t<std::is_same_v<T, double>, double, float>;
-        for (int64_t i = 0; i < rows; ++i) {
+        for_each_row(rows, classes, [&](int64_t i) {
           const int64_t t = target.data<I>()[i];
           const T* x = logits.data<T>() + i * classes;
           T* dx = grad_logits.data<T>() + i * classes;
           if (t == ignore_index) {
             std::fill(dx, dx + classes, convert<T>(0.0));
-            continue;
+            return;
           }
           // Checked again: the forward checked these targets, but their bytes may have
           // been written since through a raw pointer, which no version counter sees.
@@ -244,7 +265,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
           Row p = widened_row(x, classes);
           p = ((p - lse.max) - lse.log_total).exp();  // the probabilities, exp(x - lse)
           for (int64_t j = 0; j < classes; ++j) dx[j] = convert<T>(g * (p[j] - (j == t ? 1.0 : 0.0)));
-        }
+        });
       }
     });
   });

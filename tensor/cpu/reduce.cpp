@@ -61,34 +61,31 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
     if constexpr (!std::is_same_v<T, bool>) {
       using Acc = std::conditional_t<is_float_v<T>, double, int64_t>;
       const T* x = in.data<T>();
-      const int64_t grain = std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, length));
-      parallel_for(rows, grain, [&](int64_t first, int64_t last) {
-        for (int64_t i = first; i < last; ++i) {
-          const T* row = x + i * length;
-          auto greater = [](auto a, auto b) { return a > b; };
-          auto less = [](auto a, auto b) { return a < b; };
-          switch (op) {
-            case ReduceOp::sum:
-            case ReduceOp::mean: {
-              const Acc total = row_sum<Acc>(row, length, [](T v) { return static_cast<Acc>(compute_t<T>(v)); });
-              const double value = op == ReduceOp::mean ? static_cast<double>(total) / static_cast<double>(length)
-                                                        : static_cast<double>(total);
-              if constexpr (is_float_v<T>) out.data<T>()[i] = convert<T>(value);
-              else out.data<T>()[i] = static_cast<T>(total);
-              break;
-            }
-            case ReduceOp::max: out.data<T>()[i] = row[extreme_index(row, length, greater)]; break;
-            case ReduceOp::min: out.data<T>()[i] = row[extreme_index(row, length, less)]; break;
-            case ReduceOp::argmax: out.data<int64_t>()[i] = extreme_index(row, length, greater); break;
-            case ReduceOp::argmin: out.data<int64_t>()[i] = extreme_index(row, length, less); break;
-            case ReduceOp::sum_of_squares: {
-              const double total = row_sum<double>(row, length, [](T v) {
-                const double x = static_cast<double>(compute_t<T>(v));
-                return x * x;
-              });
-              dispatch(out.dtype(), [&]<class S>() { out.data<S>()[i] = convert<S>(total); });
-              break;
-            }
+      for_each_row(rows, length, [&](int64_t i) {
+        const T* row = x + i * length;
+        auto greater = [](auto a, auto b) { return a > b; };
+        auto less = [](auto a, auto b) { return a < b; };
+        switch (op) {
+          case ReduceOp::sum:
+          case ReduceOp::mean: {
+            const Acc total = row_sum<Acc>(row, length, [](T v) { return static_cast<Acc>(compute_t<T>(v)); });
+            const double value = op == ReduceOp::mean ? static_cast<double>(total) / static_cast<double>(length)
+                                                      : static_cast<double>(total);
+            if constexpr (is_float_v<T>) out.data<T>()[i] = convert<T>(value);
+            else out.data<T>()[i] = static_cast<T>(total);
+            break;
+          }
+          case ReduceOp::max: out.data<T>()[i] = row[extreme_index(row, length, greater)]; break;
+          case ReduceOp::min: out.data<T>()[i] = row[extreme_index(row, length, less)]; break;
+          case ReduceOp::argmax: out.data<int64_t>()[i] = extreme_index(row, length, greater); break;
+          case ReduceOp::argmin: out.data<int64_t>()[i] = extreme_index(row, length, less); break;
+          case ReduceOp::sum_of_squares: {
+            const double total = row_sum<double>(row, length, [](T v) {
+              const double x = static_cast<double>(compute_t<T>(v));
+              return x * x;
+            });
+            dispatch(out.dtype(), [&]<class S>() { out.data<S>()[i] = convert<S>(total); });
+            break;
           }
         }
       });
