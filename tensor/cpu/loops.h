@@ -20,6 +20,9 @@ namespace zg::cpu {
 // a few hundred KiB.
 constexpr int64_t kElementGrain = int64_t{1} << 15;
 
+// Rows a block of the row loops hands to one thread: about kElementGrain elements.
+inline int64_t row_grain(int64_t length) { return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, length)); }
+
 // f(offsets) for each element; offsets[j] indexes operand j. For maps only -- each element
 // written depends on its own inputs alone: blocks of elements run on the backend's worker
 // threads (tensor/cpu/thread_pool.h), so f is called concurrently for different elements.
@@ -49,7 +52,7 @@ void for_each_element(const Shape& shape, const std::array<const Shape*, N>& str
   const int64_t inner = shape[rank - 1], rows = count / inner;
   std::array<int64_t, N> inner_stride;
   for (size_t j = 0; j < N; ++j) inner_stride[j] = (*strides[j])[rank - 1];
-  parallel_for(rows, std::max<int64_t>(1, kElementGrain / inner), [&](int64_t first, int64_t last) {
+  parallel_for(rows, row_grain(inner), [&](int64_t first, int64_t last) {
     std::vector<int64_t> index(rank, 0);
     std::array<int64_t, N> base{};
     for (int64_t d = rank - 2, rest = first; d >= 0; --d) {
@@ -72,9 +75,6 @@ void for_each_element(const Shape& shape, const std::array<const Shape*, N>& str
     }
   });
 }
-
-// Rows a block of the row loops hands to one thread: about kElementGrain elements.
-inline int64_t row_grain(int64_t length) { return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, length)); }
 
 // fn(i) for each of `rows` rows of `length` elements, blocks of row_grain(length) rows on the
 // worker threads: for rows whose results are their own.

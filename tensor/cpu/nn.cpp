@@ -136,7 +136,7 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, co
     // dw, db: blocks of channels on the worker threads, each channel summed over the rows in
     // order (the same sums at any thread count).
     if (!grad_weight.defined() && !grad_bias.defined()) return;
-    parallel_for(channels, std::max<int64_t>(1, kElementGrain / std::max<int64_t>(1, rows)), [&](int64_t c0, int64_t c1) {
+    parallel_for(channels, row_grain(rows), [&](int64_t c0, int64_t c1) {  // blocks of about kElementGrain elements
       std::vector<double> dw(static_cast<size_t>(c1 - c0)), db(static_cast<size_t>(c1 - c0));
       for (int64_t i = 0; i < rows; ++i) {
         const T* xr = x.data<T>() + i * channels;
