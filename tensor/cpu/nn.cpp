@@ -1,7 +1,8 @@
 // Row kernels of the neural-network primitives: softmax, layer norm, embedding
 // and cross-entropy. Statistics are accumulated in f64; the exponentials of softmax and
-// cross-entropy run through Eigen's vectorised f64 exp (within an ulp of std::exp), a
-// row at a time in a scratch buffer of the thread's. Blocks of rows run on the worker
+// cross-entropy run through Eigen's vectorised f64 exp (within an ulp of std::exp; in the
+// build for this CPU's ISA, vectorized.h), a row at a time in a scratch buffer of the
+// thread's. Blocks of rows run on the worker
 // threads (loops.h: for_each_row).
 #include <Eigen/Core>
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loops.h"
 #include "tensor/cpu/thread_pool.h"
+#include "tensor/cpu/vectorized.h"
 
 namespace zg::cpu {
 
@@ -41,7 +43,7 @@ Row widened_row(const T* row, int64_t length) {
 RowLse row_lse(const Row& row) {
   double max = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < row.size(); ++j) max = std::max(max, row[j]);  // NaN passes over, as it must
-  return {max, std::log((row - max).exp().sum())};
+  return {max, std::log(vector_kernels().sum_exp(row.data(), row.size(), max))};
 }
 
 template <class T>
@@ -57,8 +59,8 @@ void CpuBackend::softmax(const Tensor& in, bool log, const Tensor& out) {
       T* y = out.data<T>() + i * length;
       Row row = widened_row(in.data<T>() + i * length, length);
       const RowLse lse = row_lse(row);
-      row = (row - lse.max) - lse.log_total;  // x - lse, as RowLse::shifted
-      if (!log) row = row.exp();
+      if (log) row = (row - lse.max) - lse.log_total;  // x - lse, as RowLse::shifted
+      else vector_kernels().exp_shifted(row.data(), length, lse.max, lse.log_total);
       for (int64_t j = 0; j < length; ++j) y[j] = convert<T>(row[j]);
     });
   });
@@ -263,7 +265,7 @@ void CpuBackend::cross_entropy_backward(const Tensor& logits, const Tensor& targ
           const bool usable = std::isfinite(target_logit) && std::fabs(loss_i) <= kCrossEntropyLossUsable;
           const RowLse lse = usable ? RowLse{target_logit, loss_i} : row_lse(x, classes);
           Row p = widened_row(x, classes);
-          p = ((p - lse.max) - lse.log_total).exp();  // the probabilities, exp(x - lse)
+          vector_kernels().exp_shifted(p.data(), classes, lse.max, lse.log_total);  // the probabilities, exp(x - lse)
           for (int64_t j = 0; j < classes; ++j) dx[j] = convert<T>(g * (p[j] - (j == t ? 1.0 : 0.0)));
         });
       }

@@ -1,5 +1,6 @@
 // The CPU backend's kernels that gain from wide vectors (vectorized.inc: the Eigen GEMMs,
-// fused f32 attention, the GELU pair), built once per instruction set: `portable` for any
+// fused f32 attention, the GELU pair, the f64 row exponentials), built once per
+// instruction set: `portable` for any
 // x86-64 (or other) CPU, `avx2` with AVX2 + FMA where the CPU has them (tensor/cpu/isa.h).
 // Eigen's kernels are templates instantiated in each build, so the AVX2 build renames
 // Eigen's namespace: the two never share a symbol the linker could pick the wrong one of.
@@ -20,6 +21,10 @@ struct VectorKernels {
                              const Tensor& dq, const Tensor& dk, const Tensor& dv);
   // GELU (grad null) or its backward (dx = grad * gelu'(in)) into `out`; all contiguous f32.
   void (*gelu_f32)(const Tensor& in, const Tensor* grad, const Tensor& out);
+  // The row exponentials of softmax and cross-entropy, in f64 (nn.cpp):
+  // sum_j exp(x_j - a), and x_j = exp((x_j - a) - b) in place.
+  double (*sum_exp)(const double* x, int64_t n, double a);
+  void (*exp_shifted)(double* x, int64_t n, double a, double b);
 };
 
 namespace portable {
