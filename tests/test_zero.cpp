@@ -195,11 +195,11 @@ TEST_CASE("equivalence holds with gradient accumulation, clipping and activation
                               {.dtype = DType::f64, .micro_batches = 2, .zero_grad_through_model = true}};
   for (ZeroRun run : variants) {
     const nn::NamedTensors reference = reference_run(run);
+    // With 4 ranks each has one row, so accumulation would run as a single micro-batch (the
+    // plain equivalence test's case): N = 4 only for the variants without micro-batches.
     for (int n : {2, 4})
-      for (int stage = 0; stage <= 3; ++stage) {
+      for (int stage = 0; stage <= 3 && (n == 2 || run.micro_batches == 1); ++stage) {
         run.stage = stage;
-        // With 4 ranks each has one row: accumulation then runs as a single micro-batch
-        // against a reference that still accumulates two.
         INFO(std::string(name(run.dtype)) << " micro-batches " << run.micro_batches << " sync every "
                                           << run.sync_every_micro_batch << " unused parameter "
                                           << run.unused_parameter << " through model "
