@@ -1,9 +1,8 @@
 // Row kernels of the neural-network primitives: softmax, layer norm, embedding
 // and cross-entropy. Statistics are accumulated in f64; the exponentials of softmax and
-// cross-entropy run through Eigen's vectorised f64 exp (within an ulp of std::exp; in the
+// cross-entropy run through Eigen's vectorised f64 exp (within an ulp of std::exp; the
 // build for this CPU's ISA, vectorized.h), a row at a time in a scratch buffer of the
-// thread's. Blocks of rows run on the worker
-// threads (loops.h: for_each_row).
+// thread's. Blocks of rows run on the worker threads (loops.h: for_each_row).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
