@@ -5,6 +5,8 @@
 #include <numeric>
 
 #include "helpers.h"
+#include "tensor/cpu/isa.h"
+#include "tensor/cpu/vectorized.h"
 
 namespace zg::test {
 namespace {
@@ -715,6 +717,31 @@ TEST_CASE("the CPU's vectorised f32 GELU and its gradient are within a few ulp o
     // x = -0.75, where its two terms cancel). Eigen's tanh with 1 - t*t read 35 at x = -4.8.
     const Tensor ulps = abs(got.to(DType::f64) - want) / (maximum(abs(want), ones({n}, DType::f64)) * 0x1p-23);
     CHECK(max(ulps).item<double>() < 8.0);
+  }
+}
+
+TEST_CASE("the CPU's f32 GEMM of each ISA build matches f64 over edge tiles, strides, and k, n past a block") {
+  // tensor/cpu/gemm.inc: tiles of 6 x 16 (6 x 8 portable), blocks of k 256, n 3072, m 144.
+  // Bound: |C - C64| <= k 2^-23 (|A| |B|), the worst case of a k-term f32 dot product.
+  std::vector<const cpu::VectorKernels*> builds{&cpu::portable::kernels};
+#if defined(__x86_64__)
+  if (cpu::cpu_isa() != cpu::Isa::portable) builds.push_back(&cpu::avx2::kernels);
+#endif
+  struct Case { int64_t m, n, k; bool trans_a, trans_b; };
+  const Case cases[] = {{1, 1, 1, false, false},    {7, 17, 5, false, false},   {150, 40, 300, true, false},
+                        {13, 3100, 20, false, true}, {145, 33, 600, true, true}, {6, 16, 256, false, false}};
+  for (const Case& c : cases) {
+    manual_seed(11);
+    const Tensor a64 = c.trans_a ? randn({1, c.k, c.m}, DType::f64).transpose(1, 2) : randn({1, c.m, c.k}, DType::f64);
+    const Tensor b64 = c.trans_b ? randn({1, c.n, c.k}, DType::f64).transpose(1, 2) : randn({1, c.k, c.n}, DType::f64);
+    const Tensor a = a64.to(DType::f32), b = b64.to(DType::f32);
+    const Tensor want = matmul(a.to(DType::f64), b.to(DType::f64)), scale = matmul(abs(a64), abs(b64));
+    for (const cpu::VectorKernels* build : builds) {
+      const Tensor got = empty({1, c.m, c.n});
+      build->matmul(a, b, got);
+      INFO("m " << c.m << " n " << c.n << " k " << c.k << (c.trans_a ? " A^T" : "") << (c.trans_b ? " B^T" : ""));
+      CHECK(max(abs(got.to(DType::f64) - want) / scale).item<double>() <= c.k * 0x1p-23);
+    }
   }
 }
 

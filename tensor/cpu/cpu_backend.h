@@ -1,5 +1,5 @@
-// The CPU backend: plain loops over strided views (tensor/cpu/loops.h), Eigen
-// for GEMM, and f16/bf16 computed in f32. Its methods are spread over the files
+// The CPU backend: plain loops over strided views (tensor/cpu/loops.h), a GEMM of its own
+// for f32 (gemm.inc; Eigen for f64), and f16/bf16 computed in f32. Its methods are spread over the files
 // of this folder, one family of kernels each.
 #pragma once
 
@@ -18,6 +18,8 @@ class CpuBackend final : public Backend {
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void reduce(ReduceOp op, const Tensor& in, const Tensor& out) override;
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void linear_weight_grad(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                          const Tensor& grad_bias) override;
   void softmax(const Tensor& in, bool log, const Tensor& out) override;
   void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                   const Tensor& mean, const Tensor& rstd) override;

@@ -11,6 +11,7 @@
 #include "tensor/cpu/cpu_backend.h"
 #include "tensor/cpu/loops.h"
 #include "tensor/cpu/thread_pool.h"
+#include "tensor/cpu/vectorized.h"
 
 namespace zg::cpu {
 
@@ -92,6 +93,28 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
     } else {
       fail("reduce: bool tensors are summed as i64 by the front-end");
     }
+  });
+}
+
+// linear()'s parameter gradients: grad_weight = grad^T x by the GEMM; grad_bias[c] = sum over
+// rows of grad[:, c], read in place by blocks of channels (each summed over the rows in
+// order, in f64, as reduce() sums a row) -- the default first copies grad^T out whole.
+void CpuBackend::linear_weight_grad(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
+                                    const Tensor& grad_bias) {
+  if (!grad_bias.defined() || !grad.is_contiguous()) return Backend::linear_weight_grad(grad, x, grad_weight, grad_bias);
+  matmul(grad.t().unsqueeze(0), x.unsqueeze(0), grad_weight.unsqueeze(0));
+  const int64_t rows = grad.size(0), channels = grad.size(1);
+  with_float(grad.dtype(), "linear_weight_grad", [&]<class T>() {
+    parallel_for(channels, std::max<int64_t>(256, row_grain(rows)), [&](int64_t c0, int64_t c1) {
+      std::vector<double> total(static_cast<size_t>(c1 - c0));
+      for (int64_t i = 0; i < rows; ++i) {
+        const T* g = grad.data<T>() + i * channels + c0;
+        if constexpr (std::is_same_v<T, float>) vector_kernels().add_row_f64(g, c1 - c0, total.data());
+        else
+          for (int64_t c = 0; c < c1 - c0; ++c) total[c] += static_cast<double>(compute_t<T>(g[c]));
+      }
+      for (int64_t c = c0; c < c1; ++c) grad_bias.data<T>()[c] = convert<T>(total[c - c0]);
+    });
   });
 }
 

@@ -123,6 +123,8 @@ Pool& pool() {
 
 }  // namespace
 
+int64_t pool_threads() { return static_cast<int64_t>(pool().workers()) + 1; }
+
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   grain = std::max<int64_t>(grain, 1);
   Pool& p = pool();

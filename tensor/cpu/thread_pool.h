@@ -19,4 +19,7 @@ namespace zg::cpu {
 // exception from fn is rethrown on the calling thread (the first; the rest are dropped).
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+// The threads a parallel_for runs on when the pool is free: the caller and the workers.
+int64_t pool_threads();
+
 }  // namespace zg::cpu

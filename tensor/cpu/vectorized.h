@@ -1,5 +1,5 @@
 // The CPU backend's kernels that gain from wide vectors (vectorized.inc: the Eigen GEMMs,
-// fused f32 attention, the GELU pair, the f64 row exponentials), built once per
+// fused f32 attention, the GELU pair, the f64 row exponentials, f64 column sums), built once per
 // instruction set: `portable` for any
 // x86-64 (or other) CPU, `avx2` with AVX2 + FMA where the CPU has them (tensor/cpu/isa.h).
 // Eigen's kernels are templates instantiated in each build, so the AVX2 build renames
@@ -25,6 +25,8 @@ struct VectorKernels {
   // sum_j exp(x_j - a), and x_j = exp((x_j - a) - b) in place.
   double (*sum_exp)(const double* x, int64_t n, double a);
   void (*exp_shifted)(double* x, int64_t n, double a, double b);
+  // total[j] += row[j] over n, widened to f64 (column sums, a row at a time).
+  void (*add_row_f64)(const float* row, int64_t n, double* total);
 };
 
 namespace portable {
