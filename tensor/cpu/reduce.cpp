@@ -99,6 +99,7 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
 // linear()'s parameter gradients: grad_weight = grad^T x by the GEMM; grad_bias[c] = sum over
 // rows of grad[:, c], read in place by blocks of channels (each summed over the rows in
 // order, in f64, as reduce() sums a row) -- the default first copies grad^T out whole.
+// Blocks of 256 channels or more: each row's part is a run the prefetcher follows.
 void CpuBackend::linear_weight_grad(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
                                     const Tensor& grad_bias) {
   if (!grad_bias.defined() || !grad.is_contiguous()) return Backend::linear_weight_grad(grad, x, grad_weight, grad_bias);
