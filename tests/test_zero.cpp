@@ -197,8 +197,9 @@ TEST_CASE("equivalence holds with gradient accumulation, clipping and activation
     const nn::NamedTensors reference = reference_run(run);
     // With 4 ranks each has one row, so accumulation would run as a single micro-batch (the
     // plain equivalence test's case): N = 4 only for the variants without micro-batches.
-    for (int n : {2, 4})
-      for (int stage = 0; stage <= 3 && (n == 2 || run.micro_batches == 1); ++stage) {
+    for (int n : {2, 4}) {
+      if (n == 4 && run.micro_batches > 1) continue;
+      for (int stage = 0; stage <= 3; ++stage) {
         run.stage = stage;
         INFO(std::string(name(run.dtype)) << " micro-batches " << run.micro_batches << " sync every "
                                           << run.sync_every_micro_batch << " unused parameter "
@@ -207,6 +208,7 @@ TEST_CASE("equivalence holds with gradient accumulation, clipping and activation
                                           << " checkpointing " << run.checkpointing << " N=" << n << " stage " << stage);
         CHECK(max_difference(sharded_run(run, n), reference) <= tolerance(run.dtype));
       }
+    }
   }
 }
 

@@ -103,7 +103,7 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& in, const Tensor& out) {
 void CpuBackend::linear_weight_grad(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
                                     const Tensor& grad_bias) {
   if (!grad_bias.defined() || !grad.is_contiguous()) return Backend::linear_weight_grad(grad, x, grad_weight, grad_bias);
-  matmul(grad.t().unsqueeze(0), x.unsqueeze(0), grad_weight.unsqueeze(0));
+  Backend::linear_weight_grad(grad, x, grad_weight, Tensor());  // the GEMM alone
   const int64_t rows = grad.size(0), channels = grad.size(1);
   with_float(grad.dtype(), "linear_weight_grad", [&]<class T>() {
     parallel_for(channels, std::max<int64_t>(256, row_grain(rows)), [&](int64_t c0, int64_t c1) {

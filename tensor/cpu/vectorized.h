@@ -1,7 +1,7 @@
-// The CPU backend's kernels that gain from wide vectors (vectorized.inc: the Eigen GEMMs,
-// fused f32 attention, the GELU pair, the f64 row exponentials, f64 column sums), built once per
-// instruction set: `portable` for any
-// x86-64 (or other) CPU, `avx2` with AVX2 + FMA where the CPU has them (tensor/cpu/isa.h).
+// The CPU backend's kernels that gain from wide vectors (vectorized.inc: the GEMMs, fused f32
+// attention, the GELU pair, the f64 row exponentials, f64 column sums), built once per
+// instruction set: `portable` for any x86-64 (or other) CPU, `avx2` with AVX2 + FMA where
+// the CPU has them (tensor/cpu/isa.h).
 // Eigen's kernels are templates instantiated in each build, so the AVX2 build renames
 // Eigen's namespace: the two never share a symbol the linker could pick the wrong one of.
 // (The zg headers' inline functions both include are emitted by both; the portable object
