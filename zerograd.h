@@ -12,6 +12,8 @@
 #include "tensor/error.h"
 #include "tensor/half.h"
 #include "tensor/memory.h"
+#include "tensor/memory_figure.h"
+#include "tensor/memory_timeline.h"
 #include "tensor/safetensors.h"
 #include "tensor/shape.h"
 #include "tensor/storage.h"

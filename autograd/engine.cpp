@@ -137,7 +137,7 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
       if (!node->pre_hooks.empty())
         grad = run_tensor_hooks(node->pre_hooks, std::move(grad), "the output of " + node->name());
       keep_retained_grad(*node, grad);
-      TraceRange range(node->name());  // nested in "backward" on a profiler's timeline
+      TraceRange range(node->name(), node->forward_path());  // nested in "backward" on a profiler's timeline
       // Its saved tensors go as soon as it has run, not at the end of the pass (as
       // PyTorch): a layer's activations are freed as its backward finishes, so the peak
       // stays at the forward's. Its formula may then write over them (get_for_overwrite).

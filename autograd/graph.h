@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/memory_timeline.h"
 #include "tensor/tensor.h"
 
 namespace zg {
@@ -104,13 +105,16 @@ class Node {
 
   Node(std::string name, std::vector<Edge> next, Backward backward)
       : name_(std::move(name)), next_(std::move(next)), backward_(std::move(backward)),
-        sequence_nr_(take_sequence_nr()) {}
+        sequence_nr_(take_sequence_nr()), forward_path_(current_trace_path()) {}
   virtual ~Node();  // iterative: a graph of any depth is freed without deep recursion
 
   const std::string& name() const { return name_; }
   // Nodes are numbered in the order they are made, across threads: a node numbered at
   // least next_sequence_nr() read at some moment was made after that moment.
   uint64_t sequence_nr() const { return sequence_nr_; }
+  // On a recording memory timeline: the ranges open when the op ran forward (its module),
+  // which its backward is drawn under.
+  TracePath forward_path() const { return forward_path_; }
   static uint64_t next_sequence_nr();
   const std::vector<Edge>& next_edges() const { return next_; }
   // Gradients for the inputs, one per edge (undefined where an input needs none).
@@ -136,6 +140,7 @@ class Node {
   std::vector<Edge> next_;
   Backward backward_;
   uint64_t sequence_nr_;
+  TracePath forward_path_;
 };
 
 // The node at the end of every path to a leaf: adds the gradient into leaf.grad()

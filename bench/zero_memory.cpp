@@ -48,6 +48,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <optional>
@@ -66,6 +67,7 @@
 #include "dist/comm/step_model.h"
 #include "dist/zero/sharded_model.h"
 #include "nn/gpt.h"
+#include "tensor/atomic_file.h"
 #include "tensor/deferred.h"
 #include "zerograd.h"
 
@@ -178,10 +180,18 @@ void check_host_memory(const Preset& preset, const std::vector<int>& stages, int
            format_bytes(available), " is available. --device meta gives the figures without allocating them");
 }
 
+// --timeline: one recording of every rank's steps (ranks may be threads: rank 0 starts
+// and ends it, between barriers).
+struct TimelineRun {
+  MemoryTimeline timeline;
+  std::optional<MemoryTimelineRecording> recording;
+};
+
 // Training steps on this rank; returns the record read after the last. With `log`, the
-// last step's kernels and collectives are recorded into it (a dry run: --simulate).
+// last step's kernels and collectives are recorded into it (a dry run: --simulate); with
+// `run`, every allocation of the steps into its timeline.
 Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, int steps, int64_t batch, int64_t seq,
-               Device device, dist::ProcessGroup& group, StepLog* log = nullptr) {
+               Device device, dist::ProcessGroup& group, StepLog* log = nullptr, TimelineRun* run = nullptr) {
   manual_seed(1);
   // Built already sharded: constructed without memory, each rank materialising its units.
   std::optional<nn::GPT> deferred;
@@ -202,6 +212,11 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
   const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
   context.host_allocator(host)->reset_peaks();
+  if (run) {
+    group.barrier();
+    if (group.rank() == 0) run->recording.emplace(run->timeline);
+    group.barrier();
+  }
   const TensorOptions ids = TensorOptions(DType::i64).device(device);
   const Tensor x = zeros({batch, seq}, ids), y = zeros({batch, seq}, ids);
   Record r{.group = group.kind(), .stage = stage, .world_size = group.size(), .rank = group.rank(),
@@ -234,6 +249,10 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
     sharded.step(1e-4);
     r.sent_across = replicas ? replicas->bytes_sent() : 0;
     r.sent_per_step = group.bytes_sent() + (replicas ? sharded.shard_group().bytes_sent() + r.sent_across : 0);
+  }
+  if (run) {
+    group.barrier();
+    if (group.rank() == 0) run->recording.reset();
   }
   const MemoryStats s = context.memory_stats(device);
   r.activation = s.peak_of(MemoryCategory::activation);
@@ -455,12 +474,40 @@ void calibrate(const Preset& preset, int64_t batch, int64_t seq, dist::ProcessGr
   if (group == nullptr || group->rank() == 0) std::printf("%s\n", flags.c_str());
 }
 
+// --timeline DIR: each setting's trace (Perfetto / chrome://tracing) and figure, named
+// after it (stage-2.json, stage-3-offload-optimizer.svg), and every setting's rank 0 on
+// one scale in stages.svg. The dashed level: the formula's model states.
+std::string setting_name(int stage, dist::Offload offload) {
+  std::string out = "stage-" + std::to_string(stage);
+  if (offload != dist::Offload::none) out += std::string("-offload-") + dist::name(offload);
+  for (char& c : out) c = c == '+' ? '-' : c;
+  return out;
+}
+std::string setting_title(int stage, dist::Offload offload) {
+  std::string out = stage == 0 ? "DDP" : "ZeRO-" + std::to_string(stage);
+  if (offload != dist::Offload::none) out += std::string(", offload ") + dist::name(offload);
+  return out;
+}
+MemoryPanel timeline_panel(const TimelineRun& run, const Record& r, Device device) {
+  return {setting_title(r.stage, r.offload), memory_series(run.timeline, 0, device),
+          {{"formula", r.formula_states}}, false};
+}
+void write_timeline(const std::string& dir, const TimelineRun& run, const Record& r, Device device,
+                    const std::string& what) {
+  const std::string base = dir + "/" + setting_name(r.stage, r.offload);
+  write_file_atomically(base + ".json", chrome_trace_json(run.timeline), "zero_memory --timeline");
+  write_file_atomically(base + ".svg",
+                        memory_figure_svg({timeline_panel(run, r, device)}, setting_title(r.stage, r.offload) + ": " + what),
+                        "zero_memory --timeline");
+}
+
 void usage() {
   std::printf(
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all]\n"
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
+      "                   [--timeline DIR]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--tflops X] [--memory-gbps X] [--kernel-us X]\n"
       "                   [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X] [--inter-us X]\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
@@ -475,7 +522,9 @@ void usage() {
       "gradient shard. --offload: roles in host memory (all: every setting\n"
       "each stage allows). --largest-on GB: per offload setting, the largest GPT whose one-rank dry run\n"
       "(activation checkpointing, batch 1 x 1024) peaks within GB of device memory. --shard-group S\n"
-      "(stages 2, 3): hybrid sharding, shards within groups of S ranks, replicas across N / S groups.\n");
+      "(stages 2, 3): hybrid sharding, shards within groups of S ranks, replicas across N / S groups.\n"
+      "--timeline DIR: every allocation of the steps, per setting a trace for ui.perfetto.dev\n"
+      "(stage-S.json) and a figure (stage-S.svg); stages.svg puts rank 0 of each on one scale.\n");
 }
 
 }  // namespace
@@ -490,6 +539,7 @@ int main(int argc, char** argv) {
   dist::Machine machine;
   int64_t batch = 1, seq = 0;
   bool json = false;
+  std::string timeline_dir;
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -553,6 +603,7 @@ int main(int argc, char** argv) {
       else if (a == "--batch") batch = number(1, INT64_MAX);
       else if (a == "--seq") seq = number(1, INT64_MAX);
       else if (a == "--json") json = true;
+      else if (a == "--timeline") timeline_dir = value();
       else if (a == "--offload") offload_arg = value();
       else if (a == "--accumulate") {
         const std::string dtype = value();
@@ -624,6 +675,14 @@ int main(int argc, char** argv) {
     ZG_CHECK(!settings.empty(), "zero_memory: no stage in --stage ", stage_arg, " allows --offload ", offload_arg,
              g_shard_group ? " with --shard-group" : "", " (optimizer: stages 1-3; optimizer+params: stage 3; "
              "--shard-group: stages 2-3)");
+    ZG_CHECK(timeline_dir.empty() || (!processes && !simulate_step), "zero_memory: --timeline records the ranks of "
+             "this process (--device meta, or cpu / cuda with the ranks as threads), not under mpirun or --simulate");
+    if (!timeline_dir.empty()) {
+      std::error_code error;
+      std::filesystem::create_directories(timeline_dir, error);
+      ZG_CHECK(!error && std::filesystem::is_directory(timeline_dir), "zero_memory: --timeline ", timeline_dir,
+               " is not a directory that can be made: ", error ? error.message() : "a file is in the way");
+    }
     if (simulate_step) {
       ZG_CHECK(device_arg == "meta" && !processes, "zero_memory: --simulate replays dry runs on the meta device; "
                "leave --device out");
@@ -676,29 +735,46 @@ int main(int argc, char** argv) {
       if (status != 0 || my_rank != 0) return status;  // rank 0 prints
     }
 #endif
+    std::vector<MemoryPanel> panels;  // --timeline: rank 0 of each setting
     for (const auto& [stage, offload] : settings) {
       if (processes) break;  // measured above
+      std::optional<TimelineRun> run;
+      if (!timeline_dir.empty()) run.emplace();
+      TimelineRun* recording = run ? &*run : nullptr;
       if (device.type == DeviceType::meta) {
         Context rank0(0);
         ContextGuard guard(rank0);
         dist::FakeGroup group(0, world);
-        records.push_back(measure(preset->config, stage, offload, steps, batch, seq, device, group));
+        records.push_back(measure(preset->config, stage, offload, steps, batch, seq, device, group, nullptr, recording));
       } else {
         dist::run_local(world, [&](dist::ProcessGroup& group) {
           Record r;
           if (!use_nccl) {
-            r = measure(preset->config, stage, offload, steps, batch, seq, device, group);
+            r = measure(preset->config, stage, offload, steps, batch, seq, device, group, nullptr, recording);
           } else {
 #ifdef ZG_WITH_NCCL
             // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
             const Device mine(DeviceType::cuda, group.rank());
             const auto nccl = dist::NcclGroup::bootstrap(group, mine);
-            r = measure(preset->config, stage, offload, steps, batch, seq, mine, *nccl);
+            r = measure(preset->config, stage, offload, steps, batch, seq, mine, *nccl, nullptr, recording);
 #endif
           }
           std::lock_guard lock(records_mutex);
           records.push_back(r);
         });
+      }
+      if (run) {
+        const Record& rank0 = *std::find_if(records.begin(), records.end(), [&](const Record& r) {
+          return r.stage == stage && r.offload == offload && r.rank == 0;
+        });
+        const std::string what = "GPT " + model_name + ", rank 0 of " + std::to_string(world) + " on " + device.str() +
+                                 ", " + std::to_string(steps) + (steps == 1 ? " step" : " steps");
+        write_timeline(timeline_dir, *run, rank0, device, what);
+        panels.push_back(timeline_panel(*run, rank0, device));
+        if (panels.size() == settings.size())
+          write_file_atomically(timeline_dir + "/stages.svg",
+                                memory_figure_svg(panels, "Bytes by category, " + what + " (one scale)"),
+                                "zero_memory --timeline");
       }
     }
     std::sort(records.begin(), records.end(),

@@ -105,6 +105,7 @@ int run(const Flags& f) {
               static_cast<long long>(model.num_parameters()), name(compute), device.str().c_str(), data.tokens.size());
 
   double loss_value = NAN;
+  examples::RunTrace trace(f, one);
   for (int64_t step = first_step; step < f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     Context::current().allocator(device)->reset_peaks();
@@ -132,6 +133,8 @@ int run(const Flags& f) {
     std::fflush(stdout);
     f.save_after(step + 1, trainer, record.save(data, step + 1), &scaler);
   }
+  trace.finish(device, "train_gpt: bytes by category, steps " + std::to_string(first_step + 1) + "-" +
+                           std::to_string(f.steps));
   std::printf("final loss: %.4f\n", loss_value);
   return 0;
 }

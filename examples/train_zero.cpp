@@ -160,6 +160,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
 
   const int64_t rows = f.batch / group.size(), first_row = group.rank() * rows;
   double loss_value = NAN;
+  examples::RunTrace trace(f, group);
   for (int64_t step = first_step; step < f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     Context::current().allocator(device)->reset_peaks();
@@ -189,6 +190,8 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     }
     f.save_after(step + 1, sharded, record.save(data, step + 1));
   }
+  trace.finish(device, "train_zero, " + sharded.describe() + ": bytes by category, steps " +
+                           std::to_string(first_step + 1) + "-" + std::to_string(f.steps));
   // Every rank's model states, least and most (one collective: a max-reduction of x and -x).
   const MemoryStats s = memory_stats(device);
   const MemoryCategory shown[] = {MemoryCategory::parameter, MemoryCategory::gradient, MemoryCategory::optimizer_state};

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -105,7 +106,7 @@ struct TrainingFlags {
   std::string data = std::string(ZG_SOURCE_DIR) + "/examples/data/gradients.txt";
   int64_t steps = 200, batch = 8, seq = 64, layers = 4, heads = 4, embd = 128, warmup = 20;
   double lr = 3e-3, min_lr = 3e-4, max_grad_norm = 1.0, weight_decay = 0.1;
-  std::string dtype = "f32", device = "cpu", save, resume, export_path, init, offload = "none";
+  std::string dtype = "f32", device = "cpu", save, resume, export_path, init, offload = "none", trace;
   int64_t save_every = 0;
   bool checkpointing = false;
   uint64_t seed = 1337;
@@ -131,6 +132,7 @@ struct TrainingFlags {
     else if (a == "--init") init = flag.value();
     else if (a == "--seed") seed = flag.count<uint64_t>(0);
     else if (a == "--offload") offload = flag.value();
+    else if (a == "--trace") trace = flag.value();
     else return false;
     return true;
   }
@@ -155,6 +157,9 @@ struct TrainingFlags {
         << "  --offload O        none, optimizer (master weights, Adam state and the gradient shard in host\n"
         << "                     memory, updated by the CPU AdamW; stages 1-3) or optimizer+params (stage 3:\n"
         << "                     the parameter shards too); the same results, host bytes shown apart\n"
+        << "  --trace FILE       every allocation and range of the training loop, all ranks of this process:\n"
+        << "                     a trace for ui.perfetto.dev in FILE, a figure of each rank's bytes by\n"
+        << "                     category in FILE with .svg for its extension\n"
         << "  --seed N           initialisation and data seed (default " << seed << ")\n"
         << "  --help             this text\n";
     return out.str();
@@ -173,9 +178,10 @@ struct TrainingFlags {
       ZG_CHECK(std::filesystem::is_directory(existing), who, ": --save ", save, ": ", existing.string(),
                " is not a directory");
     }
-    if (!export_path.empty()) {
-      const std::filesystem::path folder = std::filesystem::absolute(export_path).parent_path();
-      ZG_CHECK(std::filesystem::is_directory(folder), who, ": --export ", export_path, ": ", folder.string(),
+    for (const auto& [flag, path] : {std::pair{"--export", export_path}, std::pair{"--trace", trace}}) {
+      if (path.empty()) continue;
+      const std::filesystem::path folder = std::filesystem::absolute(path).parent_path();
+      ZG_CHECK(std::filesystem::is_directory(folder), who, ": ", flag, " ", path, ": ", folder.string(),
                " is not a directory");
     }
   }
@@ -190,6 +196,52 @@ struct TrainingFlags {
     if (!save.empty()) model.save(save, record, scaler);
     if (!export_path.empty()) model.export_consolidated(export_path);
   }
+};
+
+// --trace: one recording of the training loop for every rank of this process (ranks may
+// be threads: rank 0 starts and ends it, between barriers; under mpirun, rank 0's process
+// records its own rank).
+class RunTrace {
+ public:
+  RunTrace(const TrainingFlags& flags, dist::ProcessGroup& group) : path_(flags.trace), group_(group) {
+    if (path_.empty()) return;
+    group_.barrier();
+    if (group_.rank() == 0) shared().recording.emplace(shared().timeline);
+    group_.barrier();
+  }
+  // After the last step: the trace in FILE, every rank's bytes on `device` in FILE.svg.
+  void finish(Device device, const std::string& title) {
+    if (path_.empty()) return;
+    group_.barrier();
+    if (group_.rank() != 0) return;
+    Shared& s = shared();
+    s.recording.reset();
+    std::set<int> ranks;
+    for (const TimelineEvent& e : s.timeline.events()) ranks.insert(e.rank);
+    std::vector<MemoryPanel> panels;
+    for (int rank : ranks)
+      if (MemorySeries series = memory_series(s.timeline, rank, device); !series.x.empty())
+        panels.push_back({"rank " + std::to_string(rank), std::move(series), {}, false});
+    std::ofstream(path_) << chrome_trace_json(s.timeline);
+    std::filesystem::path figure = path_;
+    figure.replace_extension(".svg");
+    if (!panels.empty()) std::ofstream(figure) << memory_figure_svg(panels, title);
+    std::printf("trace: %s (ui.perfetto.dev), figure: %s%s\n", path_.c_str(), figure.c_str(),
+                s.timeline.dropped() ? (" -- " + std::to_string(s.timeline.dropped()) +
+                                        " events past the timeline's capacity were not kept").c_str() : "");
+  }
+
+ private:
+  struct Shared {
+    MemoryTimeline timeline;
+    std::optional<MemoryTimelineRecording> recording;
+  };
+  static Shared& shared() {
+    static Shared s;
+    return s;
+  }
+  std::string path_;
+  dist::ProcessGroup& group_;
 };
 
 // A run's checkpoint records, beside the weights: the model's shape (a resume with

@@ -7,7 +7,10 @@ namespace zg {
 std::shared_ptr<Allocator> Context::allocator(Device device) {
   std::lock_guard lock(mutex_);
   auto& slot = allocators_[device];
-  if (!slot) slot = backend(device).make_allocator(device);
+  if (!slot) {
+    slot = backend(device).make_allocator(device);
+    slot->set_owner(rank_, false);
+  }
   return slot;
 }
 
@@ -18,6 +21,7 @@ std::shared_ptr<Allocator> Context::host_allocator(Device device) {
   auto& slot = host_allocators_[device];
   if (!slot && device.type == DeviceType::cpu) slot = make_pinned_allocator();
   if (!slot) slot = backend(device).make_allocator(device);
+  slot->set_owner(rank_, true);
   return slot;
 }
 

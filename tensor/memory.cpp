@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "tensor/error.h"
+#include "tensor/memory_timeline.h"
 
 namespace zg {
 
@@ -93,6 +94,7 @@ Allocation Allocator::allocate(int64_t bytes, MemoryCategory category) {
   if (bytes > kMostBytes - stats_.reserved || bytes > kMostBytes - stats_.allocated_total)
     throw_out_of_memory(bytes, category, "more than 2^61 bytes in all, more than any device holds");
   block.ptr = acquire(bytes, category);
+  note(static_cast<int>(TimelineEvent::Kind::allocate), category, bytes);
   const int c = static_cast<int>(category);
   stats_.allocated[c] += bytes;
   stats_.peak[c] = std::max(stats_.peak[c], stats_.allocated[c]);
@@ -108,6 +110,7 @@ void Allocator::deallocate(const Allocation& block) {
   if (block.bytes == 0) return;
   std::lock_guard lock(mutex_);
   release(block.ptr, block.bytes);
+  note(static_cast<int>(TimelineEvent::Kind::free), block.category, block.bytes);
   stats_.allocated[static_cast<int>(block.category)] -= block.bytes;
   stats_.reserved_by[static_cast<int>(block.category)] -= block_size(block.bytes);
   stats_.allocated_total -= block.bytes;
@@ -134,7 +137,13 @@ void Allocator::set_cap(int64_t bytes) {
   stats_.cap = bytes;
 }
 
+void Allocator::note(int kind, MemoryCategory category, int64_t bytes) {
+  TimelineHooks::memory({device_, rank_, host_pool_, &timeline_generation_, &stats_},
+                        static_cast<TimelineEvent::Kind>(kind), category, bytes);
+}
+
 void Allocator::add_reserved(int64_t delta) {
+  note(static_cast<int>(TimelineEvent::Kind::reserve), MemoryCategory::other, delta);
   stats_.reserved += delta;
   stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
   (delta > 0 ? stats_.segment_allocations : stats_.segment_frees) += 1;

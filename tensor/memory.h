@@ -98,6 +98,8 @@ class Allocator {
   Allocator& operator=(const Allocator&) = delete;
 
   Device device() const { return device_; }
+  // Who owns it, for a memory timeline's events: set by the rank context that made it.
+  void set_owner(int rank, bool host_pool) { rank_ = rank, host_pool_ = host_pool; }
 
   // Throws OutOfMemory (with a per-category summary) when the cap or the device is exhausted.
   Allocation allocate(int64_t bytes, MemoryCategory category);
@@ -131,7 +133,12 @@ class Allocator {
                                         const std::string& reason) const;
 
  private:
+  void note(int kind, MemoryCategory category, int64_t bytes);  // to a recording memory timeline
+
   Device device_;
+  int rank_ = 0;
+  bool host_pool_ = false;
+  uint64_t timeline_generation_ = 0;  // the recording this allocator last noted into
   mutable std::mutex mutex_;
   MemoryStats stats_;
 };

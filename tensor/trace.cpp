@@ -11,11 +11,13 @@ std::atomic<const TraceHooks*> installed{nullptr};
 
 void set_trace_hooks(const TraceHooks* hooks) { installed.store(hooks, std::memory_order_release); }
 
-TraceRange::TraceRange(const char* name) : hooks_(installed.load(std::memory_order_acquire)) {
+TraceRange::TraceRange(const char* name, TracePath scope)
+    : hooks_(installed.load(std::memory_order_acquire)), timeline_(TimelineHooks::begin_range(name, scope)) {
   if (hooks_) hooks_->push(name);
 }
 
 TraceRange::~TraceRange() {
+  TimelineHooks::end_range(timeline_);
   if (hooks_) hooks_->pop();
 }
 

@@ -1,6 +1,7 @@
 // Named ranges on a profiler's timeline: a module's forward ("attn (CausalSelfAttention)"),
 // each op's backward ("backward: matmul"), the optimizer step, every collective. The
-// ranges go to whatever range calls a backend installed: the CUDA backend installs
+// ranges go to a recording memory timeline (memory_timeline.h), where they name the
+// phase of each allocation, and to whatever range calls a backend installed: the CUDA backend installs
 // NVTX's (cuda/nvtx.cpp), so Nsight Systems (nsys profile --trace=cuda,nvtx) shows the
 // model above the kernels it issued. With none installed, or when no profiler is
 // attached, a range costs next to nothing (NVTX's calls return at once until a tool
@@ -8,6 +9,8 @@
 #pragma once
 
 #include <string>
+
+#include "tensor/memory_timeline.h"
 
 namespace zg {
 
@@ -24,14 +27,17 @@ void set_trace_hooks(const TraceHooks* hooks);
 
 class TraceRange {
  public:
-  explicit TraceRange(const char* name);
-  explicit TraceRange(const std::string& name) : TraceRange(name.c_str()) {}
+  // `scope`: on a recording timeline, opened under the path it was recorded on elsewhere
+  // (an autograd node's backward, under its forward's).
+  explicit TraceRange(const char* name, TracePath scope = {});
+  explicit TraceRange(const std::string& name, TracePath scope = {}) : TraceRange(name.c_str(), scope) {}
   ~TraceRange();
   TraceRange(const TraceRange&) = delete;
   TraceRange& operator=(const TraceRange&) = delete;
 
  private:
   const TraceHooks* hooks_;  // the calls that opened the range close it
+  uint64_t timeline_ = 0;    // the recording it was noted in (0: none)
 };
 
 }  // namespace zg

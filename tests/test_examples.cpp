@@ -10,6 +10,7 @@
 #include <map>
 #include <regex>
 
+#include "figures.h"
 #include "helpers.h"
 
 #ifndef ZG_EXAMPLES_DIR
@@ -211,6 +212,48 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
             .find("zero_memory: --device meta runs rank 0 of a fake group (a dry run), not --group local") !=
         std::string::npos);
   CHECK(status != 0);
+}
+
+TEST_CASE("bench/zero_memory --timeline: per stage a trace and a figure whose peaks are the allocator's") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("zg-timeline-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  int status = 0;
+  const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --world-size 4 --stage all "
+                                      "--steps 2 --timeline " + dir.string() + " --json", status);
+  REQUIRE(status == 0);
+  const nlohmann::json records = nlohmann::json::parse(out);
+  REQUIRE(records.size() == 4);
+  const auto read = [](const std::filesystem::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  std::vector<int64_t> peaks;
+  for (const auto& record : records) {
+    const int stage = record.at("stage");
+    INFO("stage " << stage);
+    const int64_t allocator_peak = record.at("peak_allocated");  // the allocator's peak_total over the steps
+    const std::string base = (dir / ("stage-" + std::to_string(stage))).string();
+    const nlohmann::json trace = nlohmann::json::parse(read(base + ".json"));
+    int counters = 0;
+    for (const auto& e : trace.at("traceEvents")) counters += e.at("ph") == "C";
+    CHECK(counters > 100);
+    CHECK(trace_peak(trace, 0, "meta") == allocator_peak);
+    const std::vector<DrawnPanel> drawn = drawn_panels(read(base + ".svg"));
+    REQUIRE(drawn.size() == 1);
+    CHECK(drawn[0].peak_attribute == allocator_peak);
+    CHECK(std::fabs(drawn[0].drawn_peak() - static_cast<double>(allocator_peak)) <= 0.006 * drawn[0].bytes_per_px);
+    peaks.push_back(allocator_peak);
+  }
+  // stages.svg: the four stages on one scale, each panel's drawn peak its own.
+  const std::vector<DrawnPanel> all = drawn_panels(read(dir / "stages.svg"));
+  REQUIRE(all.size() == 4);
+  for (size_t i = 0; i < all.size(); ++i) {
+    CHECK(all[i].title == (i == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(i)));
+    CHECK(all[i].bytes_per_px == all[0].bytes_per_px);
+    CHECK(std::fabs(all[i].drawn_peak() - static_cast<double>(peaks[i])) <= 0.006 * all[i].bytes_per_px);
+  }
+  CHECK(peaks[0] > peaks[1]);  // DDP holds the most
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("bench/zero_memory --offload: 7.5B at ZeRO-3 on one rank keeps 14Ψ on the host and no model state on the device") {

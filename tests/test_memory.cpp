@@ -1,8 +1,12 @@
 // Memory accounting: exact bytes per category, peaks, scopes, and per-rank
 // independence when ranks are threads of one process.
+#include <optional>
 #include <thread>
 
+#include "dist/comm/local_group.h"
+#include "figures.h"
 #include "helpers.h"
+#include "tiny_gpt.h"
 
 namespace zg::test {
 
@@ -142,6 +146,103 @@ TEST_CASE("the memory report lists every category") {
   CHECK(report.find("optimizer_state") != std::string::npos);
   CHECK(report.find("4.00 KiB") != std::string::npos);
   CHECK(report.find("communication") != std::string::npos);
+}
+
+TEST_CASE("a memory timeline keeps at most its capacity, says how much it dropped, and notes nothing when off") {
+  Context rank;
+  ContextGuard guard(rank);
+  MemoryTimeline timeline(8);
+  const Tensor before = empty({4});  // no recording yet: not noted
+  {
+    MemoryTimelineRecording recording(timeline);
+    MemoryTimeline other;
+    CHECK_THROWS_WITH_AS(MemoryTimelineRecording{other},
+                         "MemoryTimelineRecording: another recording is in progress; end it first (one at a time)",
+                         Error);
+    for (int i = 0; i < 10; ++i) empty({16});
+  }
+  CHECK(timeline.events().size() == 8);
+  CHECK(timeline.dropped() >= 12);  // ten allocations and ten frees, at least
+  const Tensor after = empty({4});  // the recording ended
+  CHECK(timeline.events().size() == 8);
+  CHECK_THROWS_WITH_AS(timeline.path(99), "MemoryTimeline: no path numbered 99 (0 recorded)", Error);
+  CHECK_THROWS_WITH_AS(memory_figure_svg({}, "nothing"), "memory_figure_svg: no panels to draw", Error);
+}
+
+// Two ranks (threads) train the tiny GPT under ZeRO-3 while one timeline records both:
+// each rank's sums, its trace's counters and its figure's drawn peak are its allocator's
+// figures, and the phases name the units.
+TEST_CASE("a memory timeline's sums, trace and figure are each rank's allocator figures") {
+  MemoryTimeline timeline;
+  std::optional<MemoryTimelineRecording> recording;
+  std::vector<MemoryStats> stats(2);
+  const Sequence data = fixed_sequence();
+  dist::run_local(2, [&](dist::ProcessGroup& group) {
+    manual_seed(1);
+    nn::GPT model(tiny_config());
+    dist::ShardedModel sharded(model, group, {.stage = 3});
+    group.barrier();
+    if (group.rank() == 0) recording.emplace(timeline);
+    group.barrier();
+    Context::current().allocator(kCPU)->reset_peaks();
+    for (int step = 0; step < 2; ++step) {
+      sharded.zero_grad();
+      {
+        MemoryScope scope(MemoryCategory::activation);
+        model.forward(data.inputs, data.targets).loss.backward();
+      }
+      sharded.step(1e-3);
+    }
+    stats[static_cast<size_t>(group.rank())] = memory_stats(kCPU);
+    group.barrier();
+    if (group.rank() == 0) recording.reset();
+  });
+  REQUIRE(timeline.dropped() == 0);
+  std::vector<MemoryPanel> panels;
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    const MemorySeries series = memory_series(timeline, r, kCPU);
+    REQUIRE(!series.x.empty());
+    CHECK(series.peak() == stats[r].peak_total);
+    for (int c = 0; c < kMemoryCategories; ++c) CHECK(series.peak_of(static_cast<MemoryCategory>(c)) == stats[r].peak[c]);
+    panels.push_back({"rank " + std::to_string(r), series, {}, true});
+  }
+  // Where the bytes were taken: a forward of unit h.0, the backward of h.1 (named after
+  // its forward), a ZeRO-3 gather, the optimizer.
+  const auto noted_under = [&](const std::function<bool(const std::string&)>& matches) {
+    for (const TimelineEvent& e : timeline.events())
+      if (e.kind == TimelineEvent::Kind::allocate && matches(timeline.path(e.path))) return true;
+    return false;
+  };
+  const auto has = [](const std::string& path, const char* part) { return path.find(part) != std::string::npos; };
+  CHECK(noted_under([&](const std::string& p) { return !p.starts_with("backward") && has(p, "h.0 (Block) > attn"); }));
+  CHECK(noted_under([&](const std::string& p) { return p.starts_with("backward > ") && has(p, "h.1 (Block) > mlp"); }));
+  CHECK(noted_under([&](const std::string& p) { return has(p, "gather transformer.h.1"); }));
+  CHECK(noted_under([&](const std::string& p) { return p.starts_with("optimizer"); }));
+
+  const nlohmann::json trace = nlohmann::json::parse(chrome_trace_json(timeline));
+  std::map<std::pair<int, int>, int> open;  // (rank, thread): ranges begun and not ended
+  bool counters[kMemoryCategories] = {};
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "B") ++open[{e.at("pid"), e.at("tid")}];
+    if (e.at("ph") == "E") CHECK(--open[{e.at("pid"), e.at("tid")}] >= 0);
+    if (e.at("ph") == "C")
+      for (int c = 0; c < kMemoryCategories; ++c)
+        counters[c] = counters[c] || e.at("name") == std::string("cpu ") + name(static_cast<MemoryCategory>(c));
+  }
+  for (MemoryCategory c : {MemoryCategory::parameter, MemoryCategory::gradient, MemoryCategory::optimizer_state,
+                           MemoryCategory::activation, MemoryCategory::communication})
+    CHECK(counters[static_cast<int>(c)]);
+  const std::vector<DrawnPanel> drawn = drawn_panels(memory_figure_svg(panels, "two ranks, ZeRO-3"));
+  REQUIRE(drawn.size() == 2);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(trace_peak(trace, r, "cpu") == stats[r].peak_total);
+    CHECK(drawn[r].peak_attribute == stats[r].peak_total);
+    CHECK(drawn[r].areas >= 5);
+    // Coordinates carry two decimals: the top of the stack is the peak to within 0.005 px.
+    CHECK(std::fabs(drawn[r].drawn_peak() - static_cast<double>(stats[r].peak_total)) <= 0.006 * drawn[r].bytes_per_px);
+  }
 }
 
 }  // namespace zg::test

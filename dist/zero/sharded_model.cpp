@@ -14,6 +14,7 @@
 #include "dist/comm/agreement.h"
 #include "optim/schedule.h"
 #include "tensor/deferred.h"
+#include "tensor/trace.h"
 
 namespace zg::dist {
 
@@ -443,6 +444,7 @@ void ShardedModel::update(double lr, double grad_scale, const Tensor& device_sca
 }
 
 StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
+  TraceRange range("optimizer");  // clipping, the update and (ZeRO-1, 2) the gathers after it
   NoGradGuard no_grad;
   const Tensor norm_sq = begin_step(lr, scaler);
   const double multiplier = gradient_multiplier(scaler);

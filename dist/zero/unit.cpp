@@ -5,6 +5,7 @@
 
 #include "autograd/graph.h"
 #include "tensor/backend.h"
+#include "tensor/trace.h"
 
 namespace zg::dist {
 
@@ -201,6 +202,7 @@ std::string Unit::release_note() const {
 }
 
 void Unit::prefetch() {
+  TraceRange range("gather " + name);
   CollectiveTag scope(tag);
   for (ShardedWeights* w : gathered_parts()) issue_gather(*w);
 }
@@ -250,6 +252,7 @@ void Unit::ensure_full_gradient() {
 //                  into the persistent gradient shard, and freed
 // Offloaded, the gradient shard is in host memory: slice r goes down to it once reduced.
 InFlight Unit::reduce_gradients(Bucket& bucket, bool sync) {
+  TraceRange range("reduce_gradients " + name);
   NoGradGuard no_grad;
   CollectiveTag scope(bucket.tag);
   bucket.arrived = 0;
@@ -353,6 +356,7 @@ Tensor Unit::compute_for_update() {
 }
 
 WorkHandle Unit::after_step() {
+  TraceRange range("after_step " + name);
   if (compute_staging.defined()) {  // offload: the updated compute weights up to the device
     const Tensor& mine = updated_weights();
     cast_into(std::exchange(compute_staging, Tensor()), mine);

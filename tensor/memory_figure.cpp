@@ -1,0 +1,334 @@
+#include "tensor/memory_figure.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "tensor/error.h"
+
+namespace zg {
+
+namespace {
+
+using Kind = TimelineEvent::Kind;
+
+bool is_memory(const TimelineEvent& e) { return e.kind != Kind::begin && e.kind != Kind::end; }
+
+// A signed change of the category's (or reserved) bytes.
+int64_t delta(const TimelineEvent& e) { return e.kind == Kind::free ? -e.bytes : e.bytes; }
+
+std::string allocator_name(const TimelineEvent& e) { return e.host_pool ? "host pool" : e.device.str(); }
+
+// The last part of a range's path: its own name.
+std::string leaf(const std::string& path) {
+  const size_t at = path.rfind(" > ");
+  return at == std::string::npos ? path : path.substr(at + 3);
+}
+
+// A top-level range as a step phase: the model's forward (a module's range, "GPT (GPT)"),
+// the backward pass, the optimizer step; "" for anything else.
+std::string phase_of(const std::string& name) {
+  if (name == "backward" || name == "optimizer") return name;
+  if (name.size() > 3 && name.back() == ')' && name.find(" (") != std::string::npos) return "forward";
+  return "";
+}
+
+}  // namespace
+
+std::string chrome_trace_json(const MemoryTimeline& timeline) {
+  using nlohmann::json;
+  const bool dry = timeline.dry_run();
+  json events = json::array();
+  std::map<int, std::map<int, bool>> threads;  // rank -> threads with ranges
+  // Each counter's value, by (rank, allocator, category or reserved).
+  std::map<std::tuple<int, std::string, std::string>, int64_t> counters;
+  const auto& all = timeline.events();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const TimelineEvent& e = all[i];
+    const double ts = dry ? static_cast<double>(i) : static_cast<double>(e.time_ns) / 1e3;
+    if (is_memory(e)) {
+      const std::string what = e.kind == Kind::reserve ? "reserved" : name(e.category);
+      const std::string track = allocator_name(e) + " " + what;
+      int64_t& value = counters[{e.rank, allocator_name(e), what}];
+      value += delta(e);
+      events.push_back({{"ph", "C"}, {"name", track}, {"pid", e.rank}, {"ts", ts}, {"args", {{"bytes", value}}}});
+      continue;
+    }
+    threads[e.rank][e.thread] = true;
+    json slice = {{"ph", e.kind == Kind::begin ? "B" : "E"}, {"pid", e.rank}, {"tid", e.thread}, {"ts", ts}};
+    if (e.kind == Kind::begin) {
+      slice["name"] = leaf(timeline.path(e.path));
+      slice["args"] = {{"path", timeline.path(e.path)}};
+    }
+    events.push_back(std::move(slice));
+  }
+  std::map<int, bool> ranks;
+  for (const auto& [key, value] : counters) ranks[std::get<0>(key)] = true;
+  for (const auto& [rank, with_threads] : threads) ranks[rank] = true;
+  for (const auto& [rank, yes] : ranks)
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
+  for (const auto& [rank, ids] : threads)
+    for (const auto& [thread, yes] : ids)
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", thread},
+                        {"args", {{"name", "thread " + std::to_string(thread)}}}});
+  json doc = {{"traceEvents", std::move(events)},
+              {"displayTimeUnit", "ms"},
+              {"otherData", {{"clock", dry ? "event index (a dry run on meta: nothing ran, no times)" : "microseconds"},
+                             {"dropped_events", timeline.dropped()}}}};
+  return doc.dump(1) + "\n";
+}
+
+int64_t MemorySeries::total(size_t i) const {
+  int64_t sum = 0;
+  for (int64_t b : bytes[i]) sum += b;
+  return sum;
+}
+
+int64_t MemorySeries::peak() const {
+  int64_t most = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) most = std::max(most, total(i));
+  return most;
+}
+
+int64_t MemorySeries::peak_of(MemoryCategory category) const {
+  int64_t most = 0;
+  for (const auto& b : bytes) most = std::max(most, b[static_cast<int>(category)]);
+  return most;
+}
+
+MemorySeries memory_series(const MemoryTimeline& timeline, int rank, Device device) {
+  MemorySeries s;
+  s.dry_run = timeline.dry_run();
+  std::array<int64_t, kMemoryCategories> now{};
+  int64_t reserved = 0, host = 0;
+  std::map<int, std::vector<double>> open;  // per thread of the rank: the begin of each open range
+  const auto& all = timeline.events();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const TimelineEvent& e = all[i];
+    if (e.rank != rank) continue;
+    const double x = s.dry_run ? static_cast<double>(i) : static_cast<double>(e.time_ns) / 1e6;
+    if (e.kind == Kind::begin) {
+      open[e.thread].push_back(x);
+    } else if (e.kind == Kind::end) {
+      std::vector<double>& stack = open[e.thread];
+      if (stack.empty()) continue;  // opened before the recording
+      const double begin = stack.back();
+      stack.pop_back();
+      if (!stack.empty()) continue;
+      if (std::string phase = phase_of(timeline.path(e.path)); !phase.empty()) s.phases.push_back({phase, begin, x});
+    } else if (e.host_pool) {
+      if (e.kind != Kind::reserve) host += delta(e);
+      s.x.push_back(x), s.bytes.push_back(now), s.reserved.push_back(reserved), s.host.push_back(host);
+    } else if (e.device == device) {
+      if (e.kind == Kind::reserve) reserved += delta(e);
+      else now[static_cast<int>(e.category)] += delta(e);
+      s.x.push_back(x), s.bytes.push_back(now), s.reserved.push_back(reserved), s.host.push_back(host);
+    }
+  }
+  return s;
+}
+
+namespace {
+
+// Tableau 10: one colour per category, in MemoryCategory's order.
+constexpr const char* kCategoryColour[kMemoryCategories] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
+                                                            "#76b7b2", "#edc948", "#bab0ac"};
+const char* phase_colour(const std::string& phase) {
+  return phase == "forward" ? "#9ecae1" : phase == "backward" ? "#fdae6b" : "#a1d99b";
+}
+
+std::string escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '&') out += "&amp;";
+    else if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
+  }
+  return out;
+}
+
+std::string fmt(const char* format, double a, double b = 0) {
+  char buf[160];
+  const int n = std::snprintf(buf, sizeof buf, format, a, b);
+  ZG_CHECK(n >= 0 && n < static_cast<int>(sizeof buf), "memory_figure_svg: a drawing command did not fit its buffer");
+  return buf;
+}
+
+// The axis: `unit` (a power of 1024) and a step of 1, 2, 2.5 or 5 x 10^k units giving
+// four or five ticks up to the first one at or above `most`.
+struct Axis {
+  double unit = 1, step = 1;
+  int ticks = 1;
+  const char* unit_name = "B";
+  double top() const { return step * ticks * unit; }
+};
+Axis axis_for(int64_t most) {
+  static const char* const names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  Axis a;
+  int u = 0;
+  while (u < 5 && static_cast<double>(most) >= 1024.0 * a.unit) a.unit *= 1024, ++u;
+  a.unit_name = names[u];
+  const double span = std::max(static_cast<double>(most) / a.unit, 1e-9);
+  const double raw = span / 4, magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+    if (m * magnitude >= raw) {
+      a.step = m * magnitude;
+      break;
+    }
+  a.ticks = std::max(1, static_cast<int>(std::ceil(span / a.step - 1e-9)));
+  return a;
+}
+
+std::string tick_label(double value, const Axis& a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g %s", value, a.unit_name);
+  return buf;
+}
+
+}  // namespace
+
+std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std::string& title) {
+  ZG_CHECK(!panels.empty(), "memory_figure_svg: no panels to draw");
+  constexpr double kPanelW = 440, kPanelH = 250, kLeft = 72, kRight = 18, kTop = 34, kBottom = 40, kHeader = 64;
+  const int columns = panels.size() > 1 ? 2 : 1;
+  const int rows = static_cast<int>((panels.size() + columns - 1) / columns);
+  const double width = columns * kPanelW, height = kHeader + rows * kPanelH;
+  const double plot_w = kPanelW - kLeft - kRight, plot_h = kPanelH - kTop - kBottom;
+
+  // One vertical scale for every panel.
+  int64_t most = 1;
+  bool used[kMemoryCategories] = {}, any_host = false, any_level = false, any_reserved = false;
+  std::map<std::string, bool> phases_seen;
+  for (const MemoryPanel& p : panels) {
+    ZG_CHECK(!p.series.x.empty(), "memory_figure_svg: panel '", p.title, "' has no memory events (was its rank and "
+             "device recorded?)");
+    most = std::max(most, p.series.peak());
+    for (const MemoryLevel& level : p.levels) most = std::max(most, level.bytes), any_level = true;
+    for (size_t i = 0; i < p.series.x.size(); ++i) {
+      most = std::max(most, p.series.host[i]);
+      if (p.series.host[i] > 0) any_host = true;
+      if (p.show_reserved) most = std::max(most, p.series.reserved[i]), any_reserved = true;
+      for (int c = 0; c < kMemoryCategories; ++c) used[c] = used[c] || p.series.bytes[i][c] != 0;
+    }
+    for (const auto& phase : p.series.phases) phases_seen[phase.name] = true;
+  }
+  const Axis axis = axis_for(most);
+  const double bytes_per_px = axis.top() / plot_h;
+
+  std::string svg;
+  svg += fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" ", width, height) +
+         fmt("viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n", width, height);
+  svg += fmt("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", width, height);
+  svg += "<text x=\"12\" y=\"20\" font-size=\"14\" font-weight=\"bold\">" + escape(title) + "</text>\n";
+  // The legend: categories drawn, phases, lines.
+  double lx = 12;
+  const auto legend = [&](const std::string& swatch, const std::string& label) {
+    svg += swatch + fmt("<text x=\"%.1f\" y=\"47\">", lx + 16) + escape(label) + "</text>\n";
+    lx += 22 + 6.2 * static_cast<double>(label.size());
+  };
+  for (int c = 0; c < kMemoryCategories; ++c)
+    if (used[c])
+      legend(fmt("<rect x=\"%.1f\" y=\"38\" width=\"12\" height=\"12\" ", lx) + "fill=\"" + kCategoryColour[c] + "\"/>",
+             name(static_cast<MemoryCategory>(c)));
+  for (const char* phase : {"forward", "backward", "optimizer"})
+    if (phases_seen.contains(phase))
+      legend(fmt("<rect x=\"%.1f\" y=\"41\" width=\"12\" height=\"6\" ", lx) + "fill=\"" + phase_colour(phase) + "\"/>",
+             phase);
+  if (any_host)
+    legend(fmt("<line x1=\"%.1f\" y1=\"44\" x2=\"%.1f\" y2=\"44\" stroke=\"black\" stroke-dasharray=\"1.5,2\"/>", lx,
+               lx + 12), "host pool");
+  if (any_reserved)
+    legend(fmt("<line x1=\"%.1f\" y1=\"44\" x2=\"%.1f\" y2=\"44\" stroke=\"#555\" stroke-width=\"1.2\"/>", lx, lx + 12),
+           "reserved");
+  if (any_level)
+    legend(fmt("<line x1=\"%.1f\" y1=\"44\" x2=\"%.1f\" y2=\"44\" stroke=\"black\" stroke-dasharray=\"5,3\"/>", lx,
+               lx + 12), "formula");
+
+  for (size_t p = 0; p < panels.size(); ++p) {
+    const MemoryPanel& panel = panels[p];
+    const MemorySeries& s = panel.series;
+    const double ox = static_cast<double>(p % columns) * kPanelW, oy = kHeader + static_cast<double>(p / columns) * kPanelH;
+    const double x_left = ox + kLeft, baseline = oy + kTop + plot_h;
+    const double x0 = s.x.front(), x1 = std::max(s.x.back(), x0 + 1e-9);
+    const auto px = [&](double x) { return x_left + (x - x0) / (x1 - x0) * plot_w; };
+    const auto py = [&](double bytes) { return baseline - bytes / bytes_per_px; };
+    const int64_t peak = s.peak();
+    svg += "<g class=\"panel\" data-title=\"" + escape(panel.title) + "\" data-peak-bytes=\"" + std::to_string(peak) +
+           "\"" + fmt(" data-baseline-y=\"%.2f\"", baseline) + fmt(" data-bytes-per-px=\"%.9g\">\n", bytes_per_px);
+    svg += fmt("<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", x_left, oy + 18) + escape(panel.title) + "</text>\n";
+    // The y axis: grid lines and labels.
+    for (int t = 0; t <= axis.ticks; ++t) {
+      const double y = py(t * axis.step * axis.unit);
+      svg += fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, y) +
+             fmt("x2=\"%.1f\" y2=\"%.2f\" stroke=\"#e0e0e0\"/>\n", x_left + plot_w, y);
+      svg += fmt("<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">", x_left - 6, y + 4) +
+             tick_label(t * axis.step, axis) + "</text>\n";
+    }
+    // Samples kept: in each pixel column, the one with the most bytes (the envelope, so
+    // every peak is drawn at its height), in order.
+    std::vector<size_t> kept;
+    long last_column = -1;
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      const long column = std::lround(std::floor((px(s.x[i]) - x_left)));
+      if (column != last_column) kept.push_back(i), last_column = column;
+      else if (s.total(i) > s.total(kept.back())) kept.back() = i;
+    }
+    // The stack: one area per category, from the categories below it to itself.
+    std::vector<int64_t> below(kept.size(), 0);
+    for (int c = 0; c < kMemoryCategories; ++c) {
+      if (!used[c]) continue;
+      std::string d = "M";
+      for (size_t k = 0; k < kept.size(); ++k)
+        d += fmt(" %.2f,%.2f", px(s.x[kept[k]]), py(static_cast<double>(below[k] + s.bytes[kept[k]][c])));
+      for (size_t k = kept.size(); k-- > 0;)
+        d += fmt(" %.2f,%.2f", px(s.x[kept[k]]), py(static_cast<double>(below[k])));
+      svg += std::string("<path class=\"area\" data-category=\"") + name(static_cast<MemoryCategory>(c)) +
+             "\" fill=\"" + kCategoryColour[c] + "\" d=\"" + d + " Z\"/>\n";
+      for (size_t k = 0; k < kept.size(); ++k) below[k] += s.bytes[kept[k]][c];
+    }
+    const auto polyline = [&](const std::vector<int64_t>& values, const std::string& style) {
+      std::string points;
+      for (size_t i : kept) points += fmt("%.2f,%.2f ", px(s.x[i]), py(static_cast<double>(values[i])));
+      svg += "<polyline fill=\"none\" " + style + " points=\"" + points + "\"/>\n";
+    };
+    if (std::any_of(s.host.begin(), s.host.end(), [](int64_t b) { return b > 0; }))
+      polyline(s.host, "stroke=\"black\" stroke-dasharray=\"1.5,2\"");
+    if (panel.show_reserved) polyline(s.reserved, "stroke=\"#555\" stroke-width=\"1.2\"");
+    for (const MemoryLevel& level : panel.levels) {
+      const double y = py(static_cast<double>(level.bytes));
+      svg += fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, y) +
+             fmt("x2=\"%.1f\" y2=\"%.2f\" stroke=\"black\" stroke-dasharray=\"5,3\"/>\n", x_left + plot_w, y);
+      svg += fmt("<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">", x_left + plot_w, y - 3) +
+             escape(level.label + " " + format_bytes(level.bytes)) + "</text>\n";
+    }
+    // The peak, marked where it first happens.
+    size_t at = 0;
+    for (size_t i = 0; i < s.x.size(); ++i)
+      if (s.total(i) > s.total(at)) at = i;
+    const double peak_x = px(s.x[at]), peak_y = py(static_cast<double>(peak));
+    svg += fmt("<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2.5\"/>\n", peak_x, peak_y);
+    svg += fmt("<text x=\"%.2f\" y=\"%.2f\" ", peak_x + (peak_x > x_left + plot_w / 2 ? -5 : 5), peak_y - 5) +
+           (peak_x > x_left + plot_w / 2 ? "text-anchor=\"end\"" : "") + ">peak " + format_bytes(peak) + "</text>\n";
+    // The x axis, the phases under it, the clock.
+    svg += fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, baseline) +
+           fmt("x2=\"%.1f\" y2=\"%.2f\" stroke=\"black\"/>\n", x_left + plot_w, baseline);
+    for (const MemorySeries::Phase& phase : s.phases) {
+      const double a = std::max(px(phase.begin), x_left), b = std::min(px(phase.end), x_left + plot_w);
+      if (b <= a) continue;
+      svg += fmt("<rect x=\"%.2f\" y=\"%.2f\" ", a, baseline + 4) + fmt("width=\"%.2f\" height=\"6\" ", b - a) +
+             "fill=\"" + phase_colour(phase.name) + "\"><title>" + phase.name + "</title></rect>\n";
+    }
+    svg += fmt("<text x=\"%.1f\" y=\"%.2f\">0</text>\n", x_left, baseline + 24);
+    svg += fmt("<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">", x_left + plot_w, baseline + 24) +
+           (s.dry_run ? fmt("event %.0f", x1) : fmt("%.1f ms", x1 - x0)) + "</text>\n";
+    svg += "</g>\n";
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace zg

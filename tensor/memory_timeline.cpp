@@ -1,0 +1,174 @@
+#include "tensor/memory_timeline.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "tensor/context.h"
+#include "tensor/error.h"
+
+namespace zg {
+
+namespace {
+
+// The recording in progress. A note loads it once (off: nothing more); on, it counts
+// itself in `noting` and loads it again, so a recording that ends waits for notes that
+// saw it before it hands the timeline back to its owner.
+std::atomic<MemoryTimeline*> active{nullptr};
+std::atomic<int> noting{0};
+std::atomic<uint64_t> generations{0};
+
+struct Noting {
+  MemoryTimeline* timeline;
+  Noting() {
+    noting.fetch_add(1);
+    timeline = active.load();
+  }
+  ~Noting() { noting.fetch_sub(1); }
+};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int thread_number() {
+  static std::atomic<int> threads{0};
+  thread_local const int mine = threads.fetch_add(1);
+  return mine;
+}
+
+// The ranges open on this thread during the recording `generation`, innermost last.
+struct RangeStack {
+  uint64_t generation = 0;
+  std::vector<int32_t> paths;
+  std::vector<int32_t>& of(uint64_t g) {
+    if (generation != g) generation = g, paths.clear();
+    return paths;
+  }
+};
+thread_local RangeStack ranges;
+
+}  // namespace
+
+MemoryTimeline::MemoryTimeline(size_t capacity) : capacity_(capacity) {
+  ZG_CHECK(capacity > 0, "MemoryTimeline: capacity must be at least one event");
+}
+
+const std::string& MemoryTimeline::path(int32_t id) const {
+  static const std::string none;
+  ZG_CHECK(id >= -1 && id < static_cast<int32_t>(paths_.size()), "MemoryTimeline: no path numbered ", id, " (",
+           paths_.size(), " recorded)");
+  return id < 0 ? none : paths_[static_cast<size_t>(id)];
+}
+
+bool MemoryTimeline::dry_run() const {
+  for (const TimelineEvent& e : events_)
+    if (e.kind != TimelineEvent::Kind::begin && e.kind != TimelineEvent::Kind::end && e.device.type == DeviceType::meta)
+      return true;
+  return false;
+}
+
+int32_t MemoryTimeline::intern(const std::string& path) {
+  const auto [at, added] = path_ids_.try_emplace(path, static_cast<int32_t>(paths_.size()));
+  if (added) paths_.push_back(path);
+  return at->second;
+}
+
+void MemoryTimeline::push(TimelineEvent event) {
+  if (events_.size() >= capacity_) {
+    ++dropped_;
+    return;
+  }
+  event.time_ns = now_ns() - start_ns_;
+  events_.push_back(event);
+}
+
+MemoryTimelineRecording::MemoryTimelineRecording(MemoryTimeline& timeline) {
+  // Notes that see the timeline wait on its lock until it is reset.
+  std::lock_guard lock(timeline.mutex_);
+  MemoryTimeline* none = nullptr;
+  ZG_CHECK(active.compare_exchange_strong(none, &timeline),
+           "MemoryTimelineRecording: another recording is in progress; end it first (one at a time)");
+  timeline.events_.clear();
+  timeline.paths_.clear();
+  timeline.path_ids_.clear();
+  timeline.dropped_ = 0;
+  timeline.start_ns_ = now_ns();
+  timeline.generation_.store(generations.fetch_add(1) + 1);
+}
+
+MemoryTimelineRecording::~MemoryTimelineRecording() {
+  active.store(nullptr);
+  while (noting.load() != 0) std::this_thread::yield();
+}
+
+TracePath TimelineHooks::current_path() {
+  if (active.load(std::memory_order_relaxed) == nullptr) return {};
+  const Noting note;
+  if (!note.timeline) return {};
+  const uint64_t generation = note.timeline->generation_.load();
+  std::vector<int32_t>& open = ranges.of(generation);
+  return open.empty() ? TracePath{} : TracePath{generation, open.back()};
+}
+
+void TimelineHooks::memory(const Owner& owner, TimelineEvent::Kind kind, MemoryCategory category, int64_t bytes) {
+  if (active.load(std::memory_order_relaxed) == nullptr) return;
+  const Noting note;
+  MemoryTimeline* t = note.timeline;
+  if (!t) return;
+  std::lock_guard lock(t->mutex_);
+  TimelineEvent e{.kind = kind, .category = category, .host_pool = owner.host_pool, .device = owner.device,
+                  .rank = owner.rank, .thread = thread_number(), .bytes = bytes};
+  if (*owner.generation != t->generation_) {  // the allocator's figures before its first event
+    *owner.generation = t->generation_;
+    for (int c = 0; c < kMemoryCategories; ++c)
+      if (owner.stats->allocated[c] != 0) {
+        TimelineEvent held = e;
+        held.kind = TimelineEvent::Kind::allocate, held.category = static_cast<MemoryCategory>(c);
+        held.bytes = owner.stats->allocated[c];
+        t->push(held);
+      }
+    if (owner.stats->reserved != 0) {
+      TimelineEvent held = e;
+      held.kind = TimelineEvent::Kind::reserve, held.bytes = owner.stats->reserved;
+      t->push(held);
+    }
+  }
+  const std::vector<int32_t>& open = ranges.of(t->generation_);
+  e.path = open.empty() ? -1 : open.back();
+  t->push(e);
+}
+
+uint64_t TimelineHooks::begin_range(const char* name, TracePath scope) {
+  if (active.load(std::memory_order_relaxed) == nullptr) return 0;
+  const Noting note;
+  MemoryTimeline* t = note.timeline;
+  if (!t) return 0;
+  std::lock_guard lock(t->mutex_);
+  std::vector<int32_t>& open = ranges.of(t->generation_);
+  // The parent's path, then (an autograd node's backward) the path its forward ran under.
+  std::string path = open.empty() ? "" : t->paths_[static_cast<size_t>(open.back())] + " > ";
+  if (scope.generation == t->generation_ && scope.id >= 0) path += t->paths_[static_cast<size_t>(scope.id)] + " > ";
+  path += name;
+  const int32_t id = t->intern(path);
+  open.push_back(id);
+  t->push({.kind = TimelineEvent::Kind::begin, .device = Device(), .rank = Context::current().rank(), .thread = thread_number(),
+           .path = id});
+  return t->generation_;
+}
+
+void TimelineHooks::end_range(uint64_t generation) {
+  if (generation == 0 || active.load(std::memory_order_relaxed) == nullptr) return;
+  const Noting note;
+  MemoryTimeline* t = note.timeline;
+  if (!t || t->generation_ != generation) return;  // opened in a recording that has ended
+  std::lock_guard lock(t->mutex_);
+  std::vector<int32_t>& open = ranges.of(generation);
+  if (open.empty()) return;
+  t->push({.kind = TimelineEvent::Kind::end, .device = Device(), .rank = Context::current().rank(), .thread = thread_number(),
+           .path = open.back()});
+  open.pop_back();
+}
+
+}  // namespace zg
