@@ -1,7 +1,7 @@
 // zero_memory: per-rank memory and traffic of DDP and ZeRO-1/2/3 for a GPT, next
 // to the ZeRO paper's formulas (Rajbhandari et al. 2020, fig. 1 and section 7):
 //   model states  stage 0: 16Ψ   1: 4Ψ + 12Ψ/N   2: 2Ψ + 14Ψ/N   3: 16Ψ/N    (bytes, bf16 + fp32 Adam)
-//   traffic       stages 0-2: 2Ψ elements per step, stage 3: 3Ψ, each element 2 bytes,
+//   traffic       stages 0-2: 2Ψ elements per step, stage 3: 3Ψ, each element 2 bytes (4 with --compute f32),
 //                 counted as a ring moves data ((N-1)/N per reduce-scatter or all-gather).
 //
 // --offload optimizer | optimizer+params | all (ZeRO-Offload; ZeRO-Infinity's CPU tier)
@@ -121,37 +121,40 @@ std::optional<DType> g_accumulate;
 int g_shard_group = 0;  // --shard-group: 0, the whole group
 int64_t g_prefetch_bytes = 0;                 // --prefetch-bytes (ZeRO-3)
 std::vector<std::string> g_keep_after_forward;  // --keep-after-forward (ZeRO-3)
+DType g_compute = DType::bf16;                  // --compute
 struct Formula {
   int64_t device = 0, host = 0;
 };
+// --compute f32: the compute weights are the f32 master (4 + 4 + 8 bytes: no separate copy).
 Formula formula_states(int stage, dist::Offload offload, int64_t psi, int n) {
-  const int64_t shard_bytes = stage >= 2 && g_accumulate ? element_size(*g_accumulate) : 2;
+  const int64_t compute = element_size(g_compute), optimizer = compute == 4 ? 8 : 12;
+  const int64_t shard_bytes = stage >= 2 && g_accumulate ? element_size(*g_accumulate) : compute;
   const dist::Placement placement = dist::Placement::for_stage(stage, offload);
   const auto bytes = [&](const dist::RolePlacement& role, int64_t per_param) {
     return role.layout == dist::Layout::sharded ? per_param * psi / n : per_param * psi;
   };
   Formula f;
-  if (!placement.offloads_parameters()) f.device += bytes(placement.compute, 2);
+  if (!placement.offloads_parameters()) f.device += bytes(placement.compute, compute);
   if (placement.offloads_optimizer()) {
     f.host += (12 + shard_bytes) * psi / n;
     if (placement.gradients.layout == dist::Layout::full) f.device += 2 * psi;
   } else {
-    f.device += bytes(placement.gradients, placement.gradients.layout == dist::Layout::sharded ? shard_bytes : 2) +
-                bytes(placement.optimizer_state, 12);
+    f.device += bytes(placement.gradients, placement.gradients.layout == dist::Layout::sharded ? shard_bytes : compute) +
+                bytes(placement.optimizer_state, optimizer);
   }
   return f;
 }
 
 // Elements sent per step within a shard group of n: gradients reduced once (2Ψ: a
 // reduce-scatter and an all-gather, or an all-reduce), and at ZeRO-3 the weights gathered
-// twice instead of once (3Ψ).
+// twice instead of once (3Ψ); each of the compute dtype.
 int64_t formula_sent(int stage, int64_t psi, int n) {
   const double elements = dist::Placement::for_stage(stage).gathers_parameters() ? 3.0 * psi : 2.0 * psi;
-  return static_cast<int64_t>(elements * 2 * (n - 1) / n);
+  return static_cast<int64_t>(elements * static_cast<double>(element_size(g_compute)) * (n - 1) / n);
 }
 // Hybrid sharding, across r groups of s: the all-reduce of each gradient shard, Ψ/s elements.
 int64_t formula_sent_across(int64_t psi, int s, int r) {
-  return static_cast<int64_t>(2.0 * (r - 1) / r * static_cast<double>(psi) / s * 2);
+  return static_cast<int64_t>(2.0 * (r - 1) / r * static_cast<double>(psi) / s * static_cast<double>(element_size(g_compute)));
 }
 
 // The host memory this process can still take: Linux's MemAvailable estimate, or less
@@ -204,7 +207,7 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
   const Device host = device.type == DeviceType::meta ? kMeta : kCPU;  // where the host pool counts
   context.allocator(device)->reset_peaks();
   dist::ShardedModel sharded(model, group,
-                             {.stage = stage, .compute_dtype = DType::bf16, .max_grad_norm = 1.0,
+                             {.stage = stage, .compute_dtype = g_compute, .max_grad_norm = 1.0,
                               .accumulate_dtype = stage >= 2 ? g_accumulate : std::nullopt, .offload = offload,
                               .keep_after_forward = stage == 3 ? g_keep_after_forward : std::vector<std::string>{},
                               .prefetch_bytes = g_prefetch_bytes, .shard_group_size = g_shard_group});
@@ -488,17 +491,17 @@ std::string setting_title(int stage, dist::Offload offload) {
   if (offload != dist::Offload::none) out += std::string(", offload ") + dist::name(offload);
   return out;
 }
-MemoryPanel timeline_panel(const TimelineRun& run, const Record& r, Device device) {
-  return {setting_title(r.stage, r.offload), memory_series(run.timeline, 0, device),
-          {{"formula", r.formula_states}}, false};
-}
-void write_timeline(const std::string& dir, const TimelineRun& run, const Record& r, Device device,
-                    const std::string& what) {
+// Writes the setting's trace and figure; returns its panel.
+MemoryPanel write_timeline(const std::string& dir, const TimelineRun& run, const Record& r, Device device,
+                           const std::string& what) {
   const std::string base = dir + "/" + setting_name(r.stage, r.offload);
-  write_file_atomically(base + ".json", chrome_trace_json(run.timeline), "zero_memory --timeline");
-  write_file_atomically(base + ".svg",
-                        memory_figure_svg({timeline_panel(run, r, device)}, setting_title(r.stage, r.offload) + ": " + what),
+  const std::vector<MemoryLevel> levels = {{"formula", r.formula_states}};
+  const std::string trace = chrome_trace_json(run.timeline, levels);
+  write_file_atomically(base + ".json", trace, "zero_memory --timeline");
+  MemoryPanel panel{setting_title(r.stage, r.offload), memory_series(trace, 0, device.str()), levels, false};
+  write_file_atomically(base + ".svg", memory_figure_svg({panel}, setting_title(r.stage, r.offload) + ": " + what),
                         "zero_memory --timeline");
+  return panel;
 }
 
 void usage() {
@@ -507,7 +510,7 @@ void usage() {
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
-      "                   [--timeline DIR]\n"
+      "                   [--compute bf16|f32] [--checkpointing] [--timeline DIR]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--tflops X] [--memory-gbps X] [--kernel-us X]\n"
       "                   [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X] [--inter-us X]\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
@@ -523,8 +526,10 @@ void usage() {
       "each stage allows). --largest-on GB: per offload setting, the largest GPT whose one-rank dry run\n"
       "(activation checkpointing, batch 1 x 1024) peaks within GB of device memory. --shard-group S\n"
       "(stages 2, 3): hybrid sharding, shards within groups of S ranks, replicas across N / S groups.\n"
+      "--compute: the dtype of the forward and backward (bf16 default; master weights and Adam stay f32).\n"
+      "--checkpointing: each block's activations recomputed in backward instead of kept.\n"
       "--timeline DIR: every allocation of the steps, per setting a trace for ui.perfetto.dev\n"
-      "(stage-S.json) and a figure (stage-S.svg); stages.svg puts rank 0 of each on one scale.\n");
+      "(stage-S.json) and a figure (stage-S.svg); all.svg puts rank 0 of each on one scale.\n");
 }
 
 }  // namespace
@@ -540,6 +545,7 @@ int main(int argc, char** argv) {
   int64_t batch = 1, seq = 0;
   bool json = false;
   std::string timeline_dir;
+  bool checkpointing = false;
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
@@ -604,6 +610,12 @@ int main(int argc, char** argv) {
       else if (a == "--seq") seq = number(1, INT64_MAX);
       else if (a == "--json") json = true;
       else if (a == "--timeline") timeline_dir = value();
+      else if (a == "--checkpointing") checkpointing = true;
+      else if (a == "--compute") {
+        const std::string dtype = value();
+        ZG_CHECK(dtype == "bf16" || dtype == "f32", "zero_memory: --compute must be bf16 or f32, got '", dtype, "'");
+        g_compute = dtype == "f32" ? DType::f32 : DType::bf16;
+      }
       else if (a == "--offload") offload_arg = value();
       else if (a == "--accumulate") {
         const std::string dtype = value();
@@ -637,6 +649,13 @@ int main(int argc, char** argv) {
       ZG_CHECK(c.n_embd % c.n_head == 0, "zero_memory: --embd ", c.n_embd, " is not a multiple of --heads ", c.n_head);
       model_name += "-custom";
       shaped.name = model_name.c_str();
+      preset = &shaped;
+    }
+    ZG_CHECK(g_compute == DType::bf16 || offload_arg == "none", "zero_memory: --compute f32 is for runs without "
+             "--offload (offload's formulas are for 16-bit compute weights beside the f32 master)");
+    if (checkpointing) {
+      shaped = *preset;
+      shaped.config.activation_checkpointing = true;
       preset = &shaped;
     }
     if (calibrate_rates) {
@@ -768,11 +787,12 @@ int main(int argc, char** argv) {
           return r.stage == stage && r.offload == offload && r.rank == 0;
         });
         const std::string what = "GPT " + model_name + ", rank 0 of " + std::to_string(world) + " on " + device.str() +
-                                 ", " + std::to_string(steps) + (steps == 1 ? " step" : " steps");
-        write_timeline(timeline_dir, *run, rank0, device, what);
-        panels.push_back(timeline_panel(*run, rank0, device));
+                                 ", " + name(g_compute) + " compute" +
+                                 (preset->config.activation_checkpointing ? ", activation checkpointing" : "") + ", " +
+                                 std::to_string(steps) + (steps == 1 ? " step" : " steps");
+        panels.push_back(write_timeline(timeline_dir, *run, rank0, device, what));
         if (panels.size() == settings.size())
-          write_file_atomically(timeline_dir + "/stages.svg",
+          write_file_atomically(timeline_dir + "/all.svg",
                                 memory_figure_svg(panels, "Bytes by category, " + what + " (one scale)"),
                                 "zero_memory --timeline");
       }
@@ -805,9 +825,9 @@ int main(int argc, char** argv) {
       std::printf("]\n");
       return 0;
     }
-    std::printf("GPT %s: Ψ = %lld parameters, N = %d, %s, %s group, batch %lld x %lld tokens, bf16 compute + fp32 AdamW\n",
+    std::printf("GPT %s: Ψ = %lld parameters, N = %d, %s, %s group, batch %lld x %lld tokens, %s compute + fp32 AdamW\n",
                 model_name.c_str(), (long long)records.front().params, world, device.str().c_str(),
-                records.front().group.c_str(), (long long)batch, (long long)seq);
+                records.front().group.c_str(), (long long)batch, (long long)seq, name(g_compute));
     if (16 * records.front().params < 1'000'000'000) g_unit = 1e6;
     std::printf("sizes in %s; model states = parameter + gradient + optimizer_state after backward; build = the\n"
                 "peak while the model was built (deferred, then materialised shard by shard)\n\n",

@@ -37,23 +37,24 @@ std::string phase_of(const std::string& name) {
 
 }  // namespace
 
-std::string chrome_trace_json(const MemoryTimeline& timeline) {
+std::string chrome_trace_json(const MemoryTimeline& timeline, const std::vector<MemoryLevel>& levels) {
   using nlohmann::json;
   const bool dry = timeline.dry_run();
   json events = json::array();
   std::map<int, std::map<int, bool>> threads;  // rank -> threads with ranges
+  std::map<int, int64_t> noted;                // rank -> memory events so far (a dry run's clock)
   // Each counter's value, by (rank, allocator, category or reserved).
   std::map<std::tuple<int, std::string, std::string>, int64_t> counters;
-  const auto& all = timeline.events();
-  for (size_t i = 0; i < all.size(); ++i) {
-    const TimelineEvent& e = all[i];
-    const double ts = dry ? static_cast<double>(i) : static_cast<double>(e.time_ns) / 1e3;
+  for (const TimelineEvent& e : timeline.events()) {
+    int64_t& count = noted[e.rank];
+    const double ts = dry ? static_cast<double>(count) : static_cast<double>(e.time_ns) / 1e3;
     if (is_memory(e)) {
+      ++count;
       const std::string what = e.kind == Kind::reserve ? "reserved" : name(e.category);
-      const std::string track = allocator_name(e) + " " + what;
       int64_t& value = counters[{e.rank, allocator_name(e), what}];
       value += delta(e);
-      events.push_back({{"ph", "C"}, {"name", track}, {"pid", e.rank}, {"ts", ts}, {"args", {{"bytes", value}}}});
+      events.push_back({{"ph", "C"}, {"name", allocator_name(e) + " " + what}, {"pid", e.rank}, {"ts", ts},
+                        {"args", {{"bytes", value}}}});
       continue;
     }
     threads[e.rank][e.thread] = true;
@@ -64,19 +65,20 @@ std::string chrome_trace_json(const MemoryTimeline& timeline) {
     }
     events.push_back(std::move(slice));
   }
-  std::map<int, bool> ranks;
-  for (const auto& [key, value] : counters) ranks[std::get<0>(key)] = true;
-  for (const auto& [rank, with_threads] : threads) ranks[rank] = true;
-  for (const auto& [rank, yes] : ranks)
+  for (const auto& [rank, count] : noted)
     events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
   for (const auto& [rank, ids] : threads)
     for (const auto& [thread, yes] : ids)
       events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", thread},
                         {"args", {{"name", "thread " + std::to_string(thread)}}}});
+  json marked = json::array();
+  for (const MemoryLevel& level : levels) marked.push_back({{"label", level.label}, {"bytes", level.bytes}});
   json doc = {{"traceEvents", std::move(events)},
               {"displayTimeUnit", "ms"},
-              {"otherData", {{"clock", dry ? "event index (a dry run on meta: nothing ran, no times)" : "microseconds"},
-                             {"dropped_events", timeline.dropped()}}}};
+              {"otherData", {{"dry_run", dry},
+                             {"clock", dry ? "memory events of the rank (a dry run on meta: no times)" : "microseconds"},
+                             {"dropped_events", timeline.dropped()},
+                             {"levels", std::move(marked)}}}};
   return doc.dump(1) + "\n";
 }
 
@@ -98,36 +100,76 @@ int64_t MemorySeries::peak_of(MemoryCategory category) const {
   return most;
 }
 
-MemorySeries memory_series(const MemoryTimeline& timeline, int rank, Device device) {
+namespace {
+nlohmann::json parse_trace(const std::string& trace_json) {
+  nlohmann::json doc = nlohmann::json::parse(trace_json, nullptr, false);
+  ZG_CHECK(!doc.is_discarded() && doc.is_object() && doc.contains("traceEvents") && doc["traceEvents"].is_array(),
+           "memory_series: not a trace (a JSON object with a traceEvents array, as chrome_trace_json writes)");
+  return doc;
+}
+
+int category_index(const std::string& what) {
+  for (int c = 0; c < kMemoryCategories; ++c)
+    if (what == name(static_cast<MemoryCategory>(c))) return c;
+  return -1;
+}
+}  // namespace
+
+MemorySeries memory_series(const std::string& trace_json, int rank, const std::string& allocator) {
+  const nlohmann::json doc = parse_trace(trace_json);
   MemorySeries s;
-  s.dry_run = timeline.dry_run();
-  std::array<int64_t, kMemoryCategories> now{};
-  int64_t reserved = 0, host = 0;
-  std::map<int, std::vector<double>> open;  // per thread of the rank: the begin of each open range
-  const auto& all = timeline.events();
-  for (size_t i = 0; i < all.size(); ++i) {
-    const TimelineEvent& e = all[i];
-    if (e.rank != rank) continue;
-    const double x = s.dry_run ? static_cast<double>(i) : static_cast<double>(e.time_ns) / 1e6;
-    if (e.kind == Kind::begin) {
-      open[e.thread].push_back(x);
-    } else if (e.kind == Kind::end) {
-      std::vector<double>& stack = open[e.thread];
-      if (stack.empty()) continue;  // opened before the recording
-      const double begin = stack.back();
-      stack.pop_back();
-      if (!stack.empty()) continue;
-      if (std::string phase = phase_of(timeline.path(e.path)); !phase.empty()) s.phases.push_back({phase, begin, x});
-    } else if (e.host_pool) {
-      if (e.kind != Kind::reserve) host += delta(e);
-      s.x.push_back(x), s.bytes.push_back(now), s.reserved.push_back(reserved), s.host.push_back(host);
-    } else if (e.device == device) {
-      if (e.kind == Kind::reserve) reserved += delta(e);
-      else now[static_cast<int>(e.category)] += delta(e);
-      s.x.push_back(x), s.bytes.push_back(now), s.reserved.push_back(reserved), s.host.push_back(host);
+  s.dry_run = doc.value("otherData", nlohmann::json::object()).value("dry_run", false);
+  std::array<int64_t, kMemoryCategories> now{}, host{};
+  int64_t reserved = 0;
+  std::map<int, std::vector<std::pair<double, std::string>>> open;  // per thread: each open range's begin, name
+  try {
+    for (const nlohmann::json& e : doc["traceEvents"]) {
+      if (!e.contains("pid") || e["pid"] != rank || !e.contains("ts")) continue;
+      const std::string ph = e.at("ph");
+      // Milliseconds (the trace's microseconds), or a dry run's count of memory events.
+      const double x = s.dry_run ? e["ts"].get<double>() : e["ts"].get<double>() / 1e3;
+      if (ph == "B") {
+        open[e.at("tid")].emplace_back(x, e.at("name"));
+      } else if (ph == "E") {
+        auto& stack = open[e.at("tid")];
+        if (stack.empty()) continue;
+        const auto [begin, range] = stack.back();
+        stack.pop_back();
+        if (!stack.empty()) continue;
+        if (std::string phase = phase_of(range); !phase.empty()) s.phases.push_back({phase, begin, x});
+      } else if (ph == "C") {
+        const std::string track = e.at("name");
+        const int64_t bytes = e.at("args").at("bytes");
+        const bool in_host_pool = track.starts_with("host pool ");
+        if (!in_host_pool && !track.starts_with(allocator + " ")) continue;
+        const std::string what = track.substr(in_host_pool ? 10 : allocator.size() + 1);
+        const int c = category_index(what);
+        if (in_host_pool && c >= 0) host[c] = bytes;
+        else if (in_host_pool) continue;
+        else if (what == "reserved") reserved = bytes;
+        else if (c >= 0) now[c] = bytes;
+        int64_t host_total = 0;
+        for (int64_t b : host) host_total += b;
+        s.x.push_back(x), s.bytes.push_back(now), s.reserved.push_back(reserved), s.host.push_back(host_total);
+      }
     }
+  } catch (const nlohmann::json::exception& error) {
+    fail("memory_series: a trace event is not as chrome_trace_json writes it: ", error.what());
   }
   return s;
+}
+
+MemorySeries memory_series(const MemoryTimeline& timeline, int rank, Device device) {
+  return memory_series(chrome_trace_json(timeline), rank, device.str());
+}
+
+std::vector<MemoryLevel> trace_levels(const std::string& trace_json) {
+  const nlohmann::json doc = parse_trace(trace_json);
+  std::vector<MemoryLevel> levels;
+  if (doc.contains("otherData") && doc["otherData"].contains("levels"))
+    for (const nlohmann::json& level : doc["otherData"]["levels"])
+      levels.push_back({level.value("label", ""), level.value("bytes", int64_t{0})});
+  return levels;
 }
 
 namespace {

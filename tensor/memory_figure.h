@@ -18,21 +18,29 @@
 
 namespace zg {
 
+// A horizontal line drawn across a panel: "formula" at its bytes.
+struct MemoryLevel {
+  std::string label;
+  int64_t bytes = 0;
+};
+
 // Chrome's trace event format (ui.perfetto.dev, chrome://tracing): a process per rank; a
-// counter track ("C" events, {"bytes": n}) per device and category -- "cuda:0 activation",
+// counter track ("C" events, {"bytes": n}) per allocator and category -- "cuda:0 activation",
 // "host pool optimizer_state" -- and one of reserved bytes per allocator, each event its
 // value after a change; a slice ("B"/"E") per range on its thread's row, its full path in
-// args. Times in microseconds; a dry run's (meta) are event indices.
-std::string chrome_trace_json(const MemoryTimeline& timeline);
+// args. Times in microseconds; a dry run's (meta) count the rank's memory events instead.
+// `levels` (the formula's model states...) are kept in otherData for figures drawn later.
+std::string chrome_trace_json(const MemoryTimeline& timeline, const std::vector<MemoryLevel>& levels = {});
 
-// One rank's allocator on `device` through a recording: its bytes by category after each
-// of its events, with its host pool's total beside them (offload) and the step's phases.
+// One rank's allocator through a trace (chrome_trace_json's, or a file it wrote): its
+// bytes by category after each of its events, its host pool's total beside them
+// (offload), and the step's phases -- forward, backward, optimizer.
 struct MemorySeries {
   struct Phase {
-    std::string name;  // forward, backward, optimizer
+    std::string name;
     double begin = 0, end = 0;
   };
-  bool dry_run = false;  // x is the event's index in the timeline; else milliseconds
+  bool dry_run = false;  // x counts the rank's memory events; else it is in milliseconds
   std::vector<double> x;
   std::vector<std::array<int64_t, kMemoryCategories>> bytes;
   std::vector<int64_t> reserved;  // the allocator's reserved bytes
@@ -42,13 +50,10 @@ struct MemorySeries {
   int64_t peak() const;           // the largest total: the allocator's peak_total
   int64_t peak_of(MemoryCategory category) const;
 };
+// `allocator`: a device's name ("cpu", "cuda:0", "meta").
+MemorySeries memory_series(const std::string& trace_json, int rank, const std::string& allocator);
 MemorySeries memory_series(const MemoryTimeline& timeline, int rank, Device device);
-
-// A horizontal line drawn across a panel: "formula 16Ψ/N" at its bytes.
-struct MemoryLevel {
-  std::string label;
-  int64_t bytes = 0;
-};
+std::vector<MemoryLevel> trace_levels(const std::string& trace_json);
 
 struct MemoryPanel {
   std::string title;

@@ -244,8 +244,8 @@ TEST_CASE("bench/zero_memory --timeline: per stage a trace and a figure whose pe
     CHECK(std::fabs(drawn[0].drawn_peak() - static_cast<double>(allocator_peak)) <= 0.006 * drawn[0].bytes_per_px);
     peaks.push_back(allocator_peak);
   }
-  // stages.svg: the four stages on one scale, each panel's drawn peak its own.
-  const std::vector<DrawnPanel> all = drawn_panels(read(dir / "stages.svg"));
+  // all.svg: the four stages on one scale, each panel's drawn peak its own.
+  const std::vector<DrawnPanel> all = drawn_panels(read(dir / "all.svg"));
   REQUIRE(all.size() == 4);
   for (size_t i = 0; i < all.size(); ++i) {
     CHECK(all[i].title == (i == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(i)));
