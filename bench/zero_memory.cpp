@@ -62,6 +62,7 @@
 #include "cuda/device.h"
 #include "dist/comm/nccl_group.h"
 #endif
+#include "cuda/simulated_device.h"
 #include "dist/comm/fake_group.h"
 #include "dist/comm/local_group.h"
 #include "dist/comm/step_model.h"
@@ -122,6 +123,7 @@ int g_shard_group = 0;  // --shard-group: 0, the whole group
 int64_t g_prefetch_bytes = 0;                 // --prefetch-bytes (ZeRO-3)
 std::vector<std::string> g_keep_after_forward;  // --keep-after-forward (ZeRO-3)
 DType g_compute = DType::bf16;                  // --compute
+bool g_caching = false;                         // --caching (meta)
 struct Formula {
   int64_t device = 0, host = 0;
 };
@@ -498,7 +500,7 @@ MemoryPanel write_timeline(const std::string& dir, const TimelineRun& run, const
   const std::vector<MemoryLevel> levels = {{"formula", r.formula_states}};
   const std::string trace = chrome_trace_json(run.timeline, levels);
   write_file_atomically(base + ".json", trace, "zero_memory --timeline");
-  MemoryPanel panel{setting_title(r.stage, r.offload), memory_series(trace, 0, device.str()), levels, false};
+  MemoryPanel panel{setting_title(r.stage, r.offload), memory_series(trace, 0, device.str()), levels, g_caching};
   write_file_atomically(base + ".svg", memory_figure_svg({panel}, setting_title(r.stage, r.offload) + ": " + what),
                         "zero_memory --timeline");
   return panel;
@@ -510,7 +512,7 @@ void usage() {
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
-      "                   [--compute bf16|f32] [--checkpointing] [--timeline DIR]\n"
+      "                   [--compute bf16|f32] [--checkpointing] [--caching] [--timeline DIR]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--tflops X] [--memory-gbps X] [--kernel-us X]\n"
       "                   [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X] [--inter-us X]\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
@@ -528,6 +530,8 @@ void usage() {
       "(stages 2, 3): hybrid sharding, shards within groups of S ranks, replicas across N / S groups.\n"
       "--compute: the dtype of the forward and backward (bf16 default; master weights and Adam stay f32).\n"
       "--checkpointing: each block's activations recomputed in backward instead of kept.\n"
+      "--caching (meta): through the GPU's caching allocator over a simulated device: reserved bytes as\n"
+      "a GPU's cache would hold them (segments, 512 B rounding, freed blocks kept for reuse).\n"
       "--timeline DIR: every allocation of the steps, per setting a trace for ui.perfetto.dev\n"
       "(stage-S.json) and a figure (stage-S.svg); all.svg puts rank 0 of each on one scale.\n");
 }
@@ -611,6 +615,7 @@ int main(int argc, char** argv) {
       else if (a == "--json") json = true;
       else if (a == "--timeline") timeline_dir = value();
       else if (a == "--checkpointing") checkpointing = true;
+      else if (a == "--caching") g_caching = true;
       else if (a == "--compute") {
         const std::string dtype = value();
         ZG_CHECK(dtype == "bf16" || dtype == "f32", "zero_memory: --compute must be bf16 or f32, got '", dtype, "'");
@@ -651,6 +656,8 @@ int main(int argc, char** argv) {
       shaped.name = model_name.c_str();
       preset = &shaped;
     }
+    ZG_CHECK(!g_caching || device_arg == "meta", "zero_memory: --caching simulates a GPU's cache in a dry run "
+             "(--device meta); a real run uses its device's own allocator");
     ZG_CHECK(g_compute == DType::bf16 || offload_arg == "none", "zero_memory: --compute f32 is for runs without "
              "--offload (offload's formulas are for 16-bit compute weights beside the f32 master)");
     if (checkpointing) {
@@ -762,6 +769,7 @@ int main(int argc, char** argv) {
       TimelineRun* recording = run ? &*run : nullptr;
       if (device.type == DeviceType::meta) {
         Context rank0(0);
+        if (g_caching) rank0.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
         ContextGuard guard(rank0);
         dist::FakeGroup group(0, world);
         records.push_back(measure(preset->config, stage, offload, steps, batch, seq, device, group, nullptr, recording));

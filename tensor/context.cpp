@@ -14,6 +14,17 @@ std::shared_ptr<Allocator> Context::allocator(Device device) {
   return slot;
 }
 
+void Context::set_allocator(Device device, std::shared_ptr<Allocator> allocator) {
+  ZG_CHECK(allocator != nullptr && allocator->device() == device, "Context::set_allocator: the allocator given for ",
+           device.str(), " is ", allocator ? "for " + allocator->device().str() : std::string("null"));
+  std::lock_guard lock(mutex_);
+  auto& slot = allocators_[device];
+  ZG_CHECK(!slot, "Context::set_allocator: rank ", rank_, " already has an allocator for ", device.str(),
+           " (install one before the first tensor on that device)");
+  allocator->set_owner(rank_, false);
+  slot = std::move(allocator);
+}
+
 std::shared_ptr<Allocator> Context::host_allocator(Device device) {
   ZG_CHECK(device.type != DeviceType::cuda, "host_allocator: the host pool holds host memory; ask for cpu (or meta, "
            "for a dry run's pool), not ", device.str());

@@ -79,6 +79,10 @@ class Context {
   int rank() const { return rank_; }
   // The allocator for `device`, created by the device's backend on first use.
   std::shared_ptr<Allocator> allocator(Device device);
+  // Installs `allocator` (made for `device`) as this rank's for `device`, before the first
+  // use: a dry run on meta through a caching allocator over a simulated device
+  // (cuda/simulated_device.h) shows what a GPU's cache would reserve.
+  void set_allocator(Device device, std::shared_ptr<Allocator> allocator);
   MemoryStats memory_stats(Device device = kCPU) { return allocator(device)->stats(); }
   // The host pool: where offloaded state lives (TensorOptions::pinned). Page-locked
   // (cudaHostAlloc) when this build has CUDA and a GPU is visible, so copies to and from

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -235,21 +236,22 @@ std::string tick_label(double value, const Axis& a) {
 
 std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std::string& title) {
   ZG_CHECK(!panels.empty(), "memory_figure_svg: no panels to draw");
-  constexpr double kPanelW = 440, kPanelH = 250, kLeft = 72, kRight = 18, kTop = 34, kBottom = 40, kHeader = 64;
+  // Two panels to a row, 440 px each; one alone is wider.
   const int columns = panels.size() > 1 ? 2 : 1;
   const int rows = static_cast<int>((panels.size() + columns - 1) / columns);
-  const double width = columns * kPanelW, height = kHeader + rows * kPanelH;
-  const double plot_w = kPanelW - kLeft - kRight, plot_h = kPanelH - kTop - kBottom;
+  constexpr double kPanelH = 250, kLeft = 72, kRight = 18, kTop = 34, kBottom = 40;
+  const double panel_w = columns == 1 ? 640 : 440, width = columns * panel_w;
+  const double plot_w = panel_w - kLeft - kRight, plot_h = kPanelH - kTop - kBottom;
 
   // One vertical scale for every panel.
   int64_t most = 1;
-  bool used[kMemoryCategories] = {}, any_host = false, any_level = false, any_reserved = false;
-  std::map<std::string, bool> phases_seen;
+  bool used[kMemoryCategories] = {}, any_host = false, any_reserved = false;
+  std::map<std::string, bool> phases_seen, levels_seen;
   for (const MemoryPanel& p : panels) {
     ZG_CHECK(!p.series.x.empty(), "memory_figure_svg: panel '", p.title, "' has no memory events (was its rank and "
              "device recorded?)");
     most = std::max(most, p.series.peak());
-    for (const MemoryLevel& level : p.levels) most = std::max(most, level.bytes), any_level = true;
+    for (const MemoryLevel& level : p.levels) most = std::max(most, level.bytes), levels_seen[level.label] = true;
     for (size_t i = 0; i < p.series.x.size(); ++i) {
       most = std::max(most, p.series.host[i]);
       if (p.series.host[i] > 0) any_host = true;
@@ -261,39 +263,50 @@ std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std:
   const Axis axis = axis_for(most);
   const double bytes_per_px = axis.top() / plot_h;
 
+  // The legend, in rows under the title: categories drawn, phases, lines. Each item's
+  // swatch is drawn at (x, y), the top of its row.
+  std::string legend;
+  double lx = 12, ly = 38;
+  const auto item = [&](const std::function<std::string(double, double)>& swatch, const std::string& label) {
+    const double item_w = 22 + 6.2 * static_cast<double>(label.size());
+    if (lx > 12 && lx + item_w > width - 12) lx = 12, ly += 16;
+    legend += swatch(lx, ly) + fmt("<text x=\"%.1f\" y=\"%.1f\">", lx + 16, ly + 9) + escape(label) + "</text>\n";
+    lx += item_w;
+  };
+  const auto line = [](const std::string& style) {
+    return [style](double x, double y) {
+      return fmt("<line x1=\"%.1f\" y1=\"%.1f\" ", x, y + 6) + fmt("x2=\"%.1f\" y2=\"%.1f\" ", x + 12, y + 6) + style +
+             "/>";
+    };
+  };
+  for (int c = 0; c < kMemoryCategories; ++c)
+    if (used[c])
+      item([c](double x, double y) {
+        return fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" ", x, y) + "fill=\"" +
+               kCategoryColour[c] + "\"/>";
+      }, name(static_cast<MemoryCategory>(c)));
+  for (const char* phase : {"forward", "backward", "optimizer"})
+    if (phases_seen.contains(phase))
+      item([phase](double x, double y) {
+        return fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"6\" ", x, y + 3) + "fill=\"" +
+               phase_colour(phase) + "\"/>";
+      }, phase);
+  if (any_host) item(line("stroke=\"black\" stroke-dasharray=\"1.5,2\""), "host pool");
+  if (any_reserved) item(line("stroke=\"#555\" stroke-width=\"1.2\""), "reserved");
+  for (const auto& [label, yes] : levels_seen) item(line("stroke=\"black\" stroke-dasharray=\"5,3\""), label);
+  const double header = ly + 26, height = header + rows * kPanelH;
+
   std::string svg;
   svg += fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" ", width, height) +
          fmt("viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n", width, height);
   svg += fmt("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", width, height);
   svg += "<text x=\"12\" y=\"20\" font-size=\"14\" font-weight=\"bold\">" + escape(title) + "</text>\n";
-  // The legend: categories drawn, phases, lines.
-  double lx = 12;
-  const auto legend = [&](const std::string& swatch, const std::string& label) {
-    svg += swatch + fmt("<text x=\"%.1f\" y=\"47\">", lx + 16) + escape(label) + "</text>\n";
-    lx += 22 + 6.2 * static_cast<double>(label.size());
-  };
-  for (int c = 0; c < kMemoryCategories; ++c)
-    if (used[c])
-      legend(fmt("<rect x=\"%.1f\" y=\"38\" width=\"12\" height=\"12\" ", lx) + "fill=\"" + kCategoryColour[c] + "\"/>",
-             name(static_cast<MemoryCategory>(c)));
-  for (const char* phase : {"forward", "backward", "optimizer"})
-    if (phases_seen.contains(phase))
-      legend(fmt("<rect x=\"%.1f\" y=\"41\" width=\"12\" height=\"6\" ", lx) + "fill=\"" + phase_colour(phase) + "\"/>",
-             phase);
-  if (any_host)
-    legend(fmt("<line x1=\"%.1f\" y1=\"44\" x2=\"%.1f\" y2=\"44\" stroke=\"black\" stroke-dasharray=\"1.5,2\"/>", lx,
-               lx + 12), "host pool");
-  if (any_reserved)
-    legend(fmt("<line x1=\"%.1f\" y1=\"44\" x2=\"%.1f\" y2=\"44\" stroke=\"#555\" stroke-width=\"1.2\"/>", lx, lx + 12),
-           "reserved");
-  if (any_level)
-    legend(fmt("<line x1=\"%.1f\" y1=\"44\" x2=\"%.1f\" y2=\"44\" stroke=\"black\" stroke-dasharray=\"5,3\"/>", lx,
-               lx + 12), "formula");
+  svg += legend;
 
   for (size_t p = 0; p < panels.size(); ++p) {
     const MemoryPanel& panel = panels[p];
     const MemorySeries& s = panel.series;
-    const double ox = static_cast<double>(p % columns) * kPanelW, oy = kHeader + static_cast<double>(p / columns) * kPanelH;
+    const double ox = static_cast<double>(p % columns) * panel_w, oy = header + static_cast<double>(p / columns) * kPanelH;
     const double x_left = ox + kLeft, baseline = oy + kTop + plot_h;
     const double x0 = s.x.front(), x1 = std::max(s.x.back(), x0 + 1e-9);
     const auto px = [&](double x) { return x_left + (x - x0) / (x1 - x0) * plot_w; };

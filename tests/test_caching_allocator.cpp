@@ -10,6 +10,7 @@
 
 #include "cuda/caching_allocator_core.h"
 #include "cuda/lru_cache.h"
+#include "cuda/simulated_device.h"
 #include "helpers.h"
 
 namespace zg::test {
@@ -568,6 +569,29 @@ TEST_CASE("LruCache keeps at most its capacity, the least recently used going fi
   CHECK_THROWS_AS(cache.get_or_make(9, []() -> std::string { throw Error("cannot build"); }), Error);
   CHECK(cache.size() == 3);
   CHECK((cache.contains(1) && cache.contains(4) && cache.contains(2)));
+}
+
+TEST_CASE("a dry run through the caching allocator over a simulated device reserves as a GPU's cache would") {
+  Context rank;
+  rank.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta, 64 * MiB));
+  CHECK_THROWS_WITH_AS(rank.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta)),
+                       "Context::set_allocator: rank 0 already has an allocator for meta (install one before the "
+                       "first tensor on that device)", Error);
+  CHECK_THROWS_WITH_AS(rank.set_allocator(kCPU, cuda::simulated_caching_allocator(kMeta)),
+                       "Context::set_allocator: the allocator given for cpu is for meta", Error);
+  ContextGuard guard(rank);
+  {
+    const Tensor a = empty({3}, kMeta);                  // 12 bytes: a 512 B block of a 2 MiB segment
+    const Tensor b = empty({3 * 1024 * 1024}, kMeta);    // 12 MiB: a segment of its own
+    CHECK(memory_stats(kMeta).allocated_total == 12 + 12 * MiB);
+    CHECK(memory_stats(kMeta).reserved == 2 * MiB + 12 * MiB);
+    CHECK_THROWS_AS(empty({16 * 1024 * 1024}, kMeta), OutOfMemory);  // 64 MiB more than the device holds
+  }
+  const MemoryStats cached = memory_stats(kMeta);
+  CHECK(cached.allocated_total == 0);
+  CHECK(cached.reserved == 14 * MiB);  // the freed blocks stay cached for the next step
+  const Tensor again = empty({3 * 1024 * 1024}, kMeta);
+  CHECK(memory_stats(kMeta).segment_allocations == cached.segment_allocations);  // reused, not taken again
 }
 
 }  // namespace zg::test
