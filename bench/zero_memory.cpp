@@ -497,7 +497,8 @@ std::string setting_title(int stage, dist::Offload offload) {
 MemoryPanel write_timeline(const std::string& dir, const TimelineRun& run, const Record& r, Device device,
                            const std::string& what) {
   const std::string base = dir + "/" + setting_name(r.stage, r.offload);
-  const std::vector<MemoryLevel> levels = {{"formula", r.formula_states}};
+  std::vector<MemoryLevel> levels = {{"formula", r.formula_states}};
+  if (r.offload != dist::Offload::none) levels.push_back({"host formula", r.formula_host});
   const std::string trace = chrome_trace_json(run.timeline, levels);
   write_file_atomically(base + ".json", trace, "zero_memory --timeline");
   MemoryPanel panel{setting_title(r.stage, r.offload), memory_series(trace, 0, device.str()), levels, g_caching};

@@ -1,8 +1,38 @@
 #include "tensor/context.h"
 
+#include <set>
+
 #include "tensor/backend.h"
 
 namespace zg {
+
+namespace {
+// The contexts made for ranks, alive (a memory timeline notes what they hold as it begins).
+std::mutex contexts_mutex;
+std::set<Context*>& live_contexts() {
+  static std::set<Context*> live;
+  return live;
+}
+}  // namespace
+
+Context::Context(int rank) : rank_(rank) {
+  std::lock_guard lock(contexts_mutex);
+  live_contexts().insert(this);
+}
+
+Context::~Context() {
+  if (thread_default_) return;
+  std::lock_guard lock(contexts_mutex);
+  live_contexts().erase(this);
+}
+
+std::vector<std::shared_ptr<Allocator>> Context::rank_allocators() {
+  std::lock_guard lock(contexts_mutex);
+  std::vector<std::shared_ptr<Allocator>> all;
+  for (Context* context : live_contexts())
+    for (auto& allocator : context->allocators()) all.push_back(std::move(allocator));
+  return all;
+}
 
 std::shared_ptr<Allocator> Context::allocator(Device device) {
   std::lock_guard lock(mutex_);
@@ -36,6 +66,14 @@ std::shared_ptr<Allocator> Context::host_allocator(Device device) {
   return slot;
 }
 
+std::vector<std::shared_ptr<Allocator>> Context::allocators() {
+  std::lock_guard lock(mutex_);
+  std::vector<std::shared_ptr<Allocator>> all;
+  for (const auto* made : {&allocators_, &host_allocators_})
+    for (const auto& [device, allocator] : *made) all.push_back(allocator);
+  return all;
+}
+
 std::shared_ptr<void> Context::backend_state(Device device, const std::function<std::shared_ptr<void>()>& make) {
   std::lock_guard lock(mutex_);
   auto& slot = backend_states_[device];
@@ -50,7 +88,7 @@ thread_local Generator* current_generator = nullptr;  // a GeneratorGuard's
 
 Context& Context::current() {
   if (current_context) return *current_context;
-  thread_local Context thread_default;
+  thread_local Context thread_default{ThreadDefault{}};
   return thread_default;
 }
 

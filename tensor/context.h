@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "tensor/device.h"
 #include "tensor/error.h"
@@ -72,7 +73,8 @@ class GeneratorGuard {
 
 class Context {
  public:
-  explicit Context(int rank = 0) : rank_(rank) {}
+  explicit Context(int rank = 0);
+  ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
@@ -98,11 +100,20 @@ class Context {
   // streams its blocks are ordered on). Ranks sharing one GPU never share a stream.
   std::shared_ptr<void> backend_state(Device device, const std::function<std::shared_ptr<void>()>& make);
 
+  // Every allocator this rank has made: its devices' and its host pools.
+  std::vector<std::shared_ptr<Allocator>> allocators();
+  // Every allocator of every live context made for a rank (not threads' own contexts).
+  static std::vector<std::shared_ptr<Allocator>> rank_allocators();
+
   // This thread's current context (a per-thread default when no guard is active).
   static Context& current();
 
  private:
+  struct ThreadDefault {};
+  Context(ThreadDefault) : rank_(0), thread_default_(true) {}
+
   int rank_;
+  bool thread_default_ = false;  // a thread's own context, not one made for a rank
   std::mutex mutex_;
   std::map<Device, std::shared_ptr<Allocator>> allocators_, host_allocators_;
   std::map<Device, std::shared_ptr<void>> backend_states_;  // declared after allocators_: destroyed first

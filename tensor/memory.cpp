@@ -82,6 +82,12 @@ MemoryScope::MemoryScope(MemoryCategory category) : previous_(current_category) 
 MemoryScope::~MemoryScope() { current_category = previous_; }
 MemoryCategory MemoryScope::current() { return current_category; }
 
+void Allocator::note_held() {
+  std::lock_guard lock(mutex_);
+  TimelineHooks::held({device_, rank_, host_pool_, &timeline_generation_, &stats_});
+}
+
+
 Allocation Allocator::allocate(int64_t bytes, MemoryCategory category) {
   ZG_CHECK(bytes >= 0, "allocate: negative size ", bytes, " bytes on ", device_.str());
   check_category(category, "allocate");

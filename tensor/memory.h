@@ -100,6 +100,8 @@ class Allocator {
   Device device() const { return device_; }
   // Who owns it, for a memory timeline's events: set by the rank context that made it.
   void set_owner(int rank, bool host_pool) { rank_ = rank, host_pool_ = host_pool; }
+  // Its figures into the recording memory timeline, unless already noted there.
+  void note_held();
 
   // Throws OutOfMemory (with a per-category summary) when the cap or the device is exhausted.
   Allocation allocate(int64_t bytes, MemoryCategory category);

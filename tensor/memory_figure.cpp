@@ -226,6 +226,19 @@ Axis axis_for(int64_t most) {
   return a;
 }
 
+// " x,y x,y ...", two decimals, leaving out each point between two at the same height
+// (a flat run is drawn by its ends): the figures stay small, the shape is the same.
+std::string points_of(const std::vector<std::pair<double, double>>& points) {
+  std::vector<std::string> ys;
+  for (const auto& [x, y] : points) ys.push_back(fmt("%.2f", y));
+  std::string out;
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (i > 0 && i + 1 < points.size() && ys[i - 1] == ys[i] && ys[i] == ys[i + 1]) continue;
+    out += fmt(" %.2f,", points[i].first) + ys[i];
+  }
+  return out;
+}
+
 std::string tick_label(double value, const Axis& a) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g %s", value, a.unit_name);
@@ -336,19 +349,19 @@ std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std:
     std::vector<int64_t> below(kept.size(), 0);
     for (int c = 0; c < kMemoryCategories; ++c) {
       if (!used[c]) continue;
-      std::string d = "M";
+      std::vector<std::pair<double, double>> outline;  // the top edge left to right, the bottom back
       for (size_t k = 0; k < kept.size(); ++k)
-        d += fmt(" %.2f,%.2f", px(s.x[kept[k]]), py(static_cast<double>(below[k] + s.bytes[kept[k]][c])));
-      for (size_t k = kept.size(); k-- > 0;)
-        d += fmt(" %.2f,%.2f", px(s.x[kept[k]]), py(static_cast<double>(below[k])));
+        outline.emplace_back(px(s.x[kept[k]]), py(static_cast<double>(below[k] + s.bytes[kept[k]][c])));
+      for (size_t k = kept.size(); k-- > 0;) outline.emplace_back(px(s.x[kept[k]]), py(static_cast<double>(below[k])));
+      const std::string d = "M" + points_of(outline);
       svg += std::string("<path class=\"area\" data-category=\"") + name(static_cast<MemoryCategory>(c)) +
              "\" fill=\"" + kCategoryColour[c] + "\" d=\"" + d + " Z\"/>\n";
       for (size_t k = 0; k < kept.size(); ++k) below[k] += s.bytes[kept[k]][c];
     }
     const auto polyline = [&](const std::vector<int64_t>& values, const std::string& style) {
-      std::string points;
-      for (size_t i : kept) points += fmt("%.2f,%.2f ", px(s.x[i]), py(static_cast<double>(values[i])));
-      svg += "<polyline fill=\"none\" " + style + " points=\"" + points + "\"/>\n";
+      std::vector<std::pair<double, double>> line;
+      for (size_t i : kept) line.emplace_back(px(s.x[i]), py(static_cast<double>(values[i])));
+      svg += "<polyline fill=\"none\" " + style + " points=\"" + points_of(line).substr(1) + "\"/>\n";
     };
     if (std::any_of(s.host.begin(), s.host.end(), [](int64_t b) { return b > 0; }))
       polyline(s.host, "stroke=\"black\" stroke-dasharray=\"1.5,2\"");

@@ -84,7 +84,7 @@ void MemoryTimeline::push(TimelineEvent event) {
   events_.push_back(event);
 }
 
-MemoryTimelineRecording::MemoryTimelineRecording(MemoryTimeline& timeline) {
+MemoryTimelineRecording::MemoryTimelineRecording(MemoryTimeline& timeline, int) {
   // Notes that see the timeline wait on its lock until it is reset.
   std::lock_guard lock(timeline.mutex_);
   MemoryTimeline* none = nullptr;
@@ -96,6 +96,15 @@ MemoryTimelineRecording::MemoryTimelineRecording(MemoryTimeline& timeline) {
   timeline.dropped_ = 0;
   timeline.start_ns_ = now_ns();
   timeline.generation_.store(generations.fetch_add(1) + 1);
+}
+
+MemoryTimelineRecording::MemoryTimelineRecording(MemoryTimeline& timeline) : MemoryTimelineRecording(timeline, 0) {
+  // What every rank's allocators hold as the recording begins, so that one that allocates
+  // nothing while it records (a host pool holding Adam state) is drawn all the same; and
+  // this thread's own (a one-rank program's). Other threads' own contexts are noted when
+  // they first allocate.
+  for (const auto& allocator : Context::rank_allocators()) allocator->note_held();
+  for (const auto& allocator : Context::current().allocators()) allocator->note_held();
 }
 
 MemoryTimelineRecording::~MemoryTimelineRecording() {
@@ -112,32 +121,43 @@ TracePath TimelineHooks::current_path() {
   return open.empty() ? TracePath{} : TracePath{generation, open.back()};
 }
 
+// With t's lock held: the allocator's figures before its first event of this recording,
+// as events, once.
+void TimelineHooks::note_held(MemoryTimeline& t, const Owner& owner) {
+  if (*owner.generation == t.generation_) return;
+  *owner.generation = t.generation_;
+  TimelineEvent e{.kind = TimelineEvent::Kind::allocate, .host_pool = owner.host_pool, .device = owner.device,
+                  .rank = owner.rank, .thread = thread_number()};
+  for (int c = 0; c < kMemoryCategories; ++c)
+    if (owner.stats->allocated[c] != 0) {
+      e.category = static_cast<MemoryCategory>(c), e.bytes = owner.stats->allocated[c];
+      t.push(e);
+    }
+  if (owner.stats->reserved != 0) {
+    e.kind = TimelineEvent::Kind::reserve, e.category = MemoryCategory::other, e.bytes = owner.stats->reserved;
+    t.push(e);
+  }
+}
+
+void TimelineHooks::held(const Owner& owner) {
+  if (active.load(std::memory_order_relaxed) == nullptr) return;
+  const Noting note;
+  if (MemoryTimeline* t = note.timeline) {
+    std::lock_guard lock(t->mutex_);
+    note_held(*t, owner);
+  }
+}
+
 void TimelineHooks::memory(const Owner& owner, TimelineEvent::Kind kind, MemoryCategory category, int64_t bytes) {
   if (active.load(std::memory_order_relaxed) == nullptr) return;
   const Noting note;
   MemoryTimeline* t = note.timeline;
   if (!t) return;
   std::lock_guard lock(t->mutex_);
-  TimelineEvent e{.kind = kind, .category = category, .host_pool = owner.host_pool, .device = owner.device,
-                  .rank = owner.rank, .thread = thread_number(), .bytes = bytes};
-  if (*owner.generation != t->generation_) {  // the allocator's figures before its first event
-    *owner.generation = t->generation_;
-    for (int c = 0; c < kMemoryCategories; ++c)
-      if (owner.stats->allocated[c] != 0) {
-        TimelineEvent held = e;
-        held.kind = TimelineEvent::Kind::allocate, held.category = static_cast<MemoryCategory>(c);
-        held.bytes = owner.stats->allocated[c];
-        t->push(held);
-      }
-    if (owner.stats->reserved != 0) {
-      TimelineEvent held = e;
-      held.kind = TimelineEvent::Kind::reserve, held.bytes = owner.stats->reserved;
-      t->push(held);
-    }
-  }
+  note_held(*t, owner);
   const std::vector<int32_t>& open = ranges.of(t->generation_);
-  e.path = open.empty() ? -1 : open.back();
-  t->push(e);
+  t->push({.kind = kind, .category = category, .host_pool = owner.host_pool, .device = owner.device,
+           .rank = owner.rank, .thread = thread_number(), .bytes = bytes, .path = open.empty() ? -1 : open.back()});
 }
 
 uint64_t TimelineHooks::begin_range(const char* name, TracePath scope) {

@@ -11,10 +11,10 @@
 // Off, it costs one atomic load per allocation and per range. On, it keeps at most
 // `capacity` events; the rest are counted as dropped and every export says so.
 //
-// An allocator's first event in a recording is preceded by its figures at that moment
-// (one `allocate` per category it holds, a `reserve` of its reserved bytes), so the
-// running sums of a timeline are the allocator's own figures: its peak_total after
-// reset_peaks() is the largest sum the timeline reaches.
+// A recording begins with what every allocator holds (one `allocate` per category, a
+// `reserve` of its reserved bytes), so the running sums of a timeline are the
+// allocators' own figures: an allocator's peak_total after reset_peaks() is the largest
+// sum the timeline reaches for it.
 #pragma once
 
 #include <atomic>
@@ -88,6 +88,9 @@ class MemoryTimelineRecording {
   ~MemoryTimelineRecording();  // waits for events being noted on other threads
   MemoryTimelineRecording(const MemoryTimelineRecording&) = delete;
   MemoryTimelineRecording& operator=(const MemoryTimelineRecording&) = delete;
+
+ private:
+  MemoryTimelineRecording(MemoryTimeline& timeline, int);  // starts it; the public one then notes what is held
 };
 
 // A range path as the recording saw it, kept where a range is opened later on another
@@ -108,10 +111,14 @@ struct TimelineHooks {
     const MemoryStats* stats;  // its figures before this event (for the baseline)
   };
   static void memory(const Owner& owner, TimelineEvent::Kind kind, MemoryCategory category, int64_t bytes);
+  static void held(const Owner& owner);  // its figures now, unless already noted in this recording
   // Returns the recording's generation when the range was noted (0: none).
   static uint64_t begin_range(const char* name, TracePath scope);
   static void end_range(uint64_t generation);
   static TracePath current_path();
+
+ private:
+  static void note_held(MemoryTimeline& t, const Owner& owner);
 };
 // The innermost range open on this thread, when recording.
 inline TracePath current_trace_path() { return TimelineHooks::current_path(); }
