@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Draws every figure of the course (docs/*.md) with the project's own binaries:
+#   docs/figures/make.sh [BENCH_DIR] [OUT_DIR]      (defaults: build/bench, docs/figures)
+# Each is a dry run on the meta device -- real code paths, counted bytes, nothing
+# computed -- so they take seconds, need no GPU, and come out byte for byte the same on
+# every machine: tests/test_examples.cpp redraws them and compares with the committed ones.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+bench="$(cd "${1:-$here/../../build/bench}" && pwd)"
+out="${2:-$here}"
+mkdir -p "$out"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# zero_memory NAME FLAGS...: one run's traces and figures into $work/NAME.
+zero_memory() {
+  local name=$1
+  shift
+  "$bench/zero_memory" "$@" --timeline "$work/$name" >/dev/null
+}
+# side_by_side OUT TITLE TRACE LABEL...: traces on one scale.
+side_by_side() {
+  local file=$1 title=$2
+  shift 2
+  "$bench/memory_figure" --out "$out/$file" --title "$title" "$@"
+}
+
+# 1. Sixteen bytes a parameter: GPT-2 124M under DDP, short sequences (activations small).
+zero_memory bytes --model 124m --world-size 1 --stage 0 --seq 64 --steps 2
+cp "$work/bytes/stage-0.svg" "$out/bytes-per-parameter.svg"
+
+# 2. The caching allocator: what a GPU's cache reserves through two steps, DDP and ZeRO-3.
+zero_memory cache-ddp --model 124m --world-size 1 --stage 0 --seq 1024 --steps 2 --caching
+zero_memory cache-zero3 --model 124m --world-size 8 --stage 3 --seq 1024 --steps 2 --caching
+side_by_side caching-allocator.svg "Allocated (stacked) and reserved (line): GPT-2 124M, batch 1 x 1024, 2 steps" \
+  --reserved "$work/cache-ddp/stage-0.json" "DDP, 1 rank" "$work/cache-zero3/stage-3.json" "ZeRO-3, rank 0 of 8"
+
+# 3, 4. Saved activations, kept or recomputed (activation checkpointing).
+zero_memory kept --model 124m --world-size 1 --stage 0 --seq 1024 --batch 4
+zero_memory recomputed --model 124m --world-size 1 --stage 0 --seq 1024 --batch 4 --checkpointing
+cp "$work/kept/stage-0.svg" "$out/activations.svg"
+side_by_side activation-checkpointing.svg "GPT-2 124M, batch 4 x 1024, one step: activations kept or recomputed" \
+  "$work/kept/stage-0.json" "every activation kept" "$work/recomputed/stage-0.json" "activation checkpointing"
+
+# 5. Mixed precision: f32 compute against bf16 compute with f32 master weights.
+zero_memory f32 --model 124m --world-size 1 --stage 0 --seq 256 --batch 4 --compute f32
+zero_memory bf16 --model 124m --world-size 1 --stage 0 --seq 256 --batch 4
+side_by_side mixed-precision.svg "GPT-2 124M, batch 4 x 256, one step: f32 compute, or bf16 with an f32 master" \
+  "$work/f32/stage-0.json" "f32 compute" "$work/bf16/stage-0.json" "bf16 compute, f32 master"
+
+# 6. DDP: one rank or eight, every rank holds everything.
+zero_memory ddp1 --model 124m --world-size 1 --stage 0 --seq 256 --steps 2
+zero_memory ddp8 --model 124m --world-size 8 --stage 0 --seq 256 --steps 2
+side_by_side ddp.svg "DDP, GPT-2 124M, batch 1 x 256 a rank, 2 steps: a rank's bytes at N = 1 and N = 8" \
+  "$work/ddp1/stage-0.json" "N = 1" "$work/ddp8/stage-0.json" "N = 8, rank 0"
+
+# 7. ZeRO-1, 2, 3 (the README's figure).
+zero_memory stages --model 124m --world-size 8 --stage all --seq 256 --steps 2
+cp "$work/stages/all.svg" "$out/zero-stages.svg"
+
+# 8. Offload: ZeRO-3 with the optimizer, then the parameters too, in host memory.
+zero_memory offload --model 124m --world-size 8 --stage 3 --offload all --seq 256 --steps 2
+cp "$work/offload/all.svg" "$out/offload.svg"
+
+# 9. Checkpoints: what each rank holds, and so writes, at N = 2 and N = 8 (ZeRO-3).
+zero_memory shards2 --model 124m --world-size 2 --stage 3 --seq 256
+zero_memory shards8 --model 124m --world-size 8 --stage 3 --seq 256
+side_by_side checkpoint-shards.svg "ZeRO-3, GPT-2 124M: the shards a rank holds (and saves) at N = 2 and N = 8" \
+  "$work/shards2/stage-3.json" "N = 2, rank 0" "$work/shards8/stage-3.json" "N = 8, rank 0"
+
+# 10. Reading a trace: the tiny GPT at ZeRO-3 on four ranks, as bench/zero_memory's --timeline writes it.
+zero_memory tiny --model tiny --world-size 4 --stage 3 --steps 2
+cp "$work/tiny/stage-3.svg" "$out/tiny-zero3.svg"
