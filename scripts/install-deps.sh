@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what zerograd needs to build and test on Debian/Ubuntu, skipping what
 # is already there: a C++20 compiler, Meson >= 1.0 (>= 1.4 with CUDA) and Ninja, pkg-config,
-# Eigen 3.4, nlohmann-json (safetensors headers), OpenMPI (the mpi process group)
-# and doctest. The CUDA toolkit is optional and never installed here:
+# Eigen 3.4, nlohmann-json (safetensors headers), OpenMPI (the mpi process group),
+# doctest, and rsvg-convert (a test renders the course's figures as a viewer would).
+# The CUDA toolkit is optional and never installed here:
 # when /usr/local/cuda (or nvcc on PATH) exists, the build uses it, and this script
 # adds the cuDNN frontend headers (the CUDA backend's fused attention) next to it.
 # With --clang (CI) it adds Clang, its sanitizer and libFuzzer runtimes and
@@ -20,6 +21,7 @@ command -v python3 >/dev/null || need+=(python3)
 [ -f /usr/include/doctest/doctest.h ] || need+=(doctest-dev)
 [ -f /usr/include/nlohmann/json.hpp ] || need+=(nlohmann-json3-dev)
 command -v mpirun >/dev/null || need+=(openmpi-bin)
+command -v rsvg-convert >/dev/null || need+=(librsvg2-bin)  # the docs' figures are rendered by a test
 [ -n "$(find /usr/include /usr/lib -name mpi.h -print -quit 2>/dev/null)" ] || need+=(libopenmpi-dev)
 has_cuda() { command -v nvcc >/dev/null || [ -d /usr/local/cuda ]; }
 # Meson >= 1.0; with CUDA >= 1.4, the first that asks nvcc for dependency files: with an

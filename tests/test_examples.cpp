@@ -256,6 +256,50 @@ TEST_CASE("bench/zero_memory --timeline: per stage a trace and a figure whose pe
   std::filesystem::remove_all(dir);
 }
 
+// The course's figures (docs/*.md) are what docs/figures/make.sh draws today, byte for
+// byte, and each renders as a viewer would (rsvg-convert, librsvg2-bin).
+TEST_CASE("docs/figures/make.sh redraws the committed figures exactly, and each renders to a PNG") {
+  const std::filesystem::path committed = std::filesystem::path(ZG_SOURCE_DIR) / "docs" / "figures";
+  const std::filesystem::path drawn = std::filesystem::temp_directory_path() / ("zg-figures-" + std::to_string(getpid()));
+  std::filesystem::remove_all(drawn);
+  int status = 0;
+  const std::string out = run_command("bash " + (committed / "make.sh").string() + " " + ZG_BENCH_DIR + " " +
+                                      drawn.string() + " 2>&1", status);
+  INFO(out);
+  REQUIRE(status == 0);
+  const auto read = [](const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  int figures = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(committed)) {
+    if (entry.path().extension() != ".svg") continue;
+    ++figures;
+    const std::string name = entry.path().filename().string();
+    INFO(name << " (docs/figures/make.sh redraws it: commit what it draws)");
+    REQUIRE(std::filesystem::exists(drawn / name));
+    const std::string was = read(entry.path()), now = read(drawn / name);
+    const size_t differs = static_cast<size_t>(std::mismatch(was.begin(), was.end(), now.begin(), now.end()).first - was.begin());
+    const bool same = was == now;
+    CHECK_MESSAGE(same, "differs from what make.sh draws from byte ", differs, ": '", was.substr(differs, 40), "' vs '",
+                  now.substr(differs, 40), "'");
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(drawn))
+    CHECK_MESSAGE(std::filesystem::exists(committed / entry.path().filename()), entry.path().filename().string(),
+                  " is drawn by make.sh but not committed in docs/figures");
+  CHECK(figures >= 10);
+  run_command("command -v rsvg-convert", status);
+  REQUIRE_MESSAGE(status == 0, "rsvg-convert not found: install librsvg2-bin (scripts/install-deps.sh does)");
+  for (const auto& entry : std::filesystem::directory_iterator(drawn)) {
+    const std::filesystem::path png = entry.path().string() + ".png";
+    run_command("rsvg-convert -o " + png.string() + " " + entry.path().string() + " 2>&1", status);
+    INFO(entry.path().filename().string());
+    CHECK(status == 0);
+    CHECK(read(png).starts_with("\x89PNG"));
+  }
+  std::filesystem::remove_all(drawn);
+}
+
 TEST_CASE("bench/zero_memory --offload: 7.5B at ZeRO-3 on one rank keeps 14Ψ on the host and no model state on the device") {
   int status = 0;
   const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 7.5b --world-size 1 --stage 3 "
