@@ -57,6 +57,7 @@ side_by_side ddp.svg "DDP, GPT-2 124M, batch 1 x 256 a rank, 2 steps: a rank's b
 # 7. ZeRO-1, 2, 3 (the README's figure).
 zero_memory stages --model 124m --world-size 8 --stage all --seq 256 --steps 2
 cp "$work/stages/all.svg" "$out/zero-stages.svg"
+cp "$work/stages/stage-3.svg" "$out/zero3-step.svg"  # the training step chapter's
 
 # 8. Offload: ZeRO-3 with the optimizer, then the parameters too, in host memory.
 zero_memory offload --model 124m --world-size 8 --stage 3 --offload all --seq 256 --steps 2
