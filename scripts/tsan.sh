@@ -2,7 +2,8 @@
 # ThreadSanitizer over the threaded code: the local process group (ranks and their
 # communication workers are threads), the caching allocator (two threads on one) and
 # ZeRO-3 prefetch (gathers on the worker while the rank computes), offload and the CPU
-# worker pool (the optimizer's blocks on several threads). A Clang CPU build
+# worker pool (the optimizer's blocks on several threads), a memory timeline recording
+# ranks that run as threads. A Clang CPU build
 # of those test binaries only; any report fails their tests.
 # Usage: scripts/tsan.sh [BUILD_DIR]   (build-tsan unless given)
 set -euo pipefail
@@ -13,5 +14,7 @@ if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ meson setup "$build" -Dcuda=disabled -Dbench=false -Db_sanitize=thread -Db_lundef=false \
     -Dbuildtype=plain -Dcpp_args='-O1 -g1' >/dev/null
 fi
-meson compile -C "$build" tests/test_dist tests/test_caching_allocator tests/test_zero tests/test_offload tests/test_optim >/dev/null
-meson test -C "$build" --no-rebuild --print-errorlogs --timeout-multiplier 4 dist caching_allocator zero offload optim
+meson compile -C "$build" tests/test_dist tests/test_caching_allocator tests/test_zero tests/test_offload tests/test_optim \
+  tests/test_memory >/dev/null
+meson test -C "$build" --no-rebuild --print-errorlogs --timeout-multiplier 4 dist caching_allocator zero offload optim \
+  memory
