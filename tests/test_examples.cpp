@@ -57,7 +57,8 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
         std::pair{"--save /dev/null/run", "--save /dev/null/run: /dev/null is not a directory"},
         std::pair{"--save /dev/null", "--save /dev/null: /dev/null is not a directory"},
         std::pair{"--resume /dev/null", "ShardedModel::load: /dev/null is not a directory"},
-        std::pair{"--device meta", "--device meta holds no values to train"}}) {
+        std::pair{"--device meta", "--device meta holds no values to train"},
+        std::pair{"--trace /dev/null/run.json", "--trace /dev/null/run.json: /dev/null is not a directory"}}) {
     const std::string given = flags;  // INFO's lambda cannot capture a structured binding (Clang)
     INFO(given);
     const std::string bad = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt " + flags + " 2>&1", status);
@@ -98,6 +99,32 @@ std::vector<double> step_losses(const std::string& out) {
   for (auto it = std::sregex_iterator(out.begin(), out.end(), step_line); it != std::sregex_iterator(); ++it)
     losses.push_back(std::stod((*it)[1]));
   return losses;
+}
+
+TEST_CASE("train_gpt --trace writes a trace and a figure of the training loop") {
+  const std::filesystem::path trace = std::filesystem::temp_directory_path() / ("zg-trace-" + std::to_string(getpid()) + ".json");
+  int status = 0;
+  const std::string out = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --steps 2 --layers 1 --embd 32 --seq 16 "
+                                      "--batch 2 --trace " + trace.string(), status);
+  REQUIRE(status == 0);
+  CHECK(out.find("trace: " + trace.string()) != std::string::npos);
+  std::ifstream in(trace);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  std::map<std::string, int> phases;  // top-level ranges of the loop
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.at("ph") == "B" && e.at("args").at("path").get<std::string>().find(" > ") == std::string::npos)
+      ++phases[e.at("name")];
+  CHECK(phases["backward"] == 2);
+  CHECK(phases["optimizer"] == 2);
+  CHECK(trace_peak(doc, 0, "cpu") > 0);
+  std::filesystem::path figure = trace;
+  figure.replace_extension(".svg");
+  std::ifstream svg_in(figure);
+  const std::vector<DrawnPanel> drawn = drawn_panels(std::string(std::istreambuf_iterator<char>(svg_in), {}));
+  REQUIRE(drawn.size() == 1);
+  CHECK(drawn[0].peak_attribute == trace_peak(doc, 0, "cpu"));
+  std::filesystem::remove(trace);
+  std::filesystem::remove(figure);
 }
 
 TEST_CASE("train_zero trains on N ranks, and its sharded checkpoint resumes at another N and stage") {
