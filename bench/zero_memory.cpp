@@ -481,7 +481,7 @@ void calibrate(const Preset& preset, int64_t batch, int64_t seq, dist::ProcessGr
 
 // --timeline DIR: each setting's trace (Perfetto / chrome://tracing) and figure, named
 // after it (stage-2.json, stage-3-offload-optimizer.svg), and every setting's rank 0 on
-// one scale in stages.svg. The dashed level: the formula's model states.
+// one scale in all.svg. The dashed levels: the formula's model states (and host states).
 std::string setting_name(int stage, dist::Offload offload) {
   std::string out = "stage-" + std::to_string(stage);
   if (offload != dist::Offload::none) out += std::string("-offload-") + dist::name(offload);

@@ -1,13 +1,15 @@
 // A memory timeline: every allocation and free of every allocator -- each device, each
 // rank, the host pools -- while a recording lives, with its time, category, bytes and
 // the step phase it happened in. The phase is the path of profiler ranges (trace.h)
-// open on the allocating thread:
-//   forward    "GPT (GPT) > h.1 (Block) > attn (CausalSelfAttention) > c_attn (Linear)"
-//   backward   "backward > GPT (GPT) > h.1 (Block) > mlp (MLP) > c_fc (Linear) > linear"
+// open on the allocating thread (a model called through Module::operator() adds its own
+// range first; GPT::forward called directly does not):
+//   forward    "h.1 (Block) > attn (CausalSelfAttention) > c_attn (Linear)"
+//   backward   "backward > h.1 (Block) > mlp (MLP) > c_fc (Linear) > linear"
 //              (an autograd node keeps the path it was recorded under: unit k's
 //              backward is named after its forward)
-//   dist       "gather h.3", "reduce_gradients h.1", "optimizer > adamw", "after_step h.0"
-//              under whatever was open when the unit's scheduler called them
+//   dist       "gather transformer.h.3", "reduce_gradients transformer.h.1",
+//              "optimizer > adamw", "after_step transformer.h.0", under whatever was
+//              open when the unit's scheduler called them
 // Off, it costs one atomic load per allocation and per range. On, it keeps at most
 // `capacity` events; the rest are counted as dropped and every export says so.
 //

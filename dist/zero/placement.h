@@ -15,15 +15,15 @@
 //
 //   offload                 device                          host
 //   none                    16/N (+ the units in use)       0
-//   optimizer               4/N  (+ the units in use)       14/N: master, m, v, gradient shard
+//   optimizer               2/N  (+ the units in use)       14/N: master, m, v, gradient shard
 //   optimizer + parameters  the units in use only           14/N: the f32 master doubles as the
 //                                                           parameter shard, cast per gather
 //
 // The gradient shard goes with the optimizer: the CPU AdamW reads it where it runs.
-#include <string_view>
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "tensor/error.h"
 
