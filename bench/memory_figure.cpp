@@ -3,8 +3,7 @@
 // one rank's allocator through its trace (the device whose bytes peak highest, unless
 // --device names one), with the levels the trace carries (zero_memory's formula).
 //
-//   build/bench/memory_figure --out compare.svg --title "Activation checkpointing" \
-//       plain/stage-0.json "kept" checkpointed/stage-0.json "recomputed"
+//   build/bench/memory_figure --out cmp.svg --title "Checkpointing" a/stage-0.json "kept" b/stage-0.json "recomputed"
 #include <cmath>
 #include <cstdio>
 #include <fstream>
