@@ -28,12 +28,17 @@ std::string leaf(const std::string& path) {
   return at == std::string::npos ? path : path.substr(at + 3);
 }
 
-// A top-level range as a step phase: the model's forward (a module's range, "GPT (GPT)"),
-// the backward pass, the optimizer step; "" for anything else.
+// A top-level range as a step phase: the backward pass, the optimizer step (a ShardedModel's,
+// or AdamW's own), a collective or a unit's communication ("" : no phase of its own), else
+// the forward (a module's range: "h.0 (Block)", "Linear").
 std::string phase_of(const std::string& name) {
   if (name == "backward" || name == "optimizer") return name;
-  if (name.size() > 3 && name.back() == ')' && name.find(" (") != std::string::npos) return "forward";
-  return "";
+  if (name == "adamw") return "optimizer";
+  for (const char* collective : {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier"})
+    if (name == collective) return "";
+  for (const char* unit_range : {"gather ", "reduce_gradients ", "after_step "})
+    if (name.starts_with(unit_range)) return "";
+  return "forward";
 }
 
 }  // namespace

@@ -205,6 +205,11 @@ TEST_CASE("a memory timeline's sums, trace and figure are each rank's allocator 
     REQUIRE(!series.x.empty());
     CHECK(series.peak() == stats[r].peak_total);
     for (int c = 0; c < kMemoryCategories; ++c) CHECK(series.peak_of(static_cast<MemoryCategory>(c)) == stats[r].peak[c]);
+    std::map<std::string, int> phases;  // forward: the modules' ranges at the top of the rank's threads
+    for (const MemorySeries::Phase& phase : series.phases) ++phases[phase.name];
+    CHECK(phases["backward"] == 2);
+    CHECK(phases["optimizer"] == 2);
+    CHECK(phases["forward"] >= 2);
     panels.push_back({"rank " + std::to_string(r), series, {}, true});
   }
   // Where the bytes were taken: a forward of unit h.0, the backward of h.1 (named after
