@@ -222,10 +222,15 @@ class RunTrace {
     for (int rank : ranks)
       if (MemorySeries series = memory_series(s.timeline, rank, device); !series.x.empty())
         panels.push_back({"rank " + std::to_string(rank), std::move(series), {}, false});
-    std::ofstream(path_) << chrome_trace_json(s.timeline);
+    const auto write = [](const std::string& file, const std::string& text) {
+      std::ofstream out(file, std::ios::binary);
+      out << text;
+      ZG_CHECK(out.flush().good(), "--trace: could not write ", file);
+    };
+    write(path_, chrome_trace_json(s.timeline));
     std::filesystem::path figure = path_;
     figure.replace_extension(".svg");
-    if (!panels.empty()) std::ofstream(figure) << memory_figure_svg(panels, title);
+    if (!panels.empty()) write(figure.string(), memory_figure_svg(panels, title));
     std::printf("trace: %s (ui.perfetto.dev), figure: %s%s\n", path_.c_str(), figure.c_str(),
                 s.timeline.dropped() ? (" -- " + std::to_string(s.timeline.dropped()) +
                                         " events past the timeline's capacity were not kept").c_str() : "");

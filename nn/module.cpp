@@ -105,7 +105,8 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> module) 
   module->trace_name_ = module->trace_name();
   // A list's items are named after the list on a timeline, "h.0 (Block)", not "0 (Block)",
   // whether the list is named before or after they join it.
-  if (dynamic_cast<const ModuleList*>(this) && !local_name_.empty()) module->trace_name_ = local_name_ + "." + module->trace_name_;
+  if (dynamic_cast<const ModuleList*>(this) && !local_name_.empty())
+    module->trace_name_ = local_name_ + "." + module->trace_name_;
   if (dynamic_cast<const ModuleList*>(module.get()))
     for (const auto& [item, child] : module->children_) child->trace_name_ = name + "." + child->trace_name();
   children_.emplace_back(name, std::move(module));

@@ -87,7 +87,6 @@ void Allocator::note_held() {
   TimelineHooks::held({device_, rank_, host_pool_, &timeline_generation_, &stats_});
 }
 
-
 Allocation Allocator::allocate(int64_t bytes, MemoryCategory category) {
   ZG_CHECK(bytes >= 0, "allocate: negative size ", bytes, " bytes on ", device_.str());
   check_category(category, "allocate");

@@ -92,7 +92,9 @@ class MemoryTimelineRecording {
   MemoryTimelineRecording& operator=(const MemoryTimelineRecording&) = delete;
 
  private:
-  MemoryTimelineRecording(MemoryTimeline& timeline, int);  // starts it; the public one then notes what is held
+  // Starts it; the public one then notes what is held (constructed by then, a throw there
+  // still ends the recording).
+  MemoryTimelineRecording(MemoryTimeline& timeline, int);
 };
 
 // A range path as the recording saw it, kept where a range is opened later on another
