@@ -154,6 +154,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 
 // softmax(q k^T / sqrt(D)) v over the last two dims, batched over the rest; `causal`
 // masks key j > query i. q [..., T, D], k [..., S, D], v [..., S, Dv] -> [..., T, Dv].
+// Grouped-query attention: k and v [..., H_kv, S, D] with H_kv dividing q's H heads
+// ([..., H, T, D]); query head h reads key head h / (H / H_kv), as in Llama 2/3.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 // The same over GPT's packed projection: qkv [B, T, 3C] holds q, k and v side by side,
 // each C = heads * D wide -> [B, T, C], the heads side by side. Equal to splitting qkv
@@ -165,5 +167,60 @@ Tensor packed_attention(const Tensor& qkv, int64_t heads, bool causal);
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);  // views; the last may be shorter
 std::vector<Tensor> split(const Tensor& x, const Shape& sizes, int64_t dim = 0);   // views of the given sizes
+// Tensors of one shape joined along a new dim `dim` (in [-(rank + 1), rank]).
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+
+// ---- indexing (functions/indexing.cpp: rows through embedding and its scatter-add) ----
+// x's slices at `index` (1-D, i32/i64) along dim: out.shape[dim] = index.numel().
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// out[i][j][k] = x[i][index[i][j][k]][k] for dim 1 (likewise for any dim), as torch.gather:
+// index has x's rank and no dim larger than x's except `dim`; out has index's shape.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// x with src added at `index` along dim (torch.scatter_add: out[i][index[i][j][k]][k] +=
+// src[i][j][k] for dim 1); index and src share a shape. Repeated indices accumulate.
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+// i64 [..., num_classes]: 1 where the class is the index. num_classes -1: max(indices) + 1.
+Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);
+
+// ---- composed from the ops above (functions/composite.cpp; gradients follow from theirs) ----
+Tensor silu(const Tensor& x);  // x sigmoid(x), Llama's MLP activation ("swish")
+// x limited to [low, high]; the gradient is 1 inside and 0 where x was clamped; NaN stays.
+Tensor clamp(const Tensor& x, double low, double high);
+// log sum exp over dims (all when empty), with the max taken out first: finite for any finite x.
+Tensor logsumexp(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+// The variance over dims, divided by N - correction (1: the unbiased estimate, as torch.var).
+Tensor var(const Tensor& x, const Shape& dims = {}, bool keepdim = false, int64_t correction = 1);
+Tensor std(const Tensor& x, const Shape& dims = {}, bool keepdim = false, int64_t correction = 1);
+// The lower (upper) triangle of the last two dims: elements with j - i <= diagonal (>=) kept, the rest 0.
+Tensor tril(const Tensor& x, int64_t diagonal = 0);
+Tensor triu(const Tensor& x, int64_t diagonal = 0);
+// x / sqrt(mean(x^2 over the last dim) + eps) * weight (Zhang and Sennrich 2019, Llama's
+// norm); 16-bit x is normalised in f32 and rounded back before the weight, as in Llama.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// Rotary position embedding (Su et al. 2021) over x [..., T, D], D even, in the
+// "rotate half" layout of Llama and Hugging Face: position p = offset + t, frequency
+// f_i = theta^(-2i/D) for i < D/2, and with x = (x1, x2) halves,
+//   out = x cos(p f) + (-x2, x1) sin(p f)       (cos, sin repeated over both halves)
+Tensor rotary_embedding(const Tensor& x, int64_t offset = 0, double theta = 10000.0);
+// The same with the cos and sin tables made once ([T, D], x's dtype and device), for a
+// model that rotates every layer's q and k at the same positions.
+struct RotaryTables {
+  Tensor cos, sin;
+};
+RotaryTables rotary_tables(int64_t offset, int64_t length, int64_t dim, double theta, TensorOptions options);
+Tensor rotary_embedding(const Tensor& x, const RotaryTables& tables);
+
+// ---- losses; reduction: the mean (default), the sum, or none (per element) ----
+enum class Reduction { mean, sum, none };
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+// -log_probs[..., target] over targets != ignore_index; log_probs [..., C], target [...].
+// The mean is over the targets kept (NaN when none is), as torch.nn.functional.nll_loss.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100,
+                Reduction reduction = Reduction::mean);
+// -(t log p + (1 - t) log(1 - p)), each log floored at -100 as PyTorch does; p in [0, 1].
+Tensor binary_cross_entropy(const Tensor& probs, const Tensor& target, Reduction reduction = Reduction::mean);
+// The same of sigmoid(logits), computed stably: max(x, 0) - x t + log(1 + exp(-|x|)).
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        Reduction reduction = Reduction::mean);
 
 }  // namespace zg

@@ -88,6 +88,25 @@ std::map<std::string, GradCase> grad_cases(Device d) {
                   scaled_dot_product_attention(x[0], x[1], x[2], false); }};
   c["packed_attention"] = {{normal_leaf({2, 3, 12}, d)},
                            FN { return packed_attention(x[0], 2, true) * packed_attention(x[0], 2, false); }};
+  const Tensor gather_index = tensor<int64_t>({0, 4, 4, 1, 2, 0}, {2, 3, 1}, TensorOptions(DType::i64).device(d));
+  c["scatter_add"] = {{normal_leaf({2, 5, 1}, d), normal_leaf({2, 3, 1}, d)},
+                      [gather_index](const std::vector<Tensor>& x) { return scatter_add(x[0], 1, gather_index, x[1]) * x[0]; }};
+  c["gather, index_select, stack"] = {{normal_leaf({2, 5, 1}, d)}, [gather_index, idx](const std::vector<Tensor>& x) {
+                                        return stack({gather(x[0], 1, gather_index), index_select(x[0], 1, idx.select(0, 0))}, 0);
+                                      }};
+  c["silu, clamp"] = {{spread_leaf({3, 4}, d)}, FN { return silu(x[0]) + clamp(x[0], -0.5, 0.75); }};
+  c["logsumexp, var, std"] = {{normal_leaf({2, 3, 4}, d)},
+                              FN { return logsumexp(x[0], {1}) + var(x[0], {1}) + std(x[0], {1}, false, 0); }};
+  c["tril, triu"] = {{normal_leaf({2, 3, 4}, d)}, FN { return tril(x[0], 1) * triu(x[0]); }};
+  c["rms_norm, rotary_embedding"] = {{normal_leaf({2, 3, 6}, d), normal_leaf({6}, d)},
+                                     FN { return rotary_embedding(rms_norm(x[0], x[1]), 2); }};
+  c["grouped-query attention"] = {{normal_leaf({1, 4, 3, 2}, d), normal_leaf({1, 2, 3, 2}, d), normal_leaf({1, 2, 3, 2}, d)},
+                                  FN { return scaled_dot_product_attention(x[0], x[1], x[2], true); }};
+  c["losses"] = {{normal_leaf({4, 5}, d), uniform(Shape{4, 5}, 0.1, 0.9, f64_on(d)).set_requires_grad(true)},
+                 [target](const std::vector<Tensor>& x) {
+                   return mse_loss(x[0], x[1]) + nll_loss(log_softmax(x[0]), target) +
+                          binary_cross_entropy(x[1], sigmoid(x[0])) + binary_cross_entropy_with_logits(x[0], x[1]);
+                 }};
   c["cat"] = {{normal_leaf({2, 3}, d), normal_leaf({2, 2}, d)}, FN { return cat({x[0], x[1] * 2.0}, 1); }};
   c["view"] = {{normal_leaf({2, 6}, d)}, FN { return x[0].view({3, 4}) * x[0].t().reshape({3, 4}); }};
   c["permute"] = {{normal_leaf({2, 3, 4}, d)}, FN { return x[0].permute({2, 0, 1}) * 2.0; }};

@@ -156,6 +156,49 @@ Host layer_norm_ref(const Host& x, const Host* w, const Host* b, double eps) {
 
 double gelu_ref(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
 
+// Row i (all dims but the last) of a row-major x: x.data[i * C + j].
+int64_t last_dim(const Host& x) { return x.shape.back(); }
+
+// y[..., i, j] = f(i, j, x[..., i, j]) over the last two dims.
+Host map_matrix(const Host& x, const std::function<double(int64_t, int64_t, double)>& f) {
+  Host out = x;
+  const int64_t rows = x.shape[x.shape.size() - 2], cols = x.shape.back();
+  for (int64_t i = 0; i < x.numel(); ++i) out.data[i] = f(i / cols % rows, i % cols, x.data[i]);
+  return out;
+}
+
+// Multi-head attention by its definition, k and v heads shared by groups of q heads:
+// q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv].
+Host attention_ref(const Host& q, const Host& k, const Host& v, bool causal) {
+  const int64_t batch = q.shape[0], heads = q.shape[1], t_len = q.shape[2], d = q.shape[3];
+  const int64_t kv_heads = k.shape[1], s_len = k.shape[2], dv = v.shape[3];
+  Host out{{batch, heads, t_len, dv}, std::vector<double>(static_cast<size_t>(batch * heads * t_len * dv))};
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t kh = h / (heads / kv_heads);
+      for (int64_t i = 0; i < t_len; ++i) {
+        std::vector<double> w(static_cast<size_t>(s_len), -INFINITY);
+        for (int64_t j = 0; j < s_len && (!causal || j <= i); ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c)
+            dot += q.data[((b * heads + h) * t_len + i) * d + c] * k.data[((b * kv_heads + kh) * s_len + j) * d + c];
+          w[j] = dot / std::sqrt(static_cast<double>(d));
+        }
+        const double m = *std::max_element(w.begin(), w.end());
+        double total = 0;
+        for (double& e : w) total += (e = std::exp(e - m));
+        for (int64_t c = 0; c < dv; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j < s_len; ++j) acc += w[j] / total * v.data[((b * kv_heads + kh) * s_len + j) * dv + c];
+          out.data[((b * heads + h) * t_len + i) * dv + c] = acc;
+        }
+      }
+    }
+  return out;
+}
+
+Host scalar(double v) { return Host{{}, {v}}; }
+
 // ---- the table ----
 
 enum class Kind { normal, positive, small_int, boolean, index };
@@ -313,6 +356,135 @@ std::vector<OpCase> op_table() {
          return out;
        }},
       {"cast roundtrip", {mat}, T1 { return x[0].to(DType::f64).to(x[0].dtype()); }, H1 { return x[0]; }},
+      {"stack dim1", {{{2, 3}}, {{2, 3}, Kind::normal, true}}, T1 { return stack({x[0], x[1]}, 1); },
+       H1 {
+         Host out{{2, 2, 3}, {}};
+         for (int64_t r = 0; r < 2; ++r)
+           for (const Host* h : {&x[0], &x[1]}) out.data.insert(out.data.end(), h->data.begin() + r * 3, h->data.begin() + r * 3 + 3);
+         return out;
+       }},
+      {"index_select dim1", {{{2, 5, 3}}, {{4}, Kind::index, false, 5}}, T1 { return index_select(x[0], 1, x[1]); },
+       H1 {
+         Host out{{2, 4, 3}, {}};
+         for (int64_t b = 0; b < 2; ++b)
+           for (double i : x[1].data)
+             for (int64_t c = 0; c < 3; ++c) out.data.push_back(x[0].data[(b * 5 + static_cast<int64_t>(i)) * 3 + c]);
+         return out;
+       }},
+      {"gather dim1", {{{3, 5, 2}}, {{2, 4, 2}, Kind::index, false, 5}}, T1 { return gather(x[0], 1, x[1]); },
+       H1 {
+         Host out{{2, 4, 2}, {}};
+         for (int64_t a = 0; a < 2; ++a)
+           for (int64_t j = 0; j < 4; ++j)
+             for (int64_t c = 0; c < 2; ++c)
+               out.data.push_back(x[0].data[(a * 5 + static_cast<int64_t>(x[1].data[(a * 4 + j) * 2 + c])) * 2 + c]);
+         return out;
+       }},
+      {"scatter_add dim0", {{{4, 3}}, {{5, 2}, Kind::index, false, 4}, {{5, 2}}},
+       T1 { return scatter_add(x[0], 0, x[1], x[2]); },
+       H1 {
+         Host out = x[0];
+         for (int64_t j = 0; j < 5; ++j)
+           for (int64_t c = 0; c < 2; ++c) out.data[static_cast<int64_t>(x[1].data[j * 2 + c]) * 3 + c] += x[2].data[j * 2 + c];
+         return out;
+       }},
+      {"one_hot", {{{2, 3}, Kind::index, false, 4}}, T1 { return one_hot(x[0], 4); },
+       H1 {
+         Host out{{2, 3, 4}, {}};
+         for (double i : x[0].data)
+           for (int64_t c = 0; c < 4; ++c) out.data.push_back(static_cast<double>(c == static_cast<int64_t>(i)));
+         return out;
+       }},
+      {"silu", {mat}, T1 { return silu(x[0]); }, H1 { return map1(x[0], [](double v) { return v / (1 + std::exp(-v)); }); }},
+      {"clamp", {mat}, T1 { return clamp(x[0], -0.5, 0.75); },
+       H1 { return map1(x[0], [](double v) { return std::min(std::max(v, -0.5), 0.75); }); }},
+      {"logsumexp dims", {{{2, 3, 4}}}, T1 { return logsumexp(x[0], {0, 2}); },
+       H1 {
+         return reduce_ref(x[0], {0, 2}, false, [](const std::vector<double>& v) {
+           const double m = max_of(v);
+           double s = 0;
+           for (double e : v) s += std::exp(e - m);
+           return m + std::log(s);
+         });
+       }},
+      {"var keepdim", {{{2, 3, 4}}}, T1 { return var(x[0], {-1}, true); },
+       H1 {
+         return reduce_ref(x[0], {-1}, true, [](const std::vector<double>& v) {
+           const double mu = mean_of(v);
+           double s = 0;
+           for (double e : v) s += (e - mu) * (e - mu);
+           return s / static_cast<double>(v.size() - 1);
+         });
+       }},
+      {"std all biased", {mat}, T1 { return std(x[0], {}, false, 0); },
+       H1 {
+         return reduce_ref(x[0], {}, false, [](const std::vector<double>& v) {
+           const double mu = mean_of(v);
+           double s = 0;
+           for (double e : v) s += (e - mu) * (e - mu);
+           return std::sqrt(s / static_cast<double>(v.size()));
+         });
+       }},
+      {"tril", {{{2, 3, 4}}}, T1 { return tril(x[0]); },
+       H1 { return map_matrix(x[0], [](int64_t i, int64_t j, double v) { return j - i <= 0 ? v : 0.0; }); }},
+      {"triu diagonal 1", {mat}, T1 { return triu(x[0], 1); },
+       H1 { return map_matrix(x[0], [](int64_t i, int64_t j, double v) { return j - i >= 1 ? v : 0.0; }); }},
+      {"rms_norm", {{{2, 3, 8}}, {{8}}}, T1 { return rms_norm(x[0], x[1], 1e-6); },
+       H1 {
+         Host out = x[0];
+         for (int64_t r = 0; r < 6; ++r) {
+           double squares = 0;
+           for (int64_t c = 0; c < 8; ++c) squares += x[0].data[r * 8 + c] * x[0].data[r * 8 + c];
+           for (int64_t c = 0; c < 8; ++c)
+             out.data[r * 8 + c] = x[0].data[r * 8 + c] / std::sqrt(squares / 8 + 1e-6) * x[1].data[c];
+         }
+         return out;
+       }},
+      {"rotary_embedding", {{{2, 5, 4}}}, T1 { return rotary_embedding(x[0], 3, 100.0); },
+       H1 {
+         Host out = x[0];
+         for (int64_t r = 0; r < 10; ++r)
+           for (int64_t i = 0; i < 2; ++i) {
+             const double angle = static_cast<double>(3 + r % 5) * std::pow(100.0, -2.0 * static_cast<double>(i) / 4);
+             const double a = x[0].data[r * 4 + i], b = x[0].data[r * 4 + 2 + i];
+             out.data[r * 4 + i] = a * std::cos(angle) - b * std::sin(angle);
+             out.data[r * 4 + 2 + i] = b * std::cos(angle) + a * std::sin(angle);
+           }
+         return out;
+       }},
+      {"attention grouped-query", {{{1, 4, 3, 2}}, {{1, 2, 3, 2}}, {{1, 2, 3, 2}}},
+       T1 { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+       H1 { return attention_ref(x[0], x[1], x[2], true); }},
+      {"mse_loss", {mat, {{3, 4}}}, T1 { return mse_loss(x[0], x[1]); },
+       H1 {
+         double total = 0;
+         for (int64_t i = 0; i < 12; ++i) total += (x[0].data[i] - x[1].data[i]) * (x[0].data[i] - x[1].data[i]);
+         return scalar(total / 12);
+       }},
+      {"nll_loss sum", {{{2, 3, 5}}, {{2, 3}, Kind::index, false, 5}}, T1 { return nll_loss(x[0], x[1], -100, Reduction::sum); },
+       H1 {
+         double total = 0;
+         for (int64_t i = 0; i < 6; ++i) total -= x[0].data[i * 5 + static_cast<int64_t>(x[1].data[i])];
+         return scalar(total);
+       }},
+      {"binary_cross_entropy", {{{3, 4}, Kind::positive}, {{3, 4}, Kind::boolean}},
+       T1 { return binary_cross_entropy(x[0] / 2.5, x[1].to(x[0].dtype())); },
+       H1 {
+         double total = 0;
+         for (int64_t i = 0; i < 12; ++i) {
+           const double p = x[0].data[i] / 2.5, t = x[1].data[i];
+           total -= t * std::log(p) + (1 - t) * std::log(1 - p);
+         }
+         return scalar(total / 12);
+       }},
+      {"binary_cross_entropy_with_logits none", {mat, {{3, 4}, Kind::positive}},
+       T1 { return binary_cross_entropy_with_logits(x[0], x[1] / 2.0, Reduction::none); },
+       H1 {
+         return map2(x[0], x[1], [](double z, double t) {
+           const double p = 1 / (1 + std::exp(-z));
+           return -(t / 2.0 * std::log(p) + (1 - t / 2.0) * std::log(1 - p));
+         });
+       }},
       {"contiguous", {mat}, T1 { return x[0].contiguous(); }, H1 { return x[0]; }},
   };
   return cases;

@@ -1,4 +1,4 @@
-// cat writes each input into a narrow() view of the output; split returns views.
+// cat writes each input into a narrow() view of the output; split returns views; stack is a cat.
 #include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "tensor/checks.h"
@@ -38,6 +38,21 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   }
   // The gradient of each input is its slice of the output's gradient.
   return differentiable(out, kCat, tensors, [sizes, dim](const Tensor& g) { return split(g, sizes, dim); });
+}
+
+// stack = cat of the tensors, each given a size-1 dim at `dim`.
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  ZG_CHECK(!tensors.empty(), "stack: expected at least one tensor");
+  detail::check_defined("stack", tensors[0]);
+  dim = wrap_dim(dim, tensors[0].dim() + 1, "stack");
+  std::vector<Tensor> parts;
+  for (const Tensor& t : tensors) {
+    detail::check_defined("stack", t);
+    ZG_CHECK(t.shape() == tensors[0].shape(), "stack: tensors must have one shape, got ", describe(tensors[0]),
+             " and ", describe(t));
+    parts.push_back(t.unsqueeze(dim));
+  }
+  return cat(parts, dim);
 }
 
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {

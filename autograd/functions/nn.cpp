@@ -282,6 +282,22 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
            ": expected q, k, v of one rank >= 2, got ", describe(q_in), ", ", describe(k_in), ", ", describe(v_in));
   ZG_CHECK(q_in.size(-1) == k_in.size(-1) && k_in.size(-2) == v_in.size(-2), name, ": q ", describe(q_in), ", k ",
            describe(k_in), " and v ", describe(v_in), " need q, k of one head size and k, v of one length");
+  if (q_in.dim() >= 3 && k_in.size(-3) != q_in.size(-3)) {
+    // Grouped-query attention (Ainslie et al. 2023): each of k's and v's heads serves
+    // H / H_kv query heads, so they are repeated in place of each head (their gradient sums
+    // over the repeats). The fused kernels then see H heads as usual.
+    const int64_t heads = q_in.size(-3), kv_heads = k_in.size(-3);
+    ZG_CHECK(kv_heads > 0 && v_in.size(-3) == kv_heads && heads % kv_heads == 0, name,
+             ": grouped-query attention needs k and v of one head count dividing q's, got q ", describe(q_in),
+             ", k ", describe(k_in), ", v ", describe(v_in));
+    const auto repeat = [&](const Tensor& t) {
+      Shape expanded = t.shape(), merged = t.shape();
+      expanded.insert(expanded.end() - 2, heads / kv_heads);
+      merged[merged.size() - 3] = heads;
+      return t.unsqueeze(-3).expand(expanded).reshape(merged);
+    };
+    return scaled_dot_product_attention(q_in, repeat(k_in), repeat(v_in), causal);
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(q_in.size(-1)));
   // The fused kernels read D with unit stride (the composed path takes any strides).
   auto unit_inner = [&](const Tensor& t) {

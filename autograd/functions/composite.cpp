@@ -1,0 +1,180 @@
+// Ops composed of the primitives, once for every device: their gradients are those of the
+// ops they are made of (tinygrad's way). Each checks its own arguments first, so an error
+// names it and not the primitive underneath.
+#include <cmath>
+#include <limits>
+
+#include "autograd/functions.h"
+#include "autograd/graph.h"
+#include "tensor/checks.h"
+
+namespace zg {
+
+namespace {
+
+Tensor reduce(const Tensor& losses, Reduction reduction) {
+  switch (reduction) {
+    case Reduction::mean: return mean(losses);
+    case Reduction::sum: return sum(losses);
+    case Reduction::none: return losses;
+  }
+  fail("loss: unknown reduction");
+}
+
+void check_same_shape(const char* op, const Tensor& input, const Tensor& target) {
+  detail::check_floating(op, input);
+  detail::check_compatible(op, input, target);
+  ZG_CHECK(input.shape() == target.shape(), op, ": input ", describe(input), " and target ", describe(target),
+           " must have one shape");
+}
+
+bool is_16_bit(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
+
+}  // namespace
+
+Tensor silu(const Tensor& x) {
+  detail::check_floating("silu", x);
+  return x * sigmoid(x);
+}
+
+Tensor clamp(const Tensor& x, double low, double high) {
+  detail::check_floating("clamp", x);
+  ZG_CHECK(low <= high, "clamp: low ", low, " is above high ", high);
+  const Tensor clamped = minimum(maximum(x, low), high).detach();
+  return where(logical_and(ge(x, low), le(x, high)), x, clamped);
+}
+
+// lse = m + log sum exp(x - m), m = max(x) held constant (its gradient cancels); an infinite
+// m is taken as 0, so a row of -inf gives -inf and not NaN.
+Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
+  detail::check_floating("logsumexp", x);
+  ZG_CHECK(x.numel() > 0, "logsumexp: cannot reduce an empty tensor ", describe(x));
+  Tensor m = max(x, dims, true).detach();
+  m = where(eq(abs(m), std::numeric_limits<double>::infinity()), 0.0, m);
+  const Tensor total = log(sum(exp(x - m), dims, keepdim));
+  return total + m.reshape(total.shape());
+}
+
+// var = sum((x - mean)^2) / (N - correction), N the elements reduced into each result.
+Tensor var(const Tensor& x, const Shape& dims, bool keepdim, int64_t correction) {
+  detail::check_floating("var", x);
+  ZG_CHECK(correction >= 0, "var: correction must be non-negative, got ", correction);
+  const Tensor mu = mean(x, dims, true), d = x - mu;
+  const int64_t reduced = mu.numel() == 0 ? 0 : x.numel() / mu.numel();
+  return sum(d * d, dims, keepdim) / static_cast<double>(std::max<int64_t>(0, reduced - correction));
+}
+
+Tensor std(const Tensor& x, const Shape& dims, bool keepdim, int64_t correction) {
+  return sqrt(var(x, dims, keepdim, correction));
+}
+
+namespace {
+
+// Zeroes x where column - row of its last two dims is above (lower) or below (upper) diagonal.
+Tensor triangle(const char* op, const Tensor& x, int64_t diagonal, bool lower) {
+  detail::check_defined(op, x);
+  ZG_CHECK(x.dim() >= 2, op, ": expected a tensor of rank >= 2, got ", describe(x));
+  const TensorOptions i64 = TensorOptions(DType::i64).device(x.device());
+  const Tensor offset = arange(x.size(-1), i64).unsqueeze(0) - arange(x.size(-2), i64).unsqueeze(1);  // j - i
+  const double d = static_cast<double>(diagonal);
+  return masked_fill(x, lower ? gt(offset, d) : lt(offset, d), 0.0);
+}
+
+}  // namespace
+
+Tensor tril(const Tensor& x, int64_t diagonal) { return triangle("tril", x, diagonal, true); }
+Tensor triu(const Tensor& x, int64_t diagonal) { return triangle("triu", x, diagonal, false); }
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  detail::check_floating("rms_norm", x);
+  ZG_CHECK(x.dim() >= 1 && x.size(-1) > 0, "rms_norm: expected a non-empty last dim, got ", describe(x));
+  ZG_CHECK(eps >= 0, "rms_norm: eps must be non-negative, got ", eps);
+  if (weight.defined()) {
+    detail::check_compatible("rms_norm", x, weight);
+    ZG_CHECK(weight.shape() == Shape{x.size(-1)}, "rms_norm: expected a weight of shape [", x.size(-1), "], got ",
+             describe(weight));
+  }
+  const Tensor wide = is_16_bit(x.dtype()) ? x.to(DType::f32) : x;
+  const Tensor normed = (wide * rsqrt(mean(wide * wide, {-1}, true) + eps)).to(x.dtype());
+  return weight.defined() ? normed * weight : normed;
+}
+
+RotaryTables rotary_tables(int64_t offset, int64_t length, int64_t dim, double theta, TensorOptions options) {
+  ZG_CHECK(offset >= 0 && length >= 0 && dim > 0 && dim % 2 == 0 && theta > 0,
+           "rotary_tables: expected offset, length >= 0, an even head size and theta > 0, got offset ", offset,
+           ", length ", length, ", dim ", dim, ", theta ", theta);
+  const int64_t half = dim / 2;
+  std::vector<double> cos_v(static_cast<size_t>(length * dim)), sin_v(cos_v.size());
+  for (int64_t t = 0; t < length; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(offset + t) * std::pow(theta, -2.0 * static_cast<double>(i) / dim);
+      for (int64_t at : {t * dim + i, t * dim + half + i}) {
+        cos_v[static_cast<size_t>(at)] = std::cos(angle);
+        sin_v[static_cast<size_t>(at)] = std::sin(angle);
+      }
+    }
+  const auto table = [&](const std::vector<double>& v) { return tensor<double>(v, {length, dim}).to(options.dtype()).to(options.device()); };
+  return {table(cos_v), table(sin_v)};
+}
+
+// out = x cos + rotate_half(x) sin,  rotate_half(x1, x2) = (-x2, x1).
+Tensor rotary_embedding(const Tensor& x, const RotaryTables& tables) {
+  detail::check_floating("rotary_embedding", x);
+  ZG_CHECK(x.dim() >= 2 && x.size(-1) % 2 == 0, "rotary_embedding: expected x [..., T, D] with D even, got ",
+           describe(x));
+  for (const Tensor* t : {&tables.cos, &tables.sin}) {
+    detail::check_compatible("rotary_embedding", x, *t);
+    ZG_CHECK(t->shape() == Shape({x.size(-2), x.size(-1)}), "rotary_embedding: tables ", describe(*t),
+             " do not match x ", describe(x), " (expected [T, D])");
+  }
+  const int64_t half = x.size(-1) / 2;
+  const Tensor rotated = cat({neg(x.narrow(-1, half, half)), x.narrow(-1, 0, half)}, -1);
+  return x * tables.cos + rotated * tables.sin;
+}
+
+Tensor rotary_embedding(const Tensor& x, int64_t offset, double theta) {
+  detail::check_floating("rotary_embedding", x);
+  ZG_CHECK(x.dim() >= 2, "rotary_embedding: expected x [..., T, D], got ", describe(x));
+  return rotary_embedding(x, rotary_tables(offset, x.size(-2), x.size(-1), theta, detail::options_of(x)));
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_same_shape("mse_loss", input, target);
+  const Tensor d = input - target;
+  return reduce(d * d, reduction);
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+  detail::check_floating("nll_loss", log_probs);
+  detail::check_index_dtype("nll_loss", target);
+  ZG_CHECK(log_probs.dim() >= 1, "nll_loss: expected log_probs [..., C], got ", describe(log_probs));
+  Shape rows = log_probs.shape();
+  rows.pop_back();
+  ZG_CHECK(target.shape() == rows, "nll_loss: target ", describe(target), " must have the shape of log_probs ",
+           describe(log_probs), " without its last dim");
+  const Tensor kept = ne(target, static_cast<double>(ignore_index));
+  const Tensor safe = where(kept, target, zeros_like(target));  // ignored rows read class 0, then drop out
+  const Tensor picked = gather(log_probs, -1, safe.unsqueeze(-1)).squeeze(-1);
+  const Tensor losses = masked_fill(neg(picked), logical_not(kept), 0.0);
+  if (reduction == Reduction::mean) return sum(losses) / sum(kept).to(log_probs.dtype());
+  return reduce(losses, reduction);
+}
+
+Tensor binary_cross_entropy(const Tensor& probs, const Tensor& target, Reduction reduction) {
+  check_same_shape("binary_cross_entropy", probs, target);
+  if (probs.numel() > 0) {
+    const double low = min(probs).to(DType::f64).item<double>(), high = max(probs).to(DType::f64).item<double>();
+    ZG_CHECK(low >= 0 && high <= 1, "binary_cross_entropy: probabilities must lie in [0, 1], got [", low, ", ",
+             high, "]; for logits use binary_cross_entropy_with_logits");
+  }
+  const Tensor losses = neg(target * maximum(log(probs), -100.0) + (1.0 - target) * maximum(log(1.0 - probs), -100.0));
+  return reduce(losses, reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target, Reduction reduction) {
+  check_same_shape("binary_cross_entropy_with_logits", logits, target);
+  const Tensor losses = maximum(logits, 0.0) - logits * target + log(1.0 + exp(neg(abs(logits))));
+  return reduce(losses, reduction);
+}
+
+}  // namespace zg
