@@ -26,7 +26,9 @@
 
 #include "nn/checkpoint.h"
 #include "nn/gpt.h"
+#include "nn/init.h"
 #include "nn/layers.h"
+#include "nn/llama.h"
 #include "nn/module.h"
 #include "nn/serialize.h"
 #include "nn/unit_plan.h"

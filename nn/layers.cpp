@@ -40,7 +40,33 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   if (!training || p == 0) return x;
   if (p == 1) return x * 0.0;  // everything dropped (as PyTorch: no draw, no 1/(1-p))
   const Tensor keep = lt(rand(x.shape(), TensorOptions(DType::f32).device(x.device())), 1.0 - p);
-  return x * keep.to(x.dtype()) * (1.0 / (1.0 - p));
+  const bool narrow = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
+  const Tensor wide = narrow ? x.to(DType::f32) : x;
+  return (wide * keep.to(wide.dtype()) * (1.0 / (1.0 - p))).to(x.dtype());
+}
+
+RMSNorm::RMSNorm(int64_t dim, double eps_, TensorOptions options) : eps(eps_) {
+  weight = register_parameter("weight", ones({dim}, options));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight, eps); }
+
+SwiGLU::SwiGLU(int64_t dim, int64_t hidden, bool bias, double init_std, TensorOptions options) {
+  gate_proj = register_module("gate_proj", std::make_shared<Linear>(dim, hidden, bias, init_std, options));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(dim, hidden, bias, init_std, options));
+  down_proj = register_module("down_proj", std::make_shared<Linear>(hidden, dim, bias, init_std, options));
+}
+
+Tensor SwiGLU::forward(const Tensor& x) { return (*down_proj)(silu((*gate_proj)(x)) * (*up_proj)(x)); }
+
+Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
+  for (const std::shared_ptr<Module>& m : modules) push_back(m);
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor y = x;
+  for (size_t i = 0; i < size(); ++i) y = (*this)[i](y);
+  return y;
 }
 
 }  // namespace zg::nn

@@ -1,6 +1,6 @@
-// The layers of a GPT: Linear, Embedding, LayerNorm, GELU, Dropout. Each registers its
-// parameters with the names PyTorch uses (weight, bias), so checkpoints and
-// named_parameters() read the same in both.
+// The layers of a GPT -- Linear, Embedding, LayerNorm, GELU, Dropout -- and of a Llama --
+// RMSNorm, SiLU, SwiGLU -- and Sequential. Each registers its parameters with the names
+// PyTorch uses (weight, bias), so checkpoints and named_parameters() read the same in both.
 #pragma once
 
 #include "autograd/functions.h"
@@ -53,6 +53,40 @@ class Dropout : public Module {
   double p;
 };
 
+// x * keep / (1 - p): a 16-bit x is scaled in f32 and rounded once (bf16's 1/(1-p) would be
+// off by up to 0.4%).
 Tensor dropout(const Tensor& x, double p, bool training);
+
+// x / sqrt(mean(x^2) + eps) * weight over the last dim (zg::rms_norm); weight 1.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t dim, double eps = 1e-6, TensorOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  Tensor weight;
+  double eps;
+};
+
+class SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return silu(x); }
+};
+
+// Llama's MLP (Shazeer 2020, "GLU variants"): down_proj(silu(gate_proj(x)) * up_proj(x)),
+// hidden size `hidden`, no biases by default; weights N(0, init_std).
+class SwiGLU : public Module {
+ public:
+  SwiGLU(int64_t dim, int64_t hidden, bool bias = false, double init_std = 0.02, TensorOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+};
+
+// Modules called in turn, each through operator() (its hooks run), named "0", "1", ... as
+// torch.nn.Sequential: Sequential{linear, std::make_shared<GELU>(), linear2}.
+class Sequential : public ModuleList {
+ public:
+  Sequential() = default;
+  Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+  Tensor forward(const Tensor& x) override;
+};
 
 }  // namespace zg::nn

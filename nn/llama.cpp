@@ -1,0 +1,119 @@
+#include "nn/llama.h"
+
+namespace zg::nn {
+
+void check_config(const LlamaConfig& c) {
+  ZG_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_kv_head > 0 && c.n_embd > 0 && c.vocab_size > 0 && c.block_size > 0 &&
+               c.intermediate_size >= 0,
+           "Llama: every size in the config must be positive, got n_layer ", c.n_layer, ", n_head ", c.n_head,
+           ", n_kv_head ", c.n_kv_head, ", n_embd ", c.n_embd, ", intermediate_size ", c.intermediate_size,
+           ", vocab_size ", c.vocab_size, ", block_size ", c.block_size);
+  ZG_CHECK(c.n_embd % c.n_head == 0 && (c.n_embd / c.n_head) % 2 == 0, "Llama: n_embd ", c.n_embd,
+           " must be n_head (", c.n_head, ") times an even head size (rotary embeddings rotate pairs)");
+  ZG_CHECK(c.n_head % c.n_kv_head == 0, "Llama: n_kv_head ", c.n_kv_head, " must divide n_head ", c.n_head);
+  ZG_CHECK(c.rope_theta > 0 && c.norm_eps >= 0 && c.init_std >= 0, "Llama: expected rope_theta > 0, norm_eps >= 0 and ",
+           "init_std >= 0, got ", c.rope_theta, ", ", c.norm_eps, ", ", c.init_std);
+}
+
+int64_t intermediate_size(const LlamaConfig& c) {
+  if (c.intermediate_size > 0) return c.intermediate_size;
+  const int64_t two_thirds_of_4c = (8 * c.n_embd + 2) / 3;  // the 4C of a GELU MLP at the same parameter count
+  return (two_thirds_of_4c + 63) / 64 * 64;
+}
+
+const RotaryTables& RotaryCache::tables(int64_t length, TensorOptions options) {
+  if (offset != made_offset_ || length != made_length_ || options.dtype() != made_dtype_ ||
+      options.device() != made_device_) {
+    tables_ = rotary_tables(offset, length, head_dim_, theta_, options);
+    made_offset_ = offset, made_length_ = length, made_dtype_ = options.dtype(), made_device_ = options.device();
+  }
+  return tables_;
+}
+
+LlamaAttention::LlamaAttention(const LlamaConfig& config, std::shared_ptr<RotaryCache> rotary, TensorOptions options)
+    : n_head(config.n_head), n_kv_head(config.n_kv_head), head_dim(config.n_embd / config.n_head),
+      rotary_(std::move(rotary)) {
+  check_config(config);
+  const int64_t c = config.n_embd, kv = config.n_kv_head * head_dim;
+  q_proj = register_module("q_proj", std::make_shared<Linear>(c, c, false, config.init_std, options));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(c, kv, false, config.init_std, options));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(c, kv, false, config.init_std, options));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(c, c, false, config.init_std, options));
+}
+
+Tensor LlamaAttention::forward(const Tensor& x) {
+  ZG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == q_proj->weight.size(1), "LlamaAttention: expected input [B, T, ",
+           q_proj->weight.size(1), "], got ", describe(x));
+  const int64_t batch = x.size(0), time = x.size(1);
+  // [B, T, heads * D] -> [B, heads, T, D]
+  const auto heads = [&](const Tensor& t, int64_t count) { return t.view({batch, time, count, head_dim}).transpose(1, 2); };
+  const RotaryTables& rope = rotary_->tables(time, TensorOptions(x.dtype()).device(x.device()));
+  const Tensor q = rotary_embedding(heads((*q_proj)(x), n_head), rope);
+  const Tensor k = rotary_embedding(heads((*k_proj)(x), n_kv_head), rope);
+  const Tensor y = scaled_dot_product_attention(q, k, heads((*v_proj)(x), n_kv_head), /*causal=*/true);
+  return (*o_proj)(y.transpose(1, 2).reshape({batch, time, n_head * head_dim}));
+}
+
+LlamaBlock::LlamaBlock(const LlamaConfig& config, std::shared_ptr<RotaryCache> rotary, TensorOptions options) {
+  check_config(config);
+  input_layernorm = register_module("input_layernorm", std::make_shared<RMSNorm>(config.n_embd, config.norm_eps, options));
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(config, std::move(rotary), options));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(config.n_embd, config.norm_eps, options));
+  mlp = register_module("mlp", std::make_shared<SwiGLU>(config.n_embd, intermediate_size(config), false,
+                                                        config.init_std, options));
+}
+
+Tensor LlamaBlock::forward(const Tensor& x) {
+  const Tensor h = x + (*self_attn)((*input_layernorm)(x));
+  return h + (*mlp)((*post_attention_layernorm)(h));
+}
+
+Llama::Llama(const LlamaConfig& cfg, TensorOptions options) : config(cfg) {
+  check_config(config);
+  rotary_ = std::make_shared<RotaryCache>(config.n_embd / config.n_head, config.rope_theta);
+  model = register_module("model", std::make_shared<Module>());
+  embed_tokens = model->register_module(
+      "embed_tokens", std::make_shared<Embedding>(config.vocab_size, config.n_embd, config.init_std, options));
+  layers = model->register_module("layers", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < config.n_layer; ++i) layers->push_back(std::make_shared<LlamaBlock>(config, rotary_, options));
+  norm = model->register_module("norm", std::make_shared<RMSNorm>(config.n_embd, config.norm_eps, options));
+  if (!config.tie_embeddings)
+    lm_head = register_module("lm_head", std::make_shared<Linear>(config.n_embd, config.vocab_size, false,
+                                                                  config.init_std, options));
+}
+
+GPTOutput Llama::forward(const Tensor& idx, const Tensor& targets) {
+  ZG_CHECK(idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()), "Llama: expected token ids [B, T] (i32/i64), got ",
+           describe(idx));
+  ZG_CHECK(idx.size(1) <= config.block_size, "Llama: sequence of ", idx.size(1), " tokens is longer than block_size ",
+           config.block_size);
+  rotary_->offset = 0;
+  Tensor x = (*embed_tokens)(idx);
+  for (size_t i = 0; i < layers->size(); ++i) x = (*layers)[i](x);
+  x = (*norm)(x);
+  GPTOutput out;
+  out.logits = lm_head ? (*lm_head)(x)
+                       : matmul(x.reshape({-1, config.n_embd}), embed_tokens->weight, false, true)
+                             .view({idx.size(0), idx.size(1), config.vocab_size});
+  if (targets.defined()) out.loss = cross_entropy(out.logits, targets, -1);
+  return out;
+}
+
+UnitPlan Llama::unit_plan() const {
+  UnitPlan plan;
+  for (int64_t i = 0; i < config.n_layer; ++i) plan.units.push_back("model.layers." + std::to_string(i));
+  plan.root_before = {"model.embed_tokens"};
+  plan.root_after = {"model.norm"};
+  if (lm_head) plan.root_after.push_back("lm_head");
+  plan.backward_reads_no_weights = plan.root_before;
+  return plan;
+}
+
+int64_t Llama::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& [_, p] : named_parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace zg::nn

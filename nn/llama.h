@@ -1,0 +1,92 @@
+// A Llama-family decoder (Touvron et al. 2023), laid out like Hugging Face's
+// LlamaForCausalLM so parameter names match: model.embed_tokens, model.layers.<i>
+// (input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
+// mlp.{gate,up,down}_proj), model.norm, lm_head. Pre-norm blocks with RMSNorm, rotary
+// position embeddings on q and k, grouped-query attention (n_kv_head key/value heads
+// shared by n_head query heads), a SwiGLU MLP, no biases.
+#pragma once
+
+#include <memory>
+
+#include "nn/gpt.h"
+
+namespace zg::nn {
+
+struct LlamaConfig {
+  int64_t n_layer = 2;
+  int64_t n_head = 4;
+  int64_t n_kv_head = 2;   // divides n_head; = n_head is plain multi-head attention
+  int64_t n_embd = 64;
+  int64_t intermediate_size = 0;  // the SwiGLU's hidden size; 0: 8/3 n_embd rounded up to a multiple of 64
+  int64_t vocab_size = 256;
+  int64_t block_size = 256;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = false;  // lm_head reads embed_tokens' weight
+  double init_std = 0.02;       // N(0, init_std) for every Linear and the embedding (HF's initializer_range)
+};
+// Throws zg::Error unless the sizes are positive, n_embd = n_head * head size with an even
+// head size, and n_kv_head divides n_head.
+void check_config(const LlamaConfig& config);
+int64_t intermediate_size(const LlamaConfig& config);  // the SwiGLU's hidden size, 0 resolved
+
+// The positions one forward rotates q and k to: tables made once per (offset, length) and
+// shared by every layer. The model sets `offset` (a KV cache's length) before its blocks run.
+class RotaryCache {
+ public:
+  RotaryCache(int64_t head_dim, double theta) : head_dim_(head_dim), theta_(theta) {}
+  const RotaryTables& tables(int64_t length, TensorOptions options);
+  int64_t offset = 0;
+
+ private:
+  int64_t head_dim_;
+  double theta_;
+  int64_t made_offset_ = -1, made_length_ = -1;
+  DType made_dtype_ = DType::f32;
+  Device made_device_ = kCPU;
+  RotaryTables tables_;
+};
+
+// softmax(rope(q) rope(k)^T / sqrt(d)) v, causal, with n_kv_head heads for k and v.
+class LlamaAttention : public Module {
+ public:
+  LlamaAttention(const LlamaConfig& config, std::shared_ptr<RotaryCache> rotary, TensorOptions options);
+  Tensor forward(const Tensor& x) override;  // [B, T, C] -> [B, T, C]
+  std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+  int64_t n_head, n_kv_head, head_dim;
+
+ private:
+  std::shared_ptr<RotaryCache> rotary_;
+};
+
+// h = x + self_attn(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h)).
+class LlamaBlock : public Module {
+ public:
+  LlamaBlock(const LlamaConfig& config, std::shared_ptr<RotaryCache> rotary, TensorOptions options);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<LlamaAttention> self_attn;
+  std::shared_ptr<SwiGLU> mlp;
+};
+
+class Llama : public Module {
+ public:
+  explicit Llama(const LlamaConfig& config, TensorOptions options = {});
+  // idx [B, T] token ids (i32/i64); targets [B, T] or undefined, -1 ignored. As GPT's.
+  GPTOutput forward(const Tensor& idx, const Tensor& targets);
+  int64_t num_parameters() const;
+  // Units model.layers.0 ... ; the root (embed_tokens; norm and lm_head) around them.
+  UnitPlan unit_plan() const override;
+
+  LlamaConfig config;
+  std::shared_ptr<Module> model;
+  std::shared_ptr<Embedding> embed_tokens;
+  std::shared_ptr<ModuleList> layers;
+  std::shared_ptr<RMSNorm> norm;
+  std::shared_ptr<Linear> lm_head;  // null when tied
+
+ private:
+  std::shared_ptr<RotaryCache> rotary_;
+};
+
+}  // namespace zg::nn

@@ -1,0 +1,168 @@
+// Llama-family layers and model: Hugging Face names, grouped-query shapes, it trains, and
+// ZeRO-3 over its own unit plan trains it like one rank; Sequential and nn::init.
+#include "dist/comm/local_group.h"
+#include "dist/zero/sharded_model.h"
+#include "helpers.h"
+#include "nn/init.h"
+#include "nn/llama.h"
+
+namespace zg::test {
+
+namespace {
+
+nn::LlamaConfig tiny_llama() {
+  nn::LlamaConfig c;
+  c.n_layer = 2, c.n_head = 4, c.n_kv_head = 2, c.n_embd = 32, c.vocab_size = 64, c.block_size = 32;
+  return c;
+}
+
+// Batch s of 4 x 16 tokens: rows counting up by 3 (mod 64) from starts that vary with s, a
+// pattern the model can learn, and the next-token targets.
+std::pair<Tensor, Tensor> llama_batch(int s) {
+  std::vector<int64_t> ids;
+  for (int64_t row = 0; row < 4; ++row)
+    for (int64_t t = 0; t < 17; ++t) ids.push_back((5 * s + 11 * row + 3 * t) % 64);
+  const Tensor tokens = tensor<int64_t>(ids, {4, 17});
+  return {tokens.narrow(1, 0, 16).contiguous(), tokens.narrow(1, 1, 16).contiguous()};
+}
+
+}  // namespace
+
+TEST_CASE("Llama parameters carry Hugging Face names and grouped-query shapes") {
+  manual_seed(0);
+  nn::Llama model(tiny_llama());
+  const nn::NamedTensors params = model.named_parameters();
+  std::vector<std::string> names;
+  for (const auto& [name, _] : params) names.push_back(name);
+  const std::vector<std::string> first = {"model.embed_tokens.weight",
+                                          "model.layers.0.input_layernorm.weight",
+                                          "model.layers.0.self_attn.q_proj.weight",
+                                          "model.layers.0.self_attn.k_proj.weight",
+                                          "model.layers.0.self_attn.v_proj.weight",
+                                          "model.layers.0.self_attn.o_proj.weight",
+                                          "model.layers.0.post_attention_layernorm.weight",
+                                          "model.layers.0.mlp.gate_proj.weight",
+                                          "model.layers.0.mlp.up_proj.weight",
+                                          "model.layers.0.mlp.down_proj.weight"};
+  REQUIRE(names.size() == 1 + 2 * 9 + 2);
+  CHECK(std::vector<std::string>(names.begin(), names.begin() + 10) == first);
+  CHECK(names[names.size() - 2] == "model.norm.weight");
+  CHECK(names.back() == "lm_head.weight");
+  CHECK(model.layers->at<nn::LlamaBlock>(0).self_attn->k_proj->weight.shape() == Shape{16, 32});  // 2 kv heads of 8
+  CHECK(nn::intermediate_size(tiny_llama()) == 128);  // 8/3 * 32 = 85.3, rounded up to 64s
+  nn::LlamaConfig tied = tiny_llama();
+  tied.tie_embeddings = true;
+  CHECK(nn::Llama(tied).named_parameters().size() == names.size() - 1);
+  CHECK(model.num_parameters() == 64 * 32 * 2 + 32 + 2 * (32 + 32 * 32 * 2 + 16 * 32 * 2 + 32 + 3 * 128 * 32));
+}
+
+TEST_CASE("a Llama trains: the loss falls well below its start") {
+  manual_seed(0);
+  nn::Llama model(tiny_llama());
+  dist::SingleRank one;
+  dist::ShardedModel trainer(model, one, {.compute_dtype = DType::f32});
+  double first = 0, last = 0;
+  for (int s = 0; s < 60; ++s) {
+    const auto [x, y] = llama_batch(s % 4);
+    trainer.zero_grad();
+    const Tensor loss = model.forward(x, y).loss;
+    loss.backward();
+    trainer.step(3e-3);
+    (s == 0 ? first : last) = loss.item<double>();
+  }
+  CHECK(first > 3.5);  // about log(64) = 4.16 at the start
+  CHECK(last < 0.5 * first);
+}
+
+TEST_CASE("a Llama under ZeRO-3 at N = 4 trains like one rank (its own unit plan)") {
+  const auto train = [](dist::ProcessGroup& pg, int stage) {
+    manual_seed(1);
+    nn::Llama model(tiny_llama());
+    dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::f32});
+    const int64_t rows = 4 / pg.size();
+    for (int s = 0; s < 4; ++s) {
+      const auto [x, y] = llama_batch(s);
+      sharded.zero_grad();
+      model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss.backward();
+      sharded.step(1e-3);
+    }
+    nn::NamedTensors out;
+    for (const auto& [name, t] : sharded.gathered_master()) out.emplace_back(name, t.clone());
+    return out;
+  };
+  nn::NamedTensors reference;
+  {
+    Context rank;
+    ContextGuard guard(rank);
+    dist::SingleRank one;
+    reference = train(one, 0);
+  }
+  nn::NamedTensors sharded;
+  dist::run_local(4, [&](dist::ProcessGroup& pg) {
+    nn::NamedTensors mine = train(pg, 3);
+    if (pg.rank() == 3) sharded = std::move(mine);
+  });
+  REQUIRE(sharded.size() == reference.size());
+  for (size_t i = 0; i < reference.size(); ++i) {
+    INFO(reference[i].first);
+    CHECK(sharded[i].first == reference[i].first);
+    CHECK(max(abs(sharded[i].second - reference[i].second)).item<double>() < 1e-5);
+  }
+}
+
+TEST_CASE("bad Llama configs and inputs are clear errors") {
+  nn::LlamaConfig c = tiny_llama();
+  c.n_kv_head = 3;
+  CHECK_THROWS_WITH_AS(nn::Llama{c}, "Llama: n_kv_head 3 must divide n_head 4", Error);
+  c = tiny_llama();
+  c.n_embd = 36;  // head size 9: odd
+  CHECK_THROWS_WITH_AS(nn::Llama{c}, doctest::Contains("even head size"), Error);
+  nn::Llama model(tiny_llama());
+  CHECK_THROWS_WITH_AS(model.forward(zeros({1, 33}, DType::i64), Tensor()),
+                       "Llama: sequence of 33 tokens is longer than block_size 32", Error);
+}
+
+TEST_CASE("Sequential calls its modules in turn, named 0, 1, ..., hooks included") {
+  manual_seed(0);
+  auto first = std::make_shared<nn::Linear>(3, 5);
+  auto second = std::make_shared<nn::Linear>(5, 2);
+  nn::Sequential net{first, std::make_shared<nn::SiLU>(), second};
+  CHECK(net.named_parameters().front().first == "0.weight");
+  CHECK(net.named_parameters().back().first == "2.bias");
+  int calls = 0;
+  second->register_forward_pre_hook([&](nn::Module&, const Tensor&) { ++calls; return Tensor(); });
+  const Tensor x = randn({4, 3});
+  const Tensor want = linear(silu(linear(x, first->weight, first->bias)), second->weight, second->bias);
+  CHECK(max(abs(net(x) - want)).item<double>() == 0.0);
+  CHECK(calls == 1);
+}
+
+TEST_CASE("nn::init fills in place with the fans' scale; PyTorch's Linear default is there") {
+  manual_seed(0);
+  nn::Linear layer(400, 300);
+  nn::init::linear_default_(layer);
+  const double bound = 1.0 / std::sqrt(400.0);
+  CHECK(max(abs(layer.weight)).item<double>() <= bound);
+  CHECK(max(abs(layer.weight)).item<double>() > 0.99 * bound);
+  CHECK(max(abs(layer.bias)).item<double>() <= bound);
+  nn::init::xavier_normal_(layer.weight);
+  CHECK(std(layer.weight).item<double>() == doctest::Approx(std::sqrt(2.0 / 700.0)).epsilon(0.02));
+  nn::init::kaiming_normal_(layer.weight, 0.0, nn::init::Fan::out);
+  CHECK(std(layer.weight).item<double>() == doctest::Approx(std::sqrt(2.0 / 300.0)).epsilon(0.02));
+  nn::init::kaiming_uniform_(layer.weight);
+  CHECK(max(abs(layer.weight)).item<double>() <= std::sqrt(6.0 / 400.0));
+  nn::init::zeros_(layer.bias);
+  CHECK(max(abs(layer.bias)).item<double>() == 0.0);
+  CHECK(layer.weight.requires_grad());
+  CHECK_THROWS_WITH_AS(nn::init::xavier_uniform_(layer.bias), doctest::Contains("fans need a tensor of rank >= 2"), Error);
+}
+
+TEST_CASE("bf16 dropout scales survivors by 1/(1-p) exactly, rounded once") {
+  manual_seed(3);
+  const Tensor x = ones({4096}, DType::bf16);
+  const Tensor y = nn::dropout(x, 0.1, true).to(DType::f64);
+  const double kept_value = max(y).item<double>();
+  CHECK(kept_value == static_cast<double>(static_cast<float>(BFloat16(1.0f / 0.9f))));
+}
+
+}  // namespace zg::test
