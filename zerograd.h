@@ -25,8 +25,10 @@
 #include "autograd/graph.h"
 
 #include "nn/checkpoint.h"
+#include "nn/generate.h"
 #include "nn/gpt.h"
 #include "nn/init.h"
+#include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/llama.h"
 #include "nn/module.h"

@@ -26,9 +26,17 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, TensorOptions 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   ZG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == c_attn->weight.size(1), "CausalSelfAttention: expected input [B, T, ",
            c_attn->weight.size(1), "], got ", describe(x));
-  // qkv [B, T, 3C] -> the heads' attention, side by side [B, T, C] (q, k, v read in place)
-  const Tensor y = packed_attention((*c_attn)(x), n_head, /*causal=*/true);
-  return (*resid_dropout)((*c_proj)(y));
+  const Tensor qkv = (*c_attn)(x);
+  if (cache == nullptr) {
+    // qkv [B, T, 3C] -> the heads' attention, side by side [B, T, C] (q, k, v read in place)
+    return (*resid_dropout)((*c_proj)(packed_attention(qkv, n_head, /*causal=*/true)));
+  }
+  const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
+  std::vector<Tensor> heads;  // q, k, v as [B, H, T, D]
+  for (const Tensor& part : split(qkv, channels, 2))
+    heads.push_back(part.view({batch, time, n_head, channels / n_head}).transpose(1, 2));
+  const Tensor y = cached_attention(*cache, heads[0], heads[1], heads[2]);
+  return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({batch, time, channels})));
 }
 
 MLP::MLP(const GPTConfig& config, TensorOptions options) {
@@ -73,26 +81,36 @@ GPT::GPT(const GPTConfig& cfg, TensorOptions options) : config(cfg) {
 }
 
 GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
+  GPTOutput out;
+  out.logits = logits(idx, nullptr);
+  if (targets.defined()) out.loss = cross_entropy(out.logits, targets, -1);
+  return out;
+}
+
+Tensor GPT::forward(const Tensor& idx, KVCache& cache) { return logits(idx, &cache); }
+
+Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
   ZG_CHECK(idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()), "GPT: expected token ids [B, T] (i32/i64), got ",
            describe(idx));
-  const int64_t time = idx.size(1);
-  ZG_CHECK(time <= config.block_size, "GPT: sequence of ", time, " tokens is longer than block_size ",
+  const int64_t time = idx.size(1), offset = cache ? cache->length() : 0;
+  ZG_CHECK(offset + time <= config.block_size, "GPT: sequence of ", offset + time, " tokens is longer than block_size ",
            config.block_size);
-  const Tensor positions = arange(time, TensorOptions(DType::i64).device(idx.device()));
+  std::vector<CausalSelfAttention*> attentions;
+  for (size_t i = 0; i < h->size(); ++i) attentions.push_back(h->at<Block>(i).attn.get());
+  const KVCacheBinding binding(attentions, cache);
+  const Tensor positions = arange(static_cast<double>(offset), static_cast<double>(offset + time), 1.0,
+                                  TensorOptions(DType::i64).device(idx.device()));
   Tensor x = (*wte)(idx) + (*wpe)(positions);
   x = dropout(x, config.dropout, is_training());
   for (size_t i = 0; i < h->size(); ++i) {
     Module& block = (*h)[i];
-    if (config.activation_checkpointing) x = checkpoint([&block](const std::vector<Tensor>& in) { return block(in[0]); }, {x});
+    if (config.activation_checkpointing && cache == nullptr)
+      x = checkpoint([&block](const std::vector<Tensor>& in) { return block(in[0]); }, {x});
     else x = block(x);
   }
   x = (*ln_f)(x);
-  GPTOutput out;
   // The LM head is the token embedding, transposed (weight tying).
-  out.logits = matmul(x.reshape({-1, config.n_embd}), wte->weight, false, true)
-                   .view({idx.size(0), time, config.vocab_size});
-  if (targets.defined()) out.loss = cross_entropy(out.logits, targets, -1);
-  return out;
+  return matmul(x.reshape({-1, config.n_embd}), wte->weight, false, true).view({idx.size(0), time, config.vocab_size});
 }
 
 UnitPlan GPT::unit_plan() const {

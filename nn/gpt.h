@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include "nn/kv_cache.h"
 #include "nn/layers.h"
 
 namespace zg::nn {
@@ -32,6 +33,7 @@ class CausalSelfAttention : public Module {
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_dropout;
   int64_t n_head;
+  KVCache::Layer* cache = nullptr;  // set by GPT::forward(idx, cache) while it runs
 };
 
 // c_proj(gelu(c_fc(x))), hidden size 4C, as one op (zg::mlp: the GELU output is made
@@ -72,6 +74,9 @@ class GPT : public Module {
   explicit GPT(const GPTConfig& config, TensorOptions options = {});
   // idx [B, T] token ids (i64); targets [B, T] or undefined; a target of -1 is ignored.
   GPTOutput forward(const Tensor& idx, const Tensor& targets);
+  // The logits [B, T, vocab] of idx following the cache's tokens, which idx joins
+  // (nn/kv_cache.h: a prompt, then one token a call). For generation (nn/generate.h).
+  Tensor forward(const Tensor& idx, KVCache& cache);
   int64_t num_parameters() const;
   // Units transformer.h.0 ... h.{n_layer-1}; the root (tied embedding and head, wpe,
   // ln_f) used by wte and wpe before the blocks and by ln_f (and the head) after them.
@@ -82,6 +87,9 @@ class GPT : public Module {
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<ModuleList> h;
   std::shared_ptr<LayerNorm> ln_f;
+
+ private:
+  Tensor logits(const Tensor& idx, KVCache* cache);
 };
 
 }  // namespace zg::nn

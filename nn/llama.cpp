@@ -50,7 +50,8 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   const RotaryTables& rope = rotary_->tables(time, TensorOptions(x.dtype()).device(x.device()));
   const Tensor q = rotary_embedding(heads((*q_proj)(x), n_head), rope);
   const Tensor k = rotary_embedding(heads((*k_proj)(x), n_kv_head), rope);
-  const Tensor y = scaled_dot_product_attention(q, k, heads((*v_proj)(x), n_kv_head), /*causal=*/true);
+  const Tensor v = heads((*v_proj)(x), n_kv_head);
+  const Tensor y = cache ? cached_attention(*cache, q, k, v) : scaled_dot_product_attention(q, k, v, /*causal=*/true);
   return (*o_proj)(y.transpose(1, 2).reshape({batch, time, n_head * head_dim}));
 }
 
@@ -84,20 +85,30 @@ Llama::Llama(const LlamaConfig& cfg, TensorOptions options) : config(cfg) {
 }
 
 GPTOutput Llama::forward(const Tensor& idx, const Tensor& targets) {
+  GPTOutput out;
+  out.logits = logits(idx, nullptr);
+  if (targets.defined()) out.loss = cross_entropy(out.logits, targets, -1);
+  return out;
+}
+
+Tensor Llama::forward(const Tensor& idx, KVCache& cache) { return logits(idx, &cache); }
+
+Tensor Llama::logits(const Tensor& idx, KVCache* cache) {
   ZG_CHECK(idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()), "Llama: expected token ids [B, T] (i32/i64), got ",
            describe(idx));
-  ZG_CHECK(idx.size(1) <= config.block_size, "Llama: sequence of ", idx.size(1), " tokens is longer than block_size ",
-           config.block_size);
-  rotary_->offset = 0;
+  const int64_t offset = cache ? cache->length() : 0;
+  ZG_CHECK(offset + idx.size(1) <= config.block_size, "Llama: sequence of ", offset + idx.size(1),
+           " tokens is longer than block_size ", config.block_size);
+  std::vector<LlamaAttention*> attentions;
+  for (size_t i = 0; i < layers->size(); ++i) attentions.push_back(layers->at<LlamaBlock>(i).self_attn.get());
+  const KVCacheBinding binding(attentions, cache);
+  rotary_->offset = offset;
   Tensor x = (*embed_tokens)(idx);
   for (size_t i = 0; i < layers->size(); ++i) x = (*layers)[i](x);
   x = (*norm)(x);
-  GPTOutput out;
-  out.logits = lm_head ? (*lm_head)(x)
-                       : matmul(x.reshape({-1, config.n_embd}), embed_tokens->weight, false, true)
-                             .view({idx.size(0), idx.size(1), config.vocab_size});
-  if (targets.defined()) out.loss = cross_entropy(out.logits, targets, -1);
-  return out;
+  if (lm_head) return (*lm_head)(x);
+  return matmul(x.reshape({-1, config.n_embd}), embed_tokens->weight, false, true)
+      .view({idx.size(0), idx.size(1), config.vocab_size});
 }
 
 UnitPlan Llama::unit_plan() const {

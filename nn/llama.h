@@ -54,6 +54,7 @@ class LlamaAttention : public Module {
   Tensor forward(const Tensor& x) override;  // [B, T, C] -> [B, T, C]
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   int64_t n_head, n_kv_head, head_dim;
+  KVCache::Layer* cache = nullptr;  // set by Llama::forward(idx, cache) while it runs
 
  private:
   std::shared_ptr<RotaryCache> rotary_;
@@ -74,6 +75,8 @@ class Llama : public Module {
   explicit Llama(const LlamaConfig& config, TensorOptions options = {});
   // idx [B, T] token ids (i32/i64); targets [B, T] or undefined, -1 ignored. As GPT's.
   GPTOutput forward(const Tensor& idx, const Tensor& targets);
+  // The logits of idx following the cache's tokens, which idx joins (as GPT's).
+  Tensor forward(const Tensor& idx, KVCache& cache);
   int64_t num_parameters() const;
   // Units model.layers.0 ... ; the root (embed_tokens; norm and lm_head) around them.
   UnitPlan unit_plan() const override;
@@ -86,6 +89,7 @@ class Llama : public Module {
   std::shared_ptr<Linear> lm_head;  // null when tied
 
  private:
+  Tensor logits(const Tensor& idx, KVCache* cache);
   std::shared_ptr<RotaryCache> rotary_;
 };
 

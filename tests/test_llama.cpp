@@ -1,8 +1,10 @@
 // Llama-family layers and model: Hugging Face names, grouped-query shapes, it trains, and
-// ZeRO-3 over its own unit plan trains it like one rank; Sequential and nn::init.
+// ZeRO-3 over its own unit plan trains it like one rank; Sequential and nn::init; generation
+// with a KV cache for GPT and Llama.
 #include "dist/comm/local_group.h"
 #include "dist/zero/sharded_model.h"
 #include "helpers.h"
+#include "nn/generate.h"
 #include "nn/init.h"
 #include "nn/llama.h"
 
@@ -163,6 +165,64 @@ TEST_CASE("bf16 dropout scales survivors by 1/(1-p) exactly, rounded once") {
   const Tensor y = nn::dropout(x, 0.1, true).to(DType::f64);
   const double kept_value = max(y).item<double>();
   CHECK(kept_value == static_cast<double>(static_cast<float>(BFloat16(1.0f / 0.9f))));
+}
+
+TEST_CASE("a KV cache gives the logits of the whole sequence's forward, for GPT and Llama") {
+  manual_seed(0);
+  nn::GPTConfig gc;
+  gc.n_layer = 2, gc.n_head = 2, gc.n_embd = 16, gc.vocab_size = 64, gc.block_size = 16;
+  nn::GPT gpt(gc);
+  nn::Llama llama(tiny_llama());
+  const Tensor tokens = llama_batch(0).first.narrow(1, 0, 9);  // [4, 9]
+  const auto check = [&](const std::function<Tensor(const Tensor&, nn::KVCache*)>& forward) {
+    NoGradGuard no_grad;
+    const Tensor whole = forward(tokens, nullptr);  // [4, 9, V]
+    nn::KVCache cache;
+    const Tensor prompt = forward(tokens.narrow(1, 0, 6), &cache);
+    CHECK(max(abs(prompt - whole.narrow(1, 0, 6))).item<double>() < 1e-5);
+    for (int64_t t = 6; t < 9; ++t) {
+      const Tensor one = forward(tokens.narrow(1, t, 1), &cache);
+      CHECK(cache.length() == t + 1);
+      CHECK(max(abs(one - whole.narrow(1, t, 1))).item<double>() < 1e-5);
+    }
+    CHECK_THROWS_WITH_AS(forward(tokens.narrow(1, 0, 2), &cache), doctest::Contains("one token a forward"), Error);
+  };
+  check([&](const Tensor& x, nn::KVCache* c) { return c ? gpt.forward(x, *c) : gpt.forward(x, Tensor()).logits; });
+  check([&](const Tensor& x, nn::KVCache* c) { return c ? llama.forward(x, *c) : llama.forward(x, Tensor()).logits; });
+}
+
+TEST_CASE("generation with a fixed seed is reproducible; greedy is top-k 1; sampling follows the probabilities") {
+  manual_seed(0);
+  nn::Llama model(tiny_llama());
+  const Tensor prompt = llama_batch(1).first.narrow(1, 0, 4);
+  const nn::SamplingOptions warm{.temperature = 1.5, .top_k = 20, .top_p = 0.95};
+  manual_seed(7);
+  const Tensor a = nn::generate(model, prompt, 12, warm);
+  manual_seed(7);
+  const Tensor b = nn::generate(model, prompt, 12, warm);
+  manual_seed(8);
+  const Tensor c = nn::generate(model, prompt, 12, warm);
+  CHECK(a.shape() == Shape{4, 16});
+  CHECK(a.to_vector<int64_t>() == b.to_vector<int64_t>());
+  CHECK(a.to_vector<int64_t>() != c.to_vector<int64_t>());
+  CHECK(max(abs(a.narrow(1, 0, 4) - prompt)).item<int64_t>() == 0);
+  CHECK(model.is_training());  // restored
+  const Tensor greedy = nn::generate(model, prompt, 6, {.temperature = 0});
+  CHECK(nn::generate(model, prompt, 6, {.top_k = 1}).to_vector<int64_t>() == greedy.to_vector<int64_t>());
+  CHECK(nn::generate(model, prompt, 6, {.top_p = 1e-9}).to_vector<int64_t>() == greedy.to_vector<int64_t>());
+
+  // p = (0.6, 0.3, 0.1): top-k 2 leaves (2/3, 1/3); top-p 0.8 the same two.
+  const Tensor logits = log(tensor<double>({0.6, 0.3, 0.1}, {1, 3})).expand({4000, 3}).contiguous();
+  const auto share_of_first = [&](const nn::SamplingOptions& o) {
+    const Tensor picked = nn::sample(logits, o);
+    CHECK(max(picked).item<int64_t>() <= 2);
+    return sum(eq(picked, 0.0)).item<int64_t>() / 4000.0;
+  };
+  CHECK(share_of_first({}) == doctest::Approx(0.6).epsilon(0.05));
+  CHECK(share_of_first({.top_k = 2}) == doctest::Approx(2.0 / 3).epsilon(0.05));
+  CHECK(share_of_first({.top_p = 0.8}) == doctest::Approx(2.0 / 3).epsilon(0.05));
+  CHECK_THROWS_WITH_AS(nn::generate(model, prompt, 40), doctest::Contains("do not fit block_size 32"), Error);
+  CHECK_THROWS_WITH_AS(nn::sample(logits, {.top_p = 0}), doctest::Contains("top_p in (0, 1]"), Error);
 }
 
 }  // namespace zg::test

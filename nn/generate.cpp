@@ -1,0 +1,101 @@
+#include "nn/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
+
+#include "autograd/graph.h"
+
+namespace zg::nn {
+
+Tensor cached_attention(KVCache::Layer& layer, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const bool prompt = !layer.keys.defined();
+  ZG_CHECK(prompt || q.size(2) == 1, "KV cache: after the prompt, one token a forward (got ", q.size(2),
+           " with ", layer.keys.size(2), " cached)");
+  layer.keys = prompt ? k : cat({layer.keys, k}, 2);
+  layer.values = prompt ? v : cat({layer.values, v}, 2);
+  return scaled_dot_product_attention(q, layer.keys, layer.values, /*causal=*/prompt);
+}
+
+namespace {
+
+// Index of the token `u` (in [0, 1)) falls on in the distribution softmax(row) restricted
+// by the options; row is one position's logits.
+int64_t draw(std::vector<double> row, const SamplingOptions& o, double u) {
+  const auto most_likely = static_cast<int64_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  if (o.temperature == 0) return most_likely;
+  std::vector<int64_t> order(row.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+  size_t kept = order.size();
+  if (o.top_k > 0) kept = std::min(kept, static_cast<size_t>(o.top_k));
+  std::vector<double> p(kept);
+  double total = 0;
+  for (size_t i = 0; i < kept; ++i) total += p[i] = std::exp((row[order[i]] - row[most_likely]) / o.temperature);
+  if (o.top_p < 1) {  // the fewest tokens whose probabilities reach top_p (the first always kept)
+    double mass = 0;
+    size_t nucleus = 0;
+    while (nucleus < kept && (nucleus == 0 || mass < o.top_p * total)) mass += p[nucleus++];
+    kept = nucleus, total = mass;
+  }
+  double at = u * total;
+  for (size_t i = 0; i + 1 < kept; ++i) {
+    if (at < p[i]) return order[i];
+    at -= p[i];
+  }
+  return order[kept - 1];
+}
+
+Tensor run_generation(Module& model, int64_t block_size, const Tensor& prompt, int64_t max_new_tokens,
+                      const SamplingOptions& options, const std::function<Tensor(const Tensor&, KVCache&)>& forward) {
+  ZG_CHECK(prompt.defined() && prompt.dim() == 2 && prompt.size(1) > 0 && is_integral(prompt.dtype()),
+           "generate: expected a prompt of token ids [B, T] with T > 0, got ", describe(prompt));
+  ZG_CHECK(max_new_tokens >= 0 && prompt.size(1) + max_new_tokens <= block_size, "generate: ", prompt.size(1),
+           " prompt tokens and ", max_new_tokens, " new ones do not fit block_size ", block_size);
+  const bool was_training = model.is_training();
+  model.eval();
+  struct Restore {
+    Module& m;
+    bool training;
+    ~Restore() { m.train(training); }
+  } restore{model, was_training};
+  NoGradGuard no_grad;
+  KVCache cache;
+  Tensor tokens = prompt.to(DType::i64), next = tokens;
+  for (int64_t i = 0; i < max_new_tokens; ++i) {
+    const Tensor logits = forward(next, cache);
+    next = sample(logits.select(1, logits.size(1) - 1), options);
+    tokens = cat({tokens, next}, 1);
+  }
+  return tokens;
+}
+
+}  // namespace
+
+Tensor sample(const Tensor& logits, const SamplingOptions& o) {
+  ZG_CHECK(logits.defined() && logits.dim() == 2 && logits.size(1) > 0 && is_floating(logits.dtype()),
+           "sample: expected logits [B, V] with V > 0, got ", describe(logits));
+  ZG_CHECK(o.temperature >= 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1,
+           "sample: expected temperature >= 0, top_k >= 0 and top_p in (0, 1], got ", o.temperature, ", ", o.top_k,
+           ", ", o.top_p);
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  const std::vector<double> values = logits.to(kCPU).to(DType::f64).contiguous().to_vector<double>();
+  const std::vector<double> u = rand({rows}, DType::f64).to_vector<double>();  // one draw a row, always
+  std::vector<int64_t> picked;
+  for (int64_t r = 0; r < rows; ++r)
+    picked.push_back(draw({values.begin() + r * vocab, values.begin() + (r + 1) * vocab}, o, u[r]));
+  return tensor<int64_t>(picked, {rows, 1}).to(logits.device());
+}
+
+Tensor generate(GPT& model, const Tensor& prompt, int64_t max_new_tokens, const SamplingOptions& options) {
+  return run_generation(model, model.config.block_size, prompt, max_new_tokens, options,
+                        [&](const Tensor& idx, KVCache& cache) { return model.forward(idx, cache); });
+}
+
+Tensor generate(Llama& model, const Tensor& prompt, int64_t max_new_tokens, const SamplingOptions& options) {
+  return run_generation(model, model.config.block_size, prompt, max_new_tokens, options,
+                        [&](const Tensor& idx, KVCache& cache) { return model.forward(idx, cache); });
+}
+
+}  // namespace zg::nn
