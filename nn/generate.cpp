@@ -51,8 +51,7 @@ Tensor run_generation(Module& model, int64_t block_size, const Tensor& prompt, i
                       const SamplingOptions& options, const std::function<Tensor(const Tensor&, KVCache&)>& forward) {
   ZG_CHECK(prompt.defined() && prompt.dim() == 2 && prompt.size(1) > 0 && is_integral(prompt.dtype()),
            "generate: expected a prompt of token ids [B, T] with T > 0, got ", describe(prompt));
-  ZG_CHECK(max_new_tokens >= 0 && prompt.size(1) + max_new_tokens <= block_size, "generate: ", prompt.size(1),
-           " prompt tokens and ", max_new_tokens, " new ones do not fit block_size ", block_size);
+  ZG_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be non-negative, got ", max_new_tokens);
   const bool was_training = model.is_training();
   model.eval();
   struct Restore {
@@ -64,6 +63,11 @@ Tensor run_generation(Module& model, int64_t block_size, const Tensor& prompt, i
   KVCache cache;
   Tensor tokens = prompt.to(DType::i64), next = tokens;
   for (int64_t i = 0; i < max_new_tokens; ++i) {
+    if (cache.length() + next.size(1) > block_size) {  // past the window: its last tokens, afresh
+      cache.clear();
+      const int64_t keep = std::min(tokens.size(1), block_size);
+      next = tokens.narrow(1, tokens.size(1) - keep, keep);
+    }
     const Tensor logits = forward(next, cache);
     next = sample(logits.select(1, logits.size(1) - 1), options);
     tokens = cat({tokens, next}, 1);

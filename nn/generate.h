@@ -20,8 +20,9 @@ struct SamplingOptions {
 Tensor sample(const Tensor& logits, const SamplingOptions& options = {});
 
 // prompt [B, T0] (i64) followed by max_new_tokens sampled tokens: [B, T0 + max_new_tokens].
-// The model runs in eval mode without gradients (its mode is restored); the whole must fit
-// its block_size.
+// The model runs in eval mode without gradients (its mode is restored). Past its
+// block_size, each token is predicted from the block_size tokens before it (a sliding
+// window, as nanoGPT's generate; the cache is then refilled each step).
 Tensor generate(GPT& model, const Tensor& prompt, int64_t max_new_tokens, const SamplingOptions& options = {});
 Tensor generate(Llama& model, const Tensor& prompt, int64_t max_new_tokens, const SamplingOptions& options = {});
 

@@ -37,6 +37,25 @@ TEST_CASE("train_gpt trains: the loss falls and the last line is 'final loss: X'
   CHECK(losses.back() < losses.front() - 1.0);
 }
 
+TEST_CASE("generate prints text from a checkpoint train_gpt wrote, the same for one seed (README)") {
+  int status = 0;
+  const std::string path = "/tmp/zg_test_generate_" + std::to_string(::getpid());
+  const std::string shape = " --layers 2 --heads 2 --embd 32 --seq 32";
+  run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --steps 30 --batch 4 --save " + path + shape + " 2>&1", status);
+  REQUIRE(status == 0);
+  const std::string generate = std::string(ZG_EXAMPLES_DIR) + "/generate --load " + path + shape;
+  const std::string text = run_command(generate + " --prompt 'The gradient' --tokens 40 --seed 3", status);
+  CHECK(status == 0);
+  CHECK(text.rfind("The gradient", 0) == 0);
+  CHECK(text.size() == 12 + 40 + 1);  // the prompt, 40 bytes past the 32 of the window, a newline
+  CHECK(run_command(generate + " --prompt 'The gradient' --tokens 40 --seed 3", status) == text);
+  CHECK(run_command(generate + " --prompt 'The gradient' --tokens 40 --seed 4", status) != text);
+  const std::string wrong = run_command(generate + " --heads 1 --tokens 4 2>&1", status);
+  CHECK(status != 0);
+  CHECK(wrong.find("holds a GPT with n_head 2; pass --heads 2") != std::string::npos);
+  std::filesystem::remove_all(path);
+}
+
 TEST_CASE("train_gpt refuses bad flags with a clear message") {
   int status = 0;
   const std::string out = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --dtype f8 2>&1", status);

@@ -221,7 +221,20 @@ TEST_CASE("generation with a fixed seed is reproducible; greedy is top-k 1; samp
   CHECK(share_of_first({}) == doctest::Approx(0.6).epsilon(0.05));
   CHECK(share_of_first({.top_k = 2}) == doctest::Approx(2.0 / 3).epsilon(0.05));
   CHECK(share_of_first({.top_p = 0.8}) == doctest::Approx(2.0 / 3).epsilon(0.05));
-  CHECK_THROWS_WITH_AS(nn::generate(model, prompt, 40), doctest::Contains("do not fit block_size 32"), Error);
+  // Past block_size (32): each token from the 32 before it, as a loop without a cache does.
+  const Tensor long_run = nn::generate(model, prompt, 36, {.temperature = 0});
+  Tensor naive = prompt;
+  {
+    NoGradGuard no_grad;
+    model.eval();
+    while (naive.size(1) < 40) {
+      const Tensor window = naive.narrow(1, std::max<int64_t>(0, naive.size(1) - 32), std::min<int64_t>(naive.size(1), 32));
+      const Tensor logits = model.forward(window, Tensor()).logits;
+      naive = cat({naive, argmax(logits.select(1, logits.size(1) - 1), -1, true)}, 1);
+    }
+    model.train();
+  }
+  CHECK(long_run.to_vector<int64_t>() == naive.to_vector<int64_t>());
   CHECK_THROWS_WITH_AS(nn::sample(logits, {.top_p = 0}), doctest::Contains("top_p in (0, 1]"), Error);
 }
 
