@@ -26,14 +26,15 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, TensorOptions 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   ZG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == c_attn->weight.size(1), "CausalSelfAttention: expected input [B, T, ",
            c_attn->weight.size(1), "], got ", describe(x));
-  const Tensor qkv = (*c_attn)(x);
   if (cache == nullptr) {
-    // qkv [B, T, 3C] -> the heads' attention, side by side [B, T, C] (q, k, v read in place)
-    return (*resid_dropout)((*c_proj)(packed_attention(qkv, n_head, /*causal=*/true)));
+    // qkv [B, T, 3C] -> the heads' attention, side by side [B, T, C] (q, k, v read in place);
+    // a statement of its own, so qkv is freed before c_proj runs where backward keeps nothing
+    const Tensor y = packed_attention((*c_attn)(x), n_head, /*causal=*/true);
+    return (*resid_dropout)((*c_proj)(y));
   }
   const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
   std::vector<Tensor> heads;  // q, k, v as [B, H, T, D]
-  for (const Tensor& part : split(qkv, channels, 2))
+  for (const Tensor& part : split((*c_attn)(x), channels, 2))
     heads.push_back(part.view({batch, time, n_head, channels / n_head}).transpose(1, 2));
   const Tensor y = cached_attention(*cache, heads[0], heads[1], heads[2]);
   return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({batch, time, channels})));
