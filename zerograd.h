@@ -20,6 +20,7 @@
 #include "tensor/tensor.h"
 #include "tensor/trace.h"
 
+#include "autograd/custom_op.h"
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "autograd/graph.h"

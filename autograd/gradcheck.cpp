@@ -58,6 +58,9 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
         std::ostringstream os;
         os << "input " << i << " (" << describe(x) << "), element " << j << ": backward gives " << analytic[j]
            << ", finite differences give " << numeric;
+        if (x.dtype() != DType::f64)
+          os << " (the input is " << name(x.dtype()) << ": finite differences with eps " << eps
+             << " need f64 inputs -- pass x.to(DType::f64))";
         result.ok = false;
         result.message = os.str();
       }

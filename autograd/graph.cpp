@@ -158,6 +158,10 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
 
 void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
             Node::Backward backward) {
+  record(out, std::string(op.name()), inputs, std::move(backward));
+}
+
+void record(const Tensor& out, std::string name, const std::vector<Tensor>& inputs, Node::Backward backward) {
   // Only floating-point results are differentiable (PyTorch's rule): a cast to an
   // integer type or bool starts no gradient path -- its gradient would be zero, not the
   // incoming one passed back as if the rounding were the identity.
@@ -170,7 +174,7 @@ void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Ten
   }
   AutogradMeta& meta = meta_of(out);
   meta.requires_grad = true;
-  meta.grad_fn = std::make_shared<Node>(op.name(), std::move(edges), std::move(backward));
+  meta.grad_fn = std::make_shared<Node>(std::move(name), std::move(edges), std::move(backward));
 }
 
 Tensor differentiable(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,

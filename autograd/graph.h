@@ -236,6 +236,7 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 // an `out` that is not floating-point is left as it is (not differentiable).
 void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
             Node::Backward backward);
+void record(const Tensor& out, std::string name, const std::vector<Tensor>& inputs, Node::Backward backward);
 
 // Records `op` on `out` when grad mode is on and an input requires grad; returns out.
 // Ops read as: return differentiable(forward..., op, {inputs}, backward);

@@ -3,6 +3,7 @@
 // engine's behaviour: accumulation, retain_graph, hooks, grad mode, version checks.
 #include <map>
 
+#include "autograd/custom_op.h"
 #include "autograd/gradcheck.h"
 #include "autograd/graph.h"
 #include "helpers.h"
@@ -149,6 +150,60 @@ TEST_CASE("gradcheck passes for every differentiable op in f64") {
       CHECK(r.ok);
     }
   }
+}
+
+// The custom-op example of autograd/custom_op.h, as a user writes it.
+Tensor cube(const Tensor& x) {
+  static const CustomOp op("cube");
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = x * x * x;
+  }
+  return op.apply(y, {x}, [saved = SavedTensor(x)](const Tensor& g) {
+    const Tensor x = saved.get("cube");
+    return std::vector<Tensor>{g * x * x * 3.0};
+  });
+}
+
+TEST_CASE("a custom op records its formula, passes gradcheck, and is held to one right gradient per input") {
+  const Tensor x = randn({3, 4}, DType::f64).set_requires_grad(true);
+  CHECK(cube(x).grad_fn()->name() == "cube");
+  CHECK(gradcheck(FN { return cube(x[0]); }, {x}).ok);
+  CHECK_THROWS_WITH_AS(CustomOp("cube"), "CustomOp: an op named 'cube' exists already; give each op its own name "
+                                         "(a function-local static makes one per op)", Error);
+  CHECK_THROWS_WITH_AS(CustomOp("matmul"), "CustomOp: 'matmul' is the name of one of zerograd's ops; choose another", Error);
+
+  static const CustomOp two_inputs("test two inputs");
+  const Tensor y = randn({4}, DType::f64).set_requires_grad(true);
+  const auto run = [&](const std::function<std::vector<Tensor>(const Tensor&)>& formula) {
+    Tensor out;
+    {
+      NoGradGuard no_grad;
+      out = x * y;
+    }
+    sum(two_inputs.apply(out, {x, y}, formula)).backward();
+  };
+  CHECK_THROWS_WITH_AS(run([](const Tensor& g) { return std::vector<Tensor>{g}; }),
+                       "custom op 'test two inputs': backward returned 1 gradients for 2 inputs (one per input; an "
+                       "undefined Tensor for none)", Error);
+  CHECK_THROWS_WITH_AS(run([](const Tensor& g) { return std::vector<Tensor>{g, g}; }),
+                       doctest::Contains("backward's gradient for input 1 is f64[3, 4] on cpu, but the input was f64[4] on cpu"),
+                       Error);
+  CHECK_THROWS_WITH_AS(run([&](const Tensor& g) { return std::vector<Tensor>{g.to(DType::f32), Tensor()}; }),
+                       doctest::Contains("gradient for input 0 is f32[3, 4]"), Error);
+  run([&](const Tensor& g) { return std::vector<Tensor>{g * y, Tensor()}; });  // none for y: allowed
+  CHECK(x.grad().defined());
+  CHECK_FALSE(y.grad().defined());
+  CHECK_THROWS_WITH_AS(two_inputs.apply(x, {x}, [](const Tensor& g) { return std::vector<Tensor>{g}; }),
+                       doctest::Contains("the output is a leaf that requires grad"), Error);
+}
+
+TEST_CASE("gradcheck on f32 inputs says they should be f64") {
+  const Tensor x = randn({2, 3}).set_requires_grad(true);
+  const GradcheckResult r = gradcheck(FN { return x[0] * x[0] * x[0]; }, {x});
+  CHECK_FALSE(r.ok);
+  CHECK(r.message.find("need f64 inputs -- pass x.to(DType::f64)") != std::string::npos);
 }
 
 TEST_CASE("gradcheck catches a wrong formula") {
