@@ -28,6 +28,7 @@
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/gpt.h"
+#include "nn/hf_gpt2.h"
 #include "nn/init.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"

@@ -6,18 +6,21 @@
 //   build/examples/train_gpt --steps 200
 //   build/examples/train_gpt --dtype bf16 --save run --save-every 50
 //   build/examples/train_gpt --resume run --steps 300
+//   build/examples/train_gpt --init-from-hf gpt2/model.safetensors --seq 128 --steps 100
 //
 // The last line is "final loss: X" so scripts can read it.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
 #include "dist/comm/fake_group.h"
 #include "dist/zero/sharded_model.h"
 #include "nn/gpt.h"
+#include "nn/hf_gpt2.h"
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
 #include "training.h"
@@ -29,6 +32,7 @@ namespace {
 
 struct Flags : examples::TrainingFlags {
   double dropout = 0.0;
+  std::string init_from_hf;
 };
 
 void usage() {
@@ -38,6 +42,8 @@ void usage() {
                "  --device cpu|cuda  where to train (default cpu)\n"
                "  --dropout P        dropout probability (default 0)\n"
                "  --resume DIR       continue from a training checkpoint (train_zero's too, at any --ranks)\n"
+               "  --init-from-hf F   fine-tune a Hugging Face GPT-2 (its model.safetensors; the shape is the file's,\n"
+               "                     n_head from the config.json beside it, else --heads; a vocabulary of >= 256)\n"
             << Flags().common_help();
 }
 
@@ -48,6 +54,7 @@ bool parse(int argc, char** argv, Flags& f) {
     if (a == "--help") return false;
     else if (f.read(flag)) continue;
     else if (a == "--dropout") f.dropout = flag.number();
+    else if (a == "--init-from-hf") f.init_from_hf = flag.value();
     else flag.unknown();
   }
   f.check("train_gpt");
@@ -74,10 +81,22 @@ int run(const Flags& f) {
 
   nn::GPTConfig config;
   config.n_layer = f.layers, config.n_head = f.heads, config.n_embd = f.embd;
-  config.vocab_size = 256, config.block_size = f.seq, config.dropout = f.dropout;
+  config.vocab_size = 256, config.block_size = f.seq;
+  ZG_CHECK(f.init.empty() || f.init_from_hf.empty(), "train_gpt: --init and --init-from-hf both give the starting "
+           "weights; pass one");
+  if (!f.init_from_hf.empty()) {  // the file's shape; byte tokens are ids of its vocabulary
+    const bool has_json = std::filesystem::is_regular_file(std::filesystem::path(f.init_from_hf).parent_path() / "config.json");
+    config = nn::hf_gpt2_config(f.init_from_hf, has_json ? 0 : f.heads);
+    ZG_CHECK(config.vocab_size >= 256, "train_gpt: --init-from-hf ", f.init_from_hf, " has a vocabulary of ",
+             config.vocab_size, ", too few for byte tokens (256)");
+    ZG_CHECK(f.seq <= config.block_size, "train_gpt: --seq ", f.seq, " is longer than the positions of ", f.init_from_hf,
+             " (", config.block_size, ")");
+  }
+  config.dropout = f.dropout;
   config.activation_checkpointing = f.checkpointing;
   nn::GPT model(config, TensorOptions(DType::f32).device(device));
   if (!f.init.empty()) nn::load_state(model, f.init);
+  if (!f.init_from_hf.empty()) nn::load_hf_gpt2(model, f.init_from_hf);
   // One device is a group of one: the parameters move into flat units (full, unsharded),
   // and clipping, loss scaling, AdamW and checkpoints are train_zero's code at N = 1.
   // Offload needs a stage that places the optimizer state (1; 3 for the parameters too):
@@ -89,7 +108,7 @@ int run(const Flags& f) {
                               .compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
                               .max_grad_norm = f.max_grad_norm, .offload = offload});
   optim::GradScaler scaler({65536.0, 2.0, 0.5, 2000, compute == DType::f16});
-  const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);
+  const examples::RunRecord record(config.n_layer, config.n_head, config.n_embd, f.seq);
   int64_t first_step = 0;
   if (!f.resume.empty()) {
     const Metadata meta = trainer.load(f.resume, &scaler);
@@ -101,7 +120,8 @@ int run(const Flags& f) {
     std::printf("resumed from %s at step %lld\n", meta.at("path").c_str(), static_cast<long long>(first_step));
   }
   std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s compute on %s; %zu bytes of text\n",
-              static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
+              static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
+              static_cast<long long>(config.n_embd),
               static_cast<long long>(model.num_parameters()), name(compute), device.str().c_str(), data.tokens.size());
 
   double loss_value = NAN;

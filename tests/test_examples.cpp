@@ -56,6 +56,25 @@ TEST_CASE("generate prints text from a checkpoint train_gpt wrote, the same for 
   std::filesystem::remove_all(path);
 }
 
+TEST_CASE("train_gpt --init-from-hf fine-tunes a Hugging Face GPT-2 file (the fixture transformers wrote)") {
+  int status = 0;
+  const std::string out = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --init-from-hf " + ZG_TEST_FIXTURES +
+                                          "/hf_gpt2/model.safetensors --seq 32 --batch 4 --steps 30 2>&1",
+                                      status);
+  INFO(out);
+  REQUIRE(status == 0);
+  CHECK(out.find("GPT: 2 layers, 2 heads, n_embd 16, 11200 parameters") != std::string::npos);
+  const double first = std::stod(out.substr(out.find("loss ", out.find("step    1/30")) + 5));
+  const double last = std::stod(out.substr(out.rfind("final loss: ") + 12));
+  CHECK(first == doctest::Approx(std::log(256.0)).epsilon(0.02));  // transformers' N(0, 0.02) start: near uniform
+  CHECK(last < first - 0.5);
+  const std::string long_seq = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --init-from-hf " +
+                                               ZG_TEST_FIXTURES + "/hf_gpt2/model.safetensors --steps 1 2>&1",
+                                           status);
+  CHECK(status != 0);
+  CHECK(long_seq.find("--seq 64 is longer than the positions of") != std::string::npos);
+}
+
 TEST_CASE("train_gpt refuses bad flags with a clear message") {
   int status = 0;
   const std::string out = run_command(std::string(ZG_EXAMPLES_DIR) + "/train_gpt --dtype f8 2>&1", status);

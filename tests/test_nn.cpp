@@ -1,5 +1,12 @@
-// nn: modules and names, the GPT model, activation checkpointing.
+// nn: modules and names, the GPT model, activation checkpointing, Hugging Face GPT-2 files.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "nn/checkpoint.h"
+#include "nn/hf_gpt2.h"
 #include "tiny_gpt.h"
 
 namespace zg::test {
@@ -199,6 +206,67 @@ TEST_CASE("ModuleList's at<M> and ptr<M> give an item as its own class, or a cle
                        "ModuleList::ptr: item 1 of a list of 2 is a zg::nn::Block, not a zg::nn::Linear", Error);
   CHECK_THROWS_WITH_AS(model.h->at<nn::Block>(2), "ModuleList::at: index 2 is out of range for a list of 2", Error);
   CHECK_THROWS_WITH_AS(model.h->ptr<nn::Block>(2), "ModuleList::ptr: index 2 is out of range for a list of 2", Error);
+}
+
+TEST_CASE("Hugging Face GPT-2 files load with and without the transformer. prefix and give transformers' logits") {
+  // tests/fixtures/make_hf_gpt2.py: a GPT2LMHeadModel of 2 layers, 2 heads, n_embd 16, 256 tokens.
+  const std::string dir = std::string(ZG_TEST_FIXTURES) + "/hf_gpt2";
+  std::ifstream in(dir + "/logits.json");
+  const nlohmann::json fixture = nlohmann::json::parse(in);
+  std::vector<int64_t> ids;
+  std::vector<double> want;
+  for (const auto& row : fixture["ids"])
+    for (const auto& id : row) ids.push_back(id.get<int64_t>());
+  for (const auto& row : fixture["logits"])
+    for (const auto& position : row)
+      for (const auto& v : position) want.push_back(v.get<double>());
+  for (const char* file : {"model.safetensors", "bare.safetensors"}) {
+    INFO(file);
+    const nn::GPTConfig config = nn::hf_gpt2_config(dir + "/" + file);
+    CHECK(config.n_layer == 2);
+    CHECK(config.n_head == 2);  // from config.json
+    CHECK(config.n_embd == 16);
+    CHECK(config.vocab_size == 256);
+    CHECK(config.block_size == 32);
+    manual_seed(0);
+    nn::GPT model(config);
+    nn::load_hf_gpt2(model, dir + "/" + file);
+    model.eval();
+    const Tensor logits = model.forward(tensor<int64_t>(ids, {2, 7}), Tensor()).logits;
+    CHECK(max(abs(logits.to(DType::f64) - tensor<double>(want, {2, 7, 256}))).item<double>() < 1e-5);
+  }
+  // Written back in Conv1D's layout under GPT2LMHeadModel's names; read back the same.
+  manual_seed(1);
+  nn::GPT model(nn::hf_gpt2_config(dir + "/model.safetensors"));
+  nn::load_hf_gpt2(model, dir + "/model.safetensors");
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("zg-hf-" + std::to_string(getpid()) + ".safetensors")).string();
+  nn::save_hf_gpt2(model, path);
+  {
+    const SafetensorsFile saved(path);
+    CHECK(saved.entry("transformer.h.0.attn.c_attn.weight").shape == Shape{16, 48});
+    CHECK(saved.entry("transformer.h.1.mlp.c_proj.weight").shape == Shape{64, 16});
+    CHECK_FALSE(saved.contains("lm_head.weight"));
+  }
+  manual_seed(2);
+  nn::GPT again(model.config);
+  nn::load_hf_gpt2(again, path);
+  const std::vector<Tensor> before = model.parameters(), after = again.parameters();
+  for (size_t i = 0; i < before.size(); ++i) CHECK(max(abs(before[i] - after[i])).item<double>() == 0.0);
+  std::filesystem::remove(path);
+  // Another shape is refused, naming the tensor.
+  nn::GPTConfig deeper = model.config;
+  deeper.n_layer = 3;
+  nn::GPT wrong(deeper);
+  CHECK_THROWS_WITH_AS(nn::load_hf_gpt2(wrong, dir + "/model.safetensors"),
+                       doctest::Contains("has no tensor for 'transformer.h.2.ln_1.weight'"), Error);
+  nn::GPTConfig wider = model.config;
+  wider.n_embd = 32;
+  nn::GPT wide(wider);
+  CHECK_THROWS_WITH_AS(nn::load_hf_gpt2(wide, dir + "/model.safetensors"),
+                       doctest::Contains("'transformer.wte.weight' is f32[256, 16] on cpu but the model's "
+                                         "'transformer.wte.weight' is f32[256, 32] on cpu"),
+                       Error);
 }
 
 }  // namespace zg::test
