@@ -16,6 +16,7 @@
 #include "tensor/memory_timeline.h"
 #include "tensor/safetensors.h"
 #include "tensor/shape.h"
+#include "tensor/step_log.h"
 #include "tensor/storage.h"
 #include "tensor/tensor.h"
 #include "tensor/trace.h"
