@@ -1,5 +1,7 @@
 #include "optim/adamw.h"
 
+#include <fnmatch.h>
+
 #include <cmath>
 
 #include "tensor/backend.h"
@@ -17,6 +19,21 @@ void check_options(const AdamWOptions& o) {
            "finite where v is 0), got ", o.eps);
   ZG_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "AdamW: weight_decay must be >= 0 and finite, got ",
            o.weight_decay);
+  for (size_t g = 0; g < o.groups.size(); ++g) {
+    const ParamGroup& group = o.groups[g];
+    ZG_CHECK(!group.names.empty(), "AdamW: parameter group ", g, " names no parameters");
+    ZG_CHECK(std::isfinite(group.lr_scale) && group.lr_scale >= 0, "AdamW: parameter group ", g,
+             ": lr_scale must be >= 0 and finite, got ", group.lr_scale);
+    ZG_CHECK(!group.weight_decay || (std::isfinite(*group.weight_decay) && *group.weight_decay >= 0),
+             "AdamW: parameter group ", g, ": weight_decay must be >= 0 and finite, got ", group.weight_decay.value_or(0));
+  }
+}
+
+int group_of(const std::vector<ParamGroup>& groups, const std::string& name) {
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (const std::string& pattern : groups[g].names)
+      if (fnmatch(pattern.c_str(), name.c_str(), 0) == 0) return static_cast<int>(g);
+  return -1;
 }
 
 void adamw_update(const std::vector<AdamWSpan>& spans, const AdamWOptions& options, double lr, int64_t step,
@@ -29,8 +46,8 @@ void adamw_update(const std::vector<AdamWSpan>& spans, const AdamWOptions& optio
   TraceRange range("adamw");
   for (const AdamWSpan& span : spans) {
     if (span.master.numel() == 0) continue;
-    const AdamWStep s{lr, options.beta1, options.beta2, options.eps, span.weight_decay ? options.weight_decay : 0.0,
-                      grad_scale, step, device_scale};
+    const double decay = span.group_weight_decay.value_or(span.weight_decay ? options.weight_decay : 0.0);
+    const AdamWStep s{lr * span.lr_scale, options.beta1, options.beta2, options.eps, decay, grad_scale, step, device_scale};
     backend(span.master.device()).adamw(span.master, span.grad, span.m, span.v, span.compute, s);
     span.master.storage()->bump_version();
     if (span.compute.defined()) span.compute.storage()->bump_version();

@@ -3,6 +3,8 @@
 // parameter or a rank: the dist layer's units hand it the spans this rank updates.
 #pragma once
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -12,10 +14,23 @@ namespace zg::optim {
 // The dtype of master weights and Adam state: f32, or f64 for f64 training.
 DType master_dtype_for(DType compute_dtype);
 
+// A parameter group, as torch.optim's param_groups: the parameters whose names match one
+// of `names` (glob patterns: "*.bias", "transformer.wte.weight", "transformer.h.*.ln_?.*")
+// train with lr x lr_scale and, when set, a weight decay of their own (else the options'
+// for matrices and embeddings, none for vectors). A parameter takes the first group it matches.
+struct ParamGroup {
+  std::vector<std::string> names;
+  double lr_scale = 1.0;
+  std::optional<double> weight_decay{};
+};
+
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.01;  // applied to the decay span only (matrices, embeddings)
+  std::vector<ParamGroup> groups{};
 };
+// The first group whose patterns match `name`, or -1.
+int group_of(const std::vector<ParamGroup>& groups, const std::string& name);
 // Throws zg::Error naming the option unless 0 <= beta1, beta2 < 1, eps > 0 and
 // weight_decay >= 0, all finite.
 void check_options(const AdamWOptions& options);
@@ -25,7 +40,9 @@ void check_options(const AdamWOptions& options);
 struct AdamWSpan {
   Tensor master, grad, m, v;
   Tensor compute;  // the compute-dtype copy to rewrite; undefined when master is the parameter itself
-  bool weight_decay = true;
+  bool weight_decay = true;  // the options' weight decay, or none
+  double lr_scale = 1.0;                        // a parameter group's
+  std::optional<double> group_weight_decay{};   // a parameter group's own, in place of the above
 };
 
 // One AdamW update of every span (the fused backend kernel per span). step counts

@@ -31,6 +31,17 @@ double layout_hash(const Unit& unit) {
   return hash.value();
 }
 
+// The parameter groups' patterns, lr scales and weight decays, hashed.
+double groups_hash(const std::vector<optim::ParamGroup>& groups) {
+  Hash53 hash;
+  for (const optim::ParamGroup& g : groups) {
+    for (const std::string& name : g.names) hash.mix(name.c_str(), name.size() + 1);
+    const double values[] = {g.lr_scale, g.weight_decay.value_or(-1.0)};
+    hash.mix(values, sizeof values);
+  }
+  return hash.value();
+}
+
 // The replicated tensors' names, shapes and dtypes, hashed.
 double replicated_hash(const nn::NamedTensors& replicated) {
   Hash53 hash;
@@ -194,7 +205,7 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
                "belong to one unit");
     }
   }
-  for (size_t u = 0; u < units_.size(); ++u) units_[u]->plan(members[u], frozen_members[u]);
+  for (size_t u = 0; u < units_.size(); ++u) units_[u]->plan(members[u], frozen_members[u], config_.adamw.groups);
   // A root whose parameters are all replicated (frozen, of an integer dtype) has nothing to gather.
   const bool root_replicated = holds_frozen[0] && members[0].empty() && frozen_members[0].empty();
   // A unit with nothing to train or shard goes: the root when every parameter is in a
@@ -249,6 +260,7 @@ void ShardedModel::agree_on_plan(Device device) {
                    {"ZeroConfig::shard_group_size", c.shard_group_size},
                    {"AdamWOptions::beta1", c.adamw.beta1}, {"AdamWOptions::beta2", c.adamw.beta2},
                    {"AdamWOptions::eps", c.adamw.eps}, {"AdamWOptions::weight_decay", c.adamw.weight_decay},
+                   {"AdamWOptions::groups (hashed)", groups_hash(c.adamw.groups)},
                    {"number of units", static_cast<double>(units_.size())}});
   agree.check("ShardedModel: was built with");
   std::vector<std::pair<std::string, double>> units;

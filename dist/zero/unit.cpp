@@ -73,14 +73,22 @@ bool ShardedWeights::current() const {
   return !full.storage()->is_released() && shard.storage()->version() == gathered_from;
 }
 
-void Unit::plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen) {
-  for (bool decay : {true, false})  // matrices first: the decay span is one contiguous range
-    for (const auto& [name, p] : trained)
-      if ((p.dim() >= 2) == decay) {
+void Unit::plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen,
+                const std::vector<optim::ParamGroup>& parameter_groups) {
+  groups = parameter_groups;
+  std::vector<int> group(trained.size());
+  for (size_t i = 0; i < trained.size(); ++i) group[i] = optim::group_of(groups, trained[i].first);
+  for (int g = -1; g < static_cast<int>(groups.size()); ++g)
+    for (bool decay : {true, false}) {  // matrices first: each (group, decay) is one contiguous range
+      const int64_t begin = numel;
+      for (size_t i = 0; i < trained.size(); ++i) {
+        const auto& [name, p] = trained[i];
+        if (group[i] != g || (p.dim() >= 2) != decay) continue;
         entries.push_back({name, p, numel, p.shape()});
         numel += p.numel();
-        if (decay) decay_numel += p.numel();
       }
+      if (numel > begin) update_ranges.push_back({begin, numel, decay, g});
+    }
   int64_t frozen_numel = 0;
   for (const auto& [name, p] : frozen) {
     frozen_entries.push_back({name, p, frozen_numel, p.shape()});
@@ -335,13 +343,15 @@ std::vector<optim::AdamWSpan> Unit::optimizer_spans() {
   const Tensor& grad = sharded ? grad_shard : grad_full;
   const Tensor compute = compute_for_update();
   std::vector<optim::AdamWSpan> spans;
-  // The decay range [0, decay) and the rest [decay, numel), cut to this rank's part.
-  for (const auto& [lo, hi, decay] :
-       {std::tuple{int64_t(0), decay_numel, true}, std::tuple{decay_numel, numel, false}}) {
-    const int64_t begin = std::max(lo, base), end = std::min(hi, base + master.numel());
+  // Each update range, cut to this rank's part.
+  for (const UpdateRange& range : update_ranges) {
+    const int64_t begin = std::max(range.begin, base), end = std::min(range.end, base + master.numel());
     if (end <= begin) continue;
     auto part = [&](const Tensor& t) { return t.narrow(0, begin - base, end - begin); };
-    spans.push_back({part(master), part(grad), part(m), part(v), compute.defined() ? part(compute) : Tensor(), decay});
+    optim::AdamWSpan span{part(master), part(grad), part(m), part(v), compute.defined() ? part(compute) : Tensor(),
+                          range.decay};
+    if (range.group >= 0) span.lr_scale = groups[range.group].lr_scale, span.group_weight_decay = groups[range.group].weight_decay;
+    spans.push_back(std::move(span));
   }
   return spans;
 }

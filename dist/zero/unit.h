@@ -85,9 +85,10 @@ class Unit {
   Unit(const UnitContext& context, std::string name, nn::Module* module)
       : name(std::move(name)), module(module), ctx_(context) {}
 
-  // Packs `trained` (matrices first: the weight-decay span is one range) and `frozen`
-  // (ZeRO-3 shards frozen parameters too, in a buffer of their own).
-  void plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen);
+  // Packs `trained` by parameter group, each group's matrices first (so each (group,
+  // decay) is one range the optimizer updates with one call), and `frozen` (ZeRO-3 shards
+  // frozen parameters too, in a buffer of their own). Without groups: matrices, then the rest.
+  void plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen, const std::vector<optim::ParamGroup>& groups);
   // Allocates this rank's buffers on `device` and fills them: the trained parameters'
   // master weights (f32; f64 for f64 compute) and compute copy, zeroed Adam state and
   // gradient. `initial(slot, begin, out)` writes elements [begin, begin + out.numel())
@@ -109,7 +110,8 @@ class Unit {
   // Starts the bucket's reduction; `sync` false (DDP, ZeRO-1) keeps the gradients local.
   InFlight reduce_gradients(Bucket& bucket, bool sync);
   void zero_grad();
-  // The decay and no-decay ranges of what this rank updates; grads scaled by the caller.
+  // The update ranges of what this rank updates, each with its group's lr and decay; grads
+  // scaled by the caller.
   std::vector<optim::AdamWSpan> optimizer_spans();
   // ZeRO-1, 2 after the update: every rank's new slice, into its full compute weights.
   WorkHandle after_step();
@@ -126,7 +128,15 @@ class Unit {
   int64_t tag = 0;               // its gathers' CollectiveTag: its place in the units, from 1
   nn::Module* module = nullptr;  // null for the root unit
   std::vector<ParamSlot> entries, frozen_entries;
-  int64_t numel = 0, decay_numel = 0, padded = 0, shard = 0;
+  int64_t numel = 0, padded = 0, shard = 0;
+  // [begin, end) of the trained buffer a group's matrices or vectors fill (group -1: none).
+  struct UpdateRange {
+    int64_t begin, end;
+    bool decay;
+    int group;
+  };
+  std::vector<UpdateRange> update_ranges;
+  std::vector<optim::ParamGroup> groups;
   // Buffers per role.
   ShardedWeights weights;  // the trained parameters' compute weights: [padded], [shard]
   ShardedWeights frozen;   // ZeRO-3's frozen parameters (undefined when none)
