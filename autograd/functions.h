@@ -210,6 +210,17 @@ struct RotaryTables {
 RotaryTables rotary_tables(int64_t offset, int64_t length, int64_t dim, double theta, TensorOptions options);
 Tensor rotary_embedding(const Tensor& x, const RotaryTables& tables);
 
+// In training, zeroes each element with probability p and scales the rest by 1/(1-p)
+// (a 16-bit x scaled in f32 and rounded once); the mask comes from the rank's Philox
+// generator, so a run is reproducible and activation checkpointing replays it.
+// Identity when not training or p = 0.
+Tensor dropout(const Tensor& x, double p, bool training = true);
+// Attention with dropout on its probabilities (nanoGPT's and Hugging Face GPT-2's attn_dropout):
+// softmax(q k^T / sqrt(D) [causal mask]) dropped, then times v, composed of the ops above (the
+// fused kernels keep no probabilities to drop); with p = 0 or not training, the fused op.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                                    bool training = true);
+
 // ---- losses; reduction: the mean (default), the sum, or none (per element) ----
 enum class Reduction { mean, sum, none };
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);

@@ -15,7 +15,8 @@ void check_config(const GPTConfig& c) {
   ZG_CHECK(c.dropout >= 0 && c.dropout < 1, "GPT: dropout must be in [0, 1), got ", c.dropout);
 }
 
-CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, TensorOptions options) : n_head(config.n_head) {
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, TensorOptions options)
+    : n_head(config.n_head), attn_dropout(config.dropout) {
   check_config(config);
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
   c_attn = register_module("c_attn", std::make_shared<Linear>(config.n_embd, 3 * config.n_embd, true, 0.02, options));
@@ -26,7 +27,8 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, TensorOptions 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   ZG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == c_attn->weight.size(1), "CausalSelfAttention: expected input [B, T, ",
            c_attn->weight.size(1), "], got ", describe(x));
-  if (cache == nullptr) {
+  const bool drops = is_training() && attn_dropout > 0;
+  if (cache == nullptr && !drops) {
     // qkv [B, T, 3C] -> the heads' attention, side by side [B, T, C] (q, k, v read in place);
     // a statement of its own, so qkv is freed before c_proj runs where backward keeps nothing
     const Tensor y = packed_attention((*c_attn)(x), n_head, /*causal=*/true);
@@ -36,7 +38,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   std::vector<Tensor> heads;  // q, k, v as [B, H, T, D]
   for (const Tensor& part : split((*c_attn)(x), channels, 2))
     heads.push_back(part.view({batch, time, n_head, channels / n_head}).transpose(1, 2));
-  const Tensor y = cached_attention(*cache, heads[0], heads[1], heads[2]);
+  const Tensor y = cache ? cached_attention(*cache, heads[0], heads[1], heads[2])
+                         : scaled_dot_product_attention(heads[0], heads[1], heads[2], true, attn_dropout, true);
   return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({batch, time, channels})));
 }
 

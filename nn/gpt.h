@@ -17,7 +17,7 @@ struct GPTConfig {
   int64_t n_embd = 768;
   int64_t vocab_size = 50257;
   int64_t block_size = 1024;
-  double dropout = 0.0;
+  double dropout = 0.0;  // on the embeddings, the attention probabilities and each residual branch (nanoGPT's)
   bool activation_checkpointing = false;  // recompute each block's activations in backward
 };
 // Throws zg::Error unless every size is positive, n_embd is a multiple of n_head, the
@@ -33,6 +33,7 @@ class CausalSelfAttention : public Module {
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_dropout;
   int64_t n_head;
+  double attn_dropout;  // on the attention probabilities in training (composed: no fused kernel then)
   KVCache::Layer* cache = nullptr;  // set by GPT::forward(idx, cache) while it runs
 };
 

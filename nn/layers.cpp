@@ -34,17 +34,6 @@ Dropout::Dropout(double p_) : p(p_) {
 
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
 
-Tensor dropout(const Tensor& x, double p, bool training) {
-  ZG_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", p);
-  ZG_CHECK(x.defined() && is_floating(x.dtype()), "dropout: expected a floating tensor, got ", describe(x));
-  if (!training || p == 0) return x;
-  if (p == 1) return x * 0.0;  // everything dropped (as PyTorch: no draw, no 1/(1-p))
-  const Tensor keep = lt(rand(x.shape(), TensorOptions(DType::f32).device(x.device())), 1.0 - p);
-  const bool narrow = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
-  const Tensor wide = narrow ? x.to(DType::f32) : x;
-  return (wide * keep.to(wide.dtype()) * (1.0 / (1.0 - p))).to(x.dtype());
-}
-
 RMSNorm::RMSNorm(int64_t dim, double eps_, TensorOptions options) : eps(eps_) {
   weight = register_parameter("weight", ones({dim}, options));
 }

@@ -53,9 +53,7 @@ class Dropout : public Module {
   double p;
 };
 
-// x * keep / (1 - p): a 16-bit x is scaled in f32 and rounded once (bf16's 1/(1-p) would be
-// off by up to 0.4%).
-Tensor dropout(const Tensor& x, double p, bool training);
+using zg::dropout;  // the op (autograd/functions.h), as nn::dropout too
 
 // x / sqrt(mean(x^2) + eps) * weight over the last dim (zg::rms_norm); weight 1.
 class RMSNorm : public Module {

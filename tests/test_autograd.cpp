@@ -101,6 +101,11 @@ std::map<std::string, GradCase> grad_cases(Device d) {
   c["tril, triu"] = {{normal_leaf({2, 3, 4}, d)}, FN { return tril(x[0], 1) * triu(x[0]); }};
   c["rms_norm, rotary_embedding"] = {{normal_leaf({2, 3, 6}, d), normal_leaf({6}, d)},
                                      FN { return rotary_embedding(rms_norm(x[0], x[1]), 2); }};
+  c["attention dropout, dropout"] = {{normal_leaf({2, 4, 3}, d), normal_leaf({2, 4, 3}, d), normal_leaf({2, 4, 3}, d)},
+                                     FN {
+                                       manual_seed(3);  // the same masks at every evaluation
+                                       return scaled_dot_product_attention(dropout(x[0], 0.25), x[1], x[2], true, 0.3);
+                                     }};
   c["grouped-query attention"] = {{normal_leaf({1, 4, 3, 2}, d), normal_leaf({1, 2, 3, 2}, d), normal_leaf({1, 2, 3, 2}, d)},
                                   FN { return scaled_dot_product_attention(x[0], x[1], x[2], true); }};
   c["losses"] = {{normal_leaf({4, 5}, d), uniform(Shape{4, 5}, 0.1, 0.9, f64_on(d)).set_requires_grad(true)},

@@ -159,6 +159,46 @@ TEST_CASE("nn::init fills in place with the fans' scale; PyTorch's Linear defaul
   CHECK_THROWS_WITH_AS(nn::init::xavier_uniform_(layer.bias), doctest::Contains("fans need a tensor of rank >= 2"), Error);
 }
 
+TEST_CASE("attention dropout drops probabilities as its definition says; eval and p = 0 are the fused op") {
+  manual_seed(0);
+  const Tensor q = randn({2, 3, 5, 4}), k = randn({2, 3, 5, 4}), v = randn({2, 3, 5, 4});
+  const Tensor fused = scaled_dot_product_attention(q, k, v, true);
+  CHECK(max(abs(scaled_dot_product_attention(q, k, v, true, 0.5, false) - fused)).item<double>() == 0.0);
+  CHECK(max(abs(scaled_dot_product_attention(q, k, v, true, 0.0) - fused)).item<double>() == 0.0);
+  manual_seed(9);
+  const Tensor dropped = scaled_dot_product_attention(q, k, v, true, 0.4);
+  manual_seed(9);
+  const Tensor keep = lt(rand({2, 3, 5, 5}), 0.6).to(DType::f32);
+  const Tensor scores = masked_fill(matmul(q, k, false, true) * 0.5, gt(triu(ones({5, 5}), 1), 0.0), -INFINITY);
+  const Tensor want = matmul(softmax(scores) * keep * (1 / 0.6), v);
+  CHECK(max(abs(dropped - want)).item<double>() < 1e-6);
+  CHECK(max(abs(dropped - fused)).item<double>() > 1e-3);
+  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k, v, true, 1.0), doctest::Contains("dropout_p must be in [0, 1)"),
+                       Error);
+}
+
+TEST_CASE("GPTConfig.dropout drops attention probabilities too: training differs from eval, eval is the plain model") {
+  nn::GPTConfig c;
+  c.n_layer = 1, c.n_head = 2, c.n_embd = 16, c.vocab_size = 32, c.block_size = 8, c.dropout = 0.2;
+  manual_seed(0);
+  nn::GPT with(c);
+  c.dropout = 0;
+  manual_seed(0);
+  nn::GPT without(c);
+  const Tensor ids = tensor<int64_t>({1, 2, 3, 4, 5, 6, 7, 8}, {1, 8});
+  with.eval();
+  without.eval();
+  CHECK(max(abs(with.forward(ids, Tensor()).logits - without.forward(ids, Tensor()).logits)).item<double>() == 0.0);
+  // The attention alone, its residual dropout off: training still drops (its probabilities).
+  nn::CausalSelfAttention& attn = *with.h->at<nn::Block>(0).attn;
+  attn.resid_dropout->p = 0;
+  const Tensor h = randn({1, 8, 16});
+  const Tensor evaluated = attn(h);
+  attn.train();
+  CHECK(attn.attn_dropout == 0.2);
+  CHECK(max(abs(attn(h) - evaluated)).item<double>() > 1e-4);
+}
+
 TEST_CASE("bf16 dropout scales survivors by 1/(1-p) exactly, rounded once") {
   manual_seed(3);
   const Tensor x = ones({4096}, DType::bf16);

@@ -70,12 +70,17 @@ Tensor std(const Tensor& x, const Shape& dims, bool keepdim, int64_t correction)
 
 namespace {
 
+// [rows, cols] i64: column j - row i.
+Tensor column_minus_row(int64_t rows, int64_t cols, Device device) {
+  const TensorOptions i64 = TensorOptions(DType::i64).device(device);
+  return arange(cols, i64).unsqueeze(0) - arange(rows, i64).unsqueeze(1);
+}
+
 // Zeroes x where column - row of its last two dims is above (lower) or below (upper) diagonal.
 Tensor triangle(const char* op, const Tensor& x, int64_t diagonal, bool lower) {
   detail::check_defined(op, x);
   ZG_CHECK(x.dim() >= 2, op, ": expected a tensor of rank >= 2, got ", describe(x));
-  const TensorOptions i64 = TensorOptions(DType::i64).device(x.device());
-  const Tensor offset = arange(x.size(-1), i64).unsqueeze(0) - arange(x.size(-2), i64).unsqueeze(1);  // j - i
+  const Tensor offset = column_minus_row(x.size(-2), x.size(-1), x.device());
   const double d = static_cast<double>(diagonal);
   return masked_fill(x, lower ? gt(offset, d) : lt(offset, d), 0.0);
 }
@@ -136,6 +141,32 @@ Tensor rotary_embedding(const Tensor& x, int64_t offset, double theta) {
   detail::check_floating("rotary_embedding", x);
   ZG_CHECK(x.dim() >= 2, "rotary_embedding: expected x [..., T, D], got ", describe(x));
   return rotary_embedding(x, rotary_tables(offset, x.size(-2), x.size(-1), theta, detail::options_of(x)));
+}
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  ZG_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", p);
+  ZG_CHECK(x.defined() && is_floating(x.dtype()), "dropout: expected a floating tensor, got ", describe(x));
+  if (!training || p == 0) return x;
+  if (p == 1) return x * 0.0;  // everything dropped (as PyTorch: no draw, no 1/(1-p))
+  const Tensor keep = lt(rand(x.shape(), TensorOptions(DType::f32).device(x.device())), 1.0 - p);
+  const Tensor wide = is_16_bit(x.dtype()) ? x.to(DType::f32) : x;
+  return (wide * keep.to(wide.dtype()) * (1.0 / (1.0 - p))).to(x.dtype());
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                                    bool training) {
+  ZG_CHECK(dropout_p >= 0 && dropout_p < 1, "scaled_dot_product_attention: dropout_p must be in [0, 1), got ", dropout_p);
+  if (!training || dropout_p == 0) return scaled_dot_product_attention(q, k, v, causal);
+  detail::check_floating("scaled_dot_product_attention", q);
+  ZG_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim() && q.size(-1) == k.size(-1) &&
+               k.size(-2) == v.size(-2) && (q.dim() < 3 || k.size(-3) == q.size(-3)),
+           "scaled_dot_product_attention with dropout: expected q [..., T, D], k [..., S, D], v [..., S, Dv] with ",
+           "one head count, got ", describe(q), ", ", describe(k), ", ", describe(v));
+  Tensor scores = matmul(q, k, false, true) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (causal)  // key j after query i
+    scores = masked_fill(scores, gt(column_minus_row(q.size(-2), k.size(-2), q.device()), 0.0),
+                         -std::numeric_limits<double>::infinity());
+  return matmul(dropout(softmax(scores, -1), dropout_p, true), v);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
