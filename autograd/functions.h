@@ -181,6 +181,19 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 // i64 [..., num_classes]: 1 where the class is the index. num_classes -1: max(indices) + 1.
 Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);
+// x sorted along dim, stably (ties keep their order; NaN above +inf), and the i64 positions
+// the values came from. The values are gather(x, dim, indices): their gradient scatters back.
+struct SortResult {
+  Tensor values, indices;
+};
+SortResult sort(const Tensor& x, int64_t dim = -1, bool descending = false);
+// The k largest (smallest) along dim, largest (smallest) first, as torch.topk.
+SortResult topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true);
+// num_samples category indices (i64) for each row of probs ([C] or [B, C]: non-negative,
+// finite weights, each row's sum > 0, normalised or not), drawn from the rank's generator:
+// without replacement distinct categories (Gumbel-top-k: the keys log p - log(-log u)),
+// with replacement independent draws (the largest key, afresh each time). As torch.multinomial.
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
 
 // ---- composed from the ops above (functions/composite.cpp; gradients follow from theirs) ----
 Tensor silu(const Tensor& x);  // x sigmoid(x), Llama's MLP activation ("swish")

@@ -167,6 +167,11 @@ class Backend {
   // grad_out [N, C] contiguous, indices [N], grad_weight [V, C] contiguous.
   virtual void embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) = 0;
 
+  // indices[i, :] = the positions that sort row i of in ([M, R] contiguous, a float or integer
+  // dtype) ascending or descending; indices [M, R] i64 contiguous. Stable (ties keep their
+  // order), NaN above +inf as PyTorch sorts. The values are a gather of in by them.
+  virtual void sort_rows(const Tensor& in, bool descending, const Tensor& indices) = 0;
+
   // loss[i] = logsumexp(logits[i, :]) - logits[i, target[i]], or 0 where
   // target[i] == ignore_index; logits [N, C] contiguous, target [N] i32/i64,
   // loss [N] in f32 (f64 for f64 logits) whatever the logits' dtype.

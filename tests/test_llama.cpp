@@ -199,6 +199,33 @@ TEST_CASE("GPTConfig.dropout drops attention probabilities too: training differs
   CHECK(max(abs(attn(h) - evaluated)).item<double>() > 1e-4);
 }
 
+TEST_CASE("multinomial draws in proportion, distinct without replacement, reproducibly; sort and topk edge cases") {
+  manual_seed(4);
+  const Tensor weights = tensor<double>({6.0, 3.0, 1.0, 0.0}, {4});  // unnormalised; category 3 never drawn
+  const Tensor many = multinomial(weights.unsqueeze(0).expand({3000, 4}).contiguous(), 1, true);
+  CHECK(many.shape() == Shape{3000, 1});
+  CHECK(sum(eq(many, 0.0)).item<int64_t>() / 3000.0 == doctest::Approx(0.6).epsilon(0.06));
+  CHECK(sum(eq(many, 2.0)).item<int64_t>() / 3000.0 == doctest::Approx(0.1).epsilon(0.2));
+  CHECK(sum(eq(many, 3.0)).item<int64_t>() == 0);
+  const Tensor three = multinomial(weights.unsqueeze(0).expand({500, 4}).contiguous(), 3);
+  CHECK(max(three).item<int64_t>() == 2);  // the three of positive weight, each once
+  CHECK(sum(three, {1}).to_vector<int64_t>() == std::vector<int64_t>(500, 3));
+  // Without replacement the first draw is still p-distributed (Gumbel-top-k).
+  CHECK(sum(eq(three.select(1, 0), 0.0)).item<int64_t>() / 500.0 == doctest::Approx(0.6).epsilon(0.15));
+  manual_seed(5);
+  const std::vector<int64_t> a = multinomial(weights, 2).to_vector<int64_t>();
+  manual_seed(5);
+  CHECK(multinomial(weights, 2).to_vector<int64_t>() == a);
+  CHECK_THROWS_WITH_AS(multinomial(weights, 4), doctest::Contains("a row has 3 categories of positive weight"), Error);
+  CHECK_THROWS_WITH_AS(multinomial(tensor<double>({1.0, -1.0}), 1, true), doctest::Contains("non-negative"), Error);
+  // Ties keep their order; NaN sorts above +inf; integers sort too.
+  const SortResult ties = sort(tensor<float>({2.0f, 1.0f, 2.0f, NAN, INFINITY, 1.0f}), 0, true);
+  CHECK(ties.indices.to_vector<int64_t>() == std::vector<int64_t>{3, 4, 0, 2, 1, 5});
+  CHECK(sort(tensor<int64_t>({5, -3, 9})).values.to_vector<int64_t>() == std::vector<int64_t>{-3, 5, 9});
+  CHECK(topk(tensor<float>({1.0f, 4.0f, 2.0f}), 2, 0, false).indices.to_vector<int64_t>() == std::vector<int64_t>{0, 2});
+  CHECK_THROWS_WITH_AS(topk(ones({3}), 4), "topk: k 4 is outside [0, 3], the size of dim -1 of f32[3] on cpu", Error);
+}
+
 TEST_CASE("bf16 dropout scales survivors by 1/(1-p) exactly, rounded once") {
   manual_seed(3);
   const Tensor x = ones({4096}, DType::bf16);

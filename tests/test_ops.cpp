@@ -395,6 +395,24 @@ std::vector<OpCase> op_table() {
            for (int64_t c = 0; c < 4; ++c) out.data.push_back(static_cast<double>(c == static_cast<int64_t>(i)));
          return out;
        }},
+      {"sort descending dim0", {{{4, 3}}}, T1 { return sort(x[0], 0, true).values; },
+       H1 { return along_dim(x[0], 0, [](std::vector<double>& v) { std::stable_sort(v.begin(), v.end(), std::greater<>()); }); }},
+      {"sort indices", {mat}, T1 { return sort(x[0]).indices; },
+       H1 {
+         return along_dim(x[0], -1, [](std::vector<double>& v) {
+           std::vector<double> order(v.size());
+           std::iota(order.begin(), order.end(), 0.0);
+           std::stable_sort(order.begin(), order.end(), [&](double a, double b) { return v[size_t(a)] < v[size_t(b)]; });
+           v = order;
+         });
+       }},
+      {"topk", {{{2, 3, 5}}}, T1 { return topk(x[0], 2).values; },
+       H1 {
+         Host sorted = along_dim(x[0], -1, [](std::vector<double>& v) { std::stable_sort(v.begin(), v.end(), std::greater<>()); });
+         Host out{{2, 3, 2}, {}};
+         for (int64_t r = 0; r < 6; ++r) out.data.insert(out.data.end(), sorted.data.begin() + r * 5, sorted.data.begin() + r * 5 + 2);
+         return out;
+       }},
       {"silu", {mat}, T1 { return silu(x[0]); }, H1 { return map1(x[0], [](double v) { return v / (1 + std::exp(-v)); }); }},
       {"clamp", {mat}, T1 { return clamp(x[0], -0.5, 0.75); },
        H1 { return map1(x[0], [](double v) { return std::min(std::max(v, -0.5), 0.75); }); }},

@@ -169,6 +169,37 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return matmul(dropout(softmax(scores, -1), dropout_p, true), v);
 }
 
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement) {
+  detail::check_floating("multinomial", probs);
+  ZG_CHECK((probs.dim() == 1 || probs.dim() == 2) && probs.size(-1) > 0, "multinomial: expected probs [C] or [B, C] ",
+           "with C > 0, got ", describe(probs));
+  const int64_t categories = probs.size(-1);
+  ZG_CHECK(num_samples > 0 && (replacement || num_samples <= categories), "multinomial: cannot draw ", num_samples,
+           " samples ", replacement ? "" : "without replacement ", "from ", categories, " categories");
+  NoGradGuard no_grad;
+  const Tensor rows = probs.dim() == 1 ? probs.unsqueeze(0) : probs;
+  const Tensor weights = rows.to(DType::f64);
+  const double low = min(weights).item<double>(), high = max(weights).item<double>();
+  ZG_CHECK(low >= 0 && std::isfinite(high), "multinomial: weights must be finite and non-negative, got [", low, ", ",
+           high, "]");
+  const int64_t fewest = min(sum(gt(weights, 0.0), {1})).item<int64_t>();
+  ZG_CHECK(fewest >= (replacement ? 1 : num_samples), "multinomial: a row has ", fewest, " categories of positive weight, ",
+           "too few to draw ", replacement ? int64_t{1} : num_samples, replacement ? "" : " without replacement");
+  const Tensor log_weights = log(weights);  // 0 -> -inf: never drawn
+  const auto keys = [&] {  // log w + Gumbel noise: the largest key is a draw from w / sum(w)
+    return log_weights - log(neg(log(rand(weights.shape(), TensorOptions(DType::f64).device(weights.device())))));
+  };
+  Tensor drawn;
+  if (replacement) {
+    std::vector<Tensor> draws;
+    for (int64_t s = 0; s < num_samples; ++s) draws.push_back(argmax(keys(), 1, true));
+    drawn = cat(draws, 1);
+  } else {
+    drawn = topk(keys(), num_samples, 1).indices;
+  }
+  return probs.dim() == 1 ? drawn.squeeze(0) : drawn;
+}
+
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   check_same_shape("mse_loss", input, target);
   const Tensor d = input - target;

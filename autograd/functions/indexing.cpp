@@ -2,7 +2,9 @@
 // x with the indexed dim moved first; gather picks single elements, x's indexed dim moved
 // last and the rows flattened to a column [M * C, 1], at index + row * C. Their gradients
 // are embedding's scatter-add. scatter_add writes through that scatter-add
-// (Backend::embedding_backward), and its gradient with respect to src is a gather.
+// (Backend::embedding_backward), and its gradient with respect to src is a gather. sort
+// and topk take the sorting permutation from the backend's one primitive (sort_rows) and
+// read their values by gather, which gives their gradient.
 #include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "tensor/backend.h"
@@ -122,6 +124,34 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes) {
   check_range("one_hot", indices, num_classes, indices);
   const Tensor classes = arange(num_classes, TensorOptions(DType::i64).device(indices.device()));
   return eq(indices.to(DType::i64).unsqueeze(-1), classes).to(DType::i64);
+}
+
+SortResult sort(const Tensor& x, int64_t dim, bool descending) {
+  detail::check_defined("sort", x);
+  ZG_CHECK(x.dtype() != DType::boolean, "sort: bool tensors are not sorted; convert to an integer dtype first");
+  if (x.dim() == 0) return {x, zeros({}, TensorOptions(DType::i64).device(x.device()))};
+  dim = wrap_dim(dim, x.dim(), "sort");
+  const Tensor moved = x.detach().transpose(dim, -1).contiguous();
+  const Tensor rows = detail::as_rows(moved);
+  const Tensor order = empty(rows.shape(), TensorOptions(DType::i64).device(x.device()));
+  backend(x.device()).sort_rows(rows, descending, order);
+  const Tensor indices = order.view(moved.shape()).transpose(dim, -1).contiguous();
+  // Values by gather (its gradient); integers through f64, exact below 2^53.
+  const Tensor values = is_floating(x.dtype()) ? gather(x, dim, indices)
+                                               : gather(x.to(DType::f64), dim, indices).to(x.dtype());
+  return {values, indices};
+}
+
+SortResult topk(const Tensor& x, int64_t k, int64_t dim, bool largest) {
+  detail::check_defined("topk", x);
+  const int64_t size = x.dim() == 0 ? 1 : x.size(wrap_dim(dim, x.dim(), "topk"));
+  ZG_CHECK(k >= 0 && k <= size, "topk: k ", k, " is outside [0, ", size, "], the size of dim ", dim, " of ", describe(x));
+  if (x.dim() == 0) return sort(x);
+  dim = wrap_dim(dim, x.dim(), "topk");
+  const Tensor indices = sort(x.detach(), dim, largest).indices.narrow(dim, 0, k).contiguous();
+  const Tensor values = is_floating(x.dtype()) ? gather(x, dim, indices)
+                                               : gather(x.to(DType::f64), dim, indices).to(x.dtype());
+  return {values, indices};
 }
 
 }  // namespace zg

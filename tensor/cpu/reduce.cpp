@@ -119,4 +119,31 @@ void CpuBackend::linear_weight_grad(const Tensor& grad, const Tensor& x, const T
   });
 }
 
+// A stable sort of each row's positions by value; NaN counts as above +inf (PyTorch's order).
+void CpuBackend::sort_rows(const Tensor& in, bool descending, const Tensor& indices) {
+  ZG_CHECK(in.dim() == 2 && in.is_contiguous() && indices.dtype() == DType::i64 && indices.is_contiguous() &&
+               indices.shape() == in.shape(),
+           "sort_rows: expected a contiguous [M, R] input and i64 indices of its shape, got ", describe(in), " and ",
+           describe(indices));
+  const int64_t length = in.size(1);
+  dispatch(in.dtype(), [&]<class T>() {
+    if constexpr (std::is_same_v<T, bool>) {
+      fail("sort_rows: bool tensors are not sorted; convert to an integer dtype");
+    } else {
+      for_each_row(in.size(0), length, [&](int64_t i) {
+        const T* row = in.data<T>() + i * length;
+        int64_t* order = indices.data<int64_t>() + i * length;
+        for (int64_t j = 0; j < length; ++j) order[j] = j;
+        const auto below = [&](int64_t a, int64_t b) {  // row[a] < row[b], NaN the largest
+          const auto x = static_cast<compute_t<T>>(row[a]), y = static_cast<compute_t<T>>(row[b]);
+          if (is_nan(row[a])) return false;
+          return is_nan(row[b]) || x < y;
+        };
+        if (descending) std::stable_sort(order, order + length, [&](int64_t a, int64_t b) { return below(b, a); });
+        else std::stable_sort(order, order + length, below);
+      });
+    }
+  });
+}
+
 }  // namespace zg::cpu

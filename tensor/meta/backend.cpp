@@ -70,6 +70,8 @@ class MetaBackend final : public Backend {
   void embedding_backward(const Tensor& grad, const Tensor& indices, const Tensor& grad_weight) override {
     note(0, {&grad, &indices, &grad_weight});
   }
+  void sort_rows(const Tensor& in, bool, const Tensor& indices) override { note(0, {&in, &indices}); }
+
   void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& out,
              const AdamWStep&) override {
     note(0, {&master, &master, &grad, &m, &m, &v, &v, &out});  // master, m, v read and written
