@@ -26,6 +26,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/graph.h"
 
+#include "nn/causal_lm.h"
 #include "nn/checkpoint.h"
 #include "nn/generate.h"
 #include "nn/gpt.h"

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <numeric>
 
+#include "autograd/functions.h"
 #include "autograd/graph.h"
 
 namespace zg::nn {
@@ -47,8 +47,10 @@ int64_t draw(std::vector<double> row, const SamplingOptions& o, double u) {
   return order[kept - 1];
 }
 
-Tensor run_generation(Module& model, int64_t block_size, const Tensor& prompt, int64_t max_new_tokens,
-                      const SamplingOptions& options, const std::function<Tensor(const Tensor&, KVCache&)>& forward) {
+}  // namespace
+
+Tensor generate(CausalLM& model, const Tensor& prompt, int64_t max_new_tokens, const SamplingOptions& options) {
+  const int64_t block_size = model.block_size();
   ZG_CHECK(prompt.defined() && prompt.dim() == 2 && prompt.size(1) > 0 && is_integral(prompt.dtype()),
            "generate: expected a prompt of token ids [B, T] with T > 0, got ", describe(prompt));
   ZG_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be non-negative, got ", max_new_tokens);
@@ -68,14 +70,12 @@ Tensor run_generation(Module& model, int64_t block_size, const Tensor& prompt, i
       const int64_t keep = std::min(tokens.size(1), block_size);
       next = tokens.narrow(1, tokens.size(1) - keep, keep);
     }
-    const Tensor logits = forward(next, cache);
+    const Tensor logits = model.forward(next, cache);
     next = sample(logits.select(1, logits.size(1) - 1), options);
     tokens = cat({tokens, next}, 1);
   }
   return tokens;
 }
-
-}  // namespace
 
 Tensor sample(const Tensor& logits, const SamplingOptions& o) {
   ZG_CHECK(logits.defined() && logits.dim() == 2 && logits.size(1) > 0 && is_floating(logits.dtype()),
@@ -90,16 +90,6 @@ Tensor sample(const Tensor& logits, const SamplingOptions& o) {
   for (int64_t r = 0; r < rows; ++r)
     picked.push_back(draw({values.begin() + r * vocab, values.begin() + (r + 1) * vocab}, o, u[r]));
   return tensor<int64_t>(picked, {rows, 1}).to(logits.device());
-}
-
-Tensor generate(GPT& model, const Tensor& prompt, int64_t max_new_tokens, const SamplingOptions& options) {
-  return run_generation(model, model.config.block_size, prompt, max_new_tokens, options,
-                        [&](const Tensor& idx, KVCache& cache) { return model.forward(idx, cache); });
-}
-
-Tensor generate(Llama& model, const Tensor& prompt, int64_t max_new_tokens, const SamplingOptions& options) {
-  return run_generation(model, model.config.block_size, prompt, max_new_tokens, options,
-                        [&](const Tensor& idx, KVCache& cache) { return model.forward(idx, cache); });
 }
 
 }  // namespace zg::nn

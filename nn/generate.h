@@ -1,12 +1,10 @@
-// Text generation for the causal language models (GPT, Llama): the prompt's forward fills
+// Text generation for the causal language models (nn::CausalLM: GPT, Llama): the prompt's forward fills
 // a KV cache (nn/kv_cache.h), then each new token is one forward of one position. The next
 // token is drawn on the host from the last position's logits, with the rank's generator
 // (manual_seed): a seed gives the same text every time.
 #pragma once
 
-#include "nn/gpt.h"
-#include "nn/kv_cache.h"
-#include "nn/llama.h"
+#include "nn/causal_lm.h"
 
 namespace zg::nn {
 
@@ -23,7 +21,6 @@ Tensor sample(const Tensor& logits, const SamplingOptions& options = {});
 // The model runs in eval mode without gradients (its mode is restored). Past its
 // block_size, each token is predicted from the block_size tokens before it (a sliding
 // window, as nanoGPT's generate; the cache is then refilled each step).
-Tensor generate(GPT& model, const Tensor& prompt, int64_t max_new_tokens, const SamplingOptions& options = {});
-Tensor generate(Llama& model, const Tensor& prompt, int64_t max_new_tokens, const SamplingOptions& options = {});
+Tensor generate(CausalLM& model, const Tensor& prompt, int64_t max_new_tokens, const SamplingOptions& options = {});
 
 }  // namespace zg::nn

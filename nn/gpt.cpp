@@ -84,21 +84,8 @@ GPT::GPT(const GPTConfig& cfg, TensorOptions options) : config(cfg) {
   ln_f = transformer->register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, 1e-5, true, options));
 }
 
-GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) {
-  GPTOutput out;
-  out.logits = logits(idx, nullptr);
-  if (targets.defined()) out.loss = cross_entropy(out.logits, targets, -1);
-  return out;
-}
-
-Tensor GPT::forward(const Tensor& idx, KVCache& cache) { return logits(idx, &cache); }
-
 Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
-  ZG_CHECK(idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()), "GPT: expected token ids [B, T] (i32/i64), got ",
-           describe(idx));
   const int64_t time = idx.size(1), offset = cache ? cache->length() : 0;
-  ZG_CHECK(offset + time <= config.block_size, "GPT: sequence of ", offset + time, " tokens is longer than block_size ",
-           config.block_size);
   std::vector<CausalSelfAttention*> attentions;
   for (size_t i = 0; i < h->size(); ++i) attentions.push_back(h->at<Block>(i).attn.get());
   const KVCacheBinding binding(attentions, cache);

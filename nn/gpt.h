@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "nn/kv_cache.h"
+#include "nn/causal_lm.h"
 #include "nn/layers.h"
 
 namespace zg::nn {
@@ -57,27 +57,14 @@ class Block : public Module {
   std::shared_ptr<MLP> mlp;
 };
 
-// Keep only the loss for backward where the logits are not needed (`Tensor loss =
-// model.forward(x, y).loss;`, then `loss.backward()`): cross_entropy's backward then
-// writes the gradient over the logits, and no second [B, T, vocab] buffer is made. An
-// output held through backward (`model.forward(x, y).loss.backward()` holds its
-// temporary until the call returns) keeps its logits, and backward allocates.
-struct GPTOutput {
-  Tensor logits;  // [B, T, vocab]
-  Tensor loss;    // mean cross-entropy over targets != -1; undefined without targets
-};
-
-class GPT : public Module {
+class GPT : public CausalLM {
  public:
   // Parameters are created with `options` (dtype and device) and GPT-2's initialisation:
   // N(0, 0.02) weights, zero biases, unit norms, and N(0, 0.02 / sqrt(2 n_layer)) for the
   // projections that write into the residual stream.
   explicit GPT(const GPTConfig& config, TensorOptions options = {});
-  // idx [B, T] token ids (i64); targets [B, T] or undefined; a target of -1 is ignored.
-  GPTOutput forward(const Tensor& idx, const Tensor& targets);
-  // The logits [B, T, vocab] of idx following the cache's tokens, which idx joins
-  // (nn/kv_cache.h: a prompt, then one token a call). For generation (nn/generate.h).
-  Tensor forward(const Tensor& idx, KVCache& cache);
+  using CausalLM::forward;  // (idx, targets) -> logits and loss; (idx, cache) -> logits
+  int64_t block_size() const override { return config.block_size; }
   int64_t num_parameters() const;
   // Units transformer.h.0 ... h.{n_layer-1}; the root (tied embedding and head, wpe,
   // ln_f) used by wte and wpe before the blocks and by ln_f (and the head) after them.
@@ -89,8 +76,8 @@ class GPT : public Module {
   std::shared_ptr<ModuleList> h;
   std::shared_ptr<LayerNorm> ln_f;
 
- private:
-  Tensor logits(const Tensor& idx, KVCache* cache);
+ protected:
+  Tensor logits(const Tensor& idx, KVCache* cache) override;
 };
 
 }  // namespace zg::nn

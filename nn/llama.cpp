@@ -84,21 +84,8 @@ Llama::Llama(const LlamaConfig& cfg, TensorOptions options) : config(cfg) {
                                                                   config.init_std, options));
 }
 
-GPTOutput Llama::forward(const Tensor& idx, const Tensor& targets) {
-  GPTOutput out;
-  out.logits = logits(idx, nullptr);
-  if (targets.defined()) out.loss = cross_entropy(out.logits, targets, -1);
-  return out;
-}
-
-Tensor Llama::forward(const Tensor& idx, KVCache& cache) { return logits(idx, &cache); }
-
 Tensor Llama::logits(const Tensor& idx, KVCache* cache) {
-  ZG_CHECK(idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()), "Llama: expected token ids [B, T] (i32/i64), got ",
-           describe(idx));
   const int64_t offset = cache ? cache->length() : 0;
-  ZG_CHECK(offset + idx.size(1) <= config.block_size, "Llama: sequence of ", offset + idx.size(1),
-           " tokens is longer than block_size ", config.block_size);
   std::vector<LlamaAttention*> attentions;
   for (size_t i = 0; i < layers->size(); ++i) attentions.push_back(layers->at<LlamaBlock>(i).self_attn.get());
   const KVCacheBinding binding(attentions, cache);

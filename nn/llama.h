@@ -70,13 +70,11 @@ class LlamaBlock : public Module {
   std::shared_ptr<SwiGLU> mlp;
 };
 
-class Llama : public Module {
+class Llama : public CausalLM {
  public:
   explicit Llama(const LlamaConfig& config, TensorOptions options = {});
-  // idx [B, T] token ids (i32/i64); targets [B, T] or undefined, -1 ignored. As GPT's.
-  GPTOutput forward(const Tensor& idx, const Tensor& targets);
-  // The logits of idx following the cache's tokens, which idx joins (as GPT's).
-  Tensor forward(const Tensor& idx, KVCache& cache);
+  using CausalLM::forward;  // (idx, targets) -> logits and loss; (idx, cache) -> logits
+  int64_t block_size() const override { return config.block_size; }
   int64_t num_parameters() const;
   // Units model.layers.0 ... ; the root (embed_tokens; norm and lm_head) around them.
   UnitPlan unit_plan() const override;
@@ -88,8 +86,10 @@ class Llama : public Module {
   std::shared_ptr<RMSNorm> norm;
   std::shared_ptr<Linear> lm_head;  // null when tied
 
+ protected:
+  Tensor logits(const Tensor& idx, KVCache* cache) override;
+
  private:
-  Tensor logits(const Tensor& idx, KVCache* cache);
   std::shared_ptr<RotaryCache> rotary_;
 };
 

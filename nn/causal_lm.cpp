@@ -1,0 +1,28 @@
+#include "nn/causal_lm.h"
+
+#include "autograd/functions.h"
+
+namespace zg::nn {
+
+void CausalLM::check_tokens(const Tensor& idx, const KVCache* cache) const {
+  const std::string full = type_name(typeid(*this)), model = full.substr(full.rfind(':') + 1);  // "GPT", "Llama"
+  ZG_CHECK(idx.defined() && idx.dim() == 2 && is_integral(idx.dtype()), model,
+           ": expected token ids [B, T] (i32/i64), got ", describe(idx));
+  const int64_t length = (cache ? cache->length() : 0) + idx.size(1);
+  ZG_CHECK(length <= block_size(), model, ": sequence of ", length, " tokens is longer than block_size ", block_size());
+}
+
+CausalLMOutput CausalLM::forward(const Tensor& idx, const Tensor& targets) {
+  check_tokens(idx, nullptr);
+  CausalLMOutput out;
+  out.logits = logits(idx, nullptr);
+  if (targets.defined()) out.loss = cross_entropy(out.logits, targets, -1);
+  return out;
+}
+
+Tensor CausalLM::forward(const Tensor& idx, KVCache& cache) {
+  check_tokens(idx, &cache);
+  return logits(idx, &cache);
+}
+
+}  // namespace zg::nn

@@ -1,0 +1,40 @@
+// What a causal language model is to its callers -- GPT and Llama alike: token ids in,
+// next-token logits out; with targets, the loss; with a KV cache, one step of generation
+// (nn/generate.h takes any CausalLM). A model supplies logits() and its block_size.
+#pragma once
+
+#include "nn/kv_cache.h"
+#include "nn/module.h"
+
+namespace zg::nn {
+
+// Keep only the loss for backward where the logits are not needed (`Tensor loss =
+// model.forward(x, y).loss;`, then `loss.backward()`): cross_entropy's backward then
+// writes the gradient over the logits, and no second [B, T, vocab] buffer is made. An
+// output held through backward (`model.forward(x, y).loss.backward()` holds its
+// temporary until the call returns) keeps its logits, and backward allocates.
+struct CausalLMOutput {
+  Tensor logits;  // [B, T, vocab]
+  Tensor loss;    // mean cross-entropy over targets != -1; undefined without targets
+};
+using GPTOutput = CausalLMOutput;
+
+class CausalLM : public Module {
+ public:
+  // idx [B, T] token ids (i32/i64); targets [B, T] or undefined; a target of -1 is ignored.
+  CausalLMOutput forward(const Tensor& idx, const Tensor& targets);
+  // The logits [B, T, vocab] of idx following the cache's tokens, which idx joins
+  // (nn/kv_cache.h: a prompt, then one token a call). For generation (nn/generate.h).
+  Tensor forward(const Tensor& idx, KVCache& cache);
+  virtual int64_t block_size() const = 0;  // the longest sequence (cache included) it takes
+
+ protected:
+  // The logits of idx, after the cache's tokens when there is a cache. Called by forward()
+  // once check_tokens() has accepted idx.
+  virtual Tensor logits(const Tensor& idx, KVCache* cache) = 0;
+
+ private:
+  void check_tokens(const Tensor& idx, const KVCache* cache) const;
+};
+
+}  // namespace zg::nn
