@@ -12,6 +12,12 @@ void CausalLM::check_tokens(const Tensor& idx, const KVCache* cache) const {
   ZG_CHECK(length <= block_size(), model, ": sequence of ", length, " tokens is longer than block_size ", block_size());
 }
 
+int64_t CausalLM::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& [_, p] : named_parameters()) n += p.numel();
+  return n;
+}
+
 CausalLMOutput CausalLM::forward(const Tensor& idx, const Tensor& targets) {
   check_tokens(idx, nullptr);
   CausalLMOutput out;

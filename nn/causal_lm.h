@@ -27,6 +27,7 @@ class CausalLM : public Module {
   // (nn/kv_cache.h: a prompt, then one token a call). For generation (nn/generate.h).
   Tensor forward(const Tensor& idx, KVCache& cache);
   virtual int64_t block_size() const = 0;  // the longest sequence (cache included) it takes
+  int64_t num_parameters() const;           // elements, a shared (tied) parameter once
 
  protected:
   // The logits of idx, after the cache's tokens when there is a cache. Called by forward()

@@ -113,10 +113,4 @@ UnitPlan GPT::unit_plan() const {
   return plan;
 }
 
-int64_t GPT::num_parameters() const {
-  int64_t n = 0;
-  for (const auto& [_, p] : named_parameters()) n += p.numel();
-  return n;
-}
-
 }  // namespace zg::nn

@@ -65,7 +65,6 @@ class GPT : public CausalLM {
   explicit GPT(const GPTConfig& config, TensorOptions options = {});
   using CausalLM::forward;  // (idx, targets) -> logits and loss; (idx, cache) -> logits
   int64_t block_size() const override { return config.block_size; }
-  int64_t num_parameters() const;
   // Units transformer.h.0 ... h.{n_layer-1}; the root (tied embedding and head, wpe,
   // ln_f) used by wte and wpe before the blocks and by ln_f (and the head) after them.
   UnitPlan unit_plan() const override;

@@ -108,10 +108,4 @@ UnitPlan Llama::unit_plan() const {
   return plan;
 }
 
-int64_t Llama::num_parameters() const {
-  int64_t n = 0;
-  for (const auto& [_, p] : named_parameters()) n += p.numel();
-  return n;
-}
-
 }  // namespace zg::nn

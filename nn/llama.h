@@ -75,7 +75,6 @@ class Llama : public CausalLM {
   explicit Llama(const LlamaConfig& config, TensorOptions options = {});
   using CausalLM::forward;  // (idx, targets) -> logits and loss; (idx, cache) -> logits
   int64_t block_size() const override { return config.block_size; }
-  int64_t num_parameters() const;
   // Units model.layers.0 ... ; the root (embed_tokens; norm and lm_head) around them.
   UnitPlan unit_plan() const override;
 
