@@ -30,6 +30,10 @@ Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 // GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 Tensor gelu(const Tensor& x);
+Tensor erf(const Tensor& x);
+// The exact GELU, 0.5 x (1 + erf(x / sqrt 2)): PyTorch's default (approximate='none'),
+// Hugging Face's "gelu"; composed of erf.
+Tensor gelu_exact(const Tensor& x);
 // grad * gelu'(x) in one kernel: GELU's backward, exposed for fused layers (not differentiable).
 Tensor gelu_backward(const Tensor& x, const Tensor& grad);
 Tensor logical_not(const Tensor& x);

@@ -32,7 +32,8 @@ __device__ __forceinline__ C apply_unary(C x) {
     const C k = C(0.7978845608028654);
     const C inner = k * (x + C(0.044715) * x * x * x);
     return C(0.5) * x * (C(1) + math_tanh(inner));
-  } else return !x;  // logical_not (bool only)
+  } else if constexpr (Op == UnaryOp::erf) return math_erf(x);
+  else return !x;  // logical_not (bool only)
 }
 
 template <BinaryOp Op, class C>
@@ -163,6 +164,7 @@ void with_unary(UnaryOp op, Body&& body) {
     case UnaryOp::sigmoid: return body.template operator()<UnaryOp::sigmoid>();
     case UnaryOp::relu: return body.template operator()<UnaryOp::relu>();
     case UnaryOp::gelu: return body.template operator()<UnaryOp::gelu>();
+    case UnaryOp::erf: return body.template operator()<UnaryOp::erf>();
     case UnaryOp::logical_not: return body.template operator()<UnaryOp::logical_not>();
   }
   fail("unary: unknown op ", static_cast<int>(op));

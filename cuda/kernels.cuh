@@ -247,5 +247,10 @@ __device__ __forceinline__ C math_tanh(C x) {
   if constexpr (std::is_same_v<C, float>) return tanhf(x);
   else return tanh(x);
 }
+template <class C>
+__device__ __forceinline__ C math_erf(C x) {
+  if constexpr (std::is_same_v<C, float>) return erff(x);
+  else return erf(x);
+}
 
 }  // namespace zg::cuda

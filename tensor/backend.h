@@ -21,6 +21,7 @@ namespace zg {
 enum class UnaryOp : uint8_t {
   neg, abs, exp, log, sqrt, rsqrt, sin, cos, tanh, sigmoid, relu,
   gelu,         // GPT-2's tanh approximation
+  erf,          // the error function, 2/sqrt(pi) int_0^x exp(-t^2) dt
   logical_not,  // bool -> bool
 };
 

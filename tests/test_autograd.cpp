@@ -96,6 +96,7 @@ std::map<std::string, GradCase> grad_cases(Device d) {
                                         return stack({gather(x[0], 1, gather_index), index_select(x[0], 1, idx.select(0, 0))}, 0);
                                       }};
   c["sort, topk"] = {{spread_leaf({3, 5}, d)}, FN { return sort(x[0], 1, true).values * topk(x[0], 5, 1, false).values; }};
+  c["erf"] = {{normal_leaf({3, 4}, d)}, FN { return erf(x[0]) * gelu_exact(x[0]); }};
   c["silu, clamp"] = {{spread_leaf({3, 4}, d)}, FN { return silu(x[0]) + clamp(x[0], -0.5, 0.75); }};
   c["logsumexp, var, std"] = {{normal_leaf({2, 3, 4}, d)},
                               FN { return logsumexp(x[0], {1}) + var(x[0], {1}) + std(x[0], {1}, false, 0); }};

@@ -413,6 +413,9 @@ std::vector<OpCase> op_table() {
          for (int64_t r = 0; r < 6; ++r) out.data.insert(out.data.end(), sorted.data.begin() + r * 5, sorted.data.begin() + r * 5 + 2);
          return out;
        }},
+      {"erf", {mat}, T1 { return erf(x[0]); }, H1 { return map1(x[0], [](double v) { return std::erf(v); }); }},
+      {"gelu_exact", {mat}, T1 { return gelu_exact(x[0]); },
+       H1 { return map1(x[0], [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }); }},
       {"silu", {mat}, T1 { return silu(x[0]); }, H1 { return map1(x[0], [](double v) { return v / (1 + std::exp(-v)); }); }},
       {"clamp", {mat}, T1 { return clamp(x[0], -0.5, 0.75); },
        H1 { return map1(x[0], [](double v) { return std::min(std::max(v, -0.5), 0.75); }); }},

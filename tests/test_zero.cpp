@@ -2029,7 +2029,8 @@ TEST_CASE("parameter groups: each group's lr scale and weight decay, at every st
         if (pg.rank() == 0) got = std::move(mine);
       });
       for (const auto& [name, t] : got) {
-        INFO("N=" << n << " stage " << stage << " " << name);
+        const std::string& parameter = name;  // (Clang's INFO cannot capture a structured binding)
+        INFO("N=" << n << " stage " << stage << " " << parameter);
         CHECK(max(abs(t - expected(name))).item<double>() < 1e-6);
       }
     }

@@ -32,6 +32,11 @@ bool is_16_bit(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16
 
 }  // namespace
 
+Tensor gelu_exact(const Tensor& x) {
+  detail::check_floating("gelu_exact", x);
+  return x * 0.5 * (1.0 + erf(x * 0.7071067811865476));
+}
+
 Tensor silu(const Tensor& x) {
   detail::check_floating("silu", x);
   return x * sigmoid(x);

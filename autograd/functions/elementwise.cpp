@@ -52,7 +52,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
 Tensor zeros_as(const Tensor& g) { return zeros_like(g); }
 
 const DifferentiableOp kNeg("neg"), kAbs("abs"), kExp("exp"), kLog("log"), kSqrt("sqrt"), kRsqrt("rsqrt"),
-    kSin("sin"), kCos("cos"), kTanh("tanh"), kSigmoid("sigmoid"), kRelu("relu"), kGelu("gelu"), kAdd("add"),
+    kSin("sin"), kCos("cos"), kTanh("tanh"), kSigmoid("sigmoid"), kRelu("relu"), kGelu("gelu"), kErf("erf"), kAdd("add"),
     kSub("sub"), kMul("mul"), kDiv("div"), kPow("pow"), kMaximum("maximum"), kMinimum("minimum"),
     kWhere("where");
 
@@ -143,6 +143,14 @@ Tensor gelu_backward(const Tensor& x, const Tensor& grad) {
 Tensor gelu(const Tensor& x) {
   return differentiable(unary(UnaryOp::gelu, x, "gelu"), kGelu, {x}, [x = SavedTensor(x)](const Tensor& g) {
     return Grads{gelu_backward(x.get("gelu"), g)};
+  });
+}
+
+// d erf(x) = 2/sqrt(pi) exp(-x^2)
+Tensor erf(const Tensor& x) {
+  return differentiable(unary(UnaryOp::erf, x, "erf"), kErf, {x}, [x = SavedTensor(x)](const Tensor& g) {
+    const Tensor v = x.get("erf");
+    return Grads{g * exp(neg(v * v)) * 1.1283791670955126};
   });
 }
 

@@ -35,6 +35,7 @@ void with_float_unary(UnaryOp op, Body&& body) {
         const C k = C(0.7978845608028654);
         return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
       });
+    case UnaryOp::erf: return body([](auto x) { return std::erf(x); });
     case UnaryOp::logical_not: break;
   }
   fail("unary: op ", static_cast<int>(op), " is not defined for floating-point tensors");
