@@ -4,6 +4,7 @@
 // tokens attend causally), then one token a call (it attends to everything cached).
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "tensor/tensor.h"

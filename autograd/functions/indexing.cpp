@@ -46,21 +46,21 @@ int64_t check_gather(const char* op, const Tensor& x, int64_t dim, const Tensor&
   return dim;
 }
 
-// x's elements that index [..., K] (dim moved last) addresses, as a column [M * C, 1], and
-// their flat positions row * C + index as [M * K] i64: what embedding reads and writes.
-struct Flat {
-  Tensor column;  // x moved and cut to index's leading sizes, [M * C, 1] (a copy unless already so)
-  Tensor positions;
-};
-Flat flatten_for(const Tensor& x_moved, const Tensor& index_moved) {
+// The part of x_moved (the indexed dim last) that index_moved [..., K] covers: a view cut to
+// index's leading sizes, each row C = x_moved.size(-1) wide.
+Tensor covered(const Tensor& x_moved, const Tensor& index_moved) {
   Tensor part = x_moved;
   for (int64_t d = 0; d + 1 < x_moved.dim(); ++d) part = part.narrow(d, 0, index_moved.size(d));
-  const int64_t width = x_moved.size(-1), count = index_moved.size(-1);
-  const int64_t rows = product(index_moved.shape()) / std::max<int64_t>(count, 1);
-  const TensorOptions i64 = TensorOptions(DType::i64).device(x_moved.device());
+  return part;
+}
+
+// The flat positions row * C + index [M * K] (i64) of the elements index_moved addresses in
+// the covered part taken as a column [M * C, 1]: what embedding reads and writes.
+Tensor flat_positions(const Tensor& index_moved, int64_t width) {
+  const int64_t count = index_moved.size(-1), rows = product(index_moved.shape()) / std::max<int64_t>(count, 1);
+  const TensorOptions i64 = TensorOptions(DType::i64).device(index_moved.device());
   const Tensor starts = mul(arange(rows, i64), static_cast<double>(width)).unsqueeze(1);
-  const Tensor positions = add(starts, index_moved.to(DType::i64).reshape({rows, count}));
-  return {part.contiguous().reshape({rows * width, 1}), positions.reshape({-1})};
+  return add(starts, index_moved.to(DType::i64).reshape({rows, count})).reshape({-1});
 }
 
 }  // namespace
@@ -84,8 +84,8 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   check_range("gather", index, x.size(dim), x);
   const Tensor index_moved = index.transpose(dim, -1);
   if (index.numel() == 0) return zeros(index.shape(), detail::options_of(x));
-  const Flat flat = flatten_for(x.transpose(dim, -1), index_moved);
-  return embedding(flat.column, flat.positions).reshape(index_moved.shape()).transpose(dim, -1).contiguous();
+  const Tensor column = covered(x.transpose(dim, -1), index_moved).contiguous().reshape({-1, 1});
+  return embedding(column, flat_positions(index_moved, x.size(dim))).reshape(index_moved.shape()).transpose(dim, -1).contiguous();
 }
 
 // out = x, then out[..., index[j], ...] += src[..., j, ...] along dim:  dx = g,  dsrc = gather(g, dim, index).
@@ -101,12 +101,10 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
     out = x.clone();
     if (index.numel() > 0) {
       const Tensor index_moved = index.transpose(dim, -1);
-      const Flat flat = flatten_for(out.transpose(dim, -1), index_moved);
-      const Tensor added = zeros_like(flat.column);
+      Tensor target = covered(out.transpose(dim, -1), index_moved);
+      const Tensor added = zeros({target.numel(), 1}, detail::options_of(out));
       const Tensor values = src.transpose(dim, -1).contiguous().reshape({-1, 1});
-      backend(x.device()).embedding_backward(values, flat.positions, added);
-      Tensor target = out.transpose(dim, -1);
-      for (int64_t d = 0; d + 1 < target.dim(); ++d) target = target.narrow(d, 0, index_moved.size(d));
+      backend(x.device()).embedding_backward(values, flat_positions(index_moved, x.size(dim)), added);
       target.add_(added.reshape(target.shape()));
     }
   }

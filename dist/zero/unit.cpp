@@ -75,10 +75,9 @@ bool ShardedWeights::current() const {
 
 void Unit::plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen,
                 const std::vector<optim::ParamGroup>& parameter_groups) {
-  groups = parameter_groups;
   std::vector<int> group(trained.size());
-  for (size_t i = 0; i < trained.size(); ++i) group[i] = optim::group_of(groups, trained[i].first);
-  for (int g = -1; g < static_cast<int>(groups.size()); ++g)
+  for (size_t i = 0; i < trained.size(); ++i) group[i] = optim::group_of(parameter_groups, trained[i].first);
+  for (int g = -1; g < static_cast<int>(parameter_groups.size()); ++g)
     for (bool decay : {true, false}) {  // matrices first: each (group, decay) is one contiguous range
       const int64_t begin = numel;
       for (size_t i = 0; i < trained.size(); ++i) {
@@ -87,7 +86,9 @@ void Unit::plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen,
         entries.push_back({name, p, numel, p.shape()});
         numel += p.numel();
       }
-      if (numel > begin) update_ranges.push_back({begin, numel, decay, g});
+      if (numel > begin)
+        update_ranges.push_back({begin, numel, decay, g < 0 ? 1.0 : parameter_groups[g].lr_scale,
+                                 g < 0 ? std::nullopt : parameter_groups[g].weight_decay});
     }
   int64_t frozen_numel = 0;
   for (const auto& [name, p] : frozen) {
@@ -348,10 +349,8 @@ std::vector<optim::AdamWSpan> Unit::optimizer_spans() {
     const int64_t begin = std::max(range.begin, base), end = std::min(range.end, base + master.numel());
     if (end <= begin) continue;
     auto part = [&](const Tensor& t) { return t.narrow(0, begin - base, end - begin); };
-    optim::AdamWSpan span{part(master), part(grad), part(m), part(v), compute.defined() ? part(compute) : Tensor(),
-                          range.decay};
-    if (range.group >= 0) span.lr_scale = groups[range.group].lr_scale, span.group_weight_decay = groups[range.group].weight_decay;
-    spans.push_back(std::move(span));
+    spans.push_back({part(master), part(grad), part(m), part(v), compute.defined() ? part(compute) : Tensor(),
+                     range.decay, range.lr_scale, range.weight_decay});
   }
   return spans;
 }

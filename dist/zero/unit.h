@@ -15,6 +15,8 @@
 // when; the unit only knows how. It never reaches back into the ShardedModel.
 #pragma once
 
+#include <optional>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -129,14 +131,15 @@ class Unit {
   nn::Module* module = nullptr;  // null for the root unit
   std::vector<ParamSlot> entries, frozen_entries;
   int64_t numel = 0, padded = 0, shard = 0;
-  // [begin, end) of the trained buffer a group's matrices or vectors fill (group -1: none).
+  // [begin, end) of the trained buffer a parameter group's matrices or vectors fill, with
+  // what that group changes (none: the defaults).
   struct UpdateRange {
     int64_t begin, end;
     bool decay;
-    int group;
+    double lr_scale;
+    std::optional<double> weight_decay;
   };
   std::vector<UpdateRange> update_ranges;
-  std::vector<optim::ParamGroup> groups;
   // Buffers per role.
   ShardedWeights weights;  // the trained parameters' compute weights: [padded], [shard]
   ShardedWeights frozen;   // ZeRO-3's frozen parameters (undefined when none)
