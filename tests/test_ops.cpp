@@ -143,6 +143,18 @@ Host softmax_ref(const Host& x, int64_t dim, bool log) {
   });
 }
 
+double gelu_ref(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+
+// y = x W^T + b (then GELU): x [..., K], W [N, K], b [N].
+Host linear_ref(const Host& x, const Host& w, const Host& b, bool gelu) {
+  Host y = matmul_ref(x, w, false, true);
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    const double pre = y.data[i] + b.data[i % y.shape.back()];
+    y.data[i] = gelu ? gelu_ref(pre) : pre;
+  }
+  return y;
+}
+
 Host layer_norm_ref(const Host& x, const Host* w, const Host* b, double eps) {
   return along_dim(x, -1, [&](std::vector<double>& v) {
     const double mu = mean_of(v);
@@ -153,11 +165,6 @@ Host layer_norm_ref(const Host& x, const Host* w, const Host* b, double eps) {
       v[j] = (v[j] - mu) / std::sqrt(var + eps) * (w ? w->data[j] : 1.0) + (b ? b->data[j] : 0.0);
   });
 }
-
-double gelu_ref(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
-
-// Row i (all dims but the last) of a row-major x: x.data[i * C + j].
-int64_t last_dim(const Host& x) { return x.shape.back(); }
 
 // y[..., i, j] = f(i, j, x[..., i, j]) over the last two dims.
 Host map_matrix(const Host& x, const std::function<double(int64_t, int64_t, double)>& f) {
@@ -295,6 +302,11 @@ std::vector<OpCase> op_table() {
       {"argmax flat", {mat}, T1 { return argmax(x[0]); }, H1 { return reduce_ref(x[0], {}, false, argmax_of); }},
       {"matmul", {{{3, 4}}, {{4, 5}}}, T1 { return matmul(x[0], x[1]); },
        H1 { return matmul_ref(x[0], x[1], false, false); }},
+      // K past one 256-deep block and tiles cut by C's edges: the bias starts the first block only.
+      {"linear bias", {{{2, 7, 300}}, {{37, 300}}, {{37}}}, T1 { return linear(x[0], x[1], x[2]); },
+       H1 { return linear_ref(x[0], x[1], x[2], false); }},
+      {"linear bias gelu", {{{3, 20}}, {{17, 20}}, {{17}}}, T1 { return linear(x[0], x[1], x[2], Activation::gelu); },
+       H1 { return linear_ref(x[0], x[1], x[2], true); }},
       {"matmul strided", {{{3, 4}, Kind::normal, true}, {{4, 5}, Kind::normal, true}}, T1 { return matmul(x[0], x[1]); },
        H1 { return matmul_ref(x[0], x[1], false, false); }},
       {"matmul batch broadcast", {{{2, 1, 3, 4}}, {{3, 4, 2}}}, T1 { return matmul(x[0], x[1]); },
@@ -313,6 +325,8 @@ std::vector<OpCase> op_table() {
       {"log_softmax", {mat}, T1 { return log_softmax(x[0], 1); }, H1 { return softmax_ref(x[0], 1, true); }},
       {"layer_norm", {{{2, 3, 8}}, {{8}}, {{8}}}, T1 { return layer_norm(x[0], x[1], x[2], 1e-5); },
        H1 { return layer_norm_ref(x[0], &x[1], &x[2], 1e-5); }},
+      {"layer_norm C=6", {{{5, 6}}, {{6}}, {{6}}}, T1 { return layer_norm(x[0], x[1], x[2], 1e-5); },
+       H1 { return layer_norm_ref(x[0], &x[1], &x[2], 1e-5); }},  // f32 rows not in fours: the scalar kernel
       {"layer_norm plain", {mat}, T1 { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); },
        H1 { return layer_norm_ref(x[0], nullptr, nullptr, 1e-5); }},
       {"add_layer_norm", {{{2, 3, 8}}, {{2, 3, 8}}, {{8}}, {{8}}},

@@ -18,6 +18,8 @@ class CpuBackend final : public Backend {
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void reduce(ReduceOp op, const Tensor& in, const Tensor& out) override;
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& out,
+              const Tensor& pre) override;
   void linear_weight_grad(const Tensor& grad, const Tensor& x, const Tensor& grad_weight,
                           const Tensor& grad_bias) override;
   void softmax(const Tensor& in, bool log, const Tensor& out) override;

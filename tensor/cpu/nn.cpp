@@ -48,6 +48,9 @@ RowLse row_lse(const Row& row) {
 template <class T>
 RowLse row_lse(const T* row, int64_t length) { return row_lse(widened_row(row, length)); }
 
+// An optional f32 operand (a layer norm's weight, bias or their gradients): null when absent.
+float* f32_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
 }  // namespace
 
 // softmax(x)_j = exp(x_j - lse(x)),  log_softmax(x)_j = x_j - lse(x)  (RowLse::shifted).
@@ -70,6 +73,9 @@ void CpuBackend::softmax(const Tensor& in, bool log, const Tensor& out) {
 void CpuBackend::layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const Tensor& out,
                             const Tensor& mean, const Tensor& rstd) {
   const int64_t rows = x.size(0), channels = x.size(1);
+  if (x.dtype() == DType::f32 && mean.dtype() == DType::f32 && channels % 4 == 0)
+    return vector_kernels().layer_norm_f32(x.data<float>(), f32_or_null(weight), f32_or_null(bias), rows, channels, eps,
+                                           out.data<float>(), mean.data<float>(), rstd.data<float>());
   with_float(x.dtype(), "layer_norm", [&]<class T>() {
     const T* w = weight.defined() ? weight.data<T>() : nullptr;
     const T* b = bias.defined() ? bias.data<T>() : nullptr;
@@ -105,6 +111,11 @@ void CpuBackend::layer_norm_backward(const Tensor& grad_out, const Tensor& x, co
                                      const Tensor& grad_bias) {
   const int64_t rows = x.size(0), channels = x.size(1);
   const auto width = static_cast<double>(channels);
+  if (x.dtype() == DType::f32 && mean.dtype() == DType::f32 && channels % 4 == 0)
+    return vector_kernels().layer_norm_backward_f32(grad_out.data<float>(), x.data<float>(), f32_or_null(weight),
+                                                    mean.data<float>(), rstd.data<float>(), rows, channels,
+                                                    grad_x.data<float>(), f32_or_null(grad_weight),
+                                                    f32_or_null(grad_bias));
   with_float(x.dtype(), "layer_norm_backward", [&]<class T>() {
     const T* w = weight.defined() ? weight.data<T>() : nullptr;
     auto at = [](const T* p, int64_t j) { return static_cast<double>(compute_t<T>(p[j])); };

@@ -106,7 +106,7 @@ void CpuBackend::linear_weight_grad(const Tensor& grad, const Tensor& x, const T
   Backend::linear_weight_grad(grad, x, grad_weight, Tensor());  // the GEMM alone
   const int64_t rows = grad.size(0), channels = grad.size(1);
   with_float(grad.dtype(), "linear_weight_grad", [&]<class T>() {
-    parallel_for(channels, std::max<int64_t>(256, row_grain(rows)), [&](int64_t c0, int64_t c1) {
+    parallel_for(channels, std::max<int64_t>(64, row_grain(rows)), [&](int64_t c0, int64_t c1) {  // 256-byte runs
       std::vector<double> total(static_cast<size_t>(c1 - c0));
       for (int64_t i = 0; i < rows; ++i) {
         const T* g = grad.data<T>() + i * channels + c0;

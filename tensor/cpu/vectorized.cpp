@@ -18,6 +18,16 @@ const VectorKernels& vector_kernels() {
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) { vector_kernels().matmul(a, b, out); }
 
+// f32 with a bias: one GEMM that starts from the bias (Backend::linear adds it in a pass of its own).
+void CpuBackend::linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activation act, const Tensor& out,
+                        const Tensor& pre) {
+  const Tensor& target = act == Activation::none ? out : pre;
+  if (!bias.defined() || x.dtype() != DType::f32 || !target.is_contiguous())
+    return Backend::linear(x, weight, bias, act, out, pre);
+  vector_kernels().linear_f32(x, weight, bias, target);
+  if (act == Activation::gelu) unary(UnaryOp::gelu, pre, out);
+}
+
 bool CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                            const Tensor& out, const Tensor& stats) {
   return vector_kernels().attention(q, k, v, causal, scale, out, stats);

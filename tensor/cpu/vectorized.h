@@ -1,5 +1,5 @@
 // The CPU backend's kernels that gain from wide vectors (vectorized.inc: the GEMMs, fused f32
-// attention, the GELU pair, the f64 row exponentials, f64 column sums), built once per
+// attention, the GELU pair, the f64 row exponentials, f64 column sums, f32 layer norm), built once per
 // instruction set: `portable` for any x86-64 (or other) CPU, `avx2` with AVX2 + FMA where
 // the CPU has them (tensor/cpu/isa.h).
 // Eigen's kernels are templates instantiated in each build, so the AVX2 build renames
@@ -14,6 +14,8 @@ namespace zg::cpu {
 
 struct VectorKernels {
   void (*matmul)(const Tensor& a, const Tensor& b, const Tensor& out);
+  // out [M, N] = x [M, K] weight [N, K]^T + bias [N], all f32, out contiguous.
+  void (*linear_f32)(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& out);
   bool (*attention)(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, const Tensor& out,
                     const Tensor& stats);
   void (*attention_backward)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
@@ -27,6 +29,12 @@ struct VectorKernels {
   void (*exp_shifted)(double* x, int64_t n, double a, double b);
   // total[j] += row[j] over n, widened to f64 (column sums, a row at a time).
   void (*add_row_f64)(const float* row, int64_t n, double* total);
+  // Layer norm and its backward on contiguous f32 rows [rows, channels], channels a multiple
+  // of 4, sums in f64 (nn.cpp's kernels for the other dtypes); w, b, dw, db may be null.
+  void (*layer_norm_f32)(const float* x, const float* w, const float* b, int64_t rows, int64_t channels, double eps,
+                         float* y, float* mean, float* rstd);
+  void (*layer_norm_backward_f32)(const float* g, const float* x, const float* w, const float* mean,
+                                  const float* rstd, int64_t rows, int64_t channels, float* dx, float* dw, float* db);
 };
 
 namespace portable {
