@@ -11,7 +11,7 @@ alternate, `--rounds` times each, and the medians are compared:
     python3 bench/cpu_vs_torch.py --build build [--rounds 3] [--write bench/results/train_step.md]
 
 PyTorch comes from ZG_TORCH_PYTHON (a python with torch), else a virtual environment
-this script makes in .venv-torch (pip install torch, the CPU wheel). --write replaces
+this script makes in .venv-torch (pip install torch: the CPU wheel, else PyPI's). --write replaces
 the table between the markers in the file (or appends it).
 """
 import argparse
@@ -37,8 +37,11 @@ def torch_python():
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-        subprocess.run([python, "-m", "pip", "install", "-q", "torch", "--index-url",
-                        "https://download.pytorch.org/whl/cpu"], check=True)
+    if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode != 0:
+        # The CPU wheel where PyTorch's index is reachable, else PyPI's (it runs on the CPU too).
+        if subprocess.run([python, "-m", "pip", "install", "-q", "torch", "--index-url",
+                           "https://download.pytorch.org/whl/cpu"]).returncode != 0:
+            subprocess.run([python, "-m", "pip", "install", "-q", "torch"], check=True)
     return python
 
 
