@@ -29,6 +29,8 @@ struct VectorKernels {
   void (*exp_shifted)(double* x, int64_t n, double a, double b);
   // total[j] += row[j] over n, widened to f64 (column sums, a row at a time).
   void (*add_row_f64)(const float* row, int64_t n, double* total);
+  // sum_j x_j, or (squares) sum_j x_j^2, over n floats, in f64 (reduce.cpp's sums).
+  double (*sum_f64)(const float* x, int64_t n, bool squares);
   // Layer norm and its backward on contiguous f32 rows [rows, channels], channels a multiple
   // of 4, sums in f64 (nn.cpp's kernels for the other dtypes); w, b, dw, db may be null.
   void (*layer_norm_f32)(const float* x, const float* w, const float* b, int64_t rows, int64_t channels, double eps,
