@@ -82,6 +82,8 @@ GPT::GPT(const GPTConfig& cfg, TensorOptions options) : config(cfg) {
   h = transformer->register_module("h", std::make_shared<ModuleList>());
   for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(std::make_shared<Block>(config, options));
   ln_f = transformer->register_module("ln_f", std::make_shared<LayerNorm>(config.n_embd, 1e-5, true, options));
+  lm_head = register_module("lm_head", std::make_shared<Module>());
+  lm_head->register_parameter("weight", wte->weight);  // tied: the same tensor
 }
 
 Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
@@ -100,7 +102,7 @@ Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
     else x = block(x);
   }
   x = (*ln_f)(x);
-  // The LM head is the token embedding, transposed (weight tying).
+  // The LM head is the token embedding, transposed (weight tying; lm_head.weight is wte's).
   return matmul(x.reshape({-1, config.n_embd}), wte->weight, false, true).view({idx.size(0), time, config.vocab_size});
 }
 

@@ -1,7 +1,9 @@
 // A GPT-2 model (Radford et al. 2019), laid out like Hugging Face's GPT2LMHeadModel
 // so parameter names match: transformer.wte, transformer.wpe, transformer.h.<i>
 // (ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj), transformer.ln_f.
-// The LM head shares the token embedding's weight (tied), as in GPT-2.
+// The LM head shares the token embedding's weight (tied), as in GPT-2; `lm_head.weight`
+// names it too, so state dicts that list it (torch's state_dict of nanoGPT's or
+// transformers' GPT-2) load strictly through nn::load_state.
 #pragma once
 
 #include <memory>
@@ -74,6 +76,9 @@ class GPT : public CausalLM {
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<ModuleList> h;
   std::shared_ptr<LayerNorm> ln_f;
+  // Holds one parameter, "weight": wte's weight, under the head's name (not a second tensor;
+  // named_parameters() lists it once, as transformer.wte.weight).
+  std::shared_ptr<Module> lm_head;
 
  protected:
   Tensor logits(const Tensor& idx, KVCache* cache) override;

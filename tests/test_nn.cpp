@@ -269,6 +269,42 @@ TEST_CASE("Hugging Face GPT-2 files load with and without the transformer. prefi
                        Error);
 }
 
+TEST_CASE("a GPT's state dict as torch lists it (lm_head.weight beside transformer.wte.weight) loads strictly") {
+  // nanoGPT's and transformers' state_dict() name the tied head weight lm_head.weight too;
+  // nn::load_state refused such a file ("a tensor 'lm_head.weight' the module does not have").
+  manual_seed(0);
+  nn::GPT source(tiny_config());
+  nn::NamedTensors state = source.named_parameters(/*remove_duplicates=*/false);
+  REQUIRE(state.back().first == "lm_head.weight");
+  CHECK(state.back().second.is_same(source.wte->weight));
+  CHECK(source.named_parameters().size() == state.size() - 1);  // listed once where names do not matter
+  int64_t every_name = 0;
+  for (const auto& [_, p] : state) every_name += p.numel();
+  CHECK(source.num_parameters() == every_name - source.wte->weight.numel());  // counted once
+  for (const auto& entry : source.named_buffers()) state.push_back(entry);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("zg-lm-head-" + std::to_string(getpid()) + ".safetensors")).string();
+  const Tensor idx = tensor<int64_t>({1, 2, 3, 4, 5, 6}, {2, 3});
+  source.eval();
+  const Tensor want = source.forward(idx, Tensor()).logits;
+  for (const bool with_wte : {true, false}) {
+    INFO("transformer.wte.weight in the file: " << with_wte);
+    nn::NamedTensors file = state;
+    if (!with_wte) std::erase_if(file, [](const auto& e) { return e.first == "transformer.wte.weight"; });
+    save_safetensors(path, file);
+    manual_seed(1);
+    nn::GPT model(tiny_config());
+    nn::load_state(model, path);  // strict
+    CHECK(model.lm_head->named_parameters()[0].second.is_same(model.wte->weight));  // still tied
+    model.eval();
+    CHECK(max(abs(model.forward(idx, Tensor()).logits - want)).item<double>() == 0.0);
+  }
+  // What save_state writes names the tied weight once, as Hugging Face's files do.
+  nn::save_state(source, path);
+  CHECK_FALSE(SafetensorsFile(path).contains("lm_head.weight"));
+  std::filesystem::remove(path);
+}
+
 }  // namespace zg::test
 
 // User code with both using-directives names the GPT block as plain Block. (The

@@ -495,7 +495,7 @@ namespace zg::test {
 TEST_CASE("hybrid sharding (HSDP): shards within groups of S, replicas across; trains like one rank, states follow S") {
   const nn::NamedTensors reference = reference_run({});
   for (int stage : {2, 3})
-    for (const std::pair<int, int> mesh : {std::pair{4, 2}, std::pair{4, 1}, std::pair{2, 1}}) {
+    for (const std::pair<int, int>& mesh : {std::pair{4, 2}, std::pair{4, 1}, std::pair{2, 1}}) {
       const int n = mesh.first, s = mesh.second;  // (INFO's lambda cannot capture a structured binding: Clang)
       INFO("stage " << stage << " N=" << n << " S=" << s);
       CHECK(max_difference(sharded_run({.stage = stage, .shard_group_size = s}, n), reference) <= 1e-5);
