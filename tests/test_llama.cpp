@@ -160,21 +160,26 @@ TEST_CASE("nn::init fills in place with the fans' scale; PyTorch's Linear defaul
 }
 
 TEST_CASE("attention dropout drops probabilities as its definition says; eval and p = 0 are the fused op") {
-  manual_seed(0);
-  const Tensor q = randn({2, 3, 5, 4}), k = randn({2, 3, 5, 4}), v = randn({2, 3, 5, 4});
-  const Tensor fused = scaled_dot_product_attention(q, k, v, true);
-  CHECK(max(abs(scaled_dot_product_attention(q, k, v, true, 0.5, false) - fused)).item<double>() == 0.0);
-  CHECK(max(abs(scaled_dot_product_attention(q, k, v, true, 0.0) - fused)).item<double>() == 0.0);
-  manual_seed(9);
-  const Tensor dropped = scaled_dot_product_attention(q, k, v, true, 0.4);
-  manual_seed(9);
-  const Tensor keep = lt(rand({2, 3, 5, 5}), 0.6).to(DType::f32);
-  const Tensor scores = masked_fill(matmul(q, k, false, true) * 0.5, gt(triu(ones({5, 5}), 1), 0.0), -INFINITY);
-  const Tensor want = matmul(softmax(scores) * keep * (1 / 0.6), v);
-  CHECK(max(abs(dropped - want)).item<double>() < 1e-6);
-  CHECK(max(abs(dropped - fused)).item<double>() > 1e-3);
-  CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k, v, true, 1.0), doctest::Contains("dropout_p must be in [0, 1)"),
-                       Error);
+  for (const Device device : devices()) {  // (random: outside the every-op table, on every backend here)
+    INFO("on " << device.str());
+    const TensorOptions options = TensorOptions(DType::f32).device(device);
+    manual_seed(0);
+    const Tensor q = randn({2, 3, 5, 4}, options), k = randn({2, 3, 5, 4}, options), v = randn({2, 3, 5, 4}, options);
+    const Tensor fused = scaled_dot_product_attention(q, k, v, true);
+    CHECK(max(abs(scaled_dot_product_attention(q, k, v, true, 0.5, false) - fused)).item<double>() == 0.0);
+    CHECK(max(abs(scaled_dot_product_attention(q, k, v, true, 0.0) - fused)).item<double>() == 0.0);
+    manual_seed(9);
+    const Tensor dropped = scaled_dot_product_attention(q, k, v, true, 0.4);
+    manual_seed(9);
+    const Tensor keep = lt(rand({2, 3, 5, 5}, options), 0.6).to(DType::f32);
+    const Tensor mask = gt(triu(ones({5, 5}, options), 1), 0.0);
+    const Tensor scores = masked_fill(matmul(q, k, false, true) * 0.5, mask, -INFINITY);
+    const Tensor want = matmul(softmax(scores) * keep * (1 / 0.6), v);
+    CHECK(max(abs(dropped - want)).item<double>() < 1e-5);
+    CHECK(max(abs(dropped - fused)).item<double>() > 1e-3);
+    CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k, v, true, 1.0),
+                         doctest::Contains("dropout_p must be in [0, 1)"), Error);
+  }
 }
 
 TEST_CASE("GPTConfig.dropout drops attention probabilities too: training differs from eval, eval is the plain model") {
@@ -200,24 +205,28 @@ TEST_CASE("GPTConfig.dropout drops attention probabilities too: training differs
 }
 
 TEST_CASE("multinomial draws in proportion, distinct without replacement, reproducibly; sort and topk edge cases") {
-  manual_seed(4);
-  const Tensor weights = tensor<double>({6.0, 3.0, 1.0, 0.0}, {4});  // unnormalised; category 3 never drawn
-  const Tensor many = multinomial(weights.unsqueeze(0).expand({3000, 4}).contiguous(), 1, true);
-  CHECK(many.shape() == Shape{3000, 1});
-  CHECK(sum(eq(many, 0.0)).item<int64_t>() / 3000.0 == doctest::Approx(0.6).epsilon(0.06));
-  CHECK(sum(eq(many, 2.0)).item<int64_t>() / 3000.0 == doctest::Approx(0.1).epsilon(0.2));
-  CHECK(sum(eq(many, 3.0)).item<int64_t>() == 0);
-  const Tensor three = multinomial(weights.unsqueeze(0).expand({500, 4}).contiguous(), 3);
-  CHECK(max(three).item<int64_t>() == 2);  // the three of positive weight, each once
-  CHECK(sum(three, {1}).to_vector<int64_t>() == std::vector<int64_t>(500, 3));
-  // Without replacement the first draw is still p-distributed (Gumbel-top-k).
-  CHECK(sum(eq(three.select(1, 0), 0.0)).item<int64_t>() / 500.0 == doctest::Approx(0.6).epsilon(0.15));
-  manual_seed(5);
-  const std::vector<int64_t> a = multinomial(weights, 2).to_vector<int64_t>();
-  manual_seed(5);
-  CHECK(multinomial(weights, 2).to_vector<int64_t>() == a);
-  CHECK_THROWS_WITH_AS(multinomial(weights, 4), doctest::Contains("a row has 3 categories of positive weight"), Error);
-  CHECK_THROWS_WITH_AS(multinomial(tensor<double>({1.0, -1.0}), 1, true), doctest::Contains("non-negative"), Error);
+  for (const Device device : devices()) {  // (random: outside the every-op table, on every backend here)
+    INFO("on " << device.str());
+    manual_seed(4);
+    const Tensor weights = tensor<double>({6.0, 3.0, 1.0, 0.0}, {4}).to(device);  // unnormalised; 3 never drawn
+    const Tensor many = multinomial(weights.unsqueeze(0).expand({3000, 4}).contiguous(), 1, true);
+    CHECK(many.shape() == Shape{3000, 1});
+    CHECK(sum(eq(many, 0.0)).item<int64_t>() / 3000.0 == doctest::Approx(0.6).epsilon(0.06));
+    CHECK(sum(eq(many, 2.0)).item<int64_t>() / 3000.0 == doctest::Approx(0.1).epsilon(0.2));
+    CHECK(sum(eq(many, 3.0)).item<int64_t>() == 0);
+    const Tensor three = multinomial(weights.unsqueeze(0).expand({500, 4}).contiguous(), 3);
+    CHECK(max(three).item<int64_t>() == 2);  // the three of positive weight, each once
+    CHECK(sum(three, {1}).to(kCPU).to_vector<int64_t>() == std::vector<int64_t>(500, 3));
+    // Without replacement the first draw is still p-distributed (Gumbel-top-k).
+    CHECK(sum(eq(three.select(1, 0), 0.0)).item<int64_t>() / 500.0 == doctest::Approx(0.6).epsilon(0.15));
+    manual_seed(5);
+    const std::vector<int64_t> a = multinomial(weights, 2).to(kCPU).to_vector<int64_t>();
+    manual_seed(5);
+    CHECK(multinomial(weights, 2).to(kCPU).to_vector<int64_t>() == a);
+    CHECK_THROWS_WITH_AS(multinomial(weights, 4), doctest::Contains("a row has 3 categories of positive weight"), Error);
+    CHECK_THROWS_WITH_AS(multinomial(tensor<double>({1.0, -1.0}).to(device), 1, true), doctest::Contains("non-negative"),
+                         Error);
+  }
   // Ties keep their order; NaN sorts above +inf; integers sort too.
   const SortResult ties = sort(tensor<float>({2.0f, 1.0f, 2.0f, NAN, INFINITY, 1.0f}), 0, true);
   CHECK(ties.indices.to_vector<int64_t>() == std::vector<int64_t>{3, 4, 0, 2, 1, 5});
