@@ -2007,6 +2007,9 @@ TEST_CASE("parameter groups: each group's lr scale and weight decay, at every st
   optim::AdamWOptions grouped = kAdamW;
   grouped.groups = {{.names = {"*.bias", "*.ln_?.*"}, .lr_scale = 0.5},
                     {.names = {"transformer.wte.weight"}, .lr_scale = 1.0, .weight_decay = 0.0}};
+  // The tied embedding by its other name: a group matches any name of a parameter.
+  optim::AdamWOptions by_head = grouped;
+  by_head.groups[1].names = {"lm_head.weight"};
   optim::AdamWOptions no_decay = kAdamW;
   no_decay.weight_decay = 0;
   const nn::NamedTensors plain = one_rank(1e-3, kAdamW), half = one_rank(5e-4, kAdamW), undecayed = one_rank(1e-3, no_decay);
@@ -2025,7 +2028,7 @@ TEST_CASE("parameter groups: each group's lr scale and weight decay, at every st
     for (int stage : {0, 3}) {
       nn::NamedTensors got;
       dist::run_local(n, [&](dist::ProcessGroup& pg) {
-        nn::NamedTensors mine = train(pg, stage, 1e-3, grouped);
+        nn::NamedTensors mine = train(pg, stage, 1e-3, n == 1 ? by_head : grouped);
         if (pg.rank() == 0) got = std::move(mine);
       });
       for (const auto& [name, t] : got) {
@@ -2038,6 +2041,13 @@ TEST_CASE("parameter groups: each group's lr scale and weight decay, at every st
   optim::AdamWOptions bad = kAdamW;
   bad.groups = {{.names = {"*.bias"}, .lr_scale = -1}};
   CHECK_THROWS_WITH_AS(one_rank(1e-3, bad), "AdamW: parameter group 0: lr_scale must be >= 0 and finite, got -1", Error);
+  // A group whose patterns match nothing did nothing, silently (a typo, or a name the model does not use).
+  optim::AdamWOptions typo = kAdamW;
+  typo.groups = {{.names = {"*.bias"}, .lr_scale = 0.5}, {.names = {"*.lm_head", "ln_f.*"}, .weight_decay = 0.0}};
+  CHECK_THROWS_WITH_AS(one_rank(1e-3, typo),
+                       "ShardedModel: AdamW parameter group 1 ('*.lm_head', 'ln_f.*') matches no trained parameter's "
+                       "name (names look like 'transformer.wte.weight'; patterns are globs)",
+                       Error);
 }
 
 }  // namespace zg::test

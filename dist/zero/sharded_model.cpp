@@ -205,7 +205,29 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
                "belong to one unit");
     }
   }
-  for (size_t u = 0; u < units_.size(); ++u) units_[u]->plan(members[u], frozen_members[u], config_.adamw.groups);
+  // A trained parameter's AdamW group: the first that any of its names matches (a tied
+  // weight has several: a tied GPT's lm_head.weight is its transformer.wte.weight). A group
+  // that matches no trained parameter is a mistake in its patterns, said before training.
+  const std::vector<optim::ParamGroup>& groups = config_.adamw.groups;
+  std::map<const TensorImpl*, std::vector<std::string>> names_of;
+  for (const auto& [name, p] : model.named_parameters(/*remove_duplicates=*/false)) names_of[&p.impl()].push_back(name);
+  std::map<const TensorImpl*, int> group_of;
+  std::vector<bool> matched(groups.size(), false);
+  for (const auto& [name, p] : trainable) {
+    int group = -1;
+    for (const std::string& alias : names_of.contains(&p.impl()) ? names_of.at(&p.impl()) : std::vector{name})
+      if (const int g = optim::group_of(groups, alias); g >= 0 && (group < 0 || g < group)) group = g;
+    group_of[&p.impl()] = group;
+    if (group >= 0) matched[static_cast<size_t>(group)] = true;
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::string patterns;
+    for (const std::string& pattern : groups[g].names) patterns += (patterns.empty() ? "'" : ", '") + pattern + "'";
+    ZG_CHECK(matched[g], "ShardedModel: AdamW parameter group ", g, " (", patterns, ") matches no trained "
+             "parameter's name (names look like '", trainable.front().first, "'; patterns are globs)");
+  }
+  for (size_t u = 0; u < units_.size(); ++u)
+    units_[u]->plan(members[u], frozen_members[u], groups, [&](const Tensor& p) { return group_of.at(&p.impl()); });
   // A root whose parameters are all replicated (frozen, of an integer dtype) has nothing to gather.
   const bool root_replicated = holds_frozen[0] && members[0].empty() && frozen_members[0].empty();
   // A unit with nothing to train or shard goes: the root when every parameter is in a

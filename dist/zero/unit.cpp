@@ -74,9 +74,10 @@ bool ShardedWeights::current() const {
 }
 
 void Unit::plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen,
-                const std::vector<optim::ParamGroup>& parameter_groups) {
+                const std::vector<optim::ParamGroup>& parameter_groups,
+                const std::function<int(const Tensor&)>& group_of) {
   std::vector<int> group(trained.size());
-  for (size_t i = 0; i < trained.size(); ++i) group[i] = optim::group_of(parameter_groups, trained[i].first);
+  for (size_t i = 0; i < trained.size(); ++i) group[i] = group_of(trained[i].second);
   for (int g = -1; g < static_cast<int>(parameter_groups.size()); ++g)
     for (bool decay : {true, false}) {  // matrices first: each (group, decay) is one contiguous range
       const int64_t begin = numel;

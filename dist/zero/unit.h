@@ -87,10 +87,12 @@ class Unit {
   Unit(const UnitContext& context, std::string name, nn::Module* module)
       : name(std::move(name)), module(module), ctx_(context) {}
 
-  // Packs `trained` by parameter group, each group's matrices first (so each (group,
-  // decay) is one range the optimizer updates with one call), and `frozen` (ZeRO-3 shards
-  // frozen parameters too, in a buffer of their own). Without groups: matrices, then the rest.
-  void plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen, const std::vector<optim::ParamGroup>& groups);
+  // Packs `trained` by parameter group (group_of: an index into `groups`, or -1), each
+  // group's matrices first (so each (group, decay) is one range the optimizer updates with
+  // one call), and `frozen` (ZeRO-3 shards frozen parameters too, in a buffer of their own).
+  // Without groups: matrices, then the rest.
+  void plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen, const std::vector<optim::ParamGroup>& groups,
+            const std::function<int(const Tensor&)>& group_of);
   // Allocates this rank's buffers on `device` and fills them: the trained parameters'
   // master weights (f32; f64 for f64 compute) and compute copy, zeroed Adam state and
   // gradient. `initial(slot, begin, out)` writes elements [begin, begin + out.numel())
