@@ -88,7 +88,7 @@ bool parse(int argc, char** argv, Flags& f) {
     else flag.unknown();
   }
   f.check("train_zero");
-  ZG_CHECK(dist::Placement::valid_stage(f.stage), "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
+  ZG_CHECK(dist::Placement::problem(static_cast<int>(f.stage), dist::Offload::none).empty(), "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
   ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024,
            "train_zero: --ranks, --prefetch and --shard-group go up to 1024");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi" || f.group == "nccl",

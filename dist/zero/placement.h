@@ -60,15 +60,13 @@ struct RolePlacement {
 struct Placement {
   RolePlacement compute, gradients, optimizer_state;
 
+  // What is wrong with a stage and offload: "" when they go together (ZeroConfig::problem
+  // asks this for its part).
+  static std::string problem(int stage, Offload offload);
   // DDP is stage 0; ZeRO-1, 2, 3 shard optimizer state, then gradients, then parameters.
-  static constexpr bool valid_stage(int64_t stage) { return stage >= 0 && stage <= 3; }
   static Placement for_stage(int stage, Offload offload = Offload::none) {
-    ZG_CHECK(valid_stage(stage), "ShardedModel: stage must be 0, 1, 2 or 3, got ", stage);
-    ZG_CHECK(offload == Offload::none || stage >= 1, "ShardedModel: offload ", dist::name(offload), " needs the optimizer "
-             "state sharded: stage 1, 2 or 3 (at one rank they hold what DDP holds)");
-    ZG_CHECK(offload != Offload::optimizer_and_params || stage == 3, "ShardedModel: offload optimizer+params needs "
-             "stage 3, where parameters are sharded; stage ", stage, " keeps them whole on the device (offload "
-             "optimizer moves the rest)");
+    const std::string wrong = problem(stage, offload);
+    ZG_CHECK(wrong.empty(), wrong);
     const bool opt = stage >= 1, grads = stage >= 2, params = stage >= 3;
     const Location state = offload == Offload::none ? Location::device : Location::host;
     const Location weights = offload == Offload::optimizer_and_params ? Location::host : Location::device;

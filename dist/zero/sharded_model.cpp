@@ -105,14 +105,7 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup
   const Device device = parameters.empty() ? kCPU : parameters.front().second.device();
   const int shard_size = config_.shard_group_size;
   const bool hybrid = shard_size != 0 && shard_size != group_.size();
-  all_or_none(group_, device, "ShardedModel", "", [&] {
-    ZG_CHECK(shard_size >= 0 && (shard_size == 0 || group_.size() % shard_size == 0), "ShardedModel: shard_group_size ",
-             shard_size, " must divide the group's ", group_.size(), " ranks (0: shard over all of them)");
-    ZG_CHECK(!hybrid || Placement::for_stage(config_.stage, config_.offload).frees_full_gradients(),
-             "ShardedModel: shard_group_size ", shard_size, " (hybrid sharding) needs stage 2 or 3, whose unit "
-             "gradients are reduce-scattered and freed; stage ", config_.stage,
-             config_.stage == 0 ? " shards nothing" : " keeps the full gradient, summed into slice r");
-  });
+  all_or_none(group_, device, "ShardedModel", "", [&] { config_.check(group_.size()); });
   if (hybrid) mesh_ = group_.split_mesh(shard_size);
   context_ = std::make_unique<UnitContext>(UnitContext{shard_group(), mesh_.replicas.get(), Placement::for_stage(0),
                                                        config.compute_dtype, config.compute_dtype,
@@ -135,22 +128,6 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
   context_->placement = Placement::for_stage(config_.stage, config_.offload);
   context_->reduce_dtype = reduce_dtype();
   context_->accumulate_dtype = accumulate_dtype();
-  ZG_CHECK(is_floating(config_.compute_dtype), "ShardedModel: compute dtype must be floating, got ",
-           name(config_.compute_dtype));
-  ZG_CHECK(is_floating(reduce_dtype()), "ShardedModel: reduce dtype must be floating, got ", name(reduce_dtype()));
-  ZG_CHECK(is_floating(accumulate_dtype()), "ShardedModel: accumulate dtype must be floating, got ",
-           name(accumulate_dtype()));
-  ZG_CHECK(accumulate_dtype() == config_.compute_dtype || placement().frees_full_gradients(), "ShardedModel: accumulate_dtype ",
-           name(accumulate_dtype()), " needs stage 2 or 3, whose gradient shard sums the micro-batches; stage ",
-           config_.stage, " accumulates in the full ", name(config_.compute_dtype),
-           " gradient autograd writes (leave accumulate_dtype unset)");
-  ZG_CHECK(config_.bucket_bytes > 0, "ShardedModel: bucket_bytes must be positive, got ", config_.bucket_bytes);
-  ZG_CHECK(config_.prefetch >= 0, "ShardedModel: prefetch must be >= 0, got ", config_.prefetch);
-  ZG_CHECK(config_.prefetch_bytes >= 0, "ShardedModel: prefetch_bytes must be >= 0 (0: no bound), got ",
-           config_.prefetch_bytes);
-  ZG_CHECK(std::isfinite(config_.max_grad_norm) && config_.max_grad_norm >= 0,
-           "ShardedModel: max_grad_norm must be >= 0 and finite (0 disables clipping), got ", config_.max_grad_norm);
-  optim::check_options(config_.adamw);
   const auto modules = model.named_modules();
   units_.push_back(std::make_unique<Unit>(*context_, "root", nullptr));
   for (const std::string& path : plan.units) {
@@ -251,8 +228,6 @@ void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& paramet
     ZG_CHECK(found, "ShardedModel: keep_after_forward names unit '", name, "', which the plan does not have (units: ",
              names, "; or \"*\" for all)");
   }
-  ZG_CHECK(config_.keep_after_forward.empty() || placement().gathers_parameters(), "ShardedModel: keep_after_forward is for stage 3, "
-           "where units are gathered around each use; stage ", config_.stage, " keeps every weight whole");
   reducer_ = std::make_unique<GradientReducer>(placement(), units(), parameters, config_.bucket_bytes, reduce_dtype());
   if (placement().gathers_parameters()) {
     Unit* root = units_.front()->module == nullptr ? units_.front().get() : nullptr;

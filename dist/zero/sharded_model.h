@@ -49,57 +49,13 @@
 #include "autograd/graph.h"
 #include "dist/comm/process_group.h"
 #include "dist/zero/placement.h"
+#include "dist/zero/zero_config.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
 #include "tensor/safetensors.h"
 
 namespace zg::dist {
-
-struct ZeroConfig {
-  int stage = 0;                      // 0 = DDP, 1, 2, 3
-  DType compute_dtype = DType::bf16;  // parameters and gradients; master and Adam state are f32 (f64 for f64)
-  optim::AdamWOptions adamw{};
-  double max_grad_norm = 0;  // global-norm clipping over all shards; 0 disables
-  // Gradients are reduced in this dtype (e.g. f32 for bf16 compute: exact sums, twice
-  // the traffic), in `communication` buffers, then rounded back. Unset: the compute dtype.
-  std::optional<DType> reduce_dtype{};
-  // Stages 2, 3: the gradient shard, which sums every micro-batch's reduced gradient until
-  // the step, in this dtype -- f32 for bf16 compute keeps the sum exact where bf16 would
-  // round at each micro-batch (DeepSpeed issue 2352), at 4 bytes a parameter / N instead of
-  // 2. Unset: the compute dtype. Stages 0, 1 accumulate in the full gradient autograd
-  // writes, in the compute dtype, and refuse another.
-  std::optional<DType> accumulate_dtype{};
-  // DDP (stage 0): gradients are all-reduced in buckets of about this many bytes,
-  // each started once its last gradient lands and the ones before it have started
-  // (PyTorch DDP's default, 25 MiB).
-  // ZeRO stages reduce-scatter whole units (a unit's shard layout spans the unit).
-  int64_t bucket_bytes = 25 << 20;
-  // ZeRO-3: how many units ahead (in forward order, or behind in backward) are
-  // all-gathered while the current one computes. 0: gather each just in time.
-  int prefetch = 1;
-  // ZeRO-Offload: optimizer places the master weights, Adam m and v and the gradient
-  // shard in the rank's host pool (page-locked with a GPU), where the CPU AdamW updates
-  // them; optimizer+params (stage 3) also the parameter shards, gathered to the device
-  // per unit. Results are the same bit for bit as without offload.
-  Offload offload = Offload::none;
-  // ZeRO-3: units whose gathered weights stay from their forward to their backward
-  // (FSDP2's reshard_after_forward=False): 2Ψ elements of traffic a step for them instead
-  // of 3Ψ, for holding them whole through the rest of the forward. Unit names as the
-  // plan gives them ("transformer.h.11", "root"); {"*"}: every unit.
-  std::vector<std::string> keep_after_forward{};
-  // ZeRO-3: prefetch also stops before the units it issues would hold more than this many
-  // bytes of gathered weights (DeepSpeed's stage3_prefetch_bucket_size, in bytes); 0:
-  // `prefetch` alone bounds it.
-  int64_t prefetch_bytes = 0;
-  // Hybrid sharding (HSDP, ZeRO++'s hpZ; stages 2, 3): shard within groups of this many
-  // consecutive ranks (one node's GPUs) and replicate across the N / S groups -- each
-  // unit's gradient is reduce-scattered within its group, then the shard all-reduced
-  // across the groups; gathers stay within. Model states per rank follow the formulas
-  // with S for N; the inter-group traffic is the gradient shard's all-reduce alone.
-  // 0: the whole group (S = N).
-  int shard_group_size = 0;
-};
 
 using nn::UnitPlan;
 // dist/zero/unit.h, gradient_reducer.h, gather_scheduler.h: the library's own.
