@@ -44,6 +44,7 @@
 #include "optim/schedule.h"
 
 #include "dist/comm/agreement.h"
+#include "dist/comm/device_mesh.h"
 #include "dist/comm/fake_group.h"
 #include "dist/comm/launch.h"
 #include "dist/comm/local_group.h"

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <thread>
 
+#include "dist/comm/device_mesh.h"
 #include "dist/comm/mpi_group.h"
 #include "zero_training.h"
 
@@ -39,7 +40,9 @@ int main(int argc, char** argv) {
           if (mode == "throw") {  // the last rank fails while the others wait in collectives (timeout: 5 minutes)
             const int last = pg.size() - 1;
             // At N = 4 they wait in hybrid sharding's sub-groups: 1 for 3 across groups, 0 and 2 for 1 and 3 within.
-            const dist::ProcessGroup::Mesh mesh = pg.size() == 4 ? pg.split_mesh(2) : dist::ProcessGroup::Mesh{};
+            const std::unique_ptr<dist::DeviceMesh> mesh =
+                pg.size() == 4 ? std::make_unique<dist::DeviceMesh>(pg, std::vector<dist::MeshDim>{{"dp_replicate", 2}, {"dp_shard", 2}})
+                               : nullptr;
             Tensor t = zeros({4});
             if (pg.rank() == last) {
               std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -48,9 +51,9 @@ int main(int argc, char** argv) {
                            static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
               fail("rank ", last, "'s data loader found no more data");
             }
-            if (mesh.shard) {
-              mesh.replicas->all_reduce(t);
-              mesh.shard->all_reduce(t);
+            if (mesh) {
+              mesh->group("dp_replicate").all_reduce(t);
+              mesh->group("dp_shard").all_reduce(t);
             } else {
               pg.all_reduce(t);
             }

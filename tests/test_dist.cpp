@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "autograd/graph.h"
+#include "dist/comm/device_mesh.h"
 #include "dist/comm/fake_group.h"
 #include "dist/comm/local_group.h"
 #include "helpers.h"
@@ -345,20 +346,23 @@ TEST_CASE("split forms sub-groups by colour, ranked by key; their collectives ar
     CHECK(pg.split(r, 0)->size() == 1);
     CHECK(half->split(0, 0)->size() == 2);
     // The mesh: shard groups of consecutive ranks {0, 1}, {2, 3}; replicas {0, 2}, {1, 3}.
-    const ProcessGroup::Mesh mesh = pg.split_mesh(2);
-    CHECK(mesh.shard->rank() == r % 2);
-    CHECK(mesh.replicas->rank() == r / 2);
+    dist::DeviceMesh mesh(pg, {{"dp_replicate", 2}, {"dp_shard", 2}});
+    CHECK(mesh.group("dp_shard").rank() == r % 2);
+    CHECK(mesh.group("dp_replicate").rank() == r / 2);
     Tensor gathered = zeros({2}, DType::i64);
-    mesh.shard->all_gather(tensor<int64_t>({r}), gathered);
+    mesh.group("dp_shard").all_gather(tensor<int64_t>({r}), gathered);
     CHECK(gathered.to_vector<int64_t>() == std::vector<int64_t>{r / 2 * 2, r / 2 * 2 + 1});
-    mesh.replicas->all_gather(tensor<int64_t>({r}), gathered);
+    mesh.group("dp_replicate").all_gather(tensor<int64_t>({r}), gathered);
     CHECK(gathered.to_vector<int64_t>() == std::vector<int64_t>{r % 2, r % 2 + 2});
-    CHECK_THROWS_WITH_AS(pg.split_mesh(3), "split_mesh: the shard group size 3 must divide the group's 4 ranks", Error);
+    CHECK_THROWS_WITH_AS(dist::DeviceMesh(pg, {{"dp_replicate", 3}, {"dp_shard", 3}}),
+                         "DeviceMesh: dimensions of sizes 3 x 3 hold 9 ranks, but the group has 4", Error);
+    CHECK_THROWS_WITH_AS(pg.split_grid(3, 1), "split_grid: 3 ranks 1 apart do not tile the group's 4 ranks", Error);
   });
   // A fake rank knows no other colour, but knows the mesh.
   dist::FakeGroup fake(5, 8);
-  const ProcessGroup::Mesh mesh = fake.split_mesh(4);
-  CHECK((mesh.shard->rank() == 1 && mesh.shard->size() == 4 && mesh.replicas->rank() == 1 && mesh.replicas->size() == 2));
+  const dist::DeviceMesh mesh(fake, {{"dp_replicate", 2}, {"dp_shard", 4}});
+  CHECK((mesh.group("dp_shard").rank() == 1 && mesh.group("dp_shard").size() == 4 &&
+         mesh.group("dp_replicate").rank() == 1 && mesh.group("dp_replicate").size() == 2));
   CHECK_THROWS_WITH_AS(fake.split(0, 0), doctest::Contains("fake group: rank 5 of 8 cannot split by colour"), Error);
   CHECK(dist::FakeGroup(0, 1).split(3, 0)->size() == 1);
 }
@@ -368,11 +372,11 @@ TEST_CASE("a rank that throws ends the others waiting in a sub-group's collectiv
   CHECK_THROWS_WITH_AS(dist::run_local(
                            4,
                            [](ProcessGroup& pg) {
-                             const ProcessGroup::Mesh mesh = pg.split_mesh(2);
+                             dist::DeviceMesh mesh(pg, {{"dp_replicate", 2}, {"dp_shard", 2}});
                              if (pg.rank() == 3) throw Error("rank 3's loader is empty");
                              Tensor t = zeros({4});
-                             mesh.replicas->all_reduce(t);  // rank 1 waits for rank 3 here
-                             mesh.shard->all_reduce(t);     // ranks 0 and 2 wait for 1 here
+                             mesh.group("dp_replicate").all_reduce(t);  // rank 1 waits for rank 3 here
+                             mesh.group("dp_shard").all_reduce(t);      // ranks 0 and 2 wait for 1 here
                            },
                            {60s}),
                        "rank 3: rank 3's loader is empty", Error);

@@ -12,7 +12,7 @@ FakeGroup::FakeGroup(int rank, int size, int stride) : rank_(rank), size_(size),
 
 std::unique_ptr<ProcessGroup> FakeGroup::split(int color, int key) {
   ZG_CHECK(size_ == 1, "fake group: rank ", rank_, " of ", size_, " cannot split by colour: the other ranks' colours "
-           "do not exist here; split_mesh forms hybrid sharding's groups without them");
+           "do not exist here; a DeviceMesh forms its groups without them");
   return ProcessGroup::split(color, key);
 }
 
@@ -20,11 +20,8 @@ std::unique_ptr<ProcessGroup> FakeGroup::subgroup(const std::vector<int>&, int, 
   return std::make_unique<FakeGroup>(0, 1);
 }
 
-ProcessGroup::Mesh FakeGroup::make_mesh(int shard_size) {
-  Mesh mesh;
-  mesh.shard = std::make_unique<FakeGroup>(rank_ % shard_size, shard_size, stride_);
-  mesh.replicas = std::make_unique<FakeGroup>(rank_ / shard_size, size_ / shard_size, stride_ * shard_size);
-  return mesh;
+std::unique_ptr<ProcessGroup> FakeGroup::make_grid(int size, int stride) {
+  return std::make_unique<FakeGroup>(rank_ / stride % size, size, stride_ * stride);
 }
 
 namespace {

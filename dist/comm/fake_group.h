@@ -16,26 +16,27 @@ namespace zg::dist {
 
 class FakeGroup : public ProcessGroup {
  public:
-  // `stride`: how far apart its ranks are in the whole job (a hybrid mesh's replica group: S).
+  // `stride`: how far apart its ranks are in the whole job (a device mesh's dimension: its stride).
   FakeGroup(int rank, int size, int stride = 1);
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string kind() const override { return "fake"; }
   bool accepts(Device) const override { return true; }
   // A fake rank cannot learn the others' colours: split refuses at N > 1 (at N = 1 the
-  // new group is this rank alone). split_mesh needs no colours: shard group
-  // (r % S of S), replicas (r / S of N / S), as the real groups' split_mesh makes them.
+  // new group is this rank alone). A grid needs no colours: rank (r / stride) % size of
+  // `size`, its ranks stride x this group's stride apart in the job.
   std::unique_ptr<ProcessGroup> split(int color, int key) override;
+  int stride() const { return stride_; }
 
  private:
   WorkHandle issue(Collective collective) override;
   std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key) override;
-  Mesh make_mesh(int shard_size) override;
+  std::unique_ptr<ProcessGroup> make_grid(int size, int stride) override;
   int rank_, size_, stride_;
 };
 
 // The trivial group of one: training on one device is a ShardedModel over this group,
-// the same code as N ranks (DESIGN: one training path), every collective the identity.
+// the same code as N ranks (one training path, docs/design.md), every collective the identity.
 class SingleRank final : public FakeGroup {
  public:
   SingleRank() : FakeGroup(0, 1) {}

@@ -319,17 +319,15 @@ std::unique_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>&, in
   fail("split: the ", kind(), " group cannot form sub-groups");
 }
 
-ProcessGroup::Mesh ProcessGroup::split_mesh(int shard_size) {
-  ZG_CHECK(shard_size >= 1 && size() % shard_size == 0, "split_mesh: the shard group size ", shard_size,
-           " must divide the group's ", size(), " ranks");
-  return make_mesh(shard_size);
+std::unique_ptr<ProcessGroup> ProcessGroup::split_grid(int size, int stride) {
+  ZG_CHECK(size >= 1 && stride >= 1 && this->size() % (size * stride) == 0, "split_grid: ", size, " ranks ", stride,
+           " apart do not tile the group's ", this->size(), " ranks");
+  return make_grid(size, stride);
 }
 
-ProcessGroup::Mesh ProcessGroup::make_mesh(int shard_size) {
-  Mesh mesh;
-  mesh.shard = split(rank() / shard_size, rank());
-  mesh.replicas = split(rank() % shard_size, rank());
-  return mesh;
+std::unique_ptr<ProcessGroup> ProcessGroup::make_grid(int size, int stride) {
+  const int j = rank() / stride % size;
+  return split(rank() - j * stride, j);
 }
 
 void ProcessGroup::barrier() { submit({CollectiveOp::barrier, Tensor(), Tensor(), ReduceKind::sum, 0})->wait(); }

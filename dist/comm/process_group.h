@@ -112,13 +112,10 @@ class ProcessGroup {
   // own, ranked by (key, rank). A collective: every rank calls it and gets its new group,
   // which must not outlive this one. Its collectives are its own, apart from this group's.
   virtual std::unique_ptr<ProcessGroup> split(int color, int key);
-  // Hybrid sharding's 2-D mesh of N = R x S ranks (HSDP, ZeRO++'s hpZ): `shard` holds the
-  // S consecutive ranks r / S = g (one node's GPUs, where bandwidth is high), `replicas`
-  // the R ranks at one place in each, r % S = j. A collective; S must divide N.
-  struct Mesh {
-    std::unique_ptr<ProcessGroup> shard, replicas;
-  };
-  Mesh split_mesh(int shard_size);
+  // A regular sub-grid (a device mesh's dimension, dist/comm/device_mesh.h): the `size`
+  // ranks `stride` apart that hold this rank, r + (j - c) stride with c = (r / stride) % size,
+  // ranked by j. A collective (a split), unless a group knows its place without the others.
+  std::unique_ptr<ProcessGroup> split_grid(int size, int stride);
 
   // The buffer a collective writes is an in-place write (begin_inplace, tensor/tensor.h):
   // refused if it requires grad while grad mode is on, and its version is bumped, so a
@@ -151,8 +148,8 @@ class ProcessGroup {
   // split()'s new group, once every rank's colour is known: `members` are the ranks of
   // this group that form it, in their new order. Groups that can split override it.
   virtual std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key);
-  // split_mesh's groups, S checked: two splits, unless a group knows its mesh otherwise.
-  virtual Mesh make_mesh(int shard_size);
+  // split_grid's group, its size and stride checked: a split by colour r - c stride.
+  virtual std::unique_ptr<ProcessGroup> make_grid(int size, int stride);
 
  private:
   WorkHandle submit(Collective collective);

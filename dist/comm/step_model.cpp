@@ -33,7 +33,7 @@ double latency_steps(int op, int size) {
 }
 
 // A group lies within a node when its ranks, `stride` apart, span fewer than a node's
-// (groups placed as split_mesh places them: blocks that do not straddle nodes).
+// (groups placed as a DeviceMesh places them: blocks that do not straddle nodes).
 bool within_node(const StepGroup& g, int ranks_per_node) {
   return static_cast<int64_t>(g.stride) * (g.size - 1) < ranks_per_node;
 }

@@ -37,7 +37,7 @@ GatherScheduler::GatherScheduler(const nn::UnitPlan& plan, nn::Module& model, Un
   if (root != nullptr && !root_named) uses_.push_back({root, {&model}, false, false, true});
   add_root_use(plan.root_before);
   for (Unit* unit : units)
-    if (unit->module) uses_.push_back({unit, {unit->module}, true});
+    if (unit->module()) uses_.push_back({unit, {unit->module()}, true});
   add_root_use(plan.root_after);
   for (Use& use : uses_)
     use.reduces = !use.whole_forward &&
@@ -49,67 +49,99 @@ void GatherScheduler::hook(std::weak_ptr<ParameterOwner> alive) {
   hook_holders(alive);
 }
 
-// A forward that starts: the first one, one after a backward, or one that begins again at
-// an earlier use than the latest (the previous forward had no backward: evaluation).
-void GatherScheduler::begin_forward() {
+// A new step's first forward: what an earlier forward without backward left whole goes.
+void GatherScheduler::begin_step() {
   reducer_.finish();
-  for (Unit* unit : units_) release(*unit);  // left whole by a forward without backward
-  for (Use& use : uses_) use.ran = use.backwards_waiting = 0;
+  for (Unit* unit : units_) release(*unit);
+  for (Use& use : uses_) use.ran = use.calls_waiting = 0;
+  in_backward_.clear();
   forward_open_ = true;
 }
 
+Tensor GatherScheduler::on_pre_forward(size_t index, const Tensor& input) {
+  Use& use = uses_[index];
+  const bool first_module = use.ran == 0 && !backward_in_progress();
+  if (first_module) {
+    if (!forward_open_ || (index < last_use_ && !GradMode::is_enabled())) begin_step();
+    else if (index < last_use_)  // another forward of this step: its units are gathered again
+      for (Unit* unit : units_) release(*unit);
+    last_use_ = index;
+  }
+  if (use.ran == 0) use.call = std::make_shared<Call>();  // (a checkpoint's recompute is a call too)
+  use.unit->gather();
+  if (first_module) {
+    prefetch_from(index, +1);
+    // A call whose backward is to come, even one a checkpoint runs without grad now
+    // (its recompute, in the backward, places the hook below).
+    if (use.reduces) ++use.calls_waiting;
+  }
+  if (use.ran > 0 || !(use.backward_reads || use.reduces) || !GradMode::is_enabled() || !input.defined() ||
+      !input.requires_grad())
+    return Tensor();
+  // The post-backward hook goes on an alias of the input (a view: no copy), a node of its
+  // own made just before the use's, so it runs when every node the use records has run and
+  // their parameters' gradients have landed -- and before the node that made the input,
+  // whose hooks gather the previous use's unit: this one's is released and reduced first.
+  return input.view(input.shape());
+}
+
+void GatherScheduler::on_post_forward(size_t index, const Tensor& out) {
+  Use& use = uses_[index];
+  if (++use.ran < use.modules.size()) return;
+  use.ran = 0;
+  // Kept for the backward that follows at once: the last use's, the whole forward's.
+  // Without grad no backward follows, but the model's forward may read the last use's
+  // unit after it (a tied head after the final norm): the next forward releases it.
+  const bool kept = use.whole_forward ? GradMode::is_enabled()
+                                      : index + 1 == uses_.size() || (use.unit->keep_after_forward() &&
+                                                                      GradMode::is_enabled() && out.requires_grad());
+  if (!kept && !backward_in_progress()) release(*use.unit);
+}
+
+void GatherScheduler::on_pre_backward(size_t index, Call& call) {
+  Use& use = uses_[index];
+  if (!call.in_backward) ++in_backward_[use.unit];
+  call.in_backward = true;
+  use.unit->gather();
+  prefetch_from(index, -1);
+}
+
+void GatherScheduler::on_post_backward(size_t index, Call& call) {
+  Use& use = uses_[index];
+  if (call.in_backward) --in_backward_[use.unit];
+  call.in_backward = false;
+  if (use.backward_reads && in_backward_[use.unit] == 0) release(*use.unit);
+  // (A call without a backward leaves it above 0: the backward's end reduces the unit.)
+  if (use.reduces && use.calls_waiting > 0 && --use.calls_waiting == 0) reducer_.reduce_unit(*use.unit);
+}
+
+void GatherScheduler::on_backward_end() {
+  for (Unit* unit : units_) release(*unit);
+  in_backward_.clear();
+  forward_open_ = false;
+}
+
+// The hooks only find the use's index and call its event; they do nothing once the
+// ShardedModel is gone.
 void GatherScheduler::hook_use(size_t index, const std::weak_ptr<ParameterOwner>& alive) {
   for (nn::Module* module : uses_[index].modules) {
     module->register_forward_pre_hook([this, index, alive](nn::Module&, const Tensor& input) {
       if (alive.expired()) return Tensor();
-      Use& use = uses_[index];
-      if (!backward_in_progress() && use.ran == 0) {
-        if (!forward_open_ || index < last_use_) begin_forward();
-        last_use_ = index;
-      }
-      use.unit->gather();
-      if (use.ran == 0 && !backward_in_progress()) {
-        prefetch_from(index, +1);
-        // A call whose backward is to come, even one a checkpoint runs without grad now
-        // (its recompute, in the backward, places the hook below).
-        if (use.reduces) ++use.backwards_waiting;
-      }
-      if (use.ran > 0 || !(use.backward_reads || use.reduces) || !GradMode::is_enabled() || !input.defined() ||
-          !input.requires_grad())
-        return Tensor();
-      // The hook goes on an alias of the input (a view: no copy), a node of its own made
-      // just before the use's, so it runs when every node the use records has run and
-      // their parameters' gradients have landed -- and before the node that made the
-      // input, whose hooks gather the previous use's unit: this one's weights are released
-      // and its gradient reduced first.
-      const Tensor at = input.view(input.shape());
-      at.register_hook([this, index, alive](const Tensor&) {  // this use's backward is done
-        if (alive.expired()) return Tensor();
-        Use& use = uses_[index];
-        if (use.backward_reads) release(*use.unit);
-        // (A call without a backward leaves it above 0: the backward's end reduces the unit.)
-        if (use.reduces && use.backwards_waiting > 0 && --use.backwards_waiting == 0) reducer_.reduce_unit(*use.unit);
-        return Tensor();
-      });
+      const Tensor at = on_pre_forward(index, input);
+      if (at.defined())
+        at.register_hook([this, index, alive, call = uses_[index].call](const Tensor&) {
+          if (!alive.expired()) on_post_backward(index, *call);
+          return Tensor();
+        });
       return at;
     });
     module->register_forward_hook([this, index, alive](nn::Module&, const Tensor&, const Tensor& out) {
       if (alive.expired()) return Tensor();
-      Use& use = uses_[index];
-      if (++use.ran < use.modules.size()) return Tensor();
-      use.ran = 0;
-      // Kept for the backward that follows at once: the last use's, the whole forward's.
-      // Without grad no backward follows, but the model's forward may read the last use's
-      // unit after it (a tied head after the final norm): the next forward releases it.
-      const bool kept = use.whole_forward ? GradMode::is_enabled()
-                                          : index + 1 == uses_.size() || (use.unit->keep_after_forward &&
-                                                                          GradMode::is_enabled() && out.requires_grad());
-      if (!kept && !backward_in_progress()) release(*use.unit);
-      if (use.backward_reads && out.requires_grad())
-        out.register_hook([this, index, alive](const Tensor&) {  // the backward reaches this use
-          if (alive.expired()) return Tensor();
-          uses_[index].unit->gather();
-          prefetch_from(index, -1);
+      const std::shared_ptr<Call> call = uses_[index].call;  // before on_post_forward ends the call
+      on_post_forward(index, out);
+      if (uses_[index].backward_reads && out.requires_grad() && call)
+        out.register_hook([this, index, alive, call](const Tensor&) {
+          if (!alive.expired()) on_pre_backward(index, *call);
           return Tensor();
         });
       return Tensor();
@@ -127,7 +159,7 @@ void GatherScheduler::hook_use(size_t index, const std::weak_ptr<ParameterOwner>
 void GatherScheduler::hook_holders(const std::weak_ptr<ParameterOwner>& alive) {
   std::map<const TensorImpl*, Unit*> unit_of;
   for (Unit* unit : units_)
-    for (const auto* entries : {&unit->entries, &unit->frozen_entries})
+    for (const auto* entries : {&unit->entries(), &unit->frozen_entries()})
       for (const auto& e : *entries) unit_of[&e.param.impl()] = unit;
   for (const auto& [path, module] : model_.named_modules()) {
     std::set<Unit*> held;
@@ -142,16 +174,13 @@ void GatherScheduler::hook_holders(const std::weak_ptr<ParameterOwner>& alive) {
       const auto check = std::make_shared<const std::function<void(const char*)>>([unit, alive,
                                                                                   path = path](const char* when) {
         if (alive.expired()) return;
-        const auto parts = unit->gathered_parts();
-        const auto any = [&](const auto& test) { return std::any_of(parts.begin(), parts.end(), test); };
-        const char* state = any([](const ShardedWeights* w) { return w->gathering != nullptr; })
-                                ? "still being gathered (a prefetch is writing them)"
-                            : any([](const ShardedWeights* w) { return w->full.storage()->is_released(); }) ? "released"
-                            : !unit->is_current() ? "from before the last step or load"
-                                                  : nullptr;
+        const char* state = unit->state() == Unit::State::gathering ? "still being gathered (a prefetch is writing them)"
+                            : unit->state() == Unit::State::sharded    ? "released"
+                            : !unit->is_current()                      ? "from before the last step or load"
+                                                                       : nullptr;
         if (state)
           fail("ShardedModel: the ", when, " of ", path.empty() ? "the root module" : "'" + path + "'",
-               " reads the weights of ZeRO-3 unit '", unit->name, "' while they are ", state, ": ",
+               " reads the weights of ZeRO-3 unit '", unit->name(), "' while they are ", state, ": ",
                unit->release_note());
       });
       module->register_forward_pre_hook([check](nn::Module&, const Tensor&) {
@@ -190,18 +219,13 @@ void GatherScheduler::release(Unit& unit) {
   if (summoned_ == 0) unit.release();
 }
 
-void GatherScheduler::release_all() {
-  for (Unit* unit : units_) release(*unit);
-  forward_open_ = false;
-}
-
 void GatherScheduler::summon() {
   if (summoned_++ > 0) return;
   NoGradGuard no_grad;
   for (Unit* unit : units_) unit->prefetch();  // every gather issued, then each waited for
   for (Unit* unit : units_) {
     unit->finish_gathers();
-    unit->written_by_us = unit->compute_version();
+    unit->mark_compute_ours();
   }
 }
 
@@ -209,7 +233,7 @@ bool GatherScheduler::end_summon() {
   if (--summoned_ > 0) return false;
   bool written = false;
   for (Unit* unit : units_) {
-    written = written || unit->compute_version() != unit->written_by_us;
+    written = written || unit->compute_written_by_others();
     unit->release();  // (no gather is in flight: summoned units are current)
   }
   return written;
@@ -218,7 +242,7 @@ bool GatherScheduler::end_summon() {
 void GatherScheduler::after_step() {
   for (Unit* unit : units_) {
     if (summoned_ > 0) unit->gather();  // kept whole, and now current
-    unit->written_by_us = unit->compute_version();
+    unit->mark_compute_ours();
   }
 }
 

@@ -46,14 +46,28 @@ class GradientReducer {
   std::vector<int64_t> order_tags() const;
 
  private:
+  // A range [begin, end) of a unit's flat gradient, full once the gradients of its
+  // `members` parameters have all landed. DDP cuts a unit into buckets of about
+  // bucket_bytes; the ZeRO stages use one bucket per unit.
+  struct Bucket {
+    Unit* unit = nullptr;
+    int64_t begin = 0, end = 0;
+    size_t members = 0;
+    size_t arrived = 0;    // members whose gradient landed in this backward
+    bool reduced = false;  // in this backward
+    int64_t tag = 0;       // its reduction's CollectiveTag: the unit's, or (DDP) one of its own
+  };
+  void plan_buckets(Unit& unit, int64_t cap, int64_t& next_tag);
   void note_backward();  // queues the backward's end, once per pass
-  void on_grad_arrival(Unit& unit, size_t entry);
-  void reduce(Unit& unit, Bucket& bucket);
+  void on_grad_arrival(size_t bucket);
+  void reduce(Bucket& bucket);
 
   const Placement placement_;
   std::vector<Unit*> units_;
-  std::vector<std::pair<Unit*, Bucket*>> order_;  // every bucket, in the one order all ranks use
-  size_t reduced_ = 0;                             // the first `reduced_` of order_ are done
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<size_t>> bucket_of_;  // per unit, per entry: its bucket in buckets_
+  std::vector<size_t> order_;                   // every bucket, in the one order all ranks use
+  size_t reduced_ = 0;                          // the first `reduced_` of order_ are done
   std::deque<InFlight> in_flight_;
   bool in_backward_ = false;  // a gradient has landed since the last backward's end
   std::weak_ptr<void> end_queued_;  // live while this backward's end is queued

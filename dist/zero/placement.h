@@ -1,5 +1,5 @@
 // The placement policy: where each role of a unit's memory lives, derived once from
-// the configuration. DDP and the ZeRO stages differ only here (DESIGN.md's table):
+// the configuration. DDP and the ZeRO stages differ only here (docs/design.md's table):
 //
 //   role                 DDP (0)        ZeRO-1         ZeRO-2               ZeRO-3
 //   compute parameters   full           full           full                 sharded, full around each use

@@ -72,12 +72,12 @@ struct Owned {
 // What a rank writes: its slice r (with full optimizer state -- DDP -- slice r of its full
 // buffers, so ranks share the work).
 Owned saved_range(const Unit& unit, int rank, bool full_state) {
-  const int64_t begin = rank * unit.shard, end = std::min(begin + unit.shard, unit.numel);
+  const int64_t begin = rank * unit.shard(), end = std::min(begin + unit.shard(), unit.numel());
   return {begin, std::max(begin, end), full_state ? 0 : begin};
 }
 // What a rank must read: everything where the optimizer state is full, else its slice.
 Owned loaded_range(const Unit& unit, int rank, bool full_state) {
-  if (full_state) return {0, unit.numel, 0};
+  if (full_state) return {0, unit.numel(), 0};
   return saved_range(unit, rank, full_state);
 }
 
@@ -103,8 +103,8 @@ struct Piece {
 template <class Fn>
 void for_each_part(const Unit& unit, const Owned& own, Fn fn) {
   const std::pair<const char*, const Tensor*> roles[] = {
-      {"master", &unit.master}, {"exp_avg", &unit.m}, {"exp_avg_sq", &unit.v}};
-  for (const auto& e : unit.entries) {
+      {"master", &unit.master()}, {"exp_avg", &unit.exp_avg()}, {"exp_avg_sq", &unit.exp_avg_sq()}};
+  for (const auto& e : unit.entries()) {
     const int64_t a = std::max(own.begin, e.offset), b = std::min(own.end, e.offset + numel(e.shape));
     if (b <= a) continue;
     for (const auto& [role, buffer] : roles) fn(std::string(role) + "/" + e.name, *buffer, e, a, b);
@@ -123,10 +123,10 @@ std::vector<Part> parts_of(const std::vector<std::unique_ptr<Unit>>& units, cons
     for_each_part(*unit, own, [&](const std::string& key, const Tensor& buffer, const auto& e, int64_t a, int64_t b) {
       parts.push_back({key, e.shape, a - e.offset, buffer.narrow(0, a - own.local_base, b - a), {}});
     });
-    const Tensor& frozen = unit->frozen.shard;
+    const Tensor& frozen = unit->frozen_shard();
     if (!frozen.defined()) continue;
     const int64_t begin = r * frozen.numel(), end = begin + frozen.numel();
-    for (const auto& e : unit->frozen_entries) {
+    for (const auto& e : unit->frozen_entries()) {
       const int64_t a = std::max(begin, e.offset), b = std::min(end, e.offset + numel(e.shape));
       if (a < b)
         parts.push_back({std::string(kFrozenKey) + e.name, e.shape, a - e.offset, frozen.narrow(0, a - begin, b - a), {}});
@@ -457,8 +457,8 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   ModelParameters model;
   nn::NamedTensors buffers;
   for (const auto& unit : units_) {
-    for (const auto& e : unit->entries) model.trained[e.name] = {e.shape, unit->master.dtype()};
-    for (const auto& e : unit->frozen_entries) model.frozen[e.name] = {e.shape, unit->frozen.shard.dtype()};
+    for (const auto& e : unit->entries()) model.trained[e.name] = {e.shape, unit->master().dtype()};
+    for (const auto& e : unit->frozen_entries()) model.frozen[e.name] = {e.shape, unit->frozen_shard().dtype()};
   }
   for (const auto& [key, t] : replicated()) {
     if (key.starts_with(kFrozenKey)) model.frozen[key.substr(kFrozenKey.size())] = {t.shape(), t.dtype()};
@@ -526,10 +526,10 @@ std::vector<SafetensorsWriter::Layout> ShardedModel::consolidated_layout() const
   const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
   std::vector<SafetensorsWriter::Layout> layout;
   for (const auto& unit : units_)
-    for (const auto& e : unit->entries) layout.push_back({e.name, unit->master.dtype(), e.shape});
+    for (const auto& e : unit->entries()) layout.push_back({e.name, unit->master().dtype(), e.shape});
   for (const auto& [key, t] : replicated()) layout.push_back(consolidated_entry(key, t, master_dtype));
   for (const auto& unit : units_)
-    for (const auto& e : unit->frozen_entries) layout.push_back({e.name, master_dtype, e.shape});
+    for (const auto& e : unit->frozen_entries()) layout.push_back({e.name, master_dtype, e.shape});
   return layout;
 }
 
@@ -539,18 +539,18 @@ void ShardedModel::for_each_consolidated(const std::function<void(const std::str
   for (auto& unit : units_) {
     // Full optimizer state: every rank has it all. Else one unit's master weights, gathered and released.
     const Tensor whole = placement().optimizer_sharded()
-                             ? all_gathered(unit->master, unit->tag, MemoryCategory::communication)
-                             : unit->master;
-    for (const auto& e : unit->entries) fn(e.name, view_of(whole, e));
+                             ? all_gathered(unit->master(), unit->tag(), MemoryCategory::communication)
+                             : unit->master();
+    for (const auto& e : unit->entries()) fn(e.name, view_of(whole, e));
   }
   for (const auto& [key, t] : replicated()) {
     const SafetensorsWriter::Layout entry = consolidated_entry(key, t, master_dtype);
     fn(entry.name, t.to(entry.dtype));
   }
   for (auto& unit : units_) {  // stage 3's frozen parameters: each unit's gathered, then released
-    if (!unit->frozen.shard.defined()) continue;
-    const Tensor whole = all_gathered(unit->frozen.shard, unit->tag, MemoryCategory::communication);
-    for (const auto& e : unit->frozen_entries) fn(e.name, view_of(whole, e).to(master_dtype));
+    if (!unit->frozen_shard().defined()) continue;
+    const Tensor whole = all_gathered(unit->frozen_shard(), unit->tag(), MemoryCategory::communication);
+    for (const auto& e : unit->frozen_entries()) fn(e.name, view_of(whole, e).to(master_dtype));
   }
 }
 

@@ -24,7 +24,7 @@ namespace {
 // frozen ones), hashed.
 double layout_hash(const Unit& unit) {
   Hash53 hash;
-  for (const auto* entries : {&unit.entries, &unit.frozen_entries}) {
+  for (const auto* entries : {&unit.entries(), &unit.frozen_entries()}) {
     for (const auto& e : *entries) hash.mix_name_and_shape(e.name, e.shape);
     hash.mix("", 1);  // where the trained ones end
   }
@@ -57,39 +57,21 @@ double replicated_hash(const nn::NamedTensors& replicated) {
 // contiguous: a parameter, or a copy made contiguous).
 Tensor flat_range(const Tensor& t, int64_t begin, int64_t count) { return t.reshape({-1}).narrow(0, begin, count); }
 
-// What packing parameters into flat buffers needs of them: at least one, each floating
-// and trainable, a leaf, all on one device, none already packed by another live owner,
-// and no two sharing memory. (A weight registered in two modules is one parameter,
-// listed once by named_parameters; two different tensors over one storage would be
-// untied by packing, so they are refused.)
-void check_packable(const nn::NamedTensors& parameters) {
-  ZG_CHECK(!parameters.empty(), "ShardedModel: no parameters to train");
-  const Device device = parameters.front().second.device();
-  std::set<std::string> names;
-  for (size_t i = 0; i < parameters.size(); ++i) {
-    const auto& [name, p] = parameters[i];
-    ZG_CHECK(p.defined(), "ShardedModel: parameter '", name, "' is undefined");
-    ZG_CHECK(names.insert(name).second, "ShardedModel: two parameters are named '", name,
-             "' (a checkpoint names each parameter)");
-    ZG_CHECK(is_floating(p.dtype()), "ShardedModel: parameter '", name, "' is ", describe(p),
-             "; only floating parameters are trained");
-    ZG_CHECK(p.device() == device, "ShardedModel: parameter '", name, "' is on ", p.device().str(), ", '",
-             parameters.front().first, "' on ", device.str());
-    ZG_CHECK(p.is_leaf(), "ShardedModel: parameter '", name, "' is the output of ", p.grad_fn()->name(),
-             ", not a leaf; a parameter is a leaf tensor (PyTorch: can't optimize a non-leaf Tensor)");
-    if (const ParameterOwner* owner = ParameterOwner::of(p))
-      fail("ShardedModel: parameter '", name, "' already lives in the flat buffers of ", owner->describe());
-    if (p.numel() == 0 || is_deferred(p)) continue;
-    const auto [first, last] = storage_range(p);
-    for (size_t j = 0; j < i; ++j) {
-      const auto& [other_name, other] = parameters[j];
-      if (other.numel() == 0 || is_deferred(other) || other.storage() != p.storage()) continue;
-      const auto [other_first, other_last] = storage_range(other);
-      ZG_CHECK(last <= other_first || other_last <= first, "ShardedModel: parameters '", other_name, "' and '", name,
-               "' share memory; packing would give each its own copy. A shared weight is one tensor: register "
-               "that tensor in both modules, or use it in both places");
-    }
-  }
+}  // namespace
+
+namespace {
+
+Device device_of(nn::Module& model) {
+  const nn::NamedTensors parameters = model.named_parameters();
+  return parameters.empty() ? kCPU : parameters.front().second.device();
+}
+
+// The mesh a group and shard_group_size mean: dp_replicate N / S x dp_shard S. The config
+// is checked first, on every rank alike: a bad S must not reach the splits.
+std::unique_ptr<DeviceMesh> data_parallel_mesh(nn::Module& model, ProcessGroup& group, const ZeroConfig& config) {
+  all_or_none(group, device_of(model), "ShardedModel", "", [&] { config.check(group.size()); });
+  const int s = config.shard_group_size == 0 ? group.size() : config.shard_group_size;
+  return std::make_unique<DeviceMesh>(group, std::vector<MeshDim>{{"dp_replicate", group.size() / s}, {"dp_shard", s}});
 }
 
 }  // namespace
@@ -98,144 +80,71 @@ ShardedModel::ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig co
     : ShardedModel(model, model.unit_plan(), group, config) {}
 
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config)
-    : group_(group), config_(config), buffers_(model.named_buffers()) {
-  // The checks and the plan, on each rank alone -- then every rank learns whether any
-  // failed, before the collectives below: a rank that threw here would never issue them.
-  const nn::NamedTensors parameters = model.named_parameters();
-  const Device device = parameters.empty() ? kCPU : parameters.front().second.device();
-  const int shard_size = config_.shard_group_size;
-  const bool hybrid = shard_size != 0 && shard_size != group_.size();
-  all_or_none(group_, device, "ShardedModel", "", [&] { config_.check(group_.size()); });
-  if (hybrid) mesh_ = group_.split_mesh(shard_size);
-  context_ = std::make_unique<UnitContext>(UnitContext{shard_group(), mesh_.replicas.get(), Placement::for_stage(0),
-                                                       config.compute_dtype, config.compute_dtype,
-                                                       config.compute_dtype, device});
-  all_or_none(group_, device, "ShardedModel", "", [&] { plan_units(model, parameters, plan); });
+    : ShardedModel(model, plan, nullptr, data_parallel_mesh(model, group, config), config) {}
+
+ShardedModel::ShardedModel(nn::Module& model, DeviceMesh& mesh, ZeroConfig config)
+    : ShardedModel(model, model.unit_plan(), mesh, config) {}
+
+ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh& mesh, ZeroConfig config)
+    : ShardedModel(model, plan, &mesh, nullptr, config) {}
+
+ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh* mesh, std::unique_ptr<DeviceMesh> own,
+                           ZeroConfig config)
+    : own_mesh_(std::move(own)), mesh_(own_mesh_ ? *own_mesh_ : *mesh), group_(mesh_.world()),
+      shard_(mesh_.has("dp_shard") ? &mesh_.group("dp_shard") : nullptr),
+      replicas_(mesh_.size("dp_replicate") > 1 ? &mesh_.group("dp_replicate") : nullptr), config_(config),
+      buffers_(model.named_buffers()) {
+  build(model, plan);
+}
+
+// The checks and the plan, on each rank alone -- then every rank learns whether any
+// failed, before the collectives below: a rank that threw here would never issue them.
+void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
+  const Device device = device_of(model);
+  ShardingPlan planned;
+  all_or_none(group_, device, "ShardedModel", "", [&] {
+    for (const MeshDim& dim : mesh_.dims())
+      ZG_CHECK(dim.name == "dp_replicate" || dim.name == "dp_shard", "ShardedModel: the mesh's dimension '", dim.name,
+               "' is not data parallel; ZeRO shards over a mesh of dp_replicate x dp_shard");
+    ZG_CHECK(shard_ != nullptr, "ShardedModel: the mesh has no dp_shard dimension, which the units shard over "
+             "(size 1: every rank holds them whole)");
+    const int s = shard_->size();
+    ZG_CHECK(config_.shard_group_size == 0 || config_.shard_group_size == s, "ShardedModel: shard_group_size ",
+             config_.shard_group_size, " differs from the mesh's dp_shard size ", s, " (leave it 0 with a mesh)");
+    if (s != group_.size()) config_.shard_group_size = s;
+    config_.check(group_.size());
+    planned = plan_sharding({.parameters = model.named_parameters(),
+                             .aliases = model.named_parameters(/*remove_duplicates=*/false),
+                             .modules = model.named_modules(),
+                             .plan = plan,
+                             .config = config_,
+                             .shard_ranks = s});
+  });
+  make_units(model, plan, std::move(planned), device);
   agree_on_plan(device);
   for (auto& unit : units_) materialize(*unit);
   materialize_replicated();
   const std::weak_ptr<ParameterOwner> alive = this->alive();
   reducer_->hook(alive, [this] {
-    if (gatherer_) gatherer_->release_all();
+    if (gatherer_) gatherer_->on_backward_end();
   });
   if (gatherer_) gatherer_->hook(alive);
   for (auto& unit : units_)
-    for (const auto* entries : {&unit->entries, &unit->frozen_entries})
+    for (const auto* entries : {&unit->entries(), &unit->frozen_entries()})
       for (const auto& e : *entries) own(e.param);
 }
 
-void ShardedModel::plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan) {
-  context_->placement = Placement::for_stage(config_.stage, config_.offload);
-  context_->reduce_dtype = reduce_dtype();
-  context_->accumulate_dtype = accumulate_dtype();
-  const auto modules = model.named_modules();
-  units_.push_back(std::make_unique<Unit>(*context_, "root", nullptr));
-  for (const std::string& path : plan.units) {
-    for (const auto& unit : units_)
-      ZG_CHECK(unit->name != path, "ShardedModel: the plan lists unit '", path, "' twice");
-    nn::Module* module = nullptr;
-    for (const auto& [p, m] : modules)
-      if (p == path) module = m;
-    ZG_CHECK(module != nullptr, "ShardedModel: the model has no submodule '", path, "'");
-    units_.push_back(std::make_unique<Unit>(*context_, path, module));
-  }
-  // Each parameter goes to the innermost unit whose path prefixes its name (a unit
-  // inside another takes its own parameters, whichever the plan lists first), else to
-  // the root.
-  const auto unit_of = [&](const std::string& name) {
-    size_t owner = 0;
-    for (size_t u = 1; u < units_.size(); ++u)
-      if (name.starts_with(units_[u]->name + ".") && (owner == 0 || units_[u]->name.size() > units_[owner]->name.size()))
-        owner = u;
-    return owner;
-  };
-  // Frozen parameters (requires_grad false) have no gradient, master weights or Adam
-  // state. Where compute weights are full every rank holds them whole (`frozen_`); where
-  // they are gathered per use they are sharded with their unit (as FSDP does: a frozen
-  // base model is most of a fine-tuned one), in a buffer of their own -- except one of an
-  // integer dtype, which no compute dtype holds.
-  const auto sharded_frozen = [&](const Tensor& p) { return placement().gathers_parameters() && is_floating(p.dtype()); };
-  std::vector<nn::NamedTensors> members(units_.size()), frozen_members(units_.size());
-  std::vector<bool> holds_frozen(units_.size(), false);
-  nn::NamedTensors trainable;
-  for (const auto& [name, p] : parameters) (p.requires_grad() ? trainable : frozen_).emplace_back(name, p);
-  check_packable(trainable);
-  for (const auto& [name, p] : trainable) members[unit_of(name)].emplace_back(name, p);
-  for (const auto& [name, p] : frozen_) {
-    ZG_CHECK(p.device() == trainable.front().second.device(), "ShardedModel: frozen parameter '", name, "' is on ",
-             p.device().str(), ", '", trainable.front().first, "' on ", trainable.front().second.device().str());
-    holds_frozen[unit_of(name)] = true;
-    if (sharded_frozen(p)) frozen_members[unit_of(name)].emplace_back(name, p);
-  }
-  std::erase_if(frozen_, [&](const auto& named) { return sharded_frozen(named.second); });
-  // A weight shared by modules of two units: where a unit's weights exist only around its
-  // own uses, the other unit's forward would find them released.
-  if (placement().gathers_parameters()) {
-    std::map<const TensorImpl*, std::string> first_name;
-    for (const auto& [name, p] : parameters) first_name[&p.impl()] = name;
-    for (const auto& [name, p] : model.named_parameters(/*remove_duplicates=*/false)) {
-      if (!p.requires_grad() && !sharded_frozen(p)) continue;  // replicated: present on every use
-      const std::string& first = first_name.at(&p.impl());
-      ZG_CHECK(unit_of(name) == unit_of(first), "ShardedModel: parameter '", first, "' is also registered as '", name,
-               "', in another unit ('", units_[unit_of(first)]->name, "' and '", units_[unit_of(name)]->name,
-               "'); at stage 3 a unit's weights exist only around its own forward, so modules that share a weight "
-               "belong to one unit");
-    }
-  }
-  // A trained parameter's AdamW group: the first that any of its names matches (a tied
-  // weight has several: a tied GPT's lm_head.weight is its transformer.wte.weight). A group
-  // that matches no trained parameter is a mistake in its patterns, said before training.
-  const std::vector<optim::ParamGroup>& groups = config_.adamw.groups;
-  std::map<const TensorImpl*, std::vector<std::string>> names_of;
-  for (const auto& [name, p] : model.named_parameters(/*remove_duplicates=*/false)) names_of[&p.impl()].push_back(name);
-  std::map<const TensorImpl*, int> group_of;
-  std::vector<bool> matched(groups.size(), false);
-  for (const auto& [name, p] : trainable) {
-    int group = -1;
-    for (const std::string& alias : names_of.contains(&p.impl()) ? names_of.at(&p.impl()) : std::vector{name})
-      if (const int g = optim::group_of(groups, alias); g >= 0 && (group < 0 || g < group)) group = g;
-    group_of[&p.impl()] = group;
-    if (group >= 0) matched[static_cast<size_t>(group)] = true;
-  }
-  for (size_t g = 0; g < groups.size(); ++g) {
-    std::string patterns;
-    for (const std::string& pattern : groups[g].names) patterns += (patterns.empty() ? "'" : ", '") + pattern + "'";
-    ZG_CHECK(matched[g], "ShardedModel: AdamW parameter group ", g, " (", patterns, ") matches no trained "
-             "parameter's name (names look like '", trainable.front().first, "'; patterns are globs)");
-  }
-  for (size_t u = 0; u < units_.size(); ++u)
-    units_[u]->plan(members[u], frozen_members[u], groups, [&](const Tensor& p) { return group_of.at(&p.impl()); });
-  // A root whose parameters are all replicated (frozen, of an integer dtype) has nothing to gather.
-  const bool root_replicated = holds_frozen[0] && members[0].empty() && frozen_members[0].empty();
-  // A unit with nothing to train or shard goes: the root when every parameter is in a
-  // unit, a unit whose parameters are all frozen and replicated. A unit without any
-  // parameter is a plan's mistake.
-  for (size_t u = units_.size(); u-- > 0;) {
-    if (!units_[u]->entries.empty() || !units_[u]->frozen_entries.empty()) continue;
-    ZG_CHECK(u == 0 || holds_frozen[u], "ShardedModel: unit '", units_[u]->name, "' has no parameters");
-    units_.erase(units_.begin() + static_cast<std::ptrdiff_t>(u));
-  }
-  // Collective tags: each unit's number, from 1 (the reducer numbers DDP's buckets after them).
-  for (size_t u = 0; u < units_.size(); ++u) units_[u]->tag = static_cast<int64_t>(u) + 1;
-  // ZeRO-3's kept units, by name ("*": all); a name no unit has is a mistake.
-  for (const std::string& name : config_.keep_after_forward) {
-    std::string names;
-    bool found = name == "*";
-    for (auto& unit : units_) {
-      if (name == "*" || unit->name == name) unit->keep_after_forward = found = true;
-      names += (names.empty() ? "'" : ", '") + unit->name + "'";
-    }
-    ZG_CHECK(found, "ShardedModel: keep_after_forward names unit '", name, "', which the plan does not have (units: ",
-             names, "; or \"*\" for all)");
-  }
-  reducer_ = std::make_unique<GradientReducer>(placement(), units(), parameters, config_.bucket_bytes, reduce_dtype());
-  if (placement().gathers_parameters()) {
-    Unit* root = units_.front()->module == nullptr ? units_.front().get() : nullptr;
-    ZG_CHECK(root != nullptr || root_replicated || (plan.root_before.empty() && plan.root_after.empty()),
-             "ShardedModel: the plan names root modules, but every parameter is in a unit");
-    gatherer_ = std::make_unique<GatherScheduler>(plan, model, root, units(), *reducer_, config_.prefetch,
-                                                  config_.prefetch_bytes);
-  }
+// The planner's units, made; the schedulers that drive them.
+void ShardedModel::make_units(nn::Module& model, const UnitPlan& plan, ShardingPlan planned, Device device) {
+  context_ = std::make_unique<UnitContext>(UnitContext{*shard_, replicas_, config_.placement(), config_.compute_dtype,
+                                                       config_.reduce(), config_.accumulate(), device});
+  frozen_ = std::move(planned.replicated_frozen);
+  for (UnitSpec& spec : planned.units) units_.push_back(std::make_unique<Unit>(*context_, std::move(spec)));
+  reducer_ = std::make_unique<GradientReducer>(placement(), units(), model.named_parameters(), config_.bucket_bytes,
+                                               config_.reduce());
+  if (placement().gathers_parameters())
+    gatherer_ = std::make_unique<GatherScheduler>(plan, model, planned.root_gathered ? units_.front().get() : nullptr,
+                                                  units(), *reducer_, config_.prefetch, config_.prefetch_bytes);
 }
 
 // The ranks' configs and models agree (a different weight decay or clipping norm made DDP
@@ -248,8 +157,8 @@ void ShardedModel::agree_on_plan(Device device) {
   const ZeroConfig& c = config_;
   Agreement agree(group_, agreement_device(group_, device),
                   {{"ZeroConfig::stage", c.stage}, {"ZeroConfig::compute_dtype", static_cast<double>(c.compute_dtype)},
-                   {"reduce dtype", static_cast<double>(reduce_dtype())},
-                   {"accumulate dtype", static_cast<double>(accumulate_dtype())},
+                   {"reduce dtype", static_cast<double>(config_.reduce())},
+                   {"accumulate dtype", static_cast<double>(config_.accumulate())},
                    {"ZeroConfig::bucket_bytes", static_cast<double>(c.bucket_bytes)},
                    {"ZeroConfig::prefetch", c.prefetch}, {"ZeroConfig::max_grad_norm", c.max_grad_norm},
                    {"ZeroConfig::offload", static_cast<double>(c.offload)},
@@ -262,11 +171,14 @@ void ShardedModel::agree_on_plan(Device device) {
   agree.check("ShardedModel: was built with");
   std::vector<std::pair<std::string, double>> units;
   for (const auto& unit : units_) {
-    units.emplace_back("size of unit " + unit->name, static_cast<double>(unit->numel));
-    units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name, layout_hash(*unit));
+    units.emplace_back("size of unit " + unit->name(), static_cast<double>(unit->numel()));
+    units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name(), layout_hash(*unit));
   }
   Hash53 kept;  // the units kept after forward: a rank that regathers one the others keep would pair other gathers
-  for (const auto& unit : units_) kept.mix(&unit->keep_after_forward, sizeof unit->keep_after_forward);
+  for (const auto& unit : units_) {
+    const bool kept_unit = unit->keep_after_forward();
+    kept.mix(&kept_unit, sizeof kept_unit);
+  }
   units.emplace_back("units kept after forward (hashed)", kept.value());
   Hash53 order;
   for (int64_t tag : reducer_->order_tags()) order.mix(&tag, sizeof tag);
@@ -283,18 +195,21 @@ void ShardedModel::agree_on_plan(Device device) {
 void ShardedModel::materialize(Unit& unit) {
   NoGradGuard no_grad;
   {
-    CollectiveTag tag(unit.tag);
-    for (const auto* slots : {&unit.entries, &unit.frozen_entries})
+    CollectiveTag tag(unit.tag());
+    for (const auto* slots : {&unit.entries(), &unit.frozen_entries()})
       for (const ParamSlot& slot : *slots) {
         if (is_deferred(slot.param) || slot.param.numel() == 0) continue;
         ZG_CHECK(slot.param.is_contiguous(), "ShardedModel: parameter '", slot.name, "' is not contiguous");
         group_.broadcast(slot.param.detach(), 0);  // the collective's thread must not touch its autograd state
       }
   }
-  unit.materialize([](const ParamSlot& slot, int64_t begin, const Tensor& out) {
-    if (is_deferred(slot.param)) materialize_range(slot.param, begin, out);
-    else Tensor(out).copy_(flat_range(slot.param, begin, out.numel()));
-  });
+  unit.materialize(
+      [](const ParamSlot& slot, int64_t begin, const Tensor& out) {
+        if (is_deferred(slot.param)) materialize_range(slot.param, begin, out);
+        else Tensor(out).copy_(flat_range(slot.param, begin, out.numel()));
+      },
+      {.point_data = [](const Tensor& p, const Tensor& data) { point_data(p, data); },
+       .point_grad = [](const Tensor& p, const Tensor& grad) { point_grad(p, grad); }});
 }
 
 nn::NamedTensors ShardedModel::replicated() const {
@@ -358,8 +273,7 @@ bool ShardedModel::compute_written_by_others() const {
   const bool copies = placement().gathers_parameters();
   const bool summoned = gatherer_ && gatherer_->summoned();
   for (const auto& unit : units_)
-    if ((copies ? summoned : config_.compute_dtype != unit->master.dtype()) &&
-        unit->compute_version() != unit->written_by_us)
+    if ((copies ? summoned : config_.compute_dtype != unit->master().dtype()) && unit->compute_written_by_others())
       return true;
   return copies && written_while_summoned_;
 }
@@ -370,7 +284,7 @@ void ShardedModel::mark_compute_current() {
     gatherer_->after_step();
     return;
   }
-  for (auto& unit : units_) unit->written_by_us = unit->compute_version();
+  for (auto& unit : units_) unit->mark_compute_ours();
 }
 
 void ShardedModel::zero_grad() {
@@ -392,14 +306,14 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
   // the replicas drift apart unnoticed), agreed while the norm is computed.
   //   The global norm: each rank's share of the squared norm, summed on its device, then
   // across ranks. The meta device has no values: a dry run counts bytes only.
-  const Device device = units_.front()->grad_shard.device();
+  const Device device = units_.front()->grad_shard().device();
   const bool dry_run = device.type == DeviceType::meta;
   const bool written = compute_written_by_others();
   std::string unfrozen;  // a parameter frozen at construction that requires grad now
   for (const auto& [name, p] : frozen_)
     if (p.requires_grad()) unfrozen = name;
   for (const auto& unit : units_)
-    for (const auto& e : unit->frozen_entries)
+    for (const auto& e : unit->frozen_entries())
       if (e.param.requires_grad()) unfrozen = e.name;
   Agreement agree(group_, agreement_device(group_, context_->device),
                   {{"lr", lr},
@@ -409,7 +323,7 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
                     !unfrozen.empty()}});
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(dry_run ? kCPU : device));
   if (!dry_run)
-    for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard).to(DType::f64);
+    for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard()).to(DType::f64);
   norm_sq = norm_sq.to(agreement_device(group_, context_->device));  // offloaded: summed on the host, reduced where the group is
   shard_group().all_reduce(norm_sq, ReduceKind::sum);  // (hybrid: the other shard groups hold the same shards)
   agree.check("ShardedModel: step() was given");
@@ -469,7 +383,7 @@ Tensor ShardedModel::step_on_device(double lr) {
   NoGradGuard no_grad;
   const Tensor norm_sq = begin_step(lr, nullptr);
   const double multiplier = gradient_multiplier(nullptr);
-  const Device device = units_.front()->grad_shard.device();
+  const Device device = units_.front()->grad_shard().device();
   const Tensor norm = mul(sqrt(norm_sq.to(DType::f32)), multiplier).view({1});
   const bool dry_run = device.type == DeviceType::meta;
   update(lr, multiplier, dry_run ? Tensor() : optim::clip_coefficient_on_device(norm, config_.max_grad_norm).to(device));
@@ -482,12 +396,12 @@ nn::NamedTensors ShardedModel::gathered_master() {
   for (auto& unit : units_) {
     Tensor full;
     if (placement().optimizer_sharded()) {
-      full = all_gathered(unit->master, unit->tag, MemoryCategory::other);
+      full = all_gathered(unit->master(), unit->tag(), MemoryCategory::other);
     } else {  // each rank has it all
       MemoryScope scope(MemoryCategory::other);
-      full = unit->master.clone();
+      full = unit->master().clone();
     }
-    for (const auto& e : unit->entries) out.emplace_back(e.name, view_of(full, e));
+    for (const auto& e : unit->entries()) out.emplace_back(e.name, view_of(full, e));
   }
   return out;
 }
@@ -508,7 +422,7 @@ Tensor ShardedModel::all_gathered(const Tensor& shard, int64_t tag, MemoryCatego
 
 int64_t ShardedModel::num_parameters() const {
   int64_t n = 0;
-  for (const auto& unit : units_) n += unit->numel;
+  for (const auto& unit : units_) n += unit->numel();
   return n;
 }
 

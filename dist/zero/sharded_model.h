@@ -1,5 +1,5 @@
 // ShardedModel: a model's parameters stored in flat, sharded units -- the heart
-// of the design (../shared/DESIGN.md, "Parameters live in flat, sharded units").
+// of the design (docs/design.md, "Parameters live in flat, sharded units").
 //
 // Each unit (by default: each transformer block, plus a root unit with everything
 // else: embeddings, a final norm, a tied head) owns one flat buffer per
@@ -22,12 +22,15 @@
 // waiting, so every reduction has finished when backward() returns. The optimizer sees spans of the
 // whole buffers for DDP, of the local slices for ZeRO.
 //
-// Hybrid sharding (ZeroConfig::shard_group_size = S < N, stages 2-3): the units shard
-// over groups of S ranks, the table's N read as S, and each gradient shard is also
-// all-reduced across the N / S groups.
+// The ranks are a device mesh of dp_replicate x dp_shard (dist/comm/device_mesh.h): the
+// units shard over dp_shard's S ranks, the table's N read as S, and with hybrid sharding
+// (HSDP / MiCS, R = N / S > 1, stages 2-3) each gradient shard is also all-reduced across
+// dp_replicate's R groups. Given a group and ZeroConfig::shard_group_size, the model
+// makes that mesh itself.
 //
-// ZeRO-3 gathers a unit around each use (dist/zero/gather_scheduler.h). What each
-// stage keeps where is the placement policy's (dist/zero/placement.h); the unit
+// ZeRO-3 gathers a unit around each use (dist/zero/gather_scheduler.h). Which
+// parameters form which unit is the planner's (dist/zero/planner.h); what each stage
+// keeps where is the placement policy's (dist/zero/placement.h); the unit
 // (dist/zero/unit.h) owns its buffers and their lifecycle; the schedulers
 // (gradient_reducer.h, gather_scheduler.h) decide when. One rank is the same code
 // with a group of one (dist::SingleRank): there is one training path.
@@ -47,8 +50,10 @@
 #include <vector>
 
 #include "autograd/graph.h"
+#include "dist/comm/device_mesh.h"
 #include "dist/comm/process_group.h"
 #include "dist/zero/placement.h"
+#include "dist/zero/planner.h"
 #include "dist/zero/zero_config.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
@@ -88,8 +93,14 @@ class ShardedModel final : public ParameterOwner {
   // Destroyed, it leaves stages 0-2's parameters holding the compute weights; ZeRO-3's
   // are left unmaterialized (each rank held a shard), so save or export first.
   // The units come from the model's own plan (Module::unit_plan), or from `plan`.
+  //   Over a DeviceMesh, the units shard over its dp_shard dimension and replicate over
+  // dp_replicate (either may be missing: size 1); config.shard_group_size is then dp_shard's
+  // size (0 or that size; another is refused). Over a group, the mesh is dp_replicate N / S
+  // x dp_shard S, S = shard_group_size (0: N). The mesh must outlive the model.
   ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig config = {});
   ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config = {});
+  ShardedModel(nn::Module& model, DeviceMesh& mesh, ZeroConfig config = {});
+  ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh& mesh, ZeroConfig config = {});
   ~ShardedModel() override;
   std::string describe() const override;  // "a ZeRO-2 ShardedModel"
 
@@ -183,11 +194,12 @@ class ShardedModel final : public ParameterOwner {
   int64_t steps() const { return step_; }  // optimizer updates taken (a resumed run: the saved count)
   const ZeroConfig& config() const { return config_; }
   const Placement& placement() const;
-  // The groups the units use: the one given, or with hybrid sharding the shard group
-  // (S ranks) and the replica group (N / S ranks; null without hybrid sharding). Their
-  // bytes_sent() split the traffic into within and across shard groups.
-  ProcessGroup& shard_group() const { return mesh_.shard ? *mesh_.shard : group_; }
-  ProcessGroup* replica_group() const { return mesh_.replicas.get(); }
+  // The groups the units use: the mesh's dp_shard (S ranks) and dp_replicate (N / S
+  // ranks; null without hybrid sharding). Their bytes_sent() split the traffic into within
+  // and across shard groups.
+  const DeviceMesh& mesh() const { return mesh_; }
+  ProcessGroup& shard_group() const { return *shard_; }
+  ProcessGroup* replica_group() const { return replicas_; }
 
  private:
   // The consolidated state a unit at a time (a collective): fn(name, weights) for each
@@ -201,13 +213,14 @@ class ShardedModel final : public ParameterOwner {
   void update(double lr, double grad_scale, const Tensor& device_scale);
   // `shard` of every rank, whole, in a new buffer of `category` (a collective, tagged `tag`).
   Tensor all_gathered(const Tensor& shard, int64_t tag, MemoryCategory category);
-  // The config checked, the parameters assigned to units, the schedulers planned: all
-  // before any parameter moves, so a refused plan leaves the model as it was.
-  void plan_units(nn::Module& model, const nn::NamedTensors& parameters, const UnitPlan& plan);
+  ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh* mesh, std::unique_ptr<DeviceMesh> own,
+               ZeroConfig config);
+  // The config checked and the model planned into units (the planner), on every rank
+  // alike before any parameter moves; then the units, their buffers and the schedulers.
+  void build(nn::Module& model, const UnitPlan& plan);
+  void make_units(nn::Module& model, const UnitPlan& plan, ShardingPlan planned, Device device);
   void agree_on_plan(Device device);  // every rank built the same units from the same config
   void materialize(Unit& unit);
-  DType reduce_dtype() const { return config_.reduce_dtype.value_or(config_.compute_dtype); }
-  DType accumulate_dtype() const { return config_.accumulate_dtype.value_or(config_.compute_dtype); }
 
   // Frozen parameters held whole on every rank (stages 0-2; at 3 those of an integer
   // dtype), then buffers, each keyed as checkpoints name it: "frozen/<name>", "buffer/<name>".
@@ -221,9 +234,12 @@ class ShardedModel final : public ParameterOwner {
   void end_summon();            // the last FullParameters scope ended: release, noting writes
   std::vector<Unit*> units() const;
 
-  ProcessGroup& group_;
+  std::unique_ptr<DeviceMesh> own_mesh_;  // the mesh made from a group and shard_group_size
+  DeviceMesh& mesh_;
+  ProcessGroup& group_;  // the mesh's world: every data-parallel rank
+  ProcessGroup* shard_;  // dp_shard
+  ProcessGroup* replicas_ = nullptr;  // dp_replicate, when hybrid
   ZeroConfig config_;
-  ProcessGroup::Mesh mesh_;  // hybrid sharding's groups (empty without)
   std::unique_ptr<UnitContext> context_;  // what the units share: the group, the placement policy, dtypes
   // The model's replicated frozen parameters (in the compute dtype, if floating) and
   // buffers: the same on every rank from construction on, and saved, loaded and exported

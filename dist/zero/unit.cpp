@@ -11,12 +11,6 @@ namespace zg::dist {
 
 namespace {
 
-// ParameterOwner's repointing, for the units of the owner (a ShardedModel) that holds them.
-struct Repoint : ParameterOwner {
-  using ParameterOwner::point_data;
-  using ParameterOwner::point_grad;
-};
-
 // On the host (cpu or meta) a buffer comes from the rank's host pool (TensorOptions::pinned).
 Tensor allocate(int64_t numel, DType dtype, Device device, MemoryCategory category, bool zeroed, bool host = false) {
   MemoryScope scope(category);
@@ -47,8 +41,6 @@ Tensor in_reduce_dtype(const Tensor& grad, DType dtype) {
   return wide;
 }
 
-int64_t padded_to(int64_t numel, int ranks) { return (numel + ranks - 1) / ranks * ranks; }
-
 // Fills `buffer`, which holds elements [lo, lo + numel) of a unit's flat layout, with the
 // slots' initial values, and the padding past the last slot with zeros.
 void fill_range(const Tensor& buffer, int64_t lo, const std::vector<ParamSlot>& slots,
@@ -69,40 +61,26 @@ Tensor view_of(const Tensor& flat, const ParamSlot& slot) {
   return flat.narrow(0, slot.offset, numel(slot.shape)).view(slot.shape);
 }
 
-bool ShardedWeights::current() const {
+bool Unit::Weights::current() const {
   return !full.storage()->is_released() && shard.storage()->version() == gathered_from;
 }
 
-void Unit::plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen,
-                const std::vector<optim::ParamGroup>& parameter_groups,
-                const std::function<int(const Tensor&)>& group_of) {
-  std::vector<int> group(trained.size());
-  for (size_t i = 0; i < trained.size(); ++i) group[i] = group_of(trained[i].second);
-  for (int g = -1; g < static_cast<int>(parameter_groups.size()); ++g)
-    for (bool decay : {true, false}) {  // matrices first: each (group, decay) is one contiguous range
-      const int64_t begin = numel;
-      for (size_t i = 0; i < trained.size(); ++i) {
-        const auto& [name, p] = trained[i];
-        if (group[i] != g || (p.dim() >= 2) != decay) continue;
-        entries.push_back({name, p, numel, p.shape()});
-        numel += p.numel();
-      }
-      if (numel > begin)
-        update_ranges.push_back({begin, numel, decay, g < 0 ? 1.0 : parameter_groups[g].lr_scale,
-                                 g < 0 ? std::nullopt : parameter_groups[g].weight_decay});
-    }
-  int64_t frozen_numel = 0;
-  for (const auto& [name, p] : frozen) {
-    frozen_entries.push_back({name, p, frozen_numel, p.shape()});
-    frozen_numel += p.numel();
+const char* Unit::name(State state) {
+  switch (state) {
+    case State::sharded: return "sharded";
+    case State::gathering: return "gathering";
+    case State::gathered: return "gathered";
   }
-  padded = padded_to(numel, ctx_.group.size());
-  shard = padded / ctx_.group.size();
+  return "?";
 }
+
+Unit::Unit(const UnitContext& context, UnitSpec spec)
+    : ctx_(context), spec_(std::move(spec)),
+      state_(context.placement.gathers_parameters() ? State::sharded : State::gathered) {}
 
 // Compute weights of `slots` in the compute dtype: the whole buffer (full placement) or
 // slice r, with the full buffer allocated and released until gathered (ZeRO-3).
-void Unit::place(ShardedWeights& w, const std::vector<ParamSlot>& slots, int64_t padded_numel,
+void Unit::place(Weights& w, const std::vector<ParamSlot>& slots, int64_t padded_numel,
                  const InitialValues& initial, bool shard_from_master) {
   const int r = ctx_.group.rank();
   const int64_t shard_numel = padded_numel / ctx_.group.size();
@@ -126,19 +104,18 @@ void Unit::place(ShardedWeights& w, const std::vector<ParamSlot>& slots, int64_t
   }
 }
 
-void Unit::materialize(const InitialValues& initial) {
+void Unit::materialize(const InitialValues& initial, ParameterViews views) {
   NoGradGuard no_grad;
+  views_ = std::move(views);
   const int r = ctx_.group.rank();
   const DType master_dtype = optim::master_dtype_for(ctx_.compute_dtype);
   const Placement& placement = ctx_.placement;
   const Device device = ctx_.device;
+  const int64_t padded = spec_.padded, shard = spec_.shard;
   // Parameter offload with 16-bit compute: the f32 master shard is the parameter shard.
   const bool shard_from_master = placement.offloads_parameters() && master_dtype != ctx_.compute_dtype;
-  place(weights, entries, padded, initial, shard_from_master);
-  if (!frozen_entries.empty())
-    place(frozen, frozen_entries, padded_to(frozen_entries.back().offset + zg::numel(frozen_entries.back().shape),
-                                            ctx_.group.size()),
-          initial, false);
+  place(weights_, spec_.entries, padded, initial, shard_from_master);
+  if (!spec_.frozen_entries.empty()) place(frozen_, spec_.frozen_entries, spec_.frozen_padded, initial, false);
 
   const bool opt_sharded = placement.optimizer_sharded();
   const bool host = placement.offloads_optimizer();
@@ -146,80 +123,93 @@ void Unit::materialize(const InitialValues& initial) {
   // The master weights have a buffer of their own unless they are the compute weights:
   // f32 compute, with the shard where the optimizer state is.
   if (master_dtype != ctx_.compute_dtype || (host && !placement.offloads_parameters())) {
-    master = allocate(opt_sharded ? shard : padded, master_dtype, state_device, MemoryCategory::optimizer_state, false,
-                      host);
-    fill_range(master, opt_sharded ? r * shard : 0, entries, initial);
-    if (shard_from_master) weights.shard = master;
+    master_ = allocate(opt_sharded ? shard : padded, master_dtype, state_device, MemoryCategory::optimizer_state, false,
+                       host);
+    fill_range(master_, opt_sharded ? r * shard : 0, spec_.entries, initial);
+    if (shard_from_master) weights_.shard = master_;
   } else {
-    master = opt_sharded ? weights.shard : weights.full;
+    master_ = opt_sharded ? weights_.shard : weights_.full;
   }
-  m = allocate(master.numel(), master_dtype, state_device, MemoryCategory::optimizer_state, true, host);
-  v = allocate(master.numel(), master_dtype, state_device, MemoryCategory::optimizer_state, true, host);
+  m_ = allocate(master_.numel(), master_dtype, state_device, MemoryCategory::optimizer_state, true, host);
+  v_ = allocate(master_.numel(), master_dtype, state_device, MemoryCategory::optimizer_state, true, host);
 
   if (placement.frees_full_gradients() || host) {  // a shard of its own (offload: on the host)
-    grad_shard = allocate(shard, ctx_.accumulate_dtype, ctx_.where(placement.gradients), MemoryCategory::gradient,
-                          true, host);
+    grad_shard_ = allocate(shard, ctx_.accumulate_dtype, ctx_.where(placement.gradients), MemoryCategory::gradient,
+                           true, host);
     if (!placement.frees_full_gradients())
-      grad_full = allocate(padded, ctx_.compute_dtype, device, MemoryCategory::gradient, true);
+      grad_full_ = allocate(padded, ctx_.compute_dtype, device, MemoryCategory::gradient, true);
   } else {
-    grad_full = allocate(padded, ctx_.compute_dtype, device, MemoryCategory::gradient, true);
-    grad_shard = grad_full.narrow(0, r * shard, shard);
+    grad_full_ = allocate(padded, ctx_.compute_dtype, device, MemoryCategory::gradient, true);
+    grad_shard_ = grad_full_.narrow(0, r * shard, shard);
   }
   // The model's parameters become views of the full buffers (released ones at ZeRO-3).
-  for (const auto* slots : {&entries, &frozen_entries})
-    for (const ParamSlot& slot : *slots) {
-      Repoint::point_data(slot.param, view_of(slots == &entries ? weights.full : frozen.full, slot));
-      Repoint::point_grad(slot.param, grad_full.defined() ? view_of(grad_full, slot) : Tensor());
-    }
-  written_by_us = compute_version();
+  for (const ParamSlot& slot : spec_.entries) views_.point_data(slot.param, view_of(weights_.full, slot));
+  for (const ParamSlot& slot : spec_.frozen_entries) views_.point_data(slot.param, view_of(frozen_.full, slot));
+  point_grads(grad_full_);
+  mark_compute_ours();
 }
 
-std::vector<ShardedWeights*> Unit::gathered_parts() {
-  std::vector<ShardedWeights*> parts;
-  for (ShardedWeights* w : {&weights, &frozen})
+void Unit::point_grads(const Tensor& grad_full) {
+  for (const ParamSlot& slot : spec_.entries)
+    views_.point_grad(slot.param, grad_full.defined() ? view_of(grad_full, slot) : Tensor());
+}
+
+std::vector<Unit::Weights*> Unit::gathered_parts() {
+  std::vector<Weights*> parts;
+  for (Weights* w : {&weights_, &frozen_})
+    if (w->has_full()) parts.push_back(w);
+  return parts;
+}
+
+std::vector<const Unit::Weights*> Unit::gathered_parts() const {
+  std::vector<const Weights*> parts;
+  for (const Weights* w : {&weights_, &frozen_})
     if (w->has_full()) parts.push_back(w);
   return parts;
 }
 
 int64_t Unit::gathered_bytes() const {
   int64_t bytes = 0;
-  for (const ShardedWeights* w : {&weights, &frozen})
-    if (w->has_full()) bytes += w->full.nbytes();
+  for (const Weights* w : gathered_parts()) bytes += w->full.nbytes();
   return bytes;
 }
 
 uint64_t Unit::compute_version() const {
   uint64_t version = 0;  // a sum of counters that only grow
-  for (const ShardedWeights* w : {&weights, &frozen})
-    if (w->has_full()) version += w->full.storage()->version();
+  for (const Weights* w : gathered_parts()) version += w->full.storage()->version();
   return version;
 }
 
 bool Unit::is_current() const {
-  for (const ShardedWeights* w : {&weights, &frozen})
-    if (w->has_full() && !w->current()) return false;
+  if (state_ != State::gathered) return false;
+  for (const Weights* w : gathered_parts())
+    if (!w->current()) return false;
   return true;
 }
 
 std::string Unit::release_note() const {
-  return "the full weights of ZeRO-3 unit '" + name +
+  return "the full weights of ZeRO-3 unit '" + spec_.name +
          "', gathered only around the uses its UnitPlan names: a forward through them and the backward that "
          "follows (a root unit whose plan names no module: around the model's own forward, called through "
          "operator()); not for a module missing from the plan, a unit module whose own forward never runs (a "
-         "ModuleList: name its items), a second backward through a retained graph, the backward of an earlier "
-         "forward when two forwards ran first (run each forward's backward before the next forward), or after "
-         "the ShardedModel is gone";
+         "ModuleList: name its items), a second backward through a retained graph, or after the ShardedModel is "
+         "gone";
 }
 
+// sharded -> gathering, or gathered -> gathering when a step or a load made a part stale;
+// a part in flight or current is left as it is.
 void Unit::prefetch() {
-  TraceRange range("gather " + name);
-  CollectiveTag scope(tag);
-  for (ShardedWeights* w : gathered_parts()) issue_gather(*w);
+  if (!ctx_.placement.gathers_parameters()) return;
+  TraceRange range("gather " + spec_.name);
+  CollectiveTag scope(spec_.tag);
+  for (Weights* w : gathered_parts())
+    if (!w->gathering && !w->current()) {
+      issue_gather(*w);
+      state_ = State::gathering;
+    }
 }
 
-void Unit::issue_gather(ShardedWeights& w) {
-  // Weights left whole across a step or a load are the old ones: gathered again.
-  if (w.gathering || w.current()) return;
+void Unit::issue_gather(Weights& w) {
   Storage& full = *w.full.storage();
   full.materialize();
   // Gathering the same weights as last time keeps the version the forward's saved tensors
@@ -234,25 +224,30 @@ void Unit::issue_gather(ShardedWeights& w) {
   w.gathered_from = shard_version;
 }
 
+// gathering -> gathered.
 void Unit::finish_gathers() {
-  for (ShardedWeights* w : gathered_parts())
+  if (state_ != State::gathering) return;
+  for (Weights* w : gathered_parts())
     if (w->gathering) std::exchange(w->gathering, nullptr)->wait();
+  state_ = State::gathered;
 }
 
+// gathered (or gathering: the gather is let finish, as it writes into the buffer) -> sharded.
 void Unit::release() {
-  if (!ctx_.placement.gathers_parameters()) return;
-  finish_gathers();  // a gather in flight writes into the buffers: let it finish
-  for (ShardedWeights* w : gathered_parts()) w->full.storage()->release();
+  if (!ctx_.placement.gathers_parameters() || state_ == State::sharded) return;
+  finish_gathers();
+  for (Weights* w : gathered_parts()) w->full.storage()->release();
+  state_ = State::sharded;
 }
 
 void Unit::ensure_full_gradient() {
-  if (grad_full.defined()) return;
-  grad_full = allocate(padded, ctx_.compute_dtype, ctx_.device, MemoryCategory::gradient, true);
-  for (const ParamSlot& slot : entries) Repoint::point_grad(slot.param, view_of(grad_full, slot));
+  if (grad_full_.defined()) return;
+  grad_full_ = allocate(spec_.padded, ctx_.compute_dtype, ctx_.device, MemoryCategory::gradient, true);
+  point_grads(grad_full_);
 }
 
-// How each placement averages a bucket across ranks:
-//   DDP            the bucket of the full gradient is all-reduced in place
+// How each placement averages the gradient across ranks:
+//   DDP            a bucket [begin, end) of the full gradient is all-reduced in place
 //   ZeRO-1         the full gradient is reduce-scattered (summed) into slice r and the
 //                  other slices zeroed, so a later synced micro-batch adds only new
 //                  gradients; step() divides by N once
@@ -261,128 +256,134 @@ void Unit::ensure_full_gradient() {
 //                  within the shard group, then all-reduced across the groups), added
 //                  into the persistent gradient shard, and freed
 // Offloaded, the gradient shard is in host memory: slice r goes down to it once reduced.
-InFlight Unit::reduce_gradients(Bucket& bucket, bool sync) {
-  TraceRange range("reduce_gradients " + name);
+InFlight Unit::reduce_gradients(int64_t begin, int64_t end, int64_t tag, bool sync) {
+  TraceRange range("reduce_gradients " + spec_.name);
   NoGradGuard no_grad;
-  CollectiveTag scope(bucket.tag);
-  bucket.arrived = 0;
-  bucket.reduced = true;
-  const DType dtype = ctx_.reduce_dtype;
-  ProcessGroup& group = ctx_.group;
+  CollectiveTag scope(tag);
+  if (ctx_.placement.all_reduces_gradients()) return all_reduce_bucket(begin, end, sync);
+  if (ctx_.placement.sums_into_full_gradient()) return reduce_scatter_into_full(sync);
+  return reduce_scatter_and_free();
+}
+
+InFlight Unit::all_reduce_bucket(int64_t begin, int64_t end, bool sync) {
   InFlight job;
-  if (ctx_.placement.all_reduces_gradients()) {
-    if (!sync) return job;
-    const Tensor grads = grad_full.narrow(0, bucket.begin, bucket.end - bucket.begin);
-    const Tensor buffer = in_reduce_dtype(grads, dtype);
-    job.work = group.all_reduce_async(buffer, ReduceKind::average);
-    if (!buffer.is_same(grads)) job.then = [buffer, grads] {
-      cast_into(buffer, grads);
-      return InFlight{};
+  if (!sync) return job;
+  const Tensor grads = grad_full_.narrow(0, begin, end - begin);
+  const Tensor buffer = in_reduce_dtype(grads, ctx_.reduce_dtype);
+  job.work = ctx_.group.all_reduce_async(buffer, ReduceKind::average);
+  if (!buffer.is_same(grads)) job.then = [buffer, grads] {
+    cast_into(buffer, grads);
+    return InFlight{};
+  };
+  return job;
+}
+
+// Summed, not averaged: slice r keeps the sum of every rank's gradients so far, and the
+// others are zeroed once reduced, so the next synced micro-batch's reduction adds only
+// what came since. (An in-place average would average slice r's earlier average.)
+InFlight Unit::reduce_scatter_into_full(bool sync) {
+  InFlight job;
+  if (!sync) return job;
+  ProcessGroup& group = ctx_.group;
+  const int64_t shard = spec_.shard;
+  const Tensor buffer = in_reduce_dtype(grad_full_, ctx_.reduce_dtype);
+  const Tensor slice = ctx_.placement.offloads_optimizer() ? grad_full_.narrow(0, group.rank() * shard, shard) : grad_shard_;
+  const Tensor mine = buffer.is_same(grad_full_)
+                          ? slice
+                          : allocate(shard, ctx_.reduce_dtype, buffer.device(), MemoryCategory::communication, false);
+  job.work = group.reduce_scatter_async(buffer, mine, ReduceKind::sum);
+  job.then = [mine, slice, full = grad_full_, to = grad_shard_, r = group.rank(), s = shard] {
+    if (!mine.is_same(slice)) cast_into(mine, slice);
+    if (!slice.is_same(to)) cast_into(slice, to);  // offload: the running sum, down to the host
+    backend(full.device()).fill(full.narrow(0, 0, r * s), 0.0);
+    backend(full.device()).fill(full.narrow(0, (r + 1) * s, full.numel() - (r + 1) * s), 0.0);
+    return InFlight{};
+  };
+  return job;
+}
+
+// A unit none of whose parameters got a gradient here still takes part, with zeros: on
+// other ranks they may have. The full gradient is freed here as far as this rank's code
+// goes: a host group's queued collective holds the buffer until it has run; on NCCL,
+// record_stream keeps the allocator from reusing the block until the reduce-scatter is done.
+InFlight Unit::reduce_scatter_and_free() {
+  ensure_full_gradient();
+  const Tensor buffer = in_reduce_dtype(grad_full_, ctx_.reduce_dtype);
+  point_grads(Tensor());
+  grad_full_ = Tensor();
+  const Tensor mine = allocate(spec_.shard, ctx_.reduce_dtype, buffer.device(), MemoryCategory::communication, false);
+  InFlight job{ctx_.group.reduce_scatter_async(buffer, mine, ReduceKind::average), {}};
+  const auto accumulate = [mine, to = grad_shard_] {  // across micro-batches: grad_shard += mine
+    backend(to.device()).binary(BinaryOp::add, to, moved(mine, to.device(), to.dtype()), to);
+    return InFlight{};
+  };
+  job.then = accumulate;
+  // Hybrid sharding: the group's average, averaged across the groups holding the same shard.
+  if (ctx_.replicas != nullptr)
+    job.then = [mine, accumulate, replicas = ctx_.replicas, tag = CollectiveTag::current()] {
+      CollectiveTag scope(tag);
+      return InFlight{replicas->all_reduce_async(mine, ReduceKind::average), accumulate};
     };
-  } else if (ctx_.placement.sums_into_full_gradient()) {
-    if (!sync) return job;
-    // Summed, not averaged: slice r keeps the sum of every rank's gradients so far, and
-    // the others are zeroed once reduced, so the next synced micro-batch's reduction adds
-    // only what came since. (An in-place average would average slice r's earlier average.)
-    const Tensor buffer = in_reduce_dtype(grad_full, dtype);
-    const Tensor slice = ctx_.placement.offloads_optimizer() ? grad_full.narrow(0, group.rank() * shard, shard) : grad_shard;
-    const Tensor mine = buffer.is_same(grad_full)
-                            ? slice
-                            : allocate(shard, dtype, buffer.device(), MemoryCategory::communication, false);
-    job.work = group.reduce_scatter_async(buffer, mine, ReduceKind::sum);
-    job.then = [mine, slice, full = grad_full, to = grad_shard, r = group.rank(), s = shard] {
-      if (!mine.is_same(slice)) cast_into(mine, slice);
-      if (!slice.is_same(to)) cast_into(slice, to);  // offload: the running sum, down to the host
-      backend(full.device()).fill(full.narrow(0, 0, r * s), 0.0);
-      backend(full.device()).fill(full.narrow(0, (r + 1) * s, full.numel() - (r + 1) * s), 0.0);
-      return InFlight{};
-    };
-  } else {
-    // A unit none of whose parameters got a gradient here still takes part, with zeros:
-    // on other ranks they may have.
-    ensure_full_gradient();
-    // Freed here as far as this rank's code goes: a host group's queued collective holds
-    // the buffer until it has run; on NCCL, record_stream keeps the allocator from reusing
-    // the block until the reduce-scatter is done.
-    const Tensor buffer = in_reduce_dtype(grad_full, dtype);
-    for (const ParamSlot& slot : entries) Repoint::point_grad(slot.param, Tensor());
-    grad_full = Tensor();
-    const Tensor mine = allocate(shard, dtype, buffer.device(), MemoryCategory::communication, false);
-    job.work = group.reduce_scatter_async(buffer, mine, ReduceKind::average);
-    const auto accumulate = [mine, to = grad_shard] {  // across micro-batches: grad_shard += mine
-      backend(to.device()).binary(BinaryOp::add, to, moved(mine, to.device(), to.dtype()), to);
-      return InFlight{};
-    };
-    job.then = accumulate;
-    // Hybrid sharding: the group's average, averaged across the groups holding the same shard.
-    if (ctx_.replicas != nullptr)
-      job.then = [mine, accumulate, replicas = ctx_.replicas, tag = bucket.tag] {
-        CollectiveTag scope(tag);
-        return InFlight{replicas->all_reduce_async(mine, ReduceKind::average), accumulate};
-      };
-  }
   return job;
 }
 
 void Unit::zero_grad() {
   if (ctx_.placement.frees_full_gradients()) {
-    grad_shard.zero_();
-    for (const ParamSlot& slot : entries) Repoint::point_grad(slot.param, Tensor());
-    grad_full = Tensor();  // a backward that never completed
+    grad_shard_.zero_();
+    point_grads(Tensor());
+    grad_full_ = Tensor();  // a backward that never completed
   } else {
-    grad_full.zero_();
-    if (ctx_.placement.offloads_optimizer()) grad_shard.zero_();  // its own buffer, on the host
-  }
-  for (Bucket& bucket : buckets) {
-    bucket.arrived = 0;
-    bucket.reduced = false;
+    grad_full_.zero_();
+    if (ctx_.placement.offloads_optimizer()) grad_shard_.zero_();  // its own buffer, on the host
   }
 }
 
 std::vector<optim::AdamWSpan> Unit::optimizer_spans() {
   const bool sharded = ctx_.placement.optimizer_sharded();
-  const int64_t base = sharded ? ctx_.group.rank() * shard : 0;
-  const Tensor& grad = sharded ? grad_shard : grad_full;
+  const int64_t base = sharded ? ctx_.group.rank() * spec_.shard : 0;
+  const Tensor& grad = sharded ? grad_shard_ : grad_full_;
   const Tensor compute = compute_for_update();
   std::vector<optim::AdamWSpan> spans;
   // Each update range, cut to this rank's part.
-  for (const UpdateRange& range : update_ranges) {
-    const int64_t begin = std::max(range.begin, base), end = std::min(range.end, base + master.numel());
+  for (const UpdateRange& range : spec_.update_ranges) {
+    const int64_t begin = std::max(range.begin, base), end = std::min(range.end, base + master_.numel());
     if (end <= begin) continue;
     auto part = [&](const Tensor& t) { return t.narrow(0, begin - base, end - begin); };
-    spans.push_back({part(master), part(grad), part(m), part(v), compute.defined() ? part(compute) : Tensor(),
+    spans.push_back({part(master_), part(grad), part(m_), part(v_), compute.defined() ? part(compute) : Tensor(),
                      range.decay, range.lr_scale, range.weight_decay});
   }
   return spans;
 }
 
+// The optimizer's slice of the compute weights: the shard itself, or (offload, with the
+// shard on the device) a host buffer the update writes, copied up by after_step.
 Tensor Unit::compute_for_update() {
   const Tensor& mine = updated_weights();
-  if (mine.is_same(master)) return {};  // the master is the compute weights
-  if (mine.device() == master.device()) return mine;
+  if (mine.is_same(master_)) return {};  // the master is the compute weights
+  if (mine.device() == master_.device()) return mine;
   // Ordinary host memory: page-locking a fresh buffer every step (cudaHostAlloc) costs more than it saves.
-  compute_staging = allocate(master.numel(), ctx_.compute_dtype, master.device(), MemoryCategory::communication, false);
-  return compute_staging;
+  compute_staging_ = allocate(master_.numel(), ctx_.compute_dtype, master_.device(), MemoryCategory::communication, false);
+  return compute_staging_;
 }
 
 WorkHandle Unit::after_step() {
-  TraceRange range("after_step " + name);
-  if (compute_staging.defined()) {  // offload: the updated compute weights up to the device
+  TraceRange range("after_step " + spec_.name);
+  if (compute_staging_.defined()) {  // offload: the updated compute weights up to the device
     const Tensor& mine = updated_weights();
-    cast_into(std::exchange(compute_staging, Tensor()), mine);
+    cast_into(std::exchange(compute_staging_, Tensor()), mine);
     mine.storage()->bump_version();
   }
   if (!ctx_.placement.gathers_after_step()) return nullptr;
-  CollectiveTag scope(tag);
-  return ctx_.group.all_gather_async(weights.shard, weights.full);
+  CollectiveTag scope(spec_.tag);
+  return ctx_.group.all_gather_async(weights_.shard, weights_.full);
 }
 
 void Unit::refresh_compute() {
   NoGradGuard no_grad;
-  if (!updated_weights().is_same(master)) Tensor(updated_weights()).copy_(master);
+  if (!updated_weights().is_same(master_)) Tensor(updated_weights()).copy_(master_);
   if (!ctx_.placement.optimizer_sharded()) return;
-  CollectiveTag scope(tag);
-  if (!ctx_.placement.gathers_parameters()) ctx_.group.all_gather(weights.shard, weights.full);
+  CollectiveTag scope(spec_.tag);
+  if (!ctx_.placement.gathers_parameters()) ctx_.group.all_gather(weights_.shard, weights_.full);
 }
 
 }  // namespace zg::dist

@@ -1,66 +1,39 @@
 // A unit: a group of parameters stored as one flat buffer per role, padded to a
-// multiple of the world size N, rank r owning slice [r S, (r+1) S) -- FSDP2's
-// FSDPParamGroup. It owns its lifecycle:
+// multiple of the S ranks it shards over, rank r owning slice [r P/S, (r+1) P/S) --
+// FSDP2's FSDPParamGroup. It owns its buffers and its lifecycle:
 //
 //   materialize        allocate this rank's buffers (the placement says which are
 //                      full and which sharded) and fill them with the initial values
 //   gather / release   ZeRO-3: all-gather the full compute weights before a use,
 //                      free them after (prefetch issues the gather without waiting)
-//   reduce_gradients   average one bucket of the gradient across ranks (all-reduce
-//                      or reduce-scatter, as placed), returned as work in flight
+//   reduce_gradients   average one range of the gradient across ranks (all-reduce or
+//                      reduce-scatter, as placed), returned as work in flight
 //   optimizer_spans    the master / grad / m / v ranges this rank updates
 //   after_step         ZeRO-1, 2: all-gather the updated slices into the full weights
 //
-// Schedulers (the gradient reducer's bucket order, ZeRO-3's gather order) decide
-// when; the unit only knows how. It never reaches back into the ShardedModel.
+// Its compute weights are in one of three states, changed only by these methods:
+//
+//   sharded ──prefetch──> gathering ──finish_gathers──> gathered ──release──> sharded
+//      └──────────────────────gather─────────────────────┘
+//
+// (stages 0-2 hold them whole: always gathered). Schedulers (the gradient reducer's
+// bucket order, ZeRO-3's gather order) decide when; the unit only knows how. Others read
+// its layout and roles through const accessors; it never reaches back into the model.
 #pragma once
-
-#include <optional>
 
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "dist/comm/process_group.h"
-#include "dist/zero/placement.h"
-#include "nn/module.h"
+#include "autograd/graph.h"
+#include "dist/zero/planner.h"
 #include "optim/adamw.h"
 
 namespace zg::dist {
 
-// Where one parameter sits in its unit's flat buffers.
-struct ParamSlot {
-  std::string name;
-  Tensor param;    // the module's parameter, a view into the unit's full buffer
-  int64_t offset;  // in elements, into every buffer of the unit
-  Shape shape;
-};
 // The slice of a flat buffer that belongs to one parameter, shaped like it.
 Tensor view_of(const Tensor& flat, const ParamSlot& slot);
-
-// A range [begin, end) of a unit's flat gradient, full once the gradients of its
-// `members` parameters have all landed. DDP cuts a unit into buckets of about
-// ZeroConfig::bucket_bytes; the ZeRO stages use one bucket per unit.
-struct Bucket {
-  int64_t begin = 0, end = 0;
-  size_t members = 0;
-  size_t arrived = 0;    // members whose gradient landed in this backward
-  bool reduced = false;  // in this backward
-  int64_t tag = 0;       // its reduction's CollectiveTag: the unit's, or (DDP) one of its own
-};
-
-// Compute weights in one flat buffer, padded to a multiple of N. Full placement: `full`
-// is the buffer and `shard` a view of slice r. Sharded (ZeRO-3): `shard` has its own
-// storage, and `full` (`communication`) exists only while gathered. With parameter
-// offload and 16-bit compute, `shard` is the f32 master shard in host memory, cast to
-// the compute dtype as it is gathered (its rounding is what the update would write).
-struct ShardedWeights {
-  Tensor full, shard;
-  WorkHandle gathering;        // an all-gather of `full` in flight (a prefetch)
-  uint64_t gathered_from = 0;  // shard's storage version at the last gather
-  bool current() const;        // whole, gathered from the shard as it is now
-  bool has_full() const { return full.defined() && full.numel() > 0; }  // a part ZeRO-3 gathers
-};
 
 // A reduction in flight; `then` finishes it (rounds a reduce-dtype result back, adds a
 // shard into the gradient shard), or starts its next collective (hybrid sharding's
@@ -70,10 +43,17 @@ struct InFlight {
   std::function<InFlight()> then;
 };
 
+// How a unit points its parameters' data and .grad at views of its buffers: ParameterOwner's
+// protected rights, lent by the ShardedModel that owns the parameters.
+struct ParameterViews {
+  std::function<void(const Tensor& param, const Tensor& data)> point_data;
+  std::function<void(const Tensor& param, const Tensor& grad)> point_grad;
+};
+
 // What every unit of one ShardedModel shares.
 struct UnitContext {
-  ProcessGroup& group;  // the units shard over it: the whole group, or a hybrid shard group
-  ProcessGroup* replicas = nullptr;  // hybrid sharding: the same shard on the other groups
+  ProcessGroup& group;  // the units shard over it: the mesh's dp_shard dimension
+  ProcessGroup* replicas = nullptr;  // hybrid sharding: the same shard on the other groups (dp_replicate)
   Placement placement;
   DType compute_dtype, reduce_dtype, accumulate_dtype;  // accumulate: the gradient shard's
   Device device;  // the compute device (the parameters')
@@ -84,82 +64,101 @@ struct UnitContext {
 
 class Unit {
  public:
-  Unit(const UnitContext& context, std::string name, nn::Module* module)
-      : name(std::move(name)), module(module), ctx_(context) {}
+  enum class State : uint8_t { sharded, gathering, gathered };
+  static const char* name(State state);
 
-  // Packs `trained` by parameter group (group_of: an index into `groups`, or -1), each
-  // group's matrices first (so each (group, decay) is one range the optimizer updates with
-  // one call), and `frozen` (ZeRO-3 shards frozen parameters too, in a buffer of their own).
-  // Without groups: matrices, then the rest.
-  void plan(const nn::NamedTensors& trained, const nn::NamedTensors& frozen, const std::vector<optim::ParamGroup>& groups,
-            const std::function<int(const Tensor&)>& group_of);
-  // Allocates this rank's buffers on `device` and fills them: the trained parameters'
+  Unit(const UnitContext& context, UnitSpec spec);
+
+  // Allocates this rank's buffers on the device and fills them: the trained parameters'
   // master weights (f32; f64 for f64 compute) and compute copy, zeroed Adam state and
-  // gradient. `initial(slot, begin, out)` writes elements [begin, begin + out.numel())
-  // of a parameter's initial values into `out`, which is all a unit asks of a model.
+  // gradient; the parameters become views of the full buffers. `initial(slot, begin, out)`
+  // writes elements [begin, begin + out.numel()) of a parameter's initial values into `out`.
   using InitialValues = std::function<void(const ParamSlot& slot, int64_t begin, const Tensor& out)>;
-  void materialize(const InitialValues& initial);
+  void materialize(const InitialValues& initial, ParameterViews views);
 
-  void prefetch();          // ZeRO-3: issues the all-gathers of what is not current
-  void finish_gathers();    // waits for them
+  // ZeRO-3's weights. prefetch issues the all-gathers of what is not current; gather waits.
+  State state() const { return state_; }
+  void prefetch();
+  void finish_gathers();
   void gather() { prefetch(); finish_gathers(); }
   void release();           // frees the full compute weights (after any gather in flight)
-  bool is_current() const;  // every gathered part whole and current
-  std::string release_note() const;  // when its full weights exist, for errors
-  uint64_t compute_version() const;  // of the full compute weights: any write bumps it
-  std::vector<ShardedWeights*> gathered_parts();
+  bool is_current() const;  // every gathered part whole and gathered from the shard as it is now
+  std::string release_note() const;   // when its full weights exist, for errors
+  int64_t gathered_bytes() const;     // of its full compute weights (ZeRO-3), gathered or not
+  // Whether someone else wrote the full compute weights since mark_compute_ours().
+  bool compute_written_by_others() const { return compute_version() != written_by_us_; }
+  void mark_compute_ours() { written_by_us_ = compute_version(); }
 
   // Gradients: before the first lands (ZeRO-2, 3) a zeroed full buffer, .grad views into it.
   void ensure_full_gradient();
-  // Starts the bucket's reduction; `sync` false (DDP, ZeRO-1) keeps the gradients local.
-  InFlight reduce_gradients(Bucket& bucket, bool sync);
+  // Starts reducing [begin, end) of the gradient (the whole unit unless DDP cut it into
+  // buckets), tagged `tag`; `sync` false (DDP, ZeRO-1) keeps the gradients local.
+  InFlight reduce_gradients(int64_t begin, int64_t end, int64_t tag, bool sync);
   void zero_grad();
-  // The update ranges of what this rank updates, each with its group's lr and decay; grads
-  // scaled by the caller.
+  // The update ranges of what this rank updates, each with its group's lr and decay.
   std::vector<optim::AdamWSpan> optimizer_spans();
   // ZeRO-1, 2 after the update: every rank's new slice, into its full compute weights.
   WorkHandle after_step();
   // After master weights were loaded: the compute copy from them (every rank's, gathered).
   void refresh_compute();
-  // The optimizer's slice of the compute weights: the shard itself, or (offload, with the
-  // shard on the device) a host buffer the update writes, copied up by after_step.
-  Tensor compute_for_update();
-  // The compute weights the optimizer updates: this rank's slice, or the whole buffer (DDP).
-  const Tensor& updated_weights() const { return ctx_.placement.optimizer_sharded() ? weights.shard : weights.full; }
 
-  // Identity and layout.
-  std::string name;
-  int64_t tag = 0;               // its gathers' CollectiveTag: its place in the units, from 1
-  nn::Module* module = nullptr;  // null for the root unit
-  std::vector<ParamSlot> entries, frozen_entries;
-  int64_t numel = 0, padded = 0, shard = 0;
-  // [begin, end) of the trained buffer a parameter group's matrices or vectors fill, with
-  // what that group changes (none: the defaults).
-  struct UpdateRange {
-    int64_t begin, end;
-    bool decay;
-    double lr_scale;
-    std::optional<double> weight_decay;
-  };
-  std::vector<UpdateRange> update_ranges;
-  // Buffers per role.
-  ShardedWeights weights;  // the trained parameters' compute weights: [padded], [shard]
-  ShardedWeights frozen;   // ZeRO-3's frozen parameters (undefined when none)
-  Tensor grad_full;        // [padded]: always (full gradients), or during the unit's backward
-  Tensor grad_shard;       // [shard]: slice r of grad_full, or its own storage
-  Tensor master, m, v;     // [padded] (full optimizer state) or [shard]
-  Tensor compute_staging;  // offload: the update's 16-bit weights on the host, until after_step
-  std::vector<Bucket> buckets;
-  std::vector<size_t> bucket_of;  // entry -> its bucket
-  uint64_t written_by_us = 0;     // compute_version() after our last write
-  bool keep_after_forward = false;  // ZeRO-3: gathered from its forward to its backward
-  int64_t gathered_bytes() const;   // of its full compute weights (ZeRO-3), gathered or not
+  // Layout, as planned.
+  const UnitSpec& spec() const { return spec_; }
+  const std::string& name() const { return spec_.name; }
+  int64_t tag() const { return spec_.tag; }
+  nn::Module* module() const { return spec_.module; }
+  const std::vector<ParamSlot>& entries() const { return spec_.entries; }
+  const std::vector<ParamSlot>& frozen_entries() const { return spec_.frozen_entries; }
+  int64_t numel() const { return spec_.numel; }
+  int64_t padded() const { return spec_.padded; }
+  int64_t shard() const { return spec_.shard; }
+  bool keep_after_forward() const { return spec_.keep_after_forward; }
+  // Roles, for reading (a checkpoint writes their values, never their storage).
+  const Tensor& master() const { return master_; }  // [padded] (full optimizer state) or [shard]
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
+  const Tensor& grad_shard() const { return grad_shard_; }
+  const Tensor& frozen_shard() const { return frozen_.shard; }  // undefined without frozen parameters
 
  private:
-  void issue_gather(ShardedWeights& weights);
-  void place(ShardedWeights& weights, const std::vector<ParamSlot>& slots, int64_t padded, const InitialValues& initial,
+  // Compute weights in one flat buffer. Full placement: `full` is the buffer and `shard` a
+  // view of slice r. Sharded (ZeRO-3): `shard` has its own storage, and `full`
+  // (`communication`) exists only while gathered. With parameter offload and 16-bit
+  // compute, `shard` is the f32 master shard on the host, cast as it is gathered.
+  struct Weights {
+    Tensor full, shard;
+    WorkHandle gathering;        // an all-gather of `full` in flight (a prefetch)
+    uint64_t gathered_from = 0;  // shard's storage version at the last gather
+    bool current() const;
+    bool has_full() const { return full.defined() && full.numel() > 0; }  // a part ZeRO-3 gathers
+  };
+  std::vector<Weights*> gathered_parts();
+  std::vector<const Weights*> gathered_parts() const;
+  uint64_t compute_version() const;  // of the full compute weights: any write bumps it
+  void issue_gather(Weights& weights);
+  void place(Weights& weights, const std::vector<ParamSlot>& slots, int64_t padded, const InitialValues& initial,
              bool shard_from_master);
+  void point_grads(const Tensor& grad_full);  // every trained parameter's .grad: a view, or none
+  // The compute weights the optimizer updates: this rank's slice, or the whole buffer (DDP).
+  const Tensor& updated_weights() const {
+    return ctx_.placement.optimizer_sharded() ? weights_.shard : weights_.full;
+  }
+  Tensor compute_for_update();
+  InFlight all_reduce_bucket(int64_t begin, int64_t end, bool sync);
+  InFlight reduce_scatter_into_full(bool sync);
+  InFlight reduce_scatter_and_free();
+
   const UnitContext& ctx_;
+  UnitSpec spec_;
+  State state_ = State::gathered;
+  ParameterViews views_;
+  Weights weights_;          // the trained parameters' compute weights: [padded], [shard]
+  Weights frozen_;           // ZeRO-3's frozen parameters (undefined when none)
+  Tensor grad_full_;         // [padded]: always (full gradients), or during the unit's backward
+  Tensor grad_shard_;        // [shard]: slice r of grad_full, or its own storage
+  Tensor master_, m_, v_;    // [padded] (full optimizer state) or [shard]
+  Tensor compute_staging_;   // offload: the update's 16-bit weights on the host, until after_step
+  uint64_t written_by_us_ = 0;  // compute_version() after our last write
 };
 
 // How checkpoints and the replicated state name a frozen parameter and a buffer.

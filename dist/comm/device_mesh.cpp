@@ -1,0 +1,123 @@
+#include "dist/comm/device_mesh.h"
+
+#include <set>
+
+#include "dist/comm/fake_group.h"
+
+namespace zg::dist {
+
+const char* name(Link link) { return link == Link::within_node ? "within node" : "across nodes"; }
+
+namespace {
+
+std::string dim_names(const std::vector<MeshDim>& dims) {
+  std::string names;
+  for (const MeshDim& d : dims) names += (names.empty() ? "'" : ", '") + d.name + "'";
+  return names.empty() ? "none" : names;
+}
+
+}  // namespace
+
+DeviceMesh::DeviceMesh(ProcessGroup& world, std::vector<MeshDim> dims, int ranks_per_node)
+    : world_(world), dims_(std::move(dims)), ranks_per_node_(ranks_per_node == 0 ? world.size() : ranks_per_node) {
+  int64_t product = 1;
+  std::set<std::string> seen;
+  std::string shape;
+  for (const MeshDim& d : dims_) {
+    ZG_CHECK(!d.name.empty() && seen.insert(d.name).second, "DeviceMesh: dimension names must be distinct and not "
+             "empty, got ", dim_names(dims_));
+    ZG_CHECK(d.size >= 1, "DeviceMesh: dimension '", d.name, "' has size ", d.size, "; sizes are at least 1");
+    product *= d.size;
+    shape += (shape.empty() ? "" : " x ") + std::to_string(d.size);
+  }
+  ZG_CHECK(product == world.size(), "DeviceMesh: dimensions of sizes ", shape.empty() ? "(none)" : shape,
+           " hold ", product, " ranks, but the group has ", world.size());
+  ZG_CHECK(ranks_per_node_ >= 1, "DeviceMesh: ranks_per_node must be >= 1 (0: one node), got ", ranks_per_node);
+  // Every rank splits in the same order: one collective per dimension that is neither the
+  // world nor a rank alone (a group of one, whose collectives are the identity).
+  for (size_t d = 0; d < dims_.size(); ++d) {
+    if (dims_[d].size == world.size()) {
+      groups_.push_back(&world);
+      continue;
+    }
+    owned_.push_back(dims_[d].size == 1 ? std::make_unique<FakeGroup>(0, 1, stride_at(d))
+                                        : world.split_grid(dims_[d].size, stride_at(d)));
+    groups_.push_back(owned_.back().get());
+  }
+}
+
+DeviceMesh::~DeviceMesh() = default;
+
+size_t DeviceMesh::index(std::string_view dim) const {
+  for (size_t d = 0; d < dims_.size(); ++d)
+    if (dims_[d].name == dim) return d;
+  fail("DeviceMesh: no dimension '", dim, "'; the mesh has ", dim_names(dims_));
+}
+
+int DeviceMesh::stride_at(size_t d) const {
+  int stride = 1;
+  for (size_t e = d + 1; e < dims_.size(); ++e) stride *= dims_[e].size;
+  return stride;
+}
+
+bool DeviceMesh::has(std::string_view dim) const {
+  for (const MeshDim& d : dims_)
+    if (d.name == dim) return true;
+  return false;
+}
+
+int DeviceMesh::size(std::string_view dim) const { return has(dim) ? dims_[index(dim)].size : 1; }
+int DeviceMesh::coordinate(std::string_view dim) const {
+  return has(dim) ? world_.rank() / stride(dim) % size(dim) : 0;
+}
+int DeviceMesh::stride(std::string_view dim) const { return stride_at(index(dim)); }
+ProcessGroup& DeviceMesh::group(std::string_view dim) const { return *groups_[index(dim)]; }
+
+std::vector<int> DeviceMesh::members_of(const std::vector<MeshDim>& dims, int rank, size_t dim) {
+  int stride = 1;
+  for (size_t e = dim + 1; e < dims.size(); ++e) stride *= dims[e].size;
+  const int c = rank / stride % dims.at(dim).size;
+  std::vector<int> members;
+  for (int j = 0; j < dims[dim].size; ++j) members.push_back(rank + (j - c) * stride);
+  return members;
+}
+
+std::vector<int> DeviceMesh::members(std::string_view dim) const { return members_of(dims_, world_.rank(), index(dim)); }
+
+Link DeviceMesh::link(std::string_view dim) const {
+  const std::vector<int> ranks = members(dim);
+  const int node = world_.rank() / ranks_per_node_;
+  for (int q : ranks)
+    if (q / ranks_per_node_ != node) return Link::across_nodes;
+  return Link::within_node;
+}
+
+// Adjacent dimensions a..b are one grid: their sizes multiplied, the innermost's stride.
+ProcessGroup& DeviceMesh::flatten(const std::string& name, const std::vector<std::string>& dims) {
+  for (const auto& [existing, group] : flattened_)
+    if (existing == name) return *group;
+  ZG_CHECK(!dims.empty(), "DeviceMesh::flatten: '", name, "' names no dimensions");
+  const size_t first = index(dims.front());
+  int size = 1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    ZG_CHECK(index(dims[i]) == first + i, "DeviceMesh::flatten: '", name, "' must name adjacent dimensions in mesh "
+             "order; the mesh has ", dim_names(dims_));
+    size *= dims_[first + i].size;
+  }
+  ProcessGroup* group = &world_;
+  if (dims.size() == 1) group = groups_[first];
+  else if (size != world_.size()) {
+    owned_.push_back(world_.split_grid(size, stride_at(first + dims.size() - 1)));
+    group = owned_.back().get();
+  }
+  flattened_.emplace_back(name, group);
+  return *group;
+}
+
+std::string DeviceMesh::describe() const {
+  std::string text;
+  for (const MeshDim& d : dims_) text += (text.empty() ? "" : " x ") + d.name + " " + std::to_string(d.size);
+  return text + " (" + std::to_string(world_.size()) + " ranks, " + std::to_string(ranks_per_node_) + " a node)";
+}
+
+}  // namespace zg::dist
