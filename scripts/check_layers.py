@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fails when an #include breaks the layering of DESIGN.md ("Layers").
+"""Fails when an #include breaks the layering of docs/design.md ("Layers").
 
 Layers, low to high: tensor/, cuda/ (it may include tensor/, not the other way round),
 autograd/, nn/, optim/, dist/comm/, dist/zero/. A library file includes from its own
