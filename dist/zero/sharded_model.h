@@ -32,8 +32,10 @@
 // parameters form which unit is the planner's (dist/zero/planner.h); what each stage
 // keeps where is the placement policy's (dist/zero/placement.h); the unit
 // (dist/zero/unit.h) owns its buffers and their lifecycle; the schedulers
-// (gradient_reducer.h, gather_scheduler.h) decide when. One rank is the same code
-// with a group of one (dist::SingleRank): there is one training path.
+// (gradient_reducer.h, gather_scheduler.h) decide when. This class is built in
+// sharded_model.cpp, steps in sharded_step.cpp, and saves and loads in
+// sharded_checkpoint.cpp. One rank is the same code with a group of one
+// (dist::SingleRank): there is one training path.
 //
 // A model built under DeferredInit (nothing allocated) is materialised here unit by
 // unit, each rank allocating only what the placement gives it: its initial values are
