@@ -14,7 +14,8 @@ if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ meson setup "$build" -Dcuda=disabled -Dbench=false -Db_sanitize=thread -Db_lundef=false \
     -Dbuildtype=plain -Dcpp_args='-O1 -g1' >/dev/null
 fi
-meson compile -C "$build" tests/test_dist tests/test_caching_allocator tests/test_zero tests/test_offload tests/test_optim \
-  tests/test_memory >/dev/null
-meson test -C "$build" --no-rebuild --print-errorlogs --timeout-multiplier 4 dist caching_allocator zero offload optim \
-  memory
+meson compile -C "$build" tests/test_dist tests/test_caching_allocator tests/test_zero_checkpoint tests/test_zero_equivalence \
+  tests/test_zero_errors tests/test_zero_memory tests/test_zero_parameters tests/test_zero_stage3 tests/test_offload \
+  tests/test_optim tests/test_memory >/dev/null
+meson test -C "$build" --no-rebuild --print-errorlogs --timeout-multiplier 4 dist caching_allocator zero_checkpoint \
+  zero_equivalence zero_errors zero_memory zero_parameters zero_stage3 offload optim memory

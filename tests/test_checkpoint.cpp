@@ -1,6 +1,6 @@
 // Checkpoints: safetensors round trips, a file written by PyTorch, resumed
 // training that continues the same curve (one device's: a ShardedModel over a group of
-// one; at other world sizes, test_zero), and damaged files that must fail cleanly.
+// one; at other world sizes, test_zero_checkpoint), and damaged files that must fail cleanly.
 #include <atomic>
 #include <chrono>
 #include <cstdio>

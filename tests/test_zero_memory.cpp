@@ -1,0 +1,269 @@
+// ZeRO's memory and traffic: model-state bytes per rank equal the ZeRO paper's formulas
+// (real ranks, and meta dry runs up to 7.5B parameters), bytes sent per step, no growth
+// step after step, a deferred build, and a dry run's step log and step model.
+#include "dist/comm/fake_group.h"
+#include "dist/comm/local_group.h"
+#include "dist/comm/step_model.h"
+#include "dist/zero/sharded_model.h"
+#include "helpers.h"
+#include "tensor/deferred.h"
+#include "tensor/step_log.h"
+#include "zero_training.h"
+
+#include <optional>
+#include <set>
+
+namespace zg::test {
+
+// Model states of rank 0 of N on the meta device with a fake group: nothing allocated.
+static int64_t dry_run_model_states(const nn::GPTConfig& config, int n, int stage, int64_t& psi) {
+  Context rank0;
+  ContextGuard guard(rank0);
+  dist::FakeGroup group(0, n);
+  nn::GPT model(config, kMeta);
+  dist::ShardedModel sharded(model, group, {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW});
+  psi = sharded.num_parameters();
+  const MemoryStats s = memory_stats(kMeta);
+  return s[MemoryCategory::parameter] + s[MemoryCategory::gradient] + s[MemoryCategory::optimizer_state];
+}
+
+// One step of rank 0 of N on the meta device: bytes sent, and the peak of gathered units.
+static std::pair<int64_t, int64_t> dry_run_step(const nn::GPTConfig& config, int n, int stage, int prefetch,
+                                                int64_t& psi) {
+  Context rank0;
+  ContextGuard guard(rank0);
+  dist::FakeGroup group(0, n);
+  nn::GPT model(config, kMeta);
+  dist::ShardedModel sharded(model, group,
+                             {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW, .prefetch = prefetch});
+  psi = sharded.num_parameters();
+  const Tensor ids = zeros({1, 64}, TensorOptions(DType::i64).device(kMeta));
+  sharded.zero_grad();
+  group.reset_bytes_sent();
+  model.forward(ids, ids).loss.backward();
+  sharded.step(1e-3);
+  return {group.bytes_sent(), memory_stats(kMeta).peak_of(MemoryCategory::communication)};
+}
+
+TEST_CASE("building a deferred model sharded holds no more than the rank's model states and one unit") {
+  // ZeRO-3 at N = 8 on the meta device: each rank allocates its shards and at most one
+  // unit's full buffer at a time; an eager build held the whole f32 model first.
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    Context rank(3);
+    ContextGuard guard(rank);
+    dist::FakeGroup group(3, 8);
+    std::optional<nn::GPT> model;
+    {
+      DeferredInit deferred;
+      model.emplace(zero_config(), kMeta);
+    }
+    dist::ShardedModel sharded(*model, group, {.stage = stage, .compute_dtype = DType::bf16});
+    const MemoryStats stats = memory_stats(kMeta);
+    const int64_t states = stats[MemoryCategory::parameter] + stats[MemoryCategory::gradient] +
+                           stats[MemoryCategory::optimizer_state];
+    int64_t largest_unit = 0;  // bf16 weights of a block, padded
+    for (const auto& [name, p] : model->h->at<nn::Block>(0).named_parameters()) largest_unit += 2 * p.numel();
+    largest_unit = std::max<int64_t>(largest_unit, 2 * (model->wte->weight.numel() + model->wpe->weight.numel() + 2 * 32));
+    CHECK(stats.peak_total <= states + largest_unit + 8 * 16);
+  }
+}
+
+TEST_CASE("model-state bytes per rank after backward equal the ZeRO formulas (bf16 compute)") {
+  for (int n : {1, 2, 4, 8})
+    for (int stage = 0; stage <= 3; ++stage) {
+      INFO("N=" << n << " stage " << stage);
+      std::vector<int64_t> states(n), expected(n);
+      dist::run_local(n, [&](dist::ProcessGroup& pg) {
+        manual_seed(1);
+        nn::GPT model(zero_config());
+        dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW, .max_grad_norm = 1.0});
+        // P = padded parameter count (each unit padded to a multiple of N)
+        int64_t padded = 0;
+        for (const std::string unit : {"root", "transformer.h.0", "transformer.h.1"}) {
+          int64_t count = 0;
+          for (const auto& [name, p] : model.named_parameters()) {
+            const bool in_block = name.starts_with("transformer.h.");
+            if ((unit == std::string("root") && !in_block) || (in_block && name.starts_with(std::string(unit) + ".")))
+              count += p.numel();
+          }
+          padded += (count + n - 1) / n * n;
+        }
+        const auto [x, y] = global_batch(0);
+        sharded.zero_grad();
+        model.forward(x.narrow(0, 0, 1), y.narrow(0, 0, 1)).loss.backward();
+        const MemoryStats s = memory_stats();
+        if (stage == 3) {  // every gathered unit was released again, but units were gathered
+          CHECK(s[MemoryCategory::communication] == 0);
+          CHECK(s.peak_of(MemoryCategory::communication) > 0);
+        }
+        states[pg.rank()] = s[MemoryCategory::parameter] + s[MemoryCategory::gradient] +
+                            s[MemoryCategory::optimizer_state];
+        const int64_t per_rank = padded / n;
+        expected[pg.rank()] = stage == 0   ? 16 * padded
+                              : stage == 1 ? 4 * padded + 12 * per_rank
+                              : stage == 2 ? 2 * padded + 14 * per_rank
+                                           : 16 * per_rank;
+        sharded.step(1e-3);
+      });
+      CHECK(states == expected);
+    }
+}
+
+TEST_CASE("GPT-2 124M: bytes sent per step equal 2Ψ (stages 0-2) and 3Ψ (stage 3) elements, ring-counted, within 1%") {
+  const nn::GPTConfig gpt2;
+  for (int n : {2, 4, 8})
+    for (int stage = 0; stage <= 3; ++stage) {
+      int64_t psi = 0;
+      const double sent = static_cast<double>(dry_run_step(gpt2, n, stage, 1, psi).first);
+      const double formula = (stage == 3 ? 3.0 : 2.0) * psi * 2 /* bf16 bytes */ * (n - 1) / n;
+      INFO("N=" << n << " stage " << stage << ": " << sent << " bytes, formula " << formula);
+      CHECK(sent >= formula);  // padding only adds
+      CHECK((sent - formula) / formula < 0.01);
+    }
+  // Prefetching holds more gathered units at once; the traffic stays the same.
+  int64_t psi = 0;
+  const auto [sent0, peak0] = dry_run_step(gpt2, 8, 3, 0, psi);
+  const auto [sent2, peak2] = dry_run_step(gpt2, 8, 3, 2, psi);
+  CHECK(sent0 == sent2);
+  CHECK(peak2 > peak0);
+}
+
+TEST_CASE("the meta dry run reproduces the ZeRO paper's example: 7.5B parameters at N = 64") {
+  nn::GPTConfig c;  // 36 x 4096 with a 60,000-token vocabulary: 7,499,636,736 parameters
+  c.n_layer = 36, c.n_head = 32, c.n_embd = 4096, c.vocab_size = 60000, c.block_size = 1024;
+  const double paper_gb[] = {120.0, 31.4, 16.6, 1.9};
+  for (int stage = 0; stage <= 3; ++stage) {
+    int64_t psi = 0;
+    const double gb = static_cast<double>(dry_run_model_states(c, 64, stage, psi)) / 1e9;
+    INFO("stage " << stage << ": " << gb << " GB");
+    CHECK(std::fabs(psi - 7.5e9) / 7.5e9 < 1e-4);
+    CHECK(std::round(gb * 10) / 10 == doctest::Approx(paper_gb[stage]));
+  }
+}
+
+TEST_CASE("GPT-2 124M: model states equal the formulas up to padding (< 0.5%) for N = 1, 2, 4, 8") {
+  const nn::GPTConfig gpt2;
+  for (int n : {1, 2, 4, 8})
+    for (int stage = 0; stage <= 3; ++stage) {
+      int64_t psi = 0;
+      const int64_t states = dry_run_model_states(gpt2, n, stage, psi);
+      const double formula = stage == 0   ? 16.0 * psi
+                             : stage == 1 ? 4.0 * psi + 12.0 * psi / n
+                             : stage == 2 ? 2.0 * psi + 14.0 * psi / n
+                                          : 16.0 * psi / n;
+      INFO("N=" << n << " stage " << stage);
+      CHECK(states >= formula);
+      CHECK((states - formula) / formula < 0.005);
+    }
+}
+
+TEST_CASE("memory does not grow step after step, at any stage") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    dist::run_local(2, [&](dist::ProcessGroup& pg) {
+      ZeroRun run{.dtype = DType::bf16, .stage = stage, .micro_batches = 2};
+      manual_seed(1);
+      nn::GPT model(zero_config(stage == 3));
+      dist::ShardedModel sharded(model, pg, run.config());
+      std::vector<MemoryStats> after;
+      for (int s = 0; s < 8; ++s) {
+        const auto [x, y] = global_batch(s);
+        sharded.zero_grad();
+        for (int k = 0; k < 2; ++k) {
+          sharded.set_gradient_sync(k == 1);
+          model.forward(x.narrow(0, 2 * pg.rank() + k, 1), y.narrow(0, 2 * pg.rank() + k, 1)).loss.backward();
+        }
+        sharded.step(1e-3);
+        after.push_back(memory_stats());
+      }
+      // Every category, byte for byte. (Peaks may differ by a scratch buffer: a
+      // collective's buffers are freed on the communication worker, in its own time.)
+      for (int s = 2; s < 8; ++s) CHECK(after[s].allocated == after[1].allocated);
+      CHECK(after.back()[MemoryCategory::communication] == 0);
+      CHECK(after.back()[MemoryCategory::activation] == 0);
+    });
+  }
+}
+
+TEST_CASE("a meta dry run gives the same figures, peaks included, every time") {
+  const auto peaks = [](int stage) {
+    Context rank0;
+    ContextGuard guard(rank0);
+    dist::FakeGroup group(0, 8);
+    nn::GPT model(nn::GPTConfig{}, kMeta);
+    dist::ShardedModel sharded(model, group, {.stage = stage, .compute_dtype = DType::bf16});
+    const Tensor ids = zeros({1, 64}, TensorOptions(DType::i64).device(kMeta));
+    sharded.zero_grad();
+    model.forward(ids, ids).loss.backward();
+    sharded.step(1e-3);
+    const MemoryStats s = memory_stats(kMeta);
+    return std::vector<int64_t>{s.peak_total, s.peak_of(MemoryCategory::communication), s.peak_of(MemoryCategory::gradient)};
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    const std::vector<int64_t> first = peaks(stage);
+    for (int again = 0; again < 3; ++again) CHECK(peaks(stage) == first);
+  }
+}
+
+TEST_CASE("a dry run's step log holds its kernels' FLOPs and its collectives; the step model replays them") {
+  // GPT-2 124M, ZeRO-3 at N = 8, one sequence of 1024: the matrix products' FLOPs are
+  // 6 x (Ψ without the position table) x tokens, plus attention's 2 T^2 C a layer forward
+  // (causal) and 2.5 times that backward.
+  nn::GPTConfig gpt2;
+  Context rank0;
+  ContextGuard guard(rank0);
+  dist::FakeGroup group(0, 8);
+  nn::GPT model(gpt2, kMeta);
+  dist::ShardedModel sharded(model, group, {.stage = 3, .compute_dtype = DType::bf16, .adamw = kAdamW});
+  const Tensor ids = zeros({1, 1024}, TensorOptions(DType::i64).device(kMeta));
+  StepLog log;
+  group.reset_bytes_sent();
+  {
+    StepLogScope recording(log);
+    sharded.zero_grad();
+    model.forward(ids, ids).loss.backward();
+    sharded.step(1e-3);
+  }
+  double flops = 0, sent = 0;
+  int issued = 0;
+  std::set<int64_t> open;
+  for (const StepEvent& e : log.events) {
+    if (e.kind == StepEvent::Kind::compute) flops += e.flops;
+    if (e.kind == StepEvent::Kind::issue) sent += e.sent, open.insert(e.collective), ++issued;
+    if (e.kind == StepEvent::Kind::wait) CHECK(open.contains(e.collective));  // waits for what was issued
+  }
+  const double T = 1024, C = 768, L = 12;
+  const double expected = 6.0 * static_cast<double>(sharded.num_parameters() - 1024 * 768) * T + 3.5 * 2 * T * T * C * L;
+  CHECK(flops == doctest::Approx(expected).epsilon(0.02));
+  CHECK(sent == static_cast<double>(group.bytes_sent()));
+  CHECK(issued > 3 * 13);  // every unit gathered twice and reduced once, and the agreements
+
+  // The model on a log of its own: 4 s of compute, an all-reduce issued, 4 s more, then a wait.
+  const auto replay = [](double bytes, int group_size) {
+    StepLog synthetic;
+    const int group_id = 0;
+    synthetic.compute(4e12, 0);
+    const int64_t id = synthetic.issue(static_cast<int>(dist::CollectiveOp::all_reduce), bytes, &group_id, group_size, 1);
+    synthetic.compute(4e12, 0);
+    synthetic.wait(id);
+    const dist::Machine machine{.flops_per_second = 1e12, .memory_bytes_per_second = 1e12, .kernel_seconds = 0,
+                                .ranks_per_node = 8, .intra_bytes_per_second = 1e9, .intra_latency_seconds = 0.5,
+                                .inter_bytes_per_second = 1e8, .inter_latency_seconds = 0};
+    return dist::predict(synthetic, machine);
+  };
+  // Within a node: 2 x log2(8) = 6 latencies (log-depth beats the ring's 14) + 1 s: hidden by the second 4 s.
+  const dist::StepTime hidden = replay(1e9, 8);
+  CHECK(hidden.step == doctest::Approx(8));
+  CHECK(hidden.communication == doctest::Approx(4));
+  CHECK(hidden.exposed == doctest::Approx(0));
+  // Across nodes (16 ranks): 1e9 bytes at 1e8 B/s take 10 s from t = 4: 6 s exposed.
+  const dist::StepTime exposed = replay(1e9, 16);
+  CHECK(exposed.step == doctest::Approx(14));
+  CHECK(exposed.exposed == doctest::Approx(6));
+  CHECK_THROWS_WITH_AS(dist::predict(log, {.flops_per_second = 0}), doctest::Contains("step model: every rate must be positive"),
+                       Error);
+}
+
+}  // namespace zg::test
