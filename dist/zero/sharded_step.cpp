@@ -84,6 +84,7 @@ double ShardedModel::gradient_multiplier(const optim::GradScaler* scaler) const 
 // everyone's full compute weights.
 void ShardedModel::update(double lr, double grad_scale, const Tensor& device_scale) {
   std::vector<optim::AdamWSpan> spans;
+  for (auto& unit : units_) unit->finish_gathers();  // a prefetch a forward left in flight reads the shards
   for (auto& unit : units_)
     for (optim::AdamWSpan& span : unit->optimizer_spans()) spans.push_back(std::move(span));
   optim::adamw_update(spans, config_.adamw, lr, step_ + 1, grad_scale, device_scale);

@@ -338,7 +338,14 @@ void Unit::zero_grad() {
   }
 }
 
+// The shard is what a gather in flight reads: nothing may write it until the gather is done.
+void Unit::expect_no_gather(const char* writer) const {
+  ZG_CHECK(state_ != State::gathering, "ShardedModel: ", writer, " would write the shard of unit '", spec_.name,
+           "' while an all-gather in flight reads it; finish_gathers() first");
+}
+
 std::vector<optim::AdamWSpan> Unit::optimizer_spans() {
+  expect_no_gather("the optimizer");
   const bool sharded = ctx_.placement.optimizer_sharded();
   const int64_t base = sharded ? ctx_.group.rank() * spec_.shard : 0;
   const Tensor& grad = sharded ? grad_shard_ : grad_full_;
@@ -379,6 +386,7 @@ WorkHandle Unit::after_step() {
 }
 
 void Unit::refresh_compute() {
+  expect_no_gather("a load");
   NoGradGuard no_grad;
   if (!updated_weights().is_same(master_)) Tensor(updated_weights()).copy_(master_);
   if (!ctx_.placement.optimizer_sharded()) return;

@@ -138,7 +138,8 @@ class Unit {
   void issue_gather(Weights& weights);
   void place(Weights& weights, const std::vector<ParamSlot>& slots, int64_t padded, const InitialValues& initial,
              bool shard_from_master);
-  void point_grads(const Tensor& grad_full);  // every trained parameter's .grad: a view, or none
+  void point_grads(const Tensor& grad_full);
+  void expect_no_gather(const char* writer) const;  // a transition that writes the shard  // every trained parameter's .grad: a view, or none
   // The compute weights the optimizer updates: this rank's slice, or the whole buffer (DDP).
   const Tensor& updated_weights() const {
     return ctx_.placement.optimizer_sharded() ? weights_.shard : weights_.full;
