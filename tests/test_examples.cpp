@@ -195,7 +195,8 @@ TEST_CASE("train_zero trains on N ranks, and its sharded checkpoint resumes at a
   CHECK(run_command(small + " --ranks 3 2>&1", status).find("--batch 4 is not a multiple of --ranks 3") !=
         std::string::npos);
   CHECK(status != 0);
-  CHECK(run_command(small + " --stage 4 2>&1", status).find("--stage must be 0, 1, 2 or 3, got 4") != std::string::npos);
+  CHECK(run_command(small + " --stage 4 2>&1", status)
+            .find("train_zero: ShardedModel: stage must be 0, 1, 2 or 3, got 4") != std::string::npos);
   CHECK(status != 0);
 }
 
