@@ -53,7 +53,8 @@ int64_t host_waits() {
 
 struct Flags {
   std::string model = "124m", device = "cuda", dtype = "bf16", init, write_init, offload = "none";
-  int64_t batch = 16, seq = 1024, steps = 20, warmup = 3, stage = -1;  // -1: 0, or what --offload needs
+  int64_t batch = 16, seq = 1024, steps = 20, warmup = 3;
+  int stage = -1;  // -1: the least stage --offload goes with (0 without)
   bool checkpointing = false;
   double lr = 6e-4, peak_tflops = 0;  // 0: from the device name
   uint64_t seed = 1337;
@@ -112,9 +113,10 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--json") f.json = true;
     else if (a == "--stage") {
       const std::string stage = args.value(a);
-      ZG_CHECK(stage.size() == 1 && stage[0] >= '0' && stage[0] <= '3', "train_step: --stage must be 0, 1, 2 or 3, got '",
-               stage, "'");
-      f.stage = stage[0] - '0';
+      int64_t n = 0;
+      ZG_CHECK(parse_number(stage, n) && n >= 0 && n <= 1024, "train_step: --stage needs a whole number in [0, 1024], "
+               "got '", stage, "'");
+      f.stage = static_cast<int>(n);
     }
     else if (a == "--offload") f.offload = args.value(a);
     else if (a == "--checkpointing") f.checkpointing = true;
@@ -177,15 +179,16 @@ int run(const Flags& f) {
   const Tensor inputs = tokens.narrow(1, 0, f.seq).contiguous(), targets = tokens.narrow(1, 1, f.seq).contiguous();
 
   // bf16 weights the model computes with, fp32 master and Adam moments (16 bytes a parameter),
-  // the last 12 in host memory with --offload.
+  // the last 12 in host memory with --offload; without --stage, at the least stage ZeroConfig
+  // accepts with it (at N = 1 every stage holds what DDP holds).
   const dist::Offload offload = dist::parse_offload(f.offload);
-  const int64_t stage = f.stage >= 0                               ? f.stage
-                        : offload == dist::Offload::optimizer_and_params ? 3
-                        : offload == dist::Offload::optimizer           ? 1
-                                                                         : 0;
   dist::SingleRank one;
-  dist::ShardedModel trainer(model, one, {.stage = static_cast<int>(stage), .compute_dtype = compute,
-                                          .adamw = {0.9, 0.95, 1e-8, 0.1}, .max_grad_norm = 1.0, .offload = offload});
+  dist::ZeroConfig zero{.stage = std::max(f.stage, 0), .compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, 0.1},
+                        .max_grad_norm = 1.0, .offload = offload};
+  while (f.stage < 0 && zero.stage < 3 && !zero.problem(one.size()).empty()) ++zero.stage;
+  const std::string wrong = zero.problem(one.size());
+  ZG_CHECK(wrong.empty(), "train_step: ", wrong);
+  dist::ShardedModel trainer(model, one, zero);
 
   std::vector<Tensor> losses;  // kept on the device until the timing is over
   auto step = [&]() {
@@ -233,7 +236,7 @@ int run(const Flags& f) {
                 "\"peak_activation\": %lld, \"reserved\": %lld, \"host_peak\": %lld, \"host_waits_in_steps\": %lld, \"host_issue_ms\": %.3f, "
                 "\"losses\": [",
                 f.model.c_str(), description.c_str(), f.dtype.c_str(), static_cast<long long>(f.batch),
-                static_cast<long long>(f.seq), static_cast<long long>(stage), f.offload.c_str(),
+                static_cast<long long>(f.seq), static_cast<long long>(zero.stage), f.offload.c_str(),
                 f.checkpointing ? "true" : "false", static_cast<long long>(psi), static_cast<long long>(f.steps),
                 static_cast<long long>(timed), 1e3 * seconds / static_cast<double>(timed), tokens_per_s,
                 flops_per_token, mfu, static_cast<long long>(mem.peak_total),

@@ -67,6 +67,7 @@
 #include "dist/comm/local_group.h"
 #include "dist/comm/step_model.h"
 #include "dist/zero/sharded_model.h"
+#include "dist/zero/zero_config.h"
 #include "nn/gpt.h"
 #include "tensor/atomic_file.h"
 #include "tensor/deferred.h"
@@ -113,25 +114,49 @@ struct Record {
   int64_t host_parameter = 0, host_gradient = 0, host_optimizer_state = 0, host_peak = 0, formula_host = 0;
 };
 
+// The command line, parsed.
+struct Options {
+  std::string model_name, stage_arg = "all", device_arg = "meta", group_arg = "auto", offload_arg = "none";
+  double largest_on = 0;
+  int world = 0, steps = 1;  // world 0: unset (4; under mpirun, its processes)
+  std::vector<int> worlds;   // --world-size's list (--simulate runs each)
+  int64_t layers = 0, heads = 0, embd = 0, vocab = 0;  // a shape of one's own over the preset's (0: the preset's)
+  bool simulate = false, calibrate = false, json = false, checkpointing = false, caching = false;  // caching: meta
+  dist::Machine machine;
+  int64_t batch = 1, seq = 0;  // seq 0: the model's block, up to 1024
+  std::string timeline_dir;
+  // What every setting's ShardedModel is given besides its stage and offload: --compute,
+  // --accumulate, --shard-group (0: the whole group), --prefetch-bytes, --keep-after-forward.
+  dist::ZeroConfig zero{.max_grad_norm = 1.0};
+};
+
+// A stage and an offload: one row of the table, one ShardedModel.
+struct Setting {
+  int stage = 0;
+  dist::Offload offload = dist::Offload::none;
+  bool operator==(const Setting&) const = default;
+};
+
+// The configuration a setting trains with, wherever this bench builds a ShardedModel.
+dist::ZeroConfig zero_config(const Options& o, Setting setting) {
+  dist::ZeroConfig zero = o.zero;
+  zero.stage = setting.stage, zero.offload = setting.offload;
+  return zero;
+}
+
 // The formulas, read off the placement policy: each role's bytes per parameter (2
 // compute, 2 gradient, 12 master + Adam), divided by N where the role is sharded, on
 // the device or (offload) the host. An offloaded gradient keeps only its shard, on the
 // host; the device's full one (stage 1) stays. Parameter offload: the master is the shard.
 // --accumulate f32 (stages 2, 3): the gradient shard takes 4 bytes a parameter, not 2.
-std::optional<DType> g_accumulate;
-int g_shard_group = 0;  // --shard-group: 0, the whole group
-int64_t g_prefetch_bytes = 0;                 // --prefetch-bytes (ZeRO-3)
-std::vector<std::string> g_keep_after_forward;  // --keep-after-forward (ZeRO-3)
-DType g_compute = DType::bf16;                  // --compute
-bool g_caching = false;                         // --caching (meta)
 struct Formula {
   int64_t device = 0, host = 0;
 };
 // --compute f32: the compute weights are the f32 master (4 + 4 + 8 bytes: no separate copy).
-Formula formula_states(int stage, dist::Offload offload, int64_t psi, int n) {
-  const int64_t compute = element_size(g_compute), optimizer = compute == 4 ? 8 : 12;
-  const int64_t shard_bytes = stage >= 2 && g_accumulate ? element_size(*g_accumulate) : compute;
-  const dist::Placement placement = dist::Placement::for_stage(stage, offload);
+Formula formula_states(const dist::ZeroConfig& zero, int64_t psi, int n) {
+  const int64_t compute = element_size(zero.compute_dtype), optimizer = compute == 4 ? 8 : 12;
+  const int64_t shard_bytes = element_size(zero.accumulate());
+  const dist::Placement placement = zero.placement();
   const auto bytes = [&](const dist::RolePlacement& role, int64_t per_param) {
     return role.layout == dist::Layout::sharded ? per_param * psi / n : per_param * psi;
   };
@@ -150,13 +175,14 @@ Formula formula_states(int stage, dist::Offload offload, int64_t psi, int n) {
 // Elements sent per step within a shard group of n: gradients reduced once (2Ψ: a
 // reduce-scatter and an all-gather, or an all-reduce), and at ZeRO-3 the weights gathered
 // twice instead of once (3Ψ); each of the compute dtype.
-int64_t formula_sent(int stage, int64_t psi, int n) {
-  const double elements = dist::Placement::for_stage(stage).gathers_parameters() ? 3.0 * psi : 2.0 * psi;
-  return static_cast<int64_t>(elements * static_cast<double>(element_size(g_compute)) * (n - 1) / n);
+int64_t formula_sent(const dist::ZeroConfig& zero, int64_t psi, int n) {
+  const double elements = zero.placement().gathers_parameters() ? 3.0 * psi : 2.0 * psi;
+  return static_cast<int64_t>(elements * static_cast<double>(element_size(zero.compute_dtype)) * (n - 1) / n);
 }
 // Hybrid sharding, across r groups of s: the all-reduce of each gradient shard, Ψ/s elements.
-int64_t formula_sent_across(int64_t psi, int s, int r) {
-  return static_cast<int64_t>(2.0 * (r - 1) / r * static_cast<double>(psi) / s * static_cast<double>(element_size(g_compute)));
+int64_t formula_sent_across(const dist::ZeroConfig& zero, int64_t psi, int s, int r) {
+  return static_cast<int64_t>(2.0 * (r - 1) / r * static_cast<double>(psi) / s *
+                              static_cast<double>(element_size(zero.compute_dtype)));
 }
 
 // The host memory this process can still take: Linux's MemAvailable estimate, or less
@@ -175,12 +201,13 @@ int64_t available_host_bytes() {
 // Refuses a real CPU run that cannot fit, before it starts: every rank (a thread of
 // this process) keeps its model states (the formula). Without this, a model too big
 // for the machine initialised for minutes before the kernel killed the process.
-void check_host_memory(const Preset& preset, const std::vector<int>& stages, int world) {
+void check_host_memory(const Options& o, const Preset& preset, const std::vector<Setting>& settings) {
   const int64_t psi = nn::GPT(preset.config, kMeta).num_parameters();
   int64_t states = 0;
-  for (int stage : stages) states = std::max(states, formula_states(stage, dist::Offload::none, psi, world).device);
+  for (const Setting& s : settings)  // offload moves states to the host pool, here the same memory
+    states = std::max(states, formula_states(zero_config(o, {s.stage, dist::Offload::none}), psi, o.world).device);
   const int64_t available = available_host_bytes();
-  ZG_CHECK(states <= available / world, "zero_memory: ", world, " ranks of the ", preset.name,
+  ZG_CHECK(states <= available / o.world, "zero_memory: ", o.world, " ranks of the ", preset.name,
            " model on the cpu need at least ", format_bytes(states), " of host memory each (their model states); ",
            format_bytes(available), " is available. --device meta gives the figures without allocating them");
 }
@@ -192,10 +219,10 @@ struct TimelineRun {
   std::optional<MemoryTimelineRecording> recording;
 };
 
-// Training steps on this rank; returns the record read after the last. With `log`, the
-// last step's kernels and collectives are recorded into it (a dry run: --simulate); with
-// `run`, every allocation of the steps into its timeline.
-Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, int steps, int64_t batch, int64_t seq,
+// Training steps on this rank with `zero`; returns the record read after the last. With
+// `log`, the last step's kernels and collectives are recorded into it (a dry run:
+// --simulate); with `run`, every allocation of the steps into its timeline.
+Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int steps, int64_t batch, int64_t seq,
                Device device, dist::ProcessGroup& group, StepLog* log = nullptr, TimelineRun* run = nullptr) {
   manual_seed(1);
   // Built already sharded: constructed without memory, each rank materialising its units.
@@ -208,11 +235,7 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
   Context& context = Context::current();
   const Device host = device.type == DeviceType::meta ? kMeta : kCPU;  // where the host pool counts
   context.allocator(device)->reset_peaks();
-  dist::ShardedModel sharded(model, group,
-                             {.stage = stage, .compute_dtype = g_compute, .max_grad_norm = 1.0,
-                              .accumulate_dtype = stage >= 2 ? g_accumulate : std::nullopt, .offload = offload,
-                              .keep_after_forward = stage == 3 ? g_keep_after_forward : std::vector<std::string>{},
-                              .prefetch_bytes = g_prefetch_bytes, .shard_group_size = g_shard_group});
+  dist::ShardedModel sharded(model, group, zero);
   dist::ProcessGroup* replicas = sharded.replica_group();  // hybrid sharding's other groups, or null
   const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
@@ -224,8 +247,8 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
   }
   const TensorOptions ids = TensorOptions(DType::i64).device(device);
   const Tensor x = zeros({batch, seq}, ids), y = zeros({batch, seq}, ids);
-  Record r{.group = group.kind(), .stage = stage, .world_size = group.size(), .rank = group.rank(),
-           .shard_group = sharded.shard_group().size(), .offload = offload, .params = sharded.num_parameters(),
+  Record r{.group = group.kind(), .stage = zero.stage, .world_size = group.size(), .rank = group.rank(),
+           .shard_group = sharded.shard_group().size(), .offload = zero.offload, .params = sharded.num_parameters(),
            .construction_peak = construction_peak};
   for (int s = 0; s < steps; ++s) {
     std::optional<StepLogScope> recording;
@@ -266,11 +289,11 @@ Record measure(const nn::GPTConfig& config, int stage, dist::Offload offload, in
   r.reserved = s.peak_reserved;
   r.host_peak = context.host_memory_stats(host).peak_total;
   // With hybrid sharding the formulas hold with S for N, plus the traffic across groups.
-  const Formula formula = formula_states(stage, offload, r.params, r.shard_group);
+  const Formula formula = formula_states(zero, r.params, r.shard_group);
   r.formula_states = formula.device;
   r.formula_host = formula.host;
-  r.formula_sent_across = formula_sent_across(r.params, r.shard_group, r.world_size / r.shard_group);
-  r.formula_sent = formula_sent(stage, r.params, r.shard_group) + r.formula_sent_across;
+  r.formula_sent_across = formula_sent_across(zero, r.params, r.shard_group, r.world_size / r.shard_group);
+  r.formula_sent = formula_sent(zero, r.params, r.shard_group) + r.formula_sent_across;
   return r;
 }
 
@@ -315,30 +338,72 @@ bool cuda_usable() {
   }
 }
 
-// Tables print in GB (1e9 bytes), or MB for models whose 16Ψ is under a GB.
-double g_unit = 1e9;
-double gb(int64_t bytes) { return static_cast<double>(bytes) / g_unit; }
+// Which of `candidates` run: those whose configuration ZeroConfig::problem accepts at
+// every N of `worlds`. A setting named alone must be valid (its problem is the error); of
+// several (an `all`), the refused are left out, and if none is left the first says why.
+std::vector<Setting> valid_settings(const Options& o, const std::vector<Setting>& candidates,
+                                    const std::vector<int>& worlds, const std::string& asked) {
+  std::vector<Setting> valid;
+  std::string refused;  // the first refused setting and its problem
+  for (const Setting& setting : candidates) {
+    std::string wrong;
+    for (size_t i = 0; i < worlds.size() && wrong.empty(); ++i) wrong = zero_config(o, setting).problem(worlds[i]);
+    if (wrong.empty()) valid.push_back(setting);
+    else if (candidates.size() == 1) fail("zero_memory: ", wrong);
+    else if (refused.empty())
+      refused = concat("stage ", setting.stage, " with offload ", dist::name(setting.offload), ": ", wrong);
+  }
+  ZG_CHECK(!valid.empty(), "zero_memory: ", asked, " leaves no valid setting (", refused, ")");
+  return valid;
+}
+
+// The settings --stage and --offload ask for (all: every stage, every offload) that run.
+std::vector<Setting> requested_settings(const Options& o) {
+  std::vector<int> stages;
+  int64_t stage = 0;
+  if (o.stage_arg == "all") stages = {0, 1, 2, 3};
+  else if (parse_number(o.stage_arg, stage) && stage == static_cast<int>(stage)) stages = {static_cast<int>(stage)};
+  else fail("zero_memory: --stage must be all or a whole number, got '", o.stage_arg, "'");
+  std::vector<dist::Offload> offloads;
+  if (o.offload_arg == "all") offloads = {dist::Offload::none, dist::Offload::optimizer, dist::Offload::optimizer_and_params};
+  else offloads = {dist::parse_offload(o.offload_arg)};
+  std::vector<Setting> candidates;
+  for (int s : stages)
+    for (dist::Offload offload : offloads) candidates.push_back({s, offload});
+  const int world = o.world != 0 ? o.world : dist::launched_world_size();  // unset under mpirun: its processes
+  return valid_settings(o, candidates, o.worlds.empty() ? std::vector<int>{world} : o.worlds,
+                        concat("--stage ", o.stage_arg, " with --offload ", o.offload_arg));
+}
+
+// Tokens a sequence: --seq, else the model's block up to 1024.
+int64_t seq_of(const Options& o, const Preset& preset) {
+  return o.seq > 0 ? o.seq : std::min<int64_t>(preset.config.block_size, 1024);
+}
 
 // --largest-on: for each offload setting (at the stage that gains most from it), the
-// largest model of kLadder whose one-rank dry run peaks within `device_bytes`: ZeRO-3 at
+// largest model of kLadder whose one-rank dry run peaks within --largest-on GB: ZeRO-3 at
 // N = 1 shards nothing but gathers per unit, so its figures are the offloaded ones'.
-int largest_trainable(double device_bytes) {
-  struct Setting {
-    int stage;
-    dist::Offload offload;
+int largest_trainable(const Options& o) {
+  struct Row {
+    Setting setting;
     const char* paper;  // the device bytes a parameter, as the papers count them
   };
-  const Setting settings[] = {{0, dist::Offload::none, "16 (DDP; ZeRO paper)"},
-                              {2, dist::Offload::optimizer, "2 (ZeRO-Offload: fp16 weights)"},
-                              {3, dist::Offload::optimizer, "2 (weights, a unit gathered at a time)"},
-                              {3, dist::Offload::optimizer_and_params, "0 (ZeRO-Infinity: units in use)"}};
+  const Row rows[] = {{{0, dist::Offload::none}, "16 (DDP; ZeRO paper)"},
+                      {{2, dist::Offload::optimizer}, "2 (ZeRO-Offload: fp16 weights)"},
+                      {{3, dist::Offload::optimizer}, "2 (weights, a unit gathered at a time)"},
+                      {{3, dist::Offload::optimizer_and_params}, "0 (ZeRO-Infinity: units in use)"}};
+  std::vector<Setting> candidates;
+  for (const Row& row : rows) candidates.push_back(row.setting);
+  const std::vector<Setting> valid = valid_settings(o, candidates, {1}, "--largest-on");
+  const double device_bytes = o.largest_on * 1e9;
   std::printf("The largest GPT whose one-rank step fits %.0f GB of device memory (dry run on meta: bf16 compute,\n"
               "fp32 AdamW, activation checkpointing, batch 1 x 1024 tokens; peak = every byte allocated at once;\n"
               "a + after the name: the last model tried, a larger one may fit)\n\n",
               device_bytes / 1e9);
   std::printf("%-7s %-16s %-11s %8s %12s %12s %9s  %s\n", "stage", "offload", "model", "Ψ (B)", "device peak",
               "host states", "host/Ψ", "device bytes a parameter, paper");
-  for (const Setting& setting : settings) {
+  for (const auto& [setting, paper] : rows) {
+    if (std::find(valid.begin(), valid.end(), setting) == valid.end()) continue;
     const Preset* fits = nullptr;
     Record best;
     for (const Preset& preset : kLadder) {
@@ -347,7 +412,7 @@ int largest_trainable(double device_bytes) {
       Context rank0(0);
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, 1);
-      const Record r = measure(config, setting.stage, setting.offload, 1, 1, 1024, kMeta, group);
+      const Record r = measure(zero_config(o, setting), config, 1, 1, 1024, kMeta, group);
       if (static_cast<double>(r.peak_allocated) > device_bytes) break;
       fits = &preset;
       best = r;
@@ -360,50 +425,51 @@ int largest_trainable(double device_bytes) {
     std::printf("%-7d %-16s %-11s %8.1f %9.1f GB %9.1f GB %9.1f  %s\n", setting.stage, dist::name(setting.offload),
                 (std::string(fits->name) + (fits == &kLadder.back() ? "+" : "")).c_str(),
                 static_cast<double>(best.params) / 1e9, static_cast<double>(best.peak_allocated) / 1e9,
-                static_cast<double>(host) / 1e9, static_cast<double>(host) / static_cast<double>(best.params),
-                setting.paper);
+                static_cast<double>(host) / 1e9, static_cast<double>(host) / static_cast<double>(best.params), paper);
   }
   return 0;
 }
 
 // --simulate: for each N and setting, rank 0's dry run (its second step, recorded)
 // replayed by the step-time model.
-int simulate(const Preset& preset, const std::vector<std::pair<int, dist::Offload>>& settings,
-             const std::vector<int>& worlds, int64_t batch, int64_t seq, const dist::Machine& machine, bool json) {
-  for (const auto& [stage, offload] : settings)
-    ZG_CHECK(offload == dist::Offload::none, "zero_memory: --simulate models the device's step; offload's host "
+int simulate(const Options& o, const Preset& preset, const std::vector<Setting>& settings, bool processes) {
+  ZG_CHECK(o.device_arg == "meta" && !processes, "zero_memory: --simulate replays dry runs on the meta device; "
+           "leave --device out");
+  for (const Setting& setting : settings)
+    ZG_CHECK(setting.offload == dist::Offload::none, "zero_memory: --simulate models the device's step; offload's host "
              "AdamW and copies are not in the model (leave --offload out)");
-  if (!json) {
+  const int64_t batch = o.batch, seq = seq_of(o, preset);
+  if (!o.json) {
     std::printf("GPT %s, batch %lld x %lld tokens a rank, bf16 compute + fp32 AdamW; the step-time model "
                 "(dist/comm/step_model.h) on\n%s\n\n",
-                preset.name, static_cast<long long>(batch), static_cast<long long>(seq), machine.describe().c_str());
+                preset.name, static_cast<long long>(batch), static_cast<long long>(seq), o.machine.describe().c_str());
     std::printf("%5s %6s %5s %11s %11s %11s %11s %14s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
                 "exposed ms", "tokens/s");
   } else {
     std::printf("[\n");
   }
   bool first = true;
-  for (int world : worlds)
-    for (const auto& [stage, offload] : settings) {
+  for (int world : o.worlds.empty() ? std::vector<int>{o.world} : o.worlds)
+    for (const Setting& setting : settings) {
       Context rank0(0);
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, world);
       StepLog log;
-      const Record r = measure(preset.config, stage, offload, 2, batch, seq, kMeta, group, &log);
-      const dist::StepTime t = dist::predict(log, machine);
+      const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, &log);
+      const dist::StepTime t = dist::predict(log, o.machine);
       const double tokens = static_cast<double>(batch * seq) * world / t.step;
-      if (json)
+      if (o.json)
         std::printf("%s  {\"model\": \"%s\", \"stage\": %d, \"world_size\": %d, \"shard_group\": %d, "
                     "\"step_seconds\": %.6g, \"compute_seconds\": %.6g, \"communication_seconds\": %.6g, "
                     "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g}",
-                    first ? "" : ",\n", preset.name, stage, world, r.shard_group, t.step, t.compute, t.communication,
-                    t.exposed, tokens);
+                    first ? "" : ",\n", preset.name, setting.stage, world, r.shard_group, t.step, t.compute,
+                    t.communication, t.exposed, tokens);
       else
-        std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %14.0f\n", stage, world, r.shard_group, t.step * 1e3,
-                    t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, tokens);
+        std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %14.0f\n", setting.stage, world, r.shard_group,
+                    t.step * 1e3, t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, tokens);
       first = false;
     }
-  if (json) std::printf("\n]\n");
+  if (o.json) std::printf("\n]\n");
   return 0;
 }
 
@@ -429,7 +495,8 @@ double seconds_per_call(int reps, Fn&& fn) {
 // do not say: unfused CPU kernels, conversions, allocation). Under mpirun (every rank
 // measuring at once, as they would train): also the mpi group's latency (an all-reduce
 // of one float) and bandwidth (of 4M floats), every rank counted as on one node.
-void calibrate(const Preset& preset, int64_t batch, int64_t seq, dist::ProcessGroup* group) {
+void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::ProcessGroup* group) {
+  const int64_t batch = o.batch;
   dist::Machine rates;
   {
     NoGradGuard no_grad;
@@ -441,13 +508,14 @@ void calibrate(const Preset& preset, int64_t batch, int64_t seq, dist::ProcessGr
     rates.memory_bytes_per_second = 3.0 * big.nbytes() / seconds_per_call(10, [&] { big + big; });
     rates.kernel_seconds = seconds_per_call(200, [&] { one + one; });
   }
-  // A real one-rank step, and the model's compute for the same step from its dry run.
+  // A real one-rank step, and the model's compute for the same step (DDP) from its dry run.
+  const dist::ZeroConfig zero = zero_config(o, {0, dist::Offload::none});
   double real_step = 0;
   {
     manual_seed(1);
     nn::GPT model(preset.config);
     dist::SingleRank one;
-    dist::ShardedModel sharded(model, one, {.compute_dtype = DType::bf16});
+    dist::ShardedModel sharded(model, one, zero);
     const Tensor ids = zeros({batch, seq}, DType::i64);
     real_step = seconds_per_call(5, [&] {
       sharded.zero_grad();
@@ -460,7 +528,7 @@ void calibrate(const Preset& preset, int64_t batch, int64_t seq, dist::ProcessGr
     Context rank0(0);
     ContextGuard guard(rank0);
     dist::FakeGroup one(0, 1);
-    measure(preset.config, 0, dist::Offload::none, 2, batch, seq, kMeta, one, &log);
+    measure(zero, preset.config, 2, batch, seq, kMeta, one, &log);
   }
   const double scale = real_step / dist::predict(log, rates).compute;
   std::string flags = "--tflops " + std::to_string(rates.flops_per_second / scale / 1e12) + " --memory-gbps " +
@@ -479,6 +547,17 @@ void calibrate(const Preset& preset, int64_t batch, int64_t seq, dist::ProcessGr
   if (group == nullptr || group->rank() == 0) std::printf("%s\n", flags.c_str());
 }
 
+// --calibrate's run: this process, or under mpirun every process at once (rank 0 prints).
+int run_calibrate(const Options& o, const Preset& preset) {
+  const int64_t seq = seq_of(o, preset);
+#if ZG_HAVE_MPI
+  if (dist::launched_as_rank())
+    return dist::run_mpi([&](dist::ProcessGroup& group) { calibrate(o, preset, seq, &group); });
+#endif
+  calibrate(o, preset, seq, nullptr);
+  return 0;
+}
+
 // --timeline DIR: each setting's trace (Perfetto / chrome://tracing) and figure, named
 // after it (stage-2.json, stage-3-offload-optimizer.svg), and every setting's rank 0 on
 // one scale in all.svg. The dashed levels: the formula's model states (and host states).
@@ -494,17 +573,226 @@ std::string setting_title(int stage, dist::Offload offload) {
   return out;
 }
 // Writes the setting's trace and figure; returns its panel.
-MemoryPanel write_timeline(const std::string& dir, const TimelineRun& run, const Record& r, Device device,
+MemoryPanel write_timeline(const Options& o, const TimelineRun& run, const Record& r, Device device,
                            const std::string& what) {
-  const std::string base = dir + "/" + setting_name(r.stage, r.offload);
+  const std::string base = o.timeline_dir + "/" + setting_name(r.stage, r.offload);
   std::vector<MemoryLevel> levels = {{"formula", r.formula_states}};
   if (r.offload != dist::Offload::none) levels.push_back({"host formula", r.formula_host});
   const std::string trace = chrome_trace_json(run.timeline, levels);
   write_file_atomically(base + ".json", trace, "zero_memory --timeline");
-  MemoryPanel panel{setting_title(r.stage, r.offload), memory_series(trace, 0, device.str()), levels, g_caching};
+  MemoryPanel panel{setting_title(r.stage, r.offload), memory_series(trace, 0, device.str()), levels, o.caching};
   write_file_atomically(base + ".svg", memory_figure_svg({panel}, setting_title(r.stage, r.offload) + ": " + what),
                         "zero_memory --timeline");
   return panel;
+}
+
+// --timeline's directory, made before anything runs; it records the ranks of this process.
+void make_timeline_dir(const Options& o, bool processes) {
+  ZG_CHECK(o.timeline_dir.empty() || (!processes && !o.simulate), "zero_memory: --timeline records the ranks of "
+           "this process (--device meta, or cpu / cuda with the ranks as threads), not under mpirun or --simulate");
+  if (o.timeline_dir.empty()) return;
+  std::error_code error;
+  std::filesystem::create_directories(o.timeline_dir, error);
+  ZG_CHECK(!error && std::filesystem::is_directory(o.timeline_dir), "zero_memory: --timeline ", o.timeline_dir,
+           " is not a directory that can be made: ", error ? error.message() : "a file is in the way");
+}
+
+// One setting's records from this process: rank 0 of a fake group (meta), or every rank
+// as a thread, through the local group or (use_nccl) NCCL with rank r on cuda:r.
+std::vector<Record> measure_setting(const Options& o, const Preset& preset, Setting setting, Device device,
+                                    bool use_nccl, TimelineRun* run) {
+  const dist::ZeroConfig zero = zero_config(o, setting);
+  const int64_t seq = seq_of(o, preset);
+  std::vector<Record> records;
+  if (device.type == DeviceType::meta) {
+    Context rank0(0);
+    if (o.caching) rank0.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
+    ContextGuard guard(rank0);
+    dist::FakeGroup group(0, o.world);
+    records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, nullptr, run));
+    return records;
+  }
+  std::mutex records_mutex;
+  dist::run_local(o.world, [&](dist::ProcessGroup& group) {
+    Record r;
+    if (!use_nccl) {
+      r = measure(zero, preset.config, o.steps, o.batch, seq, device, group, nullptr, run);
+    } else {
+#ifdef ZG_WITH_NCCL
+      // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
+      const Device mine(DeviceType::cuda, group.rank());
+      const auto nccl = dist::NcclGroup::bootstrap(group, mine);
+      r = measure(zero, preset.config, o.steps, o.batch, seq, mine, *nccl, nullptr, run);
+#endif
+    }
+    std::lock_guard lock(records_mutex);
+    records.push_back(r);
+  });
+  return records;
+}
+
+// --timeline: every setting measured with its allocations recorded; rank 0's trace and
+// figure written for each, then all of them on one scale in all.svg.
+std::vector<Record> record_timelines(const Options& o, const Preset& preset, const std::vector<Setting>& settings,
+                                     Device device, bool use_nccl) {
+  const std::string what = "GPT " + o.model_name + ", rank 0 of " + std::to_string(o.world) + " on " + device.str() +
+                           ", " + name(o.zero.compute_dtype) + " compute" +
+                           (preset.config.activation_checkpointing ? ", activation checkpointing" : "") + ", " +
+                           std::to_string(o.steps) + (o.steps == 1 ? " step" : " steps");
+  std::vector<Record> records;
+  std::vector<MemoryPanel> panels;
+  for (const Setting& setting : settings) {
+    TimelineRun run;
+    const std::vector<Record> measured = measure_setting(o, preset, setting, device, use_nccl, &run);
+    records.insert(records.end(), measured.begin(), measured.end());
+    const Record& rank0 = *std::find_if(measured.begin(), measured.end(), [](const Record& r) { return r.rank == 0; });
+    panels.push_back(write_timeline(o, run, rank0, device, what));
+  }
+  write_file_atomically(o.timeline_dir + "/all.svg",
+                        memory_figure_svg(panels, "Bytes by category, " + what + " (one scale)"),
+                        "zero_memory --timeline");
+  return records;
+}
+
+// One JSON record per rank and setting.
+void print_json(const Options& o, Device device, const std::vector<Record>& records) {
+  std::printf("[\n");
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Record& r = records[i];
+    std::printf("  {\"model\": \"%s\", \"device\": \"%s\", \"group\": \"%s\", \"stage\": %d, \"world_size\": %d, \"rank\": %d, "
+                "\"params\": %lld, \"parameter\": %lld, \"gradient\": %lld, \"optimizer_state\": %lld, "
+                "\"activation\": %lld, \"communication\": %lld, \"peak_allocated\": %lld, \"reserved\": %lld, "
+                "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld, "
+                "\"construction_peak\": %lld, \"offload\": \"%s\", \"host_parameter\": %lld, \"host_gradient\": %lld, "
+                "\"host_optimizer_state\": %lld, \"host_peak\": %lld, \"formula_host_model_states\": %lld, "
+                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld}%s\n",
+                o.model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
+                (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
+                (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
+                (long long)r.reserved, (long long)r.sent_per_step, (long long)r.formula_states,
+                (long long)r.formula_sent, (long long)r.construction_peak, dist::name(r.offload),
+                (long long)r.host_parameter, (long long)r.host_gradient, (long long)r.host_optimizer_state,
+                (long long)r.host_peak, (long long)r.formula_host, r.shard_group, (long long)r.sent_across,
+                (long long)r.formula_sent_across, i + 1 < records.size() ? "," : "");
+  }
+  std::printf("]\n");
+}
+
+// The table: a row per rank and setting, in GB (1e9 bytes), or MB for models whose 16Ψ is
+// under a GB; with offload the host pool's columns, with hybrid sharding the traffic across.
+void print_table(const Options& o, Device device, int64_t seq, const std::vector<Record>& records) {
+  std::printf("GPT %s: Ψ = %lld parameters, N = %d, %s, %s group, batch %lld x %lld tokens, %s compute + fp32 AdamW\n",
+              o.model_name.c_str(), (long long)records.front().params, o.world, device.str().c_str(),
+              records.front().group.c_str(), (long long)o.batch, (long long)seq, name(o.zero.compute_dtype));
+  const double unit = 16 * records.front().params < 1'000'000'000 ? 1e6 : 1e9;
+  const auto gb = [unit](int64_t bytes) { return static_cast<double>(bytes) / unit; };
+  std::printf("sizes in %s; model states = parameter + gradient + optimizer_state after backward; build = the\n"
+              "peak while the model was built (deferred, then materialised shard by shard)\n\n",
+              unit == 1e9 ? "GB (1e9 bytes)" : "MB (1e6 bytes)");
+  const bool offloading = std::any_of(records.begin(), records.end(),
+                                      [](const Record& r) { return r.offload != dist::Offload::none; });
+  std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s %9s", "stage", "rank", "param", "grad",
+              "optim", "model states", "formula", "activation", "comm", "peak", "sent/step", "formula", "build");
+  if (offloading) std::printf("  %-16s %11s %9s %9s", "offload", "host states", "formula", "host peak");
+  const bool hybrid = o.zero.shard_group_size != 0 && o.zero.shard_group_size != o.world;
+  if (hybrid) std::printf("  %5s %13s %9s", "S", "sent across", "formula");
+  std::printf("\n");
+  for (const Record& r : records) {
+    std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f %9.3f", r.stage, r.rank,
+                gb(r.parameter), gb(r.gradient), gb(r.optimizer_state),
+                gb(r.parameter + r.gradient + r.optimizer_state), gb(r.formula_states), gb(r.activation),
+                gb(r.communication), gb(r.peak_allocated), gb(r.sent_per_step), gb(r.formula_sent),
+                gb(r.construction_peak));
+    if (offloading)
+      std::printf("  %-16s %11.3f %9.3f %9.3f", dist::name(r.offload),
+                  gb(r.host_parameter + r.host_gradient + r.host_optimizer_state), gb(r.formula_host),
+                  gb(r.host_peak));
+    if (hybrid) std::printf("  %5d %13.3f %9.3f", r.shard_group, gb(r.sent_across), gb(r.formula_sent_across));
+    std::printf("\n");
+  }
+  // Each unit's buffers are padded to a multiple of N: next to Ψ / N that is visible
+  // only when N is close to a unit's size.
+  double above = 0;
+  for (const Record& r : records)
+    above = std::max(above, static_cast<double>(r.parameter + r.gradient + r.optimizer_state + r.host_parameter +
+                                                r.host_gradient + r.host_optimizer_state) /
+                                    static_cast<double>(std::max<int64_t>(r.formula_states + r.formula_host, 1)) - 1);
+  if (above > 0.01)
+    std::printf("\nmodel states are up to %.1f%% above the formula: each unit's buffers are padded to a multiple "
+                "of N = %d\n", 100 * above, o.world);
+}
+
+// Every rank's records in order of stage, offload and rank, as JSON or the table.
+int print_records(const Options& o, const Preset& preset, Device device, std::vector<Record> records) {
+  std::sort(records.begin(), records.end(), [](const Record& a, const Record& b) {
+    return std::tuple(a.stage, a.offload, a.rank) < std::tuple(b.stage, b.offload, b.rank);
+  });
+  if (o.json) print_json(o, device, records);
+  else print_table(o, device, seq_of(o, preset), records);
+  return 0;
+}
+
+#if ZG_HAVE_MPI
+// Under mpirun: each process is a rank of every setting (CPU tensors over the mpi group;
+// CUDA over NCCL, rank r on its node's GPU r); rank 0 prints every rank's records.
+int run_processes(Options& o, const Preset& preset, const std::vector<Setting>& settings, Device device) {
+  ZG_CHECK(o.group_arg == "auto", "zero_memory: under mpirun the group is mpi (CPU) or nccl (CUDA); leave --group out");
+  std::vector<Record> records;
+  int my_rank = 0;
+  const int status = dist::run_mpi([&](dist::ProcessGroup& host) {
+    ZG_CHECK(o.world == 0 || o.world == host.size(), "zero_memory: --world-size ", o.world, " but mpirun started ",
+             host.size(), " processes");
+    o.world = host.size(), my_rank = host.rank();
+    std::unique_ptr<dist::ProcessGroup> nccl;  // CUDA: rank r on its node's GPU r, the id sent over MPI
+    Device mine = device;
+    if (device.type == DeviceType::cuda) {
+#ifdef ZG_WITH_NCCL
+      mine = Device(DeviceType::cuda, dist::node_local_rank(host.rank()));
+      nccl = dist::NcclGroup::bootstrap(host, mine);
+#else
+      fail("zero_memory: --device cuda under mpirun needs a build with CUDA (the nccl group)");
+#endif
+    }
+    std::vector<Record> measured;
+    for (const Setting& setting : settings)
+      measured.push_back(measure(zero_config(o, setting), preset.config, o.steps, o.batch, seq_of(o, preset), mine,
+                                 nccl ? *nccl : host));
+    records = all_records(host, measured);
+  });
+  if (status != 0 || my_rank != 0) return status;  // rank 0 prints
+  return print_records(o, preset, device, records);
+}
+#endif
+
+// The table (the default mode): every setting measured by real steps (--device cpu |
+// cuda) or a dry run (meta), with --timeline its allocations recorded too.
+int run_table(Options& o, const Preset& preset, const std::vector<Setting>& settings, bool processes) {
+  const Device device(o.device_arg);
+  ZG_CHECK(o.group_arg == "auto" || o.group_arg == "local" || o.group_arg == "nccl",
+           "zero_memory: --group must be auto, local or nccl, got '", o.group_arg, "'");
+  ZG_CHECK(device.type != DeviceType::meta || o.group_arg == "auto", "zero_memory: --device meta runs rank 0 of a "
+           "fake group (a dry run), not --group ", o.group_arg, "; leave --group out");
+  bool use_nccl = false;
+#ifdef ZG_WITH_NCCL
+  const bool enough_gpus = device.type == DeviceType::cuda && cuda::device_count() >= o.world;
+  use_nccl = o.group_arg == "nccl" || (o.group_arg == "auto" && enough_gpus);
+  ZG_CHECK(!use_nccl || enough_gpus, "zero_memory: --group nccl needs --device cuda and ", o.world,
+           " GPUs (one per rank), found ", device.type == DeviceType::cuda ? cuda::device_count() : 0);
+#else
+  ZG_CHECK(o.group_arg != "nccl", "zero_memory: --group nccl needs a build with CUDA");
+#endif
+  if (device.type == DeviceType::cpu && !processes) check_host_memory(o, preset, settings);
+#if ZG_HAVE_MPI
+  if (processes) return run_processes(o, preset, settings, device);
+#endif
+  if (!o.timeline_dir.empty())
+    return print_records(o, preset, device, record_timelines(o, preset, settings, device, use_nccl));
+  std::vector<Record> records;
+  for (const Setting& setting : settings) {
+    const std::vector<Record> measured = measure_setting(o, preset, setting, device, use_nccl, nullptr);
+    records.insert(records.end(), measured.begin(), measured.end());
+  }
+  return print_records(o, preset, device, records);
 }
 
 void usage() {
@@ -537,345 +825,150 @@ void usage() {
       "(stage-S.json) and a figure (stage-S.svg); all.svg puts rank 0 of each on one scale.\n");
 }
 
+// A comma-separated list's words.
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
+// The flags, read into `o`; an exit status instead where they ask for the usage (--help,
+// or a flag this bench does not know).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      ZG_CHECK(i + 1 < argc, "zero_memory: ", a, " needs a value");
+      return argv[++i];
+    };
+    auto rate = [&](double unit) {  // a positive number, in `unit`s
+      const std::string v = value();
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      ZG_CHECK(!v.empty() && *end == '\0' && x >= 0 && std::isfinite(x), "zero_memory: ", a,
+               " needs a number >= 0, got '", v, "'");
+      return x * unit;
+    };
+    auto number = [&](int64_t least, int64_t most) -> int64_t {
+      const std::string v = value();
+      int64_t n = 0;
+      ZG_CHECK(parse_number(v, n) && n >= least && n <= most, "zero_memory: ", a, " needs a whole number in [",
+               least, ", ", most, "], got '", v, "'");
+      return n;
+    };
+    auto bf16_or_f32 = [&] {  // --compute, --accumulate
+      const std::string dtype = value();
+      ZG_CHECK(dtype == "bf16" || dtype == "f32", "zero_memory: ", a, " must be bf16 or f32, got '", dtype, "'");
+      return dtype == "f32" ? DType::f32 : DType::bf16;
+    };
+    if (a == "--model") o.model_name = value();
+    else if (a == "--world-size") {
+      const std::string list = value();
+      for (const std::string& word : split_commas(list)) {
+        int64_t n = 0;
+        ZG_CHECK(parse_number(word, n) && n >= 1 && n <= (1 << 20),
+                 "zero_memory: --world-size needs whole numbers in [1, 1048576], comma-separated, got '", list, "'");
+        o.worlds.push_back(static_cast<int>(n));
+      }
+      o.world = o.worlds.front();
+    }
+    else if (a == "--simulate") o.simulate = true;
+    else if (a == "--layers") o.layers = number(1, 1 << 16);
+    else if (a == "--heads") o.heads = number(1, 1 << 16);
+    else if (a == "--embd") o.embd = number(1, 1 << 20);
+    else if (a == "--vocab") o.vocab = number(1, 1 << 30);
+    else if (a == "--calibrate") o.calibrate = true;
+    else if (a == "--tflops") o.machine.flops_per_second = rate(1e12);
+    else if (a == "--memory-gbps") o.machine.memory_bytes_per_second = rate(1e9);
+    else if (a == "--kernel-us") o.machine.kernel_seconds = rate(1e-6);
+    else if (a == "--ranks-per-node") o.machine.ranks_per_node = static_cast<int>(number(1, 1 << 20));
+    else if (a == "--intra-gbps") o.machine.intra_bytes_per_second = rate(1e9);
+    else if (a == "--intra-us") o.machine.intra_latency_seconds = rate(1e-6);
+    else if (a == "--inter-gbps") o.machine.inter_bytes_per_second = rate(1e9);
+    else if (a == "--inter-us") o.machine.inter_latency_seconds = rate(1e-6);
+    else if (a == "--stage") o.stage_arg = value();
+    else if (a == "--device") o.device_arg = value();
+    else if (a == "--group") o.group_arg = value();
+    else if (a == "--steps") o.steps = static_cast<int>(number(1, 1 << 20));
+    else if (a == "--batch") o.batch = number(1, INT64_MAX);
+    else if (a == "--seq") o.seq = number(1, INT64_MAX);
+    else if (a == "--json") o.json = true;
+    else if (a == "--timeline") o.timeline_dir = value();
+    else if (a == "--checkpointing") o.checkpointing = true;
+    else if (a == "--caching") o.caching = true;
+    else if (a == "--compute") o.zero.compute_dtype = bf16_or_f32();
+    else if (a == "--offload") o.offload_arg = value();
+    else if (a == "--accumulate") {
+      const DType dtype = bf16_or_f32();
+      if (dtype == DType::f32) o.zero.accumulate_dtype = dtype;  // bf16: unset, the default
+    }
+    else if (a == "--largest-on") o.largest_on = static_cast<double>(number(1, 1 << 20));
+    else if (a == "--shard-group") o.zero.shard_group_size = static_cast<int>(number(1, 1 << 20));
+    else if (a == "--prefetch-bytes") o.zero.prefetch_bytes = number(0, INT64_MAX);
+    else if (a == "--keep-after-forward") o.zero.keep_after_forward = split_commas(value());
+    else {
+      usage();
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  return std::nullopt;
+}
+
+// The model --model names (GPT-2 124M by default, the tiny GPT for real steps on the
+// CPU), its shape changed by --layers, --heads, --embd, --vocab (e.g. to train_zero's)
+// and --checkpointing. Its name is o.model_name's.
+Preset chosen_model(Options& o) {
+  if (o.model_name.empty()) o.model_name = o.device_arg == "cpu" ? "tiny" : "124m";
+  const auto preset =
+      std::find_if(kPresets.begin(), kPresets.end(), [&](const Preset& p) { return o.model_name == p.name; });
+  ZG_CHECK(preset != kPresets.end(), "zero_memory: unknown --model ", o.model_name, " (tiny, 124m, 350m, 1.5b, 7.5b)");
+  Preset chosen = *preset;
+  nn::GPTConfig& c = chosen.config;
+  if (o.layers || o.heads || o.embd || o.vocab) {
+    c.n_layer = o.layers ? o.layers : c.n_layer, c.n_head = o.heads ? o.heads : c.n_head;
+    c.n_embd = o.embd ? o.embd : c.n_embd, c.vocab_size = o.vocab ? o.vocab : c.vocab_size;
+    ZG_CHECK(c.n_embd % c.n_head == 0, "zero_memory: --embd ", c.n_embd, " is not a multiple of --heads ", c.n_head);
+    o.model_name += "-custom";
+  }
+  chosen.name = o.model_name.c_str();
+  c.activation_checkpointing = o.checkpointing;
+  return chosen;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_name, stage_arg = "all", device_arg = "meta", group_arg = "auto", offload_arg = "none";
-  double largest_on = 0;
-  int world = 0, steps = 1;  // world 0: unset (4; under mpirun, its processes)
-  std::vector<int> worlds;   // --world-size's list (--simulate runs each)
-  int64_t layers = 0, heads = 0, embd = 0, vocab = 0;  // a shape of one's own over the preset's (0: the preset's)
-  bool simulate_step = false, calibrate_rates = false;
-  dist::Machine machine;
-  int64_t batch = 1, seq = 0;
-  bool json = false;
-  std::string timeline_dir;
-  bool checkpointing = false;
+  Options o;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto value = [&]() -> std::string {
-        ZG_CHECK(i + 1 < argc, "zero_memory: ", a, " needs a value");
-        return argv[++i];
-      };
-      auto words = [](const std::string& list) {  // a comma-separated list
-        std::vector<std::string> out;
-        for (size_t at = 0; at <= list.size();) {
-          const size_t comma = std::min(list.find(',', at), list.size());
-          out.push_back(list.substr(at, comma - at));
-          at = comma + 1;
-        }
-        return out;
-      };
-      auto rate = [&](double unit) {  // a positive number, in `unit`s
-        const std::string v = value();
-        char* end = nullptr;
-        const double x = std::strtod(v.c_str(), &end);
-        ZG_CHECK(!v.empty() && *end == '\0' && x >= 0 && std::isfinite(x), "zero_memory: ", a,
-                 " needs a number >= 0, got '", v, "'");
-        return x * unit;
-      };
-      auto number = [&](int64_t least, int64_t most) -> int64_t {
-        const std::string v = value();
-        int64_t n = 0;
-        ZG_CHECK(parse_number(v, n) && n >= least && n <= most, "zero_memory: ", a, " needs a whole number in [",
-                 least, ", ", most, "], got '", v, "'");
-        return n;
-      };
-      if (a == "--model") model_name = value();
-      else if (a == "--world-size") {
-        const std::string list = value();
-        for (const std::string& word : words(list)) {
-          int64_t n = 0;
-          ZG_CHECK(parse_number(word, n) && n >= 1 && n <= (1 << 20),
-                   "zero_memory: --world-size needs whole numbers in [1, 1048576], comma-separated, got '", list, "'");
-          worlds.push_back(static_cast<int>(n));
-        }
-        world = worlds.front();
-      }
-      else if (a == "--simulate") simulate_step = true;
-      else if (a == "--layers") layers = number(1, 1 << 16);
-      else if (a == "--heads") heads = number(1, 1 << 16);
-      else if (a == "--embd") embd = number(1, 1 << 20);
-      else if (a == "--vocab") vocab = number(1, 1 << 30);
-      else if (a == "--calibrate") calibrate_rates = true;
-      else if (a == "--tflops") machine.flops_per_second = rate(1e12);
-      else if (a == "--memory-gbps") machine.memory_bytes_per_second = rate(1e9);
-      else if (a == "--kernel-us") machine.kernel_seconds = rate(1e-6);
-      else if (a == "--ranks-per-node") machine.ranks_per_node = static_cast<int>(number(1, 1 << 20));
-      else if (a == "--intra-gbps") machine.intra_bytes_per_second = rate(1e9);
-      else if (a == "--intra-us") machine.intra_latency_seconds = rate(1e-6);
-      else if (a == "--inter-gbps") machine.inter_bytes_per_second = rate(1e9);
-      else if (a == "--inter-us") machine.inter_latency_seconds = rate(1e-6);
-      else if (a == "--stage") stage_arg = value();
-      else if (a == "--device") device_arg = value();
-      else if (a == "--group") group_arg = value();
-      else if (a == "--steps") steps = static_cast<int>(number(1, 1 << 20));
-      else if (a == "--batch") batch = number(1, INT64_MAX);
-      else if (a == "--seq") seq = number(1, INT64_MAX);
-      else if (a == "--json") json = true;
-      else if (a == "--timeline") timeline_dir = value();
-      else if (a == "--checkpointing") checkpointing = true;
-      else if (a == "--caching") g_caching = true;
-      else if (a == "--compute") {
-        const std::string dtype = value();
-        ZG_CHECK(dtype == "bf16" || dtype == "f32", "zero_memory: --compute must be bf16 or f32, got '", dtype, "'");
-        g_compute = dtype == "f32" ? DType::f32 : DType::bf16;
-      }
-      else if (a == "--offload") offload_arg = value();
-      else if (a == "--accumulate") {
-        const std::string dtype = value();
-        ZG_CHECK(dtype == "bf16" || dtype == "f32", "zero_memory: --accumulate must be bf16 or f32, got '", dtype, "'");
-        if (dtype == "f32") g_accumulate = DType::f32;
-      }
-      else if (a == "--largest-on") largest_on = static_cast<double>(number(1, 1 << 20));
-      else if (a == "--shard-group") g_shard_group = static_cast<int>(number(1, 1 << 20));
-      else if (a == "--prefetch-bytes") g_prefetch_bytes = number(0, INT64_MAX);
-      else if (a == "--keep-after-forward") g_keep_after_forward = words(value());
-      else {
-        usage();
-        return a == "--help" ? 0 : 2;
-      }
-    }
-    if (largest_on > 0) return largest_trainable(largest_on * 1e9);
+    if (const std::optional<int> status = parse(argc, argv, o)) return *status;
+    if (o.largest_on > 0) return largest_trainable(o);
     // auto: the GPU when this build has a usable one (N ranks sharing it), else the CPU.
-    if (device_arg == "auto") device_arg = cuda_usable() ? "cuda" : "cpu";
-    // Without --model: GPT-2 124M, or the tiny GPT for real steps on the CPU.
-    if (model_name.empty()) model_name = device_arg == "cpu" ? "tiny" : "124m";
-    const Preset* preset = nullptr;
-    for (const Preset& p : kPresets)
-      if (model_name == p.name) preset = &p;
-    ZG_CHECK(preset != nullptr, "zero_memory: unknown --model ", model_name, " (tiny, 124m, 350m, 1.5b, 7.5b)");
-    // --layers, --heads, --embd, --vocab: the preset's shape changed (e.g. to train_zero's).
-    Preset shaped = *preset;
-    if (layers || heads || embd || vocab) {
-      nn::GPTConfig& c = shaped.config;
-      c.n_layer = layers ? layers : c.n_layer, c.n_head = heads ? heads : c.n_head;
-      c.n_embd = embd ? embd : c.n_embd, c.vocab_size = vocab ? vocab : c.vocab_size;
-      ZG_CHECK(c.n_embd % c.n_head == 0, "zero_memory: --embd ", c.n_embd, " is not a multiple of --heads ", c.n_head);
-      model_name += "-custom";
-      shaped.name = model_name.c_str();
-      preset = &shaped;
-    }
-    ZG_CHECK(!g_caching || device_arg == "meta", "zero_memory: --caching simulates a GPU's cache in a dry run "
+    if (o.device_arg == "auto") o.device_arg = cuda_usable() ? "cuda" : "cpu";
+    const Preset preset = chosen_model(o);
+    ZG_CHECK(!o.caching || o.device_arg == "meta", "zero_memory: --caching simulates a GPU's cache in a dry run "
              "(--device meta); a real run uses its device's own allocator");
-    ZG_CHECK(g_compute == DType::bf16 || offload_arg == "none", "zero_memory: --compute f32 is for runs without "
-             "--offload (offload's formulas are for 16-bit compute weights beside the f32 master)");
-    if (checkpointing) {
-      shaped = *preset;
-      shaped.config.activation_checkpointing = true;
-      preset = &shaped;
-    }
-    if (calibrate_rates) {
-      if (seq <= 0) seq = std::min<int64_t>(preset->config.block_size, 1024);
-#if ZG_HAVE_MPI
-      if (dist::launched_as_rank())
-        return dist::run_mpi([&](dist::ProcessGroup& group) { calibrate(*preset, batch, seq, &group); });
-#endif
-      calibrate(*preset, batch, seq, nullptr);
-      return 0;
-    }
+    ZG_CHECK(o.zero.compute_dtype == DType::bf16 || o.offload_arg == "none", "zero_memory: --compute f32 is for runs "
+             "without --offload (offload's formulas are for 16-bit compute weights beside the f32 master)");
+    if (o.calibrate) return run_calibrate(o, preset);
     // Under mpirun each process is a rank of a real run (the dry run stays one process).
-    const bool processes = dist::launched_as_rank() && device_arg != "meta";
+    const bool processes = dist::launched_as_rank() && o.device_arg != "meta";
 #if !ZG_HAVE_MPI
     ZG_CHECK(!processes, "zero_memory: started by mpirun, but this build has no MPI (install libopenmpi-dev and rebuild)");
 #endif
-    if (world == 0 && !processes) world = 4;
-    ZG_CHECK(processes || (world >= 1 && steps >= 1 && batch >= 1),
+    if (o.world == 0 && !processes) o.world = 4;
+    ZG_CHECK(processes || (o.world >= 1 && o.steps >= 1 && o.batch >= 1),
              "zero_memory: --world-size, --steps and --batch must be at least 1");
-    std::vector<int> stages;
-    if (stage_arg == "all") stages = {0, 1, 2, 3};
-    else if (stage_arg.size() == 1 && stage_arg[0] >= '0' && stage_arg[0] <= '3') stages = {stage_arg[0] - '0'};
-    else fail("zero_memory: --stage must be 0, 1, 2, 3 or all, got '", stage_arg, "'");
-    // The (stage, offload) pairs to run: with `all` on either side, those the stage allows.
-    std::vector<dist::Offload> offloads;
-    if (offload_arg == "all") offloads = {dist::Offload::none, dist::Offload::optimizer, dist::Offload::optimizer_and_params};
-    else offloads = {dist::parse_offload(offload_arg)};
-    std::vector<std::pair<int, dist::Offload>> settings;
-    for (int stage : stages)
-      for (dist::Offload offload : offloads) {
-        const bool allowed = (offload == dist::Offload::none || (stage >= 1 && (offload == dist::Offload::optimizer || stage == 3))) &&
-                             (g_shard_group == 0 || stage >= 2);
-        if (allowed || (offloads.size() == 1 && stages.size() == 1)) settings.emplace_back(stage, offload);  // else the library says why
-      }
-    ZG_CHECK(worlds.size() <= 1 || simulate_step, "zero_memory: a list of world sizes is for --simulate");
-    ZG_CHECK(!settings.empty(), "zero_memory: no stage in --stage ", stage_arg, " allows --offload ", offload_arg,
-             g_shard_group ? " with --shard-group" : "", " (optimizer: stages 1-3; optimizer+params: stage 3; "
-             "--shard-group: stages 2-3)");
-    ZG_CHECK(timeline_dir.empty() || (!processes && !simulate_step), "zero_memory: --timeline records the ranks of "
-             "this process (--device meta, or cpu / cuda with the ranks as threads), not under mpirun or --simulate");
-    if (!timeline_dir.empty()) {
-      std::error_code error;
-      std::filesystem::create_directories(timeline_dir, error);
-      ZG_CHECK(!error && std::filesystem::is_directory(timeline_dir), "zero_memory: --timeline ", timeline_dir,
-               " is not a directory that can be made: ", error ? error.message() : "a file is in the way");
-    }
-    if (simulate_step) {
-      ZG_CHECK(device_arg == "meta" && !processes, "zero_memory: --simulate replays dry runs on the meta device; "
-               "leave --device out");
-      if (worlds.empty()) worlds = {world};
-      if (seq <= 0) seq = std::min<int64_t>(preset->config.block_size, 1024);
-      return simulate(*preset, settings, worlds, batch, seq, machine, json);
-    }
-    const Device device(device_arg);
-    ZG_CHECK(group_arg == "auto" || group_arg == "local" || group_arg == "nccl",
-             "zero_memory: --group must be auto, local or nccl, got '", group_arg, "'");
-    ZG_CHECK(device.type != DeviceType::meta || group_arg == "auto", "zero_memory: --device meta runs rank 0 of a "
-             "fake group (a dry run), not --group ", group_arg, "; leave --group out");
-    bool use_nccl = false;
-#ifdef ZG_WITH_NCCL
-    const bool enough_gpus = device.type == DeviceType::cuda && cuda::device_count() >= world;
-    use_nccl = group_arg == "nccl" || (group_arg == "auto" && enough_gpus);
-    ZG_CHECK(!use_nccl || enough_gpus, "zero_memory: --group nccl needs --device cuda and ", world,
-             " GPUs (one per rank), found ", device.type == DeviceType::cuda ? cuda::device_count() : 0);
-#else
-    ZG_CHECK(group_arg != "nccl", "zero_memory: --group nccl needs a build with CUDA");
-#endif
-    if (seq <= 0) seq = std::min<int64_t>(preset->config.block_size, 1024);
-    if (device.type == DeviceType::cpu && !processes) check_host_memory(*preset, stages, world);
-
-    std::vector<Record> records;
-    std::mutex records_mutex;
-#if ZG_HAVE_MPI
-    if (processes) {
-      ZG_CHECK(group_arg == "auto", "zero_memory: under mpirun the group is mpi (CPU) or nccl (CUDA); leave --group out");
-      int my_rank = 0;
-      const int status = dist::run_mpi([&](dist::ProcessGroup& host) {
-        ZG_CHECK(world == 0 || world == host.size(), "zero_memory: --world-size ", world, " but mpirun started ",
-                 host.size(), " processes");
-        world = host.size(), my_rank = host.rank();
-        std::unique_ptr<dist::ProcessGroup> nccl;  // CUDA: rank r on its node's GPU r, the id sent over MPI
-        Device mine = device;
-        if (device.type == DeviceType::cuda) {
-#ifdef ZG_WITH_NCCL
-          mine = Device(DeviceType::cuda, dist::node_local_rank(host.rank()));
-          nccl = dist::NcclGroup::bootstrap(host, mine);
-#else
-          fail("zero_memory: --device cuda under mpirun needs a build with CUDA (the nccl group)");
-#endif
-        }
-        std::vector<Record> measured;
-        for (const auto& [stage, offload] : settings)
-          measured.push_back(measure(preset->config, stage, offload, steps, batch, seq, mine, nccl ? *nccl : host));
-        records = all_records(host, measured);
-      });
-      if (status != 0 || my_rank != 0) return status;  // rank 0 prints
-    }
-#endif
-    std::vector<MemoryPanel> panels;  // --timeline: rank 0 of each setting
-    for (const auto& [stage, offload] : settings) {
-      if (processes) break;  // measured above
-      std::optional<TimelineRun> run;
-      if (!timeline_dir.empty()) run.emplace();
-      TimelineRun* recording = run ? &*run : nullptr;
-      if (device.type == DeviceType::meta) {
-        Context rank0(0);
-        if (g_caching) rank0.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
-        ContextGuard guard(rank0);
-        dist::FakeGroup group(0, world);
-        records.push_back(measure(preset->config, stage, offload, steps, batch, seq, device, group, nullptr, recording));
-      } else {
-        dist::run_local(world, [&](dist::ProcessGroup& group) {
-          Record r;
-          if (!use_nccl) {
-            r = measure(preset->config, stage, offload, steps, batch, seq, device, group, nullptr, recording);
-          } else {
-#ifdef ZG_WITH_NCCL
-            // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
-            const Device mine(DeviceType::cuda, group.rank());
-            const auto nccl = dist::NcclGroup::bootstrap(group, mine);
-            r = measure(preset->config, stage, offload, steps, batch, seq, mine, *nccl, nullptr, recording);
-#endif
-          }
-          std::lock_guard lock(records_mutex);
-          records.push_back(r);
-        });
-      }
-      if (run) {
-        const Record& rank0 = *std::find_if(records.begin(), records.end(), [&](const Record& r) {
-          return r.stage == stage && r.offload == offload && r.rank == 0;
-        });
-        const std::string what = "GPT " + model_name + ", rank 0 of " + std::to_string(world) + " on " + device.str() +
-                                 ", " + name(g_compute) + " compute" +
-                                 (preset->config.activation_checkpointing ? ", activation checkpointing" : "") + ", " +
-                                 std::to_string(steps) + (steps == 1 ? " step" : " steps");
-        panels.push_back(write_timeline(timeline_dir, *run, rank0, device, what));
-        if (panels.size() == settings.size())
-          write_file_atomically(timeline_dir + "/all.svg",
-                                memory_figure_svg(panels, "Bytes by category, " + what + " (one scale)"),
-                                "zero_memory --timeline");
-      }
-    }
-    std::sort(records.begin(), records.end(),
-              [](const Record& a, const Record& b) {
-                return std::tuple(a.stage, a.offload, a.rank) < std::tuple(b.stage, b.offload, b.rank);
-              });
-
-    if (json) {
-      std::printf("[\n");
-      for (size_t i = 0; i < records.size(); ++i) {
-        const Record& r = records[i];
-        std::printf("  {\"model\": \"%s\", \"device\": \"%s\", \"group\": \"%s\", \"stage\": %d, \"world_size\": %d, \"rank\": %d, "
-                    "\"params\": %lld, \"parameter\": %lld, \"gradient\": %lld, \"optimizer_state\": %lld, "
-                    "\"activation\": %lld, \"communication\": %lld, \"peak_allocated\": %lld, \"reserved\": %lld, "
-                    "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld, "
-                    "\"construction_peak\": %lld, \"offload\": \"%s\", \"host_parameter\": %lld, \"host_gradient\": %lld, "
-                    "\"host_optimizer_state\": %lld, \"host_peak\": %lld, \"formula_host_model_states\": %lld, "
-                    "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld}%s\n",
-                    model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
-                    (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
-                    (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
-                    (long long)r.reserved, (long long)r.sent_per_step, (long long)r.formula_states,
-                    (long long)r.formula_sent, (long long)r.construction_peak, dist::name(r.offload),
-                    (long long)r.host_parameter, (long long)r.host_gradient, (long long)r.host_optimizer_state,
-                    (long long)r.host_peak, (long long)r.formula_host, r.shard_group, (long long)r.sent_across,
-                    (long long)r.formula_sent_across, i + 1 < records.size() ? "," : "");
-      }
-      std::printf("]\n");
-      return 0;
-    }
-    std::printf("GPT %s: Ψ = %lld parameters, N = %d, %s, %s group, batch %lld x %lld tokens, %s compute + fp32 AdamW\n",
-                model_name.c_str(), (long long)records.front().params, world, device.str().c_str(),
-                records.front().group.c_str(), (long long)batch, (long long)seq, name(g_compute));
-    if (16 * records.front().params < 1'000'000'000) g_unit = 1e6;
-    std::printf("sizes in %s; model states = parameter + gradient + optimizer_state after backward; build = the\n"
-                "peak while the model was built (deferred, then materialised shard by shard)\n\n",
-                g_unit == 1e9 ? "GB (1e9 bytes)" : "MB (1e6 bytes)");
-    // With offload, the setting and the host pool's figures follow each row.
-    const bool offloading = std::any_of(records.begin(), records.end(),
-                                        [](const Record& r) { return r.offload != dist::Offload::none; });
-    std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s %9s", "stage", "rank", "param", "grad",
-                "optim", "model states", "formula", "activation", "comm", "peak", "sent/step", "formula", "build");
-    if (offloading) std::printf("  %-16s %11s %9s %9s", "offload", "host states", "formula", "host peak");
-    const bool hybrid = g_shard_group != 0 && g_shard_group != world;
-    if (hybrid) std::printf("  %5s %13s %9s", "S", "sent across", "formula");
-    std::printf("\n");
-    for (const Record& r : records) {
-      std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f %9.3f", r.stage, r.rank,
-                  gb(r.parameter), gb(r.gradient), gb(r.optimizer_state),
-                  gb(r.parameter + r.gradient + r.optimizer_state), gb(r.formula_states), gb(r.activation),
-                  gb(r.communication), gb(r.peak_allocated), gb(r.sent_per_step), gb(r.formula_sent),
-                  gb(r.construction_peak));
-      if (offloading)
-        std::printf("  %-16s %11.3f %9.3f %9.3f", dist::name(r.offload),
-                    gb(r.host_parameter + r.host_gradient + r.host_optimizer_state), gb(r.formula_host),
-                    gb(r.host_peak));
-      if (hybrid) std::printf("  %5d %13.3f %9.3f", r.shard_group, gb(r.sent_across), gb(r.formula_sent_across));
-      std::printf("\n");
-    }
-    // Each unit's buffers are padded to a multiple of N: next to Ψ / N that is visible
-    // only when N is close to a unit's size.
-    double above = 0;
-    for (const Record& r : records)
-      above = std::max(above, static_cast<double>(r.parameter + r.gradient + r.optimizer_state + r.host_parameter +
-                                                  r.host_gradient + r.host_optimizer_state) /
-                                      static_cast<double>(std::max<int64_t>(r.formula_states + r.formula_host, 1)) - 1);
-    if (above > 0.01)
-      std::printf("\nmodel states are up to %.1f%% above the formula: each unit's buffers are padded to a multiple "
-                  "of N = %d\n", 100 * above, world);
+    ZG_CHECK(o.worlds.size() <= 1 || o.simulate, "zero_memory: a list of world sizes is for --simulate");
+    const std::vector<Setting> settings = requested_settings(o);
+    make_timeline_dir(o, processes);
+    if (o.simulate) return simulate(o, preset, settings, processes);
+    return run_table(o, preset, settings, processes);
   } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }
-  return 0;
 }

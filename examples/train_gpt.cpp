@@ -99,14 +99,15 @@ int run(const Flags& f) {
   if (!f.init_from_hf.empty()) nn::load_hf_gpt2(model, f.init_from_hf);
   // One device is a group of one: the parameters move into flat units (full, unsharded),
   // and clipping, loss scaling, AdamW and checkpoints are train_zero's code at N = 1.
-  // Offload needs a stage that places the optimizer state (1; 3 for the parameters too):
-  // at N = 1 every stage holds what DDP holds.
+  // Offload needs a stage that shards what it moves: the least ZeroConfig accepts (at
+  // N = 1 every stage holds what DDP holds).
   dist::SingleRank one;
-  const dist::Offload offload = f.offloaded();
-  dist::ShardedModel trainer(model, one,
-                             {.stage = offload == dist::Offload::none ? 0 : offload == dist::Offload::optimizer ? 1 : 3,
-                              .compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
-                              .max_grad_norm = f.max_grad_norm, .offload = offload});
+  dist::ZeroConfig zero{.compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
+                        .max_grad_norm = f.max_grad_norm, .offload = f.offloaded()};
+  while (zero.stage < 3 && !zero.problem(one.size()).empty()) ++zero.stage;
+  const std::string wrong = zero.problem(one.size());
+  ZG_CHECK(wrong.empty(), "train_gpt: ", wrong);
+  dist::ShardedModel trainer(model, one, zero);
   optim::GradScaler scaler({65536.0, 2.0, 0.5, 2000, compute == DType::f16});
   const examples::RunRecord record(config.n_layer, config.n_head, config.n_embd, f.seq);
   int64_t first_step = 0;

@@ -88,9 +88,8 @@ bool parse(int argc, char** argv, Flags& f) {
     else flag.unknown();
   }
   f.check("train_zero");
-  ZG_CHECK(dist::Placement::problem(static_cast<int>(f.stage), dist::Offload::none).empty(), "train_zero: --stage must be 0, 1, 2 or 3, got ", f.stage);
-  ZG_CHECK(f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024,
-           "train_zero: --ranks, --prefetch and --shard-group go up to 1024");
+  ZG_CHECK(f.stage <= 1024 && f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024,
+           "train_zero: --stage, --ranks, --prefetch and --shard-group go up to 1024");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi" || f.group == "nccl",
            "train_zero: --group must be auto, local, mpi or nccl, got ", f.group);
   if (f.group == "auto")
@@ -103,6 +102,26 @@ bool parse(int argc, char** argv, Flags& f) {
              ": each rank takes batch / ranks rows");
   ZG_CHECK(f.dtype == "f32" || f.dtype == "bf16", "train_zero: --dtype must be f32 or bf16, got ", f.dtype);
   return true;
+}
+
+// The configuration every rank's ShardedModel takes.
+dist::ZeroConfig zero_config(const Flags& f) {
+  return {.stage = static_cast<int>(f.stage),
+          .compute_dtype = f.dtype == "bf16" ? DType::bf16 : DType::f32,
+          .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
+          .max_grad_norm = f.max_grad_norm,
+          .prefetch = static_cast<int>(f.prefetch),
+          .offload = f.offloaded(),
+          .keep_after_forward = f.keep_after_forward,
+          .prefetch_bytes = f.prefetch_bytes,
+          .shard_group_size = static_cast<int>(f.shard_group)};
+}
+
+// Refuses what ZeroConfig::problem finds wrong at `ranks` (known once the group is:
+// under mpirun, its processes) before any rank builds a model.
+void check_config(const Flags& f, int ranks) {
+  const std::string wrong = zero_config(f).problem(ranks);
+  ZG_CHECK(wrong.empty(), "train_zero: ", wrong);
 }
 
 // Rank 0's bytes by category on the device, then (offload) in the host pool.
@@ -133,16 +152,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   if (!f.init.empty() && group.rank() == 0) nn::load_state(model, f.init);  // rank 0's weights become every rank's
   // The parameters move into flat units, sharded as the stage says; rank 0's initial
   // weights become every rank's.
-  dist::ShardedModel sharded(model, group,
-                             {.stage = static_cast<int>(f.stage),
-                              .compute_dtype = f.dtype == "bf16" ? DType::bf16 : DType::f32,
-                              .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
-                              .max_grad_norm = f.max_grad_norm,
-                              .prefetch = static_cast<int>(f.prefetch),
-                              .offload = f.offloaded(),
-                              .keep_after_forward = f.keep_after_forward,
-                              .prefetch_bytes = f.prefetch_bytes,
-                              .shard_group_size = static_cast<int>(f.shard_group)});
+  dist::ShardedModel sharded(model, group, zero_config(f));
   const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);  // what a checkpoint records, as train_gpt's
   int64_t first_step = 0;
   if (!f.resume.empty()) {
@@ -232,6 +242,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (flags.group == "local") {
+      check_config(flags, static_cast<int>(flags.ranks));
       dist::run_local(static_cast<int>(flags.ranks), [&](dist::ProcessGroup& group) { train(group, flags); });
       return 0;
     }
@@ -244,6 +255,7 @@ int main(int argc, char** argv) {
                host.size(), " processes");
       ZG_CHECK(flags.batch % host.size() == 0, "train_zero: --batch ", flags.batch, " is not a multiple of the ",
                host.size(), " ranks: each rank takes batch / ranks rows");
+      check_config(flags, host.size());
       if (flags.group == "mpi") return train(host, flags);
 #if ZG_HAVE_CUDA
       // Rank r on its node's GPU r; the NCCL id goes out over MPI (bootstrap checks a GPU each).

@@ -195,7 +195,8 @@ TEST_CASE("train_zero trains on N ranks, and its sharded checkpoint resumes at a
   CHECK(run_command(small + " --ranks 3 2>&1", status).find("--batch 4 is not a multiple of --ranks 3") !=
         std::string::npos);
   CHECK(status != 0);
-  CHECK(run_command(small + " --stage 4 2>&1", status).find("--stage must be 0, 1, 2 or 3, got 4") != std::string::npos);
+  CHECK(run_command(small + " --stage 4 2>&1", status)
+            .find("train_zero: ShardedModel: stage must be 0, 1, 2 or 3, got 4") != std::string::npos);
   CHECK(status != 0);
 }
 
@@ -261,7 +262,7 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
   CHECK(status == 0);
   CHECK(table.find("GPT ") != std::string::npos);
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --stage 4 2>&1", status).find(
-            "--stage must be 0, 1, 2, 3 or all, got '4'") != std::string::npos);
+            "zero_memory: ShardedModel: stage must be 0, 1, 2 or 3, got 4") != std::string::npos);
   CHECK(status != 0);
   // Real steps that cannot fit are refused at once (4 x 120 GB here), not killed minutes later.
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --device cpu --model 7.5b --world-size 4 2>&1", status)
@@ -410,6 +411,11 @@ TEST_CASE("bench/zero_memory --shard-group: hybrid sharding's states follow S, i
   CHECK(records == 2);
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --stage 1 --shard-group 2 2>&1", status)
             .find("hybrid sharding) needs stage 2 or 3") != std::string::npos);
+  CHECK(status != 0);
+  // With --stage all, when ZeroConfig refuses every setting, the first one's problem says why.
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --world-size 8 --shard-group 3 2>&1", status)
+            .find("--stage all with --offload none leaves no valid setting (stage 0 with offload none: ShardedModel: "
+                  "shard_group_size 3 must divide the group's 8 ranks") != std::string::npos);
   CHECK(status != 0);
 }
 
