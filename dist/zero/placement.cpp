@@ -20,7 +20,7 @@ Offload parse_offload(std::string_view text) {
 std::string Placement::problem(int stage, Offload offload) {
   if (stage < 0 || stage > 3) return "ShardedModel: stage must be 0, 1, 2 or 3, got " + std::to_string(stage);
   if (offload != Offload::none && stage < 1)
-    return std::string("ShardedModel: offload ") + name(offload) +
+    return std::string("ShardedModel: offload ") + dist::name(offload) +
            " needs the optimizer state sharded: stage 1, 2 or 3 (at one rank they hold what DDP holds)";
   if (offload == Offload::optimizer_and_params && stage != 3)
     return "ShardedModel: offload optimizer+params needs stage 3, where parameters are sharded; stage " +
