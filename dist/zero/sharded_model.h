@@ -151,7 +151,7 @@ class ShardedModel final : public ParameterOwner {
   };
   [[nodiscard]] FullParameters summon_full_params();
 
-  // Sharded checkpoints (dist/zero/sharded_checkpoint.cpp, checkpoint_dir.h). save()
+  // Sharded checkpoints (dist/zero/sharded_checkpoint.cpp, checkpoint/). save()
   // writes, from every rank, `dir/<save>/rank-RRRRR-of-NNNNN.safetensors` (zero-padded),
   // <save> = step-<step>-<id>, with the parts of each parameter's master weights and Adam
   // m, v that the rank owns (and at stage 3 of the frozen weights it holds), named by

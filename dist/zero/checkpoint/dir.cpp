@@ -1,4 +1,4 @@
-#include "dist/zero/checkpoint_dir.h"
+#include "dist/zero/checkpoint/dir.h"
 
 #include <algorithm>
 #include <cctype>

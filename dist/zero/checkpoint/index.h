@@ -1,0 +1,24 @@
+// The pieces of a save, indexed by role and parameter: every tensor of its files, as
+// upgrade() names it in the current format, is a piece of one role of one parameter of
+// the model -- its name read, its dtype, its parameter's recorded shape and its range
+// checked against the model -- or, in the first file, one of the model's buffers, whole.
+// A parameter's pieces are sorted by first element and must not overlap. Nothing in the
+// files may be unknown to the model.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dist/zero/checkpoint/manifest.h"
+#include "dist/zero/checkpoint/model_parameters.h"
+#include "dist/zero/checkpoint/pieces.h"
+
+namespace zg::dist::checkpoint {
+
+using PieceIndex = std::map<std::string, std::vector<Piece>>;  // key: <role>/<parameter>, sorted by begin
+
+// A parameter frozen in the model that the save trained takes its master weights' pieces.
+PieceIndex index_pieces(const Manifest& manifest, const ModelParameters& model);
+
+}  // namespace zg::dist::checkpoint

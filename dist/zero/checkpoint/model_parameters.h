@@ -1,0 +1,37 @@
+// The model as a load checks a save against it: each parameter by name, with its shape
+// and the dtype it is held in (the master dtype for the trained ones, the compute dtype
+// for the frozen ones), and the buffers. A parameter trained in the save may be frozen
+// in the model; one frozen in the save must be frozen in the model too (the save has no
+// Adam state for it).
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "dist/zero/checkpoint/roles.h"
+#include "nn/module.h"
+#include "tensor/safetensors.h"
+
+namespace zg::dist::checkpoint {
+
+struct ModelParameters {
+  struct Held {
+    Shape shape;
+    DType dtype;
+  };
+  std::map<std::string, Held> trained, frozen;
+  nn::NamedTensors buffers;  // "buffer/<name>"
+
+  // Where a piece of `parameter` loads into: the frozen parameter of that name, or for
+  // a role other than frozen the trained one; null when the model has neither.
+  const Held* find(const std::string& parameter, bool frozen_role) const;
+};
+
+// From the units' views and the replicated tensors ("frozen/<name>", "buffer/<name>").
+ModelParameters model_parameters(const std::vector<UnitRoles>& units, const nn::NamedTensors& replicated);
+
+// A zg::Error unless `tensor` of `file` may load into a parameter held in `held`: of that
+// dtype, or floating as it is. `kind` qualifies the piece expected ("1-D " or "").
+void check_piece_dtype(const SafetensorsFile& file, const std::string& tensor, DType held, const char* kind);
+
+}  // namespace zg::dist::checkpoint
