@@ -55,7 +55,6 @@
 #include "dist/comm/device_mesh.h"
 #include "dist/comm/process_group.h"
 #include "dist/zero/placement.h"
-#include "dist/zero/planner.h"
 #include "dist/zero/zero_config.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
@@ -70,6 +69,7 @@ class Unit;
 struct UnitContext;
 class GradientReducer;
 class GatherScheduler;
+struct ShardingPlan;
 
 struct StepResult {
   double grad_norm = 0;  // global, unscaled, before clipping (identical on every rank)
