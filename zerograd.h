@@ -58,3 +58,4 @@
 #endif
 #include "dist/zero/placement.h"
 #include "dist/zero/sharded_model.h"
+#include "dist/zero/zero_config.h"
