@@ -52,6 +52,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -256,9 +257,11 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
       log->clear();
       recording.emplace(*log);
     }
-    group.reset_bytes_sent();
-    sharded.shard_group().reset_bytes_sent();  // (the group itself, without hybrid sharding)
-    if (replicas) replicas->reset_bytes_sent();
+    // Every group the model sends on, each once: a mesh dimension as large as the world is
+    // the world itself (dp_shard without hybrid sharding, dp_replicate at S = 1).
+    std::set<dist::ProcessGroup*> groups = {&group, &sharded.shard_group()};
+    if (replicas) groups.insert(replicas);
+    for (dist::ProcessGroup* g : groups) g->reset_bytes_sent();
     sharded.zero_grad();
     {
       MemoryScope scope(MemoryCategory::activation);
@@ -276,7 +279,8 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     r.host_optimizer_state = host_after_backward[MemoryCategory::optimizer_state];
     sharded.step(1e-4);
     r.sent_across = replicas ? replicas->bytes_sent() : 0;
-    r.sent_per_step = group.bytes_sent() + (replicas ? sharded.shard_group().bytes_sent() + r.sent_across : 0);
+    r.sent_per_step = 0;
+    for (dist::ProcessGroup* g : groups) r.sent_per_step += g->bytes_sent();
   }
   if (run) {
     group.barrier();

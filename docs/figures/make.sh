@@ -72,3 +72,10 @@ side_by_side checkpoint-shards.svg "ZeRO-3, GPT-2 124M: the shards a rank holds 
 # 10. Reading a trace: the tiny GPT at ZeRO-3 on four ranks, as bench/zero_memory's --timeline writes it.
 zero_memory tiny --model tiny --world-size 4 --stage 3 --steps 2
 cp "$work/tiny/stage-3.svg" "$out/tiny-zero3.svg"
+
+# 12. The device mesh: ZeRO-3 over all 16 ranks, or sharded within each dp_shard group of 4
+# and replicated across the 4 groups (HSDP / MiCS).
+zero_memory flat16 --model 124m --world-size 16 --stage 3 --seq 256 --steps 2
+zero_memory hsdp16 --model 124m --world-size 16 --stage 3 --shard-group 4 --seq 256 --steps 2
+side_by_side device-mesh.svg "ZeRO-3, GPT-2 124M, 16 ranks, rank 0: sharded over all 16, or over groups of 4 with 4 replicas" \
+  "$work/flat16/stage-3.json" "dp_shard 16" "$work/hsdp16/stage-3.json" "dp_replicate 4 x dp_shard 4"
