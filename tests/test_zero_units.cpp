@@ -162,3 +162,24 @@ TEST_CASE("a siamese loss (a unit used twice in a step) trains at every stage, p
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("ranks whose plans differ are all told which rank's plan failed, before any collective of the model") {
+  dist::run_local(2, [](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    nn::UnitPlan plan = model.unit_plan();
+    if (pg.rank() == 1) plan.root_after = {"no.such.norm"};  // checked by ZeRO-3's gather scheduler
+    if (pg.rank() == 1)
+      CHECK_THROWS_WITH_AS(dist::ShardedModel(model, plan, pg, {.stage = 3}),
+                           "ShardedModel: the model has no submodule 'no.such.norm'", Error);
+    else
+      CHECK_THROWS_WITH_AS(dist::ShardedModel(model, plan, pg, {.stage = 3}),
+                           doctest::Contains("rank 1 failed: ShardedModel: the model has no submodule 'no.such.norm'"),
+                           Error);
+    CHECK(ParameterOwner::of(model.named_parameters().front().second) == nullptr);  // nothing moved
+  });
+}
+
+}  // namespace zg::test

@@ -93,8 +93,8 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh* 
 // failed, before the collectives below: a rank that threw here would never issue them.
 void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
   const Device device = device_of(model);
-  ShardingPlan planned;
   all_or_none(group_, device, "ShardedModel", "", [&] {
+    ShardingPlan planned;
     for (const MeshDim& dim : mesh_.dims())
       ZG_CHECK(dim.name == "dp_replicate" || dim.name == "dp_shard", "ShardedModel: the mesh's dimension '", dim.name,
                "' is not data parallel; ZeRO shards over a mesh of dp_replicate x dp_shard");
@@ -111,8 +111,8 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
                              .plan = plan,
                              .config = config_,
                              .shard_ranks = s});
+    make_units(model, plan, std::move(planned), device);  // (its scheduler checks the plan's module paths)
   });
-  make_units(model, plan, std::move(planned), device);
   agree_on_plan(device);
   for (auto& unit : units_) materialize(*unit);
   materialize_replicated();
