@@ -139,7 +139,7 @@ void GatherScheduler::hook_use(size_t index, const std::weak_ptr<ParameterOwner>
       if (alive.expired()) return Tensor();
       const std::shared_ptr<Call> call = uses_[index].call;  // before on_post_forward ends the call
       on_post_forward(index, out);
-      if (uses_[index].backward_reads && out.requires_grad() && call)
+      if (uses_[index].backward_reads && out.requires_grad())
         out.register_hook([this, index, alive, call](const Tensor&) {
           if (!alive.expired()) on_pre_backward(index, *call);
           return Tensor();

@@ -33,7 +33,7 @@ void GradientReducer::plan_buckets(Unit& unit, int64_t cap, int64_t& next_tag) {
   }
   std::vector<size_t>& bucket_of = bucket_of_.emplace_back(entries.size(), 0);
   for (auto b = reversed.rbegin(); b != reversed.rend(); ++b) {
-    if (b->tag == 0) b->tag = next_tag++;
+    if (placement_.all_reduces_gradients()) b->tag = next_tag++;
     for (size_t i = 0; i < entries.size(); ++i)
       if (entries[i].offset >= b->begin && entries[i].offset < b->end) bucket_of[i] = buckets_.size();
     buckets_.push_back(*b);

@@ -167,9 +167,8 @@ ShardingPlan plan_sharding(const PlannerInput& in) {
   std::vector<nn::NamedTensors> members(units.size()), frozen_members(units.size());
   std::vector<bool> holds_replicated(units.size(), false);
   nn::NamedTensors trainable;
-  for (const auto& [name, p] : in.parameters) {
+  for (const auto& [name, p] : in.parameters)
     if (p.requires_grad()) trainable.emplace_back(name, p);
-  }
   check_packable(trainable);
   for (const auto& [name, p] : in.parameters) {
     const size_t u = owner_of(units, name);
@@ -179,8 +178,12 @@ ShardingPlan plan_sharding(const PlannerInput& in) {
     }
     ZG_CHECK(p.device() == trainable.front().second.device(), "ShardedModel: frozen parameter '", name, "' is on ",
              p.device().str(), ", '", trainable.front().first, "' on ", trainable.front().second.device().str());
-    if (sharded_frozen(p)) frozen_members[u].emplace_back(name, p);
-    else holds_replicated[u] = true, out.replicated_frozen.emplace_back(name, p);
+    if (sharded_frozen(p)) {
+      frozen_members[u].emplace_back(name, p);
+    } else {
+      holds_replicated[u] = true;
+      out.replicated_frozen.emplace_back(name, p);
+    }
   }
   if (gathers) check_shared_weights(in, units, sharded_frozen);
   const std::map<const TensorImpl*, int> group_of = parameter_groups(in, trainable);

@@ -96,7 +96,7 @@ class ShardedModel final : public ParameterOwner {
   // are left unmaterialized (each rank held a shard), so save or export first.
   // The units come from the model's own plan (Module::unit_plan), or from `plan`.
   //   Over a DeviceMesh, the units shard over its dp_shard dimension and replicate over
-  // dp_replicate (either may be missing: size 1); config.shard_group_size is then dp_shard's
+  // dp_replicate (which may be missing: size 1); config.shard_group_size is then dp_shard's
   // size (0 or that size; another is refused). Over a group, the mesh is dp_replicate N / S
   // x dp_shard S, S = shard_group_size (0: N). The mesh must outlive the model.
   ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig config = {});

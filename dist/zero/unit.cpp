@@ -65,15 +65,6 @@ bool Unit::Weights::current() const {
   return !full.storage()->is_released() && shard.storage()->version() == gathered_from;
 }
 
-const char* Unit::name(State state) {
-  switch (state) {
-    case State::sharded: return "sharded";
-    case State::gathering: return "gathering";
-    case State::gathered: return "gathered";
-  }
-  return "?";
-}
-
 Unit::Unit(const UnitContext& context, UnitSpec spec)
     : ctx_(context), spec_(std::move(spec)),
       state_(context.placement.gathers_parameters() ? State::sharded : State::gathered) {}

@@ -26,7 +26,6 @@
 #include <vector>
 
 #include "dist/comm/process_group.h"
-#include "autograd/graph.h"
 #include "dist/zero/planner.h"
 #include "optim/adamw.h"
 
@@ -65,7 +64,6 @@ struct UnitContext {
 class Unit {
  public:
   enum class State : uint8_t { sharded, gathering, gathered };
-  static const char* name(State state);
 
   Unit(const UnitContext& context, UnitSpec spec);
 
@@ -103,7 +101,6 @@ class Unit {
   void refresh_compute();
 
   // Layout, as planned.
-  const UnitSpec& spec() const { return spec_; }
   const std::string& name() const { return spec_.name; }
   int64_t tag() const { return spec_.tag; }
   nn::Module* module() const { return spec_.module; }

@@ -6,17 +6,18 @@ namespace zg::dist {
 
 std::string ZeroConfig::problem(int world_size) const {
   if (std::string wrong = Placement::problem(stage, offload); !wrong.empty()) return wrong;
+  const Placement policy = placement();
   const int s = shard_group_size;
   if (s < 0 || (s != 0 && (world_size < 1 || world_size % s != 0)))
     return concat("ShardedModel: shard_group_size ", s, " must divide the group's ", world_size,
                   " ranks (0: shard over all of them)");
-  if (s != 0 && s != world_size && stage < 2)
+  if (s != 0 && s != world_size && !policy.frees_full_gradients())
     return concat("ShardedModel: shard_group_size ", s, " (hybrid sharding) needs stage 2 or 3, whose unit gradients "
                   "are reduce-scattered and freed; stage ", stage,
                   stage == 0 ? " shards nothing" : " keeps the full gradient, summed into slice r");
   for (const auto& [what, dtype] : {std::pair{"compute", compute_dtype}, {"reduce", reduce()}, {"accumulate", accumulate()}})
     if (!is_floating(dtype)) return concat("ShardedModel: ", what, " dtype must be floating, got ", name(dtype));
-  if (accumulate() != compute_dtype && stage < 2)
+  if (accumulate() != compute_dtype && !policy.frees_full_gradients())
     return concat("ShardedModel: accumulate_dtype ", name(accumulate()), " needs stage 2 or 3, whose gradient shard "
                   "sums the micro-batches; stage ", stage, " accumulates in the full ", name(compute_dtype),
                   " gradient autograd writes (leave accumulate_dtype unset)");
@@ -26,7 +27,7 @@ std::string ZeroConfig::problem(int world_size) const {
     return concat("ShardedModel: prefetch_bytes must be >= 0 (0: no bound), got ", prefetch_bytes);
   if (!std::isfinite(max_grad_norm) || max_grad_norm < 0)
     return concat("ShardedModel: max_grad_norm must be >= 0 and finite (0 disables clipping), got ", max_grad_norm);
-  if (!keep_after_forward.empty() && stage != 3)
+  if (!keep_after_forward.empty() && !policy.gathers_parameters())
     return concat("ShardedModel: keep_after_forward is for stage 3, where units are gathered around each use; stage ",
                   stage, " keeps every weight whole");
   try {
