@@ -128,7 +128,7 @@ struct Options {
   std::string timeline_dir;
   // What every setting's ShardedModel is given besides its stage and offload: --compute,
   // --accumulate, --shard-group (0: the whole group), --prefetch-bytes, --keep-after-forward.
-  dist::ZeroConfig zero{.max_grad_norm = 1.0};
+  dist::ZeroConfig zero{.compute_dtype = DType::bf16, .max_grad_norm = 1.0};  // mixed precision, as the papers count
 };
 
 // A stage and an offload: one row of the table, one ShardedModel.

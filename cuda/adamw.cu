@@ -30,10 +30,11 @@ struct AdamWConstants {
 //   p -= step_size * m / (sqrt(v) * inv_sqrt_bias2 + eps);  compute = round(p)
 //   step_size = lr / bias1, inv_sqrt_bias2 = 1 / sqrt(bias2): the CPU kernel's form
 // M: master/m/v (f32 or f64); G: grad; C: the compute copy (void: none).
-// device_scale (may be null): one f32 on the device that multiplies grad_scale.
+// device_scale (may be null): one M on the device that multiplies grad_scale (f64 training
+// clips by an f64 coefficient, as step() does on the host).
 template <class M, class G, class C>
 __global__ void adamw_kernel(M* master, const G* grad, M* m, M* v, C* compute, int64_t n, AdamWConstants s,
-                             const float* device_scale) {
+                             const M* device_scale) {
   using GC = acc_t<G>;  // the gradient is scaled in its own compute type, before rounding to M
   const GC grad_scale =
       static_cast<GC>(device_scale ? s.grad_scale * static_cast<double>(*device_scale) : s.grad_scale);
@@ -85,7 +86,7 @@ void CudaBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& 
             if (n == 0) return;
             adamw_kernel<M, G, C><<<blocks_for(n), kThreads, 0, on.stream>>>(
                 device_ptr<M>(master), device_ptr<const G>(grad), device_ptr<M>(m), device_ptr<M>(v), compute_ptr, n, s,
-                scale.defined() ? device_ptr<const float>(scale) : nullptr);
+                scale.defined() ? device_ptr<const M>(scale) : nullptr);
             ZG_CUDA_CHECK_LAUNCH();
           };
           if (!has_compute) return launch(static_cast<void*>(nullptr));

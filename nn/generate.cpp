@@ -87,8 +87,16 @@ Tensor sample(const Tensor& logits, const SamplingOptions& o) {
   const std::vector<double> values = logits.to(kCPU).to(DType::f64).contiguous().to_vector<double>();
   const std::vector<double> u = rand({rows}, DType::f64).to_vector<double>();  // one draw a row, always
   std::vector<int64_t> picked;
-  for (int64_t r = 0; r < rows; ++r)
-    picked.push_back(draw({values.begin() + r * vocab, values.begin() + (r + 1) * vocab}, o, u[r]));
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<double> row(values.begin() + r * vocab, values.begin() + (r + 1) * vocab);
+    // As torch.multinomial refuses such probabilities: a NaN or +inf logit has no softmax,
+    // and a row all -inf gives every token probability 0.
+    const bool bad = std::any_of(row.begin(), row.end(), [](double x) { return std::isnan(x) || x == INFINITY; });
+    ZG_CHECK(!bad && std::any_of(row.begin(), row.end(), [](double x) { return x > -INFINITY; }), "sample: row ", r,
+             " of the logits ", describe(logits), bad ? " holds NaN or +inf" : " is -inf everywhere",
+             ", so it gives no distribution to draw from; check the model's forward (a diverged run gives NaN)");
+    picked.push_back(draw(row, o, u[r]));
+  }
   return tensor<int64_t>(picked, {rows, 1}).to(logits.device());
 }
 

@@ -27,8 +27,8 @@ void kaiming_uniform_(const Tensor& t, double a = 0.0, Fan fan = Fan::in);
 void kaiming_normal_(const Tensor& t, double a = 0.0, Fan fan = Fan::in);
 
 // PyTorch's nn.Linear default: weight and bias U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_
-// with a = sqrt(5)). Ours start at N(0, 0.02), GPT-2's choice: for a new model of another
-// shape this is usually the better start.
+// with a = sqrt(5)), what a Linear made without init_std starts from; GPT and Llama give
+// theirs N(0, 0.02), and this puts such a layer back to PyTorch's start.
 void linear_default_(Linear& layer);
 
 // Applies linear_default_ to every Linear under `module`.

@@ -1,12 +1,21 @@
 #include "nn/layers.h"
 
+#include <cmath>
+
 namespace zg::nn {
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, double init_std, TensorOptions options,
-               Activation act)
+Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, std::optional<double> init_std,
+               TensorOptions options, Activation act)
     : activation(act) {
-  weight = register_parameter("weight", normal({out_features, in_features}, 0.0, init_std, options));
-  if (has_bias) bias = register_parameter("bias", zeros({out_features}, options));
+  ZG_CHECK(in_features >= 0 && out_features >= 0, "Linear: in_features and out_features must be >= 0, got ",
+           in_features, " and ", out_features);
+  const double bound = in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(in_features)) : 0.0;
+  const Shape shape{out_features, in_features};
+  weight = register_parameter(
+      "weight", init_std ? normal(shape, 0.0, *init_std, options) : uniform(shape, -bound, bound, options));
+  if (has_bias)
+    bias = register_parameter("bias", init_std ? zeros({out_features}, options)
+                                               : uniform({out_features}, -bound, bound, options));
 }
 
 Tensor Linear::forward(const Tensor& x) {

@@ -3,17 +3,21 @@
 // PyTorch uses (weight, bias), so checkpoints and named_parameters() read the same in both.
 #pragma once
 
+#include <optional>
+
 #include "autograd/functions.h"
 #include "nn/module.h"
 
 namespace zg::nn {
 
-// y = x W^T + b, W [out, in] (PyTorch's layout). Initialised N(0, init_std), bias 0.
+// y = x W^T + b, W [out, in] (PyTorch's layout). Initialised as torch.nn.Linear -- W and b
+// U(-1/sqrt(in), 1/sqrt(in)), kaiming_uniform_ with a = sqrt(5) -- or, given init_std,
+// W ~ N(0, init_std) and b = 0 (GPT-2's and Llama's choice, which their models pass).
 // An activation, if given, is applied in the same op (zg::linear: on CUDA a GEMM
 // epilogue), so y = act(x W^T + b) -- the parameters are the plain layer's.
 class Linear : public Module {
  public:
-  Linear(int64_t in_features, int64_t out_features, bool bias = true, double init_std = 0.02,
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, std::optional<double> init_std = std::nullopt,
          TensorOptions options = {}, Activation activation = Activation::none);
   Tensor forward(const Tensor& x) override;
   Tensor weight, bias;

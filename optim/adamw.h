@@ -47,7 +47,7 @@ struct AdamWSpan {
 
 // One AdamW update of every span (the fused backend kernel per span). step counts
 // from 1 (the bias corrections divide by 1 - beta^step); lr and grad_scale are finite
-// and >= 0. device_scale (optional, one f32 on the spans' device) multiplies grad_scale on the
+// and >= 0. device_scale (optional, one element of the masters' dtype on their device) multiplies grad_scale on the
 // device: a clipping coefficient that was never read back to the host.
 void adamw_update(const std::vector<AdamWSpan>& spans, const AdamWOptions& options, double lr, int64_t step,
                   double grad_scale, const Tensor& device_scale = {});

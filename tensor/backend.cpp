@@ -133,8 +133,10 @@ void check_adamw_arguments(const Tensor& master, const Tensor& grad, const Tenso
   ZG_CHECK(m.dtype() == master.dtype() && v.dtype() == master.dtype(), "adamw: m and v must have the master's dtype ",
            describe(master), ", got ", describe(m), " and ", describe(v));
   const Tensor& scale = step.device_scale;
-  ZG_CHECK(!scale.defined() || (scale.numel() == 1 && scale.dtype() == DType::f32 && scale.device() == master.device()),
-           "adamw: device_scale must be one f32 on ", master.device().str(), ", got ", describe(scale));
+  ZG_CHECK(!scale.defined() ||
+               (scale.numel() == 1 && scale.dtype() == master.dtype() && scale.device() == master.device()),
+           "adamw: device_scale must be one element of the master's dtype on its device, like ", describe(master),
+           ", got ", describe(scale));
 }
 
 }  // namespace zg

@@ -63,7 +63,7 @@ struct AdamWStep {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   double grad_scale = 1.0;  // unscales (1 / loss scale) and clips in the same pass
   int64_t step = 1;         // 1 for the first update
-  // Optional: a one-element f32 tensor on the master's device that multiplies
+  // Optional: a one-element tensor of the master's dtype and device that multiplies
   // grad_scale -- a clipping coefficient computed on the device, so the step needs no
   // host read of the gradient norm (optim::clip_coefficient_on_device).
   Tensor device_scale;
@@ -71,7 +71,7 @@ struct AdamWStep {
 
 // What every backend's adamw checks first: master, grad, m, v (and compute, unless
 // undefined or the master itself) contiguous with the master's numel; m and v in the
-// master's dtype; device_scale, if given, one f32 on the master's device.
+// master's dtype; device_scale, if given, one element of the master's dtype and device.
 void check_adamw_arguments(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                            const Tensor& compute, const AdamWStep& step);
 

@@ -312,6 +312,21 @@ TEST_CASE("generation with a fixed seed is reproducible; greedy is top-k 1; samp
   }
   CHECK(long_run.to_vector<int64_t>() == naive.to_vector<int64_t>());
   CHECK_THROWS_WITH_AS(nn::sample(logits, {.top_p = 0}), doctest::Contains("top_p in (0, 1]"), Error);
+  // Logits with no distribution in them are refused, as torch.multinomial refuses NaN
+  // probabilities -- greedy or not: a diverged model must not print tokens.
+  const Tensor fine = tensor<float>({0, 1, -INFINITY}, {1, 3});
+  CHECK(nn::sample(fine, {.temperature = 0}).item<int64_t>() == 1);
+  for (const double temperature : {0.0, 1.0}) {
+    CAPTURE(temperature);
+    CHECK_THROWS_WITH_AS(nn::sample(cat({fine, tensor<float>({NAN, NAN, NAN}, {1, 3})}), {.temperature = temperature}),
+                         "sample: row 1 of the logits f32[2, 3] on cpu holds NaN or +inf, so it gives no distribution to "
+                         "draw from; check the model's forward (a diverged run gives NaN)",
+                         Error);
+    CHECK_THROWS_WITH_AS(nn::sample(tensor<float>({0, INFINITY}, {1, 2}), {.temperature = temperature}),
+                         doctest::Contains("row 0 of the logits f32[1, 2] on cpu holds NaN or +inf"), Error);
+    CHECK_THROWS_WITH_AS(nn::sample(tensor<float>({-INFINITY, -INFINITY}, {1, 2}), {.temperature = temperature}),
+                         doctest::Contains("is -inf everywhere"), Error);
+  }
 }
 
 }  // namespace zg::test

@@ -62,6 +62,23 @@ TEST_CASE("GPT-2 initialisation: std 0.02, residual projections 0.02 / sqrt(2 n_
   }
 }
 
+TEST_CASE("nn::Linear starts as torch.nn.Linear: weight and bias U(-1/sqrt(in), 1/sqrt(in)); init_std gives N(0, std)") {
+  manual_seed(0);
+  const nn::Linear layer(400, 300);
+  const double bound = 1.0 / std::sqrt(400.0);
+  for (const Tensor& t : {layer.weight, layer.bias}) {
+    CHECK(max(abs(t)).item<double>() <= bound);
+    CHECK(max(abs(t)).item<double>() > 0.95 * bound);  // spread over the whole interval
+  }
+  // U(-b, b) has standard deviation b / sqrt(3): 120,000 draws give it to within 1%.
+  CHECK(std(layer.weight).item<double>() == doctest::Approx(bound / std::sqrt(3.0)).epsilon(0.01));
+  CHECK(std(layer.bias).item<double>() == doctest::Approx(bound / std::sqrt(3.0)).epsilon(0.1));
+  const nn::Linear gpt_style(400, 300, true, 0.02);
+  CHECK(std(gpt_style.weight).item<double>() == doctest::Approx(0.02).epsilon(0.01));
+  CHECK(max(abs(gpt_style.bias)).item<double>() == 0.0);
+  CHECK_THROWS_WITH_AS(nn::Linear(-1, 3), "Linear: in_features and out_features must be >= 0, got -1 and 3", Error);
+}
+
 TEST_CASE("module hooks, train/eval and conversions") {
   manual_seed(0);
   auto layer = std::make_shared<nn::Linear>(4, 3);

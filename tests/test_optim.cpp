@@ -93,7 +93,11 @@ TEST_CASE("AdamW leaves biases and norms undecayed; matrices are packed first, i
   CHECK(module.b.offset() == 6);
   CHECK(module.b.grad().storage() == module.w.grad().storage());
   CHECK(module.b.grad().offset() == 6);
-  trainer.step(0.1);  // zero gradients: only decay moves anything
+  {
+    NoGradGuard no_grad;
+    module.w.grad().zero_();  // zero gradients, written: only decay moves anything
+  }
+  trainer.step(0.1);
   CHECK(module.b.to_vector<float>() == std::vector<float>{1, 2, 3});
   for (const float w : module.w.view({-1}).to_vector<float>()) CHECK(w == doctest::Approx(1 - 0.1 * 0.5).epsilon(1e-7));
 }
@@ -162,9 +166,77 @@ TEST_CASE("clipping on the device: the host's coefficient, and the same AdamW st
   CHECK(scaled_trainer.step(0.1, &scaler).grad_norm == doctest::Approx(plain_trainer.step(0.1).grad_norm));
   const std::vector<float> a = plain.p.to_vector<float>(), b = scaled.p.to_vector<float>();
   for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-6));
-  // A scale that is not one f32 on the master's device is refused by name.
+  // A scale that is not one element of the master's dtype on its device is refused by name.
   CHECK_THROWS_WITH_AS(optim::adamw_update({zeroed_span(zeros({3}))}, {}, 0.1, 1, 1.0, tensor<double>({1.0})),
-                       doctest::Contains("adamw: device_scale must be one f32 on cpu"), Error);
+                       doctest::Contains("adamw: device_scale must be one element of the master's dtype on its device, "
+                                         "like f32[3] on cpu, got f64[1] on cpu"),
+                       Error);
+}
+
+TEST_CASE("f64 training: step_on_device clips in f64, equal to step() to 1e-13 after 10 clipped steps") {
+  // The device's norm and clipping coefficient are in the master's dtype: in f32 they left
+  // the parameters 1.5e-8 from step()'s (and PyTorch's) after 10 steps.
+  struct Net : nn::Module {
+    Tensor w;
+    Net() { w = register_parameter("w", tensor<double>({0.3, -1.2, 0.7, 2.5, -0.4, 0.9}, {2, 3})); }
+  };
+  dist::SingleRank one;
+  Net host, device;
+  const dist::ZeroConfig config{.compute_dtype = DType::f64, .adamw = {0.9, 0.999, 1e-8, 0.1}, .max_grad_norm = 0.5};
+  dist::ShardedModel host_trainer(host, one, config), device_trainer(device, one, config);
+  const Tensor x = tensor<double>({1.0, -2.0, 0.5, 3.0, 0.25, -1.5}, {2, 3});
+  for (int step = 0; step < 10; ++step) {
+    for (auto [net, trainer] : {std::pair{&host, &host_trainer}, {&device, &device_trainer}}) {
+      trainer->zero_grad();
+      sum(mul(mul(net->w, net->w), x)).backward();  // gradient 2 w x: norms well above 0.5, so every step clips
+    }
+    const double host_norm = host_trainer.step(0.01).grad_norm;
+    const Tensor device_norm = device_trainer.step_on_device(0.01);
+    CHECK(device_norm.dtype() == DType::f64);
+    CHECK(host_norm > 0.5);
+    CHECK(std::abs(device_norm.item<double>() - host_norm) <= 1e-13 * host_norm);
+  }
+  const std::vector<double> a = host.w.to_vector<double>(), b = device.w.to_vector<double>();
+  for (size_t i = 0; i < a.size(); ++i) CHECK(std::abs(a[i] - b[i]) <= 1e-13);
+}
+
+TEST_CASE("step() with no gradient since the last step or zero_grad() is refused, naming the likely mistake") {
+  // PyTorch skips parameters without a gradient; a flat buffer of zeros would instead take
+  // weight decay and Adam's momentum as a step. A write to .grad counts as a gradient.
+  OneParam module({0.5, -1.0, 2.0});
+  dist::SingleRank one;
+  dist::ShardedModel trainer(module, one, {.adamw = {0.9, 0.999, 1e-8, 0.1}});
+  const std::string refused = "ShardedModel: step(): no gradient was computed since the last ";
+  CHECK_THROWS_WITH_AS(trainer.step(0.1), doctest::Contains((refused + "zero_grad() (or construction)").c_str()), Error);
+  set_grad(module.p, {0.1, 0.2, 0.3});
+  CHECK(trainer.step(0.1).stepped);
+  const std::vector<float> after_one = module.p.to_vector<float>();
+  CHECK_THROWS_WITH_AS(trainer.step(0.1), doctest::Contains((refused + "step or zero_grad()").c_str()), Error);
+  CHECK(module.p.to_vector<float>() == after_one);  // nothing moved
+  sum(module.p).backward();
+  CHECK(trainer.step(0.1).stepped);
+  trainer.zero_grad();
+  CHECK_THROWS_WITH_AS(trainer.step_on_device(0.1), doctest::Contains(refused.c_str()), Error);
+}
+
+TEST_CASE("a ShardedModel trains in f32 unless asked; with bf16 a floating input is cast as it enters") {
+  dist::SingleRank one;
+  {
+    OneParam module({0.5, -1.0, 2.0});
+    dist::ShardedModel trainer(module, one, {});
+    CHECK(module.p.dtype() == DType::f32);
+    CHECK(module.p.grad().dtype() == DType::f32);
+  }
+  // An MLP given f32 inputs under a bf16 compute dtype runs (FSDP2's cast_forward_inputs).
+  nn::Sequential mlp{std::make_shared<nn::Linear>(2, 8), std::make_shared<nn::GELU>(), std::make_shared<nn::Linear>(8, 1)};
+  dist::ShardedModel trainer(mlp, one, {.compute_dtype = DType::bf16});
+  Tensor x = tensor<float>({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2});
+  x.set_requires_grad();
+  const Tensor y = mlp(x);
+  CHECK(y.dtype() == DType::bf16);
+  sum(y).backward();
+  CHECK(x.grad().dtype() == DType::f32);  // the cast's gradient, back in the input's dtype
+  CHECK(trainer.step(0.1).stepped);
 }
 
 TEST_CASE("the CPU AdamW kernel: each element is the f32 update, bit for bit, at any span length and thread split") {
@@ -357,6 +429,7 @@ TEST_CASE("a write to a parameter that a bf16 update would overwrite from the ma
   OneParam module({0.5, -1.0, 2.0});
   dist::SingleRank one;
   dist::ShardedModel trainer(module, one, {.compute_dtype = DType::bf16});
+  sum(module.p).backward();
   trainer.step(0.1);  // the step's own writes are not the user's
   const std::string dir = "/tmp/zg_test_written_" + std::to_string(::getpid());
   trainer.save(dir);
@@ -380,7 +453,9 @@ TEST_CASE("a write to a parameter that a bf16 update would overwrite from the ma
       if (name == "master/p/0") t.narrow(0, 0, 1).fill_(1.0);
     save_safetensors(file, tensors, saved.metadata());
   }
-  trainer.load(dir);
+  trainer.load(dir);  // the compute weights from the loaded master
+  CHECK(module.p.to(DType::f32).to_vector<float>()[0] == 1.0f);
+  sum(module.p).backward();
   trainer.step(0.0);
   CHECK(module.p.to(DType::f32).to_vector<float>()[0] == 1.0f);
   std::filesystem::remove_all(dir);
@@ -391,6 +466,7 @@ TEST_CASE("a write to a parameter that a bf16 update would overwrite from the ma
     NoGradGuard no_grad;
     f32.p.fill_(1.0);
   }
+  sum(f32.p).backward();
   f32_trainer.step(0.0);
   CHECK(f32.p.to_vector<float>() == std::vector<float>{1, 1, 1});
 }

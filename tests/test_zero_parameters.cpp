@@ -214,6 +214,9 @@ TEST_CASE("frozen parameters: untrained, in checkpoints, whole on every rank at 
       fn(pg, model, sharded);
       const nn::NamedTensors master = sharded.gathered_master();
       const nn::NamedTensors state = sharded.consolidated_state();  // at stage 3 the frozen weights are sharded too
+      const nn::NamedTensors listed = model.named_parameters();  // ... in the model's order (a GPT has no buffers)
+      REQUIRE(state.size() == listed.size());
+      for (size_t i = 0; i < state.size(); ++i) CHECK(state[i].first == listed[i].first);
       if (pg.rank() != n - 1) return;
       for (auto& [name, t] : master) result.master.emplace_back(name, t.clone());
       for (auto& [name, t] : state)

@@ -175,6 +175,7 @@ TEST_CASE("ZeRO-3 weights used outside the uses the plan names, or changed since
     manual_seed(1);
     nn::GPT model(zero_config());
     dist::ShardedModel sharded(model, group, ZeroRun{.stage = 3}.config());
+    model.forward(x, y).loss.backward();  // the gradients the step takes
     const Tensor loss = model.forward(x, y).loss;
     sharded.step(1e-3);
     CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("modified in place"), Error);

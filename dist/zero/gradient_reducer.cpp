@@ -108,6 +108,7 @@ void GradientReducer::note_backward() {
   if (end_queued_.expired()) {
     const auto token = std::make_shared<char>();
     end_queued_ = token;
+    ++backwards_;
     queue_backward_callback([this, token, alive = alive_] {
       if (alive.expired()) return;
       reduce_the_rest();

@@ -41,6 +41,7 @@ class GradientReducer {
   void reduce_the_rest();                 // of this backward's buckets, in the fixed order
   // step() may not run on gradients that were never reduced (sync off for the last backward).
   bool unsynced() const { return unsynced_; }
+  int64_t backwards() const { return backwards_; }  // passes that produced a gradient, ever
   void zero_grad();
   // The bucket tags in reduction order, hashed into `order` (every rank must agree).
   std::vector<int64_t> order_tags() const;
@@ -70,6 +71,7 @@ class GradientReducer {
   size_t reduced_ = 0;                          // the first `reduced_` of order_ are done
   std::deque<InFlight> in_flight_;
   bool in_backward_ = false;  // a gradient has landed since the last backward's end
+  int64_t backwards_ = 0;
   std::weak_ptr<void> end_queued_;  // live while this backward's end is queued
   std::weak_ptr<ParameterOwner> alive_;
   std::function<void()> on_backward_end_;

@@ -6,6 +6,7 @@
 // parameter (index.h, older formats through formats.h), checks that they cover what this
 // rank holds now (coverage.h), and only once every rank agrees copies them. All of it
 // works on views of the units (roles.h).
+#include <algorithm>
 #include <filesystem>
 #include <random>
 
@@ -162,8 +163,8 @@ SafetensorsWriter::Layout consolidated_entry(const std::string& key, const Tenso
 
 }  // namespace
 
-// The consolidated state's order: the trained parameters unit by unit, the replicated
-// frozen parameters and buffers, then stage 3's frozen parameters unit by unit.
+// The consolidated state: the trained parameters (master weights), the frozen ones and
+// the buffers, laid out in the model's order (named_parameters(), then named_buffers()).
 std::vector<SafetensorsWriter::Layout> ShardedModel::consolidated_layout() const {
   const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
   const std::vector<UnitRoles> units = views(units_);
@@ -173,6 +174,9 @@ std::vector<SafetensorsWriter::Layout> ShardedModel::consolidated_layout() const
   for (const auto& [key, t] : replicated()) layout.push_back(consolidated_entry(key, t, master_dtype));
   for (const UnitRoles& unit : units)
     for (const ParamSlot& e : unit.frozen_entries) layout.push_back({e.name, master_dtype, e.shape});
+  std::stable_sort(layout.begin(), layout.end(), [&](const auto& a, const auto& b) {
+    return state_order_.at(a.name) < state_order_.at(b.name);
+  });
   return layout;
 }
 
@@ -203,6 +207,9 @@ nn::NamedTensors ShardedModel::consolidated_state() {
   for_each_consolidated([&](const std::string& name, const Tensor& value) {
     MemoryScope scope(MemoryCategory::other);
     state.emplace_back(name, value.clone());
+  });
+  std::stable_sort(state.begin(), state.end(), [&](const auto& a, const auto& b) {
+    return state_order_.at(a.first) < state_order_.at(b.first);
   });
   return state;
 }

@@ -121,9 +121,18 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
     if (gatherer_) gatherer_->on_backward_end();
   });
   if (gatherer_) gatherer_->hook(alive);
+  // A floating input meets parameters in the compute dtype: cast it there, as FSDP2's
+  // MixedPrecisionPolicy(cast_forward_inputs=True) does (gradients flow back through the cast).
+  model.register_forward_pre_hook([alive, dtype = config_.compute_dtype](nn::Module&, const Tensor& input) {
+    const bool cast = !alive.expired() && input.defined() && is_floating(input.dtype()) && input.dtype() != dtype;
+    return cast ? input.to(dtype) : Tensor();
+  });
   for (auto& unit : units_)
     for (const auto* entries : {&unit->entries(), &unit->frozen_entries()})
       for (const auto& e : *entries) own(e.param);
+  for (const nn::NamedTensors& named : {model.named_parameters(), model.named_buffers()})
+    for (const auto& [name, _] : named) state_order_.emplace(name, state_order_.size());
+  gradients_used_ = gradient_mark();
 }
 
 // The planner's units, made; the schedulers that drive them.

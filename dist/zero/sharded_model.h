@@ -48,6 +48,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -121,7 +122,8 @@ class ShardedModel final : public ParameterOwner {
   // The same step without reading anything back: the global norm and the clipping
   // coefficient stay on the device, so a GPU step issues its kernels and returns (no loss
   // scaler: its inf check needs the host; a non-finite norm updates unclipped). Returns
-  // the norm, one f32 element, for the caller to read when it chooses.
+  // the norm, one element of the master dtype (f32; f64 for f64 compute), for the caller
+  // to read when it chooses.
   Tensor step_on_device(double lr);
 
   // Every trained parameter's master weights (f32; f64 for f64 compute), gathered from
@@ -205,7 +207,7 @@ class ShardedModel final : public ParameterOwner {
 
  private:
   // The consolidated state a unit at a time (a collective): fn(name, weights) for each
-  // of its tensors, in consolidated_layout()'s order. `weights` lives during the call
+  // of its tensors, unit by unit (consolidated_layout() puts them in the model's order). `weights` lives during the call
   // only: at stages 1-3 a view of one unit's buffer, all-gathered into `communication`
   // and released once the unit is done.
   void for_each_consolidated(const std::function<void(const std::string&, const Tensor&)>& fn);
@@ -234,6 +236,10 @@ class ShardedModel final : public ParameterOwner {
   bool compute_written_by_others() const;
   void mark_compute_current();  // and, while summoned (ZeRO-3), gathers the units again
   void end_summon();            // the last FullParameters scope ended: release, noting writes
+  // Changes whenever gradients are written: a backward pass, or (stages 0, 1) an in-place
+  // write to a .grad. step() refuses to run when it has not changed since the last step or
+  // zero_grad(): a step without gradients would still apply weight decay and momentum.
+  uint64_t gradient_mark() const;
   std::vector<Unit*> units() const;
 
   std::unique_ptr<DeviceMesh> own_mesh_;  // the mesh made from a group and shard_group_size
@@ -247,11 +253,15 @@ class ShardedModel final : public ParameterOwner {
   // buffers: the same on every rank from construction on, and saved, loaded and exported
   // with the trained parameters.
   nn::NamedTensors frozen_, buffers_;
+  // Each name's place in named_parameters(), then named_buffers(): the order of
+  // consolidated_state() and the export, as the model lists its tensors.
+  std::unordered_map<std::string, size_t> state_order_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::unique_ptr<GradientReducer> reducer_;
   std::unique_ptr<GatherScheduler> gatherer_;  // ZeRO-3 only
   bool written_while_summoned_ = false;  // ZeRO-3: a summoned unit's weights were written (lost)
   int64_t step_ = 0;
+  uint64_t gradients_used_ = 0;  // gradient_mark() after the last step or zero_grad()
 };
 
 }  // namespace zg::dist

@@ -20,6 +20,13 @@ void ShardedModel::zero_grad() {
   NoGradGuard no_grad;
   reducer_->zero_grad();
   for (auto& unit : units_) unit->zero_grad();
+  gradients_used_ = gradient_mark();
+}
+
+uint64_t ShardedModel::gradient_mark() const {
+  uint64_t mark = static_cast<uint64_t>(reducer_->backwards());
+  for (const auto& unit : units_) mark += unit->full_gradient_version();
+  return mark;
 }
 
 // What every step does before the update: finish the backward's reductions, check what
@@ -38,6 +45,7 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
   const Device device = units_.front()->grad_shard().device();
   const bool dry_run = device.type == DeviceType::meta;
   const bool written = compute_written_by_others();
+  const bool no_gradients = gradient_mark() == gradients_used_;
   std::string unfrozen;  // a parameter frozen at construction that requires grad now
   for (const auto& [name, p] : frozen_)
     if (p.requires_grad()) unfrozen = name;
@@ -49,7 +57,8 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
                    {"loss scale", scaler ? scaler->scale_factor() : 1.0},
                    {"count of written parameters (1: one was written in place since the last step)", written},
                    {"count of unfrozen parameters (1: one frozen at construction requires grad now)",
-                    !unfrozen.empty()}});
+                    !unfrozen.empty()},
+                   {"count of missing backwards (1: no gradient since the last step or zero_grad())", no_gradients}});
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(dry_run ? kCPU : device));
   if (!dry_run)
     for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard()).to(DType::f64);
@@ -70,6 +79,9 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
                      name(optim::master_dtype_for(config_.compute_dtype)) +
                      " master weights, so that write would be lost",
            ". Change weights through a checkpoint (save / load, or nn::save_state before wrapping)");
+  ZG_CHECK(!no_gradients, "ShardedModel: step(): no gradient was computed since the last ",
+           step_ > 0 ? "step or zero_grad()" : "zero_grad() (or construction)",
+           ", so the step would apply only weight decay and momentum; call backward() on a loss before step()");
   return norm_sq;
 }
 
@@ -89,6 +101,7 @@ void ShardedModel::update(double lr, double grad_scale, const Tensor& device_sca
     for (optim::AdamWSpan& span : unit->optimizer_spans()) spans.push_back(std::move(span));
   optim::adamw_update(spans, config_.adamw, lr, step_ + 1, grad_scale, device_scale);
   ++step_;
+  gradients_used_ = gradient_mark();
   std::vector<WorkHandle> gathers;
   for (auto& unit : units_)
     if (WorkHandle work = unit->after_step()) gathers.push_back(std::move(work));
@@ -114,7 +127,8 @@ Tensor ShardedModel::step_on_device(double lr) {
   const Tensor norm_sq = begin_step(lr, nullptr);
   const double multiplier = gradient_multiplier(nullptr);
   const Device device = units_.front()->grad_shard().device();
-  const Tensor norm = mul(sqrt(norm_sq.to(DType::f32)), multiplier).view({1});
+  // In the master's dtype: f64 training clips by an f64 coefficient, as step() does.
+  const Tensor norm = mul(sqrt(norm_sq.to(optim::master_dtype_for(config_.compute_dtype))), multiplier).view({1});
   const bool dry_run = device.type == DeviceType::meta;
   update(lr, multiplier, dry_run ? Tensor() : optim::clip_coefficient_on_device(norm, config_.max_grad_norm).to(device));
   return norm;

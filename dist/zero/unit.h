@@ -93,6 +93,9 @@ class Unit {
   // buckets), tagged `tag`; `sync` false (DDP, ZeRO-1) keeps the gradients local.
   InFlight reduce_gradients(int64_t begin, int64_t end, int64_t tag, bool sync);
   void zero_grad();
+  // Changes with every write to the full gradient buffer that outlives a backward
+  // (stages 0, 1: backward's and a user's in-place writes to .grad); 0 when there is none.
+  uint64_t full_gradient_version() const { return grad_full_.defined() ? grad_full_.storage()->version() : 0; }
   // The update ranges of what this rank updates, each with its group's lr and decay.
   std::vector<optim::AdamWSpan> optimizer_spans();
   // ZeRO-1, 2 after the update: every rank's new slice, into its full compute weights.

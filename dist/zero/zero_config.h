@@ -15,7 +15,10 @@ namespace zg::dist {
 
 struct ZeroConfig {
   int stage = 0;                      // 0 = DDP, 1, 2, 3
-  DType compute_dtype = DType::bf16;  // parameters and gradients; master and Adam state are f32 (f64 for f64)
+  // Parameters and gradients; master and Adam state are f32 (f64 for f64). f32 unless asked
+  // (FSDP2 casts nothing by default); bf16 or f16 is mixed precision, and then a floating
+  // input to the model is cast to it as it enters (FSDP2's cast_forward_inputs).
+  DType compute_dtype = DType::f32;
   optim::AdamWOptions adamw{};
   double max_grad_norm = 0;  // global-norm clipping over all shards; 0 disables
   // Gradients are reduced in this dtype (e.g. f32 for bf16 compute: exact sums, twice

@@ -185,7 +185,7 @@ void CpuBackend::adamw(const Tensor& master, const Tensor& grad, const Tensor& m
                        const Tensor& compute, const AdamWStep& step) {
   check_adamw_arguments(master, grad, m, v, compute, step);
   const Tensor& scale = step.device_scale;
-  const double grad_scale = scale.defined() ? step.grad_scale * static_cast<double>(scale.data<float>()[0]) : step.grad_scale;
+  const double grad_scale = scale.defined() ? step.grad_scale * scale.to(DType::f64).item<double>() : step.grad_scale;
   const bool has_compute = compute.defined() && !compute.is_same(master);
   with_float(master.dtype(), "adamw", [&]<class M>() {
     if constexpr (std::is_same_v<M, float> || std::is_same_v<M, double>) {
