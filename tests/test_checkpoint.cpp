@@ -628,9 +628,10 @@ TEST_CASE("a plain state file, or a checkpoint of another model, does not load a
   const std::vector<float> master = flat_values(t.trainer->gathered_master());
   nn::save_state(*t.model, path);
   CHECK_THROWS_WITH_AS(t.trainer->load(path),
-                       doctest::Contains((path + " is a file, not a checkpoint directory; the one file load() takes "
-                                                 "is an optim::save_checkpoint training checkpoint (format "
-                                                 "zerograd-training-checkpoint-1), and this is not one").c_str()),
+                       doctest::Contains((path + " is a file, not a checkpoint directory; pass the directory "
+                                                 "ShardedModel::save wrote (the one file load() takes is an "
+                                                 "earlier version's training checkpoint, format "
+                                                 "zerograd-training-checkpoint-1, and this is not one)").c_str()),
                        Error);
   std::filesystem::create_directories(dir);
   CHECK_THROWS_WITH_AS(t.trainer->load(dir),
