@@ -77,6 +77,8 @@ int run(const Flags& f) {
   ZG_CHECK(device.type != DeviceType::meta, "train_gpt: --device meta holds no values to train; use cpu or cuda");
   const DType compute = f.dtype == "f32" ? DType::f32 : f.dtype == "bf16" ? DType::bf16 : f.dtype == "f16" ? DType::f16
                         : throw Error("train_gpt: --dtype must be f32, bf16 or f16, got " + f.dtype);
+  dist::SingleRank one;
+  const auto writer = f.claim_save("train_gpt", one, device);
   examples::TextData data("train_gpt", f.data, f.seq);
   manual_seed(f.seed);
 
@@ -102,7 +104,6 @@ int run(const Flags& f) {
   // and clipping, loss scaling, AdamW and checkpoints are train_zero's code at N = 1.
   // Offload needs a stage that shards what it moves: the least ZeroConfig accepts (at
   // N = 1 every stage holds what DDP holds).
-  dist::SingleRank one;
   dist::ZeroConfig zero{.compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
                         .max_grad_norm = f.max_grad_norm, .offload = f.offloaded()};
   while (zero.stage < 3 && !zero.problem(one.size()).empty()) ++zero.stage;

@@ -216,7 +216,8 @@ TEST_CASE("a sharded checkpoint keeps the GradScaler's state and replaces an ear
   // at its initial scale and skipped steps the uninterrupted run took; and a save at N = 2
   // into a directory holding one at N = 4 returned normally but left it unloadable.
   const std::string dir = "/tmp/zg_test_sharded_scaler_" + std::to_string(::getpid());
-  // The current save's files; and that dir holds `latest` and that save's folder only.
+  // The current save's files; and that dir holds `latest`, that save's folder and the
+  // writer's lock only.
   const auto rank_files = [&] {
     const std::string save = dist::ShardedModel::current_save(dir);
     std::vector<std::string> names, entries;
@@ -224,7 +225,7 @@ TEST_CASE("a sharded checkpoint keeps the GradScaler's state and replaces an ear
     for (const auto& entry : std::filesystem::directory_iterator(dir)) entries.push_back(entry.path().filename());
     std::sort(names.begin(), names.end());
     std::sort(entries.begin(), entries.end());
-    CHECK(entries == std::vector<std::string>{"latest", std::filesystem::path(save).filename().string()});
+    CHECK(entries == std::vector<std::string>{"latest", std::filesystem::path(save).filename().string(), "writer.lock"});
     return names;
   };
   const auto run = [&](int n, const std::function<void(dist::ShardedModel&)>& fn) {
@@ -361,8 +362,9 @@ TEST_CASE("a write that fails on rank 0 mid-export or mid-save ends every rank w
     // rank 1 gives rank 0's reason.)
     CHECK_MESSAGE(errors[1].find(save ? "File too large" : "rank 0 failed: save_safetensors: writing") != std::string::npos,
                   errors[1]);
-    size_t files = 0;  // nothing written, no temporary left behind
-    for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) files += e.is_regular_file();
+    size_t files = 0;  // nothing written, no temporary left behind (the folder's writer.lock aside)
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+      files += e.is_regular_file() && e.path().filename() != "writer.lock";
     CHECK(files == 0);
   }
   std::filesystem::remove_all(dir);

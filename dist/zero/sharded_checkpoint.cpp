@@ -21,6 +21,7 @@
 #include "dist/zero/checkpoint/roles.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/unit.h"
+#include "dist/zero/writer_lock.h"
 #include "optim/grad_scaler.h"
 #include "tensor/context.h"
 
@@ -63,6 +64,8 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   const bool writes = replica_group() == nullptr || replica_group()->rank() == 0;
   const Generator& gen = Context::current().generator();
   const Device device = context_->device;
+  // No other job saves into `dir` meanwhile (this one's lock, if it holds one, is shared).
+  const CheckpointWriterLock writer(group_, device, dir, "ShardedModel::save");
   const uint64_t save_id = new_save_id(group_, device, dir, step_);
   const std::string folder = dir + "/" + checkpoint_dir::save_name(step_, save_id);
   Metadata meta = checkpoint::manifest_metadata({.save_id = save_id,
