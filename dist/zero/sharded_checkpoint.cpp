@@ -97,10 +97,19 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   if (r == 0)
     for (const auto& [key, t] : replicated())
       if (key.starts_with(kBufferKey)) add(key, t);
-  GroupFileWriter file(group_, device, "ShardedModel::save", writes,
-                       checkpoint_dir::rank_file(folder, r, shard_group().size()), layout, meta);
-  for (const auto& [key, t] : tensors) file.write(key, t);
-  file.commit("the save in " + folder + " is incomplete; load() reads the previous one");
+  try {
+    GroupFileWriter file(group_, device, "ShardedModel::save", writes,
+                         checkpoint_dir::rank_file(folder, r, shard_group().size()), layout, meta);
+    for (const auto& [key, t] : tensors) file.write(key, t);
+    file.commit("the save in " + folder + " failed and is removed; load() reads the previous one");
+  } catch (...) {
+    // Every rank threw here, each past its own write (the writer's agreements): the files
+    // that were written go with their folder, not at the next good save (a disk that is
+    // full stays full).
+    std::error_code ignored;
+    if (group_.rank() == 0) std::filesystem::remove_all(folder, ignored);
+    throw;
+  }
   // Every rank's file is durable: one rename of `latest` makes the save current.
   all_or_none(group_, device, "ShardedModel::save",
               "the save in " + folder + " is complete but not current; load() reads the previous one", [&] {
