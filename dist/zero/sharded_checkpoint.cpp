@@ -64,8 +64,6 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   const bool writes = replica_group() == nullptr || replica_group()->rank() == 0;
   const Generator& gen = Context::current().generator();
   const Device device = context_->device;
-  // No other job saves into `dir` meanwhile (this one's lock, if it holds one, is shared).
-  const CheckpointWriterLock writer(group_, device, dir, "ShardedModel::save");
   const uint64_t save_id = new_save_id(group_, device, dir, step_);
   const std::string folder = dir + "/" + checkpoint_dir::save_name(step_, save_id);
   Metadata meta = checkpoint::manifest_metadata({.save_id = save_id,
@@ -76,10 +74,13 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
                                                  .compute_dtype = config_.compute_dtype,
                                                  .rng_seed = gen.seed(),
                                                  .rng_offset = gen.offset()});
-  all_or_none(group_, device, "ShardedModel::save", "nothing was saved, on any rank", [&] {
-    checkpoint::check_save_request(extra, meta, keep);
-    std::filesystem::create_directories(folder);
-  });
+  const std::string nothing = "nothing was saved, on any rank";
+  all_or_none(group_, device, "ShardedModel::save", nothing,
+              [&] { checkpoint::check_save_request(extra, meta, keep); });
+  // A request refused before anything is written; then no other job saves into `dir`
+  // meanwhile (this one's lock, where it holds one, is shared).
+  const CheckpointWriterLock writer(group_, device, dir, "ShardedModel::save");
+  all_or_none(group_, device, "ShardedModel::save", nothing, [&] { std::filesystem::create_directories(folder); });
   optim::write_scaler_state(scaler, meta);
   meta.insert(extra.begin(), extra.end());
   // This rank's pieces, each parameter's shape beside them; on rank 0 the buffers too.
