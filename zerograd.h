@@ -58,4 +58,5 @@
 #endif
 #include "dist/zero/placement.h"
 #include "dist/zero/sharded_model.h"
+#include "dist/zero/writer_lock.h"
 #include "dist/zero/zero_config.h"

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "dist/comm/fake_group.h"
@@ -31,7 +32,7 @@ using namespace zg;
 namespace {
 
 struct Flags : examples::TrainingFlags {
-  double dropout = 0.0;
+  std::optional<double> dropout;  // unset: 0, or the --init-from-hf file's
   std::string init_from_hf;
 };
 
@@ -40,7 +41,7 @@ void usage() {
                "  --batch B          sequences per step (default 8)\n"
                "  --dtype f32|bf16|f16   compute dtype; master weights and Adam state stay f32 (f16 adds a grad scaler)\n"
                "  --device cpu|cuda  where to train (default cpu)\n"
-               "  --dropout P        dropout probability (default 0)\n"
+               "  --dropout P        dropout probability (default 0; with --init-from-hf, its config.json's)\n"
                "  --resume DIR       continue from a training checkpoint (train_zero's too, at any --ranks)\n"
                "  --init-from-hf F   fine-tune a Hugging Face GPT-2 (its model.safetensors; the shape is the file's,\n"
                "                     n_head from the config.json beside it, else --heads; a vocabulary of >= 256)\n"
@@ -76,6 +77,8 @@ int run(const Flags& f) {
   ZG_CHECK(device.type != DeviceType::meta, "train_gpt: --device meta holds no values to train; use cpu or cuda");
   const DType compute = f.dtype == "f32" ? DType::f32 : f.dtype == "bf16" ? DType::bf16 : f.dtype == "f16" ? DType::f16
                         : throw Error("train_gpt: --dtype must be f32, bf16 or f16, got " + f.dtype);
+  dist::SingleRank one;
+  const auto writer = f.claim_save("train_gpt", one, device);
   examples::TextData data("train_gpt", f.data, f.seq);
   manual_seed(f.seed);
 
@@ -92,7 +95,7 @@ int run(const Flags& f) {
     ZG_CHECK(f.seq <= config.block_size, "train_gpt: --seq ", f.seq, " is longer than the positions of ", f.init_from_hf,
              " (", config.block_size, ")");
   }
-  config.dropout = f.dropout;
+  config.dropout = f.dropout.value_or(config.dropout);
   config.activation_checkpointing = f.checkpointing;
   nn::GPT model(config, TensorOptions(DType::f32).device(device));
   if (!f.init.empty()) nn::load_state(model, f.init);
@@ -101,7 +104,6 @@ int run(const Flags& f) {
   // and clipping, loss scaling, AdamW and checkpoints are train_zero's code at N = 1.
   // Offload needs a stage that shards what it moves: the least ZeroConfig accepts (at
   // N = 1 every stage holds what DDP holds).
-  dist::SingleRank one;
   dist::ZeroConfig zero{.compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
                         .max_grad_norm = f.max_grad_norm, .offload = f.offloaded()};
   while (zero.stage < 3 && !zero.problem(one.size()).empty()) ++zero.stage;

@@ -140,6 +140,7 @@ std::string memory_line(Device device) {
 void train(dist::ProcessGroup& group, const Flags& f) {
   const Device device(f.device);
   ZG_CHECK(device.type != DeviceType::meta, "train_zero: --device meta holds no values to train; use cpu or cuda");
+  const auto writer = f.claim_save("train_zero", group, device);
   const bool printer = group.rank() == 0;
   examples::TextData data("train_zero", f.data, f.seq);  // every rank reads the same global batches
   manual_seed(f.seed);

@@ -148,7 +148,9 @@ struct TrainingFlags {
         << " steps then cosine to lr/10\n"
         << "  --checkpointing    recompute each block's activations in backward (less activation memory)\n"
         << "  --save DIR         write a training checkpoint at the end: DIR/latest names the newest save,\n"
-        << "                     a folder of safetensors (one per rank); a save replaces the one before it\n"
+        << "                     a folder of safetensors (one per rank); a save replaces the one before it.\n"
+        << "                     The run holds DIR from its start (DIR/writer.lock): a second run on DIR, or a\n"
+        << "                     DIR that cannot be written, is refused before the first step\n"
         << "  --save-every N     ... and every N steps\n"
         << "  --export FILE      the model's weights in one safetensors file (PyTorch, Hugging Face), written\n"
         << "                     with each save and at the end\n"
@@ -169,15 +171,8 @@ struct TrainingFlags {
     dist::parse_offload(offload);  // a bad name is refused before training
     ZG_CHECK(batch <= (int64_t{1} << 40) / seq, who, ": --batch ", batch, " x --seq ", seq,
              " tokens a step is more than 2^40");
-    // Found out before training, not after it: a save makes a directory of rank files
-    // (and its parents), which it cannot where the nearest existing path is not one; an
-    // export writes a file in a folder that must exist.
-    if (!save.empty()) {
-      std::filesystem::path existing = std::filesystem::absolute(save);
-      while (!std::filesystem::exists(existing)) existing = existing.parent_path();
-      ZG_CHECK(std::filesystem::is_directory(existing), who, ": --save ", save, ": ", existing.string(),
-               " is not a directory");
-    }
+    // Found out before training, not after it: an export writes a file in a folder that
+    // must exist (--save's folder is claimed, and so made, at the start: claim_save).
     for (const auto& [flag, path] : {std::pair{"--export", export_path}, std::pair{"--trace", trace}}) {
       if (path.empty()) continue;
       const std::filesystem::path folder = std::filesystem::absolute(path).parent_path();
@@ -187,6 +182,15 @@ struct TrainingFlags {
   }
 
   dist::Offload offloaded() const { return dist::parse_offload(offload); }
+
+  // --save's folder, claimed for the run's life before its first step (every rank calls
+  // it): a folder another job writes, or one that cannot be written, ends every rank now.
+  std::optional<dist::CheckpointWriterLock> claim_save(const std::string& who, dist::ProcessGroup& group,
+                                                       Device device) const {
+    std::optional<dist::CheckpointWriterLock> writer;
+    if (!save.empty()) writer.emplace(group, device, save, who + ": --save");
+    return writer;
+  }
 
   // After `steps_done` steps (every --save-every, and at the end): the checkpoint (--save,
   // with `record`) and the weights (--export). Collectives: every rank calls it.

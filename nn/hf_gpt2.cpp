@@ -57,6 +57,21 @@ Tensor read_as_ours(const SafetensorsFile& file, const std::string& name) {
   return is_conv1d(name) ? t.t().contiguous() : t;
 }
 
+// GPT2Config's three dropout probabilities (transformers' default 0.1 for one not given),
+// as nn::GPT's one: refused where they differ.
+double dropout_of(const nlohmann::json& json, const std::string& json_path) {
+  double p[3] = {0.1, 0.1, 0.1};
+  const char* names[3] = {"embd_pdrop", "attn_pdrop", "resid_pdrop"};
+  for (int i = 0; i < 3; ++i) {
+    if (!json.contains(names[i])) continue;
+    ZG_CHECK(json[names[i]].is_number(), "hf_gpt2_config: ", json_path, ": ", names[i], " is not a number");
+    p[i] = json[names[i]].get<double>();
+  }
+  ZG_CHECK(p[0] == p[1] && p[1] == p[2], "hf_gpt2_config: ", json_path, " gives embd_pdrop ", p[0], ", attn_pdrop ",
+           p[1], " and resid_pdrop ", p[2], ", but nn::GPT has one dropout for all three; make them equal there");
+  return p[0];
+}
+
 }  // namespace
 
 GPTConfig hf_gpt2_config(const std::string& path, int64_t n_head) {
@@ -83,6 +98,7 @@ GPTConfig hf_gpt2_config(const std::string& path, int64_t n_head) {
     ZG_CHECK(n_head == 0 || n_head == from_json, "hf_gpt2_config: n_head ", n_head, " was asked for but ",
              json_path.string(), " says ", from_json);
     n_head = from_json;
+    config.dropout = dropout_of(json, json_path.string());
   }
   ZG_CHECK(n_head > 0, "hf_gpt2_config: ", path, " has no config.json beside it to give n_head; pass the head count");
   config.n_head = n_head;

@@ -17,7 +17,9 @@ namespace zg::nn {
 // The config a file's shapes give: n_layer (the h.<i> present), n_embd and vocab_size
 // (wte), block_size (wpe). The head count is not in the weights: n_head is read from a
 // config.json beside the file (save_pretrained writes one) when there is one, else taken
-// from `n_head` (0 then is an error).
+// from `n_head` (0 then is an error). The dropout is the config.json's embd_pdrop,
+// attn_pdrop and resid_pdrop (0.1 each where not given, as transformers), which must be
+// equal: nn::GPT has one dropout for the three places; without a config.json it is 0.
 GPTConfig hf_gpt2_config(const std::string& path, int64_t n_head = 0);
 
 // Loads every parameter of `model` from the file (strict: a missing or unexpected tensor,

@@ -628,9 +628,10 @@ TEST_CASE("a plain state file, or a checkpoint of another model, does not load a
   const std::vector<float> master = flat_values(t.trainer->gathered_master());
   nn::save_state(*t.model, path);
   CHECK_THROWS_WITH_AS(t.trainer->load(path),
-                       doctest::Contains((path + " is a file, not a checkpoint directory; the one file load() takes "
-                                                 "is an optim::save_checkpoint training checkpoint (format "
-                                                 "zerograd-training-checkpoint-1), and this is not one").c_str()),
+                       doctest::Contains((path + " is a file, not a checkpoint directory; pass the directory "
+                                                 "ShardedModel::save wrote (the one file load() takes is an "
+                                                 "earlier version's training checkpoint, format "
+                                                 "zerograd-training-checkpoint-1, and this is not one)").c_str()),
                        Error);
   std::filesystem::create_directories(dir);
   CHECK_THROWS_WITH_AS(t.trainer->load(dir),
@@ -875,7 +876,7 @@ TEST_CASE("a sharded save becomes current only once every rank's file is durable
   CHECK(name_of(second) != name_of(first));
   // The new save is current; the kept older one stays, what the kills left is gone.
   CHECK(latest() == name_of(second) + "\n" + name_of(first) + "\n");
-  std::vector<std::string> expected{"latest", name_of(first), name_of(second)};
+  std::vector<std::string> expected{"latest", name_of(first), name_of(second), "writer.lock"};
   std::sort(expected.begin(), expected.end());
   CHECK(entries() == expected);
   // An older save loads by its folder.
@@ -884,7 +885,7 @@ TEST_CASE("a sharded save becomes current only once every rank's file is durable
     CHECK(sharded.load(dir).at("world_size") == "3");
     sharded.save(dir, {}, nullptr, /*keep=*/1);  // keeps the newest only
   });
-  CHECK(entries().size() == 2);
+  CHECK(entries().size() == 3);  // latest, the save, writer.lock
   CHECK_FALSE(std::filesystem::exists(first));
   CHECK_FALSE(std::filesystem::exists(second));
 
@@ -924,7 +925,7 @@ TEST_CASE("a checkpoint directory of an earlier version (rank files directly in 
   });
   std::vector<std::string> names;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename());
-  CHECK(names.size() == 2);  // latest and the new save's folder: the flat files and the temporary are gone
+  CHECK(names.size() == 3);  // latest, the new save's folder and writer.lock: the flat files and the temporary are gone
   CHECK(std::filesystem::exists(dir + "/latest"));
   std::filesystem::remove_all(dir);
 }

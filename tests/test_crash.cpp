@@ -1,5 +1,6 @@
 // Crash consistency: train_zero and train_gpt, saving after every step, are killed with
-// SIGKILL at random moments; after each kill the checkpoint on disk must load. A sharded
+// SIGKILL at random moments; after each kill the checkpoint on disk must load. Two jobs
+// on one checkpoint folder: the second is refused, and a killed one leaves it free. A sharded
 // save alternates world sizes (2 and 3 ranks) and stages; a single file is the
 // consolidated export, loaded with nn::load_state.
 //
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -48,9 +50,8 @@ nn::GPTConfig small_config() {
 const std::vector<std::string> kSmall = {"--layers", "1", "--heads", "1", "--embd", "16", "--seq",
                                          "8", "--batch", "6", "--steps", "1000000", "--save-every", "1"};
 
-// Starts `program` with `args` (its output discarded), lets it run for `delay`, kills it
-// with SIGKILL and reaps it. Returns whether it was still running when killed.
-bool kill_after(const std::string& program, std::vector<std::string> args, std::chrono::microseconds delay) {
+// Starts `program` with `args`, its output discarded: its pid.
+pid_t spawn(const std::string& program, std::vector<std::string> args) {
   args.insert(args.begin(), program);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -62,12 +63,46 @@ bool kill_after(const std::string& program, std::vector<std::string> args, std::
   pid_t pid = 0;
   REQUIRE(posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ) == 0);
   posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+// Waits for `pid` to end: its exit status as waitpid gives it.
+int reap(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+// Starts `program` with `args` (its output discarded), lets it run for `delay`, kills it
+// with SIGKILL and reaps it. Returns whether it was still running when killed.
+bool kill_after(const std::string& program, std::vector<std::string> args, std::chrono::microseconds delay) {
+  const pid_t pid = spawn(program, std::move(args));
   std::this_thread::sleep_for(delay);
   const bool running = ::waitpid(pid, nullptr, WNOHANG) == 0;
   ::kill(pid, SIGKILL);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  reap(pid);
   return running;
+}
+
+// The current save in `dir`, loaded at `ranks` and `stage` as a resume would: the error
+// (empty if none), the folder and the step.
+struct Loaded {
+  std::string error, current;
+  int64_t step = 0;
+};
+Loaded load_current(const std::string& dir, int ranks, int stage) {
+  Loaded loaded;
+  dist::run_local(ranks, [&](dist::ProcessGroup& pg) {
+    nn::GPT model(small_config());
+    dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = DType::f32});
+    try {
+      const Metadata meta = sharded.load(dir);
+      if (pg.rank() == 0) loaded.current = meta.at("path"), loaded.step = sharded.steps();
+    } catch (const Error& e) {
+      if (pg.rank() == 0) loaded.error = e.what();
+    }
+  });
+  return loaded;
 }
 
 // What kills left in a checkpoint directory beside the current save: folders of saves
@@ -117,28 +152,16 @@ TEST_CASE("kill -9 at any moment of sharded saves, at alternating world sizes, n
       continue;
     }
     // Load at the other world size and another stage, as a resume would.
-    const int load_ranks = 5 - ranks;
-    std::string error, current;
-    int64_t step = 0;
-    dist::run_local(load_ranks, [&](dist::ProcessGroup& pg) {
-      nn::GPT model(small_config());
-      dist::ShardedModel sharded(model, pg, {.stage = (stage + 1) % 4, .compute_dtype = DType::f32});
-      try {
-        const Metadata meta = sharded.load(dir);
-        if (pg.rank() == 0) current = meta.at("path"), step = sharded.steps();
-      } catch (const Error& e) {
-        if (pg.rank() == 0) error = e.what();
-      }
-    });
-    CHECK_MESSAGE(error.empty(), error);
-    if (!error.empty()) {
+    const Loaded save = load_current(dir, 5 - ranks, (stage + 1) % 4);
+    CHECK_MESSAGE(save.error.empty(), save.error);
+    if (!save.error.empty()) {
       ++failed;
       continue;
     }
     ++loaded;
-    CHECK(step >= last_step);  // never an older save than one that loaded before
-    last_step = step;
-    const Leftovers left = leftovers(dir, current);
+    CHECK(save.step >= last_step);  // never an older save than one that loaded before
+    last_step = save.step;
+    const Leftovers left = leftovers(dir, save.current);
     mid_save += left.folders + left.files > 0;
     // The next save clears what a kill left: at most this kill's save and the one before
     // it (killed before it became current), never a growing pile.
@@ -147,6 +170,61 @@ TEST_CASE("kill -9 at any moment of sharded saves, at alternating world sizes, n
   MESSAGE(t.trials << " kills: " << loaded << " loaded after the kill (" << mid_save << " of them killed in the middle "
                    << "of a save), " << failed << " failed to load; last step " << last_step);
   CHECK(loaded > 0);
+  std::filesystem::remove_all(dir);
+}
+
+// Whether `dir`'s writer lock names `pid` as its holder, within a minute (a job takes it
+// at its start).
+bool holds(const std::string& dir, pid_t pid) {
+  for (int tries = 0; tries < 600; ++tries) {
+    std::ifstream in(dir + "/writer.lock");
+    std::string holder;
+    if (std::getline(in, holder) && holder.starts_with("pid " + std::to_string(pid) + " on host ")) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+TEST_CASE("two train_zero jobs on one --save folder: the second is refused at its start, naming the first; a killed "
+          "one leaves the folder to the next") {
+  // Before, each job's saves removed the other's save in progress: one died within a few
+  // steps ("cannot rename ...tmp...") and its saves were gone.
+  const std::string dir = "/tmp/zg_test_two_writers_" + std::to_string(::getpid());
+  const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero";
+  std::filesystem::remove_all(dir);
+  std::vector<std::string> args = kSmall;
+  args.insert(args.end(), {"--ranks", "2", "--save", dir});
+  std::vector<std::string> first_args = args;
+  first_args.insert(first_args.end(), {"--steps", "400"});
+  const pid_t first = spawn(train_zero, first_args);
+  REQUIRE(holds(dir, first));
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  int status = 0;
+  std::string command = train_zero;
+  for (const std::string& a : args) command += " " + a;
+  const std::string second = run_command(command + " --steps 3 2>&1", status);
+  INFO(second);
+  CHECK(status != 0);
+  CHECK(second.find("train_zero: --save: checkpoint folder " + dir + " is being written by pid " +
+                    std::to_string(first) + " on host " + host + " since ") != std::string::npos);
+  CHECK(second.find("; save into another folder, or stop that job first") != std::string::npos);
+  CHECK(second.find("step ") == std::string::npos);  // refused before its first step
+  CHECK(::waitpid(first, nullptr, WNOHANG) == 0);     // while the first trains
+  const int first_status = reap(first);
+  CHECK((WIFEXITED(first_status) && WEXITSTATUS(first_status) == 0));
+  const Loaded saved = load_current(dir, 3, 1);
+  CHECK_MESSAGE(saved.error.empty(), saved.error);
+  CHECK(saved.step == 400);
+  // A job killed with SIGKILL leaves no lock behind: the next one takes the folder.
+  const pid_t killed = spawn(train_zero, args);
+  REQUIRE(holds(dir, killed));
+  ::kill(killed, SIGKILL);
+  reap(killed);
+  const std::string next = run_command(command + " --steps 3 2>&1", status);
+  INFO(next);
+  CHECK(status == 0);
+  CHECK(load_current(dir, 2, 3).step == 3);
   std::filesystem::remove_all(dir);
 }
 

@@ -93,9 +93,12 @@ TEST_CASE("train_gpt refuses bad flags with a clear message") {
         // empty text, a save path found bad only after training.
         std::pair{"--batch 4611686018427387904 --seq 8", "tokens a step is more than 2^40"},
         std::pair{"--data /tmp", "--data /tmp is not a readable file"},
-        // A save writes a directory of rank files: one that cannot be made is found before training.
-        std::pair{"--save /dev/null/run", "--save /dev/null/run: /dev/null is not a directory"},
-        std::pair{"--save /dev/null", "--save /dev/null: /dev/null is not a directory"},
+        // A save writes a directory of rank files: one that cannot be made or written (/proc:
+        // not even by root) is found before training.
+        std::pair{"--save /dev/null/run", "--save: checkpoint folder /dev/null/run cannot be created: Not a directory"},
+        std::pair{"--save /dev/null", "--save: checkpoint folder /dev/null cannot be"},
+        std::pair{"--save /proc", "train_gpt: --save: checkpoint folder /proc cannot be written: creating /proc/"
+                                  "writer.lock: No such file or directory; save into a folder this user can write"},
         std::pair{"--resume /dev/null", "ShardedModel::load: /dev/null is not a directory"},
         std::pair{"--device meta", "--device meta holds no values to train"},
         std::pair{"--trace /dev/null/run.json", "--trace /dev/null/run.json: /dev/null is not a directory"}}) {
@@ -200,6 +203,13 @@ TEST_CASE("train_zero trains on N ranks, and its sharded checkpoint resumes at a
   CHECK(run_command(small + " --stage 4 2>&1", status)
             .find("train_zero: ShardedModel: stage must be 0, 1, 2 or 3, got 4") != std::string::npos);
   CHECK(status != 0);
+  // A folder that cannot be written (/proc: not even by root) is found before the first
+  // step, not at the first save after the run.
+  const std::string unwritable = run_command(small + " --ranks 2 --save /proc 2>&1", status);
+  INFO(unwritable);
+  CHECK(status != 0);
+  CHECK(unwritable.find("checkpoint folder /proc cannot be written: creating /proc/writer.lock") != std::string::npos);
+  CHECK(unwritable.find("step ") == std::string::npos);
 }
 
 TEST_CASE("train_zero --offload prints the same losses as without, with the host bytes beside the device's") {

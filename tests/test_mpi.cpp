@@ -156,6 +156,13 @@ TEST_CASE("train_zero under mpirun -n 2 and -n 4, stages 0-3 and HSDP 2x2: the s
   const std::string wrong = run_command(launch(2, train_zero + " --ranks 3"), status);
   CHECK(status != 0);
   CHECK(wrong.find("train_zero: --ranks 3 but mpirun started 2 processes") != std::string::npos);
+  // A --save folder that cannot be written (/proc: not even by root): every process ends
+  // before the first step, not at the first save.
+  const std::string unwritable = run_command(launch(2, train_zero + " --save /proc"), status);
+  INFO(unwritable);
+  CHECK(status != 0);
+  CHECK(unwritable.find("checkpoint folder /proc cannot be written: creating /proc/writer.lock") != std::string::npos);
+  CHECK(unwritable.find("step ") == std::string::npos);
 }
 
 #ifdef ZG_BENCH_DIR

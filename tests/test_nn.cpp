@@ -245,6 +245,7 @@ TEST_CASE("Hugging Face GPT-2 files load with and without the transformer. prefi
     CHECK(config.n_embd == 16);
     CHECK(config.vocab_size == 256);
     CHECK(config.block_size == 32);
+    CHECK(config.dropout == 0.1);  // config.json's embd_pdrop, attn_pdrop, resid_pdrop (it was 0 whatever they said)
     manual_seed(0);
     nn::GPT model(config);
     nn::load_hf_gpt2(model, dir + "/" + file);
@@ -284,6 +285,20 @@ TEST_CASE("Hugging Face GPT-2 files load with and without the transformer. prefi
                        doctest::Contains("'transformer.wte.weight' is f32[256, 16] on cpu but the model's "
                                          "'transformer.wte.weight' is f32[256, 32] on cpu"),
                        Error);
+  // Dropouts that nn::GPT's one cannot give are refused, naming them.
+  const std::filesystem::path other =
+      std::filesystem::temp_directory_path() / ("zg-hf-dropout-" + std::to_string(getpid()));
+  std::filesystem::create_directories(other);
+  std::filesystem::copy_file(dir + "/model.safetensors", other / "model.safetensors");
+  std::ifstream config_in(dir + "/config.json");
+  nlohmann::json config_json = nlohmann::json::parse(config_in);
+  config_json["attn_pdrop"] = 0.0;
+  std::ofstream(other / "config.json") << config_json.dump();
+  CHECK_THROWS_WITH_AS(nn::hf_gpt2_config((other / "model.safetensors").string()),
+                       doctest::Contains("config.json gives embd_pdrop 0.1, attn_pdrop 0 and resid_pdrop 0.1, but "
+                                         "nn::GPT has one dropout for all three; make them equal there"),
+                       Error);
+  std::filesystem::remove_all(other);
 }
 
 TEST_CASE("a GPT's state dict as torch lists it (lm_head.weight beside transformer.wte.weight) loads strictly") {

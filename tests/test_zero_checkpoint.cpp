@@ -1,6 +1,6 @@
 // ZeRO's sharded checkpoints: they reshard to any N, S and stage, export one file, keep
 // the GradScaler's state and the buffers, and refuse another model's or a damaged save;
-// a write that fails ends every rank with an error.
+// a write that fails ends every rank with an error and leaves no folder.
 #include "dist/comm/local_group.h"
 #include "dist/zero/sharded_model.h"
 #include "nn/serialize.h"
@@ -216,7 +216,8 @@ TEST_CASE("a sharded checkpoint keeps the GradScaler's state and replaces an ear
   // at its initial scale and skipped steps the uninterrupted run took; and a save at N = 2
   // into a directory holding one at N = 4 returned normally but left it unloadable.
   const std::string dir = "/tmp/zg_test_sharded_scaler_" + std::to_string(::getpid());
-  // The current save's files; and that dir holds `latest` and that save's folder only.
+  // The current save's files; and that dir holds `latest`, that save's folder and the
+  // writer's lock only.
   const auto rank_files = [&] {
     const std::string save = dist::ShardedModel::current_save(dir);
     std::vector<std::string> names, entries;
@@ -224,7 +225,7 @@ TEST_CASE("a sharded checkpoint keeps the GradScaler's state and replaces an ear
     for (const auto& entry : std::filesystem::directory_iterator(dir)) entries.push_back(entry.path().filename());
     std::sort(names.begin(), names.end());
     std::sort(entries.begin(), entries.end());
-    CHECK(entries == std::vector<std::string>{"latest", std::filesystem::path(save).filename().string()});
+    CHECK(entries == std::vector<std::string>{"latest", std::filesystem::path(save).filename().string(), "writer.lock"});
     return names;
   };
   const auto run = [&](int n, const std::function<void(dist::ShardedModel&)>& fn) {
@@ -361,10 +362,52 @@ TEST_CASE("a write that fails on rank 0 mid-export or mid-save ends every rank w
     // rank 1 gives rank 0's reason.)
     CHECK_MESSAGE(errors[1].find(save ? "File too large" : "rank 0 failed: save_safetensors: writing") != std::string::npos,
                   errors[1]);
-    size_t files = 0;  // nothing written, no temporary left behind
-    for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) files += e.is_regular_file();
+    size_t files = 0;  // nothing written, no temporary left behind (the folder's writer.lock aside)
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+      files += e.is_regular_file() && e.path().filename() != "writer.lock";
     CHECK(files == 0);
   }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a save that fails on one rank after another wrote its file leaves no folder; the previous save stays") {
+  // A disk that fills up: the smaller rank file is written whole, the larger is not (a file
+  // size limit between the two sizes, EFBIG). The folder, with the finished file, stayed
+  // until the next good save.
+  const std::string dir = "/tmp/zg_test_failed_save_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  checkpointed_run(dir, 2, {.stage = 1}, 0, 1, true);
+  const std::string good = dist::ShardedModel::current_save(dir);
+  const uintmax_t sizes[2] = {std::filesystem::file_size(good + "/rank-00000-of-00002.safetensors"),
+                              std::filesystem::file_size(good + "/rank-00001-of-00002.safetensors")};
+  REQUIRE(sizes[0] != sizes[1]);
+  rlimit old_limit{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit limit = old_limit;
+  limit.rlim_cur = (sizes[0] + sizes[1]) / 2;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+  std::vector<std::string> errors(2);
+  dist::run_local(2, [&](dist::ProcessGroup& pg) {
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, pg, {.stage = 1, .compute_dtype = DType::f32});
+    try {
+      sharded.save(dir);
+    } catch (const Error& e) {
+      errors[pg.rank()] = e.what();
+    }
+  });
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  const int larger = sizes[0] > sizes[1] ? 0 : 1;
+  CHECK_MESSAGE(errors[larger].find("File too large") != std::string::npos, errors[larger]);
+  CHECK_MESSAGE(errors[1 - larger].find("failed: ") != std::string::npos, errors[1 - larger]);
+  CHECK(errors[1 - larger].find("failed and is removed; load() reads the previous one") != std::string::npos);
+  int saves = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    saves += e.path().filename().string().starts_with("step-");
+  CHECK(saves == 1);
+  CHECK(dist::ShardedModel::current_save(dir) == good);
   std::filesystem::remove_all(dir);
 }
 

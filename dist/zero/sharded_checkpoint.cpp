@@ -22,6 +22,7 @@
 #include "dist/zero/checkpoint/roles.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/unit.h"
+#include "dist/zero/writer_lock.h"
 #include "optim/grad_scaler.h"
 #include "tensor/context.h"
 
@@ -74,10 +75,13 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
                                                  .compute_dtype = config_.compute_dtype,
                                                  .rng_seed = gen.seed(),
                                                  .rng_offset = gen.offset()});
-  all_or_none(group_, device, "ShardedModel::save", "nothing was saved, on any rank", [&] {
-    checkpoint::check_save_request(extra, meta, keep);
-    std::filesystem::create_directories(folder);
-  });
+  const std::string nothing = "nothing was saved, on any rank";
+  all_or_none(group_, device, "ShardedModel::save", nothing,
+              [&] { checkpoint::check_save_request(extra, meta, keep); });
+  // A request refused before anything is written; then no other job saves into `dir`
+  // meanwhile (this one's lock, where it holds one, is shared).
+  const CheckpointWriterLock writer(group_, device, dir, "ShardedModel::save");
+  all_or_none(group_, device, "ShardedModel::save", nothing, [&] { std::filesystem::create_directories(folder); });
   optim::write_scaler_state(scaler, meta);
   meta.insert(extra.begin(), extra.end());
   // This rank's pieces, each parameter's shape beside them; on rank 0 the buffers too.
@@ -95,10 +99,19 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   if (r == 0)
     for (const auto& [key, t] : replicated())
       if (key.starts_with(kBufferKey)) add(key, t);
-  GroupFileWriter file(group_, device, "ShardedModel::save", writes,
-                       checkpoint_dir::rank_file(folder, r, shard_group().size()), layout, meta);
-  for (const auto& [key, t] : tensors) file.write(key, t);
-  file.commit("the save in " + folder + " is incomplete; load() reads the previous one");
+  try {
+    GroupFileWriter file(group_, device, "ShardedModel::save", writes,
+                         checkpoint_dir::rank_file(folder, r, shard_group().size()), layout, meta);
+    for (const auto& [key, t] : tensors) file.write(key, t);
+    file.commit("the save in " + folder + " failed and is removed; load() reads the previous one");
+  } catch (...) {
+    // Every rank threw here, each past its own write (the writer's agreements): the files
+    // that were written go with their folder, not at the next good save (a disk that is
+    // full stays full).
+    std::error_code ignored;
+    if (group_.rank() == 0) std::filesystem::remove_all(folder, ignored);
+    throw;
+  }
   // Every rank's file is durable: one rename of `latest` makes the save current.
   all_or_none(group_, device, "ShardedModel::save",
               "the save in " + folder + " is complete but not current; load() reads the previous one", [&] {

@@ -163,7 +163,10 @@ class ShardedModel final : public ParameterOwner {
   //  - Saves are committed whole: once every rank's file is durable, rank 0 renames
   //    `dir/latest` to name the new save; only then are older saves removed (all but the
   //    newest `keep`) and folders of saves killed part-way. A kill at any moment leaves
-  //    the previous save or the new one loadable.
+  //    the previous save or the new one loadable. A save that fails on any rank (a full
+  //    disk) removes its folder, with the files other ranks finished.
+  //  - One job writes a folder: save() holds its CheckpointWriterLock (writer_lock.h) for
+  //    the save, shared with one the job holds for its life; another job's is refused.
   //  - load(dir) reads the save `dir/latest` names (current_save(dir) says which; the
   //    returned metadata's "path" too); `dir` may also be one save's folder, or a
   //    directory of rank files of an earlier version.

@@ -9,7 +9,9 @@
 // rank 0 makes it current with one atomic rename of `latest` (DeepSpeed's file of that
 // name holds its tag the same way), and only then removes what `latest` no longer names:
 // older saves beyond the kept ones, and folders of saves killed part-way. Until that
-// rename, load() reads the previous save; after it, the new one.
+// rename, load() reads the previous save; after it, the new one. Those removals are safe
+// because one job writes the folder: dir/writer.lock (dist/zero/writer_lock.h), which no
+// save reads.
 //
 // Directories of earlier versions, with the rank files directly in `dir`, still load; a
 // save into one replaces them.

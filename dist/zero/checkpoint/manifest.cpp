@@ -33,8 +33,9 @@ void check_format(const SafetensorsFile& file, const SafetensorsFile& first, boo
   if (single_file) {
     const auto format = meta.find("format");
     ZG_CHECK(format != meta.end() && format->second == kSingleFileFormat, kLoad, ": ", path,
-             " is a file, not a checkpoint directory; the one file load() takes is an optim::save_checkpoint "
-             "training checkpoint (format ", kSingleFileFormat, "), and this is not one");
+             " is a file, not a checkpoint directory; pass the directory ShardedModel::save wrote (the one file "
+             "load() takes is an earlier version's training checkpoint, format ", kSingleFileFormat,
+             ", and this is not one)");
     return;
   }
   ZG_CHECK(format_of(meta) > 0, kLoad, ": ", path, " is not a zerograd sharded checkpoint");
