@@ -4,6 +4,8 @@
 #include <mutex>
 #include <set>
 
+#include "autograd/record.h"
+
 namespace zg {
 
 namespace {
@@ -24,6 +26,19 @@ struct InputMeta {
   DType dtype;
   Device device;
 };
+
+// The formula's gradients; an error it raises (from an op it calls: "matmul: ...") names
+// this op first, keeping its type (OutOfMemory stays OutOfMemory).
+std::vector<Tensor> formula_named(const std::string& name, const Node::Backward& formula, const Tensor& g) {
+  try {
+    return formula(g);
+  } catch (const Error& e) {
+    const std::string prefix = "backward of " + name + ": ", what = e.what();
+    if (what.starts_with(prefix)) throw;  // SavedTensor::get("cube") named it already
+    if (dynamic_cast<const OutOfMemory*>(&e) != nullptr) throw OutOfMemory(prefix + what);
+    throw Error(prefix + what);
+  }
+}
 
 }  // namespace
 
@@ -51,10 +66,9 @@ Tensor CustomOp::apply(const Tensor& out, const std::vector<Tensor>& inputs, Nod
     metas.push_back({x.defined() && x.requires_grad(), x.defined() ? x.shape() : Shape{},
                      x.defined() ? x.dtype() : DType::f32, x.defined() ? x.device() : kCPU});
   record(out, name_, inputs, [name = name_, metas, formula = std::move(backward)](const Tensor& g) {
-    std::vector<Tensor> grads = formula(g);
-    ZG_CHECK(grads.size() == metas.size(), "custom op '", name, "': backward returned ", grads.size(),
-             " gradients for ", metas.size(), " inputs (one per input; an undefined Tensor for none)");
-    for (size_t i = 0; i < grads.size(); ++i) {
+    std::vector<Tensor> grads = formula_named(name, formula, g);
+    // (The engine holds every node, this one too, to one gradient per input.)
+    for (size_t i = 0; i < std::min(grads.size(), metas.size()); ++i) {
       const InputMeta& m = metas[i];
       if (!grads[i].defined() || !m.wants_grad) continue;
       ZG_CHECK(grads[i].shape() == m.shape && grads[i].dtype() == m.dtype && grads[i].device() == m.device,

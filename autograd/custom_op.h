@@ -16,7 +16,8 @@
 // backward (with grad mode off unless create_graph) and must return one gradient per input
 // -- an undefined Tensor for none -- of that input's shape, dtype and device. Anything else
 // is a zg::Error naming the op, the input and what was wrong (the engine's own ops may
-// return a broadcast shape or another dtype; a custom op may not). SavedTensor keeps an
+// return a broadcast shape or another dtype; a custom op may not), and so is an error
+// raised inside the formula: "backward of cube: matmul: ...". SavedTensor keeps an
 // input for backward and refuses it if it was written in place since. Check the formula
 // with gradcheck (autograd/gradcheck.h) on f64 inputs.
 #pragma once

@@ -62,6 +62,15 @@ Tensor fit_to_edge(Tensor grad, const Edge& edge, const Node& node, size_t i) {
   return grad.dtype() == edge.dtype ? grad : grad.to(edge.dtype);
 }
 
+// A formula returns one gradient per input (PyTorch's validate_outputs): with fewer, an
+// input would silently get none.
+void check_gradient_count(const Node& node, size_t returned) {
+  const size_t inputs = node.next_edges().size();
+  ZG_CHECK(returned == inputs, "backward of ", node.name(), ": its formula returned ", returned,
+           returned == 1 ? " gradient" : " gradients", " for ", inputs, inputs == 1 ? " input" : " inputs",
+           "; return one per input, an undefined Tensor for an input that gets none");
+}
+
 // A non-leaf that retains its gradient (Tensor::retain_grad) adds what reached it, after
 // its hooks, into its .grad: a new tensor each time (out of place, as PyTorch), since a
 // caller may hold the last one.
@@ -147,12 +156,13 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
       input_grads = node->apply(grad);  // (a throw ends the pass; last_use_scope restores the flag)
       formula_is_last_use = false;
       if (frees_saved) node->release();
+      check_gradient_count(*node, input_grads.size());
     }
     const auto& edges = node->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) {
       Node* next = edges[i].node.get();
       if (!next) continue;
-      if (i < input_grads.size() && input_grads[i].defined()) {
+      if (!input_grads.empty() && input_grads[i].defined()) {
         const Tensor grad_in = fit_to_edge(std::move(input_grads[i]), edges[i], *node, i);
         Tensor& slot = pending[next];
         slot = slot.defined() ? add(slot, grad_in) : grad_in;

@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "autograd/functions.h"
+#include "autograd/record.h"
 #include "tensor/checks.h"
 
 namespace zg {

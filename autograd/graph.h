@@ -1,7 +1,8 @@
 // The autograd graph: grad mode, the graph node, saved tensors with their version
-// check, and record(), which an op calls after computing its output to attach its
-// backward formula. Ops keep forward and backward side by side (functions/*.cpp;
-// Tensor's views in tensor_methods.cpp); engine.cpp runs a backward pass over them.
+// check. The library's ops record their nodes through record.h (not installed), a
+// user's through CustomOp (custom_op.h); they keep forward and backward side by side
+// (functions/*.cpp; Tensor's views in tensor_methods.cpp); engine.cpp runs a backward
+// pass over them.
 //
 // Threads: grad mode and a running pass are per thread, and each thread may record
 // and run backward on graphs of its own (the local group's ranks each train their
@@ -209,18 +210,6 @@ class ParameterOwner {
   int64_t owned_ = 0;
 };
 
-// The names of all differentiable ops, each registered once by the op's source
-// file; the gradcheck test checks that every one of them has a case.
-class DifferentiableOp {
- public:
-  explicit DifferentiableOp(const char* name);
-  const char* name() const { return name_; }
-  static const std::vector<std::string>& all();
-
- private:
-  const char* name_;
-};
-
 // Runs tensor hooks on a gradient arriving at `where` (a node's or leaf's name): each
 // may replace it, with a tensor of the same shape, dtype and device (else zg::Error).
 Tensor run_tensor_hooks(const std::vector<std::function<Tensor(const Tensor&)>>& hooks, Tensor grad,
@@ -232,17 +221,6 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t);
 // True when grad mode is on and any of `inputs` requires grad.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
-// Makes `out` the output of a node for `op` with these inputs and backward formula;
-// an `out` that is not floating-point is left as it is (not differentiable).
-void record(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
-            Node::Backward backward);
-void record(const Tensor& out, std::string name, const std::vector<Tensor>& inputs, Node::Backward backward);
-
-// Records `op` on `out` when grad mode is on and an input requires grad; returns out.
-// Ops read as: return differentiable(forward..., op, {inputs}, backward);
-Tensor differentiable(const Tensor& out, const DifferentiableOp& op, const std::vector<Tensor>& inputs,
-                      Node::Backward backward);
-
 // For a pass nested in another (a checkpoint's recompute), run with retain_graph on a
 // graph of its own that may reach into older nodes (a tensor fn captured): frees the
 // saved tensors of the nodes reachable from `root` numbered `first` or later

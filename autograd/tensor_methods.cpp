@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "autograd/functions.h"
-#include "autograd/graph.h"
+#include "autograd/record.h"
 #include "tensor/backend.h"
 #include "tensor/checks.h"
 #include "tensor/deferred.h"

@@ -1,6 +1,6 @@
 #include "nn/checkpoint.h"
 
-#include "autograd/graph.h"
+#include "autograd/record.h"
 #include "tensor/context.h"
 
 namespace zg::nn {

@@ -5,7 +5,7 @@
 
 #include "autograd/custom_op.h"
 #include "autograd/gradcheck.h"
-#include "autograd/graph.h"
+#include "autograd/record.h"
 #include "helpers.h"
 #include "nn/checkpoint.h"
 
@@ -144,6 +144,13 @@ TEST_CASE("every differentiable op has a gradcheck case") {
     CHECK(cases.count(op) == 1);
   }
   CHECK(DifferentiableOp::all().size() >= 40);
+  std::map<std::string, int> uses;
+  for (const std::string& op : DifferentiableOp::all()) ++uses[op];
+  for (const auto& [op, count] : uses) {
+    const std::string& name = op;  // INFO's lambda cannot capture a structured binding (Clang)
+    INFO("two ops named " << name);
+    CHECK(count == 1);
+  }
 }
 
 TEST_CASE("gradcheck passes for every differentiable op in f64") {
@@ -192,8 +199,13 @@ TEST_CASE("a custom op records its formula, passes gradcheck, and is held to one
     sum(two_inputs.apply(out, {x, y}, formula)).backward();
   };
   CHECK_THROWS_WITH_AS(run([](const Tensor& g) { return std::vector<Tensor>{g}; }),
-                       "custom op 'test two inputs': backward returned 1 gradients for 2 inputs (one per input; an "
-                       "undefined Tensor for none)", Error);
+                       "backward of test two inputs: its formula returned 1 gradient for 2 inputs; return one per "
+                       "input, an undefined Tensor for an input that gets none", Error);
+  CHECK_THROWS_WITH_AS(run([](const Tensor& g) { return std::vector<Tensor>{g, Tensor(), Tensor()}; }),
+                       doctest::Contains("returned 3 gradients for 2 inputs"), Error);
+  // An error inside the formula names this op, not only the op that raised it.
+  CHECK_THROWS_WITH_AS(run([](const Tensor& g) { return std::vector<Tensor>{matmul(g, g), Tensor()}; }),
+                       doctest::Contains("backward of test two inputs: matmul: "), Error);
   CHECK_THROWS_WITH_AS(run([](const Tensor& g) { return std::vector<Tensor>{g, g}; }),
                        doctest::Contains("backward's gradient for input 1 is f64[3, 4] on cpu, but the input was f64[4] on cpu"),
                        Error);

@@ -1,5 +1,7 @@
 // dist: collectives of the local and fake groups, byte counts, and faults that
 // must end in an error naming what happened, never in a hang.
+#include <sys/wait.h>
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -9,6 +11,10 @@
 #include "dist/comm/fake_group.h"
 #include "dist/comm/local_group.h"
 #include "helpers.h"
+
+#ifndef ZG_LOCAL_WORKER
+#define ZG_LOCAL_WORKER "local_worker"
+#endif
 
 namespace zg::test {
 
@@ -445,11 +451,12 @@ TEST_CASE("a rank still in a collective when the timeout ends says which ranks i
   CHECK_THROWS_WITH_AS(dist::run_local(
                            2,
                            [](ProcessGroup& pg) {
-                             if (pg.rank() == 1) std::this_thread::sleep_for(1s);  // late, not gone
+                             // Late, not gone: back within the timeout after rank 0 failed (below).
+                             if (pg.rank() == 1) std::this_thread::sleep_for(1500ms);
                              pg.barrier();
                            },
-                           {200ms}),
-                       "rank 0: local group: rank 0 timed out after 200 ms in barrier #0 waiting for rank(s) 1", Error);
+                           {1s}),
+                       "rank 0: local group: rank 0 timed out after 1000 ms in barrier #0 waiting for rank(s) 1", Error);
   // "Never" waits: milliseconds::max() overflowed the clock and timed out at once.
   dist::run_local(
       2,
@@ -460,6 +467,19 @@ TEST_CASE("a rank still in a collective when the timeout ends says which ranks i
       {std::chrono::milliseconds::max()});
   CHECK_THROWS_WITH_AS(dist::run_local(2, [](ProcessGroup&) {}, {0ms}),
                        "local group: the timeout must be positive, got 0 ms", Error);
+}
+
+TEST_CASE("a rank stuck outside any collective once another failed ends the process at the timeout, saying so") {
+  // Before, the process lived on until the stuck rank returned (here a minute), long after the job had failed.
+  // (Its own process: the stuck rank's thread cannot be stopped.)
+  int status = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string said = run_command(std::string(ZG_LOCAL_WORKER) + " 2>&1", status);
+  CHECK(std::chrono::steady_clock::now() - start < 20s);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 1));
+  CHECK(said == "local group: rank(s) 1 still running 500 ms after rank 0 failed (rank 0's data loader found no more "
+                "data), outside any collective, where no abort reaches them; a thread cannot be stopped, so the process "
+                "ends (exit status 1)\n");
 }
 
 }  // namespace zg::test

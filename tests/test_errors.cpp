@@ -1,7 +1,7 @@
 // Bad input gives a zg::Error whose exact text names the op and what was wrong.
 #include <functional>
 
-#include "autograd/graph.h"
+#include "autograd/record.h"
 #include "helpers.h"
 
 namespace zg::test {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace zg::test {
@@ -124,6 +125,17 @@ TEST_CASE("every rank starts from rank 0's weights, and ranks built with differe
                                        }),
                        doctest::Contains("ShardedModel: was built with a different ZeroConfig::max_grad_norm on some "
                                          "ranks (from 0 to 1); every rank must pass the same"),
+                       Error);
+  // Enums by name: before, "from 1 to 3".
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [&](dist::ProcessGroup& pg) {
+                                         manual_seed(1);
+                                         nn::GPT model(zero_config());
+                                         dist::ShardedModel sharded(
+                                             model, pg, {.compute_dtype = pg.rank() == 0 ? DType::f32 : DType::bf16});
+                                       }),
+                       doctest::Contains("ShardedModel: was built with a different ZeroConfig::compute_dtype on some "
+                                         "ranks (from f32 to bf16); every rank must pass the same"),
                        Error);
   // Rank 1 plans its units otherwise: the collectives would pair unit u of one rank with
   // a different unit u of the other.
@@ -297,6 +309,33 @@ TEST_CASE("a bad plan or config is a clear error naming what is wrong") {
                        "its own forward, so modules that share a weight belong to one unit",
                        Error);
   CHECK_NOTHROW(make_tied(2));  // stages 0-2 keep every weight
+}
+
+TEST_CASE("a ShardedModel or DeviceMesh whose process group was destroyed first says so, with no undefined behaviour") {
+  // Before, a forward read the freed group (a heap-use-after-free under ASan).
+  const char* model_error = "ShardedModel: the process group or device mesh it was built on was destroyed; keep "
+                            "them alive as long as the model";
+  dist::run_local(2, [&](dist::ProcessGroup& pg) {
+    const auto [x, y] = global_batch(0);
+    for (int stage : {0, 3}) {
+      INFO("stage " << stage);
+      manual_seed(1);
+      nn::GPT model(zero_config());
+      std::unique_ptr<dist::ProcessGroup> group = pg.split(0, pg.rank());  // every rank: a group of the user's own
+      dist::ShardedModel sharded(model, *group, ZeroRun{.stage = stage}.config());
+      group.reset();
+      // ZeRO-3's forward gathers; the others' backward reduces.
+      CHECK_THROWS_WITH_AS(model.forward(x, y).loss.backward(), model_error, Error);
+      CHECK_THROWS_WITH_AS(sharded.step(1e-3), model_error, Error);
+    }
+    std::unique_ptr<dist::ProcessGroup> group = pg.split(0, pg.rank());
+    dist::DeviceMesh mesh(*group, {{"dp", 2}});
+    group.reset();
+    for (const auto& use : std::vector<std::function<void()>>{[&] { mesh.group("dp"); }, [&] { mesh.coordinate("dp"); },
+                                                              [&] { mesh.describe(); }})
+      CHECK_THROWS_WITH_AS(use(), "DeviceMesh: the process group it was built on was destroyed; keep the group alive "
+                                  "as long as the mesh", Error);
+  });
 }
 
 TEST_CASE("on a fake group with real tensors: DDP trains as one rank, and sharded stages are refused") {

@@ -2,7 +2,7 @@
 // view: inputs are expanded to the output's shape (stride 0 where broadcast), so
 // kernels only see equal shapes, and gradients are summed back with sum_to().
 #include "autograd/functions.h"
-#include "autograd/graph.h"
+#include "autograd/record.h"
 #include "tensor/backend.h"
 #include "tensor/checks.h"
 

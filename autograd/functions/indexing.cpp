@@ -6,7 +6,7 @@
 // and topk take the sorting permutation from the backend's one primitive (sort_rows) and
 // read their values by gather, which gives their gradient.
 #include "autograd/functions.h"
-#include "autograd/graph.h"
+#include "autograd/record.h"
 #include "tensor/backend.h"
 #include "tensor/checks.h"
 

@@ -1,6 +1,6 @@
 // cat writes each input into a narrow() view of the output; split returns views; stack is a cat.
 #include "autograd/functions.h"
-#include "autograd/graph.h"
+#include "autograd/record.h"
 #include "tensor/checks.h"
 
 namespace zg {

@@ -1,7 +1,7 @@
 // matmul: broadcasting of batch dims and transposes are views; the kernel sees
 // [B, M, K] @ [B, K, N] with each matrix row- or column-major (what BLAS takes).
 #include "autograd/functions.h"
-#include "autograd/graph.h"
+#include "autograd/record.h"
 #include "tensor/backend.h"
 #include "tensor/checks.h"
 

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "autograd/functions.h"
-#include "autograd/graph.h"
+#include "autograd/record.h"
 #include "tensor/backend.h"
 #include "tensor/checks.h"
 

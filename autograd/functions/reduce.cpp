@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "autograd/functions.h"
-#include "autograd/graph.h"
+#include "autograd/record.h"
 #include "tensor/backend.h"
 #include "tensor/checks.h"
 

@@ -28,13 +28,10 @@ Device agreement_device(const ProcessGroup& group, Device model_device) {
   return group.accepts(on) ? on : kCPU;
 }
 
-Agreement::Agreement(ProcessGroup& group, Device on, const std::vector<std::pair<std::string, double>>& values) {
+Agreement::Agreement(ProcessGroup& group, Device on, const std::vector<AgreedValue>& values) : values_(values) {
   if (group.size() == 1) return;  // one rank agrees with itself: no collective, nothing read back
   std::vector<double> bounds;
-  for (const auto& [name, value] : values) {
-    names_.push_back(name);
-    bounds.insert(bounds.end(), {value, -value});
-  }
+  for (const AgreedValue& v : values) bounds.insert(bounds.end(), {v.value, -v.value});
   bounds_ = tensor<double>(bounds).to(on);
   work_ = group.all_reduce_async(bounds_, ReduceKind::max);
 }
@@ -43,9 +40,11 @@ void Agreement::check(const std::string& who) {
   if (!work_) return;
   work_->wait();
   const std::vector<double> extremes = bounds_.to_vector<double>();
-  for (size_t i = 0; i < names_.size(); ++i)
-    ZG_CHECK(extremes[2 * i] == -extremes[2 * i + 1], who, " a different ", names_[i], " on some ranks (from ",
-             shortest(-extremes[2 * i + 1]), " to ", shortest(extremes[2 * i]), "); every rank must pass the same");
+  for (size_t i = 0; i < values_.size(); ++i) {
+    const auto show = values_[i].show ? values_[i].show : shortest;
+    ZG_CHECK(extremes[2 * i] == -extremes[2 * i + 1], who, " a different ", values_[i].name, " on some ranks (from ",
+             show(-extremes[2 * i + 1]), " to ", show(extremes[2 * i]), "); every rank must pass the same");
+  }
 }
 
 // The first failing rank's message travels to the others in a broadcast of this many

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -23,19 +24,37 @@ Device agreement_device(const ProcessGroup& group, Device model_device);
 void all_or_none(ProcessGroup& group, Device device, const std::string& who, const std::string& consequence,
                  const std::function<void()>& fn);
 
+// An enum's value, carried as a double, by its name (zg::name(DType), name(Offload), ...).
+template <class Enum>
+std::string name_of_enum(double value) {
+  return name(static_cast<Enum>(value));
+}
+
+// One value every rank must give alike, as a double; an enum is shown by its name in the
+// error ("from f32 to bf16", not "from 1 to 3"), a number by its shortest decimal.
+struct AgreedValue {
+  template <class Value>
+  AgreedValue(std::string name, Value value) : name(std::move(name)), value(static_cast<double>(value)) {
+    if constexpr (std::is_enum_v<Value>) show = &name_of_enum<Value>;
+  }
+  std::string name;
+  double value;
+  std::string (*show)(double) = nullptr;
+};
+
 // Values every rank must give alike. A max-reduction of [x, -x] gives every rank the
 // largest and the smallest of each -- the same figures on all, so all refuse together,
 // before anything changes.
 class Agreement {
  public:
   // Issues the reduction (asynchronous: other work may overlap it).
-  Agreement(ProcessGroup& group, Device on, const std::vector<std::pair<std::string, double>>& values);
+  Agreement(ProcessGroup& group, Device on, const std::vector<AgreedValue>& values);
   // Waits, and throws "<who> a different <name> on some ranks (from <least> to <most>);
   // every rank must pass the same" for the first value that differs.
   void check(const std::string& who);
 
  private:
-  std::vector<std::string> names_;
+  std::vector<AgreedValue> values_;
   Tensor bounds_;
   WorkHandle work_;
 };

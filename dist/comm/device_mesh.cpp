@@ -10,6 +10,9 @@ const char* name(Link link) { return link == Link::within_node ? "within node" :
 
 namespace {
 
+constexpr const char* kWorldDestroyed =
+    "DeviceMesh: the process group it was built on was destroyed; keep the group alive as long as the mesh";
+
 std::string dim_names(const std::vector<MeshDim>& dims) {
   std::string names;
   for (const MeshDim& d : dims) names += (names.empty() ? "'" : ", '") + d.name + "'";
@@ -19,7 +22,7 @@ std::string dim_names(const std::vector<MeshDim>& dims) {
 }  // namespace
 
 DeviceMesh::DeviceMesh(ProcessGroup& world, std::vector<MeshDim> dims, int ranks_per_node)
-    : world_(world), dims_(std::move(dims)), ranks_per_node_(ranks_per_node == 0 ? world.size() : ranks_per_node) {
+    : world_(world, kWorldDestroyed), dims_(std::move(dims)), ranks_per_node_(ranks_per_node == 0 ? world.size() : ranks_per_node) {
   int64_t product = 1;
   std::set<std::string> seen;
   std::string shape;
@@ -37,12 +40,12 @@ DeviceMesh::DeviceMesh(ProcessGroup& world, std::vector<MeshDim> dims, int ranks
   // world nor a rank alone (a group of one, whose collectives are the identity).
   for (size_t d = 0; d < dims_.size(); ++d) {
     if (dims_[d].size == world.size()) {
-      groups_.push_back(&world);
+      groups_.push_back(world_);
       continue;
     }
     owned_.push_back(dims_[d].size == 1 ? std::make_unique<FakeGroup>(0, 1, stride_at(d))
                                         : world.split_grid(dims_[d].size, stride_at(d)));
-    groups_.push_back(owned_.back().get());
+    groups_.emplace_back(*owned_.back(), kWorldDestroyed);
   }
 }
 
@@ -68,7 +71,7 @@ bool DeviceMesh::has(std::string_view dim) const {
 
 int DeviceMesh::size(std::string_view dim) const { return has(dim) ? dims_[index(dim)].size : 1; }
 int DeviceMesh::coordinate(std::string_view dim) const {
-  return has(dim) ? world_.rank() / stride(dim) % size(dim) : 0;
+  return has(dim) ? world_->rank() / stride(dim) % size(dim) : 0;
 }
 int DeviceMesh::stride(std::string_view dim) const { return stride_at(index(dim)); }
 ProcessGroup& DeviceMesh::group(std::string_view dim) const { return *groups_[index(dim)]; }
@@ -82,11 +85,11 @@ std::vector<int> DeviceMesh::members_of(const std::vector<MeshDim>& dims, int ra
   return members;
 }
 
-std::vector<int> DeviceMesh::members(std::string_view dim) const { return members_of(dims_, world_.rank(), index(dim)); }
+std::vector<int> DeviceMesh::members(std::string_view dim) const { return members_of(dims_, world_->rank(), index(dim)); }
 
 Link DeviceMesh::link(std::string_view dim) const {
   const std::vector<int> ranks = members(dim);
-  const int node = world_.rank() / ranks_per_node_;
+  const int node = world_->rank() / ranks_per_node_;
   for (int q : ranks)
     if (q / ranks_per_node_ != node) return Link::across_nodes;
   return Link::within_node;
@@ -104,11 +107,11 @@ ProcessGroup& DeviceMesh::flatten(const std::string& name, const std::vector<std
              "order; the mesh has ", dim_names(dims_));
     size *= dims_[first + i].size;
   }
-  ProcessGroup* group = &world_;
+  GroupRef group = world_;
   if (dims.size() == 1) group = groups_[first];
-  else if (size != world_.size()) {
-    owned_.push_back(world_.split_grid(size, stride_at(first + dims.size() - 1)));
-    group = owned_.back().get();
+  else if (size != world_->size()) {
+    owned_.push_back(world_->split_grid(size, stride_at(first + dims.size() - 1)));
+    group = GroupRef(*owned_.back(), kWorldDestroyed);
   }
   flattened_.emplace_back(name, group);
   return *group;
@@ -117,7 +120,7 @@ ProcessGroup& DeviceMesh::flatten(const std::string& name, const std::vector<std
 std::string DeviceMesh::describe() const {
   std::string text;
   for (const MeshDim& d : dims_) text += (text.empty() ? "" : " x ") + d.name + " " + std::to_string(d.size);
-  return text + " (" + std::to_string(world_.size()) + " ranks, " + std::to_string(ranks_per_node_) + " a node)";
+  return text + " (" + std::to_string(world_->size()) + " ranks, " + std::to_string(ranks_per_node_) + " a node)";
 }
 
 }  // namespace zg::dist

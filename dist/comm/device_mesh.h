@@ -38,12 +38,13 @@ class DeviceMesh {
  public:
   // A collective on `world`: every rank passes the same dimensions, whose sizes multiply
   // to world.size(). `ranks_per_node`: consecutive ranks sharing a node (0: all of them).
+  // `world` must outlive the mesh: a mesh used after it was destroyed throws zg::Error.
   DeviceMesh(ProcessGroup& world, std::vector<MeshDim> dims, int ranks_per_node = 0);
   ~DeviceMesh();
   DeviceMesh(const DeviceMesh&) = delete;
   DeviceMesh& operator=(const DeviceMesh&) = delete;
 
-  ProcessGroup& world() const { return world_; }
+  ProcessGroup& world() const { return *world_; }
   const std::vector<MeshDim>& dims() const { return dims_; }
   bool has(std::string_view dim) const;
   int size(std::string_view dim) const;        // n_d; 1 for a dimension the mesh does not have
@@ -67,12 +68,12 @@ class DeviceMesh {
   size_t index(std::string_view dim) const;  // throws, naming the dimensions there are
   int stride_at(size_t d) const;
 
-  ProcessGroup& world_;
+  GroupRef world_;
   std::vector<MeshDim> dims_;
   int ranks_per_node_;
   std::vector<std::unique_ptr<ProcessGroup>> owned_;  // a dimension as large as the world uses the world
-  std::vector<ProcessGroup*> groups_;                 // one per dimension
-  std::vector<std::pair<std::string, ProcessGroup*>> flattened_;
+  std::vector<GroupRef> groups_;                      // one per dimension
+  std::vector<std::pair<std::string, GroupRef>> flattened_;
 };
 
 }  // namespace zg::dist

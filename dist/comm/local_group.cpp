@@ -1,6 +1,9 @@
 #include "dist/comm/local_group.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <system_error>
 #include <thread>
 
@@ -264,18 +267,65 @@ std::unique_ptr<ProcessGroup> LocalGroup::subgroup(const std::vector<int>& membe
   return std::make_unique<LocalGroup>(hub_->child(splits_++, members), static_cast<int>(at - members.begin()));
 }
 
+namespace {
+
+// What run_local's rank threads report as they end. Once a rank has failed, the others
+// get the group's timeout to return: those in a collective are woken at once by the
+// abort, but one stuck outside any (computing, sleeping) is reached by nothing, and a
+// thread cannot be stopped. Rather than keep a failed job alive until it returns, the
+// process then ends, as PyTorch's watchdog ends one whose collective timed out.
+class RankOutcomes {
+ public:
+  explicit RankOutcomes(int world_size) : errors_(world_size), running_(world_size, true) {}
+
+  void fail(int r, const std::string& error) {
+    std::lock_guard lock(mutex_);
+    errors_[r] = error;
+    if (root_cause_ < 0) root_cause_ = r, failed_at_ = std::chrono::steady_clock::now();
+  }
+  void finish(int r) {
+    {
+      std::lock_guard lock(mutex_);
+      running_[r] = false;
+    }
+    cv_.notify_all();
+  }
+  // Returns once every rank in `started` has finished, or ends the process (above).
+  void wait(int started, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    const auto all_done = [&] { return std::none_of(running_.begin(), running_.begin() + started, std::identity()); };
+    cv_.wait(lock, [&] { return all_done() || root_cause_ >= 0; });
+    if (cv_.wait_until(lock, failed_at_ + timeout, all_done)) return;
+    std::string stuck;
+    for (int r = 0; r < started; ++r)
+      if (running_[r]) stuck += (stuck.empty() ? "" : ", ") + std::to_string(r);
+    std::fprintf(stderr, "local group: rank(s) %s still running %lld ms after rank %d failed (%s), outside any "
+                 "collective, where no abort reaches them; a thread cannot be stopped, so the process ends (exit "
+                 "status 1)\n", stuck.c_str(), static_cast<long long>(timeout.count()), root_cause_,
+                 errors_[root_cause_].c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  void throw_root_cause() const {
+    if (root_cause_ >= 0) throw Error("rank " + std::to_string(root_cause_) + ": " + errors_[root_cause_]);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::string> errors_;
+  std::vector<bool> running_;
+  int root_cause_ = -1;  // the first rank that failed (not the aborts it caused)
+  std::chrono::steady_clock::time_point failed_at_;
+};
+
+}  // namespace
+
 void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, LocalRunOptions options) {
   auto hub = std::make_shared<LocalHub>(world_size, options.timeout);
-  std::vector<std::string> errors(world_size);
-  std::vector<bool> root_cause(world_size, false);
-  std::mutex errors_mutex;
-  bool first_failure_seen = false;
+  RankOutcomes outcomes(world_size);
   const auto fail_rank = [&](int r, const std::string& error) {
-    {
-      std::lock_guard lock(errors_mutex);
-      errors[r] = error;
-      if (!first_failure_seen) root_cause[r] = first_failure_seen = true;
-    }
+    outcomes.fail(r, error);
     hub->abort(r, error);
   };
   std::vector<std::thread> threads;
@@ -299,15 +349,16 @@ void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, Loc
           if (error.empty()) fail_rank(r, error = e.what());
         }  // the group's worker has run this rank's queued collectives
         if (error.empty()) hub->depart(r);
+        outcomes.finish(r);
       });
     } catch (const std::system_error& e) {  // no thread for rank r: the started ranks must not wait for it
       fail_rank(r, std::string("could not start its thread: ") + e.what());
       break;
     }
   }
+  outcomes.wait(static_cast<int>(threads.size()), checked_timeout("local group", options.timeout));
   for (auto& t : threads) t.join();
-  for (int r = 0; r < world_size; ++r)
-    if (root_cause[r]) throw Error("rank " + std::to_string(r) + ": " + errors[r]);
+  outcomes.throw_root_cause();
   // Every rank returned, but a collective that none waited for failed (a mismatch).
   if (const std::string failure = hub->failure(); !failure.empty()) throw Error(failure);
 }

@@ -103,7 +103,9 @@ struct LocalRunOptions {
 // Runs fn on `world_size` threads, rank r with its own Context(r) made current and a
 // LocalGroup. If any rank throws, the others are woken (or time out), and the first
 // failure -- not the aborts it caused -- is rethrown as "rank r: ...". A failed collective
-// that no rank waited for is rethrown once every rank has returned.
+// that no rank waited for is rethrown once every rank has returned. A rank still running
+// `timeout` after another failed (stuck outside any collective, where nothing wakes it)
+// cannot be stopped: the process ends then, with exit status 1 and a line on stderr.
 void run_local(int world_size, const std::function<void(ProcessGroup&)>& fn, LocalRunOptions options = {});
 
 }  // namespace zg::dist

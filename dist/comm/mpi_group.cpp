@@ -62,6 +62,8 @@ MPI_Op mpi_op(ReduceKind op) { return op == ReduceKind::max ? MPI_MAX : MPI_SUM;
 // Failure notices travel on their own communicator with these tags: a notice (the
 // failing rank's message) and its acknowledgement.
 constexpr int kNoticeTag = 1, kAckTag = 2;
+// The call check's messages, on the group's own communicator.
+constexpr int kCallTag = 3;
 constexpr int kMaxNoticeBytes = 4096;
 
 // The notice `status` found on `notices`, received.
@@ -143,11 +145,11 @@ void MpiGroup::give_up(std::string why, std::shared_ptr<void> keep) {
   fail(process_->broken);
 }
 
-void MpiGroup::time_out(const char* what, const Collective& c, std::shared_ptr<void> keep) {
+void MpiGroup::time_out(const char* what, const Collective& c, const std::string& stuck, std::shared_ptr<void> keep) {
   give_up("mpi group: " + std::string(what) + " for " + c.describe() + " (collective #" + std::to_string(calls_ - 1) +
-              ") did not finish within " + std::to_string(timeout_.count()) +
-              " ms: a rank is missing, failed or stuck. MPI cannot cancel a collective, so the group is unusable: "
-              "end the process (mpirun then ends the other ranks)",
+              ") did not finish within " + std::to_string(timeout_.count()) + " ms " + stuck +
+              ". MPI cannot cancel a collective, so the group is unusable: end the process (mpirun then ends the "
+              "other ranks)",
           std::move(keep));
 }
 
@@ -155,9 +157,9 @@ void MpiGroup::time_out(const char* what, const Collective& c, std::shared_ptr<v
 // thread), so it is tested without pause for the first 200 us -- a collective whose peers
 // are all there ends within that -- then every 100 us, leaving the core to the rank's
 // compute while a late peer is awaited. Each test also looks for a failure notice.
-bool MpiGroup::completes(void* request_ptr, const Collective& c, const std::shared_ptr<void>& keep) {
+bool MpiGroup::completes(void* request_ptrs, int count, const Collective& c, const std::shared_ptr<void>& keep) {
   using Clock = std::chrono::steady_clock;
-  MPI_Request& request = *static_cast<MPI_Request*>(request_ptr);
+  MPI_Request* requests = static_cast<MPI_Request*>(request_ptrs);
   MpiProcess& p = *process_;
   const Clock::time_point start = Clock::now();
   for (;;) {
@@ -167,7 +169,7 @@ bool MpiGroup::completes(void* request_ptr, const Collective& c, const std::shar
       std::lock_guard<std::mutex> lock(p.mpi);
       ZG_CHECK(p.broken.empty(), p.broken, " (abandoning ", c.describe(), ")");  // fail_others ran meanwhile
       int done = 0;
-      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
       if (done) return true;
       int arrived = 0;
       MPI_Status status;
@@ -250,21 +252,40 @@ int run_mpi(const std::function<void(ProcessGroup&)>& fn, MpiOptions options) {
   return 0;
 }
 
-// Every rank's call, all-gathered as a signature and compared before any data moves.
+// Every rank's call, as a signature, sent to every other rank and compared before any data
+// moves. Point to point rather than an all-gather: at the timeout, the receives still
+// pending name the ranks that never came (in the order posted: a rank's messages to
+// another arrive in order, so collective #k's meet #k's).
 void MpiGroup::agree(const Collective& c) {
   using Signatures = std::vector<Collective::Signature>;
-  auto all = std::make_shared<Signatures>(size_ + 1);  // [0, size): every rank's; [size]: this rank's
-  (*all)[size_] = c.signature();
-  const int n = static_cast<int>((*all)[size_].size());
+  auto all = std::make_shared<Signatures>(size_);
+  (*all)[rank_] = c.signature();
+  const int n = static_cast<int>((*all)[rank_].size());
   ++calls_;
-  MPI_Request request;
+  std::vector<MPI_Request> requests(2 * static_cast<size_t>(size_ - 1));  // receives, in rank order; then sends
+  const MPI_Comm comm = MPI_Comm_f2c(comm_);
   {
     std::lock_guard<std::mutex> lock(process_->mpi);
-    check(MPI_Iallgather((*all)[size_].data(), n, MPI_INT64_T, all->data(), n, MPI_INT64_T, MPI_Comm_f2c(comm_), &request),
-          "MPI_Iallgather (call check)");
+    for (int q = 0, i = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      check(MPI_Irecv((*all)[q].data(), n, MPI_INT64_T, q, kCallTag, comm, &requests[i]), "MPI_Irecv (call check)");
+      check(MPI_Isend((*all)[rank_].data(), n, MPI_INT64_T, q, kCallTag, comm, &requests[size_ - 1 + i++]),
+            "MPI_Isend (call check)");
+    }
   }
-  if (!completes(&request, c, all)) time_out("MPI_Iallgather (call check)", c, all);
-  all->pop_back();
+  if (!completes(requests.data(), static_cast<int>(requests.size()), c, all)) {
+    std::string missing;
+    {
+      std::lock_guard<std::mutex> lock(process_->mpi);
+      for (int q = 0, i = 0; q < size_; ++q) {
+        if (q == rank_) continue;
+        int done = 0;
+        MPI_Test(&requests[i++], &done, MPI_STATUS_IGNORE);
+        if (!done) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+      }
+    }
+    time_out("the call check", c, "waiting for rank(s) " + missing + " of the group (missing, failed or stuck)", all);
+  }
   if (std::string problem = Collective::mismatch(*all, calls_ - 1, "mpi group"); !problem.empty()) fail(problem);
 }
 
@@ -335,7 +356,9 @@ void MpiGroup::run(const Collective& c) {
   }
   lock.unlock();
   const auto buffers = std::make_shared<std::vector<Tensor>>(std::vector<Tensor>{c.input, c.output, send, result});
-  if (!completes(&request, c, buffers)) time_out(call, c, buffers);
+  if (!completes(&request, 1, c, buffers))
+    time_out(call, c, "after every rank passed the call check (one failed or is stuck inside MPI, which cannot tell which)",
+             buffers);
   // The reductions' last steps: the average's division, and the copy out of f32.
   if (c.op == CollectiveOp::all_reduce) {
     scale(send, c.reduce, size_);

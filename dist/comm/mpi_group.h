@@ -3,15 +3,16 @@
 // (NcclGroup::bootstrap).
 //
 // MPI cannot tell that two ranks called different collectives -- it hangs or
-// mixes up buffers. So before every collective the ranks all-gather a small
-// descriptor of what each one is calling, and a mismatch fails every rank with a
-// message naming both calls.
+// mixes up buffers. So before every collective each rank sends every other a small
+// descriptor of what it is calling, and a mismatch fails every rank with a message
+// naming both calls.
 //
 // Nor does MPI time out: a rank that never arrives (stuck, or it caught an error and
 // went on) leaves the others in the collective for ever. So every call is MPI's
 // non-blocking form, polled until done or until `timeout` has passed; then the call
-// fails with a zg::Error and the group is unusable (MPI cannot cancel a collective:
-// the process should exit, and mpirun ends the job when a rank exits non-zero).
+// fails with a zg::Error -- naming the ranks whose descriptor never came -- and the group
+// is unusable (MPI cannot cancel a collective: the process should exit, and mpirun ends
+// the job when a rank exits non-zero).
 //
 // A rank that fails says so: fail_others (which run_mpi calls for an exception) sends its
 // message to every other rank on a communicator of its own, and each throws
@@ -62,11 +63,13 @@ class MpiGroup final : public HostGroup {
   void run(const Collective& collective) override;
   void agree(const Collective& collective);
   // After a call (`what`, for `collective`) has not finished within the timeout: marks the
-  // group broken and throws. `keep` holds the buffers MPI may still write; kept for ever.
-  [[noreturn]] void time_out(const char* what, const Collective& collective, std::shared_ptr<void> keep);
-  // Polls `request` (an MPI_Request) until it completes (true), the timeout passes
+  // group broken and throws, saying which ranks it waited for (`stuck`). `keep` holds the
+  // buffers MPI may still write; kept for ever.
+  [[noreturn]] void time_out(const char* what, const Collective& collective, const std::string& stuck,
+                             std::shared_ptr<void> keep);
+  // Polls `count` MPI_Requests at `requests` until all complete (true), the timeout passes
   // (false), or another rank's failure notice arrives or this rank failed (throws).
-  bool completes(void* request, const Collective& collective, const std::shared_ptr<void>& keep);
+  bool completes(void* requests, int count, const Collective& collective, const std::shared_ptr<void>& keep);
   [[noreturn]] void give_up(std::string why, std::shared_ptr<void> keep);
   std::shared_ptr<MpiProcess> process_;
   int comm_ = 0;  // this group's communicator (a Fortran handle: no mpi.h here)

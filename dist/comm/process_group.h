@@ -142,6 +142,10 @@ class ProcessGroup {
   int64_t bytes_sent() const { return bytes_sent_; }
   void reset_bytes_sent() { bytes_sent_ = 0; }
 
+  // Expires when this group is destroyed: what keeps the group past a call holds a
+  // GroupRef (below), which checks it before each use.
+  std::weak_ptr<const ProcessGroup> lifetime() const { return alive_; }
+
  protected:
   // Issues one validated collective (see the top of this file).
   virtual WorkHandle issue(Collective collective) = 0;
@@ -154,6 +158,30 @@ class ProcessGroup {
  private:
   WorkHandle submit(Collective collective);
   int64_t bytes_sent_ = 0;
+  // Points at this group but shares the lifetime of a control block only this member
+  // holds: the holders' weak references expire exactly when the group goes.
+  std::shared_ptr<const ProcessGroup> alive_{std::make_shared<char>(), this};
+};
+
+// A group kept past a call -- a DeviceMesh's world, a ShardedModel's groups. Using it once
+// the group is destroyed is a zg::Error (`destroyed`: whose group it was and what to do),
+// not undefined behaviour, as PyTorch refuses a group that destroy_process_group ended.
+// The groups run_local and run_mpi hand out outlive what is built on them; one made by
+// hand (a split, a FakeGroup, an NcclGroup) must be kept as long as its users, or they throw.
+class GroupRef {
+ public:
+  GroupRef(ProcessGroup& group, const char* destroyed)
+      : group_(&group), alive_(group.lifetime()), destroyed_(destroyed) {}
+  ProcessGroup& operator*() const {
+    ZG_CHECK(!alive_.expired(), destroyed_);
+    return *group_;
+  }
+  ProcessGroup* operator->() const { return &**this; }
+
+ private:
+  ProcessGroup* group_;
+  std::weak_ptr<const ProcessGroup> alive_;
+  const char* destroyed_;
 };
 
 // buffer *= factor through the backend, as collectives write their outputs: no version

@@ -65,7 +65,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   const bool writes = replica_group() == nullptr || replica_group()->rank() == 0;
   const Generator& gen = Context::current().generator();
   const Device device = context_->device;
-  const uint64_t save_id = new_save_id(group_, device, dir, step_);
+  const uint64_t save_id = new_save_id(*group_, device, dir, step_);
   const std::string folder = dir + "/" + checkpoint_dir::save_name(step_, save_id);
   Metadata meta = checkpoint::manifest_metadata({.save_id = save_id,
                                                  .world_size = shard_group().size(),
@@ -76,12 +76,12 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
                                                  .rng_seed = gen.seed(),
                                                  .rng_offset = gen.offset()});
   const std::string nothing = "nothing was saved, on any rank";
-  all_or_none(group_, device, "ShardedModel::save", nothing,
+  all_or_none(*group_, device, "ShardedModel::save", nothing,
               [&] { checkpoint::check_save_request(extra, meta, keep); });
   // A request refused before anything is written; then no other job saves into `dir`
   // meanwhile (this one's lock, where it holds one, is shared).
-  const CheckpointWriterLock writer(group_, device, dir, "ShardedModel::save");
-  all_or_none(group_, device, "ShardedModel::save", nothing, [&] { std::filesystem::create_directories(folder); });
+  const CheckpointWriterLock writer(*group_, device, dir, "ShardedModel::save");
+  all_or_none(*group_, device, "ShardedModel::save", nothing, [&] { std::filesystem::create_directories(folder); });
   optim::write_scaler_state(scaler, meta);
   meta.insert(extra.begin(), extra.end());
   // This rank's pieces, each parameter's shape beside them; on rank 0 the buffers too.
@@ -100,7 +100,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
     for (const auto& [key, t] : replicated())
       if (key.starts_with(kBufferKey)) add(key, t);
   try {
-    GroupFileWriter file(group_, device, "ShardedModel::save", writes,
+    GroupFileWriter file(*group_, device, "ShardedModel::save", writes,
                          checkpoint_dir::rank_file(folder, r, shard_group().size()), layout, meta);
     for (const auto& [key, t] : tensors) file.write(key, t);
     file.commit("the save in " + folder + " failed and is removed; load() reads the previous one");
@@ -109,13 +109,13 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
     // that were written go with their folder, not at the next good save (a disk that is
     // full stays full).
     std::error_code ignored;
-    if (group_.rank() == 0) std::filesystem::remove_all(folder, ignored);
+    if (group_->rank() == 0) std::filesystem::remove_all(folder, ignored);
     throw;
   }
   // Every rank's file is durable: one rename of `latest` makes the save current.
-  all_or_none(group_, device, "ShardedModel::save",
+  all_or_none(*group_, device, "ShardedModel::save",
               "the save in " + folder + " is complete but not current; load() reads the previous one", [&] {
-                if (group_.rank() == 0) checkpoint_dir::make_current(dir, folder.substr(dir.size() + 1), keep);
+                if (group_->rank() == 0) checkpoint_dir::make_current(dir, folder.substr(dir.size() + 1), keep);
               });
 }
 
@@ -135,15 +135,15 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   checkpoint::PieceIndex index;
   std::vector<Part> parts;  // what this rank loads
   const Device device = context_->device;
-  all_or_none(group_, device, checkpoint::kLoad, "nothing was loaded, on any rank", [&] {
-    manifest = checkpoint::read_manifest(checkpoint_dir::current_save(dir, checkpoint::kLoad), group_.rank(), scaler);
+  all_or_none(*group_, device, checkpoint::kLoad, "nothing was loaded, on any rank", [&] {
+    manifest = checkpoint::read_manifest(checkpoint_dir::current_save(dir, checkpoint::kLoad), group_->rank(), scaler);
     index = checkpoint::index_pieces(manifest, model);
     parts = checkpoint::covered_parts(manifest, index,
                                       checkpoint::parts_of(units, replicated, shard_group().rank(),
                                                            !placement().optimizer_sharded(), /*saving=*/false));
   });
   // One save on every rank (a save made current between two ranks' reads of `latest` is another).
-  Agreement(group_, agreement_device(group_, device), {{"save (its id and step)", manifest.identity()}})
+  Agreement(*group_, agreement_device(*group_, device), {{"save (its id and step)", manifest.identity()}})
       .check("ShardedModel::load: nothing was loaded, on any rank: ranks found");
 
   // Everything checked, everywhere: now copy each part's overlap with each piece (once no
@@ -230,8 +230,8 @@ nn::NamedTensors ShardedModel::consolidated_state() {
 // Rank 0 writes each unit's weights as they are gathered: no rank holds more than one
 // unit's at a time, as FSDP's full state dict with rank0_only and offload to the CPU.
 void ShardedModel::export_consolidated(const std::string& path) {
-  GroupFileWriter file(group_, context_->device, "ShardedModel::export_consolidated",
-                       group_.rank() == 0, path, consolidated_layout(), {{"format", "zerograd-consolidated-1"}});
+  GroupFileWriter file(*group_, context_->device, "ShardedModel::export_consolidated",
+                       group_->rank() == 0, path, consolidated_layout(), {{"format", "zerograd-consolidated-1"}});
   for_each_consolidated([&](const std::string& name, const Tensor& value) { file.write(name, value); });
   file.commit(path + " was not written");
 }

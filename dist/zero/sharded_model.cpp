@@ -66,6 +66,15 @@ std::unique_ptr<DeviceMesh> data_parallel_mesh(nn::Module& model, ProcessGroup& 
   return std::make_unique<DeviceMesh>(group, std::vector<MeshDim>{{"dp_replicate", group.size() / s}, {"dp_shard", s}});
 }
 
+constexpr const char* kGroupDestroyed = "ShardedModel: the process group or device mesh it was built on was destroyed; "
+                                        "keep them alive as long as the model";
+
+// The mesh's group along `dim`, held as the model holds its groups; none unless `present`.
+std::optional<GroupRef> group_of(const DeviceMesh& mesh, const char* dim, bool present) {
+  if (!present) return std::nullopt;
+  return GroupRef(mesh.group(dim), kGroupDestroyed);
+}
+
 }  // namespace
 
 ShardedModel::ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig config)
@@ -82,9 +91,9 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh& 
 
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh* mesh, std::unique_ptr<DeviceMesh> own,
                            ZeroConfig config)
-    : own_mesh_(std::move(own)), mesh_(own_mesh_ ? *own_mesh_ : *mesh), group_(mesh_.world()),
-      shard_(mesh_.has("dp_shard") ? &mesh_.group("dp_shard") : nullptr),
-      replicas_(mesh_.size("dp_replicate") > 1 ? &mesh_.group("dp_replicate") : nullptr), config_(config),
+    : own_mesh_(std::move(own)), mesh_(own_mesh_ ? *own_mesh_ : *mesh), group_(mesh_.world(), kGroupDestroyed),
+      shard_(group_of(mesh_, "dp_shard", mesh_.has("dp_shard"))),
+      replicas_(group_of(mesh_, "dp_replicate", mesh_.size("dp_replicate") > 1)), config_(config),
       buffers_(model.named_buffers()) {
   build(model, plan);
 }
@@ -93,18 +102,18 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh* 
 // failed, before the collectives below: a rank that threw here would never issue them.
 void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
   const Device device = device_of(model);
-  all_or_none(group_, device, "ShardedModel", "", [&] {
+  all_or_none(*group_, device, "ShardedModel", "", [&] {
     ShardingPlan planned;
     for (const MeshDim& dim : mesh_.dims())
       ZG_CHECK(dim.name == "dp_replicate" || dim.name == "dp_shard", "ShardedModel: the mesh's dimension '", dim.name,
                "' is not data parallel; ZeRO shards over a mesh of dp_replicate x dp_shard");
-    ZG_CHECK(shard_ != nullptr, "ShardedModel: the mesh has no dp_shard dimension, which the units shard over "
+    ZG_CHECK(shard_.has_value(), "ShardedModel: the mesh has no dp_shard dimension, which the units shard over "
              "(size 1: every rank holds them whole)");
-    const int s = shard_->size();
+    const int s = shard_group().size();
     ZG_CHECK(config_.shard_group_size == 0 || config_.shard_group_size == s, "ShardedModel: shard_group_size ",
              config_.shard_group_size, " differs from the mesh's dp_shard size ", s, " (leave it 0 with a mesh)");
-    if (s != group_.size()) config_.shard_group_size = s;
-    config_.check(group_.size());
+    if (s != group_->size()) config_.shard_group_size = s;
+    config_.check(group_->size());
     planned = plan_sharding({.parameters = model.named_parameters(),
                              .aliases = model.named_parameters(/*remove_duplicates=*/false),
                              .modules = model.named_modules(),
@@ -156,13 +165,12 @@ void ShardedModel::make_units(nn::Module& model, const UnitPlan& plan, ShardingP
 // gradients, without a word.
 void ShardedModel::agree_on_plan(Device device) {
   const ZeroConfig& c = config_;
-  Agreement agree(group_, agreement_device(group_, device),
-                  {{"ZeroConfig::stage", c.stage}, {"ZeroConfig::compute_dtype", static_cast<double>(c.compute_dtype)},
-                   {"reduce dtype", static_cast<double>(config_.reduce())},
-                   {"accumulate dtype", static_cast<double>(config_.accumulate())},
+  Agreement agree(*group_, agreement_device(*group_, device),
+                  {{"ZeroConfig::stage", c.stage}, {"ZeroConfig::compute_dtype", c.compute_dtype},
+                   {"reduce dtype", config_.reduce()}, {"accumulate dtype", config_.accumulate()},
                    {"ZeroConfig::bucket_bytes", static_cast<double>(c.bucket_bytes)},
                    {"ZeroConfig::prefetch", c.prefetch}, {"ZeroConfig::max_grad_norm", c.max_grad_norm},
-                   {"ZeroConfig::offload", static_cast<double>(c.offload)},
+                   {"ZeroConfig::offload", c.offload},
                    {"ZeroConfig::prefetch_bytes", static_cast<double>(c.prefetch_bytes)},
                    {"ZeroConfig::shard_group_size", c.shard_group_size},
                    {"AdamWOptions::beta1", c.adamw.beta1}, {"AdamWOptions::beta2", c.adamw.beta2},
@@ -170,7 +178,7 @@ void ShardedModel::agree_on_plan(Device device) {
                    {"AdamWOptions::groups (hashed)", groups_hash(c.adamw.groups)},
                    {"number of units", static_cast<double>(units_.size())}});
   agree.check("ShardedModel: was built with");
-  std::vector<std::pair<std::string, double>> units;
+  std::vector<AgreedValue> units;
   for (const auto& unit : units_) {
     units.emplace_back("size of unit " + unit->name(), static_cast<double>(unit->numel()));
     units.emplace_back("parameter names and shapes (hashed) of unit " + unit->name(), layout_hash(*unit));
@@ -187,7 +195,7 @@ void ShardedModel::agree_on_plan(Device device) {
   const nn::NamedTensors replicated = this->replicated();
   units.emplace_back("number of frozen parameters and buffers", static_cast<double>(replicated.size()));
   units.emplace_back("frozen parameter and buffer names, shapes and dtypes (hashed)", replicated_hash(replicated));
-  Agreement same_units(group_, agreement_device(group_, device), units);
+  Agreement same_units(*group_, agreement_device(*group_, device), units);
   same_units.check("ShardedModel: was built with");
 }
 
@@ -201,7 +209,7 @@ void ShardedModel::materialize(Unit& unit) {
       for (const ParamSlot& slot : *slots) {
         if (is_deferred(slot.param) || slot.param.numel() == 0) continue;
         ZG_CHECK(slot.param.is_contiguous(), "ShardedModel: parameter '", slot.name, "' is not contiguous");
-        group_.broadcast(slot.param.detach(), 0);  // the collective's thread must not touch its autograd state
+        group_->broadcast(slot.param.detach(), 0);  // the collective's thread must not touch its autograd state
       }
   }
   unit.materialize(
@@ -245,7 +253,7 @@ void ShardedModel::materialize_replicated() {
     }
   for (const auto& [key, b] : replicated()) {
     const Tensor values = b.contiguous();  // a collective takes contiguous buffers
-    group_.broadcast(values, 0);
+    group_->broadcast(values, 0);
     if (!values.is_same(b)) Tensor(b).copy_(values);
   }
 }

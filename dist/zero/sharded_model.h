@@ -99,7 +99,8 @@ class ShardedModel final : public ParameterOwner {
   //   Over a DeviceMesh, the units shard over its dp_shard dimension and replicate over
   // dp_replicate (which may be missing: size 1); config.shard_group_size is then dp_shard's
   // size (0 or that size; another is refused). Over a group, the mesh is dp_replicate N / S
-  // x dp_shard S, S = shard_group_size (0: N). The mesh must outlive the model.
+  // x dp_shard S, S = shard_group_size (0: N). The group or mesh must outlive the model: a
+  // model used after its groups were destroyed throws zg::Error (as it ends, it uses none).
   ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig config = {});
   ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config = {});
   ShardedModel(nn::Module& model, DeviceMesh& mesh, ZeroConfig config = {});
@@ -205,8 +206,8 @@ class ShardedModel final : public ParameterOwner {
   // ranks; null without hybrid sharding). Their bytes_sent() split the traffic into within
   // and across shard groups.
   const DeviceMesh& mesh() const { return mesh_; }
-  ProcessGroup& shard_group() const { return *shard_; }
-  ProcessGroup* replica_group() const { return replicas_; }
+  ProcessGroup& shard_group() const { return **shard_; }
+  ProcessGroup* replica_group() const { return replicas_ ? &**replicas_ : nullptr; }
 
  private:
   // The consolidated state a unit at a time (a collective): fn(name, weights) for each
@@ -247,9 +248,9 @@ class ShardedModel final : public ParameterOwner {
 
   std::unique_ptr<DeviceMesh> own_mesh_;  // the mesh made from a group and shard_group_size
   DeviceMesh& mesh_;
-  ProcessGroup& group_;  // the mesh's world: every data-parallel rank
-  ProcessGroup* shard_;  // dp_shard
-  ProcessGroup* replicas_ = nullptr;  // dp_replicate, when hybrid
+  GroupRef group_;  // the mesh's world: every data-parallel rank
+  std::optional<GroupRef> shard_;     // dp_shard
+  std::optional<GroupRef> replicas_;  // dp_replicate, when hybrid
   ZeroConfig config_;
   std::unique_ptr<UnitContext> context_;  // what the units share: the group, the placement policy, dtypes
   // The model's replicated frozen parameters (in the compute dtype, if floating) and

@@ -52,7 +52,7 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
   for (const auto& unit : units_)
     for (const auto& e : unit->frozen_entries())
       if (e.param.requires_grad()) unfrozen = e.name;
-  Agreement agree(group_, agreement_device(group_, context_->device),
+  Agreement agree(*group_, agreement_device(*group_, context_->device),
                   {{"lr", lr},
                    {"loss scale", scaler ? scaler->scale_factor() : 1.0},
                    {"count of written parameters (1: one was written in place since the last step)", written},
@@ -62,7 +62,7 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(dry_run ? kCPU : device));
   if (!dry_run)
     for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard()).to(DType::f64);
-  norm_sq = norm_sq.to(agreement_device(group_, context_->device));  // offloaded: summed on the host, reduced where the group is
+  norm_sq = norm_sq.to(agreement_device(*group_, context_->device));  // offloaded: summed on the host, reduced where the group is
   shard_group().all_reduce(norm_sq, ReduceKind::sum);  // (hybrid: the other shard groups hold the same shards)
   agree.check("ShardedModel: step() was given");
   ZG_CHECK(unfrozen.empty(), "ShardedModel: step(): parameter '", unfrozen, "' was frozen when the "

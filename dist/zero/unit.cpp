@@ -73,8 +73,8 @@ Unit::Unit(const UnitContext& context, UnitSpec spec)
 // slice r, with the full buffer allocated and released until gathered (ZeRO-3).
 void Unit::place(Weights& w, const std::vector<ParamSlot>& slots, int64_t padded_numel,
                  const InitialValues& initial, bool shard_from_master) {
-  const int r = ctx_.group.rank();
-  const int64_t shard_numel = padded_numel / ctx_.group.size();
+  const int r = ctx_.group->rank();
+  const int64_t shard_numel = padded_numel / ctx_.group->size();
   const Device device = ctx_.device;
   if (ctx_.placement.gathers_parameters()) {
     if (!shard_from_master) {  // else materialize() points it at the master
@@ -98,7 +98,7 @@ void Unit::place(Weights& w, const std::vector<ParamSlot>& slots, int64_t padded
 void Unit::materialize(const InitialValues& initial, ParameterViews views) {
   NoGradGuard no_grad;
   views_ = std::move(views);
-  const int r = ctx_.group.rank();
+  const int r = ctx_.group->rank();
   const DType master_dtype = optim::master_dtype_for(ctx_.compute_dtype);
   const Placement& placement = ctx_.placement;
   const Device device = ctx_.device;
@@ -210,7 +210,7 @@ void Unit::issue_gather(Weights& w) {
   const uint64_t shard_version = w.shard.storage()->version();
   const uint64_t version = full.version();
   // An offloaded shard goes up to the device first (the f32 master cast to the compute dtype).
-  w.gathering = ctx_.group.all_gather_async(moved(w.shard, ctx_.device, ctx_.compute_dtype), w.full);
+  w.gathering = ctx_.group->all_gather_async(moved(w.shard, ctx_.device, ctx_.compute_dtype), w.full);
   if (shard_version == w.gathered_from) full.restore_version(version);
   w.gathered_from = shard_version;
 }
@@ -261,7 +261,7 @@ InFlight Unit::all_reduce_bucket(int64_t begin, int64_t end, bool sync) {
   if (!sync) return job;
   const Tensor grads = grad_full_.narrow(0, begin, end - begin);
   const Tensor buffer = in_reduce_dtype(grads, ctx_.reduce_dtype);
-  job.work = ctx_.group.all_reduce_async(buffer, ReduceKind::average);
+  job.work = ctx_.group->all_reduce_async(buffer, ReduceKind::average);
   if (!buffer.is_same(grads)) job.then = [buffer, grads] {
     cast_into(buffer, grads);
     return InFlight{};
@@ -275,7 +275,7 @@ InFlight Unit::all_reduce_bucket(int64_t begin, int64_t end, bool sync) {
 InFlight Unit::reduce_scatter_into_full(bool sync) {
   InFlight job;
   if (!sync) return job;
-  ProcessGroup& group = ctx_.group;
+  ProcessGroup& group = *ctx_.group;
   const int64_t shard = spec_.shard;
   const Tensor buffer = in_reduce_dtype(grad_full_, ctx_.reduce_dtype);
   const Tensor slice = ctx_.placement.offloads_optimizer() ? grad_full_.narrow(0, group.rank() * shard, shard) : grad_shard_;
@@ -303,15 +303,15 @@ InFlight Unit::reduce_scatter_and_free() {
   point_grads(Tensor());
   grad_full_ = Tensor();
   const Tensor mine = allocate(spec_.shard, ctx_.reduce_dtype, buffer.device(), MemoryCategory::communication, false);
-  InFlight job{ctx_.group.reduce_scatter_async(buffer, mine, ReduceKind::average), {}};
+  InFlight job{ctx_.group->reduce_scatter_async(buffer, mine, ReduceKind::average), {}};
   const auto accumulate = [mine, to = grad_shard_] {  // across micro-batches: grad_shard += mine
     backend(to.device()).binary(BinaryOp::add, to, moved(mine, to.device(), to.dtype()), to);
     return InFlight{};
   };
   job.then = accumulate;
   // Hybrid sharding: the group's average, averaged across the groups holding the same shard.
-  if (ctx_.replicas != nullptr)
-    job.then = [mine, accumulate, replicas = ctx_.replicas, tag = CollectiveTag::current()] {
+  if (ctx_.replicas)
+    job.then = [mine, accumulate, replicas = *ctx_.replicas, tag = CollectiveTag::current()] {
       CollectiveTag scope(tag);
       return InFlight{replicas->all_reduce_async(mine, ReduceKind::average), accumulate};
     };
@@ -338,7 +338,7 @@ void Unit::expect_no_gather(const char* writer) const {
 std::vector<optim::AdamWSpan> Unit::optimizer_spans() {
   expect_no_gather("the optimizer");
   const bool sharded = ctx_.placement.optimizer_sharded();
-  const int64_t base = sharded ? ctx_.group.rank() * spec_.shard : 0;
+  const int64_t base = sharded ? ctx_.group->rank() * spec_.shard : 0;
   const Tensor& grad = sharded ? grad_shard_ : grad_full_;
   const Tensor compute = compute_for_update();
   std::vector<optim::AdamWSpan> spans;
@@ -373,7 +373,7 @@ WorkHandle Unit::after_step() {
   }
   if (!ctx_.placement.gathers_after_step()) return nullptr;
   CollectiveTag scope(spec_.tag);
-  return ctx_.group.all_gather_async(weights_.shard, weights_.full);
+  return ctx_.group->all_gather_async(weights_.shard, weights_.full);
 }
 
 void Unit::refresh_compute() {
@@ -382,7 +382,7 @@ void Unit::refresh_compute() {
   if (!updated_weights().is_same(master_)) Tensor(updated_weights()).copy_(master_);
   if (!ctx_.placement.optimizer_sharded()) return;
   CollectiveTag scope(spec_.tag);
-  if (!ctx_.placement.gathers_parameters()) ctx_.group.all_gather(weights_.shard, weights_.full);
+  if (!ctx_.placement.gathers_parameters()) ctx_.group->all_gather(weights_.shard, weights_.full);
 }
 
 }  // namespace zg::dist

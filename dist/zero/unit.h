@@ -22,6 +22,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,8 +52,8 @@ struct ParameterViews {
 
 // What every unit of one ShardedModel shares.
 struct UnitContext {
-  ProcessGroup& group;  // the units shard over it: the mesh's dp_shard dimension
-  ProcessGroup* replicas = nullptr;  // hybrid sharding: the same shard on the other groups (dp_replicate)
+  GroupRef group;  // the units shard over it: the mesh's dp_shard dimension
+  std::optional<GroupRef> replicas;  // hybrid sharding: the same shard on the other groups (dp_replicate)
   Placement placement;
   DType compute_dtype, reduce_dtype, accumulate_dtype;  // accumulate: the gradient shard's
   Device device;  // the compute device (the parameters')
