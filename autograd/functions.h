@@ -32,7 +32,8 @@ Tensor relu(const Tensor& x);
 // GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 Tensor gelu(const Tensor& x);
 Tensor erf(const Tensor& x);
-// log(1 + x), accurate for small x (a primitive: log of 1 + x loses x below 1e-8 in f64).
+// log(1 + x), accurate for small x (a primitive: log(1 + x) composed rounds 1 + x first,
+// losing x's low digits -- all of x below 1e-16 in f64).
 Tensor log1p(const Tensor& x);
 // The exact GELU, 0.5 x (1 + erf(x / sqrt 2)): PyTorch's default (approximate='none'),
 // Hugging Face's "gelu"; composed of erf.
@@ -241,7 +242,7 @@ Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
 // for p > 0, max |x| for p = inf, min |x| for -inf, the count of non-zeros for p = 0. The
 // gradient at a zero norm is 0 (not 0/0), as PyTorch's.
 Tensor norm(const Tensor& x, double p = 2.0, const Shape& dims = {}, bool keepdim = false);
-// x / max(norm(x, p, {dim}, keepdim), eps), as F.normalize.
+// x / max(norm(x, p, {dim}, true), eps), as F.normalize.
 Tensor normalize(const Tensor& x, double p = 2.0, int64_t dim = 1, double eps = 1e-12);
 // Bool tensors: where x is NaN; where x is +-inf (never, for integer x).
 Tensor isnan(const Tensor& x);

@@ -1223,6 +1223,11 @@ TEST_CASE("issue 43's ops on integers, bools and edges: exact values, as PyTorch
     CHECK(chunk(zeros({6, 2}, f64), 4).size() == 3);  // pieces of 2: fewer than asked, as torch.chunk
     CHECK(chunk(zeros({0}, f64), 2).size() == 1);
     CHECK(unbind(zeros({2, 3}, f64), 1).size() == 3);
+    const Tensor m = tensor<double>({1, 2, 3, 4, 5, 6}, {2, 3}, f64);
+    CHECK(einsum("ij->", {m}).item<double>() == 21);
+    CHECK(einsum("ij,ij->i", {m, m}).to_vector<double>() == std::vector<double>{14, 77});
+    CHECK(einsum("ji", {m}).to_vector<double>() == std::vector<double>{1, 4, 2, 5, 3, 6});  // implicit "ij": the transpose
+    CHECK(einsum("ij,kj", {m, m}).to_vector<double>() == std::vector<double>{14, 32, 32, 77});  // i, k used once
     CHECK(repeat(ints, {2, 1}).to_vector<int32_t>() == std::vector<int32_t>{1, -2, 3, 4, 5, -6, 1, -2, 3, 4, 5, -6});
     CHECK(repeat(ints, {0, 1}).shape() == Shape{0, 3});
     CHECK(pad(ints, {1, 0}, PadMode::constant, 9).to_vector<int32_t>() == std::vector<int32_t>{9, 1, -2, 3, 9, 4, 5, -6});
