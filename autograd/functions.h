@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tensor/activation.h"
@@ -31,6 +32,9 @@ Tensor relu(const Tensor& x);
 // GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 Tensor gelu(const Tensor& x);
 Tensor erf(const Tensor& x);
+// log(1 + x), accurate for small x (a primitive: log(1 + x) composed rounds 1 + x first,
+// losing x's low digits -- all of x below 1e-16 in f64).
+Tensor log1p(const Tensor& x);
 // The exact GELU, 0.5 x (1 + erf(x / sqrt 2)): PyTorch's default (approximate='none'),
 // Hugging Face's "gelu"; composed of erf.
 Tensor gelu_exact(const Tensor& x);
@@ -101,6 +105,10 @@ Tensor argmax(const Tensor& x);  // index into the flattened tensor
 // sum(x^2) over every element, accumulated and returned in f32 (f64 for f64): gradient norms
 // of bf16/f16 buffers without an f32 copy. Not differentiable.
 Tensor sum_of_squares(const Tensor& x);
+// out[..., i, ...] = sum_{j <= i} x[..., j, ...] along dim, as torch.cumsum; integer and bool
+// inputs sum to i64. One backend primitive (a scan of rows); the gradient is the reversed
+// cumsum of the gradient.
+Tensor cumsum(const Tensor& x, int64_t dim);
 
 // ---- linear algebra ----
 // Batched matrix product with NumPy broadcasting of the batch dims; trans_a / trans_b
@@ -173,6 +181,11 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
 std::vector<Tensor> split(const Tensor& x, const Shape& sizes, int64_t dim = 0);   // views of the given sizes
 // Tensors of one shape joined along a new dim `dim` (in [-(rank + 1), rank]).
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// `chunks` views along dim, each ceil(size / chunks) long (the last shorter; fewer parts
+// when the size runs out first), as torch.chunk.
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
+// The slices x.select(dim, i) for every i, as torch.unbind.
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim = 0);
 
 // ---- indexing (functions/indexing.cpp: rows through embedding and its scatter-add) ----
 // x's slices at `index` (1-D, i32/i64) along dim: out.shape[dim] = index.numel().
@@ -199,10 +212,44 @@ SortResult topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = tru
 // with replacement independent draws (the largest key, afresh each time). As torch.multinomial.
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
 
+// ---- rearranging (functions/rearrange.cpp, composed: gradients follow from the parts) ----
+// x with the order of each of `dims` reversed, as torch.flip (floating x: an index_select).
+Tensor flip(const Tensor& x, const Shape& dims);
+// x tiled repeats[i] times along dim i, as Tensor.repeat: repeats has at least x's rank,
+// and x is first given leading size-1 dims up to it. out.shape[i] = repeats[i] * shape[i].
+Tensor repeat(const Tensor& x, const Shape& repeats);
+// As torch.nn.functional.pad: `pad` holds (before, after) pairs from the last dim
+// backward, (left, right, top, bottom, ...). constant fills with `value` (a negative pad
+// crops); reflect mirrors x without repeating its edge (pad < size); replicate repeats the edge.
+enum class PadMode { constant, reflect, replicate };
+Tensor pad(const Tensor& x, const Shape& pad, PadMode mode = PadMode::constant, double value = 0.0);
+// Einstein summation over operands of one dtype and device, as torch.einsum:
+// "ij,jk->ik" (matmul), "bij,bjk->bik", "ij->ji", "ij->" (sum), "i,j->ij" (outer),
+// "ij,ij->i"; without "->" the output is the letters used once, in alphabetical order.
+// Each pair of operands is contracted as one batched matmul (permute and reshape around
+// it). Refused: a letter repeated within one operand (traces, diagonals) and "..." (ellipsis).
+Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands);
+
 // ---- composed from the ops above (functions/composite.cpp; gradients follow from theirs) ----
 Tensor silu(const Tensor& x);  // x sigmoid(x), Llama's MLP activation ("swish")
 // x limited to [low, high]; the gradient is 1 inside and 0 where x was clamped; NaN stays.
 Tensor clamp(const Tensor& x, double low, double high);
+// log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (torch's F.softplus).
+Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0);
+// x where x > 0, negative_slope * x elsewhere (F.leaky_relu).
+Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
+// The vector p-norm over dims (all when empty), as torch.linalg.vector_norm: (sum |x|^p)^(1/p)
+// for p > 0, max |x| for p = inf, min |x| for -inf, the count of non-zeros for p = 0. The
+// gradient at a zero norm is 0 (not 0/0), as PyTorch's.
+Tensor norm(const Tensor& x, double p = 2.0, const Shape& dims = {}, bool keepdim = false);
+// x / max(norm(x, p, {dim}, true), eps), as F.normalize.
+Tensor normalize(const Tensor& x, double p = 2.0, int64_t dim = 1, double eps = 1e-12);
+// Bool tensors: where x is NaN; where x is +-inf (never, for integer x).
+Tensor isnan(const Tensor& x);
+Tensor isinf(const Tensor& x);
+// Bool: whether any (all) elements over dims (all when empty) are non-zero, as torch.any / torch.all.
+Tensor any(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor all(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
 // log sum exp over dims (all when empty), with the max taken out first: finite for any finite x.
 Tensor logsumexp(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
 // The variance over dims, divided by N - correction (1: the unbiased estimate, as torch.var).

@@ -12,6 +12,8 @@
 //   linear.cu         linear layers through cuBLASLt: bias, GELU and bias-gradient epilogues
 //   adamw.cu          the fused AdamW update
 //   attention.cu      fused attention (and its backward) through cuDNN's SDPA graphs
+//   sort.cu           sort_rows (CUB's segmented radix sort)
+//   scan.cu           cumsum_rows (CUB's block scan)
 //
 // Conventions of every method: inputs were validated by the front-end as for the
 // CPU; the work is queued on the current rank's compute stream
@@ -54,6 +56,7 @@ class CudaBackend final : public Backend {
              const AdamWStep& step) override;
   void embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) override;
   void sort_rows(const Tensor& in, bool descending, const Tensor& indices) override;
+  void cumsum_rows(const Tensor& in, const Tensor& out) override;
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss,
                               const Tensor& grad_loss, const Tensor& grad_logits) override;

@@ -33,6 +33,7 @@ __device__ __forceinline__ C apply_unary(C x) {
     const C inner = k * (x + C(0.044715) * x * x * x);
     return C(0.5) * x * (C(1) + math_tanh(inner));
   } else if constexpr (Op == UnaryOp::erf) return math_erf(x);
+  else if constexpr (Op == UnaryOp::log1p) return math_log1p(x);
   else return !x;  // logical_not (bool only)
 }
 
@@ -165,6 +166,7 @@ void with_unary(UnaryOp op, Body&& body) {
     case UnaryOp::relu: return body.template operator()<UnaryOp::relu>();
     case UnaryOp::gelu: return body.template operator()<UnaryOp::gelu>();
     case UnaryOp::erf: return body.template operator()<UnaryOp::erf>();
+    case UnaryOp::log1p: return body.template operator()<UnaryOp::log1p>();
     case UnaryOp::logical_not: return body.template operator()<UnaryOp::logical_not>();
   }
   fail("unary: unknown op ", static_cast<int>(op));

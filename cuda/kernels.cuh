@@ -252,5 +252,10 @@ __device__ __forceinline__ C math_erf(C x) {
   if constexpr (std::is_same_v<C, float>) return erff(x);
   else return erf(x);
 }
+template <class C>
+__device__ __forceinline__ C math_log1p(C x) {
+  if constexpr (std::is_same_v<C, float>) return log1pf(x);
+  else return log1p(x);
+}
 
 }  // namespace zg::cuda

@@ -22,6 +22,7 @@ enum class UnaryOp : uint8_t {
   neg, abs, exp, log, sqrt, rsqrt, sin, cos, tanh, sigmoid, relu,
   gelu,         // GPT-2's tanh approximation
   erf,          // the error function, 2/sqrt(pi) int_0^x exp(-t^2) dt
+  log1p,        // log(1 + x), accurate for small x
   logical_not,  // bool -> bool
 };
 
@@ -172,6 +173,11 @@ class Backend {
   // dtype) ascending or descending; indices [M, R] i64 contiguous. Stable (ties keep their
   // order), NaN above +inf as PyTorch sorts. The values are a gather of in by them.
   virtual void sort_rows(const Tensor& in, bool descending, const Tensor& indices) = 0;
+
+  // out[i, j] = in[i, 0] + ... + in[i, j]: each row of in [M, R] scanned (cumsum). in and out
+  // contiguous, of one dtype, not bool. Floats are summed in f64 on the CPU, in their compute
+  // type (f32 for 16-bit) on a GPU, each prefix rounded once; integers wrap.
+  virtual void cumsum_rows(const Tensor& in, const Tensor& out) = 0;
 
   // loss[i] = logsumexp(logits[i, :]) - logits[i, target[i]], or 0 where
   // target[i] == ignore_index; logits [N, C] contiguous, target [N] i32/i64,

@@ -156,6 +156,18 @@ Tensor full_like(const Tensor& t, double value) { return full(t.shape(), value, 
 
 Tensor arange(int64_t end, TensorOptions options) { return arange(0.0, static_cast<double>(end), 1.0, options); }
 
+// A tensor of `shape` whose element i (row-major) is value(i): written on the host in f64
+// (through the allocator, so a huge one is a clean OutOfMemory), then converted and moved.
+// On the meta device, the shape alone.
+template <class Value>
+static Tensor from_host_values(const Shape& shape, TensorOptions options, Value value) {
+  if (options.device().type == DeviceType::meta) return Tensor::empty(shape, options);
+  Tensor host = Tensor::empty(shape, DType::f64);
+  double* values = host.data<double>();
+  for (int64_t i = 0; i < host.numel(); ++i) values[i] = value(i);
+  return host.to(options.dtype()).to(options.device());
+}
+
 Tensor arange(double start, double end, double step, TensorOptions options) {
   ZG_CHECK(step != 0 && std::isfinite(start) && std::isfinite(end) && std::isfinite(step),
            "arange: invalid range start=", start, " end=", end, " step=", step);
@@ -168,12 +180,29 @@ Tensor arange(double start, double end, double step, TensorOptions options) {
                detail::holds(options.dtype(), last),
            "arange: the values from ", start, " by ", step, " to ", last, " do not all fit ", name(options.dtype()),
            is_floating(options.dtype()) ? "" : " (whole numbers in its range; pass a floating-point dtype for fractions)");
-  if (options.device().type == DeviceType::meta) return Tensor::empty({static_cast<int64_t>(count)}, options);
-  // Written on the host in f64 (through the allocator, so a huge range is a clean OutOfMemory), then converted.
-  Tensor host = Tensor::empty({static_cast<int64_t>(count)}, DType::f64);
-  double* values = host.data<double>();
-  for (int64_t i = 0; i < host.numel(); ++i) values[i] = start + static_cast<double>(i) * step;
-  return host.to(options.dtype()).to(options.device());
+  return from_host_values({static_cast<int64_t>(count)}, options,
+                          [&](int64_t i) { return start + static_cast<double>(i) * step; });
+}
+
+// torch.linspace's formula: the first half start + i step, the second end - (steps - 1 - i) step
+// (one step: start).
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
+  ZG_CHECK(steps >= 0 && std::isfinite(start) && std::isfinite(end), "linspace: expected finite ends and steps >= 0, got ",
+           "start=", start, " end=", end, " steps=", steps);
+  ZG_CHECK(options.dtype() != DType::boolean && detail::holds(options.dtype(), std::trunc(start)) &&
+               detail::holds(options.dtype(), std::trunc(end)),
+           "linspace: the values from ", start, " to ", end, " do not fit ", name(options.dtype()));
+  const double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
+  return from_host_values({steps}, options, [&](int64_t i) {
+    if (steps == 1) return start;
+    return i < steps / 2 ? start + static_cast<double>(i) * step : end - static_cast<double>(steps - 1 - i) * step;
+  });
+}
+
+Tensor eye(int64_t n, int64_t m, TensorOptions options) {
+  if (m < 0) m = n;
+  ZG_CHECK(n >= 0, "eye: expected n >= 0, got ", n);
+  return from_host_values({n, m}, options, [m](int64_t i) { return i / m == i % m ? 1.0 : 0.0; });
 }
 
 template <class T>
@@ -227,5 +256,22 @@ Tensor normal(const Shape& shape, double mean, double std, TensorOptions options
            mean, " and std ", std);
   return random(shape, {Distribution::normal, mean, std}, options, "normal");
 }
+
+// floor(u (high - low)) + low, u ~ U[0, 1) a multiple of 2^-24: exact in f64 and below high - low.
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options) {
+  constexpr int64_t kMaxRange = int64_t{1} << 24;
+  ZG_CHECK(low < high && high - low <= kMaxRange, "randint: expected low < high with high - low <= 2^24, got low ",
+           low, " and high ", high);
+  ZG_CHECK(options.dtype() != DType::boolean && detail::holds(options.dtype(), static_cast<double>(low)) &&
+               detail::holds(options.dtype(), static_cast<double>(high - 1)),
+           "randint: the values from ", low, " to ", high - 1, " do not fit ", name(options.dtype()));
+  const Tensor draws = uniform(shape, 0.0, static_cast<double>(high - low), TensorOptions(DType::f64).device(options.device()));
+  Tensor out = draws.to(DType::i64);  // truncation: the floor of a non-negative value
+  if (low != 0) out.add_(full({}, static_cast<double>(low), TensorOptions(DType::i64).device(options.device())));
+  return out.to(options.dtype());
+}
+
+Tensor rand_like(const Tensor& t) { return rand(t.shape(), options_of(t)); }
+Tensor randn_like(const Tensor& t) { return randn(t.shape(), options_of(t)); }
 
 }  // namespace zg

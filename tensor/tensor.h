@@ -187,6 +187,11 @@ Tensor full_like(const Tensor& t, double value);
 // [start, end) in steps of `step`, like torch.arange; defaults to i64.
 Tensor arange(int64_t end, TensorOptions options = DType::i64);
 Tensor arange(double start, double end, double step = 1.0, TensorOptions options = DType::i64);
+// `steps` values evenly spaced from start to end, both included, as torch.linspace (each
+// half counted from its own end, so the last value is `end` exactly).
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options = {});
+// [n, m] (m = n when negative) with ones on the diagonal, as torch.eye.
+Tensor eye(int64_t n, int64_t m = -1, TensorOptions options = {});
 
 // From host data (copied). The dtype defaults to T's; options may ask for another and a device.
 template <class T>
@@ -205,5 +210,11 @@ Tensor rand(const Shape& shape, TensorOptions options = {});   // U[0, 1)
 Tensor randn(const Shape& shape, TensorOptions options = {});  // N(0, 1)
 Tensor uniform(const Shape& shape, double low, double high, TensorOptions options = {});
 Tensor normal(const Shape& shape, double mean, double std, TensorOptions options = {});
+// Integers drawn uniformly from [low, high), as torch.randint; defaults to i64. From one
+// U[0, 1) draw an element (24 random bits), so high - low is at most 2^24.
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options = DType::i64);
+// rand / randn of t's shape, dtype and device.
+Tensor rand_like(const Tensor& t);
+Tensor randn_like(const Tensor& t);
 
 }  // namespace zg

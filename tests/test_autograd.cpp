@@ -98,6 +98,26 @@ std::map<std::string, GradCase> grad_cases(Device d) {
   c["sort, topk"] = {{spread_leaf({3, 5}, d)}, FN { return sort(x[0], 1, true).values * topk(x[0], 5, 1, false).values; }};
   c["erf"] = {{normal_leaf({3, 4}, d)}, FN { return erf(x[0]) * gelu_exact(x[0]); }};
   c["silu, clamp"] = {{spread_leaf({3, 4}, d)}, FN { return silu(x[0]) + clamp(x[0], -0.5, 0.75); }};
+  c["log1p"] = {{positive_leaf({3, 4}, d)}, FN { return log1p(x[0] - 0.45); }};
+  c["cumsum"] = {{normal_leaf({2, 3, 4}, d)}, FN { return cumsum(x[0], 1) * cumsum(x[0].transpose(0, 2), -1).transpose(0, 2); }};
+  c["softplus, leaky_relu"] = {{spread_leaf({3, 4}, d)},
+                               FN { return softplus(x[0], 2.0, 1.5) + softplus(x[0]) * leaky_relu(x[0], 0.2); }};
+  c["flip, repeat, chunk, unbind"] = {{normal_leaf({2, 3}, d)}, FN {
+                                        const std::vector<Tensor> parts = chunk(flip(x[0], {0, 1}), 2, 1);
+                                        return repeat(parts[0], {1, 2}) * unbind(x[0], 1)[0].unsqueeze(1) + sum(parts[1]);
+                                      }};
+  c["pad"] = {{normal_leaf({2, 3, 4}, d)}, FN {
+                return pad(x[0], {1, 2, -1, 1}, PadMode::constant, 0.5) * pad(x[0], {2, 1, 0, 1}, PadMode::reflect).narrow(1, 1, 3) +
+                       pad(x[0], {1, 2, 1, 0}, PadMode::replicate).narrow(1, 0, 3);
+              }};
+  c["norm, normalize"] = {{spread_leaf({3, 4}, d)}, FN {
+                            return norm(x[0], 2, {1}) + norm(x[0], 1, {1}) + norm(x[0], 3, {1}) +
+                                   norm(x[0], INFINITY, {1}) * sum(normalize(x[0], 2, 1) * x[0], {1});
+                          }};
+  c["einsum"] = {{normal_leaf({2, 3, 4}, d), normal_leaf({2, 4, 5}, d), normal_leaf({5}, d)}, FN {
+                   return einsum("bij,bjk,k->ib", {x[0], x[1], x[2]}) + einsum("bij->ib", {x[0]}) +
+                          einsum("bij,k->ib", {x[0], x[2]});
+                 }};
   c["logsumexp, var, std"] = {{normal_leaf({2, 3, 4}, d)},
                               FN { return logsumexp(x[0], {1}) + var(x[0], {1}) + std(x[0], {1}, false, 0); }};
   c["tril, triu"] = {{normal_leaf({2, 3, 4}, d)}, FN { return tril(x[0], 1) * triu(x[0]); }};

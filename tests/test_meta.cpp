@@ -29,6 +29,32 @@ TEST_CASE("meta ops produce the right shapes and no data") {
   CHECK(x.to(DType::f32).dtype() == DType::f32);
 }
 
+TEST_CASE("issue 43's ops give their shapes and dtypes on meta") {
+  const TensorOptions meta = TensorOptions(DType::bf16).device(kMeta);
+  const Tensor x = empty({4, 6, 8}, meta);
+  CHECK(cumsum(x, 1).shape() == x.shape());
+  CHECK(cumsum(empty({4, 6}, TensorOptions(DType::i32).device(kMeta)), 0).dtype() == DType::i64);
+  CHECK(log1p(x).shape() == x.shape());
+  CHECK(flip(x, {0, 2}).shape() == x.shape());
+  CHECK(repeat(x, {2, 1, 1, 3}).shape() == Shape{2, 4, 6, 24});
+  CHECK(chunk(x, 4, 2).size() == 4);
+  CHECK(unbind(x, 0).size() == 4);
+  CHECK(pad(x, {1, 2, 3, 4}).shape() == Shape{4, 13, 11});
+  CHECK(pad(x, {1, 2}, PadMode::reflect).shape() == Shape{4, 6, 11});
+  CHECK(norm(x, 2, {-1}).shape() == Shape{4, 6});
+  CHECK(normalize(x, 2, -1).shape() == x.shape());
+  CHECK(softplus(x).dtype() == DType::bf16);
+  CHECK(leaky_relu(x).shape() == x.shape());
+  CHECK(isnan(x).dtype() == DType::boolean);
+  CHECK(isinf(x).shape() == x.shape());
+  CHECK(any(x, {1}).shape() == Shape{4, 8});
+  CHECK(all(x).dtype() == DType::boolean);
+  CHECK(einsum("bij,bkj->bik", {x, empty({4, 5, 8}, meta)}).shape() == Shape{4, 6, 5});
+  CHECK(eye(3, 5, meta).shape() == Shape{3, 5});
+  CHECK(linspace(0, 1, 9, meta).shape() == Shape{9});
+  CHECK(randn_like(x).device() == kMeta);
+}
+
 TEST_CASE("meta allocations are counted exactly without being backed") {
   Context rank;
   ContextGuard guard(rank);

@@ -206,6 +206,27 @@ Host attention_ref(const Host& q, const Host& k, const Host& v, bool causal) {
 
 Host scalar(double v) { return Host{{}, {v}}; }
 
+void partial_sums(std::vector<double>& v) { std::partial_sum(v.begin(), v.end(), v.begin()); }
+
+// out[i] = x[source(i)] over a row-major `shape`; an empty source index gives `fill`.
+Host remap(const Host& x, const Shape& shape, const std::function<Shape(Shape)>& source, double fill = 0) {
+  Host out{shape, std::vector<double>(numel(shape))};
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const Shape from = source(unravel(i, shape));
+    out.data[i] = from.empty() ? fill : x.data[broadcast_position(from, x.shape)];
+  }
+  return out;
+}
+
+// The vector p-norm of a group, by its definition.
+std::function<double(const std::vector<double>&)> p_norm(double p) {
+  return [p](const std::vector<double>& v) {
+    double total = 0;
+    for (double e : v) total = std::isinf(p) ? std::max(total, std::fabs(e)) : total + std::pow(std::fabs(e), p);
+    return std::isinf(p) ? total : std::pow(total, 1 / p);
+  };
+}
+
 // ---- the table ----
 
 enum class Kind { normal, positive, small_int, boolean, index };
@@ -521,6 +542,74 @@ std::vector<OpCase> op_table() {
          });
        }},
       {"contiguous", {mat}, T1 { return x[0].contiguous(); }, H1 { return x[0]; }},
+      // ---- issue 43's ops ----
+      {"log1p", {pos}, T1 { return log1p(x[0] - 0.45); }, H1 { return map1(x[0], [](double v) { return std::log1p(v - 0.45); }); }},
+      {"softplus beta threshold", {mat}, T1 { return softplus(x[0], 2.0, 1.5); },
+       H1 { return map1(x[0], [](double v) { return 2 * v > 1.5 ? v : std::log1p(std::exp(2 * v)) / 2; }); }},
+      {"leaky_relu", {mat}, T1 { return leaky_relu(x[0], 0.2); }, H1 { return map1(x[0], [](double v) { return v > 0 ? v : 0.2 * v; }); }},
+      {"cumsum dim1", {{{2, 3, 4}}}, T1 { return cumsum(x[0], 1); }, H1 { return along_dim(x[0], 1, partial_sums); }},
+      {"cumsum strided last", {mat}, T1 { return cumsum(x[0], -1); }, H1 { return along_dim(x[0], -1, partial_sums); }},
+      {"flip dims 0 2", {{{2, 3, 4}}}, T1 { return flip(x[0], {0, 2}); },
+       H1 { return remap(x[0], {2, 3, 4}, [](Shape i) { return Shape{1 - i[0], i[1], 3 - i[2]}; }); }},
+      {"repeat", {{{2, 3}, Kind::normal, true}}, T1 { return repeat(x[0], {2, 1, 3}); },
+       H1 { return remap(x[0], {2, 2, 9}, [](Shape i) { return Shape{i[1], i[2] % 3}; }); }},
+      {"chunk", {{{2, 7}}}, T1 { return chunk(x[0], 3, 1)[1]; },
+       H1 { return remap(x[0], {2, 3}, [](Shape i) { return Shape{i[0], i[1] + 3}; }); }},
+      {"unbind", {{{2, 3, 4}}}, T1 { return unbind(x[0], 1)[2]; },
+       H1 { return remap(x[0], {2, 4}, [](Shape i) { return Shape{i[0], 2, i[1]}; }); }},
+      {"pad constant crop", {{{2, 3, 4}}}, T1 { return pad(x[0], {1, 2, -1, 1}, PadMode::constant, 0.5); },
+       H1 {
+         return remap(x[0], {2, 3, 7}, [](Shape i) { return i[1] < 2 && i[2] >= 1 && i[2] < 5 ? Shape{i[0], i[1] + 1, i[2] - 1} : Shape{}; }, 0.5);
+       }},
+      {"pad reflect", {mat}, T1 { return pad(x[0], {2, 1}, PadMode::reflect); },
+       H1 {
+         return remap(x[0], {3, 7}, [](Shape i) {
+           const int64_t j = i[1] - 2;
+           return Shape{i[0], j < 0 ? -j : j > 3 ? 6 - j : j};
+         });
+       }},
+      {"pad replicate", {{{2, 3}}}, T1 { return pad(x[0], {1, 1, 2, 0}, PadMode::replicate); },
+       H1 { return remap(x[0], {4, 5}, [](Shape i) { return Shape{std::max<int64_t>(i[0] - 2, 0), std::clamp<int64_t>(i[1] - 1, 0, 2)}; }); }},
+      {"norm 2 dims", {{{2, 3, 4}}}, T1 { return norm(x[0], 2, {1, 2}); }, H1 { return reduce_ref(x[0], {1, 2}, false, p_norm(2)); }},
+      {"norm 1 keepdim", {mat}, T1 { return norm(x[0], 1, {-1}, true); }, H1 { return reduce_ref(x[0], {-1}, true, p_norm(1)); }},
+      {"norm 3", {{{2, 3, 4}}}, T1 { return norm(x[0], 3, {0}); }, H1 { return reduce_ref(x[0], {0}, false, p_norm(3)); }},
+      {"norm inf", {mat}, T1 { return norm(x[0], INFINITY); }, H1 { return reduce_ref(x[0], {}, false, p_norm(INFINITY)); }},
+      {"normalize", {mat}, T1 { return normalize(x[0], 2, 0); },
+       H1 {
+         const Host n = reduce_ref(x[0], {0}, true, p_norm(2));
+         return map2(x[0], n, [](double v, double d) { return v / std::max(d, 1e-12); });
+       }},
+      {"isnan", {mat}, T1 { return isnan(log(x[0])); }, H1 { return map1(x[0], [](double v) { return double(v < 0); }); }},
+      {"isinf", {mat}, T1 { return isinf(masked_fill(x[0], gt(x[0], 0.5), -INFINITY)); },
+       H1 { return map1(x[0], [](double v) { return double(v > 0.5); }); }},
+      {"any dims", {{{2, 3, 4}, Kind::small_int}}, T1 { return any(x[0], {1}); },
+       H1 {
+         return reduce_ref(x[0], {1}, false, [](const std::vector<double>& v) {
+           return double(std::any_of(v.begin(), v.end(), [](double e) { return e != 0; }));
+         });
+       }},
+      {"all keepdim", {{{2, 3, 4}, Kind::small_int}}, T1 { return all(x[0], {0, 2}, true); },
+       H1 {
+         return reduce_ref(x[0], {0, 2}, true, [](const std::vector<double>& v) {
+           return double(std::all_of(v.begin(), v.end(), [](double e) { return e != 0; }));
+         });
+       }},
+      {"einsum matmul", {{{3, 4}}, {{4, 5}, Kind::normal, true}}, T1 { return einsum("ij,jk->ik", {x[0], x[1]}); },
+       H1 { return matmul_ref(x[0], x[1], false, false); }},
+      {"einsum batched transposed", {{{2, 3, 4}}, {{2, 5, 4}}}, T1 { return einsum("bij,bkj->bik", {x[0], x[1]}); },
+       H1 { return matmul_ref(x[0], x[1], false, true); }},
+      {"einsum implicit matrix-vector", {{{3, 4}}, {{4}}}, T1 { return einsum("ij,j", {x[0], x[1]}); },
+       H1 { return matmul_ref(x[0], x[1], false, false); }},
+      {"einsum chain of three", {{{2, 3}}, {{3, 4}}, {{4, 2}}}, T1 { return einsum("ij,jk,kl->il", {x[0], x[1], x[2]}); },
+       H1 { return matmul_ref(matmul_ref(x[0], x[1], false, false), x[2], false, false); }},
+      {"einsum outer", {{{3}}, {{4}}}, T1 { return einsum("i,j->ij", {x[0], x[1]}); },
+       H1 { return map2(Host{{3, 1}, x[0].data}, Host{{1, 4}, x[1].data}, std::multiplies<>()); }},
+      {"einsum transpose", {mat}, T1 { return einsum("ij->ji", {x[0]}); }, H1 { return transpose_last(x[0]); }},
+      {"einsum sum out", {{{2, 3, 4}}}, T1 { return einsum("bij->j", {x[0]}); }, H1 { return reduce_ref(x[0], {0, 1}, false, sum_of); }},
+      {"linspace", {mat}, T1 { return linspace(-1.0, 2.0, 7, TensorOptions(x[0].dtype()).device(x[0].device())); },
+       [](const std::vector<Host>&) { return Host{{7}, {-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0}}; }},
+      {"eye", {mat}, T1 { return eye(2, 3, TensorOptions(x[0].dtype()).device(x[0].device())); },
+       [](const std::vector<Host>&) { return Host{{2, 3}, {1, 0, 0, 0, 1, 0}}; }},
   };
   return cases;
 }
@@ -1073,6 +1162,110 @@ TEST_CASE("cat and split are inverse") {
   CHECK(rows[1].shape() == Shape{3, 6});
   CHECK(rows[1].storage() == x.storage());  // views, not copies
   CHECK(cat({rows[1], rows[0]}, 0).to_vector<float>()[0] == 6.0f);
+}
+
+}  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("issue 43's ops on integers, bools and edges: exact values, as PyTorch") {
+  for (Device device : devices()) {
+    INFO("on " << device.str());
+    const TensorOptions i32 = TensorOptions(DType::i32).device(device), f64 = TensorOptions(DType::f64).device(device);
+    const Tensor ints = tensor<int32_t>({1, -2, 3, 4, 5, -6}, {2, 3}, i32);
+    CHECK(cumsum(ints, 1).dtype() == DType::i64);
+    CHECK(cumsum(ints, 1).to_vector<int64_t>() == std::vector<int64_t>{1, -1, 2, 4, 9, 3});
+    CHECK(cumsum(ints, 0).to_vector<int64_t>() == std::vector<int64_t>{1, -2, 3, 5, 3, -3});
+    const Tensor flags = tensor<bool>({true, false, true, true}).to(device);
+    CHECK(cumsum(flags, 0).to_vector<int64_t>() == std::vector<int64_t>{1, 1, 2, 3});
+    CHECK(cumsum(full({}, 2.5, f64), 0).item<double>() == 2.5);
+    CHECK(cumsum(zeros({3, 0}, f64), 1).shape() == Shape{3, 0});
+    CHECK(cumsum(ones({600}, f64), 0).to_vector<double>().back() == 600);  // past one tile of a GPU block scan
+    const Tensor big = tensor<int64_t>({INT64_MAX, 1}).to(device);
+    CHECK(cumsum(big, 0).to_vector<int64_t>() == std::vector<int64_t>{INT64_MAX, INT64_MIN});  // wraps, as a sum does
+
+    // log1p keeps the digits log(1 + x) loses.
+    CHECK(log1p(full({1}, 1e-10, f64)).item<double>() == doctest::Approx(std::log1p(1e-10)).epsilon(1e-15));
+    CHECK(log1p(full({1}, -1.0, f64)).item<double>() == -INFINITY);
+
+    const Tensor specials = tensor<double>({1.0, NAN, INFINITY, -INFINITY, 0.0}).to(device);
+    CHECK(isnan(specials).to_vector<bool>() == std::vector<bool>{false, true, false, false, false});
+    CHECK(isinf(specials).to_vector<bool>() == std::vector<bool>{false, false, true, true, false});
+    CHECK(isnan(ints).to_vector<bool>() == std::vector<bool>(6, false));
+    CHECK(isinf(ints).dtype() == DType::boolean);
+    CHECK(isinf(ints).to_vector<bool>() == std::vector<bool>(6, false));
+    CHECK(any(specials).item<bool>());
+    CHECK_FALSE(all(specials).item<bool>());
+    CHECK(all(specials.narrow(0, 0, 4)).item<bool>());  // NaN and inf are non-zero
+    CHECK(any(tensor<bool>({false, true, false, false}, {2, 2}).to(device), {1}).to_vector<bool>() ==
+          std::vector<bool>{true, false});
+    CHECK_FALSE(any(zeros({0}, f64)).item<bool>());  // over nothing: any false, all true
+    CHECK(all(zeros({0}, f64)).item<bool>());
+    CHECK(all(ints, {0}, true).shape() == Shape{1, 3});
+
+    CHECK(norm(tensor<double>({3, 0, -4, 0}).to(device), 0).item<double>() == 2);  // the count of non-zeros
+    CHECK(norm(tensor<double>({3, -4}).to(device), -INFINITY).item<double>() == 3);
+    // A zero vector: the norm's gradient is 0 and normalize's 1 / eps, not NaN (as PyTorch's).
+    const Tensor zero = zeros({2, 3}, f64).set_requires_grad(true);
+    sum(norm(zero, 2, {1}) + norm(zero, 3, {1})).backward();
+    CHECK(zero.grad().to_vector<double>() == std::vector<double>(6, 0.0));
+    const Tensor z2 = zeros({2, 3}, f64).set_requires_grad(true);
+    sum(normalize(z2, 2, 1, 1e-6)).backward();
+    for (double g : z2.grad().to_vector<double>()) CHECK(g == doctest::Approx(1e6));
+    // softplus takes x itself above the threshold, with no overflow on the branch it leaves out.
+    const Tensor large = tensor<double>({1000.0, -1000.0}).to(device).set_requires_grad(true);
+    const Tensor soft = softplus(large);
+    CHECK(soft.to_vector<double>() == std::vector<double>{1000.0, 0.0});
+    sum(soft).backward();
+    CHECK(large.grad().to_vector<double>() == std::vector<double>{1.0, 0.0});
+
+    CHECK(chunk(zeros({7, 2}, f64), 3).size() == 3);
+    CHECK(chunk(zeros({6, 2}, f64), 4).size() == 3);  // pieces of 2: fewer than asked, as torch.chunk
+    CHECK(chunk(zeros({0}, f64), 2).size() == 1);
+    CHECK(unbind(zeros({2, 3}, f64), 1).size() == 3);
+    const Tensor m = tensor<double>({1, 2, 3, 4, 5, 6}, {2, 3}, f64);
+    CHECK(einsum("ij->", {m}).item<double>() == 21);
+    CHECK(einsum("ij,ij->i", {m, m}).to_vector<double>() == std::vector<double>{14, 77});
+    CHECK(einsum("ji", {m}).to_vector<double>() == std::vector<double>{1, 4, 2, 5, 3, 6});  // implicit "ij": the transpose
+    CHECK(einsum("ij,kj", {m, m}).to_vector<double>() == std::vector<double>{14, 32, 32, 77});  // i, k used once
+    CHECK(repeat(ints, {2, 1}).to_vector<int32_t>() == std::vector<int32_t>{1, -2, 3, 4, 5, -6, 1, -2, 3, 4, 5, -6});
+    CHECK(repeat(ints, {0, 1}).shape() == Shape{0, 3});
+    CHECK(pad(ints, {1, 0}, PadMode::constant, 9).to_vector<int32_t>() == std::vector<int32_t>{9, 1, -2, 3, 9, 4, 5, -6});
+    CHECK(pad(ints, {0, 1}, PadMode::replicate).to_vector<int32_t>() == std::vector<int32_t>{1, -2, 3, 3, 4, 5, -6, -6});
+  }
+}
+
+TEST_CASE("issue 43's ops refuse bad arguments with an error naming the op") {
+  const Tensor x = randn({2, 3}, DType::f64);
+  CHECK_THROWS_WITH_AS(cumsum(x, 2), doctest::Contains("cumsum"), Error);
+  CHECK_THROWS_WITH_AS(flip(x, {1, -1}), "flip: dim 1 appears more than once in [1, -1]", Error);
+  CHECK_THROWS_WITH_AS(repeat(x, {2}), "repeat: [2] gives fewer repeats than f64[2, 3] on cpu has dims", Error);
+  CHECK_THROWS_WITH_AS(chunk(x, 0), "chunk: chunks must be positive, got 0", Error);
+  CHECK_THROWS_WITH_AS(unbind(full({}, 1.0)), "unbind: cannot unbind a 0-d tensor", Error);
+  CHECK_THROWS_WITH_AS(pad(x, {1}), "pad: expected (before, after) pairs for at most the 2 dims of f64[2, 3] on cpu, got [1]",
+                       Error);
+  CHECK_THROWS_WITH_AS(pad(x, {3, 0}, PadMode::reflect),
+                       "pad: reflect pads (3, 0) must be below the size 3 of dim 1 of f64[2, 3] on cpu", Error);
+  CHECK_THROWS_WITH_AS(pad(x, {-1, 0}, PadMode::replicate),
+                       "pad: replicate mode takes no negative pads, got (-1, 0) for dim 1", Error);
+  CHECK_THROWS_WITH_AS(pad(x, {-2, -2}), "pad: pads (-2, -2) leave dim 1 of f64[2, 3] on cpu a negative size", Error);
+  CHECK_THROWS_WITH_AS(norm(x, -1), "norm: p must be >= 0, inf or -inf, got -1", Error);
+  CHECK_THROWS_WITH_AS(softplus(x, 0.0), "softplus: expected a finite beta > 0 and a threshold, got beta 0 and threshold 20",
+                       Error);
+  CHECK_THROWS_WITH_AS(leaky_relu(zeros({2}, DType::i64)), doctest::Contains("leaky_relu"), Error);
+  CHECK_THROWS_WITH_AS(log1p(zeros({2}, DType::i64)), doctest::Contains("log1p"), Error);
+  CHECK_THROWS_WITH_AS(einsum("ii->i", {randn({3, 3}, DType::f64)}),
+                       "einsum: \"ii->i\": index 'i' is repeated in operand 0; traces and diagonals are not supported", Error);
+  CHECK_THROWS_WITH_AS(einsum("...ij->ij", {x}),
+                       "einsum: \"...ij->ij\": ellipsis ('...') is not supported; name every dim with a letter", Error);
+  CHECK_THROWS_WITH_AS(einsum("ij,jk->ik", {x}), "einsum: \"ij,jk->ik\" names 2 operands, got 1", Error);
+  CHECK_THROWS_WITH_AS(einsum("ijk->i", {x}), "einsum: operand 0 f64[2, 3] on cpu has 2 dims but \"ijk\" names 3", Error);
+  CHECK_THROWS_WITH_AS(einsum("ij,ij->i", {x, randn({3, 2}, DType::f64)}),
+                       "einsum: \"ij,ij->i\": index 'i' has size 2 in one operand and 3 in operand 1 f64[3, 2] on cpu", Error);
+  CHECK_THROWS_WITH_AS(einsum("ij->k", {x}), "einsum: \"ij->k\": output index 'k' names no input dim", Error);
+  CHECK_THROWS_WITH_AS(einsum("ij->ii", {x}), "einsum: \"ij->ii\": output index 'i' is repeated", Error);
+  CHECK_THROWS_WITH_AS(einsum("i1->i", {x}), "einsum: \"i1->i\": '1' is not an index (letters a-z, A-Z)", Error);
+  CHECK_THROWS_WITH_AS(einsum("ij,jk->ik", {x, randn({3, 2})}), doctest::Contains("einsum"), Error);
 }
 
 }  // namespace zg::test

@@ -5,6 +5,7 @@
 #include "nn/checkpoint.h"
 #include "tensor/philox.h"
 
+#include <algorithm>
 #include <thread>
 
 namespace zg::test {
@@ -150,6 +151,46 @@ TEST_CASE("uniform draws stay below the upper bound in every dtype, on every dev
       CHECK(max(v).item<double>() < 1.0);
     }
   }
+}
+
+TEST_CASE("randint draws every integer of [low, high) and nothing else, reproducibly, on every device") {
+  for (const Device device : devices()) {
+    INFO(device.str());
+    manual_seed(5);
+    const Tensor r = randint(-3, 4, {4000}, TensorOptions(DType::i64).device(device));
+    CHECK(r.dtype() == DType::i64);
+    const std::vector<int64_t> v = r.to_vector<int64_t>();
+    for (int64_t k = -3; k < 4; ++k) {
+      const auto hits = std::count(v.begin(), v.end(), k);
+      CHECK(hits > 450);  // 4000 / 7 = 571 expected
+      CHECK(hits < 700);
+    }
+    CHECK(*std::min_element(v.begin(), v.end()) == -3);
+    CHECK(*std::max_element(v.begin(), v.end()) == 3);
+    manual_seed(5);
+    CHECK(randint(-3, 4, {4000}, TensorOptions(DType::i64).device(device)).to_vector<int64_t>() == v);
+    const Tensor wide = randint(0, int64_t{1} << 24, {1000}, TensorOptions(DType::i32).device(device));
+    CHECK(wide.dtype() == DType::i32);
+    CHECK(max(wide).item<int32_t>() < (1 << 24));
+    CHECK(randint(0, 10, {2, 3}, TensorOptions(DType::f32).device(device)).dtype() == DType::f32);
+  }
+  CHECK(randint(0, 5, {8, 2}, TensorOptions(DType::i64).device(kMeta)).shape() == Shape{8, 2});
+  CHECK_THROWS_WITH_AS(randint(3, 3, {2}), "randint: expected low < high with high - low <= 2^24, got low 3 and high 3",
+                       Error);
+  CHECK_THROWS_AS(randint(0, (int64_t{1} << 24) + 1, {2}), Error);
+  CHECK_THROWS_WITH_AS(randint(0, 300, {2}, DType::boolean), "randint: the values from 0 to 299 do not fit bool", Error);
+}
+
+TEST_CASE("rand_like and randn_like take the shape, dtype and device of their model") {
+  manual_seed(2);
+  const Tensor model = zeros({3, 5}, DType::bf16);
+  const Tensor u = rand_like(model), z = randn_like(model);
+  CHECK(u.shape() == model.shape());
+  CHECK(u.dtype() == DType::bf16);
+  CHECK(z.dtype() == DType::bf16);
+  CHECK(max(u.to(DType::f64)).item<double>() < 1.0);
+  CHECK(rand_like(empty({2}, TensorOptions(DType::f32).device(kMeta))).device() == kMeta);
+  CHECK_THROWS_WITH_AS(rand_like(zeros({2}, DType::i64)), "uniform: expected a floating-point dtype, got i64", Error);
 }
 
 }  // namespace zg::test

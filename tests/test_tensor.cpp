@@ -32,6 +32,25 @@ TEST_CASE("factories make the shapes, dtypes and values asked for") {
   CHECK(empty({0, 3}).numel() == 0);
 }
 
+TEST_CASE("linspace and eye, as torch.linspace and torch.eye") {
+  CHECK(linspace(0.0, 1.0, 5, DType::f64).to_vector<double>() == std::vector<double>{0, 0.25, 0.5, 0.75, 1});
+  CHECK(linspace(3.0, -3.0, 4).to_vector<float>() == std::vector<float>{3, 1, -1, -3});
+  CHECK(linspace(2.0, 7.0, 1).to_vector<float>() == std::vector<float>{2});
+  CHECK(linspace(2.0, 7.0, 0).numel() == 0);
+  CHECK(linspace(0.0, 10.0, 4, DType::i64).to_vector<int64_t>() == std::vector<int64_t>{0, 3, 6, 10});  // truncated
+  const std::vector<double> fine = linspace(0.1, 0.7, 7, DType::f64).to_vector<double>();
+  CHECK(fine.back() == 0.7);  // the end exactly: the second half is counted from it
+  CHECK_THROWS_WITH_AS(linspace(0.0, 1.0, -1), "linspace: expected finite ends and steps >= 0, got start=0 end=1 steps=-1",
+                       Error);
+  CHECK_THROWS_AS(linspace(0.0, 1.0, 3, DType::boolean), Error);
+  CHECK(eye(2, 3, DType::i64).to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0, 0, 1, 0});
+  CHECK(eye(3).shape() == Shape{3, 3});
+  CHECK(eye(3).to_vector<float>() == std::vector<float>{1, 0, 0, 0, 1, 0, 0, 0, 1});
+  CHECK(eye(0).numel() == 0);
+  CHECK(eye(4, 2, TensorOptions(DType::bf16).device(kMeta)).shape() == Shape{4, 2});
+  CHECK_THROWS_WITH_AS(eye(-1), "eye: expected n >= 0, got -1", Error);
+}
+
 TEST_CASE("broadcasting aligns shapes on the right; sizes match or are 1") {
   CHECK(broadcast_shapes({2, 1, 4}, {3, 1}, "t") == Shape{2, 3, 4});
   CHECK(broadcast_shapes({}, {3}, "t") == Shape{3});

@@ -49,6 +49,80 @@ Tensor clamp(const Tensor& x, double low, double high) {
   return where(logical_and(ge(x, low), le(x, high)), x, clamped);
 }
 
+// log1p(exp(beta x)) / beta with beta x clamped to the threshold: the branch where() leaves
+// out never overflows, so its zero gradient stays 0 (not 0 * inf). 16-bit x in f32.
+Tensor softplus(const Tensor& x, double beta, double threshold) {
+  detail::check_floating("softplus", x);
+  ZG_CHECK(beta > 0 && std::isfinite(beta) && !std::isnan(threshold),
+           "softplus: expected a finite beta > 0 and a threshold, got beta ", beta, " and threshold ", threshold);
+  const Tensor wide = is_16_bit(x.dtype()) ? x.to(DType::f32) : x;
+  const Tensor scaled = wide * beta;
+  const Tensor smooth = log1p(exp(minimum(scaled, threshold))) / beta;
+  return where(gt(scaled, threshold), wide, smooth).to(x.dtype());
+}
+
+Tensor leaky_relu(const Tensor& x, double negative_slope) {
+  detail::check_floating("leaky_relu", x);
+  return where(gt(x, 0.0), x, x * negative_slope);
+}
+
+// (sum |x|^p)^(1/p) taken where the sum is 0 as the root of 1, then replaced by 0: the
+// root's gradient there is 0 instead of 0 * inf. 16-bit x is summed in f32.
+Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
+  detail::check_floating("norm", x);
+  ZG_CHECK(p >= 0 || p == -std::numeric_limits<double>::infinity(), "norm: p must be >= 0, inf or -inf, got ", p);
+  const Tensor wide = is_16_bit(x.dtype()) ? x.to(DType::f32) : x;
+  const Tensor magnitude = abs(wide);
+  Tensor n;
+  if (std::isinf(p)) {
+    n = p > 0 ? max(magnitude, dims, keepdim) : min(magnitude, dims, keepdim);
+  } else if (p == 0) {
+    n = sum(ne(wide, 0.0), dims, keepdim).to(wide.dtype());
+  } else if (p == 1) {
+    n = sum(magnitude, dims, keepdim);
+  } else {
+    const Tensor total = sum(p == 2 ? wide * wide : pow(magnitude, p), dims, keepdim);
+    const Tensor zero = eq(total, 0.0), safe = where(zero, 1.0, total);
+    n = where(zero, 0.0, p == 2 ? sqrt(safe) : pow(safe, 1.0 / p));
+  }
+  return n.to(x.dtype());
+}
+
+Tensor normalize(const Tensor& x, double p, int64_t dim, double eps) {
+  detail::check_floating("normalize", x);
+  ZG_CHECK(eps >= 0, "normalize: eps must be non-negative, got ", eps);
+  dim = wrap_dim(dim, x.dim(), "normalize");
+  return x / maximum(norm(x, p, {dim}, true), eps);
+}
+
+Tensor isnan(const Tensor& x) {
+  detail::check_defined("isnan", x);
+  return ne(x.detach(), x.detach());
+}
+
+Tensor isinf(const Tensor& x) {
+  detail::check_defined("isinf", x);
+  if (!is_floating(x.dtype())) return zeros(x.shape(), TensorOptions(DType::boolean).device(x.device()));
+  return eq(abs(x.detach()), std::numeric_limits<double>::infinity());
+}
+
+namespace {
+
+Tensor nonzero_mask(const Tensor& x) { return x.dtype() == DType::boolean ? x : ne(x.detach(), 0.0); }
+
+}  // namespace
+
+// Counts of the non-zero (zero) elements compared with 0.
+Tensor any(const Tensor& x, const Shape& dims, bool keepdim) {
+  detail::check_defined("any", x);
+  return gt(sum(nonzero_mask(x), dims, keepdim), 0.0);
+}
+
+Tensor all(const Tensor& x, const Shape& dims, bool keepdim) {
+  detail::check_defined("all", x);
+  return eq(sum(logical_not(nonzero_mask(x)), dims, keepdim), 0.0);
+}
+
 // lse = m + log sum exp(x - m), m = max(x) held constant (its gradient cancels); an infinite
 // m is taken as 0, so a row of -inf gives -inf and not NaN.
 Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {

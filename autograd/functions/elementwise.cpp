@@ -52,7 +52,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
 Tensor zeros_as(const Tensor& g) { return zeros_like(g); }
 
 const DifferentiableOp kNeg("neg"), kAbs("abs"), kExp("exp"), kLog("log"), kSqrt("sqrt"), kRsqrt("rsqrt"),
-    kSin("sin"), kCos("cos"), kTanh("tanh"), kSigmoid("sigmoid"), kRelu("relu"), kGelu("gelu"), kErf("erf"), kAdd("add"),
+    kSin("sin"), kCos("cos"), kTanh("tanh"), kSigmoid("sigmoid"), kRelu("relu"), kGelu("gelu"), kErf("erf"), kLog1p("log1p"), kAdd("add"),
     kSub("sub"), kMul("mul"), kDiv("div"), kPow("pow"), kMaximum("maximum"), kMinimum("minimum"),
     kWhere("where");
 
@@ -152,6 +152,12 @@ Tensor erf(const Tensor& x) {
     const Tensor v = x.get("erf");
     return Grads{g * exp(neg(v * v)) * 1.1283791670955126};
   });
+}
+
+// d log(1 + x) = 1 / (1 + x)
+Tensor log1p(const Tensor& x) {
+  return differentiable(unary(UnaryOp::log1p, x, "log1p"), kLog1p, {x},
+                        [x = SavedTensor(x)](const Tensor& g) { return Grads{g / (x.get("log1p") + 1.0)}; });
 }
 
 Tensor logical_not(const Tensor& x) { return unary(UnaryOp::logical_not, x, "logical_not"); }

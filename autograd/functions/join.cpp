@@ -1,4 +1,7 @@
-// cat writes each input into a narrow() view of the output; split returns views; stack is a cat.
+// cat writes each input into a narrow() view of the output; split, chunk and unbind return
+// views; stack is a cat.
+#include <algorithm>
+
 #include "autograd/functions.h"
 #include "autograd/record.h"
 #include "tensor/checks.h"
@@ -83,6 +86,23 @@ std::vector<Tensor> split(const Tensor& x, const Shape& sizes, int64_t dim) {
     start += s;
   }
   return parts;
+}
+
+// chunk = split into pieces of ceil(size / chunks) (1 at least: a zero-size dim gives one empty part).
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  detail::check_defined("chunk", x);
+  ZG_CHECK(chunks > 0, "chunk: chunks must be positive, got ", chunks);
+  dim = wrap_dim(dim, x.dim(), "chunk");
+  return split(x, std::max<int64_t>(1, (x.size(dim) + chunks - 1) / chunks), dim);
+}
+
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim) {
+  detail::check_defined("unbind", x);
+  ZG_CHECK(x.dim() >= 1, "unbind: cannot unbind a 0-d tensor");
+  dim = wrap_dim(dim, x.dim(), "unbind");
+  std::vector<Tensor> slices;
+  for (int64_t i = 0; i < x.size(dim); ++i) slices.push_back(x.select(dim, i));
+  return slices;
 }
 
 }  // namespace zg

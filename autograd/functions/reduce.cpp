@@ -25,7 +25,7 @@ const char* op_name(ReduceOp op) {
   return "reduce";
 }
 
-const DifferentiableOp kSum("sum"), kMean("mean"), kMax("max"), kMin("min");
+const DifferentiableOp kSum("sum"), kMean("mean"), kMax("max"), kMin("min"), kCumsum("cumsum");
 
 const DifferentiableOp& op_def(ReduceOp op) {
   switch (op) {
@@ -128,6 +128,27 @@ Tensor sum_of_squares(const Tensor& x) { return reduce(ReduceOp::sum_of_squares,
 Tensor argmax(const Tensor& x) {
   detail::check_defined("argmax", x);
   return reduce(ReduceOp::argmax, x.reshape({-1}), {0}, false);
+}
+
+// The scanned dim moved last and the rest flattened to rows [M, R], scanned by the backend.
+// d out_j / d x_i = 1 for j >= i: the gradient is the cumsum of g taken from the end.
+Tensor cumsum(const Tensor& x, int64_t dim) {
+  detail::check_defined("cumsum", x);
+  if (x.dim() == 0) {  // the one element, over dim 0 or -1
+    wrap_dim(dim, 1, "cumsum");
+    return cumsum(x.reshape({1}), 0).reshape({});
+  }
+  dim = wrap_dim(dim, x.dim(), "cumsum");
+  const Tensor input = is_floating(x.dtype()) ? x : x.to(DType::i64);  // integers and bools sum into i64
+  const Tensor moved = input.transpose(dim, -1).contiguous();
+  const int64_t length = moved.size(-1);
+  const Tensor rows = moved.view({length == 0 ? 0 : moved.numel() / length, length});
+  const Tensor scanned = empty(rows.shape(), detail::options_of(input));
+  backend(x.device()).cumsum_rows(rows, scanned);
+  const Tensor out = differentiable(scanned, kCumsum, {rows}, [](const Tensor& g) {
+    return std::vector<Tensor>{flip(cumsum(flip(g, {1}), 1), {1})};
+  });
+  return out.view(moved.shape()).transpose(dim, -1).contiguous();
 }
 
 }  // namespace zg

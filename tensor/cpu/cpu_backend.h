@@ -33,6 +33,7 @@ class CpuBackend final : public Backend {
              const AdamWStep& step) override;
   void embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) override;
   void sort_rows(const Tensor& in, bool descending, const Tensor& indices) override;
+  void cumsum_rows(const Tensor& in, const Tensor& out) override;
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss) override;
   void cross_entropy_backward(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss,
                               const Tensor& grad_loss, const Tensor& grad_logits) override;

@@ -36,6 +36,7 @@ void with_float_unary(UnaryOp op, Body&& body) {
         return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
       });
     case UnaryOp::erf: return body([](auto x) { return std::erf(x); });
+    case UnaryOp::log1p: return body([](auto x) { return std::log1p(x); });
     case UnaryOp::logical_not: break;
   }
   fail("unary: op ", static_cast<int>(op), " is not defined for floating-point tensors");

@@ -151,4 +151,29 @@ void CpuBackend::sort_rows(const Tensor& in, bool descending, const Tensor& indi
   });
 }
 
+// Each row's prefix sums in order, floats in f64 (rounded once an element), integers wrapping.
+void CpuBackend::cumsum_rows(const Tensor& in, const Tensor& out) {
+  ZG_CHECK(in.dim() == 2 && in.is_contiguous() && out.is_contiguous() && out.shape() == in.shape() &&
+               out.dtype() == in.dtype(),
+           "cumsum_rows: expected a contiguous [M, R] input and an output of its shape and dtype, got ", describe(in),
+           " and ", describe(out));
+  const int64_t length = in.size(1);
+  dispatch(in.dtype(), [&]<class T>() {
+    if constexpr (std::is_same_v<T, bool>) {
+      fail("cumsum_rows: bool tensors are not summed; convert to an integer dtype");
+    } else {
+      using Acc = std::conditional_t<is_float_v<T>, double, T>;
+      for_each_row(in.size(0), length, [&](int64_t i) {
+        const T* row = in.data<T>() + i * length;
+        T* prefix = out.data<T>() + i * length;
+        Acc total = 0;
+        for (int64_t j = 0; j < length; ++j) {
+          total = wrapping_add(total, static_cast<Acc>(compute_t<T>(row[j])));
+          prefix[j] = convert<T>(total);
+        }
+      });
+    }
+  });
+}
+
 }  // namespace zg::cpu

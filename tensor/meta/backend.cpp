@@ -71,6 +71,7 @@ class MetaBackend final : public Backend {
     note(0, {&grad, &indices, &grad_weight});
   }
   void sort_rows(const Tensor& in, bool, const Tensor& indices) override { note(0, {&in, &indices}); }
+  void cumsum_rows(const Tensor& in, const Tensor& out) override { note(0, {&in, &out}); }
 
   void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& out,
              const AdamWStep&) override {
