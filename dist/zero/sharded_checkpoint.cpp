@@ -107,7 +107,12 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   } catch (...) {
     // Every rank threw here, each past its own write (the writer's agreements): the files
     // that were written go with their folder, not at the next good save (a disk that is
-    // full stays full).
+    // full stays full). First every rank's writer is gone -- a failed file removes its
+    // temporary as it unwinds, which would race rank 0's walk of the folder.
+    try {
+      group_->barrier();
+    } catch (...) {  // the group failed too: the save's own error says more
+    }
     std::error_code ignored;
     if (group_->rank() == 0) std::filesystem::remove_all(folder, ignored);
     throw;
