@@ -603,6 +603,56 @@ TEST_CASE("bench/gemm --device cpu --json: a record per size with its TFLOP/s; -
   CHECK(status != 0);
 }
 
+// docs/13-collectives.md: the bytes a group counts are the ring's formula, exactly; the
+// all-reduce made of a reduce-scatter and an all-gather sends what all_reduce does.
+TEST_CASE("bench/collectives --json: each row's bytes sent equal the ring formula; bad flags are refused") {
+  using nlohmann::json;
+  const std::string bench = std::string(ZG_BENCH_DIR) + "/collectives";
+  int status = 0;
+  const json records = json::parse(run_command(bench + " --ranks 3 --sizes 4K,1M --iters 2 --json", status));
+  REQUIRE(status == 0);
+  REQUIRE(records.size() == 8);  // four collectives, two sizes
+  std::map<std::string, int64_t> sent;
+  for (const json& r : records) {
+    INFO(r.dump());
+    const int64_t n = 3, bytes = r.at("bytes"), steps = r.at("steps");
+    const std::string op = r.at("op");
+    const bool whole = op == "all_reduce" || op == "reduce_scatter+all_gather";
+    CHECK(r.at("group") == "local");
+    CHECK(r.at("ranks") == n);
+    CHECK((bytes == 4092 || bytes == 1048572));  // 4K and 1M rounded down to 3 slices of f32
+    CHECK(steps == (whole ? 2 : 1) * (n - 1));
+    CHECK(r.at("formula_sent") == (whole ? 2 : 1) * (n - 1) * bytes / n);
+    CHECK(r.at("sent") == r.at("formula_sent"));
+    CHECK(r.at("seconds").get<double>() > 0);
+    CHECK(r.at("predicted_seconds").get<double>() > 0);
+    CHECK(r.at("alpha_seconds").get<double>() >= 0);
+    const json& beta = r.at("beta_bytes_per_second");  // null: the fit found no bandwidth term
+    CHECK((beta.is_null() || beta.get<double>() > 0));
+    sent[op + " " + std::to_string(bytes)] = r.at("sent");
+  }
+  CHECK(sent.at("all_reduce 4092") == 5456);
+  CHECK(sent.at("reduce_scatter+all_gather 1048572") == sent.at("all_reduce 1048572"));
+
+  const std::string figure = run_command(bench + " --figure /dev/null", status);
+  CHECK(status == 0);
+  CHECK(figure.find("   8 NVLink") != std::string::npos);
+  CHECK(figure.find("2.03 MB") != std::string::npos);  // where the ring overtakes the binomial tree at N = 8
+  CHECK(run_command(bench + " --help", status).starts_with("usage: collectives"));
+  CHECK(status == 0);
+  const std::pair<const char*, const char*> refused[] = {
+      {"--bogus", "collectives: unknown flag '--bogus' (--help lists them)"},
+      {"--ranks 1", "collectives: --ranks must be 2 to 1024 (threads), got 1"},
+      {"--sizes 4K,0", "collectives: --sizes needs whole numbers of at least 1, got '0'"},
+      {"--sizes 4,8", "collectives: --sizes gives fewer than two distinct buffers at N = 4"},
+      {"--figure /nonexistent/dir/x.svg", "collectives: cannot write --figure /nonexistent/dir/x.svg"}};
+  for (const auto& [flags, message] : refused) {
+    INFO(flags);
+    CHECK(run_command(bench + " " + flags + " 2>&1", status).find(message) != std::string::npos);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 1));
+  }
+}
+
 #ifdef ZG_BENCH_ALLOCATOR
 TEST_CASE("bench/allocator --json: pairs per second of each allocator, or [] and exit 0 without a GPU") {
   using nlohmann::json;

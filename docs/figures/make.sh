@@ -79,3 +79,7 @@ zero_memory flat16 --model 124m --world-size 16 --stage 3 --seq 256 --steps 2
 zero_memory hsdp16 --model 124m --world-size 16 --stage 3 --shard-group 4 --seq 256 --steps 2
 side_by_side device-mesh.svg "ZeRO-3, GPT-2 124M, 16 ranks, rank 0: sharded over all 16, or over groups of 4 with 4 replicas" \
   "$work/flat16/stage-3.json" "dp_shard 16" "$work/hsdp16/stage-3.json" "dp_replicate 4 x dp_shard 4"
+
+# 13. Collectives: the alpha-beta model's all-reduce time, ring against trees, at N = 8 and 64
+# (formulas only, with dist::Machine's rates: no timing).
+"$bench/collectives" --figure "$out/collectives.svg" >/dev/null
