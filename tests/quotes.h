@@ -5,7 +5,7 @@
 //   - line by line, trailing spaces aside;
 //   - a line "..." stands for any number of lines, "..." inside a line for any text;
 //   - a number followed by a unit of time or speed (s, ms, us, tok/s, GB/s, GiB/s,
-//     MB/s, TFLOP/s) is a timing and stands for any number.
+//     MB/s, TFLOP/s) is a timing and stands for any number (or inf, nan).
 // A block after the comment "<!-- unchecked: REASON -->" is listed, not run (it needs a
 // GPU). Each command runs with the CPU's widest kernels and again with ZG_CPU_ISA=portable
 // (unless it sets ZG_CPU_ISA itself), so a quote holds on every x86 machine.
@@ -73,7 +73,7 @@ inline std::regex line_pattern(const std::string& quoted) {
   };
   while (std::regex_search(rest, m, timing)) {
     literal(m.prefix());
-    pattern += " *[0-9.e+-]+ ?" + m[3].str() + "\\b";
+    pattern += " *([0-9.e+-]+|inf|nan) ?" + m[3].str() + "\\b";
     rest = m.suffix();
   }
   literal(rest);
