@@ -25,6 +25,23 @@ struct Quote {
   std::string unchecked;              // the reason, for a block that is not run
 };
 
+// Whether a shell command stops inside a quoted string or after a backslash, so that it
+// goes on on the next line (python3 -c "..." over several lines).
+inline bool continues(const std::string& command) {
+  char open = 0;  // the quote we are inside: ', " or none
+  for (size_t i = 0; i < command.size(); ++i) {
+    const char c = command[i];
+    if (open != '\'' && c == '\\') {
+      if (++i == command.size()) return true;
+    } else if (open == 0 && (c == '\'' || c == '"')) {
+      open = c;
+    } else if (c == open) {
+      open = 0;
+    }
+  }
+  return open != 0;
+}
+
 inline std::vector<Quote> quotes_in(const std::string& markdown) {
   std::vector<Quote> quotes;
   std::vector<std::string> lines;
@@ -45,10 +62,12 @@ inline std::vector<Quote> quotes_in(const std::string& markdown) {
     const bool console = lines[i] == "```console";
     size_t j = i + 1;
     for (; j < lines.size() && lines[j].rfind("```", 0) != 0; ++j)
-      if (console && lines[j].rfind("$ ", 0) == 0)
+      if (console && lines[j].rfind("$ ", 0) == 0) {
         quotes.push_back({static_cast<int>(j + 1), lines[j].substr(2), {}, reason});
-      else if (console && !quotes.empty() && quotes.back().line > static_cast<int>(i))
+        while (continues(quotes.back().command) && j + 1 < lines.size()) quotes.back().command += "\n" + lines[++j];
+      } else if (console && !quotes.empty() && quotes.back().line > static_cast<int>(i)) {
         quotes.back().expected.push_back(lines[j]);
+      }
     reason.clear();
     i = j;
   }

@@ -97,14 +97,17 @@ TEST_CASE("a quote matches line by line; '...' skips lines or text; timings are 
 
 TEST_CASE("quotes are the console blocks' commands and the lines under each; an unchecked block says why") {
   const std::string md = "text\n```console\n$ echo a\na\n$ echo b\nb\n```\n```sh\n$ not a quote\n```\n"
-                         "<!-- unchecked: needs a GPU -->\n```console\n$ nvidia-smi\nH100\n```\n";
+                         "<!-- unchecked: needs a GPU -->\n```console\n$ nvidia-smi\nH100\n```\n"
+                         "```console\n$ python3 -c \"print(1)\nprint('\\\"')\"\n1\n\"\n```\n";
   const std::vector<Quote> q = quotes_in(md);
-  REQUIRE(q.size() == 3);
+  REQUIRE(q.size() == 4);
   CHECK(q[0].command == "echo a");
   CHECK(q[0].expected == std::vector<std::string>{"a"});
   CHECK(q[1].line == 5);
   CHECK(q[1].unchecked.empty());
   CHECK(q[2].unchecked == "needs a GPU");
+  CHECK(q[3].command == "python3 -c \"print(1)\nprint('\\\"')\"");  // a command over two lines
+  CHECK(q[3].expected == std::vector<std::string>{"1", "\""});
 }
 
 TEST_CASE("every markdown file of docs/ and the README has its quotes checked here") {
