@@ -87,7 +87,7 @@ void llama_section() {
     std::printf("Llama: %lld parameters, units:", (long long)model.num_parameters());
     for (const std::string& unit : model.unit_plan().units) std::printf(" %s", unit.c_str());
     std::printf("\n");
-    for (int step = 1; step <= 60; ++step) {
+    for (int step = 1; step <= 40; ++step) {
       const auto [x, y] = batch(step % 8);
       trainer.zero_grad();
       const Tensor loss = model.forward(x, y).loss;
