@@ -2,11 +2,14 @@
 // stays true: an op of your own with its gradient checked, a layer of your own, a Llama
 // trained, exported under Hugging Face's names, loaded back and made to generate, and
 // the same Llama built already sharded on 2 ranks.
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
-#include <optional>
 
 #include "autograd/custom_op.h"
 #include "autograd/gradcheck.h"
@@ -79,7 +82,7 @@ void custom_op_section() {
 void llama_section() {
   manual_seed(0);
   const nn::LlamaConfig config = tiny_llama();
-  const char* path = "/tmp/zg_own_model_llama.safetensors";
+  const std::string path = "/tmp/zg_own_model_" + std::to_string(::getpid()) + ".safetensors";
   {
     nn::Llama model(config);
     dist::SingleRank one;  // one device: the same training path as N ranks
@@ -104,6 +107,7 @@ void llama_section() {
   std::printf("generate after 5 8 11:");
   for (int64_t token : text.to_vector<int64_t>()) std::printf(" %lld", (long long)token);
   std::printf("\n");
+  std::filesystem::remove(path);
 }
 
 void sharded_section() {
