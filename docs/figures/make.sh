@@ -79,3 +79,9 @@ zero_memory flat16 --model 124m --world-size 16 --stage 3 --seq 256 --steps 2
 zero_memory hsdp16 --model 124m --world-size 16 --stage 3 --shard-group 4 --seq 256 --steps 2
 side_by_side device-mesh.svg "ZeRO-3, GPT-2 124M, 16 ranks, rank 0: sharded over all 16, or over groups of 4 with 4 replicas" \
   "$work/flat16/stage-3.json" "dp_shard 16" "$work/hsdp16/stage-3.json" "dp_replicate 4 x dp_shard 4"
+
+# 14. Communication overlapped with compute: one step as the step model schedules it
+# (dist/comm/step_model.h; arithmetic on the dry run's log, no clock), compute over
+# communication, DDP and ZeRO-3 within a node (N = 8) and across nodes (N = 64).
+"$bench/zero_memory" --model 124m --simulate --world-size 8,64 --stage 0,3 --seq 1024 --batch 4 \
+  --schedule-svg "$out/overlap.svg" >/dev/null
