@@ -510,7 +510,9 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
                     t.step * 1e3, t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step,
                     tokens);
       first = false;
-      panels.push_back({setting_title(setting.stage, setting.offload) + ", N = " + std::to_string(world), log, t});
+      panels.push_back({setting_title(setting.stage, setting.offload) + ", N = " + std::to_string(world) +
+                            (r.shard_group != world ? ", S = " + std::to_string(r.shard_group) : ""),
+                        log, t});
     }
   if (o.json) std::printf("\n]\n");
   if (!o.schedule_svg.empty())

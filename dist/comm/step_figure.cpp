@@ -20,13 +20,17 @@ std::string fmt(const char* format, double a, double b = 0) {
 
 std::string escape(const std::string& text) {
   std::string out;
-  for (char c : text) out += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&quot;" : std::string(1, c);
+  for (char c : text)
+    out += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&quot;" : std::string(1, c);
   return out;
 }
 
 // The memory figures' phase colours (tensor/memory_figure.cpp), and one per collective.
 const char* phase_colour(const std::string& phase) {
-  return phase == "forward" ? "#9ecae1" : phase == "backward" ? "#fdae6b" : phase == "optimizer" ? "#a1d99b" : "#d9d9d9";
+  return phase == "forward"     ? "#9ecae1"
+         : phase == "backward"  ? "#fdae6b"
+         : phase == "optimizer" ? "#a1d99b"
+                                : "#d9d9d9";
 }
 const char* collective_colour(CollectiveOp op) {
   switch (op) {
@@ -36,7 +40,7 @@ const char* collective_colour(CollectiveOp op) {
     default: return "#bab0ac";
   }
 }
-constexpr const char* kWaitColour = "#e15759";
+constexpr const char* kWaitColour = "#eea3a4";
 
 // The phase an event belongs to: the last mark at or before it ("" before the first).
 std::string phase_of(const StepLog& log, size_t event) {
@@ -90,8 +94,7 @@ std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const st
     // a phase's touching spans drawn as one.
     body += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">compute</text>\n", kLeft - 8, y + 15);
     body += fmt("<rect x=\"%.2f\" y=\"%.1f\" ", kLeft, y) +
-            fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", x_of(t.step) - kLeft, kRowH) + kWaitColour +
-            "\" fill-opacity=\"0.55\"/>\n";
+            fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", x_of(t.step) - kLeft, kRowH) + kWaitColour + "\"/>\n";
     for (size_t i = 0; i < t.compute_spans.size();) {
       const std::string phase = phase_of(p.log, t.compute_spans[i].event);
       const double start = t.compute_spans[i].start;
@@ -107,7 +110,10 @@ std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const st
     y += kRowH + kRowGap;
     for (int g : groups) {
       const StepGroup& group = p.log.groups.at(static_cast<size_t>(g));
-      const std::string label = groups.size() == 1 ? "communication" : "comm, " + std::to_string(group.size) + " ranks";
+      // Hybrid sharding's two: "8 ranks" (a node's block) and "8 ranks, stride 8" (across).
+      const std::string label = groups.size() == 1 ? "communication"
+                                : std::to_string(group.size) + " ranks" +
+                                      (group.stride > 1 ? ", stride " + std::to_string(group.stride) : "");
       body += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", kLeft - 8, y + 15) + label + "</text>\n";
       body += fmt("<rect x=\"%.2f\" y=\"%.1f\" ", kLeft, y) +
               fmt("width=\"%.2f\" height=\"%.1f\" fill=\"#f4f4f4\"/>\n", plot_w, kRowH);
@@ -121,10 +127,12 @@ std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const st
       y += kRowH + kRowGap;
     }
     // The axis, in ms.
-    body += fmt("<line x1=\"%.1f\" y1=\"%.1f\" ", kLeft, y) + fmt("x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", kLeft + plot_w, y);
+    body += fmt("<line x1=\"%.1f\" y1=\"%.1f\" ", kLeft, y) +
+            fmt("x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", kLeft + plot_w, y);
     for (double ms = 0; ms <= axis_s * 1e3 + 1e-9; ms += ms_step) {
       const double x = x_of(ms / 1e3);
-      body += fmt("<line x1=\"%.2f\" y1=\"%.1f\" ", x, y) + fmt("x2=\"%.2f\" y2=\"%.1f\" stroke=\"black\"/>\n", x, y + 4);
+      body += fmt("<line x1=\"%.2f\" y1=\"%.1f\" ", x, y) +
+              fmt("x2=\"%.2f\" y2=\"%.1f\" stroke=\"black\"/>\n", x, y + 4);
       body += fmt("<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">", x, y + 16) + fmt("%g", ms) + "</text>\n";
     }
     body += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">ms</text>\n", kLeft - 8, y + 16);
@@ -132,7 +140,7 @@ std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const st
     y += 34;
   }
 
-  // The legend under the title: phases, the wait, and the collectives drawn.
+  // The legend under the title: the phases, the wait, the collectives.
   std::string legend;
   double lx = 12;
   const auto item = [&](const char* colour, const std::string& label) {
