@@ -21,6 +21,8 @@
 // and collectives on a machine of given rates (H100 nodes unless flags say otherwise:
 // --tflops, --memory-gbps, --kernel-us, --ranks-per-node, --intra-gbps/-us, --inter-gbps/-us)
 // for every N of --world-size (a list: 8,64,1024): step time, compute, exposed communication.
+// --schedule-svg FILE draws each one's schedule, compute over communication, as a Gantt chart
+// (dist/comm/step_figure.h); --bucket-bytes B sets DDP's gradient buckets (25 MiB).
 // --calibrate: this machine's rates for those flags (a matrix product, a memory-bound add,
 // an empty kernel; under mpirun also the mpi group's latency and bandwidth).
 //
@@ -42,12 +44,14 @@
 //   build/bench/zero_memory --largest-on 80
 //   build/bench/zero_memory --model 7.5b --world-size 64 --stage 3 --shard-group 8
 //   build/bench/zero_memory --model 7.5b --stage all --simulate --world-size 8,64,512,4096
+//   build/bench/zero_memory --stage 0,3 --simulate --world-size 64 --schedule-svg overlap.svg
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -66,6 +70,7 @@
 #include "cuda/simulated_device.h"
 #include "dist/comm/fake_group.h"
 #include "dist/comm/local_group.h"
+#include "dist/comm/step_figure.h"
 #include "dist/comm/step_model.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/zero_config.h"
@@ -125,9 +130,10 @@ struct Options {
   bool simulate = false, calibrate = false, json = false, checkpointing = false, caching = false;  // caching: meta
   dist::Machine machine;
   int64_t batch = 1, seq = 0;  // seq 0: the model's block, up to 1024
-  std::string timeline_dir;
+  std::string timeline_dir, schedule_svg;
   // What every setting's ShardedModel is given besides its stage and offload: --compute,
-  // --accumulate, --shard-group (0: the whole group), --prefetch-bytes, --keep-after-forward.
+  // --accumulate, --shard-group (0: the whole group), --bucket-bytes, --prefetch-bytes,
+  // --keep-after-forward.
   dist::ZeroConfig zero{.compute_dtype = DType::bf16, .max_grad_norm = 1.0};  // mixed precision, as the papers count
 };
 
@@ -143,6 +149,13 @@ dist::ZeroConfig zero_config(const Options& o, Setting setting) {
   dist::ZeroConfig zero = o.zero;
   zero.stage = setting.stage, zero.offload = setting.offload;
   return zero;
+}
+
+// A setting as figures title it: "DDP", "ZeRO-3", "ZeRO-3, offload optimizer".
+std::string setting_title(int stage, dist::Offload offload) {
+  std::string out = stage == 0 ? "DDP" : "ZeRO-" + std::to_string(stage);
+  if (offload != dist::Offload::none) out += std::string(", offload ") + dist::name(offload);
+  return out;
 }
 
 // The formulas, read off the placement policy: each role's bytes per parameter (2
@@ -262,10 +275,15 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     std::set<dist::ProcessGroup*> groups = {&group, &sharded.shard_group()};
     if (replicas) groups.insert(replicas);
     for (dist::ProcessGroup* g : groups) g->reset_bytes_sent();
+    const auto mark = [&](const char* phase) {  // where the step's phases begin, for --schedule-svg
+      if (recording) log->mark(phase);
+    };
+    mark("forward");
     sharded.zero_grad();
     {
       MemoryScope scope(MemoryCategory::activation);
       const Tensor loss = model.forward(x, y).loss;  // the logits go: backward writes their gradient over them
+      mark("backward");
       loss.backward();
     }
     // Model states after backward, before the step (what the formulas describe).
@@ -277,6 +295,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     r.host_parameter = host_after_backward[MemoryCategory::parameter];
     r.host_gradient = host_after_backward[MemoryCategory::gradient];
     r.host_optimizer_state = host_after_backward[MemoryCategory::optimizer_state];
+    mark("optimizer");
     sharded.step(1e-4);
     r.sent_across = replicas ? replicas->bytes_sent() : 0;
     r.sent_per_step = 0;
@@ -361,13 +380,29 @@ std::vector<Setting> valid_settings(const Options& o, const std::vector<Setting>
   return valid;
 }
 
-// The settings --stage and --offload ask for (all: every stage, every offload) that run.
+// A comma-separated list's words.
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
+// The settings --stage and --offload ask for (all: every stage, every offload; --stage
+// also takes a list, 0,3) that run.
 std::vector<Setting> requested_settings(const Options& o) {
   std::vector<int> stages;
-  int64_t stage = 0;
   if (o.stage_arg == "all") stages = {0, 1, 2, 3};
-  else if (parse_number(o.stage_arg, stage) && stage == static_cast<int>(stage)) stages = {static_cast<int>(stage)};
-  else fail("zero_memory: --stage must be all or a whole number, got '", o.stage_arg, "'");
+  else
+    for (const std::string& word : split_commas(o.stage_arg)) {
+      int64_t stage = 0;
+      ZG_CHECK(parse_number(word, stage) && stage == static_cast<int>(stage), "zero_memory: --stage must be all or "
+               "whole numbers, comma-separated, got '", o.stage_arg, "'");
+      stages.push_back(static_cast<int>(stage));
+    }
   std::vector<dist::Offload> offloads;
   if (o.offload_arg == "all") offloads = {dist::Offload::none, dist::Offload::optimizer, dist::Offload::optimizer_and_params};
   else offloads = {dist::parse_offload(o.offload_arg)};
@@ -435,7 +470,7 @@ int largest_trainable(const Options& o) {
 }
 
 // --simulate: for each N and setting, rank 0's dry run (its second step, recorded)
-// replayed by the step-time model.
+// replayed by the step-time model; with --schedule-svg, each one's schedule drawn.
 int simulate(const Options& o, const Preset& preset, const std::vector<Setting>& settings, bool processes) {
   ZG_CHECK(o.device_arg == "meta" && !processes, "zero_memory: --simulate replays dry runs on the meta device; "
            "leave --device out");
@@ -447,18 +482,20 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
     std::printf("GPT %s, batch %lld x %lld tokens a rank, bf16 compute + fp32 AdamW; the step-time model "
                 "(dist/comm/step_model.h) on\n%s\n\n",
                 preset.name, static_cast<long long>(batch), static_cast<long long>(seq), o.machine.describe().c_str());
-    std::printf("%5s %6s %5s %11s %11s %11s %11s %14s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
-                "exposed ms", "tokens/s");
+    std::printf("%5s %6s %5s %11s %11s %11s %11s %9s %14s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
+                "exposed ms", "exposed", "tokens/s");
   } else {
     std::printf("[\n");
   }
   bool first = true;
+  std::deque<StepLog> logs;  // the panels' (a deque: the references stay valid)
+  std::vector<dist::SchedulePanel> panels;
   for (int world : o.worlds.empty() ? std::vector<int>{o.world} : o.worlds)
     for (const Setting& setting : settings) {
       Context rank0(0);
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, world);
-      StepLog log;
+      StepLog& log = logs.emplace_back();
       const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, &log);
       const dist::StepTime t = dist::predict(log, o.machine);
       const double tokens = static_cast<double>(batch * seq) * world / t.step;
@@ -469,11 +506,22 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
                     first ? "" : ",\n", preset.name, setting.stage, world, r.shard_group, t.step, t.compute,
                     t.communication, t.exposed, tokens);
       else
-        std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %14.0f\n", setting.stage, world, r.shard_group,
-                    t.step * 1e3, t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, tokens);
+        std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %8.1f%% %14.0f\n", setting.stage, world, r.shard_group,
+                    t.step * 1e3, t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step,
+                    tokens);
       first = false;
+      panels.push_back({setting_title(setting.stage, setting.offload) + ", N = " + std::to_string(world) +
+                            (r.shard_group != world ? ", S = " + std::to_string(r.shard_group) : ""),
+                        log, t});
     }
   if (o.json) std::printf("\n]\n");
+  if (!o.schedule_svg.empty())
+    write_file_atomically(o.schedule_svg,
+                          dist::step_schedule_svg(panels, concat("GPT ", preset.name, ", batch ", batch, " x ", seq,
+                                                                 " tokens a rank: one step, rank 0, as the step model "
+                                                                 "schedules it"),
+                                                  o.machine.describe()),
+                          "zero_memory --schedule-svg");
   return 0;
 }
 
@@ -569,11 +617,6 @@ std::string setting_name(int stage, dist::Offload offload) {
   std::string out = "stage-" + std::to_string(stage);
   if (offload != dist::Offload::none) out += std::string("-offload-") + dist::name(offload);
   for (char& c : out) c = c == '+' ? '-' : c;
-  return out;
-}
-std::string setting_title(int stage, dist::Offload offload) {
-  std::string out = stage == 0 ? "DDP" : "ZeRO-" + std::to_string(stage);
-  if (offload != dist::Offload::none) out += std::string(", offload ") + dist::name(offload);
   return out;
 }
 // Writes the setting's trace and figure; returns its panel.
@@ -801,13 +844,14 @@ int run_table(Options& o, const Preset& preset, const std::vector<Setting>& sett
 
 void usage() {
   std::printf(
-      "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all]\n"
+      "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all|S,S]\n"
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
       "                   [--compute bf16|f32] [--checkpointing] [--caching] [--timeline DIR]\n"
-      "       zero_memory --simulate [--world-size N,N,...] [--tflops X] [--memory-gbps X] [--kernel-us X]\n"
-      "                   [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X] [--inter-us X]\n"
+      "       zero_memory --simulate [--world-size N,N,...] [--stage S,S,...] [--tflops X] [--memory-gbps X]\n"
+      "                   [--kernel-us X] [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X]\n"
+      "                   [--inter-us X] [--bucket-bytes B] [--schedule-svg FILE]\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
       "       zero_memory --largest-on GB\n"
       "A preset's shape changes with --layers L --heads H --embd C --vocab V.\n"
@@ -826,18 +870,9 @@ void usage() {
       "--caching (meta): through the GPU's caching allocator over a simulated device: reserved bytes as\n"
       "a GPU's cache would hold them (segments, 512 B rounding, freed blocks kept for reuse).\n"
       "--timeline DIR: every allocation of the steps, per setting a trace for ui.perfetto.dev\n"
-      "(stage-S.json) and a figure (stage-S.svg); all.svg puts rank 0 of each on one scale.\n");
-}
-
-// A comma-separated list's words.
-std::vector<std::string> split_commas(const std::string& list) {
-  std::vector<std::string> out;
-  for (size_t at = 0; at <= list.size();) {
-    const size_t comma = std::min(list.find(',', at), list.size());
-    out.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return out;
+      "(stage-S.json) and a figure (stage-S.svg); all.svg puts rank 0 of each on one scale.\n"
+      "--simulate: the step-time model's step time for each N and stage; --schedule-svg FILE draws each\n"
+      "step's compute and communication in time (a Gantt chart). --bucket-bytes: DDP's gradient buckets.\n");
 }
 
 // The flags, read into `o`; an exit status instead where they ask for the usage (--help,
@@ -913,6 +948,8 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--largest-on") o.largest_on = static_cast<double>(number(1, 1 << 20));
     else if (a == "--shard-group") o.zero.shard_group_size = static_cast<int>(number(1, 1 << 20));
     else if (a == "--prefetch-bytes") o.zero.prefetch_bytes = number(0, INT64_MAX);
+    else if (a == "--bucket-bytes") o.zero.bucket_bytes = number(1, INT64_MAX);
+    else if (a == "--schedule-svg") o.schedule_svg = value();
     else if (a == "--keep-after-forward") o.zero.keep_after_forward = split_commas(value());
     else {
       usage();
@@ -967,6 +1004,8 @@ int main(int argc, char** argv) {
     ZG_CHECK(processes || (o.world >= 1 && o.steps >= 1 && o.batch >= 1),
              "zero_memory: --world-size, --steps and --batch must be at least 1");
     ZG_CHECK(o.worlds.size() <= 1 || o.simulate, "zero_memory: a list of world sizes is for --simulate");
+    ZG_CHECK(o.schedule_svg.empty() || o.simulate, "zero_memory: --schedule-svg draws the schedules --simulate "
+             "predicts; add --simulate");
     const std::vector<Setting> settings = requested_settings(o);
     make_timeline_dir(o, processes);
     if (o.simulate) return simulate(o, preset, settings, processes);

@@ -1,5 +1,7 @@
 #include "tensor/step_log.h"
 
+#include <utility>
+
 namespace zg {
 
 namespace {
@@ -9,7 +11,9 @@ thread_local StepLog* recording = nullptr;
 StepLog* StepLog::current() { return recording; }
 
 void StepLog::compute(double flops, double bytes) {
-  if (events.empty() || events.back().kind != StepEvent::Kind::compute) events.push_back({});
+  if (events.empty() || events.back().kind != StepEvent::Kind::compute ||
+      (!marks.empty() && marks.back().event == events.size()))
+    events.push_back({});
   StepEvent& e = events.back();
   e.flops += flops, e.bytes += bytes, ++e.kernels;
 }
@@ -26,9 +30,12 @@ void StepLog::wait(int64_t collective) {
   events.push_back({.kind = StepEvent::Kind::wait, .collective = collective});
 }
 
+void StepLog::mark(std::string phase) { marks.push_back({std::move(phase), events.size()}); }
+
 void StepLog::clear() {
   events.clear();
   groups.clear();
+  marks.clear();
   issued_ = 0;
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace zg {
@@ -29,12 +30,21 @@ struct StepGroup {
   int size = 1, stride = 1;
 };
 
+// Where a phase of the step begins ("forward", "backward", "optimizer"): at events[event].
+// For drawing the step (dist/comm/step_figure.h); the model ignores marks.
+struct StepMark {
+  std::string name;
+  size_t event = 0;
+};
+
 class StepLog {
  public:
   std::vector<StepEvent> events;
   std::vector<StepGroup> groups;
+  std::vector<StepMark> marks;
 
-  void compute(double flops, double bytes);
+  void compute(double flops, double bytes);  // a kernel: merged into the last event unless a mark or collective came between
+  void mark(std::string phase);
   int64_t issue(int op, double sent, const void* group, int size, int stride);  // returns its number
   void wait(int64_t collective);
   void clear();

@@ -484,6 +484,45 @@ TEST_CASE("bench/zero_memory --simulate predicts step time per N and stage; --ca
   CHECK(status != 0);
 }
 
+// --schedule-svg draws what --simulate predicts: a panel per N and stage whose step,
+// compute and exposed time are the table's, exposed = step - compute.
+TEST_CASE("bench/zero_memory --simulate --schedule-svg draws each step's compute and communication rows") {
+  const std::filesystem::path svg =
+      std::filesystem::temp_directory_path() / ("zg-schedule-" + std::to_string(getpid()) + ".svg");
+  int status = 0;
+  const std::string table = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --simulate --seq 256 "
+                                        "--world-size 8,64 --stage 0,3 --schedule-svg " + svg.string(), status);
+  REQUIRE(status == 0);
+  std::ifstream in(svg);
+  const std::string drawn((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // The table's rows: stage N S step compute comm exposed exposed% tokens/s.
+  const std::regex row(R"re(\n +(\d) +(\d+) +\d+ +([0-9.]+) +([0-9.]+) +[0-9.]+ +([0-9.]+) +([0-9.]+)%)re");
+  const std::regex panel(R"re(data-step-seconds="([0-9.e+-]+)" data-compute-seconds="([0-9.e+-]+)" data-exposed-seconds="([0-9.e+-]+)")re");
+  std::vector<std::smatch> rows, panels;
+  for (auto it = std::sregex_iterator(table.begin(), table.end(), row); it != std::sregex_iterator(); ++it) rows.push_back(*it);
+  for (auto it = std::sregex_iterator(drawn.begin(), drawn.end(), panel); it != std::sregex_iterator(); ++it) panels.push_back(*it);
+  REQUIRE(rows.size() == 4);
+  REQUIRE(panels.size() == 4);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    INFO("stage " << rows[i][1] << " N=" << rows[i][2]);
+    const double step = std::stod(panels[i][1]), compute = std::stod(panels[i][2]), exposed = std::stod(panels[i][3]);
+    CHECK(exposed == doctest::Approx(step - compute));
+    CHECK(std::fabs(step * 1e3 - std::stod(rows[i][3])) <= 0.005);
+    CHECK(std::fabs(compute * 1e3 - std::stod(rows[i][4])) <= 0.005);
+    CHECK(std::fabs(exposed * 1e3 - std::stod(rows[i][5])) <= 0.005);
+    CHECK(std::fabs(100 * exposed / step - std::stod(rows[i][6])) <= 0.05);
+  }
+  for (const char* row_name : {">compute<", ">communication<", ">forward<", ">backward<", ">optimizer<"})
+    CHECK(drawn.find(row_name) != std::string::npos);
+  std::filesystem::remove(svg);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --schedule-svg /tmp/x.svg 2>&1", status)
+            .find("--schedule-svg draws the schedules --simulate predicts; add --simulate") != std::string::npos);
+  CHECK(status != 0);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --simulate --stage 0,x 2>&1", status)
+            .find("--stage must be all or whole numbers, comma-separated, got '0,x'") != std::string::npos);
+  CHECK(status != 0);
+}
+
 // bench/train_step's CPU path, as bench/torch_reference.py reads it: one JSON record
 // with speed and memory, and a loss per step that PyTorch matches. The fixture holds
 // torch_reference.py's losses for the same weights and tokens (train_step's

@@ -1,6 +1,6 @@
 // ZeRO's memory and traffic: model-state bytes per rank equal the ZeRO paper's formulas
 // (real ranks, and meta dry runs up to 7.5B parameters), bytes sent per step, no growth
-// step after step, a deferred build, and a dry run's step log and step model.
+// step after step, a deferred build, and a dry run's step log, step model and schedule.
 #include "dist/comm/fake_group.h"
 #include "dist/comm/local_group.h"
 #include "dist/comm/step_model.h"
@@ -10,6 +10,7 @@
 #include "tensor/step_log.h"
 #include "zero_training.h"
 
+#include <map>
 #include <optional>
 #include <set>
 
@@ -264,6 +265,84 @@ TEST_CASE("a dry run's step log holds its kernels' FLOPs and its collectives; th
   CHECK(exposed.exposed == doctest::Approx(6));
   CHECK_THROWS_WITH_AS(dist::predict(log, {.flops_per_second = 0}), doctest::Contains("step model: every rate must be positive"),
                        Error);
+}
+
+// The schedule predict() keeps (what --schedule-svg draws), for DDP with 4 MiB buckets
+// and ZeRO-3 with prefetch, GPT-2 124M at N = 64 (across nodes: communication shows):
+// each row in order, a collective no earlier than the compute that issued it, compute
+// no earlier than the collective it waited for, and the compute row's idle time exactly
+// the exposed time.
+TEST_CASE("the step model's schedule: rows in order, collectives after what issued them, idle compute = exposed") {
+  for (int stage : {0, 3}) {
+    INFO("stage " << stage);
+    nn::GPTConfig gpt2;
+    Context rank0;
+    ContextGuard guard(rank0);
+    dist::FakeGroup group(0, 64);
+    nn::GPT model(gpt2, kMeta);
+    dist::ShardedModel sharded(model, group, {.stage = stage, .compute_dtype = DType::bf16, .adamw = kAdamW,
+                                              .bucket_bytes = 4 << 20});
+    const Tensor ids = zeros({1, 256}, TensorOptions(DType::i64).device(kMeta));
+    StepLog log;
+    {
+      StepLogScope recording(log);
+      log.mark("forward");
+      sharded.zero_grad();
+      const Tensor loss = model.forward(ids, ids).loss;
+      log.mark("backward");
+      loss.backward();
+      log.mark("optimizer");
+      sharded.step(1e-3);
+    }
+    REQUIRE(log.marks.size() == 3);
+    CHECK(log.marks[0].event < log.marks[1].event);
+    CHECK(log.marks[1].event < log.marks[2].event);
+    CHECK(log.events.at(log.marks[1].event).kind == StepEvent::Kind::compute);  // a mark starts a compute event
+    const dist::StepTime t = dist::predict(log, dist::Machine{});
+    // The compute row: one span per compute event, in order, never overlapping.
+    double busy = 0, idle = 0, at = 0;
+    for (const dist::StepSpan& s : t.compute_spans) {
+      CHECK(log.events.at(s.event).kind == StepEvent::Kind::compute);
+      CHECK(s.start >= at);
+      CHECK(s.end >= s.start);
+      busy += s.end - s.start, idle += s.start - at, at = s.end;
+    }
+    idle += t.step - at;
+    CHECK(busy == doctest::Approx(t.compute));
+    CHECK(idle == doctest::Approx(t.exposed));
+    CHECK(t.exposed == doctest::Approx(t.step - t.compute));
+    // The communication row: one span per collective, each after its link's previous one
+    // and after the compute that came before its issue (a bucket's all-reduce after the
+    // backward that produced its gradients); compute after a wait starts once it is done.
+    std::map<int, double> link_free;
+    std::map<int64_t, double> done;
+    size_t compute_at = 0, reductions = 0, hidden = 0;
+    double last_end = 0, compute_end = 0;
+    for (const dist::StepSpan& s : t.collective_spans) {
+      const StepEvent& e = log.events.at(s.event);
+      REQUIRE(e.kind == StepEvent::Kind::issue);
+      while (compute_at < t.compute_spans.size() && t.compute_spans[compute_at].event < s.event)
+        compute_end = t.compute_spans[compute_at++].end;
+      CHECK(s.start >= compute_end);
+      CHECK(s.start >= link_free[e.group]);
+      CHECK(s.end >= s.start);
+      link_free[e.group] = s.end, done[e.collective] = s.end, last_end = std::max(last_end, s.end);
+      const auto op = static_cast<dist::CollectiveOp>(e.op);
+      if (op == (stage == 0 ? dist::CollectiveOp::all_reduce : dist::CollectiveOp::reduce_scatter) && e.sent > 1e6) {
+        ++reductions;
+        if (s.end <= t.compute_spans.back().end && s.event < log.marks[2].event) ++hidden;
+      }
+    }
+    for (size_t i = 0, c = 0; i < log.events.size(); ++i) {
+      while (c < t.compute_spans.size() && t.compute_spans[c].event < i) ++c;
+      if (log.events[i].kind == StepEvent::Kind::wait && c < t.compute_spans.size())
+        CHECK(t.compute_spans[c].start >= done.at(log.events[i].collective));
+    }
+    CHECK(t.step == doctest::Approx(std::max(t.compute_spans.back().end, last_end)));
+    // Overlap happens: gradient reductions of the backward that end while compute goes on.
+    CHECK(reductions >= 12);
+    CHECK(hidden >= 1);
+  }
 }
 
 }  // namespace zg::test

@@ -49,11 +49,13 @@ StepTime predict(const StepLog& log, const Machine& m) {
   double now = 0;                                   // the compute stream
   std::vector<double> link_free(log.groups.size());  // when each group's last collective ends
   std::vector<double> done;                         // per collective, when it ends
-  for (const StepEvent& e : log.events) {
+  for (size_t i = 0; i < log.events.size(); ++i) {
+    const StepEvent& e = log.events[i];
     switch (e.kind) {
       case StepEvent::Kind::compute: {
         const double busy = e.kernels * m.kernel_seconds +
                             std::max(e.flops / m.flops_per_second, e.bytes / m.memory_bytes_per_second);
+        t.compute_spans.push_back({now, now + busy, i});
         now += busy;
         t.compute += busy;
         break;
@@ -66,7 +68,9 @@ StepTime predict(const StepLog& log, const Machine& m) {
                         : latency_steps(e.op, g.size) * (intra ? m.intra_latency_seconds : m.inter_latency_seconds) +
                               e.sent / (intra ? m.intra_bytes_per_second : m.inter_bytes_per_second);
         double& free = link_free[static_cast<size_t>(e.group)];
-        free = std::max(free, now) + duration;
+        const double start = std::max(free, now);  // once issued, and once the link is free
+        free = start + duration;
+        t.collective_spans.push_back({start, free, i});
         done.resize(static_cast<size_t>(e.collective) + 1);
         done[static_cast<size_t>(e.collective)] = free;
         t.communication += duration;

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "tensor/step_log.h"
 
@@ -33,11 +34,21 @@ struct Machine {
   std::string describe() const;  // the rates, in the units people quote them
 };
 
+// When one event of the log ran, in seconds from the step's start: a compute event's
+// kernels on the compute stream, or a collective on its group's link (`event`: its issue).
+struct StepSpan {
+  double start = 0, end = 0;
+  size_t event = 0;  // an index into StepLog::events
+};
+
 struct StepTime {
   double step = 0;           // seconds
   double compute = 0;        // the compute stream's busy time
   double communication = 0;  // the collectives' durations, summed over groups
   double exposed = 0;        // step - compute: communication that compute did not hide
+  // The schedule, in log order: what a Gantt chart draws (step_figure.h). The compute
+  // stream is idle between its spans (a wait) and after the last (the links still busy).
+  std::vector<StepSpan> compute_spans, collective_spans;
 };
 
 StepTime predict(const StepLog& log, const Machine& machine);

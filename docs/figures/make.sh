@@ -83,3 +83,9 @@ side_by_side device-mesh.svg "ZeRO-3, GPT-2 124M, 16 ranks, rank 0: sharded over
 # 13. Collectives: the alpha-beta model's all-reduce time, ring against trees, at N = 8 and 64
 # (formulas only, with dist::Machine's rates: no timing).
 "$bench/collectives" --figure "$out/collectives.svg" >/dev/null
+
+# 14. Communication overlapped with compute: one step as the step model schedules it
+# (dist/comm/step_model.h; arithmetic on the dry run's log, no clock), compute over
+# communication, DDP and ZeRO-3 within a node (N = 8) and across nodes (N = 64).
+"$bench/zero_memory" --model 124m --simulate --world-size 8,64 --stage 0,3 --seq 1024 --batch 4 \
+  --schedule-svg "$out/overlap.svg" >/dev/null

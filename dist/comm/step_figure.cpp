@@ -1,0 +1,167 @@
+#include "dist/comm/step_figure.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "dist/comm/process_group.h"
+#include "tensor/error.h"
+
+namespace zg::dist {
+
+namespace {
+
+std::string fmt(const char* format, double a, double b = 0) {
+  char buf[160];
+  const int n = std::snprintf(buf, sizeof buf, format, a, b);
+  ZG_CHECK(n >= 0 && n < static_cast<int>(sizeof buf), "step_schedule_svg: a drawing command did not fit its buffer");
+  return buf;
+}
+
+std::string escape(const std::string& text) {
+  std::string out;
+  for (char c : text)
+    out += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&quot;" : std::string(1, c);
+  return out;
+}
+
+// The memory figures' phase colours (tensor/memory_figure.cpp), and one per collective.
+const char* phase_colour(const std::string& phase) {
+  return phase == "forward"     ? "#9ecae1"
+         : phase == "backward"  ? "#fdae6b"
+         : phase == "optimizer" ? "#a1d99b"
+                                : "#d9d9d9";
+}
+const char* collective_colour(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::all_gather: return "#76b7b2";
+    case CollectiveOp::reduce_scatter: return "#9c755f";
+    case CollectiveOp::all_reduce: return "#b07aa1";
+    default: return "#bab0ac";
+  }
+}
+constexpr const char* kWaitColour = "#eea3a4";
+
+// The phase an event belongs to: the last mark at or before it ("" before the first).
+std::string phase_of(const StepLog& log, size_t event) {
+  std::string phase;
+  for (const StepMark& mark : log.marks)
+    if (mark.event <= event) phase = mark.name;
+  return phase;
+}
+
+// A time axis in ms: a step of 1, 2, 2.5 or 5 x 10^k giving four to eight ticks.
+double tick_step(double most_ms) {
+  const double raw = most_ms / 5, magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 2.5, 5.0})
+    if (m * magnitude >= raw) return m * magnitude;
+  return 10 * magnitude;
+}
+
+}  // namespace
+
+std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const std::string& title,
+                              const std::string& subtitle) {
+  ZG_CHECK(!panels.empty(), "step_schedule_svg: no panels to draw");
+  constexpr double kWidth = 960, kLeft = 110, kRight = 20, kRowH = 22, kRowGap = 6, kLegendH = 52;
+  const double plot_w = kWidth - kLeft - kRight;
+  double most = 0;
+  for (const SchedulePanel& p : panels) most = std::max(most, p.time.step);
+  ZG_CHECK(most > 0, "step_schedule_svg: every panel's step takes no time");
+  const double ms_step = tick_step(most * 1e3), axis_s = std::ceil(most * 1e3 / ms_step - 1e-9) * ms_step / 1e3;
+  const auto x_of = [&](double seconds) { return kLeft + plot_w * seconds / axis_s; };
+
+  // Each panel: its title, the compute row, a row per group that sent, the axis.
+  std::string body;
+  double y = 22 + kLegendH;
+  for (const SchedulePanel& p : panels) {
+    const StepTime& t = p.time;
+    std::vector<int> groups;  // the log's groups with a collective, in order
+    for (const StepSpan& s : t.collective_spans) {
+      const int g = p.log.events.at(s.event).group;
+      if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+    }
+    std::sort(groups.begin(), groups.end());
+    char summary[200];
+    std::snprintf(summary, sizeof summary, ": step %.2f ms = compute %.2f ms + exposed %.2f ms (%.1f%%)", t.step * 1e3,
+                  t.compute * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step);
+    body += fmt("<g class=\"panel\" data-step-seconds=\"%.9g\" ", t.step) +
+            fmt("data-compute-seconds=\"%.9g\" data-exposed-seconds=\"%.9g\">\n", t.compute, t.exposed);
+    body += fmt("<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", 12, y + 12) + escape(p.title) +
+            "<tspan font-weight=\"normal\">" + summary + "</tspan></text>\n";
+    y += 20;
+    // The compute row: the wait behind it (the whole step), then the kernels on top,
+    // a phase's touching spans drawn as one.
+    body += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">compute</text>\n", kLeft - 8, y + 15);
+    body += fmt("<rect x=\"%.2f\" y=\"%.1f\" ", kLeft, y) +
+            fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", x_of(t.step) - kLeft, kRowH) + kWaitColour + "\"/>\n";
+    for (size_t i = 0; i < t.compute_spans.size();) {
+      const std::string phase = phase_of(p.log, t.compute_spans[i].event);
+      const double start = t.compute_spans[i].start;
+      double end = t.compute_spans[i].end;
+      for (++i; i < t.compute_spans.size() && t.compute_spans[i].start <= end &&
+                phase_of(p.log, t.compute_spans[i].event) == phase;
+           ++i)
+        end = t.compute_spans[i].end;
+      body += fmt("<rect x=\"%.2f\" y=\"%.1f\" ", x_of(start), y) +
+              fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", x_of(end) - x_of(start), kRowH) + phase_colour(phase) +
+              "\"/>\n";
+    }
+    y += kRowH + kRowGap;
+    for (int g : groups) {
+      const StepGroup& group = p.log.groups.at(static_cast<size_t>(g));
+      // Hybrid sharding's two: "8 ranks" (a node's block) and "8 ranks, stride 8" (across).
+      const std::string label = groups.size() == 1 ? "communication"
+                                : std::to_string(group.size) + " ranks" +
+                                      (group.stride > 1 ? ", stride " + std::to_string(group.stride) : "");
+      body += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", kLeft - 8, y + 15) + label + "</text>\n";
+      body += fmt("<rect x=\"%.2f\" y=\"%.1f\" ", kLeft, y) +
+              fmt("width=\"%.2f\" height=\"%.1f\" fill=\"#f4f4f4\"/>\n", plot_w, kRowH);
+      for (const StepSpan& s : t.collective_spans) {
+        const StepEvent& e = p.log.events.at(s.event);
+        if (e.group != g || s.end <= s.start) continue;
+        body += fmt("<rect x=\"%.2f\" y=\"%.1f\" ", x_of(s.start), y) +
+                fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", x_of(s.end) - x_of(s.start), kRowH) +
+                collective_colour(static_cast<CollectiveOp>(e.op)) + "\" stroke=\"white\" stroke-width=\"0.4\"/>\n";
+      }
+      y += kRowH + kRowGap;
+    }
+    // The axis, in ms.
+    body += fmt("<line x1=\"%.1f\" y1=\"%.1f\" ", kLeft, y) +
+            fmt("x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", kLeft + plot_w, y);
+    for (double ms = 0; ms <= axis_s * 1e3 + 1e-9; ms += ms_step) {
+      const double x = x_of(ms / 1e3);
+      body += fmt("<line x1=\"%.2f\" y1=\"%.1f\" ", x, y) +
+              fmt("x2=\"%.2f\" y2=\"%.1f\" stroke=\"black\"/>\n", x, y + 4);
+      body += fmt("<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">", x, y + 16) + fmt("%g", ms) + "</text>\n";
+    }
+    body += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">ms</text>\n", kLeft - 8, y + 16);
+    body += "</g>\n";
+    y += 34;
+  }
+
+  // The legend under the title: the phases, the wait, the collectives.
+  std::string legend;
+  double lx = 12;
+  const auto item = [&](const char* colour, const std::string& label) {
+    legend += fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"", lx, 44) + colour + "\"/>" +
+              fmt("<text x=\"%.1f\" y=\"%.1f\">", lx + 16, 54) + label + "</text>\n";
+    lx += 22 + 6.2 * static_cast<double>(label.size());
+  };
+  item(phase_colour("forward"), "forward");
+  item(phase_colour("backward"), "backward");
+  item(phase_colour("optimizer"), "optimizer");
+  item(kWaitColour, "compute waits (exposed)");
+  item(collective_colour(CollectiveOp::all_gather), "all-gather");
+  item(collective_colour(CollectiveOp::reduce_scatter), "reduce-scatter");
+  item(collective_colour(CollectiveOp::all_reduce), "all-reduce");
+
+  std::string svg = fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" ", kWidth, y) +
+                    fmt("viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n", kWidth, y);
+  svg += fmt("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", kWidth, y);
+  svg += "<text x=\"12\" y=\"20\" font-size=\"14\" font-weight=\"bold\">" + escape(title) + "</text>\n";
+  svg += "<text x=\"12\" y=\"36\">" + escape(subtitle) + "</text>\n";
+  return svg + legend + body + "</svg>\n";
+}
+
+}  // namespace zg::dist
