@@ -74,11 +74,14 @@ std::string chrome_trace_json(const MemoryTimeline& timeline, const std::vector<
   for (const auto& [rank, count] : noted)
     events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
   for (const auto& [rank, ids] : threads)
-    for (const auto& [thread, yes] : ids)
+    for (const auto& [thread, yes] : ids) {
+      const std::string& named = timeline.thread_name(thread);
       events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", thread},
-                        {"args", {{"name", "thread " + std::to_string(thread)}}}});
+                        {"args", {{"name", named.empty() ? "compute" : named}}}});
+    }
   json marked = json::array();
-  for (const MemoryLevel& level : levels) marked.push_back({{"label", level.label}, {"bytes", level.bytes}});
+  for (const MemoryLevel& level : levels)
+    marked.push_back({{"label", level.label}, {"bytes", level.bytes}, {"host", level.host}});
   json doc = {{"traceEvents", std::move(events)},
               {"displayTimeUnit", "ms"},
               {"otherData", {{"dry_run", dry},
