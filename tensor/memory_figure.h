@@ -63,11 +63,13 @@ struct MemoryPanel {
   MemorySeries series;
   std::vector<MemoryLevel> levels;
   bool show_reserved = false;  // the reserved bytes as a line over the stack (caching, rounding)
+  bool own_scale = false;      // on a vertical scale of its own: a close-up of what the shared one makes small
 };
 
-// The panels side by side (two to a row) on one vertical scale: each a stacked area of
-// bytes by category, its peak marked and labelled, its levels dashed, the host pool
-// dotted, the phases as a band under the axis. Each panel's <g> carries its figures as
+// The panels side by side (two to a row) on one vertical scale (but those on their own):
+// each a stacked area of bytes by category, drawn as steps (a value holds until the next
+// event), its peak marked and labelled, its levels dashed, the host pool a wide purple
+// line, the phases as a band under the axis. Each panel's <g> carries its figures as
 // data attributes (data-peak-bytes, data-baseline-y, data-bytes-per-px) so that a reader
 // or a test can check what is drawn against what was measured.
 std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std::string& title);
