@@ -624,7 +624,7 @@ MemoryPanel write_timeline(const Options& o, const TimelineRun& run, const Recor
                            const std::string& what) {
   const std::string base = o.timeline_dir + "/" + setting_name(r.stage, r.offload);
   std::vector<MemoryLevel> levels = {{"formula", r.formula_states}};
-  if (r.offload != dist::Offload::none) levels.push_back({"host formula", r.formula_host});
+  if (r.offload != dist::Offload::none) levels.push_back({"host formula", r.formula_host, true});
   const std::string trace = chrome_trace_json(run.timeline, levels);
   write_file_atomically(base + ".json", trace, "zero_memory --timeline");
   MemoryPanel panel{setting_title(r.stage, r.offload), memory_series(trace, 0, device.str()), levels, o.caching};
@@ -679,7 +679,8 @@ std::vector<Record> measure_setting(const Options& o, const Preset& preset, Sett
 }
 
 // --timeline: every setting measured with its allocations recorded; rank 0's trace and
-// figure written for each, then all of them on one scale in all.svg.
+// figure written for each, then all of them on one scale in all.svg, and the last (the
+// most sharded, whose bands the shared scale makes thin) again on a scale of its own.
 std::vector<Record> record_timelines(const Options& o, const Preset& preset, const std::vector<Setting>& settings,
                                      Device device, bool use_nccl) {
   const std::string what = "GPT " + o.model_name + ", rank 0 of " + std::to_string(o.world) + " on " + device.str() +
@@ -695,8 +696,15 @@ std::vector<Record> record_timelines(const Options& o, const Preset& preset, con
     const Record& rank0 = *std::find_if(measured.begin(), measured.end(), [](const Record& r) { return r.rank == 0; });
     panels.push_back(write_timeline(o, run, rank0, device, what));
   }
-  write_file_atomically(o.timeline_dir + "/all.svg",
-                        memory_figure_svg(panels, "Bytes by category, " + what + " (one scale)"),
+  std::string scales = " (one scale)";
+  if (panels.size() > 1) {
+    MemoryPanel close_up = panels.back();
+    scales = " (one scale but the last)";
+    close_up.title += ", on its own scale";
+    close_up.own_scale = true;
+    panels.push_back(std::move(close_up));
+  }
+  write_file_atomically(o.timeline_dir + "/all.svg", memory_figure_svg(panels, "Bytes by category, " + what + scales),
                         "zero_memory --timeline");
   return records;
 }
@@ -870,7 +878,8 @@ void usage() {
       "--caching (meta): through the GPU's caching allocator over a simulated device: reserved bytes as\n"
       "a GPU's cache would hold them (segments, 512 B rounding, freed blocks kept for reuse).\n"
       "--timeline DIR: every allocation of the steps, per setting a trace for ui.perfetto.dev\n"
-      "(stage-S.json) and a figure (stage-S.svg); all.svg puts rank 0 of each on one scale.\n"
+      "(stage-S.json) and a figure (stage-S.svg); all.svg puts rank 0 of each on one scale (and the\n"
+      "last setting again on its own).\n"
       "--simulate: the step-time model's step time for each N and stage; --schedule-svg FILE draws each\n"
       "step's compute and communication in time (a Gantt chart). --bucket-bytes: DDP's gradient buckets.\n");
 }

@@ -74,11 +74,14 @@ std::string chrome_trace_json(const MemoryTimeline& timeline, const std::vector<
   for (const auto& [rank, count] : noted)
     events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
   for (const auto& [rank, ids] : threads)
-    for (const auto& [thread, yes] : ids)
+    for (const auto& [thread, yes] : ids) {
+      const std::string& named = timeline.thread_name(thread);
       events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", thread},
-                        {"args", {{"name", "thread " + std::to_string(thread)}}}});
+                        {"args", {{"name", named.empty() ? "compute" : named}}}});
+    }
   json marked = json::array();
-  for (const MemoryLevel& level : levels) marked.push_back({{"label", level.label}, {"bytes", level.bytes}});
+  for (const MemoryLevel& level : levels)
+    marked.push_back({{"label", level.label}, {"bytes", level.bytes}, {"host", level.host}});
   json doc = {{"traceEvents", std::move(events)},
               {"displayTimeUnit", "ms"},
               {"otherData", {{"dry_run", dry},
@@ -174,7 +177,7 @@ std::vector<MemoryLevel> trace_levels(const std::string& trace_json) {
   std::vector<MemoryLevel> levels;
   if (doc.contains("otherData") && doc["otherData"].contains("levels"))
     for (const nlohmann::json& level : doc["otherData"]["levels"])
-      levels.push_back({level.value("label", ""), level.value("bytes", int64_t{0})});
+      levels.push_back({level.value("label", ""), level.value("bytes", int64_t{0}), level.value("host", false)});
   return levels;
 }
 
@@ -185,6 +188,27 @@ constexpr const char* kCategoryColour[kMemoryCategories] = {"#4e79a7", "#f28e2b"
                                                             "#76b7b2", "#edc948", "#bab0ac"};
 const char* phase_colour(const std::string& phase) {
   return phase == "forward" ? "#9ecae1" : phase == "backward" ? "#fdae6b" : "#a1d99b";
+}
+// The lines: the host pool wide and light, its formula dash-dotted on top of it (they
+// coincide when the pool holds exactly the formula), the device's formula dashed.
+constexpr const char* kHostPoolStyle = "stroke=\"#b07aa1\" stroke-width=\"4\" stroke-opacity=\"0.6\"";
+constexpr const char* kHostLevelStyle = "stroke=\"#6b3d8f\" stroke-width=\"1.2\" stroke-dasharray=\"8,3,2,3\"";
+constexpr const char* kLevelStyle = "stroke=\"black\" stroke-dasharray=\"5,3\"";
+constexpr const char* kReservedStyle = "stroke=\"#555\" stroke-width=\"1.2\"";
+
+// The width of `text` at 11 px in DejaVu Sans (what librsvg draws sans-serif with; most
+// other sans fonts are narrower): its advance widths in 1/2048 em, ' ' to '~'.
+double text_width(const std::string& text) {
+  static constexpr int16_t kAdvance[95] = {
+      651,  823,  942,  1716, 1303, 1946, 1597, 563,  799,  799,  1024, 1716, 651,  739,  651,  690,
+      1303, 1303, 1303, 1303, 1303, 1303, 1303, 1303, 1303, 1303, 690,  690,  1716, 1716, 1716, 1087,
+      2048, 1401, 1405, 1430, 1577, 1294, 1178, 1587, 1540, 604,  604,  1343, 1141, 1767, 1532, 1612,
+      1235, 1612, 1423, 1300, 1251, 1499, 1401, 2025, 1403, 1251, 1403, 799,  690,  799,  1716, 1024,
+      1024, 1255, 1300, 1126, 1300, 1260, 721,  1300, 1298, 569,  569,  1186, 569,  1995, 1298, 1253,
+      1300, 1300, 842,  1067, 803,  1298, 1212, 1675, 1212, 1212, 1075, 1303, 690,  1303, 1716};
+  double units = 0;
+  for (unsigned char c : text) units += c >= ' ' && c <= '~' ? kAdvance[c - ' '] : 1303;
+  return units * 11 / 2048;
 }
 
 std::string escape(const std::string& text) {
@@ -231,6 +255,16 @@ Axis axis_for(int64_t most) {
   return a;
 }
 
+// A series drawn as steps: each value holds from its x to the next one's.
+std::vector<std::pair<double, double>> steps(const std::vector<double>& xs, const std::vector<double>& ys) {
+  std::vector<std::pair<double, double>> out;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    out.emplace_back(xs[k], ys[k]);
+    if (k + 1 < xs.size()) out.emplace_back(xs[k + 1], ys[k]);
+  }
+  return out;
+}
+
 // " x,y x,y ...", two decimals, leaving out each point between two at the same height
 // (a flat run is drawn by its ends): the figures stay small, the shape is the same.
 std::string points_of(const std::vector<std::pair<double, double>>& points) {
@@ -261,33 +295,40 @@ std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std:
   const double panel_w = columns == 1 ? 640 : 440, width = columns * panel_w;
   const double plot_w = panel_w - kLeft - kRight, plot_h = kPanelH - kTop - kBottom;
 
-  // One vertical scale for every panel.
-  int64_t most = 1;
+  // The most bytes a panel draws: its stack, its levels, its lines.
+  const auto most_of = [](const MemoryPanel& p) {
+    int64_t most = std::max<int64_t>(1, p.series.peak());
+    for (const MemoryLevel& level : p.levels) most = std::max(most, level.bytes);
+    for (size_t i = 0; i < p.series.x.size(); ++i) {
+      most = std::max(most, p.series.host[i]);
+      if (p.show_reserved) most = std::max(most, p.series.reserved[i]);
+    }
+    return most;
+  };
+  // One vertical scale for every panel but those on their own.
+  int64_t shared_most = 1;
   bool used[kMemoryCategories] = {}, any_host = false, any_reserved = false;
-  std::map<std::string, bool> phases_seen, levels_seen;
+  std::map<std::string, bool> phases_seen, levels_seen;  // level label -> of the host pool
   for (const MemoryPanel& p : panels) {
     ZG_CHECK(!p.series.x.empty(), "memory_figure_svg: panel '", p.title, "' has no memory events (was its rank and "
              "device recorded?)");
-    most = std::max(most, p.series.peak());
-    for (const MemoryLevel& level : p.levels) most = std::max(most, level.bytes), levels_seen[level.label] = true;
+    if (!p.own_scale) shared_most = std::max(shared_most, most_of(p));
+    for (const MemoryLevel& level : p.levels) levels_seen[level.label] = level.host;
+    any_reserved = any_reserved || p.show_reserved;
     for (size_t i = 0; i < p.series.x.size(); ++i) {
-      most = std::max(most, p.series.host[i]);
-      if (p.series.host[i] > 0) any_host = true;
-      if (p.show_reserved) most = std::max(most, p.series.reserved[i]), any_reserved = true;
+      any_host = any_host || p.series.host[i] > 0;
       for (int c = 0; c < kMemoryCategories; ++c) used[c] = used[c] || p.series.bytes[i][c] != 0;
     }
     for (const auto& phase : p.series.phases) phases_seen[phase.name] = true;
   }
-  const Axis axis = axis_for(most);
-  const double bytes_per_px = axis.top() / plot_h;
 
   // The legend, in rows under the title: categories drawn, phases, lines. Each item's
-  // swatch is drawn at (x, y), the top of its row.
+  // swatch is drawn at (x, y), the top of its row; its label after it, then a gap.
   std::string legend;
   double lx = 12, ly = 38;
   const auto item = [&](const std::function<std::string(double, double)>& swatch, const std::string& label) {
-    const double item_w = 22 + 6.2 * static_cast<double>(label.size());
-    if (lx > 12 && lx + item_w > width - 12) lx = 12, ly += 16;
+    const double item_w = 16 + text_width(label) + 14;
+    if (lx > 12 && lx + item_w - 14 > width - 12) lx = 12, ly += 16;
     legend += swatch(lx, ly) + fmt("<text x=\"%.1f\" y=\"%.1f\">", lx + 16, ly + 9) + escape(label) + "</text>\n";
     lx += item_w;
   };
@@ -309,9 +350,9 @@ std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std:
         return fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"6\" ", x, y + 3) + "fill=\"" +
                phase_colour(phase) + "\"/>";
       }, phase);
-  if (any_host) item(line("stroke=\"black\" stroke-dasharray=\"1.5,2\""), "host pool");
-  if (any_reserved) item(line("stroke=\"#555\" stroke-width=\"1.2\""), "reserved");
-  for (const auto& [label, yes] : levels_seen) item(line("stroke=\"black\" stroke-dasharray=\"5,3\""), label);
+  if (any_host) item(line(kHostPoolStyle), "host pool");
+  if (any_reserved) item(line(kReservedStyle), "reserved");
+  for (const auto& [label, host] : levels_seen) item(line(host ? kHostLevelStyle : kLevelStyle), label);
   const double header = ly + 26, height = header + rows * kPanelH;
 
   std::string svg;
@@ -324,6 +365,8 @@ std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std:
   for (size_t p = 0; p < panels.size(); ++p) {
     const MemoryPanel& panel = panels[p];
     const MemorySeries& s = panel.series;
+    const Axis axis = axis_for(panel.own_scale ? most_of(panel) : shared_most);
+    const double bytes_per_px = axis.top() / plot_h;
     const double ox = static_cast<double>(p % columns) * panel_w, oy = header + static_cast<double>(p / columns) * kPanelH;
     const double x_left = ox + kLeft, baseline = oy + kTop + plot_h;
     const double x0 = s.x.front(), x1 = std::max(s.x.back(), x0 + 1e-9);
@@ -350,31 +393,35 @@ std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std:
       if (column != last_column) kept.push_back(i), last_column = column;
       else if (s.total(i) > s.total(kept.back())) kept.back() = i;
     }
+    std::vector<double> xs;
+    for (size_t i : kept) xs.push_back(px(s.x[i]));
     // The stack: one area per category, from the categories below it to itself.
     std::vector<int64_t> below(kept.size(), 0);
     for (int c = 0; c < kMemoryCategories; ++c) {
       if (!used[c]) continue;
-      std::vector<std::pair<double, double>> outline;  // the top edge left to right, the bottom back
-      for (size_t k = 0; k < kept.size(); ++k)
-        outline.emplace_back(px(s.x[kept[k]]), py(static_cast<double>(below[k] + s.bytes[kept[k]][c])));
-      for (size_t k = kept.size(); k-- > 0;) outline.emplace_back(px(s.x[kept[k]]), py(static_cast<double>(below[k])));
-      const std::string d = "M" + points_of(outline);
+      std::vector<double> top, bottom;
+      for (size_t k = 0; k < kept.size(); ++k) {
+        bottom.push_back(py(static_cast<double>(below[k])));
+        below[k] += s.bytes[kept[k]][c];
+        top.push_back(py(static_cast<double>(below[k])));
+      }
+      // The top edge left to right, the bottom back.
+      std::vector<std::pair<double, double>> outline = steps(xs, top), back = steps(xs, bottom);
+      outline.insert(outline.end(), back.rbegin(), back.rend());
       svg += std::string("<path class=\"area\" data-category=\"") + name(static_cast<MemoryCategory>(c)) +
-             "\" fill=\"" + kCategoryColour[c] + "\" d=\"" + d + " Z\"/>\n";
-      for (size_t k = 0; k < kept.size(); ++k) below[k] += s.bytes[kept[k]][c];
+             "\" fill=\"" + kCategoryColour[c] + "\" d=\"M" + points_of(outline) + " Z\"/>\n";
     }
     const auto polyline = [&](const std::vector<int64_t>& values, const std::string& style) {
-      std::vector<std::pair<double, double>> line;
-      for (size_t i : kept) line.emplace_back(px(s.x[i]), py(static_cast<double>(values[i])));
-      svg += "<polyline fill=\"none\" " + style + " points=\"" + points_of(line).substr(1) + "\"/>\n";
+      std::vector<double> ys;
+      for (size_t i : kept) ys.push_back(py(static_cast<double>(values[i])));
+      svg += "<polyline fill=\"none\" " + style + " points=\"" + points_of(steps(xs, ys)).substr(1) + "\"/>\n";
     };
-    if (std::any_of(s.host.begin(), s.host.end(), [](int64_t b) { return b > 0; }))
-      polyline(s.host, "stroke=\"black\" stroke-dasharray=\"1.5,2\"");
-    if (panel.show_reserved) polyline(s.reserved, "stroke=\"#555\" stroke-width=\"1.2\"");
+    if (std::any_of(s.host.begin(), s.host.end(), [](int64_t b) { return b > 0; })) polyline(s.host, kHostPoolStyle);
+    if (panel.show_reserved) polyline(s.reserved, kReservedStyle);
     for (const MemoryLevel& level : panel.levels) {
       const double y = py(static_cast<double>(level.bytes));
-      svg += fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, y) +
-             fmt("x2=\"%.1f\" y2=\"%.2f\" stroke=\"black\" stroke-dasharray=\"5,3\"/>\n", x_left + plot_w, y);
+      svg += fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, y) + fmt("x2=\"%.1f\" y2=\"%.2f\" ", x_left + plot_w, y) +
+             (level.host ? kHostLevelStyle : kLevelStyle) + "/>\n";
       svg += fmt("<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">", x_left + plot_w, y - 3) +
              escape(level.label + " " + format_bytes(level.bytes)) + "</text>\n";
     }

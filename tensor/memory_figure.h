@@ -22,13 +22,16 @@ namespace zg {
 struct MemoryLevel {
   std::string label;
   int64_t bytes = 0;
+  bool host = false;  // a level of the host pool ("host formula"), drawn in its colour
 };
 
 // Chrome's trace event format (ui.perfetto.dev, chrome://tracing): a process per rank; a
-// counter track ("C" events, {"bytes": n}) per allocator and category -- "cuda:0 activation",
-// "host pool optimizer_state" -- and one of reserved bytes per allocator, each event its
+// counter track ("C" events named "cuda:0 activation", "host pool optimizer_state", with
+// args {"bytes": n}: Perfetto names the track "cuda:0 activation bytes") per allocator and
+// category, and one of reserved bytes per allocator ("cuda:0 reserved"), each event its
 // value after a change; a slice ("B"/"E") per range on its thread's row, its full path in
-// args. Times in microseconds; a dry run's (meta) count the rank's memory events instead.
+// args. A row is named by its thread (set_trace_thread_name: "communication"), else
+// "compute". Times in microseconds; a dry run's (meta) count the rank's memory events instead.
 // `levels` (the formula's model states...) are kept in otherData for figures drawn later.
 std::string chrome_trace_json(const MemoryTimeline& timeline, const std::vector<MemoryLevel>& levels = {});
 
@@ -60,11 +63,13 @@ struct MemoryPanel {
   MemorySeries series;
   std::vector<MemoryLevel> levels;
   bool show_reserved = false;  // the reserved bytes as a line over the stack (caching, rounding)
+  bool own_scale = false;      // on a vertical scale of its own: a close-up of what the shared one makes small
 };
 
-// The panels side by side (two to a row) on one vertical scale: each a stacked area of
-// bytes by category, its peak marked and labelled, its levels dashed, the host pool
-// dotted, the phases as a band under the axis. Each panel's <g> carries its figures as
+// The panels side by side (two to a row) on one vertical scale (but those on their own):
+// each a stacked area of bytes by category, drawn as steps (a value holds until the next
+// event), its peak marked and labelled, its levels dashed, the host pool a wide purple
+// line, the phases as a band under the axis. Each panel's <g> carries its figures as
 // data attributes (data-peak-bytes, data-baseline-y, data-bytes-per-px) so that a reader
 // or a test can check what is drawn against what was measured.
 std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std::string& title);

@@ -38,16 +38,12 @@ int thread_number() {
   return mine;
 }
 
-// The ranges open on this thread during the recording `generation`, innermost last.
-struct RangeStack {
-  uint64_t generation = 0;
-  std::vector<int32_t> paths;
-  std::vector<int32_t>& of(uint64_t g) {
-    if (generation != g) generation = g, paths.clear();
-    return paths;
-  }
+// The name this thread gave itself, and the recording it last noted it in.
+struct ThreadName {
+  std::string name;
+  uint64_t noted_in = 0;
 };
-thread_local RangeStack ranges;
+thread_local ThreadName own_name;
 
 }  // namespace
 
@@ -60,6 +56,12 @@ const std::string& MemoryTimeline::path(int32_t id) const {
   ZG_CHECK(id >= -1 && id < static_cast<int32_t>(paths_.size()), "MemoryTimeline: no path numbered ", id, " (",
            paths_.size(), " recorded)");
   return id < 0 ? none : paths_[static_cast<size_t>(id)];
+}
+
+const std::string& MemoryTimeline::thread_name(int thread) const {
+  static const std::string none;
+  const auto at = thread_names_.find(thread);
+  return at == thread_names_.end() ? none : at->second;
 }
 
 bool MemoryTimeline::dry_run() const {
@@ -75,16 +77,29 @@ int32_t MemoryTimeline::intern(const std::string& path) {
   return at->second;
 }
 
-void MemoryTimeline::push(TimelineEvent event) {
-  if (events_.size() >= capacity_) {
+// Room is held for the end of every range kept (closing_), so that no begin is left
+// without its end when the capacity runs out.
+bool MemoryTimeline::push(TimelineEvent event, size_t room) {
+  if (event.kind != TimelineEvent::Kind::end && events_.size() + closing_ + room > capacity_) {
     ++dropped_;
-    return;
+    return false;
   }
   event.time_ns = now_ns() - start_ns_;
   events_.push_back(event);
+  return true;
 }
 
-MemoryTimelineRecording::MemoryTimelineRecording(MemoryTimeline& timeline, int) {
+void MemoryTimeline::close(int thread, const OpenRange& range) {
+  if (!range.kept) {
+    ++dropped_;
+    return;
+  }
+  --closing_;
+  push({.kind = TimelineEvent::Kind::end, .device = Device(), .rank = range.rank, .thread = thread,
+        .path = range.path});
+}
+
+MemoryTimelineRecording::MemoryTimelineRecording(MemoryTimeline& timeline, int) : timeline_(timeline) {
   // Notes that see the timeline wait on its lock until it is reset.
   std::lock_guard lock(timeline.mutex_);
   MemoryTimeline* none = nullptr;
@@ -93,6 +108,9 @@ MemoryTimelineRecording::MemoryTimelineRecording(MemoryTimeline& timeline, int) 
   timeline.events_.clear();
   timeline.paths_.clear();
   timeline.path_ids_.clear();
+  timeline.open_.clear();
+  timeline.closing_ = 0;
+  timeline.thread_names_.clear();
   timeline.dropped_ = 0;
   timeline.start_ns_ = now_ns();
   timeline.generation_.store(generations.fetch_add(1) + 1);
@@ -110,15 +128,40 @@ MemoryTimelineRecording::MemoryTimelineRecording(MemoryTimeline& timeline) : Mem
 MemoryTimelineRecording::~MemoryTimelineRecording() {
   active.store(nullptr);
   while (noting.load() != 0) std::this_thread::yield();
+  // What other threads still have open (a rank's thread that has not yet left the
+  // collective whose end let this one go on) ends here: their own ends come too late.
+  std::lock_guard lock(timeline_.mutex_);
+  for (auto& [thread, open] : timeline_.open_)
+    for (; !open.empty(); open.pop_back()) timeline_.close(thread, open.back());
+}
+
+int TimelineHooks::thread_of(MemoryTimeline& t) {
+  const int thread = thread_number();
+  if (own_name.noted_in != t.generation_) {
+    own_name.noted_in = t.generation_;
+    if (!own_name.name.empty()) t.thread_names_[thread] = own_name.name;
+  }
+  return thread;
+}
+
+void TimelineHooks::name_thread(const std::string& name) {
+  own_name = {name, 0};
+  if (active.load(std::memory_order_relaxed) == nullptr) return;
+  const Noting note;
+  if (MemoryTimeline* t = note.timeline) {
+    std::lock_guard lock(t->mutex_);
+    thread_of(*t);
+  }
 }
 
 TracePath TimelineHooks::current_path() {
   if (active.load(std::memory_order_relaxed) == nullptr) return {};
   const Noting note;
-  if (!note.timeline) return {};
-  const uint64_t generation = note.timeline->generation_.load();
-  std::vector<int32_t>& open = ranges.of(generation);
-  return open.empty() ? TracePath{} : TracePath{generation, open.back()};
+  MemoryTimeline* t = note.timeline;
+  if (!t) return {};
+  std::lock_guard lock(t->mutex_);
+  const std::vector<MemoryTimeline::OpenRange>& open = t->open_[thread_of(*t)];
+  return open.empty() ? TracePath{} : TracePath{t->generation_, open.back().path};
 }
 
 // With t's lock held: the allocator's figures before its first event of this recording,
@@ -127,7 +170,7 @@ void TimelineHooks::note_held(MemoryTimeline& t, const Owner& owner) {
   if (*owner.generation == t.generation_) return;
   *owner.generation = t.generation_;
   TimelineEvent e{.kind = TimelineEvent::Kind::allocate, .host_pool = owner.host_pool, .device = owner.device,
-                  .rank = owner.rank, .thread = thread_number()};
+                  .rank = owner.rank, .thread = thread_of(t)};
   for (int c = 0; c < kMemoryCategories; ++c)
     if (owner.stats->allocated[c] != 0) {
       e.category = static_cast<MemoryCategory>(c), e.bytes = owner.stats->allocated[c];
@@ -155,9 +198,10 @@ void TimelineHooks::memory(const Owner& owner, TimelineEvent::Kind kind, MemoryC
   if (!t) return;
   std::lock_guard lock(t->mutex_);
   note_held(*t, owner);
-  const std::vector<int32_t>& open = ranges.of(t->generation_);
+  const int thread = thread_of(*t);
+  const std::vector<MemoryTimeline::OpenRange>& open = t->open_[thread];
   t->push({.kind = kind, .category = category, .host_pool = owner.host_pool, .device = owner.device,
-           .rank = owner.rank, .thread = thread_number(), .bytes = bytes, .path = open.empty() ? -1 : open.back()});
+           .rank = owner.rank, .thread = thread, .bytes = bytes, .path = open.empty() ? -1 : open.back().path});
 }
 
 uint64_t TimelineHooks::begin_range(const char* name, TracePath scope) {
@@ -166,15 +210,19 @@ uint64_t TimelineHooks::begin_range(const char* name, TracePath scope) {
   MemoryTimeline* t = note.timeline;
   if (!t) return 0;
   std::lock_guard lock(t->mutex_);
-  std::vector<int32_t>& open = ranges.of(t->generation_);
+  const int thread = thread_of(*t);
+  std::vector<MemoryTimeline::OpenRange>& open = t->open_[thread];
   // The parent's path, then (an autograd node's backward) the path its forward ran under.
-  std::string path = open.empty() ? "" : t->paths_[static_cast<size_t>(open.back())] + " > ";
+  std::string path = open.empty() ? "" : t->paths_[static_cast<size_t>(open.back().path)] + " > ";
   if (scope.generation == t->generation_ && scope.id >= 0) path += t->paths_[static_cast<size_t>(scope.id)] + " > ";
   path += name;
   const int32_t id = t->intern(path);
-  open.push_back(id);
-  t->push({.kind = TimelineEvent::Kind::begin, .device = Device(), .rank = Context::current().rank(), .thread = thread_number(),
-           .path = id});
+  const int rank = Context::current().rank();
+  // Kept only with room for its end as well.
+  const bool kept = t->push({.kind = TimelineEvent::Kind::begin, .device = Device(), .rank = rank, .thread = thread,
+                             .path = id}, 2);
+  if (kept) ++t->closing_;
+  open.push_back({id, rank, kept});
   return t->generation_;
 }
 
@@ -184,10 +232,10 @@ void TimelineHooks::end_range(uint64_t generation) {
   MemoryTimeline* t = note.timeline;
   if (!t || t->generation_ != generation) return;  // opened in a recording that has ended
   std::lock_guard lock(t->mutex_);
-  std::vector<int32_t>& open = ranges.of(generation);
+  const int thread = thread_of(*t);
+  std::vector<MemoryTimeline::OpenRange>& open = t->open_[thread];
   if (open.empty()) return;
-  t->push({.kind = TimelineEvent::Kind::end, .device = Device(), .rank = Context::current().rank(), .thread = thread_number(),
-           .path = open.back()});
+  t->close(thread, open.back());
   open.pop_back();
 }
 

@@ -11,7 +11,10 @@
 //              "optimizer > adamw", "after_step transformer.h.0", under whatever was
 //              open when the unit's scheduler called them
 // Off, it costs one atomic load per allocation and per range. On, it keeps at most
-// `capacity` events; the rest are counted as dropped and every export says so.
+// `capacity` events; the rest are counted as dropped and every export says so. Every
+// range kept is closed: a range still open when the recording ends (another thread's, in
+// a collective that let the recording's owner go on) ends at the recording's end, and a
+// range is kept only while there is room for its end.
 //
 // A recording begins with what every allocator holds (one `allocate` per category, a
 // `reserve` of its reserved bytes), so the running sums of a timeline are the
@@ -37,7 +40,7 @@ struct TimelineEvent {
     free,      // `bytes` of `category` given back
     reserve,   // the allocator's reserved bytes changed by `bytes` (segments; caching)
     begin,     // a range opened on `thread`: `path` is its own
-    end,       // the innermost range open on `thread` closed
+    end,       // the innermost range open on `thread` closed (`rank` is its begin's)
   };
   Kind kind = Kind::allocate;
   MemoryCategory category = MemoryCategory::other;
@@ -61,6 +64,8 @@ class MemoryTimeline {
   const std::vector<TimelineEvent>& events() const { return events_; }
   const std::string& path(int32_t id) const;  // "" for -1
   int64_t dropped() const { return dropped_; }  // events past the capacity, not kept
+  // The name a thread gave its row (set_trace_thread_name: "communication"); "" if none.
+  const std::string& thread_name(int thread) const;
   size_t capacity() const { return capacity_; }
   // True when memory events are on the meta device: a dry run, whose times are not the
   // device's (figures then use the event's index as its time).
@@ -69,14 +74,25 @@ class MemoryTimeline {
  private:
   friend class MemoryTimelineRecording;
   friend struct TimelineHooks;
-  int32_t intern(const std::string& path);  // with mutex_ held
-  void push(TimelineEvent event);            // with mutex_ held: stamps the time
+  // A range open on a thread: its path, its begin's rank, and whether its begin was kept.
+  struct OpenRange {
+    int32_t path;
+    int rank;
+    bool kept;
+  };
+  // With mutex_ held.
+  int32_t intern(const std::string& path);
+  bool push(TimelineEvent event, size_t room = 1);  // stamps the time; kept if `room` events fit
+  void close(int thread, const OpenRange& range);   // its end event, if its begin was kept
 
   size_t capacity_;
   std::mutex mutex_;
   std::vector<TimelineEvent> events_;
   std::vector<std::string> paths_;
   std::map<std::string, int32_t> path_ids_;
+  std::map<int, std::vector<OpenRange>> open_;  // by thread, innermost last
+  size_t closing_ = 0;                          // open ranges kept: room held for their ends
+  std::map<int, std::string> thread_names_;
   int64_t dropped_ = 0;
   int64_t start_ns_ = 0;
   std::atomic<uint64_t> generation_{0};  // this recording's number (0: never recorded)
@@ -87,7 +103,8 @@ class MemoryTimeline {
 class MemoryTimelineRecording {
  public:
   explicit MemoryTimelineRecording(MemoryTimeline& timeline);
-  ~MemoryTimelineRecording();  // waits for events being noted on other threads
+  // Waits for events being noted on other threads, then ends the ranges still open.
+  ~MemoryTimelineRecording();
   MemoryTimelineRecording(const MemoryTimelineRecording&) = delete;
   MemoryTimelineRecording& operator=(const MemoryTimelineRecording&) = delete;
 
@@ -95,6 +112,7 @@ class MemoryTimelineRecording {
   // Starts it; the public one then notes what is held (constructed by then, a throw there
   // still ends the recording).
   MemoryTimelineRecording(MemoryTimeline& timeline, int);
+  MemoryTimeline& timeline_;
 };
 
 // A range path as the recording saw it, kept where a range is opened later on another
@@ -120,9 +138,11 @@ struct TimelineHooks {
   static uint64_t begin_range(const char* name, TracePath scope);
   static void end_range(uint64_t generation);
   static TracePath current_path();
+  static void name_thread(const std::string& name);  // set_trace_thread_name's (trace.h)
 
  private:
   static void note_held(MemoryTimeline& t, const Owner& owner);
+  static int thread_of(MemoryTimeline& t);  // this thread's number, its name noted in t
 };
 // The innermost range open on this thread, when recording.
 inline TracePath current_trace_path() { return TimelineHooks::current_path(); }

@@ -25,6 +25,10 @@ struct TraceHooks {
 // its own while the library loads; `hooks` lives as long as the library.
 void set_trace_hooks(const TraceHooks* hooks);
 
+// Names the calling thread's row on the timeline ("communication": a process group's
+// worker); rows of threads that name none are their rank's "compute".
+void set_trace_thread_name(const std::string& name);
+
 class TraceRange {
  public:
   // `scope`: on a recording timeline, opened under the path it was recorded on elsewhere

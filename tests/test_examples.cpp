@@ -170,6 +170,72 @@ TEST_CASE("train_gpt --trace writes a trace and a figure of the training loop") 
   std::filesystem::remove(figure);
 }
 
+// Every slice of a trace is closed on the row it opened on: the recording ends when rank 0
+// leaves the last barrier, maybe before rank 1's threads have left it, and it closes what
+// they still have open. Each row is named for what it runs. Three runs (about a second
+// each): the barrier's race went one way or the other from run to run.
+TEST_CASE("train_zero --ranks 2 --trace: every slice ends on its own row, rows named compute and communication") {
+  const std::filesystem::path trace =
+      std::filesystem::temp_directory_path() / ("zg-trace-zero-" + std::to_string(getpid()) + ".json");
+  for (int run = 0; run < 3; ++run) {
+    CAPTURE(run);
+    int status = 0;
+    run_command(std::string(ZG_EXAMPLES_DIR) + "/train_zero --ranks 2 --stage 3 --steps 2 --layers 1 --heads 2 "
+                "--embd 32 --seq 16 --batch 2 --trace " + trace.string(), status);
+    REQUIRE(status == 0);
+    std::ifstream in(trace);
+    const nlohmann::json doc = nlohmann::json::parse(in);
+    using Row = std::pair<int, int>;  // pid (rank), tid
+    std::map<Row, std::vector<std::string>> open;  // the slices open on each row, innermost last
+    std::map<Row, std::map<std::string, int>> slices;
+    std::map<Row, double> last_ts;
+    std::map<Row, std::string> row_name;
+    for (const auto& e : doc.at("traceEvents")) {
+      const std::string ph = e.at("ph");
+      if (ph == "M" && e.at("name") == "thread_name") row_name[{e.at("pid"), e.at("tid")}] = e.at("args").at("name");
+      if (ph != "B" && ph != "E") continue;
+      const Row row{e.at("pid"), e.at("tid")};
+      CHECK(e.at("ts").get<double>() >= last_ts[row]);  // in order on the row
+      last_ts[row] = e.at("ts");
+      if (ph == "B") {
+        open[row].push_back(e.at("name"));
+        ++slices[row][e.at("name")];
+      } else {
+        INFO("rank " << row.first << ", thread " << row.second);
+        REQUIRE_MESSAGE(!open[row].empty(), "an E with no B open on its row");
+        open[row].pop_back();
+      }
+    }
+    for (const auto& [row, names] : open) {
+      INFO("rank " << row.first << ", thread " << row.second);
+      CHECK_MESSAGE(names.empty(), names.size() << " slices left open, the innermost " << names.back());
+    }
+    // Each rank: one compute row (forward, backward, optimizer) and its group's
+    // communication row (the transfers).
+    for (int rank : {0, 1}) {
+      CAPTURE(rank);
+      int compute = 0, communication = 0;
+      for (const auto& [row, counts] : slices) {
+        if (row.first != rank) continue;
+        const std::string& named = row_name[row];
+        if (named == "compute") {
+          ++compute;
+          CHECK(counts.contains("backward"));
+        } else {
+          CHECK(named == "communication");
+          ++communication;
+          CHECK((counts.contains("all_gather") && counts.contains("reduce_scatter") && counts.contains("barrier")));
+        }
+      }
+      CHECK(compute == 1);
+      CHECK(communication == 1);
+    }
+  }
+  std::filesystem::remove(trace);
+  std::filesystem::path figure = trace;
+  std::filesystem::remove(figure.replace_extension(".svg"));
+}
+
 TEST_CASE("train_zero trains on N ranks, and its sharded checkpoint resumes at another N and stage") {
   // Six steps at N = 2 stage 3, saved, then six more at N = 4 stage 1: the same losses as
   // one rank that saves and resumes (to the printed 4 decimals, give or take rounding).
@@ -322,12 +388,15 @@ TEST_CASE("bench/zero_memory --timeline: per stage a trace and a figure whose pe
     CHECK(std::fabs(drawn[0].drawn_peak() - static_cast<double>(allocator_peak)) <= 0.006 * drawn[0].bytes_per_px);
     peaks.push_back(allocator_peak);
   }
-  // all.svg: the four stages on one scale, each panel's drawn peak its own.
+  // all.svg: the four stages on one scale, each panel's drawn peak its own, then ZeRO-3
+  // again on a scale of its own (its peak the lowest, so drawn larger).
   const std::vector<DrawnPanel> all = drawn_panels(read(dir / "all.svg"));
-  REQUIRE(all.size() == 4);
+  REQUIRE(all.size() == 5);
+  peaks.push_back(peaks[3]);
   for (size_t i = 0; i < all.size(); ++i) {
-    CHECK(all[i].title == (i == 0 ? std::string("DDP") : "ZeRO-" + std::to_string(i)));
-    CHECK(all[i].bytes_per_px == all[0].bytes_per_px);
+    const std::string title = i == 0 ? "DDP" : i < 4 ? "ZeRO-" + std::to_string(i) : "ZeRO-3, on its own scale";
+    CHECK(all[i].title == title);
+    CHECK((i < 4 ? all[i].bytes_per_px == all[0].bytes_per_px : all[i].bytes_per_px < all[0].bytes_per_px));
     CHECK(std::fabs(all[i].drawn_peak() - static_cast<double>(peaks[i])) <= 0.006 * all[i].bytes_per_px);
   }
   CHECK(peaks[0] > peaks[1]);  // DDP holds the most

@@ -169,6 +169,64 @@ TEST_CASE("a memory timeline keeps at most its capacity, says how much it droppe
   CHECK_THROWS_WITH_AS(memory_figure_svg({}, "nothing"), "memory_figure_svg: no panels to draw", Error);
 }
 
+// A trace's slices all end: a range still open when the recording ends is closed there,
+// and a range is kept only with room for its end.
+TEST_CASE("a memory timeline closes every range it keeps: at the recording's end, and within its capacity") {
+  Context rank;
+  ContextGuard guard(rank);
+  MemoryTimeline held;  // what every allocator holds as a recording begins: its first events
+  { MemoryTimelineRecording recording(held); }
+  int held_allocations = 0;
+  for (const TimelineEvent& e : held.events()) held_allocations += e.kind == TimelineEvent::Kind::allocate;
+  MemoryTimeline timeline(held.events().size() + 6);
+  std::optional<MemoryTimelineRecording> recording(std::in_place, timeline);
+  std::optional<TraceRange> outer(std::in_place, "outer");
+  {
+    TraceRange inner("inner");
+    for (int i = 0; i < 10; ++i) empty({16});  // the first kept, then no room but for two ends
+    TraceRange late("late");                   // no room for it and its end: dropped
+  }
+  recording.reset();  // with "outer" open
+  outer.reset();
+  std::vector<std::string> begun;
+  int depth = 0, allocations = 0;
+  for (const TimelineEvent& e : timeline.events()) {
+    if (e.kind == TimelineEvent::Kind::begin) ++depth, begun.push_back(timeline.path(e.path));
+    if (e.kind == TimelineEvent::Kind::end) CHECK(--depth >= 0);
+    allocations += e.kind == TimelineEvent::Kind::allocate;
+  }
+  CHECK(depth == 0);
+  CHECK(begun == std::vector<std::string>{"outer", "outer > inner"});
+  CHECK(allocations == held_allocations + 1);  // the first tensor's, before the room left was for ends only
+  CHECK(timeline.events().size() == timeline.capacity());
+  CHECK(timeline.events().back().kind == TimelineEvent::Kind::end);  // outer's, at the recording's end
+  CHECK(timeline.dropped() >= 20);
+}
+
+// A thread names its row: the comm worker's "communication"; one that names none is "compute".
+TEST_CASE("chrome_trace_json names each thread's row as the thread named itself, else compute") {
+  Context rank;
+  ContextGuard guard(rank);
+  MemoryTimeline timeline;
+  {
+    MemoryTimelineRecording recording(timeline);
+    TraceRange step("step");
+    std::thread([&rank] {
+      set_trace_thread_name("loader");
+      ContextGuard same(rank);
+      TraceRange read("read");
+    }).join();
+  }
+  std::map<std::string, std::string> rows;  // a row's name -> the slice on it
+  std::map<int, std::string> names;
+  const nlohmann::json trace = nlohmann::json::parse(chrome_trace_json(timeline));
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.at("ph") == "M" && e.at("name") == "thread_name") names[e.at("tid")] = e.at("args").at("name");
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.at("ph") == "B") rows[names.at(e.at("tid"))] = e.at("name");
+  CHECK(rows == std::map<std::string, std::string>{{"compute", "step"}, {"loader", "read"}});
+}
+
 // Two ranks (threads) train the tiny GPT under ZeRO-3 while one timeline records both:
 // each rank's sums, its trace's counters and its figure's drawn peak are its allocator's
 // figures, and the phases name the units.

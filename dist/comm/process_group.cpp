@@ -149,7 +149,10 @@ class CommWorker {
   WorkHandle enqueue(Collective collective) {
     auto work = std::make_shared<HostWork>();
     std::lock_guard lock(mutex_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    if (!thread_.joinable()) thread_ = std::thread([this] {
+      set_trace_thread_name("communication");
+      loop();
+    });
     queue_.push_back({std::move(collective), &Context::current(), MemoryScope::current(), work});
     queue_cv_.notify_all();
     return work;
