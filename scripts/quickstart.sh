@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the main job: bench/zero_memory, which
+# Installs what is missing, builds, and runs bench/zero_memory, which
 # trains a GPT for a few steps under DDP and ZeRO-1/2/3 with 4 ranks (threads of one
 # process, on the GPU if this build has one, else on the CPU) and prints each rank's
 # memory by category and bytes sent per step next to the ZeRO paper's formulas; then
