@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -141,7 +142,58 @@ void sharded_section() {
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
 }
 
-int main() {
+// --figure FILE: the two ways to build, as a dry run on the meta device at a size where
+// it matters -- Llama 2 7B's shape, rank 0 of 8 at ZeRO-3 -- each followed by one training
+// step, recorded and drawn on one scale. Eager: every f32 weight allocated whole, then
+// sharded. Deferred: nothing until the ShardedModel fills this rank's shards.
+MemoryPanel build_and_step(bool deferred) {
+  nn::LlamaConfig config;
+  config.n_layer = 32, config.n_head = 32, config.n_kv_head = 32, config.n_embd = 4096;
+  config.intermediate_size = 11008, config.vocab_size = 32000, config.block_size = 4096;
+  Context rank0(0);
+  ContextGuard guard(rank0);
+  dist::FakeGroup group(0, 8);  // rank 0 of 8: moves nothing, counts everything
+  MemoryTimeline timeline;
+  std::optional<nn::Llama> model;
+  std::optional<dist::ShardedModel> sharded;
+  {
+    MemoryTimelineRecording recording(timeline);
+    if (deferred) {
+      DeferredInit nothing_allocated;
+      model.emplace(config, TensorOptions().device(kMeta));
+    } else {
+      model.emplace(config, TensorOptions().device(kMeta));
+    }
+    sharded.emplace(*model, group, dist::ZeroConfig{.stage = 3, .compute_dtype = DType::bf16});
+    const Tensor tokens = zeros({1, 1024}, TensorOptions(DType::i64).device(kMeta));
+    sharded->zero_grad();
+    {
+      MemoryScope scope(MemoryCategory::activation);
+      model->forward(tokens, tokens).loss.backward();
+    }
+    sharded->step(1e-4);
+  }
+  const int64_t formula = 16 * model->num_parameters() / 8;  // 16Ψ/N: ZeRO-3's model states
+  return {deferred ? "deferred: each rank fills its own shards" : "eager: the whole model, then sharded",
+          memory_series(timeline, 0, kMeta), {{"16Ψ/8", formula}}};
+}
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--figure") {
+    std::ofstream out(argv[2]);
+    out << memory_figure_svg({build_and_step(false), build_and_step(true)},
+                             "Llama 2 7B's shape at ZeRO-3, rank 0 of 8, bf16 compute: built, then one step");
+    if (!out.flush()) {
+      std::fprintf(stderr, "own_model: cannot write %s\n", argv[2]);
+      return 1;
+    }
+    std::printf("wrote %s\n", argv[2]);
+    return 0;
+  }
+  if (argc != 1) {
+    std::fprintf(stderr, "usage: own_model [--figure FILE]\n");
+    return 1;
+  }
   custom_op_section();
   llama_section();
   sharded_section();

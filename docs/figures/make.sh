@@ -89,3 +89,7 @@ side_by_side device-mesh.svg "ZeRO-3, GPT-2 124M, 16 ranks, rank 0: sharded over
 # communication, DDP and ZeRO-3 within a node (N = 8) and across nodes (N = 64).
 "$bench/zero_memory" --model 124m --simulate --world-size 8,64 --stage 0,3 --seq 1024 --batch 4 \
   --schedule-svg "$out/overlap.svg" >/dev/null
+
+# 15. Building a model already sharded: Llama 2 7B's shape at ZeRO-3, rank 0 of 8, built
+# eagerly then sharded, or deferred; one step after each (examples/own_model --figure).
+"$bench/../examples/own_model" --figure "$out/building-sharded.svg" >/dev/null
