@@ -58,95 +58,108 @@ double tick_step(double most_ms) {
   return 10 * magnitude;
 }
 
-}  // namespace
+constexpr double kWidth = 960, kLeft = 110, kRight = 20, kRowH = 22, kRowGap = 6, kLegendH = 52;
 
-std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const std::string& title,
-                              const std::string& subtitle) {
-  ZG_CHECK(!panels.empty(), "step_schedule_svg: no panels to draw");
-  constexpr double kWidth = 960, kLeft = 110, kRight = 20, kRowH = 22, kRowGap = 6, kLegendH = 52;
-  const double plot_w = kWidth - kLeft - kRight;
-  double most = 0;
-  for (const SchedulePanel& p : panels) most = std::max(most, p.time.step);
-  ZG_CHECK(most > 0, "step_schedule_svg: every panel's step takes no time");
-  const double ms_step = tick_step(most * 1e3), axis_s = std::ceil(most * 1e3 / ms_step - 1e-9) * ms_step / 1e3;
-  const auto x_of = [&](double seconds) { return kLeft + plot_w * seconds / axis_s; };
+// The time axis every panel shares: seconds to x, and its ticks in ms.
+struct TimeAxis {
+  double seconds = 0, ms_step = 0;  // the axis' length, a tick's step
+  double plot_w = kWidth - kLeft - kRight;
+  double x(double at) const { return kLeft + plot_w * at / seconds; }
+};
 
-  // Each panel: its title, the compute row, a row per group that sent, the axis.
-  std::string body;
-  double y = 22 + kLegendH;
-  for (const SchedulePanel& p : panels) {
-    const StepTime& t = p.time;
-    std::vector<int> groups;  // the log's groups with a collective, in order
-    for (const StepSpan& s : t.collective_spans) {
-      const int g = p.log.events.at(s.event).group;
-      if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
-    }
-    std::sort(groups.begin(), groups.end());
-    char summary[200];
-    std::snprintf(summary, sizeof summary, ": step %.2f ms = compute %.2f ms + exposed %.2f ms (%.1f%%)", t.step * 1e3,
-                  t.compute * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step);
-    body += fmt("<g class=\"panel\" data-step-seconds=\"%.9g\" ", t.step) +
-            fmt("data-compute-seconds=\"%.9g\" data-exposed-seconds=\"%.9g\">\n", t.compute, t.exposed);
-    body += fmt("<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", 12, y + 12) + escape(p.title) +
-            "<tspan font-weight=\"normal\">" + summary + "</tspan></text>\n";
-    y += 20;
-    // The compute row: the wait behind it (the whole step), then the kernels on top,
-    // a phase's touching spans drawn as one.
-    body += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">compute</text>\n", kLeft - 8, y + 15);
-    body += fmt("<rect x=\"%.2f\" y=\"%.1f\" ", kLeft, y) +
-            fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", x_of(t.step) - kLeft, kRowH) + kWaitColour + "\"/>\n";
-    for (size_t i = 0; i < t.compute_spans.size();) {
-      const std::string phase = phase_of(p.log, t.compute_spans[i].event);
-      const double start = t.compute_spans[i].start;
-      double end = t.compute_spans[i].end;
-      for (++i; i < t.compute_spans.size() && t.compute_spans[i].start <= end &&
-                phase_of(p.log, t.compute_spans[i].event) == phase;
-           ++i)
-        end = t.compute_spans[i].end;
-      body += fmt("<rect x=\"%.2f\" y=\"%.1f\" ", x_of(start), y) +
-              fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", x_of(end) - x_of(start), kRowH) + phase_colour(phase) +
-              "\"/>\n";
+std::string rect(double x, double y, double w, const std::string& fill, const std::string& extra = "") {
+  return fmt("<rect x=\"%.2f\" y=\"%.1f\" ", x, y) + fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", w, kRowH) + fill +
+         "\"" + extra + "/>\n";
+}
+std::string row_label(double y, const std::string& label) {
+  return fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", kLeft - 8, y + 15) + label + "</text>\n";
+}
+
+// The compute row: the wait behind it (the whole step), then the kernels on top, a
+// phase's touching spans drawn as one.
+std::string compute_row(const SchedulePanel& p, const TimeAxis& axis, double y) {
+  const StepTime& t = p.time;
+  std::string out = row_label(y, "compute") + rect(kLeft, y, axis.x(t.step) - kLeft, kWaitColour);
+  for (size_t i = 0; i < t.compute_spans.size();) {
+    const std::string phase = phase_of(p.log, t.compute_spans[i].event);
+    const double start = t.compute_spans[i].start;
+    double end = t.compute_spans[i].end;
+    for (++i; i < t.compute_spans.size() && t.compute_spans[i].start <= end &&
+              phase_of(p.log, t.compute_spans[i].event) == phase;
+         ++i)
+      end = t.compute_spans[i].end;
+    out += rect(axis.x(start), y, axis.x(end) - axis.x(start), phase_colour(phase));
+  }
+  return out;
+}
+
+// A row per group that sent, its collectives in time; `y` moves past them.
+std::string communication_rows(const SchedulePanel& p, const TimeAxis& axis, double& y) {
+  std::vector<int> groups;  // the log's groups with a collective, in order
+  for (const StepSpan& s : p.time.collective_spans) {
+    const int g = p.log.events.at(s.event).group;
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+  }
+  std::sort(groups.begin(), groups.end());
+  std::string out;
+  for (int g : groups) {
+    const StepGroup& group = p.log.groups.at(static_cast<size_t>(g));
+    // Hybrid sharding's two: "8 ranks" (a node's block) and "8 ranks, stride 8" (across).
+    const std::string label = groups.size() == 1 ? "communication"
+                              : std::to_string(group.size) + " ranks" +
+                                    (group.stride > 1 ? ", stride " + std::to_string(group.stride) : "");
+    out += row_label(y, label) + rect(kLeft, y, axis.plot_w, "#f4f4f4");
+    for (const StepSpan& s : p.time.collective_spans) {
+      const StepEvent& e = p.log.events.at(s.event);
+      if (e.group != g || s.end <= s.start) continue;
+      out += rect(axis.x(s.start), y, axis.x(s.end) - axis.x(s.start), collective_colour(static_cast<CollectiveOp>(e.op)),
+                  " stroke=\"white\" stroke-width=\"0.4\"");
     }
     y += kRowH + kRowGap;
-    for (int g : groups) {
-      const StepGroup& group = p.log.groups.at(static_cast<size_t>(g));
-      // Hybrid sharding's two: "8 ranks" (a node's block) and "8 ranks, stride 8" (across).
-      const std::string label = groups.size() == 1 ? "communication"
-                                : std::to_string(group.size) + " ranks" +
-                                      (group.stride > 1 ? ", stride " + std::to_string(group.stride) : "");
-      body += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", kLeft - 8, y + 15) + label + "</text>\n";
-      body += fmt("<rect x=\"%.2f\" y=\"%.1f\" ", kLeft, y) +
-              fmt("width=\"%.2f\" height=\"%.1f\" fill=\"#f4f4f4\"/>\n", plot_w, kRowH);
-      for (const StepSpan& s : t.collective_spans) {
-        const StepEvent& e = p.log.events.at(s.event);
-        if (e.group != g || s.end <= s.start) continue;
-        body += fmt("<rect x=\"%.2f\" y=\"%.1f\" ", x_of(s.start), y) +
-                fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", x_of(s.end) - x_of(s.start), kRowH) +
-                collective_colour(static_cast<CollectiveOp>(e.op)) + "\" stroke=\"white\" stroke-width=\"0.4\"/>\n";
-      }
-      y += kRowH + kRowGap;
-    }
-    // The axis, in ms.
-    body += fmt("<line x1=\"%.1f\" y1=\"%.1f\" ", kLeft, y) +
-            fmt("x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", kLeft + plot_w, y);
-    for (double ms = 0; ms <= axis_s * 1e3 + 1e-9; ms += ms_step) {
-      const double x = x_of(ms / 1e3);
-      body += fmt("<line x1=\"%.2f\" y1=\"%.1f\" ", x, y) +
-              fmt("x2=\"%.2f\" y2=\"%.1f\" stroke=\"black\"/>\n", x, y + 4);
-      body += fmt("<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">", x, y + 16) + fmt("%g", ms) + "</text>\n";
-    }
-    body += fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">ms</text>\n", kLeft - 8, y + 16);
-    body += "</g>\n";
-    y += 34;
   }
+  return out;
+}
 
-  // The legend under the title: the phases, the wait, the collectives.
-  std::string legend;
-  double lx = 12;
+// The axis under a panel, in ms.
+std::string axis_line(const TimeAxis& axis, double y) {
+  std::string out = fmt("<line x1=\"%.1f\" y1=\"%.1f\" ", kLeft, y) +
+                    fmt("x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", kLeft + axis.plot_w, y);
+  for (double ms = 0; ms <= axis.seconds * 1e3 + 1e-9; ms += axis.ms_step) {
+    const double x = axis.x(ms / 1e3);
+    out += fmt("<line x1=\"%.2f\" y1=\"%.1f\" ", x, y) + fmt("x2=\"%.2f\" y2=\"%.1f\" stroke=\"black\"/>\n", x, y + 4);
+    out += fmt("<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">", x, y + 16) + fmt("%g", ms) + "</text>\n";
+  }
+  return out + fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">ms</text>\n", kLeft - 8, y + 16);
+}
+
+// One panel: its title with the step's sum, the compute row, the communication rows, the
+// axis; `y` moves past it.
+std::string panel(const SchedulePanel& p, const TimeAxis& axis, double& y) {
+  const StepTime& t = p.time;
+  char summary[200];
+  std::snprintf(summary, sizeof summary, ": step %.2f ms = compute %.2f ms + exposed %.2f ms (%.1f%%)", t.step * 1e3,
+                t.compute * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step);
+  std::string out = fmt("<g class=\"panel\" data-step-seconds=\"%.9g\" ", t.step) +
+                    fmt("data-compute-seconds=\"%.9g\" data-exposed-seconds=\"%.9g\">\n", t.compute, t.exposed);
+  out += fmt("<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", 12, y + 12) + escape(p.title) +
+         "<tspan font-weight=\"normal\">" + summary + "</tspan></text>\n";
+  y += 20;
+  out += compute_row(p, axis, y);
+  y += kRowH + kRowGap;
+  out += communication_rows(p, axis, y);
+  out += axis_line(axis, y) + "</g>\n";
+  y += 34;
+  return out;
+}
+
+// The legend under the title: the phases, the wait, the collectives.
+std::string legend() {
+  std::string out;
+  double x = 12;
   const auto item = [&](const char* colour, const std::string& label) {
-    legend += fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"", lx, 44) + colour + "\"/>" +
-              fmt("<text x=\"%.1f\" y=\"%.1f\">", lx + 16, 54) + label + "</text>\n";
-    lx += 22 + 6.2 * static_cast<double>(label.size());
+    out += fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"", x, 44) + colour + "\"/>" +
+           fmt("<text x=\"%.1f\" y=\"%.1f\">", x + 16, 54) + label + "</text>\n";
+    x += 22 + 6.2 * static_cast<double>(label.size());
   };
   item(phase_colour("forward"), "forward");
   item(phase_colour("backward"), "backward");
@@ -155,13 +168,29 @@ std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const st
   item(collective_colour(CollectiveOp::all_gather), "all-gather");
   item(collective_colour(CollectiveOp::reduce_scatter), "reduce-scatter");
   item(collective_colour(CollectiveOp::all_reduce), "all-reduce");
+  return out;
+}
 
+}  // namespace
+
+std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const std::string& title,
+                              const std::string& subtitle) {
+  ZG_CHECK(!panels.empty(), "step_schedule_svg: no panels to draw");
+  double most = 0;
+  for (const SchedulePanel& p : panels) most = std::max(most, p.time.step);
+  ZG_CHECK(most > 0, "step_schedule_svg: every panel's step takes no time");
+  TimeAxis axis;
+  axis.ms_step = tick_step(most * 1e3);
+  axis.seconds = std::ceil(most * 1e3 / axis.ms_step - 1e-9) * axis.ms_step / 1e3;
+  std::string body;
+  double y = 22 + kLegendH;
+  for (const SchedulePanel& p : panels) body += panel(p, axis, y);
   std::string svg = fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" ", kWidth, y) +
                     fmt("viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n", kWidth, y);
   svg += fmt("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", kWidth, y);
   svg += "<text x=\"12\" y=\"20\" font-size=\"14\" font-weight=\"bold\">" + escape(title) + "</text>\n";
   svg += "<text x=\"12\" y=\"36\">" + escape(subtitle) + "</text>\n";
-  return svg + legend + body + "</svg>\n";
+  return svg + legend() + body + "</svg>\n";
 }
 
 }  // namespace zg::dist
