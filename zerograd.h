@@ -45,6 +45,7 @@
 
 #include "dist/comm/agreement.h"
 #include "dist/comm/device_mesh.h"
+#include "dist/comm/differentiable.h"
 #include "dist/comm/fake_group.h"
 #include "dist/comm/launch.h"
 #include "dist/comm/local_group.h"
@@ -60,3 +61,4 @@
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/writer_lock.h"
 #include "dist/zero/zero_config.h"
+#include "dist/tensor/parallel_linear.h"

@@ -34,6 +34,13 @@ Tensor spread_leaf(const Shape& s, Device d) {
 
 #define FN [](const std::vector<Tensor>& x) -> Tensor
 
+// Megatron's collectives (dist/comm/differentiable.h) run here over the trivial group,
+// where each is the identity; test_tensor_parallel checks them at T = 2 and 4.
+dist::ProcessGroup& single_rank() {
+  static dist::SingleRank group;
+  return group;
+}
+
 std::map<std::string, GradCase> grad_cases(Device d) {
   const Tensor idx = tensor<int64_t>({0, 3, 3, 1, 4, 0}, {2, 3}, TensorOptions(DType::i64).device(d));
   const Tensor target = tensor<int64_t>({2, -100, 0, 4}, {4}, TensorOptions(DType::i64).device(d));
@@ -151,6 +158,13 @@ std::map<std::string, GradCase> grad_cases(Device d) {
                        return nn::checkpoint([](const std::vector<Tensor>& in) { return tanh(in[0] * in[1]) * in[0]; },
                                              {x[0], x[1]});
                      }};
+  c["copy_to_group"] = {{normal_leaf({3, 4}, d)}, FN { return dist::copy_to_group(x[0], single_rank()); }};
+  c["reduce_from_group"] = {{normal_leaf({3, 4}, d)}, FN { return dist::reduce_from_group(x[0], single_rank()); }};
+  c["all_gather_sequence"] = {{normal_leaf({3, 4}, d)}, FN { return dist::all_gather_sequence(x[0], single_rank(), 1); }};
+  c["reduce_scatter_sequence"] = {{normal_leaf({3, 4}, d)},
+                                  FN { return dist::reduce_scatter_sequence(x[0], single_rank()); }};
+  c["gather_last_dim"] = {{normal_leaf({3, 4}, d)}, FN { return dist::gather_last_dim(x[0], single_rank()); }};
+  c["split_last_dim"] = {{normal_leaf({3, 4}, d)}, FN { return dist::split_last_dim(x[0], single_rank()); }};
   c["to_device"] = {{normal_leaf({3, 2}, d)}, FN { return (x[0].to(kCUDA) * 2.0).to(kCPU); }, 1e-6, 1e-6, 1e-4, true};
   return c;
 }

@@ -1,0 +1,189 @@
+// Tensor parallelism (dist/tensor/, dist/comm/differentiable.h): Megatron's layers at
+// T = 1, 2, 4 ranks against the one-rank layers from the same seed, and each
+// differentiable collective's backward against its conjugate.
+#include <functional>
+#include <optional>
+
+#include "helpers.h"
+
+using namespace zg;
+using test::check_close;
+using test::Host;
+
+namespace {
+
+const TensorOptions kF64(DType::f64);
+constexpr double kTol = 1e-12;
+
+// sum(a * b) over every rank's a and b.
+double dot_over_ranks(const Tensor& a, const Tensor& b, dist::ProcessGroup& group) {
+  Tensor total = sum(a * b).reshape({1}).contiguous().clone();
+  group.all_reduce(total);
+  return total.item<double>();
+}
+
+// randn(shape) from `seed`: alike on every rank when the seed is.
+Tensor randn_from(uint64_t seed, const Shape& shape) {
+  manual_seed(seed);
+  return randn(shape, kF64);
+}
+
+// The one-rank MLP and its tensor-parallel twin, from one seed, on the same x: the
+// outputs, the input gradients and the gathered parameter gradients agree. `cut_between`:
+// whether the activation between the layers stays cut (Megatron's MLP) or is gathered
+// and cut again (gather_output, input_is_parallel false).
+void check_mlp(dist::ProcessGroup& group, bool cut_between) {
+  manual_seed(7);
+  nn::Linear fc(8, 16, true, std::nullopt, kF64), proj(16, 6, true, std::nullopt, kF64);
+  manual_seed(7);
+  dist::ColumnParallelLinear column(8, 16, group, true, !cut_between, kF64);
+  dist::RowParallelLinear row(16, 6, group, true, cut_between, kF64);
+  CHECK(column.weight.shape() == Shape{16 / group.size(), 8});
+  CHECK(row.weight.shape() == Shape{6, 16 / group.size()});
+  test::check_identical(dist::all_gather_sequence(column.weight, group, 0), fc.weight, "the column slices are fc's");
+  test::check_identical(dist::all_gather_sequence(row.weight, group, 1), proj.weight, "the row slices are proj's");
+
+  const Tensor x = randn_from(8, {2, 3, 8}), w = randn_from(9, {2, 3, 6});  // alike on every rank
+  Tensor x_one = x.clone(), x_tp = x.clone();
+  x_one.set_requires_grad(true);
+  x_tp.set_requires_grad(true);
+  const Tensor y_one = proj(gelu(fc(x_one))), y_tp = row(gelu(column(x_tp)));
+  sum(y_one * w).backward();
+  sum(y_tp * w).backward();
+
+  check_close(y_tp, Host::of(y_one), 0, kTol, "output");
+  check_close(x_tp.grad(), Host::of(x_one.grad()), 0, kTol, "input gradient");
+  check_close(dist::all_gather_sequence(column.weight.grad(), group, 0), Host::of(fc.weight.grad()), 0, kTol,
+              "fc weight gradient");
+  check_close(dist::all_gather_sequence(column.bias.grad(), group, 0), Host::of(fc.bias.grad()), 0, kTol,
+              "fc bias gradient");
+  check_close(dist::all_gather_sequence(row.weight.grad(), group, 1), Host::of(proj.weight.grad()), 0, kTol,
+              "proj weight gradient");
+  check_close(row.bias.grad(), Host::of(proj.bias.grad()), 0, kTol, "proj bias gradient");
+}
+
+// A collective as a linear map A across the ranks, x -> A(x); `replicated_*`: every
+// rank holds the same x (or the same cotangent), which then counts once, not T times.
+struct CollectiveCase {
+  const char* name;
+  std::function<Tensor(const Tensor&, dist::ProcessGroup&)> apply;
+  Shape input;  // each rank's x, its dim `cut` (if >= 0) times T
+  int64_t cut;
+  bool replicated_input, replicated_output;
+  Shape input_shape(int world) const {
+    Shape shape = input;
+    if (cut >= 0) shape[cut] *= world;
+    return shape;
+  }
+};
+
+std::vector<CollectiveCase> collectives() {
+  const auto gather_dim_1 = [](const Tensor& x, dist::ProcessGroup& g) { return dist::all_gather_sequence(x, g, 1); };
+  const auto scatter_dim_0 = [](const Tensor& x, dist::ProcessGroup& g) { return dist::reduce_scatter_sequence(x, g); };
+  return {
+      {"copy_to_group", dist::copy_to_group, {3, 4}, -1, true, false},
+      {"reduce_from_group", dist::reduce_from_group, {3, 4}, -1, false, true},
+      {"all_gather_sequence", gather_dim_1, {2, 3, 4}, -1, false, false},
+      {"reduce_scatter_sequence", scatter_dim_0, {2, 3}, 0, false, false},
+      {"gather_last_dim", dist::gather_last_dim, {3, 2}, -1, false, true},
+      {"split_last_dim", dist::split_last_dim, {3, 2}, 1, true, false},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("ColumnParallelLinear -> gelu -> RowParallelLinear equals the one-rank MLP at T = 1, 2, 4 in f64") {
+  for (int world : {1, 2, 4}) {
+    for (bool cut_between : {true, false}) {
+      INFO("T = " << world << ", activation cut between the layers: " << cut_between);
+      dist::run_local(world, [&](dist::ProcessGroup& group) { check_mlp(group, cut_between); });
+    }
+  }
+}
+
+// The dot-product test, a linear op's gradcheck: for random x and cotangent c,
+// <A(x), c> = <x, A^T(c)> summed over the ranks, A^T(c) being what backward computes.
+TEST_CASE("each differentiable collective's backward is the adjoint (conjugate) of its forward") {
+  for (int world : {1, 2, 4}) {
+    for (const CollectiveCase& op : collectives()) {
+      INFO(op.name << " at T = " << world);
+      dist::run_local(world, [&](dist::ProcessGroup& group) {
+        const int T = group.size(), r = group.rank();
+        Tensor x = randn_from(op.replicated_input ? 11 : 11 + r, op.input_shape(T));
+        x.set_requires_grad(true);
+        const Tensor y = op.apply(x, group);
+        const Tensor c = randn_from(op.replicated_output ? 12 : 12 + r, y.shape());
+        y.backward(c);
+        const double forward = dot_over_ranks(y.detach(), c, group) / (op.replicated_output ? T : 1);
+        const double backward = dot_over_ranks(x.detach(), x.grad(), group) / (op.replicated_input ? T : 1);
+        CHECK(std::fabs(forward - backward) <= kTol * (1 + std::fabs(forward)));
+      });
+    }
+  }
+}
+
+TEST_CASE("all_gather_sequence and reduce_scatter_sequence: the ranks' pieces in rank order, and back") {
+  for (int world : {1, 2, 4}) {
+    INFO("T = " << world);
+    dist::run_local(world, [](dist::ProcessGroup& group) {
+      const int T = group.size(), r = group.rank();
+      std::vector<Tensor> pieces;  // every rank's x [2, 3, 4], known to every rank
+      for (int q = 0; q < T; ++q) pieces.push_back(randn_from(20 + q, {2, 3, 4}));
+      Tensor x = pieces[r].clone();
+      x.set_requires_grad(true);
+      const Tensor gathered = dist::all_gather_sequence(x, group, 1);
+      test::check_identical(gathered.detach(), cat(pieces, 1), "gathered along dim 1");
+      // Every rank gathered the same [2, 3T, 4]: the sum over ranks is T times it, this rank's slice T x.
+      const Tensor back = dist::reduce_scatter_sequence(gathered, group, 1);
+      check_close(back, Host::of(pieces[r] * double(T)), 0, kTol, "reduce-scattered back");
+      // L = sum(back * w_r): backward all-gathers every rank's w, then reduce-scatters the
+      // T ranks' copies of it, so dL/dx = T w_r.
+      std::vector<Tensor> weights;
+      for (int q = 0; q < T; ++q) weights.push_back(randn_from(40 + q, {2, 3, 4}));
+      sum(back * weights[r]).backward();
+      check_close(x.grad(), Host::of(weights[r] * double(T)), 0, kTol, "gradient");
+    });
+  }
+}
+
+TEST_CASE("the collectives' bytes are counted as the group counts every collective") {
+  for (int world : {2, 4}) {
+    INFO("T = " << world);
+    dist::run_local(world, [](dist::ProcessGroup& group) {
+      const double share = double(group.size() - 1) / group.size();  // a ring's (T-1)/T
+      Tensor x = randn_from(30, {3, 4});                             // 96 bytes in f64
+      x.set_requires_grad(true);
+      group.reset_bytes_sent();
+      const Tensor y = dist::copy_to_group(x, group);
+      CHECK(group.bytes_sent() == 0);  // the identity forward moves nothing
+      y.backward(randn_from(31, {3, 4}));
+      CHECK(group.bytes_sent() == int64_t(2 * share * 96 + 0.5));  // the all-reduce backward: 2 (T-1)/T x bytes
+      group.reset_bytes_sent();
+      const Tensor gathered = dist::all_gather_sequence(x, group);
+      CHECK(group.bytes_sent() == int64_t(share * 96 * group.size() + 0.5));  // (T-1)/T x the output's bytes
+      gathered.backward(randn_from(32, gathered.shape()));
+      CHECK(group.bytes_sent() == 2 * int64_t(share * 96 * group.size() + 0.5));  // + the reduce-scatter's input
+    });
+  }
+}
+
+TEST_CASE("a dim or a layer that does not divide by the group size is refused, naming it") {
+  dist::run_local(4, [](dist::ProcessGroup& group) {
+    const Tensor x = zeros({6, 4}, kF64);
+    CHECK_THROWS_WITH_AS(dist::reduce_scatter_sequence(x, group),
+                         "reduce_scatter_sequence: dim 0 of f64[6, 4] on cpu (6) does not divide by the group size 4",
+                         Error);
+    CHECK_THROWS_WITH_AS(dist::split_last_dim(zeros({4, 6}, kF64), group),
+                         "split_last_dim: dim 1 of f64[4, 6] on cpu (6) does not divide by the group size 4", Error);
+    CHECK_THROWS_WITH_AS(dist::all_gather_sequence(zeros({}, kF64), group), doctest::Contains("0-dim"), Error);
+    CHECK_THROWS_WITH_AS(dist::ColumnParallelLinear(8, 6, group),
+                         "ColumnParallelLinear: out_features 6 does not divide by the group size T = 4", Error);
+    CHECK_THROWS_WITH_AS(dist::RowParallelLinear(6, 8, group),
+                         "RowParallelLinear: in_features 6 does not divide by the group size T = 4", Error);
+    dist::RowParallelLinear row(8, 3, group, true, /*input_is_parallel=*/true, kF64);
+    CHECK_THROWS_WITH_AS(row(zeros({2, 8}, kF64)),
+                         "RowParallelLinear: input f64[2, 8] on cpu does not end in 2 features (this rank's weight "
+                         "f64[3, 2] on cpu)",
+                         Error);
+  });
+}
