@@ -62,3 +62,4 @@
 #include "dist/zero/writer_lock.h"
 #include "dist/zero/zero_config.h"
 #include "dist/tensor/parallel_linear.h"
+#include "dist/tensor/vocab_parallel.h"

@@ -1,6 +1,6 @@
-// Tensor parallelism (dist/tensor/, dist/comm/differentiable.h): Megatron's layers at
-// T = 1, 2, 4 ranks against the one-rank layers from the same seed, and each
-// differentiable collective's backward against its conjugate.
+// Tensor parallelism (dist/tensor/, dist/comm/differentiable.h): Megatron's layers, its
+// vocabulary-parallel embedding and loss at T = 1, 2, 4 ranks against the one-rank ones
+// from the same seed, and each differentiable collective's backward against its conjugate.
 #include <functional>
 #include <optional>
 
@@ -36,8 +36,8 @@ void check_mlp(dist::ProcessGroup& group, bool cut_between) {
   manual_seed(7);
   nn::Linear fc(8, 16, true, std::nullopt, kF64), proj(16, 6, true, std::nullopt, kF64);
   manual_seed(7);
-  dist::ColumnParallelLinear column(8, 16, group, true, !cut_between, kF64);
-  dist::RowParallelLinear row(16, 6, group, true, cut_between, kF64);
+  dist::ColumnParallelLinear column(8, 16, group, true, !cut_between, std::nullopt, kF64);
+  dist::RowParallelLinear row(16, 6, group, true, cut_between, std::nullopt, kF64);
   CHECK(column.weight.shape() == Shape{16 / group.size(), 8});
   CHECK(row.weight.shape() == Shape{6, 16 / group.size()});
   test::check_identical(dist::all_gather_sequence(column.weight, group, 0), fc.weight, "the column slices are fc's");
@@ -60,6 +60,51 @@ void check_mlp(dist::ProcessGroup& group, bool cut_between) {
   check_close(dist::all_gather_sequence(row.weight.grad(), group, 1), Host::of(proj.weight.grad()), 0, kTol,
               "proj weight gradient");
   check_close(row.bias.grad(), Host::of(proj.bias.grad()), 0, kTol, "proj bias gradient");
+}
+
+// The one-rank embedding and its vocabulary-parallel twin from one seed: the same
+// weights, outputs and (gathered) weight gradients, every id looked up, some twice.
+void check_embedding(dist::ProcessGroup& group) {
+  manual_seed(5);
+  nn::Embedding one(8, 3, 0.02, kF64);
+  manual_seed(5);
+  dist::VocabParallelEmbedding tp(8, 3, group, 0.02, kF64);
+  CHECK(tp.weight.shape() == Shape{8 / group.size(), 3});
+  CHECK(tp.vocab_start == group.rank() * 8 / group.size());
+  test::check_identical(dist::all_gather_sequence(tp.weight, group, 0), one.weight, "the row slices are one's");
+  const Tensor tokens = tensor<int64_t>({0, 1, 2, 3, 4, 5, 6, 7, 7, 3}, {2, 5}, DType::i64);
+  const Tensor y_one = one(tokens), y_tp = tp(tokens), w = randn_from(6, {2, 5, 3});
+  sum(y_one * w).backward();
+  sum(y_tp * w).backward();
+  check_close(y_tp, Host::of(y_one), 0, kTol, "output");
+  check_close(dist::all_gather_sequence(tp.weight.grad(), group, 0), Host::of(one.weight.grad()), 0, kTol,
+              "weight gradient");
+}
+
+// cross_entropy of the full logits [6, 8] against vocab_parallel_cross_entropy of this
+// rank's columns: the loss, and the gradient gathered along the vocabulary. At T = 4 the
+// targets fall in every rank's range; the logits are large, so the max shift matters.
+void check_cross_entropy(dist::ProcessGroup& group) {
+  const int64_t columns = 8 / group.size();
+  const Tensor full = randn_from(13, {6, 8}) * 30.0;
+  const Tensor targets = tensor<int64_t>({0, 7, 3, 4, 1, 6}, {6}, DType::i64);
+  Tensor x_one = full.clone(), x_tp = full.narrow(1, group.rank() * columns, columns).clone();
+  x_one.set_requires_grad(true);
+  x_tp.set_requires_grad(true);
+  const Tensor loss_one = cross_entropy(x_one, targets);
+  const Tensor loss_tp = dist::vocab_parallel_cross_entropy(x_tp, targets, group);
+  loss_one.backward();
+  loss_tp.backward();
+  CHECK(loss_tp.shape() == Shape{});
+  check_close(loss_tp, Host::of(loss_one), 0, kTol, "loss");
+  check_close(dist::all_gather_sequence(x_tp.grad(), group, 1), Host::of(x_one.grad()), 0, kTol, "gradient");
+  // Through a retained graph twice: the saved softmax is kept for the second pass, not overwritten.
+  x_tp.grad().zero_();
+  const Tensor again = dist::vocab_parallel_cross_entropy(x_tp, targets, group);
+  again.backward(Tensor(), /*retain_graph=*/true);
+  again.backward();
+  check_close(dist::all_gather_sequence(x_tp.grad(), group, 1), Host::of(x_one.grad() * 2.0), 0, kTol,
+              "gradient of two passes");
 }
 
 // A collective as a linear map A across the ranks, x -> A(x); `replicated_*`: every
@@ -98,6 +143,47 @@ TEST_CASE("ColumnParallelLinear -> gelu -> RowParallelLinear equals the one-rank
       INFO("T = " << world << ", activation cut between the layers: " << cut_between);
       dist::run_local(world, [&](dist::ProcessGroup& group) { check_mlp(group, cut_between); });
     }
+  }
+}
+
+TEST_CASE("VocabParallelEmbedding equals the one-rank nn::Embedding at T = 1, 2, 4 in f64") {
+  for (int world : {1, 2, 4}) {
+    INFO("T = " << world);
+    dist::run_local(world, check_embedding);
+  }
+}
+
+TEST_CASE("vocab_parallel_cross_entropy equals cross_entropy of the full logits at T = 1, 2, 4 in f64") {
+  for (int world : {1, 2, 4}) {
+    INFO("T = " << world);
+    dist::run_local(world, check_cross_entropy);
+  }
+}
+
+TEST_CASE("vocab_parallel_cross_entropy never holds the full [N, V] logits on a rank") {
+  // [N, V] in f64 is 2 MiB. The activations the call makes, forward and backward, peak at
+  // one shard [N, V/T] (softmax, then the gradient written over it) and a few [N] vectors;
+  // the leaf's .grad, one more shard, is gradient memory.
+  constexpr int64_t n = 64, vocab = 4096, full_bytes = n * vocab * 8;
+  for (int world : {2, 4}) {
+    INFO("T = " << world);
+    dist::run_local(world, [&](dist::ProcessGroup& group) {
+      const int64_t shard_bytes = full_bytes / group.size();
+      Tensor x = randn_from(14 + group.rank(), {n, vocab / group.size()});
+      x.set_requires_grad(true);
+      manual_seed(15);
+      const Tensor targets = randint(0, vocab, {n});  // alike on every rank
+      Context::current().allocator(kCPU)->reset_peaks();
+      const int64_t before = memory_stats().allocated_total;
+      {
+        MemoryScope activations(MemoryCategory::activation);
+        dist::vocab_parallel_cross_entropy(x, targets, group).backward();
+      }
+      const MemoryStats stats = memory_stats();
+      CHECK(stats.peak_of(MemoryCategory::activation) < shard_bytes + 64 * n);
+      CHECK(stats.peak_total - before < 2 * shard_bytes + 64 * n);  // + the .grad
+      CHECK(stats.peak_of(MemoryCategory::activation) < full_bytes);
+    });
   }
 }
 
@@ -180,10 +266,65 @@ TEST_CASE("a dim or a layer that does not divide by the group size is refused, n
                          "ColumnParallelLinear: out_features 6 does not divide by the group size T = 4", Error);
     CHECK_THROWS_WITH_AS(dist::RowParallelLinear(6, 8, group),
                          "RowParallelLinear: in_features 6 does not divide by the group size T = 4", Error);
-    dist::RowParallelLinear row(8, 3, group, true, /*input_is_parallel=*/true, kF64);
+    CHECK_THROWS_WITH_AS(dist::VocabParallelEmbedding(10, 4, group),
+                         "VocabParallelEmbedding: num_embeddings V = 10 does not divide by the group size T = 4",
+                         Error);
+    dist::RowParallelLinear row(8, 3, group, true, /*input_is_parallel=*/true, std::nullopt, kF64);
     CHECK_THROWS_WITH_AS(row(zeros({2, 8}, kF64)),
                          "RowParallelLinear: input f64[2, 8] on cpu does not end in 2 features (this rank's weight "
                          "f64[3, 2] on cpu)",
                          Error);
+  });
+}
+
+TEST_CASE("vocab_parallel_cross_entropy refuses mismatched shapes, dtypes and ids outside the vocabulary") {
+  dist::run_local(2, [](dist::ProcessGroup& group) {
+    const Tensor logits = zeros({3, 4}, kF64), targets = zeros({3}, DType::i64);
+    CHECK_THROWS_WITH_AS(dist::vocab_parallel_cross_entropy(logits, zeros({2}, DType::i64), group),
+                         "vocab_parallel_cross_entropy: logits_shard [N, V/T] need targets [N], got f64[3, 4] on "
+                         "cpu and i64[2] on cpu",
+                         Error);
+    CHECK_THROWS_WITH_AS(dist::vocab_parallel_cross_entropy(zeros({3}, kF64), targets, group),
+                         doctest::Contains("need targets [N], got f64[3] on cpu"), Error);
+    CHECK_THROWS_WITH_AS(dist::vocab_parallel_cross_entropy(logits, zeros({3}, kF64), group),
+                         doctest::Contains("vocab_parallel_cross_entropy"), Error);
+    CHECK_THROWS_WITH_AS(dist::vocab_parallel_cross_entropy(zeros({3, 4}, DType::i64), targets, group),
+                         doctest::Contains("vocab_parallel_cross_entropy"), Error);
+    CHECK_THROWS_WITH_AS(
+        dist::vocab_parallel_cross_entropy(logits, tensor<int64_t>({0, 8, 1}, {3}, DType::i64), group),
+        "vocab_parallel_cross_entropy: targets i64[3] on cpu must be ids in [0, V = 8)", Error);
+  });
+}
+
+TEST_CASE("the parallel linears' init_std draws nn::Linear's N(0, std) weights and zero biases") {
+  dist::run_local(2, [](dist::ProcessGroup& group) {
+    manual_seed(3);
+    nn::Linear one(4, 6, true, 0.02, kF64);
+    manual_seed(3);
+    dist::ColumnParallelLinear column(4, 6, group, true, false, 0.02, kF64);
+    manual_seed(3);
+    dist::RowParallelLinear row(4, 6, group, true, true, 0.02, kF64);
+    test::check_identical(dist::all_gather_sequence(column.weight, group, 0), one.weight, "column weight");
+    test::check_identical(dist::all_gather_sequence(row.weight, group, 1), one.weight, "row weight");
+    test::check_identical(column.bias, zeros({3}, kF64), "column bias");
+    test::check_identical(row.bias, zeros({6}, kF64), "row bias");
+  });
+}
+
+TEST_CASE("vocab_parallel_cross_entropy of bf16 logits: an f32 loss, as cross_entropy's, and a bf16 gradient") {
+  dist::run_local(2, [](dist::ProcessGroup& group) {
+    const Tensor full = (randn_from(16, {5, 8}) * 4.0).to(DType::bf16);
+    const Tensor targets = tensor<int64_t>({1, 6, 3, 4, 0}, {5}, DType::i64);
+    Tensor x_one = full.clone(), x_tp = full.narrow(1, group.rank() * 4, 4).clone();
+    x_one.set_requires_grad(true);
+    x_tp.set_requires_grad(true);
+    const Tensor loss_one = cross_entropy(x_one, targets);
+  const Tensor loss_tp = dist::vocab_parallel_cross_entropy(x_tp, targets, group);
+    loss_one.backward();
+    loss_tp.backward();
+    CHECK(loss_tp.dtype() == DType::f32);
+    CHECK(x_tp.grad().dtype() == DType::bf16);
+    check_close(loss_tp, Host::of(loss_one), 1e-6, 1e-6, "loss");
+    check_close(dist::all_gather_sequence(x_tp.grad(), group, 1), Host::of(x_one.grad()), 0, 1e-3, "gradient");
   });
 }

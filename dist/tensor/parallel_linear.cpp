@@ -19,12 +19,12 @@ struct Slice {
 // built, then narrowed and cloned: exactly the one-rank draws, at the price of the
 // full weight's memory while the constructor runs.
 Slice slice_of_linear(const char* layer, int64_t in, int64_t out, const ProcessGroup& group, bool bias, int64_t dim,
-                      TensorOptions options) {
+                      std::optional<double> init_std, TensorOptions options) {
   const int64_t features = dim == 0 ? out : in, world = group.size();
   ZG_CHECK(features % world == 0, layer, ": ", dim == 0 ? "out_features " : "in_features ", features,
            " does not divide by the group size T = ", world);
   NoGradGuard no_grad;
-  nn::Linear full(in, out, bias, std::nullopt, options);
+  nn::Linear full(in, out, bias, init_std, options);
   const int64_t n = features / world, start = group.rank() * n;
   Slice slice{full.weight.narrow(dim, start, n).clone(), Tensor()};
   if (bias) slice.bias = dim == 0 ? full.bias.narrow(0, start, n).clone() : full.bias.clone();
@@ -39,10 +39,12 @@ void check_features(const char* layer, const Tensor& x, const Tensor& weight) {
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group,
-                                           bool has_bias, bool gather_output_, TensorOptions options)
+                                           bool has_bias, bool gather_output_, std::optional<double> init_std,
+                                           TensorOptions options)
     : gather_output(gather_output_),
       group_(group, "ColumnParallelLinear: its process group was destroyed; keep the group as long as the layer") {
-  Slice slice = slice_of_linear("ColumnParallelLinear", in_features, out_features, group, has_bias, 0, options);
+  Slice slice = slice_of_linear("ColumnParallelLinear", in_features, out_features, group, has_bias, 0, init_std,
+                                options);
   weight = register_parameter("weight", slice.weight);
   if (has_bias) bias = register_parameter("bias", slice.bias);
 }
@@ -54,10 +56,12 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
 }
 
 RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool has_bias,
-                                     bool input_is_parallel_, TensorOptions options)
+                                     bool input_is_parallel_, std::optional<double> init_std,
+                                     TensorOptions options)
     : input_is_parallel(input_is_parallel_),
       group_(group, "RowParallelLinear: its process group was destroyed; keep the group as long as the layer") {
-  Slice slice = slice_of_linear("RowParallelLinear", in_features, out_features, group, has_bias, 1, options);
+  Slice slice = slice_of_linear("RowParallelLinear", in_features, out_features, group, has_bias, 1, init_std,
+                                options);
   weight = register_parameter("weight", slice.weight);
   if (has_bias) bias = register_parameter("bias", slice.bias);
 }

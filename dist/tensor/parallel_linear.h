@@ -7,8 +7,12 @@
 // and sums the ranks' partial products. One all-reduce forward, one backward.
 //
 // Each rank's slice is the one of the weights nn::Linear(in, out) draws from the same
-// generator state, so the T slices together are the one-rank layer.
+// generator state, so the T slices together are the one-rank layer. init_std as
+// nn::Linear's: N(0, init_std) weights and zero biases (GPT and Llama: 0.02), else
+// U(-1/sqrt(in), 1/sqrt(in)).
 #pragma once
+
+#include <optional>
 
 #include "dist/comm/process_group.h"
 #include "nn/module.h"
@@ -21,7 +25,8 @@ namespace zg::dist {
 class ColumnParallelLinear : public nn::Module {
  public:
   ColumnParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias = true,
-                       bool gather_output = false, TensorOptions options = {});
+                       bool gather_output = false, std::optional<double> init_std = std::nullopt,
+                       TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   Tensor weight, bias;  // [out/T, in], [out/T]
   bool gather_output;
@@ -37,7 +42,8 @@ class ColumnParallelLinear : public nn::Module {
 class RowParallelLinear : public nn::Module {
  public:
   RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroup& group, bool bias = true,
-                    bool input_is_parallel = true, TensorOptions options = {});
+                    bool input_is_parallel = true, std::optional<double> init_std = std::nullopt,
+                    TensorOptions options = {});
   Tensor forward(const Tensor& x) override;
   Tensor weight, bias;  // [out, in/T], [out]
   bool input_is_parallel;

@@ -1,0 +1,123 @@
+#include "dist/tensor/vocab_parallel.h"
+
+#include "autograd/functions.h"
+#include "autograd/record.h"
+#include "dist/comm/differentiable.h"
+#include "nn/layers.h"
+#include "tensor/backend.h"
+#include "tensor/checks.h"
+
+namespace zg::dist {
+
+namespace {
+
+const DifferentiableOp kVocabParallelCrossEntropy("vocab_parallel_cross_entropy");
+
+// This rank's rows of the weight nn::Embedding(V, dim) draws from the current generator:
+// the full table is built, then narrowed and cloned (as parallel_linear's slices), so the
+// T slices are exactly the one-rank draws, at the price of the full table's memory while
+// the constructor runs.
+Tensor slice_of_embedding(int64_t num_embeddings, int64_t dim, const ProcessGroup& group, double init_std,
+                          TensorOptions options) {
+  ZG_CHECK(num_embeddings % group.size() == 0, "VocabParallelEmbedding: num_embeddings V = ", num_embeddings,
+           " does not divide by the group size T = ", group.size());
+  NoGradGuard no_grad;
+  nn::Embedding full(num_embeddings, dim, init_std, options);
+  const int64_t rows = num_embeddings / group.size();
+  return full.weight.narrow(0, group.rank() * rows, rows).clone();
+}
+
+// Where ids (any shape, i32/i64) fall outside [start, start + count), and each id less
+// start, 0 there: an index into this rank's rows that is always in range.
+struct LocalIds {
+  Tensor foreign, local;
+};
+LocalIds local_ids(const Tensor& ids, int64_t start, int64_t count) {
+  NoGradGuard no_grad;
+  const Tensor foreign = logical_or(lt(ids, double(start)), ge(ids, double(start + count)));
+  return {foreign, masked_fill(ids - double(start), foreign, 0.0)};
+}
+
+// vocab_parallel_cross_entropy's backward, with no communication:
+//   dx = (softmax(x) - onehot(target)) g / N   on this rank's columns,
+// written over the saved softmax when nothing else reads it (cross_entropy's way), so
+// backward makes no second shard; a retained graph keeps it for the next pass.
+struct SoftmaxMinusOnehot {
+  SavedTensor probs;  // [N, V/T]
+  Tensor positions;   // i64 [N]: each row's target in probs viewed as [N V/T, 1]
+  Tensor owned;       // [N, 1]: 1 where this rank holds the row's target, else 0
+  int64_t n;
+  DType dtype;  // the logits'
+
+  std::vector<Tensor> operator()(const Tensor& g) const {
+    constexpr const char* op = "vocab_parallel_cross_entropy";
+    const Tensor reusable = probs.get_for_overwrite(op);
+    const Tensor dx = reusable.defined() ? reusable : probs.get(op).clone();
+    const Tensor scale = g / double(n);
+    Backend& kernels = backend(dx.device());
+    kernels.binary(BinaryOp::mul, dx, scale.expand(dx.shape()), dx);
+    kernels.embedding_backward((owned * -scale).contiguous(), positions, dx.view({dx.numel(), 1}));
+    return {dx.to(dtype)};
+  }
+};
+
+}  // namespace
+
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, ProcessGroup& group,
+                                               double init_std, TensorOptions options)
+    : group_(group, "VocabParallelEmbedding: its process group was destroyed; keep the group as long as the layer") {
+  weight = register_parameter("weight", slice_of_embedding(num_embeddings, embedding_dim, group, init_std, options));
+  vocab_start = group.rank() * weight.size(0);
+}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& tokens) {
+  detail::check_index_dtype("VocabParallelEmbedding", tokens);
+  const LocalIds ids = local_ids(tokens, vocab_start, weight.size(0));
+  // This rank's rows for its tokens, zeros for the others; the sum over ranks has every row once.
+  const Tensor partial = masked_fill(embedding(weight, ids.local), ids.foreign.unsqueeze(-1), 0.0);
+  return reduce_from_group(partial, *group_);
+}
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& targets, ProcessGroup& group) {
+  constexpr const char* op = "vocab_parallel_cross_entropy";
+  detail::check_floating(op, logits_shard);
+  detail::check_index_dtype(op, targets);
+  ZG_CHECK(logits_shard.device() == targets.device(), op, ": device mismatch: ", describe(logits_shard), " and ",
+           describe(targets));
+  ZG_CHECK(logits_shard.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits_shard.size(0), op,
+           ": logits_shard [N, V/T] need targets [N], got ", describe(logits_shard), " and ", describe(targets));
+  const int64_t n = logits_shard.size(0), columns = logits_shard.size(1), vocab = columns * group.size();
+  ZG_CHECK(n > 0 && columns > 0, op, ": nothing to average over in ", describe(logits_shard));
+  // An id no rank holds would count as a logit of 0 everywhere: refused (one host read).
+  const std::vector<int64_t> bounds = stack({min(targets), max(targets)}).to(DType::i64).to_vector<int64_t>();
+  ZG_CHECK(bounds[0] >= 0 && bounds[1] < vocab, op, ": targets ", describe(targets), " must be ids in [0, V = ", vocab,
+           ")");
+  const DType acc = accumulate_type(logits_shard.dtype());
+  Tensor loss, probs, positions, owned;
+  {
+    NoGradGuard no_grad;
+    Backend& kernels = backend(logits_shard.device());
+    const Tensor x = logits_shard.to(acc);
+    Tensor top = max(x, {1}, true).contiguous();  // m, the max over all V, so that exp cannot overflow
+    group.all_reduce(top, ReduceKind::max);
+    // [N, V/T]: the one shard-sized buffer made here (16-bit logits: and x, their f32
+    // copy, freed on return), worked on in place.
+    probs = x - top;
+    const LocalIds ids = local_ids(targets.view({n, 1}), group.rank() * columns, columns);
+    // x[target] - m from the rank that holds the target, 0 from the others.
+    Tensor picked = masked_fill(gather(probs, 1, ids.local), ids.foreign, 0.0).contiguous();
+    group.all_reduce(picked);
+    kernels.unary(UnaryOp::exp, probs, probs);
+    Tensor total = sum(probs, {1}, true).contiguous();  // sum over all V of exp(x - m)
+    group.all_reduce(total);
+    loss = mean(log(total) - picked);
+    kernels.binary(BinaryOp::div, probs, total.expand(probs.shape()), probs);  // softmax(x), this rank's columns
+    const Tensor row_starts = arange(0.0, double(n * columns), double(columns));
+    positions = (ids.local.view({n}).to(DType::i64) + row_starts).contiguous();
+    owned = logical_not(ids.foreign).to(acc).view({n, 1});
+  }
+  return differentiable(loss, kVocabParallelCrossEntropy, {logits_shard},
+                        SoftmaxMinusOnehot{SavedTensor(probs), positions, owned, n, logits_shard.dtype()});
+}
+
+}  // namespace zg::dist
