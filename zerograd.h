@@ -50,6 +50,7 @@
 #include "dist/comm/launch.h"
 #include "dist/comm/local_group.h"
 #include "dist/comm/process_group.h"
+#include "dist/comm/step_figure.h"
 #include "dist/comm/step_model.h"
 #if ZG_HAVE_MPI
 #include "dist/comm/mpi_group.h"

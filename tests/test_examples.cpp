@@ -206,8 +206,9 @@ TEST_CASE("train_zero --ranks 2 --trace: every slice ends on its own row, rows n
         open[row].pop_back();
       }
     }
-    for (const auto& [row, names] : open) {
-      INFO("rank " << row.first << ", thread " << row.second);
+    for (const auto& entry : open) {  // (no structured binding: doctest's INFO captures in a lambda)
+      const auto& names = entry.second;
+      INFO("rank " << entry.first.first << ", thread " << entry.first.second);
       CHECK_MESSAGE(names.empty(), names.size() << " slices left open, the innermost " << names.back());
     }
     // Each rank: one compute row (forward, backward, optimizer) and its group's
