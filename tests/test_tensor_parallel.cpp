@@ -319,7 +319,7 @@ TEST_CASE("vocab_parallel_cross_entropy of bf16 logits: an f32 loss, as cross_en
     x_one.set_requires_grad(true);
     x_tp.set_requires_grad(true);
     const Tensor loss_one = cross_entropy(x_one, targets);
-  const Tensor loss_tp = dist::vocab_parallel_cross_entropy(x_tp, targets, group);
+    const Tensor loss_tp = dist::vocab_parallel_cross_entropy(x_tp, targets, group);
     loss_one.backward();
     loss_tp.backward();
     CHECK(loss_tp.dtype() == DType::f32);
