@@ -37,6 +37,7 @@
 #include "nn/llama.h"
 #include "nn/module.h"
 #include "nn/serialize.h"
+#include "nn/parallel_plan.h"
 #include "nn/unit_plan.h"
 
 #include "optim/adamw.h"
@@ -63,4 +64,5 @@
 #include "dist/zero/writer_lock.h"
 #include "dist/zero/zero_config.h"
 #include "dist/tensor/parallel_linear.h"
+#include "dist/tensor/parallelize.h"
 #include "dist/tensor/vocab_parallel.h"

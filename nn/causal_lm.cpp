@@ -22,13 +22,16 @@ CausalLMOutput CausalLM::forward(const Tensor& idx, const Tensor& targets) {
   check_tokens(idx, nullptr);
   CausalLMOutput out;
   out.logits = logits(idx, nullptr);
-  if (targets.defined()) out.loss = cross_entropy(out.logits, targets, -1);
+  if (!targets.defined()) return out;
+  if (!vocab_shards_) out.loss = cross_entropy(out.logits, targets, -1);
+  else out.loss = vocab_shards_->cross_entropy(out.logits.view({-1, out.logits.size(-1)}), targets.reshape({-1}));
   return out;
 }
 
 Tensor CausalLM::forward(const Tensor& idx, KVCache& cache) {
   check_tokens(idx, &cache);
-  return logits(idx, &cache);
+  const Tensor out = logits(idx, &cache);
+  return vocab_shards_ ? vocab_shards_->gather(out) : out;
 }
 
 }  // namespace zg::nn

@@ -3,6 +3,9 @@
 // (nn/generate.h takes any CausalLM). A model supplies logits() and its block_size.
 #pragma once
 
+#include <functional>
+#include <optional>
+
 #include "nn/kv_cache.h"
 #include "nn/module.h"
 
@@ -14,7 +17,7 @@ namespace zg::nn {
 // output held through backward (`model.forward(x, y).loss.backward()` holds its
 // temporary until the call returns) keeps its logits, and backward allocates.
 struct CausalLMOutput {
-  Tensor logits;  // [B, T, vocab]
+  Tensor logits;  // [B, T, vocab] (cut along the vocabulary: this rank's [B, T, vocab / T])
   Tensor loss;    // mean cross-entropy over targets != -1; undefined without targets
 };
 using GPTOutput = CausalLMOutput;
@@ -29,6 +32,16 @@ class CausalLM : public Module {
   virtual int64_t block_size() const = 0;  // the longest sequence (cache included) it takes
   int64_t num_parameters() const;           // elements, a shared (tied) parameter once
 
+  // Set by dist::parallelize_module when the head is cut along the vocabulary: logits()
+  // make this rank's shard [B, T, V/T], which forward(idx, targets) returns as its logits,
+  // its loss computed from the shards (never a [B, T, V] tensor); forward(idx, cache)
+  // gathers the whole [B, T, V] for generation.
+  struct VocabShards {
+    std::function<Tensor(const Tensor& logits, const Tensor& targets)> cross_entropy;  // [N, V/T], [N]
+    std::function<Tensor(const Tensor& logits)> gather;                                 // [.., V/T] -> [.., V]
+  };
+  void set_vocab_shards(VocabShards shards) { vocab_shards_ = std::move(shards); }
+
  protected:
   // The logits of idx, after the cache's tokens when there is a cache. Called by forward()
   // once check_tokens() has accepted idx.
@@ -36,6 +49,7 @@ class CausalLM : public Module {
 
  private:
   void check_tokens(const Tensor& idx, const KVCache* cache) const;
+  std::optional<VocabShards> vocab_shards_;
 };
 
 }  // namespace zg::nn

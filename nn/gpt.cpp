@@ -24,20 +24,25 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, TensorOptions 
   resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(config.dropout));
 }
 
+// With tensor parallelism c_attn holds this rank's heads of q, k and v: the head count is
+// read from its weight ([3 H_r D, C]), so one forward serves any number of ranks.
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   ZG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == c_attn->weight.size(1), "CausalSelfAttention: expected input [B, T, ",
            c_attn->weight.size(1), "], got ", describe(x));
+  const int64_t head_dim = x.size(2) / n_head, local_heads = c_attn->weight.size(0) / (3 * head_dim);
   const bool drops = is_training() && attn_dropout > 0;
+  ZG_CHECK(!drops || local_heads == n_head, "CausalSelfAttention: dropout on the attention probabilities with the ",
+           "heads cut across ranks (", local_heads, " of ", n_head, " here) is not supported; set dropout to 0");
   if (cache == nullptr && !drops) {
     // qkv [B, T, 3C] -> the heads' attention, side by side [B, T, C] (q, k, v read in place);
     // a statement of its own, so qkv is freed before c_proj runs where backward keeps nothing
-    const Tensor y = packed_attention((*c_attn)(x), n_head, /*causal=*/true);
+    const Tensor y = packed_attention((*c_attn)(x), local_heads, /*causal=*/true);
     return (*resid_dropout)((*c_proj)(y));
   }
-  const int64_t batch = x.size(0), time = x.size(1), channels = x.size(2);
+  const int64_t batch = x.size(0), time = x.size(1), channels = local_heads * head_dim;
   std::vector<Tensor> heads;  // q, k, v as [B, H, T, D]
   for (const Tensor& part : split((*c_attn)(x), channels, 2))
-    heads.push_back(part.view({batch, time, n_head, channels / n_head}).transpose(1, 2));
+    heads.push_back(part.view({batch, time, local_heads, head_dim}).transpose(1, 2));
   const Tensor y = cache ? cached_attention(*cache, heads[0], heads[1], heads[2])
                          : scaled_dot_product_attention(heads[0], heads[1], heads[2], true, attn_dropout, true);
   return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({batch, time, channels})));
@@ -54,8 +59,10 @@ MLP::MLP(const GPTConfig& config, TensorOptions options) {
 }
 
 // c_proj(gelu(c_fc(x))) as one op (zg::mlp) through the two layers' weights: the GELU
-// output is made again in backward rather than kept.
+// output is made again in backward rather than kept. Layers with hooks (tensor
+// parallelism's, a user's) are called through them instead, the GELU output kept.
 Tensor MLP::forward(const Tensor& x) {
+  if (c_fc->has_forward_hooks() || c_proj->has_forward_hooks()) return (*dropout)((*c_proj)((*c_fc)(x)));
   return (*dropout)(mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
 }
 
@@ -103,7 +110,22 @@ Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
   }
   x = (*ln_f)(x);
   // The LM head is the token embedding, transposed (weight tying; lm_head.weight is wte's).
-  return matmul(x.reshape({-1, config.n_embd}), wte->weight, false, true).view({idx.size(0), time, config.vocab_size});
+  return matmul(x.reshape({-1, config.n_embd}), wte->weight, false, true).view({idx.size(0), time, wte->weight.size(0)});
+}
+
+// Megatron's cut: heads of q, k and v (c_attn as three blocks), the MLP's hidden features,
+// and the vocabulary (the tied wte, so the head's logits are vocabulary shards, ln_f's
+// output entering them).
+ParallelPlan GPT::parallel_plan() const {
+  using enum ParallelStyle;
+  return {.rules = {{"transformer.wte", vocab_embedding},
+                    {"transformer.h.*.attn.c_attn", colwise, /*chunks=*/3},
+                    {"transformer.h.*.attn.c_proj", rowwise},
+                    {"transformer.h.*.mlp.c_fc", colwise},
+                    {"transformer.h.*.mlp.c_proj", rowwise},
+                    {"transformer.ln_f", copy_output}},
+          .must_divide = {{"n_head", config.n_head}, {"vocab_size", config.vocab_size}},
+          .vocab_parallel_logits = true};
 }
 
 UnitPlan GPT::unit_plan() const {

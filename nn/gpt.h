@@ -70,6 +70,8 @@ class GPT : public CausalLM {
   // Units transformer.h.0 ... h.{n_layer-1}; the root (tied embedding and head, wpe,
   // ln_f) used by wte and wpe before the blocks and by ln_f (and the head) after them.
   UnitPlan unit_plan() const override;
+  // Heads, MLP features and the vocabulary cut across a tensor-parallel group.
+  ParallelPlan parallel_plan() const override;
 
   GPTConfig config;
   std::shared_ptr<Module> transformer;

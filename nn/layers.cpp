@@ -2,6 +2,9 @@
 
 #include <cmath>
 
+#include "autograd/graph.h"
+#include "tensor/checks.h"
+
 namespace zg::nn {
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, std::optional<double> init_std,
@@ -28,7 +31,21 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, double init_
   weight = register_parameter("weight", normal({num_embeddings, embedding_dim}, 0.0, init_std, options));
 }
 
-Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }
+Tensor Embedding::forward(const Tensor& indices) {
+  return first_id ? embedding_rows(weight, indices, *first_id) : embedding(weight, indices);
+}
+
+RowIds ids_in_rows(const Tensor& ids, int64_t first, int64_t count) {
+  NoGradGuard no_grad;
+  const Tensor outside = logical_or(lt(ids, double(first)), ge(ids, double(first + count)));
+  return {outside, masked_fill(ids - double(first), outside, 0.0)};
+}
+
+Tensor embedding_rows(const Tensor& weight, const Tensor& ids, int64_t first) {
+  detail::check_index_dtype("embedding_rows", ids);
+  const RowIds rows = ids_in_rows(ids, first, weight.size(0));
+  return masked_fill(embedding(weight, rows.local), rows.outside.unsqueeze(-1), 0.0);
+}
 
 LayerNorm::LayerNorm(int64_t dim, double eps_, bool has_bias, TensorOptions options) : eps(eps_) {
   weight = register_parameter("weight", ones({dim}, options));

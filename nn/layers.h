@@ -30,7 +30,21 @@ class Embedding : public Module {
   Embedding(int64_t num_embeddings, int64_t embedding_dim, double init_std = 0.02, TensorOptions options = {});
   Tensor forward(const Tensor& indices) override;
   Tensor weight;
+  // Set when the table is one rank's rows of a vocabulary cut across ranks
+  // (dist::parallelize_module): weight's rows are ids [first_id, first_id + num), and
+  // every other id looks up zeros, so the ranks' outputs sum to the whole table's.
+  std::optional<int64_t> first_id;
 };
+
+// Ids (any shape, i32/i64) against rows [first, first + count) of a table: where each
+// falls outside them, and each id less `first`, 0 there (an index always in range).
+struct RowIds {
+  Tensor outside, local;
+};
+RowIds ids_in_rows(const Tensor& ids, int64_t first, int64_t count);
+// embedding(weight, ids) for a weight that is rows [first, first + rows) of a larger
+// table: those ids' rows, zeros for every other id.
+Tensor embedding_rows(const Tensor& weight, const Tensor& ids, int64_t first);
 
 // Normalises the last dim: (x - mean) / sqrt(var + eps) * weight + bias; weight 1, bias 0.
 class LayerNorm : public Module {

@@ -45,14 +45,15 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   ZG_CHECK(x.defined() && x.dim() == 3 && x.size(2) == q_proj->weight.size(1), "LlamaAttention: expected input [B, T, ",
            q_proj->weight.size(1), "], got ", describe(x));
   const int64_t batch = x.size(0), time = x.size(1);
-  // [B, T, heads * D] -> [B, heads, T, D]
-  const auto heads = [&](const Tensor& t, int64_t count) { return t.view({batch, time, count, head_dim}).transpose(1, 2); };
+  // [B, T, heads * D] -> [B, heads, T, D]; the head counts read from the projections, which
+  // with tensor parallelism hold this rank's heads
+  const auto heads = [&](const Tensor& t) { return t.view({batch, time, t.size(2) / head_dim, head_dim}).transpose(1, 2); };
   const RotaryTables& rope = rotary_->tables(time, TensorOptions(x.dtype()).device(x.device()));
-  const Tensor q = rotary_embedding(heads((*q_proj)(x), n_head), rope);
-  const Tensor k = rotary_embedding(heads((*k_proj)(x), n_kv_head), rope);
-  const Tensor v = heads((*v_proj)(x), n_kv_head);
+  const Tensor q = rotary_embedding(heads((*q_proj)(x)), rope);
+  const Tensor k = rotary_embedding(heads((*k_proj)(x)), rope);
+  const Tensor v = heads((*v_proj)(x));
   const Tensor y = cache ? cached_attention(*cache, q, k, v) : scaled_dot_product_attention(q, k, v, /*causal=*/true);
-  return (*o_proj)(y.transpose(1, 2).reshape({batch, time, n_head * head_dim}));
+  return (*o_proj)(y.transpose(1, 2).reshape({batch, time, q.size(1) * head_dim}));
 }
 
 LlamaBlock::LlamaBlock(const LlamaConfig& config, std::shared_ptr<RotaryCache> rotary, TensorOptions options) {
@@ -95,7 +96,28 @@ Tensor Llama::logits(const Tensor& idx, KVCache* cache) {
   x = (*norm)(x);
   if (lm_head) return (*lm_head)(x);
   return matmul(x.reshape({-1, config.n_embd}), embed_tokens->weight, false, true)
-      .view({idx.size(0), idx.size(1), config.vocab_size});
+      .view({idx.size(0), idx.size(1), embed_tokens->weight.size(0)});
+}
+
+// Megatron's cut: q, k, v by heads (grouped-query: k and v by key/value heads, so n_kv_head
+// must divide too), o_proj by its input; the SwiGLU's gate and up by hidden features,
+// down_proj by its input; the vocabulary. Each norm's output enters the colwise layers
+// after it once (copy_output): one all-reduce in backward for q, k and v together.
+ParallelPlan Llama::parallel_plan() const {
+  using enum ParallelStyle;
+  ParallelPlan plan{.rules = {{"model.embed_tokens", vocab_embedding},
+                              {"model.layers.*.input_layernorm", copy_output},
+                              {"model.layers.*.self_attn.[qkv]_proj", colwise, 1, /*copy_input=*/false},
+                              {"model.layers.*.self_attn.o_proj", rowwise},
+                              {"model.layers.*.post_attention_layernorm", copy_output},
+                              {"model.layers.*.mlp.gate_proj", colwise, 1, /*copy_input=*/false},
+                              {"model.layers.*.mlp.up_proj", colwise, 1, /*copy_input=*/false},
+                              {"model.layers.*.mlp.down_proj", rowwise}},
+                    .must_divide = {{"n_head", config.n_head}, {"n_kv_head", config.n_kv_head},
+                                    {"vocab_size", config.vocab_size}},
+                    .vocab_parallel_logits = true};
+  plan.rules.push_back(lm_head ? ParallelRule{"lm_head", colwise} : ParallelRule{"model.norm", copy_output});
+  return plan;
 }
 
 UnitPlan Llama::unit_plan() const {

@@ -77,6 +77,9 @@ class Llama : public CausalLM {
   int64_t block_size() const override { return config.block_size; }
   // Units model.layers.0 ... ; the root (embed_tokens; norm and lm_head) around them.
   UnitPlan unit_plan() const override;
+  // Heads (query and key/value), SwiGLU features and the vocabulary cut across a
+  // tensor-parallel group.
+  ParallelPlan parallel_plan() const override;
 
   LlamaConfig config;
   std::shared_ptr<Module> model;

@@ -141,6 +141,20 @@ NamedTensors Module::named_buffers() const {
   return out;
 }
 
+void Module::set_split(const std::string& parameter, TensorSplit split) {
+  const bool known = std::any_of(parameters_.begin(), parameters_.end(), [&](const auto& p) { return p.first == parameter; });
+  ZG_CHECK(known, "set_split: this module has no parameter '", parameter, "'");
+  std::erase_if(splits_, [&](const auto& s) { return s.first == parameter; });
+  splits_.emplace_back(parameter, split);
+}
+
+std::vector<std::pair<std::string, TensorSplit>> Module::named_splits() const {
+  std::vector<std::pair<std::string, TensorSplit>> out = splits_;
+  for (const auto& [name, child] : children_)
+    for (auto [path, split] : child->named_splits()) out.emplace_back(name + "." + path, split);
+  return out;
+}
+
 std::vector<std::pair<std::string, Module*>> Module::named_modules() {
   std::vector<std::pair<std::string, Module*>> out{{"", this}};
   for (const auto& [name, child] : children_)

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "nn/parallel_plan.h"
 #include "nn/unit_plan.h"
 #include "tensor/tensor.h"
 
@@ -28,6 +29,9 @@ class Module {
   // How its parameters split into units (nn/unit_plan.h) when a ShardedModel holds
   // them. The default: one root unit.
   virtual UnitPlan unit_plan() const { return {}; }
+  // How dist::parallelize_module cuts it across a tensor-parallel group (nn/parallel_plan.h).
+  // The default: no plan (parallelize_module then asks for one).
+  virtual ParallelPlan parallel_plan() const { return {}; }
   Tensor operator()(const Tensor& input);
 
   // A parameter is stored as given, in the `parameter` memory category (a tensor
@@ -72,6 +76,12 @@ class Module {
   using ForwardHook = std::function<Tensor(Module&, const Tensor& input, const Tensor& output)>;  // ... output
   void register_forward_pre_hook(ForwardPreHook hook) { pre_hooks_.push_back(std::move(hook)); }
   void register_forward_hook(ForwardHook hook) { post_hooks_.push_back(std::move(hook)); }
+  bool has_forward_hooks() const { return !pre_hooks_.empty() || !post_hooks_.empty(); }
+
+  // Tensor parallelism's record of how each parameter was cut (set by
+  // dist::parallelize_module): by dotted name, a shared parameter under each of its names.
+  void set_split(const std::string& parameter, TensorSplit split);  // a parameter of this module
+  std::vector<std::pair<std::string, TensorSplit>> named_splits() const;
 
  protected:
   // A class's name as C++ spells it ("zg::nn::Block"), for messages.
@@ -91,6 +101,7 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<ForwardPreHook> pre_hooks_;
   std::vector<ForwardHook> post_hooks_;
+  std::vector<std::pair<std::string, TensorSplit>> splits_;
   bool training_ = true;
   std::string local_name_;  // the name its parent registered it under ("attn", "0")
   std::string trace_name_;  // its profiler range's name, made when it is registered

@@ -162,7 +162,8 @@ TEST_CASE("vocab_parallel_cross_entropy equals cross_entropy of the full logits 
 
 TEST_CASE("vocab_parallel_cross_entropy never holds the full [N, V] logits on a rank") {
   // [N, V] in f64 is 2 MiB. The activations the call makes, forward and backward, peak at
-  // one shard [N, V/T] (softmax, then the gradient written over it) and a few [N] vectors;
+  // one shard [N, V/T] (softmax, then the gradient written over it) and a dozen [N] vectors
+  // (maxima, sums, the rows' weights in the mean);
   // the leaf's .grad, one more shard, is gradient memory.
   constexpr int64_t n = 64, vocab = 4096, full_bytes = n * vocab * 8;
   for (int world : {2, 4}) {
@@ -180,8 +181,8 @@ TEST_CASE("vocab_parallel_cross_entropy never holds the full [N, V] logits on a 
         dist::vocab_parallel_cross_entropy(x, targets, group).backward();
       }
       const MemoryStats stats = memory_stats();
-      CHECK(stats.peak_of(MemoryCategory::activation) < shard_bytes + 64 * n);
-      CHECK(stats.peak_total - before < 2 * shard_bytes + 64 * n);  // + the .grad
+      CHECK(stats.peak_of(MemoryCategory::activation) < shard_bytes + 96 * n);
+      CHECK(stats.peak_total - before < 2 * shard_bytes + 96 * n);  // + the .grad
       CHECK(stats.peak_of(MemoryCategory::activation) < full_bytes);
     });
   }
@@ -292,7 +293,7 @@ TEST_CASE("vocab_parallel_cross_entropy refuses mismatched shapes, dtypes and id
                          doctest::Contains("vocab_parallel_cross_entropy"), Error);
     CHECK_THROWS_WITH_AS(
         dist::vocab_parallel_cross_entropy(logits, tensor<int64_t>({0, 8, 1}, {3}, DType::i64), group),
-        "vocab_parallel_cross_entropy: targets i64[3] on cpu must be ids in [0, V = 8)", Error);
+        "vocab_parallel_cross_entropy: targets i64[3] on cpu must be ids in [0, V = 8), or -1 (ignored)", Error);
   });
 }
 

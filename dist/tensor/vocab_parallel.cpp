@@ -27,33 +27,22 @@ Tensor slice_of_embedding(int64_t num_embeddings, int64_t dim, const ProcessGrou
   return full.weight.narrow(0, group.rank() * rows, rows).clone();
 }
 
-// Where ids (any shape, i32/i64) fall outside [start, start + count), and each id less
-// start, 0 there: an index into this rank's rows that is always in range.
-struct LocalIds {
-  Tensor foreign, local;
-};
-LocalIds local_ids(const Tensor& ids, int64_t start, int64_t count) {
-  NoGradGuard no_grad;
-  const Tensor foreign = logical_or(lt(ids, double(start)), ge(ids, double(start + count)));
-  return {foreign, masked_fill(ids - double(start), foreign, 0.0)};
-}
-
 // vocab_parallel_cross_entropy's backward, with no communication:
-//   dx = (softmax(x) - onehot(target)) g / N   on this rank's columns,
+//   dx_i = (softmax(x_i) - onehot(target_i)) g w_i   on this rank's columns (w_i: row i's share of the mean),
 // written over the saved softmax when nothing else reads it (cross_entropy's way), so
 // backward makes no second shard; a retained graph keeps it for the next pass.
 struct SoftmaxMinusOnehot {
   SavedTensor probs;  // [N, V/T]
   Tensor positions;   // i64 [N]: each row's target in probs viewed as [N V/T, 1]
   Tensor owned;       // [N, 1]: 1 where this rank holds the row's target, else 0
-  int64_t n;
+  Tensor row_scale;   // [N, 1]: w_i = 1 / (rows not ignored), 0 for an ignored row
   DType dtype;  // the logits'
 
   std::vector<Tensor> operator()(const Tensor& g) const {
     constexpr const char* op = "vocab_parallel_cross_entropy";
     const Tensor reusable = probs.get_for_overwrite(op);
     const Tensor dx = reusable.defined() ? reusable : probs.get(op).clone();
-    const Tensor scale = g / double(n);
+    const Tensor scale = g * row_scale;
     Backend& kernels = backend(dx.device());
     kernels.binary(BinaryOp::mul, dx, scale.expand(dx.shape()), dx);
     kernels.embedding_backward((owned * -scale).contiguous(), positions, dx.view({dx.numel(), 1}));
@@ -72,10 +61,8 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t e
 
 Tensor VocabParallelEmbedding::forward(const Tensor& tokens) {
   detail::check_index_dtype("VocabParallelEmbedding", tokens);
-  const LocalIds ids = local_ids(tokens, vocab_start, weight.size(0));
   // This rank's rows for its tokens, zeros for the others; the sum over ranks has every row once.
-  const Tensor partial = masked_fill(embedding(weight, ids.local), ids.foreign.unsqueeze(-1), 0.0);
-  return reduce_from_group(partial, *group_);
+  return reduce_from_group(nn::embedding_rows(weight, tokens, vocab_start), *group_);
 }
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& targets, ProcessGroup& group) {
@@ -90,34 +77,37 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& ta
   ZG_CHECK(n > 0 && columns > 0, op, ": nothing to average over in ", describe(logits_shard));
   // An id no rank holds would count as a logit of 0 everywhere: refused (one host read).
   const std::vector<int64_t> bounds = stack({min(targets), max(targets)}).to(DType::i64).to_vector<int64_t>();
-  ZG_CHECK(bounds[0] >= 0 && bounds[1] < vocab, op, ": targets ", describe(targets), " must be ids in [0, V = ", vocab,
-           ")");
+  ZG_CHECK(bounds[0] >= -1 && bounds[1] < vocab, op, ": targets ", describe(targets),
+           " must be ids in [0, V = ", vocab, "), or -1 (ignored)");
   const DType acc = accumulate_type(logits_shard.dtype());
-  Tensor loss, probs, positions, owned;
+  Tensor loss, probs, positions, owned, row_scale;
   {
     NoGradGuard no_grad;
     Backend& kernels = backend(logits_shard.device());
+    const Tensor kept = ne(targets.view({n, 1}), -1.0).to(acc);
+    row_scale = kept / sum(kept);  // the mean over the rows not ignored (none: NaN, as cross_entropy)
     const Tensor x = logits_shard.to(acc);
     Tensor top = max(x, {1}, true).contiguous();  // m, the max over all V, so that exp cannot overflow
     group.all_reduce(top, ReduceKind::max);
     // [N, V/T]: the one shard-sized buffer made here (16-bit logits: and x, their f32
     // copy, freed on return), worked on in place.
     probs = x - top;
-    const LocalIds ids = local_ids(targets.view({n, 1}), group.rank() * columns, columns);
+    const nn::RowIds ids = nn::ids_in_rows(targets.view({n, 1}), group.rank() * columns, columns);
     // x[target] - m from the rank that holds the target, 0 from the others.
-    Tensor picked = masked_fill(gather(probs, 1, ids.local), ids.foreign, 0.0).contiguous();
+    Tensor picked = masked_fill(gather(probs, 1, ids.local), ids.outside, 0.0).contiguous();
     group.all_reduce(picked);
     kernels.unary(UnaryOp::exp, probs, probs);
     Tensor total = sum(probs, {1}, true).contiguous();  // sum over all V of exp(x - m)
     group.all_reduce(total);
-    loss = mean(log(total) - picked);
+    loss = sum((log(total) - picked) * row_scale);
     kernels.binary(BinaryOp::div, probs, total.expand(probs.shape()), probs);  // softmax(x), this rank's columns
-    const Tensor row_starts = arange(0.0, double(n * columns), double(columns));
+    const Tensor row_starts =
+        arange(0.0, double(n * columns), double(columns), TensorOptions(DType::i64).device(targets.device()));
     positions = (ids.local.view({n}).to(DType::i64) + row_starts).contiguous();
-    owned = logical_not(ids.foreign).to(acc).view({n, 1});
+    owned = logical_not(ids.outside).to(acc).view({n, 1});
   }
   return differentiable(loss, kVocabParallelCrossEntropy, {logits_shard},
-                        SoftmaxMinusOnehot{SavedTensor(probs), positions, owned, n, logits_shard.dtype()});
+                        SoftmaxMinusOnehot{SavedTensor(probs), positions, owned, row_scale, logits_shard.dtype()});
 }
 
 }  // namespace zg::dist

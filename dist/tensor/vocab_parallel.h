@@ -30,9 +30,10 @@ class VocabParallelEmbedding : public nn::Module {
 // [N, V/T] side by side, from the shards: with m = max over all V (all-reduce max),
 //   loss_i = log(sum over all V of exp(x_i - m)) - (x_i[target_i] - m)
 // (the sum all-reduced, the target's logit from the rank that holds it, all-reduced),
-// returned as the mean over the N rows (f32 for 16-bit logits, as cross_entropy).
+// returned as the mean over the N rows (f32 for 16-bit logits, as cross_entropy); a target
+// of -1 is ignored (cross_entropy's ignore_index), the mean taken over the other rows.
 // Backward, with no communication: dx_i = (softmax_i - onehot(target_i)) / N on this
-// rank's columns. targets [N] are global ids in [0, V), i32 or i64, alike on every rank
+// rank's columns. targets [N] are global ids in [0, V) or -1, i32 or i64, alike on every rank
 // (checked against V with one host read). One [N, V/T] buffer is made, forward and
 // backward together: the softmax, then the gradient written over it (16-bit logits:
 // also their f32 copy, during the forward).

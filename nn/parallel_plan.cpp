@@ -1,0 +1,15 @@
+#include "nn/parallel_plan.h"
+
+namespace zg::nn {
+
+const char* name(ParallelStyle style) {
+  switch (style) {
+    case ParallelStyle::colwise: return "colwise";
+    case ParallelStyle::rowwise: return "rowwise";
+    case ParallelStyle::vocab_embedding: return "vocab_embedding";
+    case ParallelStyle::copy_output: return "copy_output";
+  }
+  return "?";
+}
+
+}  // namespace zg::nn
