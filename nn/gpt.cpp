@@ -59,10 +59,11 @@ MLP::MLP(const GPTConfig& config, TensorOptions options) {
 }
 
 // c_proj(gelu(c_fc(x))) as one op (zg::mlp) through the two layers' weights: the GELU
-// output is made again in backward rather than kept. Layers with hooks (tensor
-// parallelism's, a user's) are called through them instead, the GELU output kept.
+// output is made again in backward rather than kept. Cut by dist::parallelize_module
+// (its split recorded), through the layers, whose hooks carry the collectives; the GELU
+// output is kept then.
 Tensor MLP::forward(const Tensor& x) {
-  if (c_fc->has_forward_hooks() || c_proj->has_forward_hooks()) return (*dropout)((*c_proj)((*c_fc)(x)));
+  if (!c_fc->named_splits().empty()) return (*dropout)((*c_proj)((*c_fc)(x)));
   return (*dropout)(mlp(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias));
 }
 

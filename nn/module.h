@@ -76,7 +76,6 @@ class Module {
   using ForwardHook = std::function<Tensor(Module&, const Tensor& input, const Tensor& output)>;  // ... output
   void register_forward_pre_hook(ForwardPreHook hook) { pre_hooks_.push_back(std::move(hook)); }
   void register_forward_hook(ForwardHook hook) { post_hooks_.push_back(std::move(hook)); }
-  bool has_forward_hooks() const { return !pre_hooks_.empty() || !post_hooks_.empty(); }
 
   // Tensor parallelism's record of how each parameter was cut (set by
   // dist::parallelize_module): by dotted name, a shared parameter under each of its names.

@@ -160,10 +160,10 @@ TEST_CASE("ZeRO over a dp_replicate x dp_shard mesh trains as over a group with 
   dist::run_local(2, [](dist::ProcessGroup& pg) {
     manual_seed(1);
     nn::GPT model(zero_config());
-    dist::DeviceMesh tp(pg, {{"tp", 2}});
-    CHECK_THROWS_WITH_AS(dist::ShardedModel(model, tp, {.stage = 3}),
-                         "ShardedModel: the mesh's dimension 'tp' is not data parallel; ZeRO shards over a mesh of "
-                         "dp_replicate x dp_shard",
+    dist::DeviceMesh pp(pg, {{"pp", 2}});
+    CHECK_THROWS_WITH_AS(dist::ShardedModel(model, pp, {.stage = 3}),
+                         "ShardedModel: the mesh's dimension 'pp' is neither data nor tensor parallel; ZeRO shards "
+                         "over a mesh of dp_replicate x dp_shard, with tp for a model cut by parallelize_module",
                          Error);
     dist::DeviceMesh dp(pg, {{"dp_shard", 2}});
     CHECK_THROWS_WITH_AS(dist::ShardedModel(model, dp, {.stage = 3, .shard_group_size = 1}),

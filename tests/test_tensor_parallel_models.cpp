@@ -1,7 +1,8 @@
 // Tensor parallelism applied to whole models (dist/tensor/parallelize.h): a GPT and a
 // Llama with grouped-query attention, cut by their own plans at T = 1, 2, 4 ranks, compute
-// the one-rank model's loss, logits and gradients from the same seed; plans that do not
-// divide are refused by name.
+// the one-rank model's loss, logits and gradients from the same seed, and train as one
+// rank does under every ZeRO stage over a dp_shard x tp mesh; plans that do not divide are
+// refused by name.
 #include <map>
 
 #include "helpers.h"
@@ -84,7 +85,83 @@ void check_cut_model(const MakeModel& make, int64_t vocab) {
   }
 }
 
+// A training run's losses (the global batch's) and the whole model after it.
+struct Run {
+  std::vector<double> losses;
+  nn::NamedTensors state;
+};
+
+// `make`'s model trained 5 steps (AdamW, clipping at 0.05) over a dp_shard x tp mesh, each
+// data-parallel rank on its rows of a global batch of 4; tp = 0: the one-rank model, not cut.
+Run train(const MakeModel& make, int tp, int dp, int stage, DType dtype) {
+  Run run;
+  dist::run_local(std::max(tp, 1) * dp, [&](dist::ProcessGroup& world) {
+    manual_seed(5);
+    std::shared_ptr<nn::CausalLM> model = make();
+    dist::DeviceMesh mesh(world, {{"dp_shard", dp}, {"tp", std::max(tp, 1)}});
+    if (tp > 0) dist::parallelize_module(*model, mesh.group("tp"));
+    dist::ShardedModel sharded(*model, mesh, {.stage = stage, .compute_dtype = dtype, .max_grad_norm = 0.05});
+    const int64_t rows = 4 / dp, first = mesh.coordinate("dp_shard") * rows;
+    std::vector<double> losses;
+    for (int step = 0; step < 5; ++step) {
+      manual_seed(100 + step);
+      const Tensor tokens = randint(0, 64, {4, 13}, TensorOptions(DType::i64));
+      const Tensor mine = tokens.narrow(0, first, rows);
+      sharded.zero_grad();
+      const Tensor loss = model->forward(mine.narrow(1, 0, 12), mine.narrow(1, 1, 12)).loss;
+      loss.backward();
+      Tensor global = loss.detach().to(DType::f64).reshape({1}).contiguous().clone();
+      mesh.group("dp_shard").all_reduce(global, dist::ReduceKind::average);
+      losses.push_back(global.item<double>());
+      sharded.step(1e-2);
+    }
+    nn::NamedTensors state = sharded.consolidated_state();
+    if (world.rank() == 0) run = {losses, state};
+  });
+  return run;
+}
+
+// Losses within loss_tol, every parameter within param_tol.
+void check_same_run(const Run& got, const Run& want, double loss_tol, double param_tol) {
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    CHECK_MESSAGE(std::abs(got.losses[i] - want.losses[i]) <= loss_tol, "loss of step ", i, ": ", got.losses[i], " vs ",
+                  want.losses[i]);
+  REQUIRE(got.state.size() == want.state.size());
+  for (size_t i = 0; i < want.state.size(); ++i) {
+    CHECK(got.state[i].first == want.state[i].first);
+    check_close(got.state[i].second, Host::of(want.state[i].second), param_tol, param_tol,
+                "after training: " + want.state[i].first);
+  }
+}
+
+// f64: losses and parameters to 1e-12. f32: losses to 1e-5, parameters to 2e-3 -- AdamW
+// divides each element's step by its own gradient's size, so an element whose gradient is
+// near zero (rounded differently when the ranks' partial products are summed) moves by up
+// to lr = 1e-2 a step either way.
+void check_grid(const MakeModel& make, DType dtype, const std::vector<int>& tps, const std::vector<int>& stages) {
+  const double loss_tol = dtype == DType::f64 ? 1e-12 : 1e-5, param_tol = dtype == DType::f64 ? 1e-12 : 2e-3;
+  const Run reference = train(make, 0, 1, 0, dtype);
+  for (int tp : tps)
+    for (int dp : {1, 2})
+      for (int stage : stages) {
+        INFO("tp " << tp << ", dp " << dp << ", stage " << stage);
+        check_same_run(train(make, tp, dp, stage, dtype), reference, loss_tol, param_tol);
+      }
+}
+
 }  // namespace
+
+TEST_CASE("tensor parallelism composed with ZeRO: a GPT at (tp, dp, stage) in {1, 2, 4} x {1, 2} x {0, 1, 2, 3} "
+          "trains as one rank (f64; f32 at tp 2)") {
+  check_grid([] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); }, DType::f64, {1, 2, 4}, {0, 1, 2, 3});
+  check_grid([] { return std::make_shared<nn::GPT>(tiny_gpt()); }, DType::f32, {2}, {0, 3});
+}
+
+TEST_CASE("tensor parallelism composed with ZeRO: a Llama with grouped-query attention at (tp, dp, stage) in "
+          "{1, 2, 4} x {1, 2} x {0, 1, 2, 3} trains as one rank (f64; f32 at tp 2)") {
+  check_grid([] { return std::make_shared<nn::Llama>(tiny_llama(), kF64); }, DType::f64, {1, 2, 4}, {0, 1, 2, 3});
+  check_grid([] { return std::make_shared<nn::Llama>(tiny_llama()); }, DType::f32, {2}, {0, 3});
+}
 
 TEST_CASE("parallelize_module: a GPT cut at T = 1, 2, 4 computes the one-rank loss, logits and gradients") {
   check_cut_model([] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); }, 64);

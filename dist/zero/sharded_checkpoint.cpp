@@ -22,6 +22,7 @@
 #include "dist/zero/checkpoint/roles.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/unit.h"
+#include "dist/tensor/parallelize.h"
 #include "dist/zero/writer_lock.h"
 #include "optim/grad_scaler.h"
 #include "tensor/context.h"
@@ -59,6 +60,9 @@ uint64_t new_save_id(ProcessGroup& group, Device device, const std::string& dir,
 
 void ShardedModel::save(const std::string& dir, const Metadata& extra, const optim::GradScaler* scaler, int keep) {
   NoGradGuard no_grad;
+  ZG_CHECK(!tp_, "ShardedModel::save: sharded checkpoints of a model cut across tensor-parallel ranks (tp = ",
+           tp_ ? (*tp_)->size() : 1, ") are not written yet; export_consolidated() writes the whole model, which "
+           "nn::load_state reads into a model cut again");
   // A file per slice: per rank, or with hybrid sharding per rank of the shard group,
   // written by the first group (the others hold the same slices).
   const int r = shard_group().rank();
@@ -133,6 +137,9 @@ std::string ShardedModel::current_save(const std::string& dir) {
 // not covered, or whose file is damaged, must not leave the others loaded.
 Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
+  ZG_CHECK(!tp_, "ShardedModel::load: sharded checkpoints of a model cut across tensor-parallel ranks (tp = ",
+           tp_ ? (*tp_)->size() : 1, ") are not read yet; load the whole model's weights with nn::load_state before "
+           "cutting it");
   const std::vector<UnitRoles> units = views(units_);
   const nn::NamedTensors replicated = this->replicated();
   const checkpoint::ModelParameters model = checkpoint::model_parameters(units, replicated);
@@ -188,17 +195,28 @@ std::vector<SafetensorsWriter::Layout> ShardedModel::consolidated_layout() const
   const std::vector<UnitRoles> units = views(units_);
   std::vector<SafetensorsWriter::Layout> layout;
   for (const UnitRoles& unit : units)
-    for (const ParamSlot& e : unit.entries) layout.push_back({e.name, unit.master.dtype(), e.shape});
+    for (const ParamSlot& e : unit.entries) layout.push_back({e.name, unit.master.dtype(), whole_shape(e.name, e.shape)});
   for (const auto& [key, t] : replicated()) layout.push_back(consolidated_entry(key, t, master_dtype));
   for (const UnitRoles& unit : units)
-    for (const ParamSlot& e : unit.frozen_entries) layout.push_back({e.name, master_dtype, e.shape});
+    for (const ParamSlot& e : unit.frozen_entries) layout.push_back({e.name, master_dtype, whole_shape(e.name, e.shape)});
   std::stable_sort(layout.begin(), layout.end(), [&](const auto& a, const auto& b) {
     return state_order_.at(a.name) < state_order_.at(b.name);
   });
   return layout;
 }
 
-void ShardedModel::for_each_consolidated(const std::function<void(const std::string&, const Tensor&)>& fn) {
+Shape ShardedModel::whole_shape(const std::string& name, Shape shape) const {
+  if (const auto split = splits_.find(name); split != splits_.end()) shape[split->second.dim] *= split->second.parts;
+  return shape;
+}
+
+// With tensor parallelism each cut parameter's slices are gathered over tp first: every
+// tp rank sees the whole tensor, as one rank's model holds it.
+void ShardedModel::for_each_consolidated(const std::function<void(const std::string&, const Tensor&)>& each) {
+  const auto fn = [&](const std::string& name, const Tensor& value) {
+    const auto split = splits_.find(name);
+    each(name, split == splits_.end() ? value : gather_split(value, split->second, **tp_));
+  };
   NoGradGuard no_grad;
   const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
   const std::vector<UnitRoles> units = views(units_);

@@ -93,7 +93,8 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh* 
                            ZeroConfig config)
     : own_mesh_(std::move(own)), mesh_(own_mesh_ ? *own_mesh_ : *mesh), group_(mesh_.world(), kGroupDestroyed),
       shard_(group_of(mesh_, "dp_shard", mesh_.has("dp_shard"))),
-      replicas_(group_of(mesh_, "dp_replicate", mesh_.size("dp_replicate") > 1)), config_(config),
+      replicas_(group_of(mesh_, "dp_replicate", mesh_.size("dp_replicate") > 1)),
+      tp_(group_of(mesh_, "tp", mesh_.size("tp") > 1)), config_(config),
       buffers_(model.named_buffers()) {
   build(model, plan);
 }
@@ -105,15 +106,17 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
   all_or_none(*group_, device, "ShardedModel", "", [&] {
     ShardingPlan planned;
     for (const MeshDim& dim : mesh_.dims())
-      ZG_CHECK(dim.name == "dp_replicate" || dim.name == "dp_shard", "ShardedModel: the mesh's dimension '", dim.name,
-               "' is not data parallel; ZeRO shards over a mesh of dp_replicate x dp_shard");
+      ZG_CHECK(dim.name == "dp_replicate" || dim.name == "dp_shard" || dim.name == "tp", "ShardedModel: the mesh's ",
+               "dimension '", dim.name, "' is neither data nor tensor parallel; ZeRO shards over a mesh of dp_replicate ",
+               "x dp_shard, with tp for a model cut by parallelize_module");
     ZG_CHECK(shard_.has_value(), "ShardedModel: the mesh has no dp_shard dimension, which the units shard over "
              "(size 1: every rank holds them whole)");
     const int s = shard_group().size();
     ZG_CHECK(config_.shard_group_size == 0 || config_.shard_group_size == s, "ShardedModel: shard_group_size ",
              config_.shard_group_size, " differs from the mesh's dp_shard size ", s, " (leave it 0 with a mesh)");
-    if (s != group_->size()) config_.shard_group_size = s;
-    config_.check(group_->size());
+    const int data_ranks = group_->size() / mesh_.size("tp");  // N: every rank but the tp copies
+    if (s != data_ranks) config_.shard_group_size = s;
+    config_.check(data_ranks);
     planned = plan_sharding({.parameters = model.named_parameters(),
                              .aliases = model.named_parameters(/*remove_duplicates=*/false),
                              .modules = model.named_modules(),
@@ -123,6 +126,14 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
     make_units(model, plan, std::move(planned), device);  // (its scheduler checks the plan's module paths)
   });
   agree_on_plan(device);
+  if (tp_) {
+    std::vector<std::string> data_dims;
+    for (const MeshDim& dim : mesh_.dims())
+      if (dim.name != "tp") data_dims.push_back(dim.name);
+    data_ = GroupRef(mesh_.flatten("dp", data_dims), kGroupDestroyed);
+    for (const auto& [name, split] : model.named_splits()) splits_.emplace(name, split);
+    plan_tensor_parallel_norm();
+  }
   for (auto& unit : units_) materialize(*unit);
   materialize_replicated();
   const std::weak_ptr<ParameterOwner> alive = this->alive();
@@ -209,7 +220,7 @@ void ShardedModel::materialize(Unit& unit) {
       for (const ParamSlot& slot : *slots) {
         if (is_deferred(slot.param) || slot.param.numel() == 0) continue;
         ZG_CHECK(slot.param.is_contiguous(), "ShardedModel: parameter '", slot.name, "' is not contiguous");
-        group_->broadcast(slot.param.detach(), 0);  // the collective's thread must not touch its autograd state
+        data_group().broadcast(slot.param.detach(), 0);  // the collective's thread must not touch its autograd state
       }
   }
   unit.materialize(
@@ -219,6 +230,23 @@ void ShardedModel::materialize(Unit& unit) {
       },
       {.point_data = [](const Tensor& p, const Tensor& data) { point_data(p, data); },
        .point_grad = [](const Tensor& p, const Tensor& grad) { point_grad(p, grad); }});
+}
+
+// Each unit's entries, cut to this rank's shard [r S, (r + 1) S), as runs of one weight.
+void ShardedModel::plan_tensor_parallel_norm() {
+  const double replicated_weight = 1.0 / (*tp_)->size();
+  for (const auto& unit : units_) {
+    std::vector<NormRun>& runs = norm_runs_.emplace_back();
+    const int64_t first = shard_group().rank() * unit->shard(), last = first + unit->shard();
+    for (const ParamSlot& e : unit->entries()) {
+      const int64_t begin = std::max(first, e.offset), end = std::min(last, e.offset + numel(e.shape));
+      if (begin >= end) continue;
+      const double weight = splits_.contains(e.name) ? 1.0 : replicated_weight;
+      if (!runs.empty() && runs.back().weight == weight && runs.back().begin + runs.back().count == begin - first)
+        runs.back().count += end - begin;
+      else runs.push_back({begin - first, end - begin, weight});
+    }
+  }
 }
 
 nn::NamedTensors ShardedModel::replicated() const {
@@ -253,7 +281,7 @@ void ShardedModel::materialize_replicated() {
     }
   for (const auto& [key, b] : replicated()) {
     const Tensor values = b.contiguous();  // a collective takes contiguous buffers
-    group_->broadcast(values, 0);
+    data_group().broadcast(values, 0);
     if (!values.is_same(b)) Tensor(b).copy_(values);
   }
 }

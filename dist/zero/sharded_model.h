@@ -101,6 +101,11 @@ class ShardedModel final : public ParameterOwner {
   // size (0 or that size; another is refused). Over a group, the mesh is dp_replicate N / S
   // x dp_shard S, S = shard_group_size (0: N). The group or mesh must outlive the model: a
   // model used after its groups were destroyed throws zg::Error (as it ends, it uses none).
+  //   Tensor parallelism: a mesh may also have a tp dimension (innermost), over whose group
+  // the model was cut by dist::parallelize_module first. Each rank's slices are then its
+  // parameters, sharded over the data-parallel dimensions like any others, and the gradient
+  // norm is the whole model's (the cut parameters' squares summed over tp, the ones every
+  // tp rank holds counted once).
   ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig config = {});
   ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config = {});
   ShardedModel(nn::Module& model, DeviceMesh& mesh, ZeroConfig config = {});
@@ -208,6 +213,7 @@ class ShardedModel final : public ParameterOwner {
   const DeviceMesh& mesh() const { return mesh_; }
   ProcessGroup& shard_group() const { return **shard_; }
   ProcessGroup* replica_group() const { return replicas_ ? &**replicas_ : nullptr; }
+  ProcessGroup* tensor_parallel_group() const { return tp_ ? &**tp_ : nullptr; }  // the mesh's tp; null at T = 1
 
  private:
   // The consolidated state a unit at a time (a collective): fn(name, weights) for each
@@ -216,6 +222,7 @@ class ShardedModel final : public ParameterOwner {
   // and released once the unit is done.
   void for_each_consolidated(const std::function<void(const std::string&, const Tensor&)>& fn);
   std::vector<SafetensorsWriter::Layout> consolidated_layout() const;  // names, dtypes, shapes
+  Shape whole_shape(const std::string& name, Shape shape) const;       // a cut parameter's before the cut
   Tensor begin_step(double lr, const optim::GradScaler* scaler);  // checks; the global squared norm
   double gradient_multiplier(const optim::GradScaler* scaler) const;
   void update(double lr, double grad_scale, const Tensor& device_scale);
@@ -229,6 +236,9 @@ class ShardedModel final : public ParameterOwner {
   void make_units(nn::Module& model, const UnitPlan& plan, ShardingPlan planned, Device device);
   void agree_on_plan(Device device);  // every rank built the same units from the same config
   void materialize(Unit& unit);
+  void plan_tensor_parallel_norm();  // norm_runs_
+  Tensor squared_norm(size_t unit) const;  // of this rank's gradient shard of units_[unit], weighted (f64)
+  ProcessGroup& data_group() const { return data_ ? **data_ : *group_; }
 
   // Frozen parameters held whole on every rank (stages 0-2; at 3 those of an integer
   // dtype), then buffers, each keyed as checkpoints name it: "frozen/<name>", "buffer/<name>".
@@ -251,6 +261,17 @@ class ShardedModel final : public ParameterOwner {
   GroupRef group_;  // the mesh's world: every data-parallel rank
   std::optional<GroupRef> shard_;     // dp_shard
   std::optional<GroupRef> replicas_;  // dp_replicate, when hybrid
+  std::optional<GroupRef> tp_;        // tp, when T > 1
+  std::optional<GroupRef> data_;      // with tp: the data-parallel dimensions as one (initial values broadcast)
+  // With tp: the parameters the model's plan cut (Module::named_splits), and per unit the
+  // runs of this rank's gradient shard with their weight in the squared norm (1 for a cut
+  // parameter, 1 / T for one every tp rank holds).
+  std::unordered_map<std::string, nn::TensorSplit> splits_;
+  struct NormRun {
+    int64_t begin, count;
+    double weight;
+  };
+  std::vector<std::vector<NormRun>> norm_runs_;
   ZeroConfig config_;
   std::unique_ptr<UnitContext> context_;  // what the units share: the group, the placement policy, dtypes
   // The model's replicated frozen parameters (in the compute dtype, if floating) and

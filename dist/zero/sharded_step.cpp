@@ -61,9 +61,10 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
                    {"count of missing backwards (1: no gradient since the last step or zero_grad())", no_gradients}});
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(dry_run ? kCPU : device));
   if (!dry_run)
-    for (auto& unit : units_) norm_sq = norm_sq + sum_of_squares(unit->grad_shard()).to(DType::f64);
+    for (size_t u = 0; u < units_.size(); ++u) norm_sq = norm_sq + squared_norm(u);
   norm_sq = norm_sq.to(agreement_device(*group_, context_->device));  // offloaded: summed on the host, reduced where the group is
   shard_group().all_reduce(norm_sq, ReduceKind::sum);  // (hybrid: the other shard groups hold the same shards)
+  if (tp_) (*tp_)->all_reduce(norm_sq, ReduceKind::sum);  // the other slices of the cut parameters
   agree.check("ShardedModel: step() was given");
   ZG_CHECK(unfrozen.empty(), "ShardedModel: step(): parameter '", unfrozen, "' was frozen when the "
            "ShardedModel was built and requires grad now; it has no place in the units, so its gradient would be neither "
@@ -83,6 +84,17 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
            step_ > 0 ? "step or zero_grad()" : "zero_grad() (or construction)",
            ", so the step would apply only weight decay and momentum; call backward() on a loss before step()");
   return norm_sq;
+}
+
+// sum(g^2) over this rank's gradient shard; with tensor parallelism, run by run, a
+// parameter every tp rank holds weighted 1 / T so the sum over tp counts it once.
+Tensor ShardedModel::squared_norm(size_t u) const {
+  const Tensor& shard = units_[u]->grad_shard();
+  if (!tp_) return sum_of_squares(shard).to(DType::f64);
+  Tensor total = zeros({}, TensorOptions(DType::f64).device(shard.device()));
+  for (const NormRun& run : norm_runs_[u])
+    total = total + sum_of_squares(shard.narrow(0, run.begin, run.count)).to(DType::f64) * run.weight;
+  return total;
 }
 
 // What the gradients are multiplied by before use: 1 / loss scale, and for a reduction
