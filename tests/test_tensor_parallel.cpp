@@ -125,6 +125,8 @@ struct CollectiveCase {
 std::vector<CollectiveCase> collectives() {
   const auto gather_dim_1 = [](const Tensor& x, dist::ProcessGroup& g) { return dist::all_gather_sequence(x, g, 1); };
   const auto scatter_dim_0 = [](const Tensor& x, dist::ProcessGroup& g) { return dist::reduce_scatter_sequence(x, g); };
+  const auto split_dim_1 = [](const Tensor& x, dist::ProcessGroup& g) { return dist::scatter_to_sequence(x, g, 1); };
+  const auto join_dim_1 = [](const Tensor& x, dist::ProcessGroup& g) { return dist::gather_from_sequence(x, g, 1); };
   return {
       {"copy_to_group", dist::copy_to_group, {3, 4}, -1, true, false},
       {"reduce_from_group", dist::reduce_from_group, {3, 4}, -1, false, true},
@@ -132,6 +134,8 @@ std::vector<CollectiveCase> collectives() {
       {"reduce_scatter_sequence", scatter_dim_0, {2, 3}, 0, false, false},
       {"gather_last_dim", dist::gather_last_dim, {3, 2}, -1, false, true},
       {"split_last_dim", dist::split_last_dim, {3, 2}, 1, true, false},
+      {"scatter_to_sequence", split_dim_1, {2, 3, 4}, 1, true, false},
+      {"gather_from_sequence", join_dim_1, {2, 3, 4}, -1, false, true},
   };
 }
 
