@@ -65,4 +65,5 @@
 #include "dist/zero/zero_config.h"
 #include "dist/tensor/parallel_linear.h"
 #include "dist/tensor/parallelize.h"
+#include "dist/tensor/sequence_parallel.h"
 #include "dist/tensor/vocab_parallel.h"

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -279,6 +280,12 @@ Tensor rotary_embedding(const Tensor& x, const RotaryTables& tables);
 // generator, so a run is reproducible and activation checkpointing replays it.
 // Identity when not training or p = 0.
 Tensor dropout(const Tensor& x, double p, bool training = true);
+// dropout whose uniform draws (f32, one per element of x) come from `draw`, called only
+// when 0 < p < 1 in training: x kept where the draw is below 1 - p. dropout's draw is
+// rand(x.shape()); a sequence shard's is its slice of the one-rank draws
+// (dist/tensor/sequence_parallel.h). Errors name `op`.
+Tensor dropout_with_draw(const char* op, const Tensor& x, double p, bool training,
+                         const std::function<Tensor()>& draw);
 // Attention with dropout on its probabilities (nanoGPT's and Hugging Face GPT-2's attn_dropout):
 // softmax(q k^T / sqrt(D) [causal mask]) dropped, then times v, composed of the ops above (the
 // fused kernels keep no probabilities to drop); with p = 0 or not training, the fused op.

@@ -165,6 +165,10 @@ std::map<std::string, GradCase> grad_cases(Device d) {
                                   FN { return dist::reduce_scatter_sequence(x[0], single_rank()); }};
   c["gather_last_dim"] = {{normal_leaf({3, 4}, d)}, FN { return dist::gather_last_dim(x[0], single_rank()); }};
   c["split_last_dim"] = {{normal_leaf({3, 4}, d)}, FN { return dist::split_last_dim(x[0], single_rank()); }};
+  c["scatter_to_sequence"] = {{normal_leaf({3, 4}, d)},
+                              FN { return dist::scatter_to_sequence(x[0], single_rank(), 1); }};
+  c["gather_from_sequence"] = {{normal_leaf({3, 4}, d)},
+                               FN { return dist::gather_from_sequence(x[0], single_rank()); }};
   c["vocab_parallel_cross_entropy"] = {
       {normal_leaf({4, 5}, d)}, [d](const std::vector<Tensor>& x) {
         const Tensor ids = tensor<int64_t>({2, 0, 4, 1}, {4}, TensorOptions(DType::i64).device(d));

@@ -107,6 +107,58 @@ void check_cross_entropy(dist::ProcessGroup& group) {
               "gradient of two passes");
 }
 
+// This rank's rows of x along the sequence dim, [.., S/T, ..].
+Tensor rows_of(const Tensor& x, const dist::ProcessGroup& group, int64_t dim) {
+  const int64_t n = x.size(dim) / group.size();
+  return x.narrow(dim, group.rank() * n, n).contiguous();
+}
+
+// dropout(x) on one rank against sequence_parallel_dropout on this rank's rows of x,
+// from one seed: the same values and input gradient, and the same number after it.
+void check_dropout(dist::ProcessGroup& group, const Shape& shape, int64_t dim) {
+  const Tensor x = randn_from(50, shape), w = randn_from(51, shape);
+  Tensor x_one = x.clone(), x_sp = rows_of(x, group, dim);
+  x_one.set_requires_grad(true);
+  x_sp.set_requires_grad(true);
+  manual_seed(52);
+  const Tensor y_one = dropout(x_one, 0.4);
+  const Tensor next_one = randn({5}, kF64);
+  manual_seed(52);
+  const Tensor y_sp = dist::sequence_parallel_dropout(x_sp, 0.4, true, group, dim);
+  const Tensor next_sp = randn({5}, kF64);
+  sum(y_one * w).backward();
+  sum(y_sp * rows_of(w, group, dim)).backward();
+  test::check_identical(y_sp.detach(), rows_of(y_one.detach(), group, dim), "output");
+  test::check_identical(x_sp.grad(), rows_of(x_one.grad(), group, dim), "input gradient");
+  test::check_identical(next_sp, next_one, "the next random op's numbers");
+}
+
+// A one-rank norm and its sequence-parallel twin, built alike, then given the same
+// random parameters, on x [2, 8, 6] entered through scatter_to_sequence: this rank's rows
+// of the output, and the one-rank gradients of x and of every parameter, on every rank.
+void check_norm(dist::ProcessGroup& group, nn::Module& one, nn::Module& sp) {
+  const nn::NamedTensors ones = one.named_parameters(), sps = sp.named_parameters();
+  REQUIRE(ones.size() == sps.size());
+  for (size_t i = 0; i < ones.size(); ++i) {
+    CHECK(sps[i].first == ones[i].first);
+    test::check_identical(sps[i].second, ones[i].second, ones[i].first + " as built");
+    NoGradGuard no_grad;
+    Tensor(ones[i].second).copy_(randn_from(60 + i, ones[i].second.shape()));
+    Tensor(sps[i].second).copy_(ones[i].second);
+  }
+  const Tensor w = randn_from(54, {2, 8, 6});
+  Tensor x_one = randn_from(53, {2, 8, 6}), x_sp = x_one.clone();
+  x_one.set_requires_grad(true);
+  x_sp.set_requires_grad(true);
+  const Tensor y_one = one(x_one), y_sp = sp(dist::scatter_to_sequence(x_sp, group, 1));
+  sum(y_one * w).backward();
+  sum(y_sp * rows_of(w, group, 1)).backward();
+  check_close(y_sp, Host::of(rows_of(y_one.detach(), group, 1)), 0, kTol, "output");
+  check_close(x_sp.grad(), Host::of(x_one.grad()), 0, kTol, "input gradient (gathered by scatter_to_sequence)");
+  for (size_t i = 0; i < ones.size(); ++i)
+    check_close(sps[i].second.grad(), Host::of(ones[i].second.grad()), 0, kTol, ones[i].first + " gradient");
+}
+
 // A collective as a linear map A across the ranks, x -> A(x); `replicated_*`: every
 // rank holds the same x (or the same cotangent), which then counts once, not T times.
 struct CollectiveCase {
@@ -125,6 +177,8 @@ struct CollectiveCase {
 std::vector<CollectiveCase> collectives() {
   const auto gather_dim_1 = [](const Tensor& x, dist::ProcessGroup& g) { return dist::all_gather_sequence(x, g, 1); };
   const auto scatter_dim_0 = [](const Tensor& x, dist::ProcessGroup& g) { return dist::reduce_scatter_sequence(x, g); };
+  const auto split_dim_1 = [](const Tensor& x, dist::ProcessGroup& g) { return dist::scatter_to_sequence(x, g, 1); };
+  const auto join_dim_1 = [](const Tensor& x, dist::ProcessGroup& g) { return dist::gather_from_sequence(x, g, 1); };
   return {
       {"copy_to_group", dist::copy_to_group, {3, 4}, -1, true, false},
       {"reduce_from_group", dist::reduce_from_group, {3, 4}, -1, false, true},
@@ -132,6 +186,8 @@ std::vector<CollectiveCase> collectives() {
       {"reduce_scatter_sequence", scatter_dim_0, {2, 3}, 0, false, false},
       {"gather_last_dim", dist::gather_last_dim, {3, 2}, -1, false, true},
       {"split_last_dim", dist::split_last_dim, {3, 2}, 1, true, false},
+      {"scatter_to_sequence", split_dim_1, {2, 3, 4}, 1, true, false},
+      {"gather_from_sequence", join_dim_1, {2, 3, 4}, -1, false, true},
   };
 }
 
@@ -327,5 +383,64 @@ TEST_CASE("vocab_parallel_cross_entropy of bf16 logits: an f32 loss, as cross_en
     CHECK(x_tp.grad().dtype() == DType::bf16);
     check_close(loss_tp, Host::of(loss_one), 1e-6, 1e-6, "loss");
     check_close(dist::all_gather_sequence(x_tp.grad(), group, 1), Host::of(x_one.grad()), 0, 1e-3, "gradient");
+  });
+}
+
+TEST_CASE("sequence_parallel_dropout keeps exactly the one-rank mask's rows at T = 1, 2, 4, generator state included") {
+  for (int world : {1, 2, 4}) {
+    INFO("T = " << world);
+    dist::run_local(world, [](dist::ProcessGroup& group) {
+      check_dropout(group, {2, 8, 3}, 1);  // [B, S, C]: B runs per rank, most starting inside a Philox block
+      check_dropout(group, {8, 2, 3}, 0);  // Megatron's [S, B, C]: one run per rank
+      check_dropout(group, {2, 3, 8}, -1);
+    });
+  }
+}
+
+TEST_CASE("SequenceParallelDropout: dropout's mask rows in training, the identity in eval, shapes on the meta device") {
+  dist::run_local(2, [](dist::ProcessGroup& group) {
+    dist::SequenceParallelDropout drop(0.5, group, 1);
+    const Tensor x = randn_from(55, {2, 4, 3});
+    manual_seed(56);
+    const Tensor one = dropout(x, 0.5);
+    manual_seed(56);
+    test::check_identical(drop(rows_of(x, group, 1)), rows_of(one, group, 1), "training");
+    drop.eval();
+    test::check_identical(drop(rows_of(x, group, 1)), rows_of(x, group, 1), "eval");
+    const Tensor meta = dist::sequence_parallel_dropout(empty({2, 4, 3}, TensorOptions(DType::bf16).device(kMeta)),
+                                                        0.5, true, group, 1);
+    CHECK(meta.shape() == Shape{2, 4, 3});
+    CHECK(meta.dtype() == DType::bf16);
+  });
+}
+
+TEST_CASE("SequenceParallelLayerNorm and SequenceParallelRMSNorm equal the one-rank norms at T = 1, 2, 4 in f64") {
+  for (int world : {1, 2, 4}) {
+    INFO("T = " << world);
+    dist::run_local(world, [](dist::ProcessGroup& group) {
+      nn::LayerNorm layer_norm(6, 1e-5, true, kF64);
+      dist::SequenceParallelLayerNorm sp_layer_norm(6, group, 1e-5, true, kF64);
+      check_norm(group, layer_norm, sp_layer_norm);
+      nn::RMSNorm rms_norm(6, 1e-6, kF64);
+      dist::SequenceParallelRMSNorm sp_rms_norm(6, group, 1e-6, kF64);
+      check_norm(group, rms_norm, sp_rms_norm);
+    });
+  }
+}
+
+TEST_CASE("sequence parallelism refuses a sequence that does not divide by T, and p outside [0, 1]") {
+  dist::run_local(4, [](dist::ProcessGroup& group) {
+    CHECK_THROWS_WITH_AS(dist::scatter_to_sequence(zeros({2, 6, 3}, kF64), group, 1),
+                         "scatter_to_sequence: dim 1 of f64[2, 6, 3] on cpu (6) does not divide by the group size 4",
+                         Error);
+    const Tensor x = zeros({2, 2, 3}, kF64);
+    CHECK_THROWS_WITH_AS(dist::sequence_parallel_dropout(x, 1.5, true, group, 1),
+                         "sequence_parallel_dropout: p must be in [0, 1], got 1.5", Error);
+    CHECK_THROWS_WITH_AS(dist::sequence_parallel_dropout(x, -0.1, false, group, 1),
+                         "sequence_parallel_dropout: p must be in [0, 1], got -0.1", Error);
+    CHECK_THROWS_WITH_AS(dist::sequence_parallel_dropout(x, 0.5, true, group, 3), doctest::Contains("dim"), Error);
+    CHECK_THROWS_WITH_AS(dist::sequence_parallel_dropout(zeros({2}, DType::i64), 0.5, true, group),
+                         "sequence_parallel_dropout: expected a floating tensor, got i64[2] on cpu", Error);
+    CHECK_THROWS_WITH_AS(dist::SequenceParallelDropout(2.0, group), "Dropout: p must be in [0, 1], got 2", Error);
   });
 }

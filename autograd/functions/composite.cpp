@@ -223,11 +223,19 @@ Tensor rotary_embedding(const Tensor& x, int64_t offset, double theta) {
 }
 
 Tensor dropout(const Tensor& x, double p, bool training) {
-  ZG_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", p);
-  ZG_CHECK(x.defined() && is_floating(x.dtype()), "dropout: expected a floating tensor, got ", describe(x));
+  return dropout_with_draw("dropout", x, p, training,
+                           [&] { return rand(x.shape(), TensorOptions(DType::f32).device(x.device())); });
+}
+
+Tensor dropout_with_draw(const char* op, const Tensor& x, double p, bool training,
+                         const std::function<Tensor()>& draw) {
+  ZG_CHECK(p >= 0 && p <= 1, op, ": p must be in [0, 1], got ", p);
+  ZG_CHECK(x.defined() && is_floating(x.dtype()), op, ": expected a floating tensor, got ", describe(x));
   if (!training || p == 0) return x;
   if (p == 1) return x * 0.0;  // everything dropped (as PyTorch: no draw, no 1/(1-p))
-  const Tensor keep = lt(rand(x.shape(), TensorOptions(DType::f32).device(x.device())), 1.0 - p);
+  const Tensor uniforms = draw();
+  ZG_CHECK(uniforms.shape() == x.shape(), op, ": drew ", describe(uniforms), " for ", describe(x));
+  const Tensor keep = lt(uniforms, 1.0 - p);
   const Tensor wide = is_16_bit(x.dtype()) ? x.to(DType::f32) : x;
   return (wide * keep.to(wide.dtype()) * (1.0 / (1.0 - p))).to(x.dtype());
 }

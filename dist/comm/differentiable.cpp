@@ -16,6 +16,8 @@ const DifferentiableOp kAllGatherSequence("all_gather_sequence");
 const DifferentiableOp kReduceScatterSequence("reduce_scatter_sequence");
 const DifferentiableOp kGatherLastDim("gather_last_dim");
 const DifferentiableOp kSplitLastDim("split_last_dim");
+const DifferentiableOp kScatterToSequence("scatter_to_sequence");
+const DifferentiableOp kGatherFromSequence("gather_from_sequence");
 
 constexpr const char* kDestroyed = "a differentiable collective's backward: its process group was destroyed first";
 
@@ -68,6 +70,31 @@ Tensor own_slice(const Tensor& x, const ProcessGroup& group, int64_t dim) {
 
 std::vector<Tensor> one(const Tensor& grad) { return {grad}; }
 
+// A split of a replicated x and its conjugate gather of a replicated y, under their names.
+struct SplitPair {
+  const DifferentiableOp &split, &gather;
+};
+const SplitPair kLastDim{kSplitLastDim, kGatherLastDim};
+const SplitPair kSequence{kScatterToSequence, kGatherFromSequence};
+
+Tensor gather(const SplitPair& pair, const Tensor& x, ProcessGroup& group, int64_t dim);
+
+// y = this rank's slice along dim of the replicated x; dL/dx = cat over ranks of dL/dy.
+Tensor split(const SplitPair& pair, const Tensor& x, ProcessGroup& group, int64_t dim) {
+  return differentiable(own_slice(x, group, dim), pair.split, {x},
+                        [&pair, ref = GroupRef(group, kDestroyed), dim](const Tensor& g) {
+                          return one(gather(pair, g, *ref, dim));
+                        });
+}
+
+// y = cat over ranks of x along dim; dL/dx = this rank's slice of the replicated dL/dy.
+Tensor gather(const SplitPair& pair, const Tensor& x, ProcessGroup& group, int64_t dim) {
+  return differentiable(gathered(x, group, dim), pair.gather, {x},
+                        [&pair, ref = GroupRef(group, kDestroyed), dim](const Tensor& g) {
+                          return one(split(pair, g, *ref, dim));
+                        });
+}
+
 }  // namespace
 
 Tensor copy_to_group(const Tensor& x, ProcessGroup& group) {
@@ -102,17 +129,19 @@ Tensor reduce_scatter_sequence(const Tensor& x, ProcessGroup& group, int64_t dim
 }
 
 Tensor gather_last_dim(const Tensor& x, ProcessGroup& group) {
-  const int64_t dim = checked_dim("gather_last_dim", x, -1, group, false);
-  // y = cat over ranks of x; dL/dx = this rank's slice of the replicated dL/dy.
-  return differentiable(gathered(x, group, dim), kGatherLastDim, {x},
-                        [ref = GroupRef(group, kDestroyed)](const Tensor& g) { return one(split_last_dim(g, *ref)); });
+  return gather(kLastDim, x, group, checked_dim(kLastDim.gather.name(), x, -1, group, false));
 }
 
 Tensor split_last_dim(const Tensor& x, ProcessGroup& group) {
-  const int64_t dim = checked_dim("split_last_dim", x, -1, group, true);
-  // y = this rank's slice of the replicated x; dL/dx = cat over ranks of dL/dy.
-  return differentiable(own_slice(x, group, dim), kSplitLastDim, {x},
-                        [ref = GroupRef(group, kDestroyed)](const Tensor& g) { return one(gather_last_dim(g, *ref)); });
+  return split(kLastDim, x, group, checked_dim(kLastDim.split.name(), x, -1, group, true));
+}
+
+Tensor scatter_to_sequence(const Tensor& x, ProcessGroup& group, int64_t dim) {
+  return split(kSequence, x, group, checked_dim(kSequence.split.name(), x, dim, group, true));
+}
+
+Tensor gather_from_sequence(const Tensor& x, ProcessGroup& group, int64_t dim) {
+  return gather(kSequence, x, group, checked_dim(kSequence.gather.name(), x, dim, group, false));
 }
 
 }  // namespace zg::dist

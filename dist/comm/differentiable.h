@@ -39,4 +39,14 @@ Tensor gather_last_dim(const Tensor& x, ProcessGroup& group);
 // input when it is not already parallel.
 Tensor split_last_dim(const Tensor& x, ProcessGroup& group);
 
+// Sequence parallelism's entry from a replicated x [.., S, ..] -> [.., S/T, ..]: this
+// rank's slice along `dim` (no communication);  dL/dx = the ranks' dL/dy concatenated
+// (all-gather). Megatron's scatter_to_sequence_parallel_region.
+Tensor scatter_to_sequence(const Tensor& x, ProcessGroup& group, int64_t dim = 0);
+
+// Its conjugate, [.., S/T, ..] -> [.., S, ..] replicated: y = the ranks' x concatenated
+// along `dim` (all-gather);  dL/dx = this rank's slice of dL/dy, which every rank holds
+// whole. (all_gather_sequence instead sums the ranks' dL/dy: for a y each rank uses apart.)
+Tensor gather_from_sequence(const Tensor& x, ProcessGroup& group, int64_t dim = 0);
+
 }  // namespace zg::dist
