@@ -12,6 +12,12 @@
 //   mpirun -n 8 build/examples/train_zero --stage 3 --device cuda          (NCCL, a GPU a process)
 //   mpirun -n 4 build/examples/train_zero --stage 3 --shard-group 2   (HSDP: 2 groups of 2)
 //   build/examples/train_zero --ranks 2 --stage 3 --offload optimizer+params --dtype bf16
+//   mpirun -n 4 build/examples/train_zero --tp 2 --stage 3   (each layer cut across 2 ranks, ZeRO-3 over 2)
+//
+// With --tp T the ranks are a mesh of data-parallel ranks x T tensor-parallel ones (tp
+// innermost): the GPT is cut by its plan (heads, MLP features, vocabulary) across each
+// group of T consecutive ranks, which take the same rows; ZeRO shards each rank's slices
+// over the data-parallel ranks.
 //
 // Rank 0 prints a line per step: the global loss, the gradient norm, and its own bytes
 // by category -- the model states shrink with the stage, `comm` holds the gathered
@@ -38,7 +44,8 @@ namespace {
 
 struct Flags : examples::TrainingFlags {
   int64_t ranks = 0, stage = 3, prefetch = 1;  // ranks 0: unset (2 threads; under mpirun, its processes)
-  int64_t shard_group = 0;                     // 0: shard over every rank
+  int64_t shard_group = 0;                     // 0: shard over every data-parallel rank
+  int64_t tp = 1;                              // tensor-parallel ranks a layer
   int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
   std::vector<std::string> keep_after_forward;
   std::string group = "auto";
@@ -57,12 +64,22 @@ void usage() {
                "  --keep-after-forward U,U  ZeRO-3: units kept gathered from forward to backward (* for all)\n"
                "  --shard-group S    hybrid sharding (stages 2, 3): shard within groups of S consecutive ranks,\n"
                "                     replicate across the ranks / S groups (default: one group of all)\n"
+               "  --tp T             tensor parallelism: each layer cut across T consecutive ranks (heads, MLP\n"
+               "                     features, vocabulary); ZeRO over the ranks / T data-parallel ones (default 1)\n"
 
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
                "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
                "  --device cpu|cuda  where every rank trains (default cpu)\n"
                "  --resume DIR       continue from a sharded checkpoint, saved at any --ranks and --stage\n"
             << Flags().common_help();
+}
+
+// The ranks divide into data-parallel ones of T each, and the batch into their rows.
+void check_ranks(const Flags& f, int ranks) {
+  ZG_CHECK(ranks % f.tp == 0, "train_zero: --tp ", f.tp, " does not divide the ", ranks, " ranks");
+  const int64_t data_ranks = ranks / f.tp;
+  ZG_CHECK(f.batch % data_ranks == 0, "train_zero: --batch ", f.batch, " is not a multiple of the ", data_ranks,
+           " data-parallel ranks: each takes batch / ", data_ranks, " rows");
 }
 
 bool parse(int argc, char** argv, Flags& f) {
@@ -75,6 +92,7 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--stage") f.stage = flag.count(0);
     else if (a == "--prefetch") f.prefetch = flag.count(0);
     else if (a == "--shard-group") f.shard_group = flag.count(1);
+    else if (a == "--tp") f.tp = flag.count(1);
     else if (a == "--prefetch-bytes") f.prefetch_bytes = flag.count(0);
     else if (a == "--keep-after-forward") {
       const std::string list = flag.value();
@@ -88,8 +106,10 @@ bool parse(int argc, char** argv, Flags& f) {
     else flag.unknown();
   }
   f.check("train_zero");
-  ZG_CHECK(f.stage <= 1024 && f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024,
-           "train_zero: --stage, --ranks, --prefetch and --shard-group go up to 1024");
+  ZG_CHECK(f.stage <= 1024 && f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024 && f.tp <= 1024,
+           "train_zero: --stage, --ranks, --prefetch, --shard-group and --tp go up to 1024");
+  ZG_CHECK(f.tp == 1 || (f.save.empty() && f.resume.empty()), "train_zero: --save and --resume with --tp ", f.tp,
+           ": sharded checkpoints of a model cut across tensor-parallel ranks are not written yet (use --export)");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi" || f.group == "nccl",
            "train_zero: --group must be auto, local, mpi or nccl, got ", f.group);
   if (f.group == "auto")
@@ -97,9 +117,7 @@ bool parse(int argc, char** argv, Flags& f) {
   ZG_CHECK(f.group != "nccl" || Device(f.device).type == DeviceType::cuda, "train_zero: --group nccl moves CUDA tensors: "
            "add --device cuda");
   if (f.group == "local" && f.ranks == 0) f.ranks = 2;
-  if (f.group == "local")  // (under mpirun: once the processes are counted)
-    ZG_CHECK(f.batch % f.ranks == 0, "train_zero: --batch ", f.batch, " is not a multiple of --ranks ", f.ranks,
-             ": each rank takes batch / ranks rows");
+  if (f.group == "local") check_ranks(f, static_cast<int>(f.ranks));  // (under mpirun: once the processes are counted)
   ZG_CHECK(f.dtype == "f32" || f.dtype == "bf16", "train_zero: --dtype must be f32 or bf16, got ", f.dtype);
   return true;
 }
@@ -117,10 +135,10 @@ dist::ZeroConfig zero_config(const Flags& f) {
           .shard_group_size = static_cast<int>(f.shard_group)};
 }
 
-// Refuses what ZeroConfig::problem finds wrong at `ranks` (known once the group is:
-// under mpirun, its processes) before any rank builds a model.
+// Refuses what ZeroConfig::problem finds wrong at the data-parallel ranks (known once the
+// group is: under mpirun, its processes) before any rank builds a model.
 void check_config(const Flags& f, int ranks) {
-  const std::string wrong = zero_config(f).problem(ranks);
+  const std::string wrong = zero_config(f).problem(ranks / static_cast<int>(f.tp));
   ZG_CHECK(wrong.empty(), "train_zero: ", wrong);
 }
 
@@ -134,6 +152,15 @@ std::string memory_line(Device device) {
                              mib(s[MemoryCategory::optimizer_state]), mib(s.peak_of(MemoryCategory::communication)),
                              mib(s.peak_of(MemoryCategory::activation)));
   return line + examples::host_memory_part();
+}
+
+// The mesh of --tp: dp_replicate x dp_shard (S = --shard-group, or every data-parallel
+// rank) x tp, the tensor-parallel ranks innermost (consecutive: within a node).
+std::unique_ptr<dist::DeviceMesh> tensor_parallel_mesh(dist::ProcessGroup& group, const Flags& f) {
+  const int tp = static_cast<int>(f.tp), data = group.size() / tp;
+  const int shard = f.shard_group == 0 ? data : static_cast<int>(f.shard_group);
+  return std::make_unique<dist::DeviceMesh>(
+      group, std::vector<dist::MeshDim>{{"dp_replicate", data / shard}, {"dp_shard", shard}, {"tp", tp}});
 }
 
 // One rank's run: every rank executes this, with its own Context and group handle.
@@ -150,10 +177,15 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   config.vocab_size = 256, config.block_size = f.seq;
   config.activation_checkpointing = f.checkpointing;
   nn::GPT model(config, TensorOptions(DType::f32).device(device));
+  const int64_t parameters = model.num_parameters();  // the whole model's, before any cut
   if (!f.init.empty() && group.rank() == 0) nn::load_state(model, f.init);  // rank 0's weights become every rank's
+  // --tp: each layer cut across the tp group (every rank built the same model from one seed).
+  const std::unique_ptr<dist::DeviceMesh> mesh = f.tp > 1 ? tensor_parallel_mesh(group, f) : nullptr;
+  if (mesh) dist::parallelize_module(model, mesh->group("tp"));
   // The parameters move into flat units, sharded as the stage says; rank 0's initial
   // weights become every rank's.
-  dist::ShardedModel sharded(model, group, zero_config(f));
+  dist::ShardedModel sharded = mesh ? dist::ShardedModel(model, *mesh, zero_config(f))
+                                    : dist::ShardedModel(model, group, zero_config(f));
   const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);  // what a checkpoint records, as train_gpt's
   int64_t first_step = 0;
   if (!f.resume.empty()) {
@@ -166,10 +198,11 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   if (printer)
     std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s on %lld ranks, %s compute on %s\n",
                 static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
-                static_cast<long long>(sharded.num_parameters()), sharded.describe().c_str(),
+                static_cast<long long>(parameters), sharded.describe().c_str(),
                 static_cast<long long>(group.size()), f.dtype.c_str(), device.str().c_str());
 
-  const int64_t rows = f.batch / group.size(), first_row = group.rank() * rows;
+  // Data-parallel rank d = rank / T takes rows [d B / D, (d + 1) B / D); its T tp ranks alike.
+  const int64_t data_ranks = group.size() / f.tp, rows = f.batch / data_ranks, first_row = group.rank() / f.tp * rows;
   double loss_value = NAN;
   examples::RunTrace trace(f, group);
   for (int64_t step = first_step; step < f.steps; ++step) {
@@ -186,7 +219,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     }
     const double lr = optim::warmup_cosine_lr(step, f.lr, f.min_lr, f.warmup, f.steps);
     const dist::StepResult result = sharded.step(lr);  // global norm, clip, AdamW on this rank's slices
-    // The global batch's loss: the mean of the ranks' means (they take equal rows).
+    // The global batch's loss: the mean of the ranks' means (they take equal rows; tp ranks the same ones).
     Tensor global_loss = loss.detach().reshape({1}).to(DType::f32);
     group.all_reduce(global_loss, dist::ReduceKind::average);
     loss_value = global_loss.item<double>();
@@ -254,8 +287,7 @@ int main(int argc, char** argv) {
     return dist::run_mpi([&](dist::ProcessGroup& host) {
       ZG_CHECK(flags.ranks == 0 || flags.ranks == host.size(), "train_zero: --ranks ", flags.ranks, " but mpirun started ",
                host.size(), " processes");
-      ZG_CHECK(flags.batch % host.size() == 0, "train_zero: --batch ", flags.batch, " is not a multiple of the ",
-               host.size(), " ranks: each rank takes batch / ranks rows");
+      check_ranks(flags, host.size());
       check_config(flags, host.size());
       if (flags.group == "mpi") return train(host, flags);
 #if ZG_HAVE_CUDA

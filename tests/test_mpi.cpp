@@ -165,6 +165,39 @@ TEST_CASE("train_zero under mpirun -n 2 and -n 4, stages 0-3 and HSDP 2x2: the s
   CHECK(unwritable.find("step ") == std::string::npos);
 }
 
+TEST_CASE("train_zero --tp: mpirun -n 4 --tp 2 --stage 3, and threads at tp 2 and 4, print one rank's losses") {
+  const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 2 --heads 4 --embd 32 --seq 8 "
+                                 "--batch 4 --steps 6";
+  const auto losses = [](const std::string& out) {  // step, loss and norm of each step line, and the final loss
+    std::string kept;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);)
+      if (line.starts_with("step ") || line.starts_with("final loss"))
+        kept += line.substr(0, line.find(" | ", line.find("norm"))) + "\n";
+    return kept;
+  };
+  int status = 0;
+  const std::string one = run_command(train_zero + " --ranks 1 2>&1", status);
+  REQUIRE(status == 0);
+  REQUIRE(losses(one).find("final loss") != std::string::npos);
+  const std::string processes = run_command(launch(4, train_zero + " --tp 2 --stage 3"), status);
+  INFO(processes);
+  CHECK(status == 0);
+  CHECK(processes.find("a ZeRO-3 ShardedModel, its layers cut across 2 tensor-parallel ranks") != std::string::npos);
+  CHECK(losses(processes) == losses(one));
+  for (const std::string run : {"--ranks 2 --tp 2 --stage 0", "--ranks 4 --tp 4 --stage 1", "--ranks 4 --tp 2 --stage 2"}) {
+    INFO(run);
+    CHECK(losses(run_command(train_zero + " " + run + " 2>&1", status)) == losses(one));
+  }
+  const std::string odd = run_command(train_zero + " --ranks 4 --tp 3 2>&1", status);
+  CHECK(status != 0);
+  CHECK(odd.find("train_zero: --tp 3 does not divide the 4 ranks") != std::string::npos);
+  const std::string saving = run_command(train_zero + " --ranks 2 --tp 2 --save /tmp/zg_tp_save 2>&1", status);
+  CHECK(status != 0);
+  CHECK(saving.find("train_zero: --save and --resume with --tp 2: sharded checkpoints of a model cut across") !=
+        std::string::npos);
+}
+
 #ifdef ZG_BENCH_DIR
 TEST_CASE("bench/zero_memory under mpirun -n 4: every rank's record, the model states of its ranks as threads") {
   // Model states and bytes sent per rank and stage, hybrid sharding included; the

@@ -295,7 +295,8 @@ const Placement& ShardedModel::placement() const { return context_->placement; }
 std::string ShardedModel::describe() const {
   const std::string hybrid = replica_group() == nullptr ? "" : " (hybrid: shard groups of " +
       std::to_string(shard_group().size()) + " ranks, " + std::to_string(replica_group()->size()) + " replicas)";
-  return "a " + placement().name() + hybrid + " ShardedModel";
+  const std::string cut = tp_ ? ", its layers cut across " + std::to_string((*tp_)->size()) + " tensor-parallel ranks" : "";
+  return "a " + placement().name() + hybrid + " ShardedModel" + cut;
 }
 
 std::vector<Unit*> ShardedModel::units() const {
