@@ -46,6 +46,7 @@ struct Flags : examples::TrainingFlags {
   int64_t ranks = 0, stage = 3, prefetch = 1;  // ranks 0: unset (2 threads; under mpirun, its processes)
   int64_t shard_group = 0;                     // 0: shard over every data-parallel rank
   int64_t tp = 1;                              // tensor-parallel ranks a layer
+  bool sequence_parallel = false;
   int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
   std::vector<std::string> keep_after_forward;
   std::string group = "auto";
@@ -66,6 +67,7 @@ void usage() {
                "                     replicate across the ranks / S groups (default: one group of all)\n"
                "  --tp T             tensor parallelism: each layer cut across T consecutive ranks (heads, MLP\n"
                "                     features, vocabulary); ZeRO over the ranks / T data-parallel ones (default 1)\n"
+               "  --sequence-parallel  with --tp: between the cut layers each rank holds its rows of the sequence\n"
 
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
                "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
@@ -93,6 +95,7 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--prefetch") f.prefetch = flag.count(0);
     else if (a == "--shard-group") f.shard_group = flag.count(1);
     else if (a == "--tp") f.tp = flag.count(1);
+    else if (a == "--sequence-parallel") f.sequence_parallel = true;
     else if (a == "--prefetch-bytes") f.prefetch_bytes = flag.count(0);
     else if (a == "--keep-after-forward") {
       const std::string list = flag.value();
@@ -108,6 +111,8 @@ bool parse(int argc, char** argv, Flags& f) {
   f.check("train_zero");
   ZG_CHECK(f.stage <= 1024 && f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024 && f.tp <= 1024,
            "train_zero: --stage, --ranks, --prefetch, --shard-group and --tp go up to 1024");
+  ZG_CHECK(f.tp > 1 || !f.sequence_parallel, "train_zero: --sequence-parallel cuts the sequence across the --tp ranks: "
+           "add --tp");
   ZG_CHECK(f.tp == 1 || (f.save.empty() && f.resume.empty()), "train_zero: --save and --resume with --tp ", f.tp,
            ": sharded checkpoints of a model cut across tensor-parallel ranks are not written yet (use --export)");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi" || f.group == "nccl",
@@ -181,7 +186,11 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   if (!f.init.empty() && group.rank() == 0) nn::load_state(model, f.init);  // rank 0's weights become every rank's
   // --tp: each layer cut across the tp group (every rank built the same model from one seed).
   const std::unique_ptr<dist::DeviceMesh> mesh = f.tp > 1 ? tensor_parallel_mesh(group, f) : nullptr;
-  if (mesh) dist::parallelize_module(model, mesh->group("tp"));
+  if (mesh) {
+    nn::ParallelPlan plan = model.parallel_plan();
+    plan.sequence_parallel = f.sequence_parallel;
+    dist::parallelize_module(model, mesh->group("tp"), plan);
+  }
   // The parameters move into flat units, sharded as the stage says; rank 0's initial
   // weights become every rank's.
   dist::ShardedModel sharded = mesh ? dist::ShardedModel(model, *mesh, zero_config(f))

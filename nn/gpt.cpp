@@ -116,10 +116,13 @@ Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
 
 // Megatron's cut: heads of q, k and v (c_attn as three blocks), the MLP's hidden features,
 // and the vocabulary (the tied wte, so the head's logits are vocabulary shards, ln_f's
-// output entering them).
+// output entering them). With sequence parallelism the blocks run on sequence shards from
+// h.0 on, their norms' weights gathering gradient from every rank.
 ParallelPlan GPT::parallel_plan() const {
   using enum ParallelStyle;
   return {.rules = {{"transformer.wte", vocab_embedding},
+                    {"transformer.h.0", scatter_input},
+                    {"transformer.h.*.ln_[12]", sequence_norm},
                     {"transformer.h.*.attn.c_attn", colwise, /*chunks=*/3},
                     {"transformer.h.*.attn.c_proj", rowwise},
                     {"transformer.h.*.mlp.c_fc", colwise},

@@ -102,10 +102,12 @@ Tensor Llama::logits(const Tensor& idx, KVCache* cache) {
 // Megatron's cut: q, k, v by heads (grouped-query: k and v by key/value heads, so n_kv_head
 // must divide too), o_proj by its input; the SwiGLU's gate and up by hidden features,
 // down_proj by its input; the vocabulary. Each norm's output enters the colwise layers
-// after it once (copy_output): one all-reduce in backward for q, k and v together.
+// after it once (copy_output): one all-reduce in backward for q, k and v together (with
+// sequence parallelism, one all-gather of the norm's sequence shards).
 ParallelPlan Llama::parallel_plan() const {
   using enum ParallelStyle;
   ParallelPlan plan{.rules = {{"model.embed_tokens", vocab_embedding},
+                              {"model.layers.0", scatter_input},
                               {"model.layers.*.input_layernorm", copy_output},
                               {"model.layers.*.self_attn.[qkv]_proj", colwise, 1, /*copy_input=*/false},
                               {"model.layers.*.self_attn.o_proj", rowwise},
@@ -116,7 +118,8 @@ ParallelPlan Llama::parallel_plan() const {
                     .must_divide = {{"n_head", config.n_head}, {"n_kv_head", config.n_kv_head},
                                     {"vocab_size", config.vocab_size}},
                     .vocab_parallel_logits = true};
-  plan.rules.push_back(lm_head ? ParallelRule{"lm_head", colwise} : ParallelRule{"model.norm", copy_output});
+  if (lm_head) plan.rules.insert(plan.rules.end(), {{"model.norm", sequence_norm}, {"lm_head", colwise}});
+  else plan.rules.push_back({"model.norm", copy_output});
   return plan;
 }
 

@@ -8,6 +8,8 @@ const char* name(ParallelStyle style) {
     case ParallelStyle::rowwise: return "rowwise";
     case ParallelStyle::vocab_embedding: return "vocab_embedding";
     case ParallelStyle::copy_output: return "copy_output";
+    case ParallelStyle::sequence_norm: return "sequence_norm";
+    case ParallelStyle::scatter_input: return "scatter_input";
   }
   return "?";
 }

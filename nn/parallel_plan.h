@@ -27,6 +27,11 @@ enum class ParallelStyle : uint8_t {
   // No parameter cut: the module's output enters colwise layers that follow it, so its
   // gradient is the sum of theirs (copy_to_group). Before a tied head, or q, k and v.
   copy_output,
+  // Sequence parallelism's two seams (nothing without it): a norm that runs on sequence
+  // shards, its weights' gradients summed over the ranks; the first block, whose input
+  // is cut into the ranks' sequence shards.
+  sequence_norm,
+  scatter_input,
 };
 const char* name(ParallelStyle style);
 
@@ -50,6 +55,13 @@ struct ParallelPlan {
   // A CausalLM whose head is cut along the vocabulary: its logits are each rank's shard
   // [B, T, V/T], and the loss is computed from the shards (never a [B, T, V] tensor).
   bool vocab_parallel_logits = false;
+  // Sequence parallelism (Korthikanti et al. 2022): between the cut layers the activations
+  // are [B, S/T, C], each rank's rows of the sequence (dim 1), so norms, residual adds and
+  // their saved inputs shrink by T. A colwise layer's input is all-gathered instead of
+  // copied, a rowwise layer's output reduce-scattered instead of all-reduced, a
+  // copy_output module's output all-gathered (and its weights' gradients summed); the
+  // same bytes as the all-reduces, half forward, half backward.
+  bool sequence_parallel = false;
 };
 
 // How a parameter was cut across a tensor-parallel group: it is `chunks` equal blocks along

@@ -185,7 +185,8 @@ TEST_CASE("train_zero --tp: mpirun -n 4 --tp 2 --stage 3, and threads at tp 2 an
   CHECK(status == 0);
   CHECK(processes.find("a ZeRO-3 ShardedModel, its layers cut across 2 tensor-parallel ranks") != std::string::npos);
   CHECK(losses(processes) == losses(one));
-  for (const std::string run : {"--ranks 2 --tp 2 --stage 0", "--ranks 4 --tp 4 --stage 1", "--ranks 4 --tp 2 --stage 2"}) {
+  for (const std::string run : {"--ranks 2 --tp 2 --stage 0", "--ranks 4 --tp 4 --stage 1", "--ranks 4 --tp 2 --stage 2",
+                                "--ranks 4 --tp 2 --stage 3 --sequence-parallel"}) {
     INFO(run);
     CHECK(losses(run_command(train_zero + " " + run + " 2>&1", status)) == losses(one));
   }

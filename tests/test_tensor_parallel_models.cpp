@@ -65,24 +65,41 @@ void check_gradients(nn::Module& model, const Reference& ref, dist::ProcessGroup
   }
 }
 
+// The model's own plan, with sequence parallelism on or off.
+nn::ParallelPlan plan_of(const nn::Module& model, bool sequence_parallel) {
+  nn::ParallelPlan plan = model.parallel_plan();
+  plan.sequence_parallel = sequence_parallel;
+  return plan;
+}
+
 void check_cut_model(const MakeModel& make, int64_t vocab) {
   const Batch b = batch(vocab);
   const Reference ref = one_rank(make, b);
-  for (int world : {1, 2, 4}) {
-    INFO("T = " << world);
-    dist::run_local(world, [&](dist::ProcessGroup& group) {
-      manual_seed(5);
-      std::shared_ptr<nn::CausalLM> model = make();
-      dist::parallelize_module(*model, group);
-      const nn::CausalLMOutput out = model->forward(b.idx, b.targets);
-      CHECK(out.logits.size(2) == vocab / world);  // this rank's vocabulary shard
-      CHECK(std::abs(out.loss.item<double>() - ref.loss) < 1e-12);
-      const Tensor whole = dist::gather_split(out.logits.detach(), {2, 1, world, group.rank()}, group);
-      check_close(whole, ref.logits, 1e-12, 1e-12, "logits");
-      out.loss.backward();
-      check_gradients(*model, ref, group, 1e-12);
-    });
-  }
+  for (int world : {1, 2, 4})
+    for (bool sp : {false, true}) {
+      INFO("T = " << world << ", sequence parallel " << sp);
+      dist::run_local(world, [&](dist::ProcessGroup& group) {
+        manual_seed(5);
+        std::shared_ptr<nn::CausalLM> model = make();
+        dist::parallelize_module(*model, group, plan_of(*model, sp));
+        int64_t rows_seen = 0;  // by the second block: its rows of the sequence with sp, all of them without
+        const std::string second = model->unit_plan().units.at(1);
+        for (const auto& [path, module] : model->named_modules())
+          if (path == second)
+            module->register_forward_pre_hook([&rows_seen](nn::Module&, const Tensor& x) {
+              rows_seen = x.size(1);
+              return Tensor();
+            });
+        const nn::CausalLMOutput out = model->forward(b.idx, b.targets);
+        CHECK(rows_seen == (sp ? 12 / world : 12));
+        CHECK(out.logits.size(2) == vocab / world);  // this rank's vocabulary shard
+        CHECK(std::abs(out.loss.item<double>() - ref.loss) < 1e-12);
+        const Tensor whole = dist::gather_split(out.logits.detach(), {2, 1, world, group.rank()}, group);
+        check_close(whole, ref.logits, 1e-12, 1e-12, "logits");
+        out.loss.backward();
+        check_gradients(*model, ref, group, 1e-12);
+      });
+    }
 }
 
 // A training run's losses (the global batch's) and the whole model after it.
@@ -93,13 +110,13 @@ struct Run {
 
 // `make`'s model trained 5 steps (AdamW, clipping at 0.05) over a dp_shard x tp mesh, each
 // data-parallel rank on its rows of a global batch of 4; tp = 0: the one-rank model, not cut.
-Run train(const MakeModel& make, int tp, int dp, int stage, DType dtype) {
+Run train(const MakeModel& make, int tp, int dp, int stage, DType dtype, bool sp = false) {
   Run run;
   dist::run_local(std::max(tp, 1) * dp, [&](dist::ProcessGroup& world) {
     manual_seed(5);
     std::shared_ptr<nn::CausalLM> model = make();
     dist::DeviceMesh mesh(world, {{"dp_shard", dp}, {"tp", std::max(tp, 1)}});
-    if (tp > 0) dist::parallelize_module(*model, mesh.group("tp"));
+    if (tp > 0) dist::parallelize_module(*model, mesh.group("tp"), plan_of(*model, sp));
     dist::ShardedModel sharded(*model, mesh, {.stage = stage, .compute_dtype = dtype, .max_grad_norm = 0.05});
     const int64_t rows = 4 / dp, first = mesh.coordinate("dp_shard") * rows;
     std::vector<double> losses;
@@ -143,32 +160,34 @@ void check_grid(const MakeModel& make, DType dtype, const std::vector<int>& tps,
   const Run reference = train(make, 0, 1, 0, dtype);
   for (int tp : tps)
     for (int dp : {1, 2})
-      for (int stage : stages) {
-        INFO("tp " << tp << ", dp " << dp << ", stage " << stage);
-        check_same_run(train(make, tp, dp, stage, dtype), reference, loss_tol, param_tol);
-      }
+      for (int stage : stages)
+        for (bool sp : {false, true}) {
+          INFO("tp " << tp << ", dp " << dp << ", stage " << stage << ", sequence parallel " << sp);
+          check_same_run(train(make, tp, dp, stage, dtype, sp), reference, loss_tol, param_tol);
+        }
 }
 
 }  // namespace
 
 TEST_CASE("tensor parallelism composed with ZeRO: a GPT at (tp, dp, stage) in {1, 2, 4} x {1, 2} x {0, 1, 2, 3} "
-          "trains as one rank (f64; f32 at tp 2)") {
+          "trains as one rank, sequence parallelism on and off (f64; f32 at tp 2)") {
   check_grid([] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); }, DType::f64, {1, 2, 4}, {0, 1, 2, 3});
   check_grid([] { return std::make_shared<nn::GPT>(tiny_gpt()); }, DType::f32, {2}, {0, 3});
 }
 
 TEST_CASE("tensor parallelism composed with ZeRO: a Llama with grouped-query attention at (tp, dp, stage) in "
-          "{1, 2, 4} x {1, 2} x {0, 1, 2, 3} trains as one rank (f64; f32 at tp 2)") {
+          "{1, 2, 4} x {1, 2} x {0, 1, 2, 3} trains as one rank, sequence parallelism on and off (f64; f32 at tp 2)") {
   check_grid([] { return std::make_shared<nn::Llama>(tiny_llama(), kF64); }, DType::f64, {1, 2, 4}, {0, 1, 2, 3});
   check_grid([] { return std::make_shared<nn::Llama>(tiny_llama()); }, DType::f32, {2}, {0, 3});
 }
 
-TEST_CASE("parallelize_module: a GPT cut at T = 1, 2, 4 computes the one-rank loss, logits and gradients") {
+TEST_CASE("parallelize_module: a GPT cut at T = 1, 2, 4, sequence parallelism on and off, computes the one-rank "
+          "loss, logits and gradients") {
   check_cut_model([] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); }, 64);
 }
 
-TEST_CASE("parallelize_module: a Llama with grouped-query attention, untied and tied, cut at T = 1, 2, 4 computes "
-          "the one-rank loss, logits and gradients") {
+TEST_CASE("parallelize_module: a Llama with grouped-query attention, untied and tied, cut at T = 1, 2, 4, "
+          "sequence parallelism on and off, computes the one-rank loss, logits and gradients") {
   for (bool tied : {false, true}) {
     INFO("tied " << tied);
     check_cut_model([tied] { return std::make_shared<nn::Llama>(tiny_llama(tied), kF64); }, 64);
@@ -202,6 +221,13 @@ TEST_CASE("parallelize_module refuses a plan that does not divide, names what fa
                          "parallelize_module: the model's vocab_size 66 does not divide by the tensor-parallel "
                          "group's size T = 4", Error);
     CHECK(gpt.transformer->named_parameters().front().second.size(0) == 66);  // nothing cut
+    nn::GPTConfig dropping = tiny_gpt();
+    dropping.dropout = 0.1;
+    nn::GPT dropping_gpt(dropping, kF64);
+    CHECK_THROWS_WITH_AS(dist::parallelize_module(dropping_gpt, group, plan_of(dropping_gpt, true)),
+                         "parallelize_module: transformer.h.0.attn.resid_dropout drops with p = 0.1, and dropout on "
+                         "sequence shards is not in the plans yet (its masks would not be one rank's); set dropout to "
+                         "0 or leave sequence_parallel off", Error);
     nn::LlamaConfig two_kv = tiny_llama();
     two_kv.n_kv_head = 2;
     nn::Llama llama(two_kv, kF64);

@@ -46,7 +46,9 @@ Tensor parameter_of(const Cut& cut, const std::string& local) {
 // Embedding's rows; nothing for copy_output. The sizes are checked against T here.
 std::vector<std::pair<std::string, TensorSplit>> split_of(const Cut& cut, int world, int rank) {
   const ParallelRule& rule = *cut.rule;
-  if (rule.style == ParallelStyle::copy_output) return {};
+  if (rule.style == ParallelStyle::copy_output || rule.style == ParallelStyle::sequence_norm ||
+      rule.style == ParallelStyle::scatter_input)
+    return {};  // nothing cut
   if (rule.style == ParallelStyle::vocab_embedding) {
     const auto* embedding = dynamic_cast<nn::Embedding*>(cut.module);
     ZG_CHECK(embedding != nullptr, where(cut), ": the module is not an nn::Embedding");
@@ -99,6 +101,12 @@ std::vector<Cut> plan_cuts(nn::Module& model, const nn::ParallelPlan& plan, int 
     for (const auto& [local, _] : cut.parameters)
       ZG_CHECK(cut_once.insert(&parameter_of(cut, local).impl()).second, where(cut), ": its ", local,
                " is shared with a module another rule cuts (a tied weight is cut once)");
+  for (const auto& [path, module] : modules) {
+    const auto* drop = dynamic_cast<const nn::Dropout*>(module);
+    ZG_CHECK(!plan.sequence_parallel || drop == nullptr || drop->p == 0, "parallelize_module: ", path,
+             " drops with p = ", drop ? drop->p : 0.0, ", and dropout on sequence shards is not in the plans yet ",
+             "(its masks would not be one rank's); set dropout to 0 or leave sequence_parallel off");
+  }
   ZG_CHECK(!plan.vocab_parallel_logits || dynamic_cast<nn::CausalLM*>(&model) != nullptr,
            "parallelize_module: vocab_parallel_logits needs a CausalLM, whose loss it computes from the shards");
   for (const auto& [name, p] : model.named_parameters()) {
@@ -139,23 +147,38 @@ void cut_parameter(nn::Module& model, const Cut& cut, const std::string& local, 
   }
 }
 
-// The forward hooks that make the cut module compute its share of the whole one.
-void add_collectives(const Cut& cut, ProcessGroup& group) {
+// A parameter used on this rank's sequence shard gets a part of its gradient: the hook
+// sums the ranks' parts as each is computed (before any data-parallel reduction of it).
+void sum_gradient_over(const Tensor& param, const GroupRef& g) {
+  param.register_hook([g](const Tensor& grad) {
+    Tensor total = grad.contiguous().clone();
+    g->all_reduce(total);
+    return total;
+  });
+}
+
+// The forward hooks that make the cut module compute its share of the whole one; with
+// sequence parallelism (seq), the activations between the cut layers are sequence shards.
+void add_collectives(const Cut& cut, ProcessGroup& group, bool seq) {
   const GroupRef g(group, kDestroyed);
   const ParallelRule& rule = *cut.rule;
   nn::Module& m = *cut.module;
+  constexpr int64_t kSequence = 1;  // [B, S, C]
   switch (rule.style) {
     case ParallelStyle::colwise:
       if (rule.copy_input)
-        m.register_forward_pre_hook([g](nn::Module&, const Tensor& x) { return copy_to_group(x, *g); });
+        m.register_forward_pre_hook([g, seq](nn::Module&, const Tensor& x) {
+          return seq ? all_gather_sequence(x, *g, kSequence) : copy_to_group(x, *g);
+        });
       if (rule.gather_output)
         m.register_forward_hook([g](nn::Module&, const Tensor&, const Tensor& y) { return gather_last_dim(y, *g); });
       break;
     case ParallelStyle::rowwise: {
       auto& linear = static_cast<nn::Linear&>(m);
       const Tensor bias = std::exchange(linear.bias, Tensor());  // still the module's parameter; added after the sum
-      m.register_forward_hook([g, bias](nn::Module&, const Tensor&, const Tensor& partial) {
-        const Tensor y = reduce_from_group(partial, *g);
+      if (seq && bias.defined()) sum_gradient_over(bias, g);     // added to each rank's rows
+      m.register_forward_hook([g, bias, seq](nn::Module&, const Tensor&, const Tensor& partial) {
+        const Tensor y = seq ? reduce_scatter_sequence(partial, *g, kSequence) : reduce_from_group(partial, *g);
         return bias.defined() ? y + bias : y;
       });
       break;
@@ -167,7 +190,19 @@ void add_collectives(const Cut& cut, ProcessGroup& group) {
       break;
     }
     case ParallelStyle::copy_output:
-      m.register_forward_hook([g](nn::Module&, const Tensor&, const Tensor& y) { return copy_to_group(y, *g); });
+      if (seq)
+        for (const Tensor& p : m.parameters()) sum_gradient_over(p, g);
+      m.register_forward_hook([g, seq](nn::Module&, const Tensor&, const Tensor& y) {
+        return seq ? all_gather_sequence(y, *g, kSequence) : copy_to_group(y, *g);
+      });
+      break;
+    case ParallelStyle::sequence_norm:
+      if (seq)
+        for (const Tensor& p : m.parameters()) sum_gradient_over(p, g);
+      break;
+    case ParallelStyle::scatter_input:
+      if (seq)
+        m.register_forward_pre_hook([g](nn::Module&, const Tensor& x) { return scatter_to_sequence(x, *g, kSequence); });
       break;
   }
 }
@@ -179,7 +214,7 @@ void parallelize_module(nn::Module& model, ProcessGroup& group, const nn::Parall
   NoGradGuard no_grad;
   for (const Cut& cut : cuts) {
     for (const auto& [local, split] : cut.parameters) cut_parameter(model, cut, local, split);
-    add_collectives(cut, group);
+    add_collectives(cut, group, plan.sequence_parallel);
   }
   if (plan.vocab_parallel_logits) {
     const GroupRef g(group, kDestroyed);
