@@ -108,27 +108,44 @@ struct Run {
   nn::NamedTensors state;
 };
 
-// `make`'s model trained 5 steps (AdamW, clipping at 0.05) over a dp_shard x tp mesh, each
-// data-parallel rank on its rows of a global batch of 4; tp = 0: the one-rank model, not cut.
-Run train(const MakeModel& make, int tp, int dp, int stage, DType dtype, bool sp = false) {
+// How one training run is laid out: tp = 0 is the one-rank model, not cut; the mesh is
+// dp_replicate x dp_shard x tp, each data-parallel rank on its rows of a global batch of 4,
+// in `micro` micro-batches (gradients synchronised on the last).
+struct Layout {
+  int tp = 0, replicas = 1, shards = 1, stage = 0, micro = 1;
+  DType dtype = DType::f64;
+  bool sp = false;
+  dist::Offload offload = dist::Offload::none;
+};
+
+// `make`'s model trained 5 steps (AdamW, clipping at 0.05).
+Run train(const MakeModel& make, const Layout& l) {
   Run run;
-  dist::run_local(std::max(tp, 1) * dp, [&](dist::ProcessGroup& world) {
+  const int data_ranks = l.replicas * l.shards;
+  dist::run_local(std::max(l.tp, 1) * data_ranks, [&](dist::ProcessGroup& world) {
     manual_seed(5);
     std::shared_ptr<nn::CausalLM> model = make();
-    dist::DeviceMesh mesh(world, {{"dp_shard", dp}, {"tp", std::max(tp, 1)}});
-    if (tp > 0) dist::parallelize_module(*model, mesh.group("tp"), plan_of(*model, sp));
-    dist::ShardedModel sharded(*model, mesh, {.stage = stage, .compute_dtype = dtype, .max_grad_norm = 0.05});
-    const int64_t rows = 4 / dp, first = mesh.coordinate("dp_shard") * rows;
+    dist::DeviceMesh mesh(world, {{"dp_replicate", l.replicas}, {"dp_shard", l.shards}, {"tp", std::max(l.tp, 1)}});
+    if (l.tp > 0) dist::parallelize_module(*model, mesh.group("tp"), plan_of(*model, l.sp));
+    dist::ShardedModel sharded(*model, mesh, {.stage = l.stage, .compute_dtype = l.dtype, .max_grad_norm = 0.05,
+                                              .offload = l.offload});
+    dist::ProcessGroup& data = mesh.flatten("dp", {"dp_replicate", "dp_shard"});
+    const int64_t rows = 4 / data_ranks / l.micro, first = data.rank() * rows * l.micro;
     std::vector<double> losses;
     for (int step = 0; step < 5; ++step) {
       manual_seed(100 + step);
       const Tensor tokens = randint(0, 64, {4, 13}, TensorOptions(DType::i64));
-      const Tensor mine = tokens.narrow(0, first, rows);
       sharded.zero_grad();
-      const Tensor loss = model->forward(mine.narrow(1, 0, 12), mine.narrow(1, 1, 12)).loss;
-      loss.backward();
-      Tensor global = loss.detach().to(DType::f64).reshape({1}).contiguous().clone();
-      mesh.group("dp_shard").all_reduce(global, dist::ReduceKind::average);
+      Tensor global = zeros({1}, kF64);
+      for (int m = 0; m < l.micro; ++m) {
+        const Tensor mine = tokens.narrow(0, first + m * rows, rows);
+        sharded.set_gradient_sync(m + 1 == l.micro);
+        const Tensor loss = model->forward(mine.narrow(1, 0, 12), mine.narrow(1, 1, 12)).loss / double(l.micro);
+        loss.backward();
+        global = global + loss.detach().to(DType::f64).reshape({1});
+      }
+      global = global.contiguous().clone();
+      data.all_reduce(global, dist::ReduceKind::average);
       losses.push_back(global.item<double>());
       sharded.step(1e-2);
     }
@@ -157,13 +174,14 @@ void check_same_run(const Run& got, const Run& want, double loss_tol, double par
 // to lr = 1e-2 a step either way.
 void check_grid(const MakeModel& make, DType dtype, const std::vector<int>& tps, const std::vector<int>& stages) {
   const double loss_tol = dtype == DType::f64 ? 1e-12 : 1e-5, param_tol = dtype == DType::f64 ? 1e-12 : 2e-3;
-  const Run reference = train(make, 0, 1, 0, dtype);
+  const Run reference = train(make, {.dtype = dtype});
   for (int tp : tps)
     for (int dp : {1, 2})
       for (int stage : stages)
         for (bool sp : {false, true}) {
           INFO("tp " << tp << ", dp " << dp << ", stage " << stage << ", sequence parallel " << sp);
-          check_same_run(train(make, tp, dp, stage, dtype, sp), reference, loss_tol, param_tol);
+          check_same_run(train(make, {.tp = tp, .shards = dp, .stage = stage, .dtype = dtype, .sp = sp}), reference,
+                         loss_tol, param_tol);
         }
 }
 
@@ -179,6 +197,24 @@ TEST_CASE("tensor parallelism composed with ZeRO: a Llama with grouped-query att
           "{1, 2, 4} x {1, 2} x {0, 1, 2, 3} trains as one rank, sequence parallelism on and off (f64; f32 at tp 2)") {
   check_grid([] { return std::make_shared<nn::Llama>(tiny_llama(), kF64); }, DType::f64, {1, 2, 4}, {0, 1, 2, 3});
   check_grid([] { return std::make_shared<nn::Llama>(tiny_llama()); }, DType::f32, {2}, {0, 3});
+}
+
+TEST_CASE("tensor parallelism with hybrid sharding, offload and gradient accumulation trains as one rank") {
+  const MakeModel gpt = [] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); };
+  const Run reference = train(gpt, {});
+  for (int stage : {2, 3}) {
+    INFO("HSDP 2 x 2 x tp 2, stage " << stage);
+    check_same_run(train(gpt, {.tp = 2, .replicas = 2, .shards = 2, .stage = stage}), reference, 1e-12, 1e-12);
+  }
+  for (dist::Offload offload : {dist::Offload::optimizer, dist::Offload::optimizer_and_params}) {
+    INFO("offload " << int(offload));
+    check_same_run(train(gpt, {.tp = 2, .shards = 2, .stage = 3, .sp = true, .offload = offload}), reference, 1e-12,
+                   1e-12);
+  }
+  for (int stage : {0, 1, 2, 3}) {
+    INFO("2 micro-batches, tp 2 x dp 2, stage " << stage);
+    check_same_run(train(gpt, {.tp = 2, .shards = 2, .stage = stage, .micro = 2}), reference, 1e-12, 1e-12);
+  }
 }
 
 TEST_CASE("parallelize_module: a GPT cut at T = 1, 2, 4, sequence parallelism on and off, computes the one-rank "
