@@ -300,34 +300,41 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& 
   r.paper_activation_layer = activations.paper;
 }
 
+// This rank's model. Built already sharded: constructed without memory, each rank
+// materialising its units; cut (--tp), built whole, then cut over the mesh's tp group
+// (parallelize_module keeps each rank's slices and refuses a deferred model).
+struct RankModel {
+  std::optional<nn::GPT> model;
+  std::unique_ptr<dist::DeviceMesh> mesh;  // --tp: dp_replicate x dp_shard x tp
+  std::optional<dist::ShardedModel> sharded;  // made by the caller, once the peaks are reset
+
+  RankModel(const nn::GPTConfig& config, Device device, dist::ProcessGroup& group, int tp,
+            const dist::ZeroConfig& zero) {
+    manual_seed(1);
+    if (tp == 1) {
+      DeferredInit nothing_allocated;
+      model.emplace(config, TensorOptions(DType::f32).device(device));
+      return;
+    }
+    model.emplace(config, TensorOptions(DType::f32).device(device));
+    mesh = tensor_parallel_mesh(group, tp, zero);
+    dist::parallelize_module(*model, mesh->group("tp"));
+  }
+};
+
 // Training steps on this rank with `zero`, the model cut over `tp` ranks; returns the record
 // read after the last. With `log`, the last step's kernels and collectives are recorded
 // into it (a dry run: --simulate); with `run`, every allocation of the steps into its timeline.
 Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int steps, int64_t batch, int64_t seq,
                Device device, dist::ProcessGroup& group, int tp, StepLog* log = nullptr,
                TimelineRun* run = nullptr) {
-  manual_seed(1);
-  // Built already sharded: constructed without memory, each rank materialising its units.
-  // Cut (--tp): built whole, then cut (parallelize_module keeps each rank's slices and
-  // refuses a deferred model), before its peaks are reset.
-  std::optional<nn::GPT> built;
-  std::unique_ptr<dist::DeviceMesh> mesh;
-  if (tp == 1) {
-    DeferredInit nothing_allocated;
-    built.emplace(config, TensorOptions(DType::f32).device(device));
-  } else {
-    built.emplace(config, TensorOptions(DType::f32).device(device));
-    mesh = tensor_parallel_mesh(group, tp, zero);
-    dist::parallelize_module(*built, mesh->group("tp"));
-  }
-  nn::GPT& model = *built;
+  RankModel built(config, device, group, tp, zero);
+  nn::GPT& model = *built.model;
+  const std::unique_ptr<dist::DeviceMesh>& mesh = built.mesh;
   Context& context = Context::current();
   const Device host = device.type == DeviceType::meta ? kMeta : kCPU;  // where the host pool counts
   context.allocator(device)->reset_peaks();
-  std::optional<dist::ShardedModel> sharded_model;
-  if (mesh) sharded_model.emplace(model, *mesh, zero);
-  else sharded_model.emplace(model, group, zero);
-  dist::ShardedModel& sharded = *sharded_model;
+  dist::ShardedModel& sharded = mesh ? built.sharded.emplace(model, *mesh, zero) : built.sharded.emplace(model, group, zero);
   dist::ProcessGroup* replicas = sharded.replica_group();  // hybrid sharding's other groups, or null
   const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
