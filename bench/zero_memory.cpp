@@ -255,7 +255,8 @@ void check_tensor_parallel(int world, int tp) {
 
 // --tp T: the mesh of a world of N = dp x T ranks, dp_replicate dp / S x dp_shard S x tp T
 // (S: --shard-group, else dp); tp innermost, so a tensor-parallel group's ranks are neighbours.
-std::unique_ptr<dist::DeviceMesh> tensor_parallel_mesh(dist::ProcessGroup& world, int tp, const dist::ZeroConfig& zero) {
+std::unique_ptr<dist::DeviceMesh> tensor_parallel_mesh(dist::ProcessGroup& world, int tp,
+                                                       const dist::ZeroConfig& zero) {
   check_tensor_parallel(world.size(), tp);
   const int dp = world.size() / tp, s = zero.shard_group_size == 0 ? dp : zero.shard_group_size;
   std::vector<dist::MeshDim> dims;
@@ -334,7 +335,8 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
   Context& context = Context::current();
   const Device host = device.type == DeviceType::meta ? kMeta : kCPU;  // where the host pool counts
   context.allocator(device)->reset_peaks();
-  dist::ShardedModel& sharded = mesh ? built.sharded.emplace(model, *mesh, zero) : built.sharded.emplace(model, group, zero);
+  dist::ShardedModel& sharded =
+      mesh ? built.sharded.emplace(model, *mesh, zero) : built.sharded.emplace(model, group, zero);
   dist::ProcessGroup* replicas = sharded.replica_group();  // hybrid sharding's other groups, or null
   const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
@@ -832,9 +834,12 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
 // The table: a row per rank and setting, in GB (1e9 bytes), or MB for models whose 16Ψ is
 // under a GB; with offload the host pool's columns, with hybrid sharding the traffic across.
 void print_table(const Options& o, Device device, int64_t seq, const std::vector<Record>& records) {
-  const std::string cut = o.tp == 1 ? "" : concat(" (a rank's slices), T = ", o.tp, " x ", o.world / o.tp, " data-parallel");
-  std::printf("GPT %s: Ψ = %lld parameters, N = %d%s, %s, %s group, batch %lld x %lld tokens, %s compute + fp32 AdamW\n",
-              o.model_name.c_str(), (long long)records.front().params, o.world, cut.c_str(), device.str().c_str(),
+  const std::string slices = o.tp == 1 ? "" : " (a rank's slices)";
+  const std::string cut = o.tp == 1 ? "" : concat(" = ", o.world / o.tp, " data-parallel x T = ", o.tp);
+  std::printf("GPT %s: Ψ = %lld parameters%s, N = %d%s, %s, %s group, batch %lld x %lld tokens, %s compute + "
+              "fp32 AdamW\n",
+              o.model_name.c_str(), (long long)records.front().params, slices.c_str(), o.world, cut.c_str(),
+              device.str().c_str(),
               records.front().group.c_str(), (long long)o.batch, (long long)seq, name(o.zero.compute_dtype));
   const double unit = 16 * records.front().params < 1'000'000'000 ? 1e6 : 1e9;
   const auto gb = [unit](int64_t bytes) { return static_cast<double>(bytes) / unit; };
