@@ -15,6 +15,11 @@
 // replicas across the N / S groups: model states follow the formulas with S for N,
 // traffic splits into the stage's within its group (with S) and the gradient shard's
 // all-reduce across the groups, 2 (R-1)/R x Ψ/S elements (R = N / S).
+// --tp T: tensor parallelism (Megatron's cut, dist/tensor/parallelize.h) composed with the
+// stage: N = dp x T ranks on a mesh dp_replicate x dp_shard x tp (--shard-group S divides
+// dp = N / T); each rank's slices (Ψ_cut / T + Ψ_replicated parameters) sharded over the dp
+// ranks by the formulas above, plus Megatron's per-layer all-reduces on the tp group and
+// activations next to Korthikanti et al. 2022 (bench/tensor_parallel_formulas.h).
 // --largest-on GB: for each offload setting, the largest GPT-3-family model whose dry
 // run (one rank, activation checkpointing, batch 1 x 1024) peaks within GB of device memory.
 // --simulate: the step-time model (dist/comm/step_model.h) replays each dry run's kernels
@@ -43,6 +48,7 @@
 //   build/bench/zero_memory --model 7.5b --world-size 1 --stage 3 --offload optimizer+params --json
 //   build/bench/zero_memory --largest-on 80
 //   build/bench/zero_memory --model 7.5b --world-size 64 --stage 3 --shard-group 8
+//   build/bench/zero_memory --model 7.5b --world-size 64 --tp 8 --stage 1 --device meta --json
 //   build/bench/zero_memory --model 7.5b --stage all --simulate --world-size 8,64,512,4096
 //   build/bench/zero_memory --stage 0,3 --simulate --world-size 64 --schedule-svg overlap.svg
 #include <algorithm>
@@ -72,11 +78,13 @@
 #include "dist/comm/local_group.h"
 #include "dist/comm/step_figure.h"
 #include "dist/comm/step_model.h"
+#include "dist/tensor/parallelize.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/zero_config.h"
 #include "nn/gpt.h"
 #include "tensor/atomic_file.h"
 #include "tensor/deferred.h"
+#include "tensor_parallel_formulas.h"
 #include "zerograd.h"
 
 using namespace zg;
@@ -116,6 +124,11 @@ struct Record {
           peak_allocated = 0, reserved = 0, sent_per_step = 0, formula_states = 0, formula_sent = 0,
           construction_peak = 0,  // the most this rank held while the sharded model was built
           sent_across = 0, formula_sent_across = 0;  // hybrid: of sent_per_step, what went to the other groups
+  // --tp T: of sent_per_step, what went to the tensor-parallel group; activations' formulas
+  // (bench/tensor_parallel_formulas.h: the step's peak, and one layer as we keep it and as the paper counts it).
+  int tp = 1;
+  int64_t sent_tp = 0, formula_sent_tp = 0, formula_activation = 0, formula_activation_layer = 0,
+          paper_activation_layer = 0;
   // The host pool (offload), after backward as the device's; its peak over the steps.
   int64_t host_parameter = 0, host_gradient = 0, host_optimizer_state = 0, host_peak = 0, formula_host = 0;
 };
@@ -125,6 +138,7 @@ struct Options {
   std::string model_name, stage_arg = "all", device_arg = "meta", group_arg = "auto", offload_arg = "none";
   double largest_on = 0;
   int world = 0, steps = 1;  // world 0: unset (4; under mpirun, its processes)
+  int tp = 1;                // --tp: the model cut over T ranks, N / T data-parallel ranks
   std::vector<int> worlds;   // --world-size's list (--simulate runs each)
   int64_t layers = 0, heads = 0, embd = 0, vocab = 0;  // a shape of one's own over the preset's (0: the preset's)
   bool simulate = false, calibrate = false, json = false, checkpointing = false, caching = false;  // caching: meta
@@ -233,23 +247,96 @@ struct TimelineRun {
   std::optional<MemoryTimelineRecording> recording;
 };
 
-// Training steps on this rank with `zero`; returns the record read after the last. With
-// `log`, the last step's kernels and collectives are recorded into it (a dry run:
-// --simulate); with `run`, every allocation of the steps into its timeline.
-Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int steps, int64_t batch, int64_t seq,
-               Device device, dist::ProcessGroup& group, StepLog* log = nullptr, TimelineRun* run = nullptr) {
-  manual_seed(1);
-  // Built already sharded: constructed without memory, each rank materialising its units.
-  std::optional<nn::GPT> deferred;
-  {
-    DeferredInit nothing_allocated;
-    deferred.emplace(config, TensorOptions(DType::f32).device(device));
+// --tp T must divide every N (each world of --world-size, or mpirun's processes).
+void check_tensor_parallel(int world, int tp) {
+  ZG_CHECK(world % tp == 0, "zero_memory: --tp ", tp, " does not divide the world size N = ", world,
+           " (N = data-parallel ranks x T)");
+}
+
+// --tp T: the mesh of a world of N = dp x T ranks, dp_replicate dp / S x dp_shard S x tp T
+// (S: --shard-group, else dp); tp innermost, so a tensor-parallel group's ranks are neighbours.
+std::unique_ptr<dist::DeviceMesh> tensor_parallel_mesh(dist::ProcessGroup& world, int tp,
+                                                       const dist::ZeroConfig& zero) {
+  check_tensor_parallel(world.size(), tp);
+  const int dp = world.size() / tp, s = zero.shard_group_size == 0 ? dp : zero.shard_group_size;
+  std::vector<dist::MeshDim> dims;
+  if (dp / s > 1) dims.push_back({"dp_replicate", dp / s});
+  dims.push_back({"dp_shard", s});
+  dims.push_back({"tp", tp});
+  return std::make_unique<dist::DeviceMesh>(world, dims);
+}
+
+// The groups a cut model sends on besides the world's: each of the mesh's dimensions, and
+// the data-parallel ranks as one (ShardedModel's "dp", which it flattened already).
+std::set<dist::ProcessGroup*> tensor_parallel_groups(dist::DeviceMesh& mesh) {
+  std::set<dist::ProcessGroup*> groups;
+  std::vector<std::string> data_dims;
+  for (const dist::MeshDim& dim : mesh.dims()) {
+    groups.insert(&mesh.group(dim.name));
+    if (dim.name != "tp") data_dims.push_back(dim.name);
   }
-  nn::GPT& model = *deferred;
+  groups.insert(&mesh.flatten("dp", data_dims));
+  return groups;
+}
+
+// The formulas beside a record's figures. With hybrid sharding they hold with S for N,
+// plus the traffic across groups; with --tp T, for the Ψ_cut / T + Ψ_replicated parameters
+// each rank holds, over the N / T data-parallel ranks, plus the tensor-parallel traffic.
+void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& config, int64_t batch, int64_t seq,
+                  int tp) {
+  const int64_t psi = tp == 1 ? r.params : bench::tensor_parallel_counts(config).per_rank(tp);
+  const Formula formula = formula_states(zero, psi, r.shard_group);
+  r.formula_states = formula.device;
+  r.formula_host = formula.host;
+  r.formula_sent_across = formula_sent_across(zero, psi, r.shard_group, r.world_size / tp / r.shard_group);
+  r.formula_sent = formula_sent(zero, psi, r.shard_group) + r.formula_sent_across;
+  r.tp = tp;
+  if (tp == 1) return;
+  const int64_t compute = element_size(zero.compute_dtype);
+  r.formula_sent_tp = bench::formula_sent_tensor_parallel(config, batch, seq, tp, compute);
+  r.formula_sent += r.formula_sent_tp;
+  const bench::ActivationFormula activations = bench::formula_activations(config, batch, seq, tp, compute);
+  r.formula_activation = activations.peak;
+  r.formula_activation_layer = activations.ours;
+  r.paper_activation_layer = activations.paper;
+}
+
+// This rank's model. Built already sharded: constructed without memory, each rank
+// materialising its units; cut (--tp), built whole, then cut over the mesh's tp group
+// (parallelize_module keeps each rank's slices and refuses a deferred model).
+struct RankModel {
+  std::optional<nn::GPT> model;
+  std::unique_ptr<dist::DeviceMesh> mesh;  // --tp: dp_replicate x dp_shard x tp
+  std::optional<dist::ShardedModel> sharded;  // made by the caller, once the peaks are reset
+
+  RankModel(const nn::GPTConfig& config, Device device, dist::ProcessGroup& group, int tp,
+            const dist::ZeroConfig& zero) {
+    manual_seed(1);
+    if (tp == 1) {
+      DeferredInit nothing_allocated;
+      model.emplace(config, TensorOptions(DType::f32).device(device));
+      return;
+    }
+    model.emplace(config, TensorOptions(DType::f32).device(device));
+    mesh = tensor_parallel_mesh(group, tp, zero);
+    dist::parallelize_module(*model, mesh->group("tp"));
+  }
+};
+
+// Training steps on this rank with `zero`, the model cut over `tp` ranks; returns the record
+// read after the last. With `log`, the last step's kernels and collectives are recorded
+// into it (a dry run: --simulate); with `run`, every allocation of the steps into its timeline.
+Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int steps, int64_t batch, int64_t seq,
+               Device device, dist::ProcessGroup& group, int tp, StepLog* log = nullptr,
+               TimelineRun* run = nullptr) {
+  RankModel built(config, device, group, tp, zero);
+  nn::GPT& model = *built.model;
+  const std::unique_ptr<dist::DeviceMesh>& mesh = built.mesh;
   Context& context = Context::current();
   const Device host = device.type == DeviceType::meta ? kMeta : kCPU;  // where the host pool counts
   context.allocator(device)->reset_peaks();
-  dist::ShardedModel sharded(model, group, zero);
+  dist::ShardedModel& sharded =
+      mesh ? built.sharded.emplace(model, *mesh, zero) : built.sharded.emplace(model, group, zero);
   dist::ProcessGroup* replicas = sharded.replica_group();  // hybrid sharding's other groups, or null
   const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
@@ -274,6 +361,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     // the world itself (dp_shard without hybrid sharding, dp_replicate at S = 1).
     std::set<dist::ProcessGroup*> groups = {&group, &sharded.shard_group()};
     if (replicas) groups.insert(replicas);
+    if (mesh) groups.merge(tensor_parallel_groups(*mesh));
     for (dist::ProcessGroup* g : groups) g->reset_bytes_sent();
     const auto mark = [&](const char* phase) {  // where the step's phases begin, for --schedule-svg
       if (recording) log->mark(phase);
@@ -298,6 +386,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     mark("optimizer");
     sharded.step(1e-4);
     r.sent_across = replicas ? replicas->bytes_sent() : 0;
+    r.sent_tp = mesh ? mesh->group("tp").bytes_sent() : 0;
     r.sent_per_step = 0;
     for (dist::ProcessGroup* g : groups) r.sent_per_step += g->bytes_sent();
   }
@@ -311,25 +400,22 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
   r.peak_allocated = s.peak_total;
   r.reserved = s.peak_reserved;
   r.host_peak = context.host_memory_stats(host).peak_total;
-  // With hybrid sharding the formulas hold with S for N, plus the traffic across groups.
-  const Formula formula = formula_states(zero, r.params, r.shard_group);
-  r.formula_states = formula.device;
-  r.formula_host = formula.host;
-  r.formula_sent_across = formula_sent_across(zero, r.params, r.shard_group, r.world_size / r.shard_group);
-  r.formula_sent = formula_sent(zero, r.params, r.shard_group) + r.formula_sent_across;
+  add_formulas(r, zero, config, batch, seq, tp);
   return r;
 }
 
 // Every rank's records, on every rank: their numbers all-gathered over `host` (a CPU group).
 // The group's kind is the one the ranks measured with, the same on all.
 std::vector<Record> all_records(dist::ProcessGroup& host, const std::vector<Record>& mine) {
-  static constexpr int Record::*kInts[] = {&Record::stage, &Record::world_size, &Record::rank, &Record::shard_group};
+  static constexpr int Record::*kInts[] = {&Record::stage, &Record::world_size, &Record::rank, &Record::shard_group,
+                                           &Record::tp};
   static constexpr int64_t Record::*kInt64s[] = {
       &Record::params, &Record::parameter, &Record::gradient, &Record::optimizer_state, &Record::activation,
       &Record::communication, &Record::peak_allocated, &Record::reserved, &Record::sent_per_step,
       &Record::formula_states, &Record::formula_sent, &Record::construction_peak, &Record::sent_across,
       &Record::formula_sent_across, &Record::host_parameter, &Record::host_gradient, &Record::host_optimizer_state,
-      &Record::host_peak, &Record::formula_host};
+      &Record::host_peak, &Record::formula_host, &Record::sent_tp, &Record::formula_sent_tp,
+      &Record::formula_activation, &Record::formula_activation_layer, &Record::paper_activation_layer};
   constexpr size_t kFields = std::size(kInts) + std::size(kInt64s) + 1;  // + the offload
   std::vector<int64_t> packed;
   for (const Record& r : mine) {
@@ -370,7 +456,7 @@ std::vector<Setting> valid_settings(const Options& o, const std::vector<Setting>
   std::string refused;  // the first refused setting and its problem
   for (const Setting& setting : candidates) {
     std::string wrong;
-    for (size_t i = 0; i < worlds.size() && wrong.empty(); ++i) wrong = zero_config(o, setting).problem(worlds[i]);
+    for (size_t i = 0; i < worlds.size() && wrong.empty(); ++i) wrong = zero_config(o, setting).problem(worlds[i] / o.tp);
     if (wrong.empty()) valid.push_back(setting);
     else if (candidates.size() == 1) fail("zero_memory: ", wrong);
     else if (refused.empty())
@@ -451,7 +537,7 @@ int largest_trainable(const Options& o) {
       Context rank0(0);
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, 1);
-      const Record r = measure(zero_config(o, setting), config, 1, 1, 1024, kMeta, group);
+      const Record r = measure(zero_config(o, setting), config, 1, 1, 1024, kMeta, group, 1);
       if (static_cast<double>(r.peak_allocated) > device_bytes) break;
       fits = &preset;
       best = r;
@@ -479,9 +565,11 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
              "AdamW and copies are not in the model (leave --offload out)");
   const int64_t batch = o.batch, seq = seq_of(o, preset);
   if (!o.json) {
-    std::printf("GPT %s, batch %lld x %lld tokens a rank, bf16 compute + fp32 AdamW; the step-time model "
+    const std::string who = o.tp == 1 ? "a rank" : concat("a tensor-parallel group of T = ", o.tp, " (tp innermost)");
+    std::printf("GPT %s, batch %lld x %lld tokens %s, bf16 compute + fp32 AdamW; the step-time model "
                 "(dist/comm/step_model.h) on\n%s\n\n",
-                preset.name, static_cast<long long>(batch), static_cast<long long>(seq), o.machine.describe().c_str());
+                preset.name, static_cast<long long>(batch), static_cast<long long>(seq), who.c_str(),
+                o.machine.describe().c_str());
     std::printf("%5s %6s %5s %11s %11s %11s %11s %9s %14s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
                 "exposed ms", "exposed", "tokens/s");
   } else {
@@ -496,15 +584,15 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, world);
       StepLog& log = logs.emplace_back();
-      const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, &log);
+      const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, o.tp, &log);
       const dist::StepTime t = dist::predict(log, o.machine);
-      const double tokens = static_cast<double>(batch * seq) * world / t.step;
+      const double tokens = static_cast<double>(batch * seq) * world / o.tp / t.step;  // a tp group shares its batch
       if (o.json)
         std::printf("%s  {\"model\": \"%s\", \"stage\": %d, \"world_size\": %d, \"shard_group\": %d, "
                     "\"step_seconds\": %.6g, \"compute_seconds\": %.6g, \"communication_seconds\": %.6g, "
-                    "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g}",
+                    "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g%s}",
                     first ? "" : ",\n", preset.name, setting.stage, world, r.shard_group, t.step, t.compute,
-                    t.communication, t.exposed, tokens);
+                    t.communication, t.exposed, tokens, o.tp == 1 ? "" : concat(", \"tp\": ", o.tp).c_str());
       else
         std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %8.1f%% %14.0f\n", setting.stage, world, r.shard_group,
                     t.step * 1e3, t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step,
@@ -580,7 +668,7 @@ void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::Proces
     Context rank0(0);
     ContextGuard guard(rank0);
     dist::FakeGroup one(0, 1);
-    measure(zero, preset.config, 2, batch, seq, kMeta, one, &log);
+    measure(zero, preset.config, 2, batch, seq, kMeta, one, 1, &log);
   }
   const double scale = real_step / dist::predict(log, rates).compute;
   std::string flags = "--tflops " + std::to_string(rates.flops_per_second / scale / 1e12) + " --memory-gbps " +
@@ -656,20 +744,20 @@ std::vector<Record> measure_setting(const Options& o, const Preset& preset, Sett
     if (o.caching) rank0.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
     ContextGuard guard(rank0);
     dist::FakeGroup group(0, o.world);
-    records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, nullptr, run));
+    records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, nullptr, run));
     return records;
   }
   std::mutex records_mutex;
   dist::run_local(o.world, [&](dist::ProcessGroup& group) {
     Record r;
     if (!use_nccl) {
-      r = measure(zero, preset.config, o.steps, o.batch, seq, device, group, nullptr, run);
+      r = measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, nullptr, run);
     } else {
 #ifdef ZG_WITH_NCCL
       // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
       const Device mine(DeviceType::cuda, group.rank());
       const auto nccl = dist::NcclGroup::bootstrap(group, mine);
-      r = measure(zero, preset.config, o.steps, o.batch, seq, mine, *nccl, nullptr, run);
+      r = measure(zero, preset.config, o.steps, o.batch, seq, mine, *nccl, o.tp, nullptr, run);
 #endif
     }
     std::lock_guard lock(records_mutex);
@@ -709,6 +797,16 @@ std::vector<Record> record_timelines(const Options& o, const Preset& preset, con
   return records;
 }
 
+// --tp T's fields of a record (none at T = 1): the tensor-parallel group's bytes sent and
+// the activations' formulas (the peak; one layer as kept here and as Korthikanti et al. count it).
+std::string tensor_parallel_json(const Record& r) {
+  if (r.tp == 1) return "";
+  return concat(", \"tp\": ", r.tp, ", \"sent_tensor_parallel\": ", r.sent_tp,
+                ", \"formula_sent_tensor_parallel\": ", r.formula_sent_tp, ", \"formula_activation\": ",
+                r.formula_activation, ", \"formula_activation_layer\": ", r.formula_activation_layer,
+                ", \"paper_activation_layer\": ", r.paper_activation_layer);
+}
+
 // One JSON record per rank and setting.
 void print_json(const Options& o, Device device, const std::vector<Record>& records) {
   std::printf("[\n");
@@ -720,7 +818,7 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
                 "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld, "
                 "\"construction_peak\": %lld, \"offload\": \"%s\", \"host_parameter\": %lld, \"host_gradient\": %lld, "
                 "\"host_optimizer_state\": %lld, \"host_peak\": %lld, \"formula_host_model_states\": %lld, "
-                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld}%s\n",
+                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld%s}%s\n",
                 o.model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
                 (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
                 (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
@@ -728,7 +826,7 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
                 (long long)r.formula_sent, (long long)r.construction_peak, dist::name(r.offload),
                 (long long)r.host_parameter, (long long)r.host_gradient, (long long)r.host_optimizer_state,
                 (long long)r.host_peak, (long long)r.formula_host, r.shard_group, (long long)r.sent_across,
-                (long long)r.formula_sent_across, i + 1 < records.size() ? "," : "");
+                (long long)r.formula_sent_across, tensor_parallel_json(r).c_str(), i + 1 < records.size() ? "," : "");
   }
   std::printf("]\n");
 }
@@ -736,8 +834,12 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
 // The table: a row per rank and setting, in GB (1e9 bytes), or MB for models whose 16Ψ is
 // under a GB; with offload the host pool's columns, with hybrid sharding the traffic across.
 void print_table(const Options& o, Device device, int64_t seq, const std::vector<Record>& records) {
-  std::printf("GPT %s: Ψ = %lld parameters, N = %d, %s, %s group, batch %lld x %lld tokens, %s compute + fp32 AdamW\n",
-              o.model_name.c_str(), (long long)records.front().params, o.world, device.str().c_str(),
+  const std::string slices = o.tp == 1 ? "" : " (a rank's slices)";
+  const std::string cut = o.tp == 1 ? "" : concat(" = ", o.world / o.tp, " data-parallel x T = ", o.tp);
+  std::printf("GPT %s: Ψ = %lld parameters%s, N = %d%s, %s, %s group, batch %lld x %lld tokens, %s compute + "
+              "fp32 AdamW\n",
+              o.model_name.c_str(), (long long)records.front().params, slices.c_str(), o.world, cut.c_str(),
+              device.str().c_str(),
               records.front().group.c_str(), (long long)o.batch, (long long)seq, name(o.zero.compute_dtype));
   const double unit = 16 * records.front().params < 1'000'000'000 ? 1e6 : 1e9;
   const auto gb = [unit](int64_t bytes) { return static_cast<double>(bytes) / unit; };
@@ -749,8 +851,9 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
   std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s %9s", "stage", "rank", "param", "grad",
               "optim", "model states", "formula", "activation", "comm", "peak", "sent/step", "formula", "build");
   if (offloading) std::printf("  %-16s %11s %9s %9s", "offload", "host states", "formula", "host peak");
-  const bool hybrid = o.zero.shard_group_size != 0 && o.zero.shard_group_size != o.world;
+  const bool hybrid = o.zero.shard_group_size != 0 && o.zero.shard_group_size != o.world / o.tp;
   if (hybrid) std::printf("  %5s %13s %9s", "S", "sent across", "formula");
+  if (o.tp > 1) std::printf("  %9s %9s %11s %11s %11s", "sent tp", "formula", "act formula", "act a layer", "paper");
   std::printf("\n");
   for (const Record& r : records) {
     std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f %9.3f", r.stage, r.rank,
@@ -763,6 +866,9 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
                   gb(r.host_parameter + r.host_gradient + r.host_optimizer_state), gb(r.formula_host),
                   gb(r.host_peak));
     if (hybrid) std::printf("  %5d %13.3f %9.3f", r.shard_group, gb(r.sent_across), gb(r.formula_sent_across));
+    if (o.tp > 1)
+      std::printf("  %9.3f %9.3f %11.3f %11.3f %11.3f", gb(r.sent_tp), gb(r.formula_sent_tp), gb(r.formula_activation),
+                  gb(r.formula_activation_layer), gb(r.paper_activation_layer));
     std::printf("\n");
   }
   // Each unit's buffers are padded to a multiple of N: next to Ψ / N that is visible
@@ -775,6 +881,11 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
   if (above > 0.01)
     std::printf("\nmodel states are up to %.1f%% above the formula: each unit's buffers are padded to a multiple "
                 "of N = %d\n", 100 * above, o.world);
+  if (o.tp > 1)
+    std::printf("\nsent tp: of sent/step, what went to the tensor-parallel group (formula: Megatron's all-reduces);\n"
+                "act formula: the activation peak as this code keeps activations, act a layer: one layer's,\n"
+                "paper: Korthikanti et al. 2022's sbh(10 + 24/t + 5as/(ht)) (bench/tensor_parallel_formulas.h);\n"
+                "build: from the cut on (the model is built whole on each rank, then cut)\n");
 }
 
 // Every rank's records in order of stage, offload and rank, as JSON or the table.
@@ -811,7 +922,7 @@ int run_processes(Options& o, const Preset& preset, const std::vector<Setting>& 
     std::vector<Record> measured;
     for (const Setting& setting : settings)
       measured.push_back(measure(zero_config(o, setting), preset.config, o.steps, o.batch, seq_of(o, preset), mine,
-                                 nccl ? *nccl : host));
+                                 nccl ? *nccl : host, o.tp));
     records = all_records(host, measured);
   });
   if (status != 0 || my_rank != 0) return status;  // rank 0 prints
@@ -855,7 +966,7 @@ void usage() {
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all|S,S]\n"
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
-      "                   [--shard-group S] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
+      "                   [--shard-group S] [--tp T] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
       "                   [--compute bf16|f32] [--checkpointing] [--caching] [--timeline DIR]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--stage S,S,...] [--tflops X] [--memory-gbps X]\n"
       "                   [--kernel-us X] [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X]\n"
@@ -873,6 +984,7 @@ void usage() {
       "each stage allows). --largest-on GB: per offload setting, the largest GPT whose one-rank dry run\n"
       "(activation checkpointing, batch 1 x 1024) peaks within GB of device memory. --shard-group S\n"
       "(stages 2, 3): hybrid sharding, shards within groups of S ranks, replicas across N / S groups.\n"
+      "--tp T: tensor parallelism, the model cut over T ranks (tp innermost), N / T data-parallel ranks.\n"
       "--compute: the dtype of the forward and backward (bf16 default; master weights and Adam stay f32).\n"
       "--checkpointing: each block's activations recomputed in backward instead of kept.\n"
       "--caching (meta): through the GPU's caching allocator over a simulated device: reserved bytes as\n"
@@ -955,6 +1067,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
       if (dtype == DType::f32) o.zero.accumulate_dtype = dtype;  // bf16: unset, the default
     }
     else if (a == "--largest-on") o.largest_on = static_cast<double>(number(1, 1 << 20));
+    else if (a == "--tp") o.tp = static_cast<int>(number(1, 1 << 20));
     else if (a == "--shard-group") o.zero.shard_group_size = static_cast<int>(number(1, 1 << 20));
     else if (a == "--prefetch-bytes") o.zero.prefetch_bytes = number(0, INT64_MAX);
     else if (a == "--bucket-bytes") o.zero.bucket_bytes = number(1, INT64_MAX);
@@ -995,6 +1108,8 @@ int main(int argc, char** argv) {
   Options o;
   try {
     if (const std::optional<int> status = parse(argc, argv, o)) return *status;
+    ZG_CHECK(o.tp == 1 || (!o.calibrate && o.largest_on == 0), "zero_memory: --tp is for the table and --simulate, "
+             "not --calibrate or --largest-on (one rank)");
     if (o.largest_on > 0) return largest_trainable(o);
     // auto: the GPU when this build has a usable one (N ranks sharing it), else the CPU.
     if (o.device_arg == "auto") o.device_arg = cuda_usable() ? "cuda" : "cpu";
@@ -1015,6 +1130,8 @@ int main(int argc, char** argv) {
     ZG_CHECK(o.worlds.size() <= 1 || o.simulate, "zero_memory: a list of world sizes is for --simulate");
     ZG_CHECK(o.schedule_svg.empty() || o.simulate, "zero_memory: --schedule-svg draws the schedules --simulate "
              "predicts; add --simulate");
+    for (int world : o.worlds.empty() ? std::vector<int>{o.world} : o.worlds)
+      if (world != 0) check_tensor_parallel(world, o.tp);
     const std::vector<Setting> settings = requested_settings(o);
     make_timeline_dir(o, processes);
     if (o.simulate) return simulate(o, preset, settings, processes);

@@ -519,6 +519,79 @@ TEST_CASE("bench/zero_memory --shard-group 1: the replica dimension is the whole
   CHECK(replicas[10] == doctest::Approx(replicas[11]).epsilon(0.001));
 }
 
+// Issue 45's must-show: 7.5B (36 layers, h = 4096, V = 60,000, s = 1024, b = 1) cut at T = 8
+// over 64 ranks (8 data-parallel), ZeRO-1, as a dry run on meta (0.1 s). Measured == formula:
+// model states exactly (every slice divides by 8: no padding); the tp group's bytes exactly;
+// all bytes sent to 200 bytes (ZeRO's formula leaves out its scalar all-reduces: the gradient
+// norm over dp, the step's agreement); the activation peak to 1e-5 (measured: sb + 8 bytes
+// more, a byte a token and a scalar the formula leaves out; bench/tensor_parallel_formulas.h).
+TEST_CASE("bench/zero_memory --tp 8: 7.5B at N = 64, ZeRO-1, per-rank states, bytes sent and activations equal the "
+          "formulas") {
+  int status = 0;
+  const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 7.5b --world-size 64 --tp 8 "
+                                      "--stage 1 --device meta --json", status);
+  REQUIRE(status == 0);
+  const nlohmann::json records = nlohmann::json::parse(out);
+  REQUIRE(records.size() == 1);
+  const nlohmann::json& r = records[0];
+  CHECK(r["tp"] == 8);
+  CHECK(r["shard_group"] == 8);
+  const int64_t h = 4096, layers = 36, vocab = 60000, tokens = 1024;
+  const int64_t cut = layers * (12 * h * h + 7 * h) + vocab * h, replicated = layers * 6 * h + tokens * h + 2 * h;
+  REQUIRE(cut + replicated == 7'499'636'736);  // Ψ
+  const int64_t psi = cut / 8 + replicated;     // a rank's slices
+  CHECK(r["params"] == psi);
+  const int64_t states = r["parameter"].get<int64_t>() + r["gradient"].get<int64_t>() + r["optimizer_state"].get<int64_t>();
+  CHECK(r["formula_model_states"] == 4 * psi + 12 * psi / 8);  // ZeRO-1 over the 8 dp ranks
+  CHECK(states == r["formula_model_states"]);
+  // Megatron: 4 all-reduces of b s h bf16 a layer, the embedding's and the head's; the loss's
+  // 3 of b s floats; the norm's f64; each 2 (T-1)/T of its bytes.
+  const double tp_bytes = 2.0 * 7 / 8 * ((4 * layers + 2) * tokens * h * 2 + 3 * tokens * 4 + 8);
+  CHECK(r["formula_sent_tensor_parallel"] == static_cast<int64_t>(tp_bytes));
+  CHECK(r["sent_tensor_parallel"] == r["formula_sent_tensor_parallel"]);
+  const int64_t sent = r["sent_per_step"], formula_sent = r["formula_sent_per_step"];
+  CHECK(formula_sent == static_cast<int64_t>(tp_bytes) + static_cast<int64_t>(2.0 * psi * 2 * 7 / 8));
+  CHECK(sent >= formula_sent);
+  CHECK(sent - formula_sent < 200);
+  const double activation = r["activation"], formula_activation = r["formula_activation"];
+  CHECK(std::fabs(activation / formula_activation - 1) < 1e-5);
+  // A layer: ours sbh (8 + 24/t) + the attention's f32 log-sum-exp + the layer norms' f32
+  // statistics; the paper's sbh (10 + 24/t + 5as/(ht)), with its [a, s, s] scores.
+  CHECK(r["formula_activation_layer"] == tokens * h * (8 + 3) + 4 * 32 * tokens / 8 + 16 * tokens);
+  CHECK(r["paper_activation_layer"] == tokens * h * (10 + 3 + 5));
+}
+
+TEST_CASE("bench/zero_memory --tp: ranks as threads, --simulate's tensor-parallel link, and the refusals") {
+  int status = 0;
+  const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --device cpu "
+                                      "--world-size 4 --tp 2 --stage all --json", status);
+  REQUIRE(status == 0);
+  const nlohmann::json records = nlohmann::json::parse(out);
+  CHECK(records.size() == 16);  // 4 stages x 4 ranks
+  for (const nlohmann::json& r : records) {
+    INFO("stage " << r["stage"] << " rank " << r["rank"]);
+    CHECK(r["parameter"].get<int64_t>() + r["gradient"].get<int64_t>() + r["optimizer_state"].get<int64_t>() ==
+          r["formula_model_states"]);
+    CHECK(r["sent_tensor_parallel"] == r["formula_sent_tensor_parallel"]);
+  }
+  // The step model puts the tp all-reduces on the tp group's link: NVLink while T = 8 ranks
+  // share a node, InfiniBand (8x slower) when a node holds 4 of them.
+  std::vector<double> communication;
+  for (const char* per_node : {"8", "4"}) {
+    const std::string json = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 7.5b --layers 4 --simulate "
+                                         "--world-size 8 --tp 8 --stage 1 --json --ranks-per-node " + per_node, status);
+    REQUIRE(status == 0);
+    communication.push_back(nlohmann::json::parse(json)[0]["communication_seconds"].get<double>());
+  }
+  CHECK(communication[1] > 4 * communication[0]);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --world-size 6 --tp 4 2>&1", status)
+            .find("zero_memory: --tp 4 does not divide the world size N = 6") != std::string::npos);
+  CHECK(status != 0);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --world-size 4 --tp 2 2>&1", status)
+            .find("vocab_size 50257 does not divide by the tensor-parallel group's size T = 2") != std::string::npos);
+  CHECK(status != 0);
+}
+
 TEST_CASE("bench/zero_memory --simulate predicts step time per N and stage; --calibrate gives the rates it takes") {
   int status = 0;
   const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --simulate --world-size "
