@@ -264,7 +264,7 @@ TEST_CASE("train_zero trains on N ranks, and its sharded checkpoint resumes at a
   CHECK(sharded_then.back() < sharded_first.front() - 0.3);
   std::filesystem::remove_all(dir);
   int status = 0;
-  CHECK(run_command(small + " --ranks 3 2>&1", status).find("--batch 4 is not a multiple of --ranks 3") !=
+  CHECK(run_command(small + " --ranks 3 2>&1", status).find("--batch 4 is not a multiple of the 3 data-parallel ranks") !=
         std::string::npos);
   CHECK(status != 0);
   CHECK(run_command(small + " --stage 4 2>&1", status)
