@@ -3,6 +3,7 @@
 #include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "dist/comm/differentiable.h"
+#include "dist/tensor/parallelize.h"
 #include "nn/layers.h"
 
 namespace zg::dist {
@@ -25,9 +26,9 @@ Slice slice_of_linear(const char* layer, int64_t in, int64_t out, const ProcessG
            " does not divide by the group size T = ", world);
   NoGradGuard no_grad;
   nn::Linear full(in, out, bias, init_std, options);
-  const int64_t n = features / world, start = group.rank() * n;
-  Slice slice{full.weight.narrow(dim, start, n).clone(), Tensor()};
-  if (bias) slice.bias = dim == 0 ? full.bias.narrow(0, start, n).clone() : full.bias.clone();
+  const nn::TensorSplit split{dim, 1, group.size(), group.rank()};
+  Slice slice{slice_of(full.weight, split), Tensor()};
+  if (bias) slice.bias = dim == 0 ? slice_of(full.bias, split) : full.bias.clone();
   return slice;
 }
 

@@ -119,23 +119,12 @@ std::vector<Cut> plan_cuts(nn::Module& model, const nn::ParallelPlan& plan, int 
   return cuts;
 }
 
-// This rank's piece of `whole`: viewed as [.., chunks, block, ..] along split.dim, part
-// `part` of `parts` of each block, made contiguous in the `parameter` category.
-Tensor slice_of(const Tensor& whole, const TensorSplit& split) {
-  Shape blocks = whole.shape();
-  const int64_t d = split.dim, block = blocks[d] / split.chunks, n = block / split.parts;
-  blocks[d] = block;
-  blocks.insert(blocks.begin() + d, split.chunks);
-  Shape shape = whole.shape();
-  shape[d] = split.chunks * n;
-  MemoryScope scope(MemoryCategory::parameter);
-  return whole.view(blocks).narrow(d + 1, split.part * n, n).reshape(shape).contiguous().clone();
-}
 
 // Cuts one parameter in place (every handle to it, a tied one's too, sees the slice) and
 // records the split under each of its names.
 void cut_parameter(nn::Module& model, const Cut& cut, const std::string& local, const TensorSplit& split) {
   const Tensor target = parameter_of(cut, local);
+  MemoryScope scope(MemoryCategory::parameter);
   target.set_data(slice_of(target.detach(), split));
   std::unordered_map<std::string, nn::Module*> by_path;
   for (const auto& [path, module] : model.named_modules()) by_path.emplace(path, module);
@@ -224,6 +213,21 @@ void parallelize_module(nn::Module& model, ProcessGroup& group, const nn::Parall
          },
          .gather = [g](const Tensor& logits) { return gather_last_dim(logits, *g); }});
   }
+}
+
+// Viewed as [.., chunks, block, ..] along split.dim: part `part` of `parts` of each block.
+Tensor slice_of(const Tensor& whole, const TensorSplit& split) {
+  ZG_CHECK(split.dim >= 0 && split.dim < whole.dim() && split.chunks >= 1 && split.parts >= 1 &&
+               split.part >= 0 && split.part < split.parts && whole.size(split.dim) % (split.chunks * split.parts) == 0,
+           "slice_of: part ", split.part, " of ", split.parts, " along dim ", split.dim, " in ", split.chunks,
+           " chunks does not fit ", describe(whole));
+  Shape blocks = whole.shape();
+  const int64_t d = split.dim, block = blocks[d] / split.chunks, n = block / split.parts;
+  blocks[d] = block;
+  blocks.insert(blocks.begin() + d, split.chunks);
+  Shape shape = whole.shape();
+  shape[d] = split.chunks * n;
+  return whole.view(blocks).narrow(d + 1, split.part * n, n).reshape(shape).contiguous().clone();
 }
 
 // gathered [T, .., chunks * n, ..] -> [.., chunks, T, n, ..] -> [.., chunks T n, ..]: chunk c of

@@ -32,6 +32,10 @@ namespace zg::dist {
 void parallelize_module(nn::Module& model, ProcessGroup& group, const nn::ParallelPlan& plan);
 void parallelize_module(nn::Module& model, ProcessGroup& group);
 
+// This rank's piece of `whole` as `split` cuts it, a new contiguous tensor (in the current
+// memory category); gather_split puts the pieces back together.
+Tensor slice_of(const Tensor& whole, const nn::TensorSplit& split);
+
 // The whole tensor from every rank's `slice`, cut as `split` says (Module::named_splits):
 // the ranks' slices all-gathered and laid side by side within each chunk (a collective on
 // the group the split was made over). A new tensor, on every rank.

@@ -3,6 +3,7 @@
 #include "autograd/functions.h"
 #include "autograd/record.h"
 #include "dist/comm/differentiable.h"
+#include "dist/tensor/parallelize.h"
 #include "nn/layers.h"
 #include "tensor/backend.h"
 #include "tensor/checks.h"
@@ -23,8 +24,7 @@ Tensor slice_of_embedding(int64_t num_embeddings, int64_t dim, const ProcessGrou
            " does not divide by the group size T = ", group.size());
   NoGradGuard no_grad;
   nn::Embedding full(num_embeddings, dim, init_std, options);
-  const int64_t rows = num_embeddings / group.size();
-  return full.weight.narrow(0, group.rank() * rows, rows).clone();
+  return slice_of(full.weight, {0, 1, group.size(), group.rank()});
 }
 
 // vocab_parallel_cross_entropy's backward, with no communication:
