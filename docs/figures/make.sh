@@ -93,3 +93,13 @@ side_by_side device-mesh.svg "ZeRO-3, GPT-2 124M, 16 ranks, rank 0: sharded over
 # 15. Building a model already sharded: Llama 2 7B's shape at ZeRO-3, rank 0 of 8, built
 # eagerly then sharded, or deferred; one step after each (examples/own_model --figure).
 "$bench/../examples/own_model" --figure "$out/building-sharded.svg" >/dev/null
+
+# 16. Tensor parallelism: GPT 7.5B cut over T = 1, 2, 4, 8 ranks (Megatron's plan, no data
+# parallelism), beside ZeRO-3 over the same 8 ranks.
+for t in 1 2 4 8; do
+  zero_memory tp$t --model 7.5b --world-size $t --tp $t --stage 0
+done
+zero_memory zero3-8 --model 7.5b --world-size 8 --stage 3
+side_by_side tensor-parallel.svg "GPT 7.5B, batch 1 x 1024, one step, rank 0: cut over T ranks, or ZeRO-3 over 8" \
+  "$work/tp1/stage-0.json" "one rank" "$work/tp2/stage-0.json" "T = 2" "$work/tp4/stage-0.json" "T = 4" \
+  "$work/tp8/stage-0.json" "T = 8" "$work/zero3-8/stage-3.json" "ZeRO-3, N = 8"
