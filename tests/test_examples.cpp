@@ -812,7 +812,8 @@ TEST_CASE("bench/collectives --json: each row's bytes sent equal the ring formul
       {"--sizes 4K,0", "collectives: --sizes needs whole numbers of at least 1, got '0'"},
       {"--sizes 4,8", "collectives: --sizes gives fewer than two distinct buffers at N = 4"},
       {"--figure /nonexistent/dir/x.svg", "collectives: cannot write --figure /nonexistent/dir/x.svg"}};
-  for (const auto& [flags, message] : refused) {
+  for (const auto& [flag_text, message_text] : refused) {
+    const std::string flags = flag_text, message = message_text;  // (Clang: no structured binding in INFO's lambda)
     INFO(flags);
     CHECK(run_command(bench + " " + flags + " 2>&1", status).find(message) != std::string::npos);
     CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 1));
