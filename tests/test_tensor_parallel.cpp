@@ -81,20 +81,29 @@ void check_embedding(dist::ProcessGroup& group) {
               "weight gradient");
 }
 
-// cross_entropy of the full logits [6, 8] against vocab_parallel_cross_entropy of this
-// rank's columns: the loss, and the gradient gathered along the vocabulary. At T = 4 the
+// cross_entropy of the full logits against vocab_parallel_cross_entropy of this rank's
+// columns, each loss backpropagated into its own leaf.
+struct BothLosses {
+  Tensor x_one, x_tp, loss_one, loss_tp;
+};
+BothLosses both_losses(const Tensor& full, const Tensor& targets, dist::ProcessGroup& group) {
+  const int64_t columns = full.size(1) / group.size();
+  BothLosses b{full.clone(), full.narrow(1, group.rank() * columns, columns).clone(), Tensor(), Tensor()};
+  b.x_one.set_requires_grad(true);
+  b.x_tp.set_requires_grad(true);
+  b.loss_one = cross_entropy(b.x_one, targets);
+  b.loss_tp = dist::vocab_parallel_cross_entropy(b.x_tp, targets, group);
+  b.loss_one.backward();
+  b.loss_tp.backward();
+  return b;
+}
+
+// The loss of logits [6, 8], and the gradient gathered along the vocabulary. At T = 4 the
 // targets fall in every rank's range; the logits are large, so the max shift matters.
 void check_cross_entropy(dist::ProcessGroup& group) {
-  const int64_t columns = 8 / group.size();
-  const Tensor full = randn_from(13, {6, 8}) * 30.0;
   const Tensor targets = tensor<int64_t>({0, 7, 3, 4, 1, 6}, {6}, DType::i64);
-  Tensor x_one = full.clone(), x_tp = full.narrow(1, group.rank() * columns, columns).clone();
-  x_one.set_requires_grad(true);
-  x_tp.set_requires_grad(true);
-  const Tensor loss_one = cross_entropy(x_one, targets);
-  const Tensor loss_tp = dist::vocab_parallel_cross_entropy(x_tp, targets, group);
-  loss_one.backward();
-  loss_tp.backward();
+  const BothLosses b = both_losses(randn_from(13, {6, 8}) * 30.0, targets, group);
+  const Tensor &x_one = b.x_one, &x_tp = b.x_tp, &loss_one = b.loss_one, &loss_tp = b.loss_tp;
   CHECK(loss_tp.shape() == Shape{});
   check_close(loss_tp, Host::of(loss_one), 0, kTol, "loss");
   check_close(dist::all_gather_sequence(x_tp.grad(), group, 1), Host::of(x_one.grad()), 0, kTol, "gradient");
@@ -370,15 +379,9 @@ TEST_CASE("the parallel linears' init_std draws nn::Linear's N(0, std) weights a
 
 TEST_CASE("vocab_parallel_cross_entropy of bf16 logits: an f32 loss, as cross_entropy's, and a bf16 gradient") {
   dist::run_local(2, [](dist::ProcessGroup& group) {
-    const Tensor full = (randn_from(16, {5, 8}) * 4.0).to(DType::bf16);
     const Tensor targets = tensor<int64_t>({1, 6, 3, 4, 0}, {5}, DType::i64);
-    Tensor x_one = full.clone(), x_tp = full.narrow(1, group.rank() * 4, 4).clone();
-    x_one.set_requires_grad(true);
-    x_tp.set_requires_grad(true);
-    const Tensor loss_one = cross_entropy(x_one, targets);
-    const Tensor loss_tp = dist::vocab_parallel_cross_entropy(x_tp, targets, group);
-    loss_one.backward();
-    loss_tp.backward();
+    const BothLosses b = both_losses((randn_from(16, {5, 8}) * 4.0).to(DType::bf16), targets, group);
+    const Tensor &x_one = b.x_one, &x_tp = b.x_tp, &loss_one = b.loss_one, &loss_tp = b.loss_tp;
     CHECK(loss_tp.dtype() == DType::f32);
     CHECK(x_tp.grad().dtype() == DType::bf16);
     check_close(loss_tp, Host::of(loss_one), 1e-6, 1e-6, "loss");
