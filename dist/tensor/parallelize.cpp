@@ -119,20 +119,26 @@ std::vector<Cut> plan_cuts(nn::Module& model, const nn::ParallelPlan& plan, int 
   return cuts;
 }
 
+// Where a cut's split is recorded: each module by path, and every name of every parameter.
+struct ModelNames {
+  std::unordered_map<std::string, nn::Module*> modules;
+  nn::NamedTensors aliases;
+  explicit ModelNames(nn::Module& model) : aliases(model.named_parameters(/*remove_duplicates=*/false)) {
+    for (const auto& [path, module] : model.named_modules()) modules.emplace(path, module);
+  }
+};
 
 // Cuts one parameter in place (every handle to it, a tied one's too, sees the slice) and
 // records the split under each of its names.
-void cut_parameter(nn::Module& model, const Cut& cut, const std::string& local, const TensorSplit& split) {
+void cut_parameter(const ModelNames& names, const Cut& cut, const std::string& local, const TensorSplit& split) {
   const Tensor target = parameter_of(cut, local);
   MemoryScope scope(MemoryCategory::parameter);
   target.set_data(slice_of(target.detach(), split));
-  std::unordered_map<std::string, nn::Module*> by_path;
-  for (const auto& [path, module] : model.named_modules()) by_path.emplace(path, module);
-  for (const auto& [name, p] : model.named_parameters(/*remove_duplicates=*/false)) {
+  for (const auto& [name, p] : names.aliases) {
     if (!p.is_same(target)) continue;
     const size_t dot = name.rfind('.');
     const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
-    by_path.at(owner)->set_split(dot == std::string::npos ? name : name.substr(dot + 1), split);
+    names.modules.at(owner)->set_split(dot == std::string::npos ? name : name.substr(dot + 1), split);
   }
 }
 
@@ -201,8 +207,9 @@ void add_collectives(const Cut& cut, ProcessGroup& group, bool seq) {
 void parallelize_module(nn::Module& model, ProcessGroup& group, const nn::ParallelPlan& plan) {
   const std::vector<Cut> cuts = plan_cuts(model, plan, group.size(), group.rank());
   NoGradGuard no_grad;
+  const ModelNames names(model);
   for (const Cut& cut : cuts) {
-    for (const auto& [local, split] : cut.parameters) cut_parameter(model, cut, local, split);
+    for (const auto& [local, split] : cut.parameters) cut_parameter(names, cut, local, split);
     add_collectives(cut, group, plan.sequence_parallel);
   }
   if (plan.vocab_parallel_logits) {
