@@ -113,8 +113,6 @@ bool parse(int argc, char** argv, Flags& f) {
            "train_zero: --stage, --ranks, --prefetch, --shard-group and --tp go up to 1024");
   ZG_CHECK(f.tp > 1 || !f.sequence_parallel, "train_zero: --sequence-parallel cuts the sequence across the --tp ranks: "
            "add --tp");
-  ZG_CHECK(f.tp == 1 || (f.save.empty() && f.resume.empty()), "train_zero: --save and --resume with --tp ", f.tp,
-           ": sharded checkpoints of a model cut across tensor-parallel ranks are not written yet (use --export)");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi" || f.group == "nccl",
            "train_zero: --group must be auto, local, mpi or nccl, got ", f.group);
   if (f.group == "auto")

@@ -262,6 +262,18 @@ TEST_CASE("train_zero trains on N ranks, and its sharded checkpoint resumes at a
     CHECK(std::fabs(sharded_then[i] - single_then[i]) <= 2e-4);
   }
   CHECK(sharded_then.back() < sharded_first.front() - 0.3);
+  // Saved with the layers cut across tp = 2 ranks, resumed whole: at N = 4 stage 1 and at one rank.
+  const std::vector<double> cut_first = run("--ranks 4 --tp 2 --stage 3 --steps 6 --save " + dir + "/c");
+  const std::vector<double> whole_then = run("--ranks 4 --stage 1 --steps 12 --resume " + dir + "/c");
+  const std::vector<double> one_then = run("--ranks 1 --steps 12 --resume " + dir + "/c");
+  REQUIRE(cut_first.size() == 6);
+  REQUIRE(whole_then.size() == 6);
+  REQUIRE(one_then.size() == 6);
+  for (size_t i = 0; i < 6; ++i) {
+    CHECK(std::fabs(cut_first[i] - single_first[i]) <= 2e-4);
+    CHECK(std::fabs(whole_then[i] - single_then[i]) <= 2e-4);
+    CHECK(std::fabs(one_then[i] - single_then[i]) <= 2e-4);
+  }
   std::filesystem::remove_all(dir);
   int status = 0;
   CHECK(run_command(small + " --ranks 3 2>&1", status).find("--batch 4 is not a multiple of the 3 data-parallel ranks") !=

@@ -3,6 +3,10 @@
 // the one-rank model's loss, logits and gradients from the same seed, and train as one
 // rank does under every ZeRO stage over a dp_shard x tp mesh; plans that do not divide are
 // refused by name.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "helpers.h"
@@ -116,9 +120,10 @@ struct Layout {
   DType dtype = DType::f64;
   bool sp = false;
   dist::Offload offload = dist::Offload::none;
+  std::string save_to, resume_from;  // a sharded save after step 3 of 5; a load before training
 };
 
-// `make`'s model trained 5 steps (AdamW, clipping at 0.05).
+// `make`'s model trained 5 steps (AdamW, clipping at 0.05); resumed, the steps after the save's.
 Run train(const MakeModel& make, const Layout& l) {
   Run run;
   const int data_ranks = l.replicas * l.shards;
@@ -132,7 +137,8 @@ Run train(const MakeModel& make, const Layout& l) {
     dist::ProcessGroup& data = mesh.flatten("dp", {"dp_replicate", "dp_shard"});
     const int64_t rows = 4 / data_ranks / l.micro, first = data.rank() * rows * l.micro;
     std::vector<double> losses;
-    for (int step = 0; step < 5; ++step) {
+    if (!l.resume_from.empty()) sharded.load(l.resume_from);
+    for (int64_t step = sharded.steps(); step < 5; ++step) {
       manual_seed(100 + step);
       const Tensor tokens = randint(0, 64, {4, 13}, TensorOptions(DType::i64));
       sharded.zero_grad();
@@ -148,6 +154,7 @@ Run train(const MakeModel& make, const Layout& l) {
       data.all_reduce(global, dist::ReduceKind::average);
       losses.push_back(global.item<double>());
       sharded.step(1e-2);
+      if (step == 2 && !l.save_to.empty()) sharded.save(l.save_to);
     }
     nn::NamedTensors state = sharded.consolidated_state();
     if (world.rank() == 0) run = {losses, state};
@@ -155,11 +162,13 @@ Run train(const MakeModel& make, const Layout& l) {
   return run;
 }
 
-// Losses within loss_tol, every parameter within param_tol.
+// Losses within loss_tol (a resumed run's, those of the last steps), every parameter within param_tol.
 void check_same_run(const Run& got, const Run& want, double loss_tol, double param_tol) {
-  for (size_t i = 0; i < want.losses.size(); ++i)
-    CHECK_MESSAGE(std::abs(got.losses[i] - want.losses[i]) <= loss_tol, "loss of step ", i, ": ", got.losses[i], " vs ",
-                  want.losses[i]);
+  REQUIRE(got.losses.size() <= want.losses.size());
+  const size_t skipped = want.losses.size() - got.losses.size();
+  for (size_t i = 0; i < got.losses.size(); ++i)
+    CHECK_MESSAGE(std::abs(got.losses[i] - want.losses[skipped + i]) <= loss_tol, "loss of step ", skipped + i, ": ",
+                  got.losses[i], " vs ", want.losses[skipped + i]);
   REQUIRE(got.state.size() == want.state.size());
   for (size_t i = 0; i < want.state.size(); ++i) {
     CHECK(got.state[i].first == want.state[i].first);
@@ -183,6 +192,26 @@ void check_grid(const MakeModel& make, DType dtype, const std::vector<int>& tps,
           check_same_run(train(make, {.tp = tp, .shards = dp, .stage = stage, .dtype = dtype, .sp = sp}), reference,
                          loss_tol, param_tol);
         }
+}
+
+// A sharded save in one layout resumes in others with the losses and weights of the
+// uninterrupted run: between tp = 2 and tp = 1 (a model not cut) or tp = 4, stages and
+// offload changed with it.
+void check_resumes(const MakeModel& make, const Layout& saving, const std::vector<Layout>& resuming) {
+  const std::string dir = "/tmp/zg_test_tp_checkpoint_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const Run reference = train(make, {});
+  Layout save = saving;
+  save.save_to = dir;
+  check_same_run(train(make, save), reference, 1e-12, 1e-12);
+  for (Layout resume : resuming) {
+    INFO("resumed at tp " << resume.tp << " x dp " << resume.shards << ", stage " << resume.stage);
+    resume.resume_from = dir;
+    const Run resumed = train(make, resume);
+    CHECK(resumed.losses.size() == 2);
+    check_same_run(resumed, reference, 1e-12, 1e-12);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
@@ -215,6 +244,87 @@ TEST_CASE("tensor parallelism with hybrid sharding, offload and gradient accumul
     INFO("2 micro-batches, tp 2 x dp 2, stage " << stage);
     check_same_run(train(gpt, {.tp = 2, .shards = 2, .stage = stage, .micro = 2}), reference, 1e-12, 1e-12);
   }
+}
+
+TEST_CASE("tensor-parallel checkpoints: a save at tp 2 x dp 2 stage 3 resumes at tp 1 x dp 4 stage 1, at one rank "
+          "and at other cuts with the losses of the uninterrupted run") {
+  const MakeModel gpt = [] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); };
+  check_resumes(gpt, {.tp = 2, .shards = 2, .stage = 3},
+                {{.shards = 4, .stage = 1},
+                 {},
+                 {.tp = 1, .shards = 4, .stage = 1},
+                 {.tp = 4, .stage = 0, .sp = true},
+                 {.tp = 2, .shards = 2, .stage = 3},
+                 {.tp = 2, .replicas = 2, .stage = 2, .offload = dist::Offload::optimizer}});
+  const MakeModel llama = [] { return std::make_shared<nn::Llama>(tiny_llama(), kF64); };
+  check_resumes(llama, {.shards = 2, .stage = 2}, {{.tp = 4, .shards = 1, .stage = 3}, {.tp = 2, .shards = 2, .stage = 1}});
+  check_resumes(llama, {.tp = 4, .stage = 1, .sp = true}, {{.tp = 2, .shards = 2, .stage = 3}, {}});
+}
+
+TEST_CASE("tensor-parallel checkpoints: the consolidated export at tp 2 x dp 2 stage 3 is one rank's file, byte for "
+          "byte") {
+  const std::string dir = "/tmp/zg_test_tp_export_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const auto exported = [&](const Layout& l, const std::string& path) {
+    dist::run_local(std::max(l.tp, 1) * l.shards, [&](dist::ProcessGroup& world) {
+      manual_seed(5);
+      nn::GPT model(tiny_gpt(), kF64);
+      dist::DeviceMesh mesh(world, {{"dp_shard", l.shards}, {"tp", std::max(l.tp, 1)}});
+      if (l.tp > 0) dist::parallelize_module(model, mesh.group("tp"));
+      dist::ShardedModel sharded(model, mesh, {.stage = l.stage, .compute_dtype = DType::f64});
+      sharded.export_consolidated(path);
+    });
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string one_rank = exported({}, dir + "/one.safetensors");
+  CHECK(one_rank.size() > 100000);
+  CHECK(exported({.tp = 2, .shards = 2, .stage = 3}, dir + "/tp2.safetensors") == one_rank);
+  CHECK(exported({.tp = 4, .stage = 1}, dir + "/tp4.safetensors") == one_rank);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("tensor-parallel checkpoints: a save whose files disagree on a cut, or whose cut does not fit, is refused "
+          "by name; a caller's split/ metadata key is refused") {
+  const std::string dir = "/tmp/zg_test_tp_bad_cut_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const auto run = [&](const std::function<void(dist::ShardedModel&)>& fn) {
+    dist::run_local(2, [&](dist::ProcessGroup& world) {
+      manual_seed(5);
+      nn::GPT model(tiny_gpt(), kF64);
+      dist::DeviceMesh mesh(world, {{"dp_shard", 1}, {"tp", 2}});
+      dist::parallelize_module(model, mesh.group("tp"));
+      dist::ShardedModel sharded(model, mesh, {.stage = 1, .compute_dtype = DType::f64});
+      fn(sharded);
+    });
+  };
+  CHECK_THROWS_WITH_AS(run([&](dist::ShardedModel& m) { m.save(dir, {{"split/x", "0,1,2"}}); }),
+                       doctest::Contains("the metadata key 'split/x' is one the checkpoint writes itself"), Error);
+  run([&](dist::ShardedModel& m) { m.save(dir); });
+  const std::string file1 = dist::ShardedModel::current_save(dir) + "/rank-00001-of-00002.safetensors";
+  const std::string key = "split/transformer.h.0.attn.c_proj.weight";  // rowwise: [C, C] cut along dim 1
+  REQUIRE(SafetensorsFile(file1).metadata().at(key) == "1,1,2");
+  const auto with_cut = [&](const std::string& cut) {
+    const SafetensorsFile file(file1);
+    nn::NamedTensors content;
+    for (const std::string& name : file.names()) content.emplace_back(name, file.read(name));
+    Metadata meta = file.metadata();
+    meta[key] = cut;
+    save_safetensors(file1, content, meta);
+  };
+  with_cut("0,1,2");
+  CHECK_THROWS_WITH_AS(run([&](dist::ShardedModel& m) { m.load(dir); }),
+                       doctest::Contains("cuts 'transformer.h.0.attn.c_proj.weight' as 0,1,2 but an earlier file of "
+                                         "the save as 1,1,2"),
+                       Error);
+  with_cut("2,1,2");
+  CHECK_THROWS_WITH_AS(run([&](dist::ShardedModel& m) { m.load(dir); }),
+                       doctest::Contains("metadata 'split/transformer.h.0.attn.c_proj.weight' is '2,1,2', not "
+                                         "<dim>,<chunks>,<parts> of a cut that fits shape [32, 32]"),
+                       Error);
+  with_cut("1,1,2");
+  run([&](dist::ShardedModel& m) { m.load(dir); });  // restored: it loads
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("parallelize_module: a GPT cut at T = 1, 2, 4, sequence parallelism on and off, computes the one-rank "

@@ -181,7 +181,7 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
        "checkpoint of another model"},
       {"no shape recorded", same, [](Metadata& m) { m.erase("shape/transformer.wte.weight"); },
        "is a piece of a parameter of shape (not recorded)"},
-      {"an unknown format", same, [](Metadata& m) { m["format"] = "zerograd-sharded-checkpoint-5"; },
+      {"an unknown format", same, [](Metadata& m) { m["format"] = "zerograd-sharded-checkpoint-6"; },
        "is not a zerograd sharded checkpoint"},
       {"an unknown parameter", [](auto& t) { t.front().first = "master/no.such.weight/0"; }, [](Metadata&) {},
        "the model has no parameter 'no.such.weight'"},
@@ -201,7 +201,11 @@ TEST_CASE("a sharded checkpoint of another model, or a damaged one, is refused b
     CHECK_THROWS_WITH_AS(attempt(vocab), doctest::Contains(d.message.c_str()), Error);
     restore();
   }
-  // A save of format 1, which recorded no shapes, still loads.
+  // Saves of format 4 (before cuts across tensor-parallel ranks) and 1 (which recorded no
+  // shapes) still load.
+  for (const std::string& file : {file0, file1})
+    rewrite(file, same, [](Metadata& m) { m["format"] = "zerograd-sharded-checkpoint-4"; });
+  CHECK_NOTHROW(attempt(vocab));
   for (const std::string& file : {file0, file1})
     rewrite(file, same, [](Metadata& m) {
       m["format"] = "zerograd-sharded-checkpoint-1";

@@ -20,6 +20,7 @@
 #include "dist/zero/checkpoint/model_parameters.h"
 #include "dist/zero/checkpoint/pieces.h"
 #include "dist/zero/checkpoint/roles.h"
+#include "dist/zero/checkpoint/slice_order.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/unit.h"
 #include "dist/tensor/parallelize.h"
@@ -60,20 +61,20 @@ uint64_t new_save_id(ProcessGroup& group, Device device, const std::string& dir,
 
 void ShardedModel::save(const std::string& dir, const Metadata& extra, const optim::GradScaler* scaler, int keep) {
   NoGradGuard no_grad;
-  ZG_CHECK(!tp_, "ShardedModel::save: sharded checkpoints of a model cut across tensor-parallel ranks (tp = ",
-           tp_ ? (*tp_)->size() : 1, ") are not written yet; export_consolidated() writes the whole model, which "
-           "nn::load_state reads into a model cut again");
   // A file per slice: per rank, or with hybrid sharding per rank of the shard group,
-  // written by the first group (the others hold the same slices).
-  const int r = shard_group().rank();
+  // written by the first group (the others hold the same slices); with tensor
+  // parallelism, per (tp rank, shard rank) -- the file of tp rank t and shard rank r is
+  // t S + r of T S.
+  const int r = shard_group().rank(), tp_rank = tp_ ? (*tp_)->rank() : 0, tp_size = tp_ ? (*tp_)->size() : 1;
+  const int file_rank = tp_rank * shard_group().size() + r, files = tp_size * shard_group().size();
   const bool writes = replica_group() == nullptr || replica_group()->rank() == 0;
   const Generator& gen = Context::current().generator();
   const Device device = context_->device;
   const uint64_t save_id = new_save_id(*group_, device, dir, step_);
   const std::string folder = dir + "/" + checkpoint_dir::save_name(step_, save_id);
   Metadata meta = checkpoint::manifest_metadata({.save_id = save_id,
-                                                 .world_size = shard_group().size(),
-                                                 .rank = r,
+                                                 .world_size = files,
+                                                 .rank = file_rank,
                                                  .stage = placement().stage(),
                                                  .step = step_,
                                                  .compute_dtype = config_.compute_dtype,
@@ -88,24 +89,27 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   all_or_none(*group_, device, "ShardedModel::save", nothing, [&] { std::filesystem::create_directories(folder); });
   optim::write_scaler_state(scaler, meta);
   meta.insert(extra.begin(), extra.end());
-  // This rank's pieces, each parameter's shape beside them; on rank 0 the buffers too.
+  // This rank's pieces, each parameter's shape (and cut) beside them; on rank 0 the buffers too.
   std::vector<SafetensorsWriter::Layout> layout;
   nn::NamedTensors tensors;  // views of the buffers
   const auto add = [&](const std::string& key, const Tensor& t) {
     layout.push_back({key, t.dtype(), t.shape()});
     tensors.emplace_back(key, t);
   };
-  for (const Part& part : checkpoint::parts_of(views(units_), replicated(), r, !placement().optimizer_sharded(),
-                                               /*saving=*/true)) {
+  const std::vector<Part> parts = checkpoint::in_checkpoint_order(
+      checkpoint::parts_of(views(units_), replicated(), r, !placement().optimizer_sharded(), /*saving=*/true), splits_,
+      tp_rank, /*saving=*/true);
+  for (const Part& part : parts) {
     add(checkpoint::piece_name(part), part.data);
     meta["shape/" + part.parameter()] = shape_str(part.shape);
+    if (part.cut.parts > 1) meta["split/" + part.parameter()] = checkpoint::cut_str(part.cut);
   }
-  if (r == 0)
+  if (file_rank == 0)
     for (const auto& [key, t] : replicated())
       if (key.starts_with(kBufferKey)) add(key, t);
   try {
     GroupFileWriter file(*group_, device, "ShardedModel::save", writes,
-                         checkpoint_dir::rank_file(folder, r, shard_group().size()), layout, meta);
+                         checkpoint_dir::rank_file(folder, file_rank, files), layout, meta);
     for (const auto& [key, t] : tensors) file.write(key, t);
     file.commit("the save in " + folder + " failed and is removed; load() reads the previous one");
   } catch (...) {
@@ -137,12 +141,9 @@ std::string ShardedModel::current_save(const std::string& dir) {
 // not covered, or whose file is damaged, must not leave the others loaded.
 Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
-  ZG_CHECK(!tp_, "ShardedModel::load: sharded checkpoints of a model cut across tensor-parallel ranks (tp = ",
-           tp_ ? (*tp_)->size() : 1, ") are not read yet; load the whole model's weights with nn::load_state before "
-           "cutting it");
   const std::vector<UnitRoles> units = views(units_);
   const nn::NamedTensors replicated = this->replicated();
-  const checkpoint::ModelParameters model = checkpoint::model_parameters(units, replicated);
+  const checkpoint::ModelParameters model = checkpoint::model_parameters(units, replicated, splits_);
   checkpoint::Manifest manifest;
   checkpoint::PieceIndex index;
   std::vector<Part> parts;  // what this rank loads
@@ -150,9 +151,11 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   all_or_none(*group_, device, checkpoint::kLoad, "nothing was loaded, on any rank", [&] {
     manifest = checkpoint::read_manifest(checkpoint_dir::current_save(dir, checkpoint::kLoad), group_->rank(), scaler);
     index = checkpoint::index_pieces(manifest, model);
-    parts = checkpoint::covered_parts(manifest, index,
-                                      checkpoint::parts_of(units, replicated, shard_group().rank(),
-                                                           !placement().optimizer_sharded(), /*saving=*/false));
+    parts = checkpoint::covered_parts(
+        manifest, index,
+        checkpoint::in_checkpoint_order(checkpoint::parts_of(units, replicated, shard_group().rank(),
+                                                             !placement().optimizer_sharded(), /*saving=*/false),
+                                        splits_, 0, /*saving=*/false));
   });
   // One save on every rank (a save made current between two ranks' reads of `latest` is another).
   Agreement(*group_, agreement_device(*group_, device), {{"save (its id and step)", manifest.identity()}})
@@ -206,8 +209,8 @@ std::vector<SafetensorsWriter::Layout> ShardedModel::consolidated_layout() const
 }
 
 Shape ShardedModel::whole_shape(const std::string& name, Shape shape) const {
-  if (const auto split = splits_.find(name); split != splits_.end()) shape[split->second.dim] *= split->second.parts;
-  return shape;
+  const auto split = splits_.find(name);
+  return split == splits_.end() ? shape : checkpoint::whole_shape(shape, split->second);
 }
 
 // With tensor parallelism each cut parameter's slices are gathered over tp first: every

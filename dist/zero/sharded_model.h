@@ -186,6 +186,9 @@ class ShardedModel final : public ParameterOwner {
   //    did not have take the last saved rank's (reseed them if they need streams apart).
   //  - Hybrid sharding: a file per rank of the shard group (NNNNN = S), written by the first
   //    group alone (the others hold the same slices); its generator states are that group's.
+  //  - Tensor parallelism: a file per tp rank and shard rank (NNNNN = T S); a cut
+  //    parameter's pieces are numbered in the order of its slices one after another, its
+  //    cut recorded (checkpoint/slice_order.h), so a save loads at any other tp, 1 included.
   //  - load() also takes, as `dir`, the single file of the former optim::save_checkpoint
   //    (format zerograd-training-checkpoint-1), at any world size and stage.
   void save(const std::string& dir, const Metadata& extra = {}, const optim::GradScaler* scaler = nullptr,

@@ -9,7 +9,8 @@ namespace zg::dist::checkpoint {
 namespace {
 
 constexpr const char* kFormats[kFormatVersion] = {"zerograd-sharded-checkpoint-1", "zerograd-sharded-checkpoint-2",
-                                                  "zerograd-sharded-checkpoint-3", "zerograd-sharded-checkpoint-4"};
+                                                  "zerograd-sharded-checkpoint-3", "zerograd-sharded-checkpoint-4",
+                                                  "zerograd-sharded-checkpoint-5"};
 
 // The role and parameter of a tensor of the single file.
 std::pair<std::string, std::string> single_file_name(const std::string& tensor) {
@@ -68,7 +69,7 @@ SavedTensor upgrade(const SafetensorsFile& file, const std::string& tensor, int 
                     const ModelParameters& model) {
   SavedTensor saved{tensor, tensor, file.entry(tensor).shape, std::nullopt};
   // Buffers are named as they always were (formats before 3 hold none: the index refuses them).
-  if (format == kFormatVersion || tensor.starts_with(kBufferKey)) return saved;
+  if (format >= 4 || tensor.starts_with(kBufferKey)) return saved;
   if (format == 0) return upgrade_single_file(file, tensor, model);
   if (format == 3 && tensor.starts_with(kFrozenKey)) return upgrade_whole_frozen(file, tensor, first_file, model);
   const PieceName piece = parse_piece_name(tensor, /*frozen_role=*/false, file, tensor);

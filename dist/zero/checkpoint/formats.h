@@ -1,7 +1,10 @@
 // The formats a save can be in, and the one step that reads an older one as the current:
 //
-//   4  zerograd-sharded-checkpoint-4, the current: every role of every parameter in pieces,
-//      frozen ones too; rank 0's file holds the buffers whole, as buffer/<name>
+//   5  zerograd-sharded-checkpoint-5, the current: a parameter cut across tensor-parallel
+//      ranks is in the order of its slices, its cut in metadata split/<parameter>
+//      (slice_order.h); its pieces' names count in that order
+//   4  every role of every parameter in pieces, frozen ones too; rank 0's file holds the
+//      buffers whole, as buffer/<name>
 //   3  the frozen parameters whole in the first file, as frozen/<name>
 //   2  no frozen parameters and no buffers (the model's are left as they are)
 //   1  no parameter shapes either (its pieces are checked by element counts only)
@@ -25,7 +28,7 @@
 
 namespace zg::dist::checkpoint {
 
-inline constexpr int kFormatVersion = 4;
+inline constexpr int kFormatVersion = 5;
 inline constexpr const char* kSingleFileFormat = "zerograd-training-checkpoint-1";
 
 // "zerograd-sharded-checkpoint-<version>", for a version from 1 to kFormatVersion.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "dist/zero/checkpoint/formats.h"
+#include "dist/zero/checkpoint/slice_order.h"
 
 namespace zg::dist::checkpoint {
 
@@ -59,6 +60,21 @@ Piece check_piece(const SafetensorsFile& file, const SavedTensor& saved, const P
   return {&file, tensor, begin, length};
 }
 
+// How `file` says the save cut `parameter` of `whole` shape: the same as every file before
+// it says (`cuts`), or not at all where it is not cut.
+void record_cut(const SafetensorsFile& file, const std::string& parameter, const Shape& whole,
+                std::map<std::string, nn::TensorSplit>& cuts) {
+  const std::string key = "split/" + parameter;
+  const auto text = file.metadata().find(key);
+  const nn::TensorSplit cut = text == file.metadata().end()
+                                  ? nn::TensorSplit{}
+                                  : parse_cut(text->second, whole, file.path() + ": metadata '" + key + "'");
+  const auto [known, first] = cuts.emplace(parameter, cut);
+  ZG_CHECK(first || same_cut(known->second, cut), kLoad, ": ", file.path(), " cuts '", parameter, "' as ",
+           cut.parts == 1 ? "nothing" : cut_str(cut), " but an earlier file of the save as ",
+           known->second.parts == 1 ? "nothing" : cut_str(known->second), " (<dim>,<chunks>,<parts>)");
+}
+
 // A parameter's pieces, in order; a zg::Error where two overlap.
 void sort_pieces(const std::string& save, std::vector<Piece>& pieces) {
   std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
@@ -82,14 +98,21 @@ PieceIndex index_pieces(const Manifest& manifest, const ModelParameters& model) 
         continue;
       }
       const PieceName piece = parse_piece_name(saved.name, /*frozen_role=*/true, *file, tensor);
-      index[piece.role + "/" + piece.parameter].push_back(check_piece(*file, saved, piece, model));
+      index.pieces[piece.role + "/" + piece.parameter].push_back(check_piece(*file, saved, piece, model));
+      record_cut(*file, piece.parameter, model.find(piece.parameter, piece.role == "frozen")->shape, index.cuts);
     }
-  for (auto& [key, pieces] : index) sort_pieces(manifest.path, pieces);
+  for (auto& [key, pieces] : index.pieces) sort_pieces(manifest.path, pieces);
   for (const auto& [name, held] : model.frozen) {
     const std::string key = std::string(kFrozenKey) + name, master = "master/" + name;
-    if (!index.contains(key) && index.contains(master)) index[key] = index[master];
+    if (!index.pieces.contains(key) && index.pieces.contains(master)) index.pieces[key] = index.pieces[master];
   }
   return index;
+}
+
+const std::vector<Piece>& PieceIndex::of(const std::string& key) const {
+  static const std::vector<Piece> none;
+  const auto it = pieces.find(key);
+  return it == pieces.end() ? none : it->second;
 }
 
 }  // namespace zg::dist::checkpoint

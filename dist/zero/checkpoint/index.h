@@ -2,8 +2,9 @@
 // upgrade() names it in the current format, is a piece of one role of one parameter of
 // the model -- its name read, its dtype, its parameter's recorded shape and its range
 // checked against the model -- or, in the first file, one of the model's buffers, whole.
-// A parameter's pieces are sorted by first element and must not overlap. Nothing in the
-// files may be unknown to the model.
+// A parameter's pieces are sorted by first element and must not overlap; where the save
+// cut it across tensor-parallel ranks, every file says alike how (slice_order.h). Nothing
+// in the files may be unknown to the model.
 #pragma once
 
 #include <map>
@@ -16,7 +17,11 @@
 
 namespace zg::dist::checkpoint {
 
-using PieceIndex = std::map<std::string, std::vector<Piece>>;  // key: <role>/<parameter>, sorted by begin
+struct PieceIndex {
+  std::map<std::string, std::vector<Piece>> pieces;  // by <role>/<parameter>, sorted by begin
+  std::map<std::string, nn::TensorSplit> cuts;       // by parameter: the save's cut (parts = 1: none)
+  const std::vector<Piece>& of(const std::string& key) const;  // none where the save has none
+};
 
 // A parameter frozen in the model that the save trained takes its master weights' pieces.
 PieceIndex index_pieces(const Manifest& manifest, const ModelParameters& model);

@@ -121,11 +121,11 @@ Metadata manifest_metadata(const SaveHeader& save) {
 void check_save_request(const Metadata& extra, const Metadata& meta, int keep) {
   ZG_CHECK(keep >= 1, "ShardedModel::save: keep = ", keep, " would keep no save; it must be at least 1");
   // The checkpoint's own keys would overwrite the caller's values ("path" is what load()
-  // adds). shape/<parameter> keys are refused whole: a rank writes only those of the
+  // adds). shape/<parameter> and split/<parameter> keys are refused whole: a rank writes only those of the
   // parameters it owns, and every rank must refuse alike; the scaler's, with or without
   // a scaler, for the same reason.
   for (const auto& [key, value] : extra)
-    ZG_CHECK(!key.starts_with("shape/") && !key.starts_with("loss_scale") && !meta.contains(key) && key != "path",
+    ZG_CHECK(!key.starts_with("shape/") && !key.starts_with("split/") && !key.starts_with("loss_scale") && !meta.contains(key) && key != "path",
              "ShardedModel::save: the metadata key '", key, "' is one the checkpoint writes itself; name it otherwise");
 }
 

@@ -10,15 +10,24 @@ const ModelParameters::Held* ModelParameters::find(const std::string& parameter,
   return nullptr;
 }
 
-ModelParameters model_parameters(const std::vector<UnitRoles>& units, const nn::NamedTensors& replicated) {
+ModelParameters model_parameters(const std::vector<UnitRoles>& units, const nn::NamedTensors& replicated,
+                                 const Cuts& cuts) {
+  const auto whole = [&](const std::string& name, const Shape& shape) {
+    const auto cut = cuts.find(name);
+    return cut == cuts.end() ? shape : whole_shape(shape, cut->second);
+  };
   ModelParameters model;
   for (const UnitRoles& unit : units) {
-    for (const ParamSlot& e : unit.entries) model.trained[e.name] = {e.shape, unit.master.dtype()};
-    for (const ParamSlot& e : unit.frozen_entries) model.frozen[e.name] = {e.shape, unit.frozen.dtype()};
+    for (const ParamSlot& e : unit.entries) model.trained[e.name] = {whole(e.name, e.shape), unit.master.dtype()};
+    for (const ParamSlot& e : unit.frozen_entries) model.frozen[e.name] = {whole(e.name, e.shape), unit.frozen.dtype()};
   }
   for (const auto& [key, t] : replicated) {
-    if (key.starts_with(kFrozenKey)) model.frozen[key.substr(kFrozenKey.size())] = {t.shape(), t.dtype()};
-    else model.buffers.emplace_back(key, t);
+    if (!key.starts_with(kFrozenKey)) {
+      model.buffers.emplace_back(key, t);
+      continue;
+    }
+    const std::string name = key.substr(kFrozenKey.size());
+    model.frozen[name] = {whole(name, t.shape()), t.dtype()};
   }
   return model;
 }

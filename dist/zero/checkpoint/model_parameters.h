@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "dist/zero/checkpoint/roles.h"
+#include "dist/zero/checkpoint/slice_order.h"
 #include "nn/module.h"
 #include "tensor/safetensors.h"
 
@@ -16,7 +16,7 @@ namespace zg::dist::checkpoint {
 
 struct ModelParameters {
   struct Held {
-    Shape shape;
+    Shape shape;  // the whole tensor's, when it is cut across tensor-parallel ranks
     DType dtype;
   };
   std::map<std::string, Held> trained, frozen;
@@ -27,8 +27,10 @@ struct ModelParameters {
   const Held* find(const std::string& parameter, bool frozen_role) const;
 };
 
-// From the units' views and the replicated tensors ("frozen/<name>", "buffer/<name>").
-ModelParameters model_parameters(const std::vector<UnitRoles>& units, const nn::NamedTensors& replicated);
+// From the units' views, the replicated tensors ("frozen/<name>", "buffer/<name>") and
+// the parameters cut across tensor-parallel ranks.
+ModelParameters model_parameters(const std::vector<UnitRoles>& units, const nn::NamedTensors& replicated,
+                                 const Cuts& cuts);
 
 // A zg::Error unless `tensor` of `file` may load into a parameter held in `held`: of that
 // dtype, or floating as it is. `kind` qualifies the piece expected ("1-D " or "").

@@ -32,7 +32,7 @@ void add_trained_parts(const UnitRoles& unit, const Owned& own, std::vector<Part
     if (b <= a) continue;
     for (const auto& [role, buffer] : roles)
       parts.push_back({std::string(role) + "/" + e.name, e.shape, a - e.offset,
-                       buffer->narrow(0, a - own.local_base, b - a), {}});
+                       buffer->narrow(0, a - own.local_base, b - a), {}, {}});
   }
 }
 
@@ -43,7 +43,7 @@ void add_frozen_parts(const UnitRoles& unit, int r, std::vector<Part>& parts) {
   for (const ParamSlot& e : unit.frozen_entries) {
     const int64_t a = std::max(begin, e.offset), b = std::min(end, e.offset + numel(e.shape));
     if (a < b)
-      parts.push_back({std::string(kFrozenKey) + e.name, e.shape, a - e.offset, unit.frozen.narrow(0, a - begin, b - a), {}});
+      parts.push_back({std::string(kFrozenKey) + e.name, e.shape, a - e.offset, unit.frozen.narrow(0, a - begin, b - a), {}, {}});
   }
 }
 
@@ -59,7 +59,7 @@ std::vector<Part> parts_of(const std::vector<UnitRoles>& units, const nn::NamedT
   if (saving && r != 0) return parts;
   for (const auto& [key, t] : replicated)
     if (key.starts_with(kFrozenKey))
-      parts.push_back({key, t.shape(), 0, t.reshape({-1}), t.is_contiguous() ? Tensor() : t});
+      parts.push_back({key, t.shape(), 0, t.reshape({-1}), t.is_contiguous() ? Tensor() : t, {}});
   return parts;
 }
 

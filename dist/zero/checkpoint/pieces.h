@@ -23,13 +23,15 @@ namespace zg::dist::checkpoint {
 inline constexpr const char* kLoad = "ShardedModel::load";  // who refuses a load, in its errors
 
 // Elements [begin, begin + data.numel()) of a flattened parameter's role, in `data`, a
-// 1-D view of the rank's buffer.
+// 1-D view of the rank's buffer; with tensor parallelism, positions of the checkpoint's
+// order of the parameter (slice_order.h), and `shape` the whole one.
 struct Part {
   std::string key;  // "<role>/<parameter name>"
   Shape shape;      // the parameter's
   int64_t begin;
   Tensor data;
   Tensor whole;  // a frozen parameter held whole that is not contiguous: `data` is a copy, written back after a load
+  nn::TensorSplit cut;  // how the order `begin` counts in cuts the parameter (slice_order.h); parts = 1: not cut
   std::string parameter() const { return key.substr(key.find('/') + 1); }
 };
 
