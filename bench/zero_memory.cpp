@@ -19,7 +19,8 @@
 // stage: N = dp x T ranks on a mesh dp_replicate x dp_shard x tp (--shard-group S divides
 // dp = N / T); each rank's slices (Ψ_cut / T + Ψ_replicated parameters) sharded over the dp
 // ranks by the formulas above, plus Megatron's per-layer all-reduces on the tp group and
-// activations next to Korthikanti et al. 2022 (bench/tensor_parallel_formulas.h).
+// activations next to Korthikanti et al. 2022 (bench/tensor_parallel_formulas.h);
+// --sequence-parallel cuts the activations between the cut layers along the sequence too.
 // --largest-on GB: for each offload setting, the largest GPT-3-family model whose dry
 // run (one rank, activation checkpointing, batch 1 x 1024) peaks within GB of device memory.
 // --simulate: the step-time model (dist/comm/step_model.h) replays each dry run's kernels
@@ -127,6 +128,7 @@ struct Record {
   // --tp T: of sent_per_step, what went to the tensor-parallel group; activations' formulas
   // (bench/tensor_parallel_formulas.h: the step's peak, and one layer as we keep it and as the paper counts it).
   int tp = 1;
+  bool sequence_parallel = false;
   int64_t sent_tp = 0, formula_sent_tp = 0, formula_activation = 0, formula_activation_layer = 0,
           paper_activation_layer = 0;
   // The host pool (offload), after backward as the device's; its peak over the steps.
@@ -139,6 +141,7 @@ struct Options {
   double largest_on = 0;
   int world = 0, steps = 1;  // world 0: unset (4; under mpirun, its processes)
   int tp = 1;                // --tp: the model cut over T ranks, N / T data-parallel ranks
+  bool sequence_parallel = false;  // --sequence-parallel: and the activations between the cut layers
   std::vector<int> worlds;   // --world-size's list (--simulate runs each)
   int64_t layers = 0, heads = 0, embd = 0, vocab = 0;  // a shape of one's own over the preset's (0: the preset's)
   bool simulate = false, calibrate = false, json = false, checkpointing = false, caching = false;  // caching: meta
@@ -283,7 +286,7 @@ std::set<dist::ProcessGroup*> tensor_parallel_groups(dist::DeviceMesh& mesh) {
 // plus the traffic across groups; with --tp T, for the Ψ_cut / T + Ψ_replicated parameters
 // each rank holds, over the N / T data-parallel ranks, plus the tensor-parallel traffic.
 void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& config, int64_t batch, int64_t seq,
-                  int tp) {
+                  int tp, bool sp) {
   const int64_t psi = tp == 1 ? r.params : bench::tensor_parallel_counts(config).per_rank(tp);
   const Formula formula = formula_states(zero, psi, r.shard_group);
   r.formula_states = formula.device;
@@ -291,11 +294,12 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& 
   r.formula_sent_across = formula_sent_across(zero, psi, r.shard_group, r.world_size / tp / r.shard_group);
   r.formula_sent = formula_sent(zero, psi, r.shard_group) + r.formula_sent_across;
   r.tp = tp;
+  r.sequence_parallel = sp;
   if (tp == 1) return;
   const int64_t compute = element_size(zero.compute_dtype);
-  r.formula_sent_tp = bench::formula_sent_tensor_parallel(config, batch, seq, tp, compute);
+  r.formula_sent_tp = bench::formula_sent_tensor_parallel(config, batch, seq, tp, compute, sp);
   r.formula_sent += r.formula_sent_tp;
-  const bench::ActivationFormula activations = bench::formula_activations(config, batch, seq, tp, compute);
+  const bench::ActivationFormula activations = bench::formula_activations(config, batch, seq, tp, compute, sp);
   r.formula_activation = activations.peak;
   r.formula_activation_layer = activations.ours;
   r.paper_activation_layer = activations.paper;
@@ -309,7 +313,7 @@ struct RankModel {
   std::unique_ptr<dist::DeviceMesh> mesh;  // --tp: dp_replicate x dp_shard x tp
   std::optional<dist::ShardedModel> sharded;  // made by the caller, once the peaks are reset
 
-  RankModel(const nn::GPTConfig& config, Device device, dist::ProcessGroup& group, int tp,
+  RankModel(const nn::GPTConfig& config, Device device, dist::ProcessGroup& group, int tp, bool sp,
             const dist::ZeroConfig& zero) {
     manual_seed(1);
     if (tp == 1) {
@@ -319,7 +323,9 @@ struct RankModel {
     }
     model.emplace(config, TensorOptions(DType::f32).device(device));
     mesh = tensor_parallel_mesh(group, tp, zero);
-    dist::parallelize_module(*model, mesh->group("tp"));
+    nn::ParallelPlan plan = model->parallel_plan();
+    plan.sequence_parallel = sp;
+    dist::parallelize_module(*model, mesh->group("tp"), plan);
   }
 };
 
@@ -327,9 +333,9 @@ struct RankModel {
 // read after the last. With `log`, the last step's kernels and collectives are recorded
 // into it (a dry run: --simulate); with `run`, every allocation of the steps into its timeline.
 Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int steps, int64_t batch, int64_t seq,
-               Device device, dist::ProcessGroup& group, int tp, StepLog* log = nullptr,
+               Device device, dist::ProcessGroup& group, int tp, bool sp, StepLog* log = nullptr,
                TimelineRun* run = nullptr) {
-  RankModel built(config, device, group, tp, zero);
+  RankModel built(config, device, group, tp, sp, zero);
   nn::GPT& model = *built.model;
   const std::unique_ptr<dist::DeviceMesh>& mesh = built.mesh;
   Context& context = Context::current();
@@ -400,7 +406,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
   r.peak_allocated = s.peak_total;
   r.reserved = s.peak_reserved;
   r.host_peak = context.host_memory_stats(host).peak_total;
-  add_formulas(r, zero, config, batch, seq, tp);
+  add_formulas(r, zero, config, batch, seq, tp, sp);
   return r;
 }
 
@@ -537,7 +543,7 @@ int largest_trainable(const Options& o) {
       Context rank0(0);
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, 1);
-      const Record r = measure(zero_config(o, setting), config, 1, 1, 1024, kMeta, group, 1);
+      const Record r = measure(zero_config(o, setting), config, 1, 1, 1024, kMeta, group, 1, false);
       if (static_cast<double>(r.peak_allocated) > device_bytes) break;
       fits = &preset;
       best = r;
@@ -584,7 +590,7 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, world);
       StepLog& log = logs.emplace_back();
-      const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, o.tp, &log);
+      const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, o.tp, o.sequence_parallel, &log);
       const dist::StepTime t = dist::predict(log, o.machine);
       const double tokens = static_cast<double>(batch * seq) * world / o.tp / t.step;  // a tp group shares its batch
       if (o.json)
@@ -668,7 +674,7 @@ void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::Proces
     Context rank0(0);
     ContextGuard guard(rank0);
     dist::FakeGroup one(0, 1);
-    measure(zero, preset.config, 2, batch, seq, kMeta, one, 1, &log);
+    measure(zero, preset.config, 2, batch, seq, kMeta, one, 1, false, &log);
   }
   const double scale = real_step / dist::predict(log, rates).compute;
   std::string flags = "--tflops " + std::to_string(rates.flops_per_second / scale / 1e12) + " --memory-gbps " +
@@ -744,20 +750,20 @@ std::vector<Record> measure_setting(const Options& o, const Preset& preset, Sett
     if (o.caching) rank0.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
     ContextGuard guard(rank0);
     dist::FakeGroup group(0, o.world);
-    records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, nullptr, run));
+    records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, nullptr, run));
     return records;
   }
   std::mutex records_mutex;
   dist::run_local(o.world, [&](dist::ProcessGroup& group) {
     Record r;
     if (!use_nccl) {
-      r = measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, nullptr, run);
+      r = measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, nullptr, run);
     } else {
 #ifdef ZG_WITH_NCCL
       // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
       const Device mine(DeviceType::cuda, group.rank());
       const auto nccl = dist::NcclGroup::bootstrap(group, mine);
-      r = measure(zero, preset.config, o.steps, o.batch, seq, mine, *nccl, o.tp, nullptr, run);
+      r = measure(zero, preset.config, o.steps, o.batch, seq, mine, *nccl, o.tp, o.sequence_parallel, nullptr, run);
 #endif
     }
     std::lock_guard lock(records_mutex);
@@ -801,7 +807,8 @@ std::vector<Record> record_timelines(const Options& o, const Preset& preset, con
 // the activations' formulas (the peak; one layer as kept here and as Korthikanti et al. count it).
 std::string tensor_parallel_json(const Record& r) {
   if (r.tp == 1) return "";
-  return concat(", \"tp\": ", r.tp, ", \"sent_tensor_parallel\": ", r.sent_tp,
+  return concat(", \"tp\": ", r.tp, ", \"sequence_parallel\": ", r.sequence_parallel ? "true" : "false",
+                ", \"sent_tensor_parallel\": ", r.sent_tp,
                 ", \"formula_sent_tensor_parallel\": ", r.formula_sent_tp, ", \"formula_activation\": ",
                 r.formula_activation, ", \"formula_activation_layer\": ", r.formula_activation_layer,
                 ", \"paper_activation_layer\": ", r.paper_activation_layer);
@@ -844,8 +851,9 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
   const double unit = 16 * records.front().params < 1'000'000'000 ? 1e6 : 1e9;
   const auto gb = [unit](int64_t bytes) { return static_cast<double>(bytes) / unit; };
   std::printf("sizes in %s; model states = parameter + gradient + optimizer_state after backward; build = the\n"
-              "peak while the model was built (deferred, then materialised shard by shard)\n\n",
-              unit == 1e9 ? "GB (1e9 bytes)" : "MB (1e6 bytes)");
+              "peak while the model was built (%s)\n\n",
+              unit == 1e9 ? "GB (1e9 bytes)" : "MB (1e6 bytes)",
+              o.tp == 1 ? "deferred, then materialised shard by shard" : "from the cut on: built whole on each rank, then cut");
   const bool offloading = std::any_of(records.begin(), records.end(),
                                       [](const Record& r) { return r.offload != dist::Offload::none; });
   std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s %9s", "stage", "rank", "param", "grad",
@@ -882,10 +890,11 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
     std::printf("\nmodel states are up to %.1f%% above the formula: each unit's buffers are padded to a multiple "
                 "of N = %d\n", 100 * above, o.world);
   if (o.tp > 1)
-    std::printf("\nsent tp: of sent/step, what went to the tensor-parallel group (formula: Megatron's all-reduces);\n"
+    std::printf("\nsent tp: of sent/step, what went to the tensor-parallel group (formula: Megatron's %s);\n"
                 "act formula: the activation peak as this code keeps activations, act a layer: one layer's,\n"
-                "paper: Korthikanti et al. 2022's sbh(10 + 24/t + 5as/(ht)) (bench/tensor_parallel_formulas.h);\n"
-                "build: from the cut on (the model is built whole on each rank, then cut)\n");
+                "paper: Korthikanti et al. 2022's %s (bench/tensor_parallel_formulas.h)\n",
+                o.sequence_parallel ? "all-gathers and reduce-scatters" : "all-reduces",
+                o.sequence_parallel ? "sbh/t (34 + 5as/h), with sequence parallelism" : "sbh(10 + 24/t + 5as/(ht))");
 }
 
 // Every rank's records in order of stage, offload and rank, as JSON or the table.
@@ -922,7 +931,7 @@ int run_processes(Options& o, const Preset& preset, const std::vector<Setting>& 
     std::vector<Record> measured;
     for (const Setting& setting : settings)
       measured.push_back(measure(zero_config(o, setting), preset.config, o.steps, o.batch, seq_of(o, preset), mine,
-                                 nccl ? *nccl : host, o.tp));
+                                 nccl ? *nccl : host, o.tp, o.sequence_parallel));
     records = all_records(host, measured);
   });
   if (status != 0 || my_rank != 0) return status;  // rank 0 prints
@@ -966,7 +975,7 @@ void usage() {
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all|S,S]\n"
       "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
-      "                   [--shard-group S] [--tp T] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
+      "                   [--shard-group S] [--tp T [--sequence-parallel]] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
       "                   [--compute bf16|f32] [--checkpointing] [--caching] [--timeline DIR]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--stage S,S,...] [--tflops X] [--memory-gbps X]\n"
       "                   [--kernel-us X] [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X]\n"
@@ -984,7 +993,8 @@ void usage() {
       "each stage allows). --largest-on GB: per offload setting, the largest GPT whose one-rank dry run\n"
       "(activation checkpointing, batch 1 x 1024) peaks within GB of device memory. --shard-group S\n"
       "(stages 2, 3): hybrid sharding, shards within groups of S ranks, replicas across N / S groups.\n"
-      "--tp T: tensor parallelism, the model cut over T ranks (tp innermost), N / T data-parallel ranks.\n"
+      "--tp T: tensor parallelism, the model cut over T ranks (tp innermost), N / T data-parallel ranks;\n"
+      "  --sequence-parallel: and the activations between the cut layers cut along the sequence.\n"
       "--compute: the dtype of the forward and backward (bf16 default; master weights and Adam stay f32).\n"
       "--checkpointing: each block's activations recomputed in backward instead of kept.\n"
       "--caching (meta): through the GPU's caching allocator over a simulated device: reserved bytes as\n"
@@ -1068,6 +1078,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     }
     else if (a == "--largest-on") o.largest_on = static_cast<double>(number(1, 1 << 20));
     else if (a == "--tp") o.tp = static_cast<int>(number(1, 1 << 20));
+    else if (a == "--sequence-parallel") o.sequence_parallel = true;
     else if (a == "--shard-group") o.zero.shard_group_size = static_cast<int>(number(1, 1 << 20));
     else if (a == "--prefetch-bytes") o.zero.prefetch_bytes = number(0, INT64_MAX);
     else if (a == "--bucket-bytes") o.zero.bucket_bytes = number(1, INT64_MAX);
@@ -1110,6 +1121,8 @@ int main(int argc, char** argv) {
     if (const std::optional<int> status = parse(argc, argv, o)) return *status;
     ZG_CHECK(o.tp == 1 || (!o.calibrate && o.largest_on == 0), "zero_memory: --tp is for the table and --simulate, "
              "not --calibrate or --largest-on (one rank)");
+    ZG_CHECK(o.tp > 1 || !o.sequence_parallel, "zero_memory: --sequence-parallel cuts the sequence across the --tp "
+             "ranks: add --tp");
     if (o.largest_on > 0) return largest_trainable(o);
     // auto: the GPU when this build has a usable one (N ranks sharing it), else the CPU.
     if (o.device_arg == "auto") o.device_arg = cuda_usable() ? "cuda" : "cpu";

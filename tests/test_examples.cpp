@@ -532,45 +532,60 @@ TEST_CASE("bench/zero_memory --shard-group 1: the replica dimension is the whole
 }
 
 // Issue 45's must-show: 7.5B (36 layers, h = 4096, V = 60,000, s = 1024, b = 1) cut at T = 8
-// over 64 ranks (8 data-parallel), ZeRO-1, as a dry run on meta (0.1 s). Measured == formula:
-// model states exactly (every slice divides by 8: no padding); the tp group's bytes exactly;
-// all bytes sent to 200 bytes (ZeRO's formula leaves out its scalar all-reduces: the gradient
-// norm over dp, the step's agreement); the activation peak to 1e-5 (measured: sb + 8 bytes
-// more, a byte a token and a scalar the formula leaves out; bench/tensor_parallel_formulas.h).
+// over 64 ranks (8 data-parallel), ZeRO-1, as a dry run on meta (0.1 s), with sequence
+// parallelism and without. Measured == formula: model states exactly (every slice divides
+// by 8: no padding); the tp group's bytes exactly; all bytes sent to 200 bytes (ZeRO's
+// formula leaves out its scalar all-reduces: the gradient norm over dp, the step's
+// agreement); the activation peak to 1e-5 (measured: sb + 8 bytes more, a byte a token and
+// a scalar the formula leaves out; bench/tensor_parallel_formulas.h).
 TEST_CASE("bench/zero_memory --tp 8: 7.5B at N = 64, ZeRO-1, per-rank states, bytes sent and activations equal the "
-          "formulas") {
-  int status = 0;
-  const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 7.5b --world-size 64 --tp 8 "
-                                      "--stage 1 --device meta --json", status);
-  REQUIRE(status == 0);
-  const nlohmann::json records = nlohmann::json::parse(out);
-  REQUIRE(records.size() == 1);
-  const nlohmann::json& r = records[0];
-  CHECK(r["tp"] == 8);
-  CHECK(r["shard_group"] == 8);
-  const int64_t h = 4096, layers = 36, vocab = 60000, tokens = 1024;
-  const int64_t cut = layers * (12 * h * h + 7 * h) + vocab * h, replicated = layers * 6 * h + tokens * h + 2 * h;
-  REQUIRE(cut + replicated == 7'499'636'736);  // Ψ
-  const int64_t psi = cut / 8 + replicated;     // a rank's slices
-  CHECK(r["params"] == psi);
-  const int64_t states = r["parameter"].get<int64_t>() + r["gradient"].get<int64_t>() + r["optimizer_state"].get<int64_t>();
-  CHECK(r["formula_model_states"] == 4 * psi + 12 * psi / 8);  // ZeRO-1 over the 8 dp ranks
-  CHECK(states == r["formula_model_states"]);
-  // Megatron: 4 all-reduces of b s h bf16 a layer, the embedding's and the head's; the loss's
-  // 3 of b s floats; the norm's f64; each 2 (T-1)/T of its bytes.
-  const double tp_bytes = 2.0 * 7 / 8 * ((4 * layers + 2) * tokens * h * 2 + 3 * tokens * 4 + 8);
-  CHECK(r["formula_sent_tensor_parallel"] == static_cast<int64_t>(tp_bytes));
-  CHECK(r["sent_tensor_parallel"] == r["formula_sent_tensor_parallel"]);
-  const int64_t sent = r["sent_per_step"], formula_sent = r["formula_sent_per_step"];
-  CHECK(formula_sent == static_cast<int64_t>(tp_bytes) + static_cast<int64_t>(2.0 * psi * 2 * 7 / 8));
-  CHECK(sent >= formula_sent);
-  CHECK(sent - formula_sent < 200);
-  const double activation = r["activation"], formula_activation = r["formula_activation"];
-  CHECK(std::fabs(activation / formula_activation - 1) < 1e-5);
-  // A layer: ours sbh (8 + 24/t) + the attention's f32 log-sum-exp + the layer norms' f32
-  // statistics; the paper's sbh (10 + 24/t + 5as/(ht)), with its [a, s, s] scores.
-  CHECK(r["formula_activation_layer"] == tokens * h * (8 + 3) + 4 * 32 * tokens / 8 + 16 * tokens);
-  CHECK(r["paper_activation_layer"] == tokens * h * (10 + 3 + 5));
+          "formulas, sequence parallelism off and on") {
+  for (const bool sp : {false, true}) {
+    INFO("sequence parallel " << sp);
+    int status = 0;
+    const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 7.5b --world-size 64 --tp 8 "
+                                        "--stage 1 --device meta --json" + (sp ? " --sequence-parallel" : ""), status);
+    REQUIRE(status == 0);
+    const nlohmann::json records = nlohmann::json::parse(out);
+    REQUIRE(records.size() == 1);
+    const nlohmann::json& r = records[0];
+    CHECK(r["tp"] == 8);
+    CHECK(r["sequence_parallel"] == sp);
+    CHECK(r["shard_group"] == 8);
+    const int64_t h = 4096, layers = 36, vocab = 60000, tokens = 1024, heads = 32;
+    const int64_t cut = layers * (12 * h * h + 7 * h) + vocab * h, replicated = layers * 6 * h + tokens * h + 2 * h;
+    REQUIRE(cut + replicated == 7'499'636'736);  // Ψ
+    const int64_t psi = cut / 8 + replicated;     // a rank's slices
+    CHECK(r["params"] == psi);
+    const int64_t states = r["parameter"].get<int64_t>() + r["gradient"].get<int64_t>() + r["optimizer_state"].get<int64_t>();
+    CHECK(r["formula_model_states"] == 4 * psi + 12 * psi / 8);  // ZeRO-1 over the 8 dp ranks
+    CHECK(states == r["formula_model_states"]);
+    // Megatron: 4 all-reduces of b s h bf16 a layer, the embedding's and the head's; the
+    // loss's 3 of b s floats; the norm's f64; each 2 (T-1)/T of its bytes. With sequence
+    // parallelism the same, plus the first block's input cut (an all-gather backward) and
+    // the uncut parameters used on the shards (6h a layer, ln_f's 2h) summed over tp.
+    const double tp_bytes = 2.0 * 7 / 8 * ((4 * layers + 2) * tokens * h * 2 + 3 * tokens * 4 + 8) +
+                            (sp ? 7.0 / 8 * tokens * h * 2 + 2.0 * 7 / 8 * (6 * layers + 2) * h * 2 : 0);
+    CHECK(r["formula_sent_tensor_parallel"] == static_cast<int64_t>(tp_bytes));
+    CHECK(r["sent_tensor_parallel"] == r["formula_sent_tensor_parallel"]);
+    const int64_t sent = r["sent_per_step"], formula_sent = r["formula_sent_per_step"];
+    CHECK(formula_sent == static_cast<int64_t>(tp_bytes) + static_cast<int64_t>(2.0 * psi * 2 * 7 / 8));
+    CHECK(sent >= formula_sent);
+    CHECK(sent - formula_sent < 200);
+    const double activation = r["activation"], formula_activation = r["formula_activation"];
+    CHECK(std::fabs(activation / formula_activation - 1) < 1e-5);
+    // A layer: ours sbh (8 + 24/t) + the attention's f32 log-sum-exp + the layer norms' f32
+    // statistics; the paper's sbh (10 + 24/t + 5as/(ht)), with its [a, s, s] scores. With
+    // sequence parallelism: the gathered inputs of the colwise layers whole (4 sbh), the
+    // rest cut (28 sbh + the statistics) / t; the paper's sbh/t (34 + 5as/h).
+    if (!sp) {
+      CHECK(r["formula_activation_layer"] == tokens * h * (8 + 3) + 4 * heads * tokens / 8 + 16 * tokens);
+      CHECK(r["paper_activation_layer"] == tokens * h * (10 + 3 + 5));
+    } else {
+      CHECK(r["formula_activation_layer"] == tokens * h * 4 + (28 * tokens * h + 4 * heads * tokens + 16 * tokens) / 8);
+      CHECK(r["paper_activation_layer"] == (34 * tokens * h + 5 * heads * tokens * tokens) / 8);
+    }
+  }
 }
 
 TEST_CASE("bench/zero_memory --tp: ranks as threads, --simulate's tensor-parallel link, and the refusals") {
@@ -598,6 +613,9 @@ TEST_CASE("bench/zero_memory --tp: ranks as threads, --simulate's tensor-paralle
   CHECK(communication[1] > 4 * communication[0]);
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --world-size 6 --tp 4 2>&1", status)
             .find("zero_memory: --tp 4 does not divide the world size N = 6") != std::string::npos);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --sequence-parallel 2>&1", status)
+            .find("zero_memory: --sequence-parallel cuts the sequence across the --tp ranks: add --tp") !=
+        std::string::npos);
   CHECK(status != 0);
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --world-size 4 --tp 2 2>&1", status)
             .find("vocab_size 50257 does not divide by the tensor-parallel group's size T = 2") != std::string::npos);

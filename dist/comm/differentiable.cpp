@@ -61,11 +61,12 @@ Tensor reduce_scattered(const Tensor& x, ProcessGroup& group, int64_t dim) {
   return out.transpose(0, dim).contiguous();
 }
 
-// This rank's slice along dim (a copy, as the other cuts are).
+// This rank's slice along dim, in storage of its own: a view would keep the whole x alive
+// wherever the slice is saved for backward (the first block's norm saves its input).
 Tensor own_slice(const Tensor& x, const ProcessGroup& group, int64_t dim) {
   NoGradGuard no_grad;
   const int64_t n = x.size(dim) / group.size();
-  return x.narrow(dim, group.rank() * n, n).contiguous();
+  return x.narrow(dim, group.rank() * n, n).clone();
 }
 
 std::vector<Tensor> one(const Tensor& grad) { return {grad}; }
