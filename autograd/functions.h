@@ -280,17 +280,20 @@ Tensor rotary_embedding(const Tensor& x, const RotaryTables& tables);
 // generator, so a run is reproducible and activation checkpointing replays it.
 // Identity when not training or p = 0.
 Tensor dropout(const Tensor& x, double p, bool training = true);
-// dropout whose uniform draws (f32, one per element of x) come from `draw`, called only
-// when 0 < p < 1 in training: x kept where the draw is below 1 - p. dropout's draw is
-// rand(x.shape()); a sequence shard's is its slice of the one-rank draws
-// (dist/tensor/sequence_parallel.h). Errors name `op`.
-Tensor dropout_with_draw(const char* op, const Tensor& x, double p, bool training,
-                         const std::function<Tensor()>& draw);
+// dropout(x, p, training) of a whole x cut into `parts` equal pieces along `dim`, on piece
+// `part` (x_part): the whole op's mask elements of that piece, from the same generator
+// state, which then moves past the whole draw -- so every later random op matches the
+// uncut run. Tensor parallelism draws its masks so (a sequence shard's rows, a rank's heads
+// of the attention probabilities). Errors name `op`.
+Tensor dropout_part(const Tensor& x_part, double p, bool training, int64_t dim, int part, int parts,
+                    const char* op = "dropout_part");
 // Attention with dropout on its probabilities (nanoGPT's and Hugging Face GPT-2's attn_dropout):
 // softmax(q k^T / sqrt(D) [causal mask]) dropped, then times v, composed of the ops above (the
 // fused kernels keep no probabilities to drop); with p = 0 or not training, the fused op.
+// q, k, v [.., H, T, D] may be heads `head_part` of `head_parts` equal groups of the whole
+// attention's (tensor parallelism): the probabilities then draw that group's mask.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-                                    bool training = true);
+                                    bool training = true, int head_part = 0, int head_parts = 1);
 
 // ---- losses; reduction: the mean (default), the sum, or none (per element) ----
 enum class Reduction { mean, sum, none };

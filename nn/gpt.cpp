@@ -31,20 +31,25 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
            c_attn->weight.size(1), "], got ", describe(x));
   const int64_t head_dim = x.size(2) / n_head, local_heads = c_attn->weight.size(0) / (3 * head_dim);
   const bool drops = is_training() && attn_dropout > 0;
-  ZG_CHECK(!drops || local_heads == n_head, "CausalSelfAttention: dropout on the attention probabilities with the ",
-           "heads cut across ranks (", local_heads, " of ", n_head, " here) is not supported; set dropout to 0");
   if (cache == nullptr && !drops) {
     // qkv [B, T, 3C] -> the heads' attention, side by side [B, T, C] (q, k, v read in place);
     // a statement of its own, so qkv is freed before c_proj runs where backward keeps nothing
     const Tensor y = packed_attention((*c_attn)(x), local_heads, /*causal=*/true);
     return (*resid_dropout)((*c_proj)(y));
   }
-  const int64_t batch = x.size(0), time = x.size(1), channels = local_heads * head_dim;
+  const Tensor qkv = (*c_attn)(x);  // [B, T, 3 H_r D]: the whole sequence, also where x is a sequence shard
+  const int64_t batch = qkv.size(0), time = qkv.size(1), channels = local_heads * head_dim;
   std::vector<Tensor> heads;  // q, k, v as [B, H, T, D]
-  for (const Tensor& part : split((*c_attn)(x), channels, 2))
+  for (const Tensor& part : split(qkv, channels, 2))
     heads.push_back(part.view({batch, time, local_heads, head_dim}).transpose(1, 2));
+  // With the heads cut, this rank's are part `part` of the whole attention's: its
+  // probabilities drop with that part of the one-rank mask.
+  int part = 0, parts = 1;
+  for (const auto& [name, split] : c_attn->named_splits())
+    if (name == "weight") part = split.part, parts = split.parts;
   const Tensor y = cache ? cached_attention(*cache, heads[0], heads[1], heads[2])
-                         : scaled_dot_product_attention(heads[0], heads[1], heads[2], true, attn_dropout, true);
+                         : scaled_dot_product_attention(heads[0], heads[1], heads[2], true, attn_dropout, true, part,
+                                                        parts);
   return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({batch, time, channels})));
 }
 
@@ -127,6 +132,8 @@ ParallelPlan GPT::parallel_plan() const {
                     {"transformer.h.*.attn.c_proj", rowwise},
                     {"transformer.h.*.mlp.c_fc", colwise},
                     {"transformer.h.*.mlp.c_proj", rowwise},
+                    {"transformer.h.*.attn.resid_dropout", sequence_dropout},
+                    {"transformer.h.*.mlp.dropout", sequence_dropout},
                     {"transformer.ln_f", copy_output}},
           .must_divide = {{"n_head", config.n_head}, {"vocab_size", config.vocab_size}},
           .vocab_parallel_logits = true};

@@ -58,7 +58,9 @@ Dropout::Dropout(double p_) : p(p_) {
   ZG_CHECK(p >= 0 && p <= 1, "Dropout: p must be in [0, 1], got ", p);
 }
 
-Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
+Tensor Dropout::forward(const Tensor& x) {
+  return parts == 1 ? dropout(x, p, is_training()) : dropout_part(x, p, is_training(), part_dim, part, parts, "Dropout");
+}
 
 RMSNorm::RMSNorm(int64_t dim, double eps_, TensorOptions options) : eps(eps_) {
   weight = register_parameter("weight", ones({dim}, options));

@@ -69,6 +69,11 @@ class Dropout : public Module {
   explicit Dropout(double p = 0.1);
   Tensor forward(const Tensor& x) override;
   double p;
+  // The input is piece `part` of `parts` equal pieces along `part_dim` of the whole
+  // activation (a rank's rows under sequence parallelism): its mask is that piece of the
+  // whole one's (zg::dropout_part), so the model drops as one rank does.
+  int64_t part_dim = 0;
+  int part = 0, parts = 1;
 };
 
 using zg::dropout;  // the op (autograd/functions.h), as nn::dropout too

@@ -10,6 +10,7 @@ const char* name(ParallelStyle style) {
     case ParallelStyle::copy_output: return "copy_output";
     case ParallelStyle::sequence_norm: return "sequence_norm";
     case ParallelStyle::scatter_input: return "scatter_input";
+    case ParallelStyle::sequence_dropout: return "sequence_dropout";
   }
   return "?";
 }

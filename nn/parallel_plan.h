@@ -27,11 +27,13 @@ enum class ParallelStyle : uint8_t {
   // No parameter cut: the module's output enters colwise layers that follow it, so its
   // gradient is the sum of theirs (copy_to_group). Before a tied head, or q, k and v.
   copy_output,
-  // Sequence parallelism's two seams (nothing without it): a norm that runs on sequence
+  // Sequence parallelism's seams (nothing without it): a norm that runs on sequence
   // shards, its weights' gradients summed over the ranks; the first block, whose input
-  // is cut into the ranks' sequence shards.
+  // is cut into the ranks' sequence shards; a Dropout on sequence shards (after a
+  // rowwise layer), its mask the one-rank mask's rows.
   sequence_norm,
   scatter_input,
+  sequence_dropout,
 };
 const char* name(ParallelStyle style);
 

@@ -246,6 +246,34 @@ TEST_CASE("tensor parallelism with hybrid sharding, offload and gradient accumul
   }
 }
 
+TEST_CASE("tensor parallelism with dropout: a GPT dropping its embeddings, attention probabilities and residual "
+          "branches trains as one rank at tp 2 and 4, sequence parallelism on and off, activation checkpointing too") {
+  // Every rank draws its part of the one-rank masks (its heads' probabilities, its rows of
+  // a sequence shard) from the one-rank generator state: the same run, to 1e-12. One
+  // data-parallel rank: more would each drop their own rows of the batch.
+  nn::GPTConfig dropping = tiny_gpt();
+  dropping.dropout = 0.2;
+  const MakeModel gpt = [dropping] { return std::make_shared<nn::GPT>(dropping, kF64); };
+  const Run reference = train(gpt, {});
+  for (int tp : {2, 4})
+    for (int stage : {0, 3})
+      for (bool sp : {false, true}) {
+        INFO("tp " << tp << ", stage " << stage << ", sequence parallel " << sp);
+        check_same_run(train(gpt, {.tp = tp, .stage = stage, .sp = sp}), reference, 1e-12, 1e-12);
+      }
+  // Activation checkpointing recomputes each block, its collectives and its masks, in backward.
+  nn::GPTConfig recomputing = dropping;
+  recomputing.activation_checkpointing = true;
+  for (bool sp : {false, true}) {
+    INFO("activation checkpointing, tp 2, stage 3, sequence parallel " << sp);
+    check_same_run(train([recomputing] { return std::make_shared<nn::GPT>(recomputing, kF64); },
+                         {.tp = 2, .stage = 3, .sp = sp}),
+                   reference, 1e-12, 1e-12);
+  }
+  const Run no_dropout = train([] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); }, {});
+  CHECK(std::abs(no_dropout.losses.back() - reference.losses.back()) > 1e-5);  // the masks did something
+}
+
 TEST_CASE("tensor-parallel checkpoints: a save at tp 2 x dp 2 stage 3 resumes at tp 1 x dp 4 stage 1, at one rank "
           "and at other cuts with the losses of the uninterrupted run") {
   const MakeModel gpt = [] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); };
@@ -370,10 +398,20 @@ TEST_CASE("parallelize_module refuses a plan that does not divide, names what fa
     nn::GPTConfig dropping = tiny_gpt();
     dropping.dropout = 0.1;
     nn::GPT dropping_gpt(dropping, kF64);
-    CHECK_THROWS_WITH_AS(dist::parallelize_module(dropping_gpt, group, plan_of(dropping_gpt, true)),
-                         "parallelize_module: transformer.h.0.attn.resid_dropout drops with p = 0.1, and dropout on "
-                         "sequence shards is not in the plans yet (its masks would not be one rank's); set dropout to "
-                         "0 or leave sequence_parallel off", Error);
+    nn::ParallelPlan unnamed_dropouts = plan_of(dropping_gpt, true);  // GPT's plan without its sequence_dropout rules
+    std::erase_if(unnamed_dropouts.rules, [](const nn::ParallelRule& r) {
+      return r.style == nn::ParallelStyle::sequence_dropout;
+    });
+    CHECK_THROWS_WITH_AS(dist::parallelize_module(dropping_gpt, group, unnamed_dropouts),
+                         "parallelize_module: transformer.h.0.attn.resid_dropout drops with p = 0.1 and no rule names "
+                         "it: under sequence parallelism a dropout on sequence shards needs a sequence_dropout rule "
+                         "(its mask is then the one-rank mask's rows); set its p to 0 if it drops something else",
+                         Error);
+    CHECK_THROWS_WITH_AS(dist::parallelize_module(dropping_gpt, group,
+                                                  {.rules = {{"transformer.ln_f", nn::ParallelStyle::sequence_dropout}},
+                                                   .sequence_parallel = true}),
+                         "parallelize_module: transformer.ln_f (sequence_dropout): the module is not an nn::Dropout",
+                         Error);
     nn::LlamaConfig two_kv = tiny_llama();
     two_kv.n_kv_head = 2;
     nn::Llama llama(two_kv, kF64);

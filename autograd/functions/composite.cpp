@@ -6,7 +6,9 @@
 
 #include "autograd/functions.h"
 #include "autograd/graph.h"
+#include "tensor/backend.h"
 #include "tensor/checks.h"
+#include "tensor/context.h"
 
 namespace zg {
 
@@ -222,11 +224,10 @@ Tensor rotary_embedding(const Tensor& x, int64_t offset, double theta) {
   return rotary_embedding(x, rotary_tables(offset, x.size(-2), x.size(-1), theta, detail::options_of(x)));
 }
 
-Tensor dropout(const Tensor& x, double p, bool training) {
-  return dropout_with_draw("dropout", x, p, training,
-                           [&] { return rand(x.shape(), TensorOptions(DType::f32).device(x.device())); });
-}
+namespace {
 
+// x kept where its uniform draw (f32, one per element, from `draw`, called only when
+// 0 < p < 1 in training) is below 1 - p, and scaled by 1/(1-p).
 Tensor dropout_with_draw(const char* op, const Tensor& x, double p, bool training,
                          const std::function<Tensor()>& draw) {
   ZG_CHECK(p >= 0 && p <= 1, op, ": p must be in [0, 1], got ", p);
@@ -240,8 +241,46 @@ Tensor dropout_with_draw(const char* op, const Tensor& x, double p, bool trainin
   return (wide * keep.to(wide.dtype()) * (1.0 / (1.0 - p))).to(x.dtype());
 }
 
+// Piece `part` of the draws rand(whole.shape()) in f32, the whole x [outer, parts n, inner]
+// flattened around `dim`, the piece [outer, n, inner]: `outer` runs of n inner elements,
+// run o starting at element (o parts + part) n inner of the whole. Each run is one fill from
+// its own place in the Philox stream (block start / 4, lane start % 4), so no whole-sized
+// buffer is made; the generator reserves the whole x's blocks, as rand would.
+Tensor part_of_uniforms(const Tensor& x_part, int64_t dim, int part, int parts) {
+  int64_t outer = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= x_part.size(d);
+  const int64_t run = outer == 0 ? 0 : x_part.numel() / outer;
+  const Tensor uniforms = empty({outer, run}, TensorOptions(DType::f32).device(x_part.device()));
+  Generator& generator = Generator::current();
+  RandomSpec spec;  // U[0, 1)
+  spec.seed = generator.seed();
+  const uint64_t first_block = generator.reserve(x_part.numel() * parts);
+  for (int64_t o = 0; o < outer && run > 0; ++o) {
+    const auto start = static_cast<uint64_t>((o * parts + part) * run);
+    spec.first_block = first_block + start / 4;
+    spec.first_lane = static_cast<uint32_t>(start % 4);
+    backend(x_part.device()).fill_random(uniforms.select(0, o), spec);
+  }
+  return uniforms.reshape(x_part.shape());
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  return dropout_with_draw("dropout", x, p, training,
+                           [&] { return rand(x.shape(), TensorOptions(DType::f32).device(x.device())); });
+}
+
+Tensor dropout_part(const Tensor& x_part, double p, bool training, int64_t dim, int part, int parts, const char* op) {
+  detail::check_defined(op, x_part);
+  ZG_CHECK(x_part.dim() >= 1, op, ": a 0-dim tensor has no dim to cut, got ", describe(x_part));
+  dim = wrap_dim(dim, x_part.dim(), op);
+  ZG_CHECK(parts >= 1 && part >= 0 && part < parts, op, ": part ", part, " of ", parts, " is not a piece of the whole");
+  return dropout_with_draw(op, x_part, p, training, [&] { return part_of_uniforms(x_part, dim, part, parts); });
+}
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-                                    bool training) {
+                                    bool training, int head_part, int head_parts) {
   ZG_CHECK(dropout_p >= 0 && dropout_p < 1, "scaled_dot_product_attention: dropout_p must be in [0, 1), got ", dropout_p);
   if (!training || dropout_p == 0) return scaled_dot_product_attention(q, k, v, causal);
   detail::check_floating("scaled_dot_product_attention", q);
@@ -253,7 +292,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (causal)  // key j after query i
     scores = masked_fill(scores, gt(column_minus_row(q.size(-2), k.size(-2), q.device()), 0.0),
                          -std::numeric_limits<double>::infinity());
-  return matmul(dropout(softmax(scores, -1), dropout_p, true), v);
+  const Tensor probs = softmax(scores, -1);
+  return matmul(head_parts == 1 ? dropout(probs, dropout_p, true)
+                                : dropout_part(probs, dropout_p, true, -3, head_part, head_parts,
+                                               "scaled_dot_product_attention"),
+                v);
 }
 
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement) {

@@ -43,11 +43,13 @@ Tensor parameter_of(const Cut& cut, const std::string& local) {
 }
 
 // What a rule cuts in one module: a Linear's weight rows (and bias) or columns, an
-// Embedding's rows; nothing for copy_output. The sizes are checked against T here.
+// Embedding's rows; nothing for the seams. The sizes are checked against T here.
 std::vector<std::pair<std::string, TensorSplit>> split_of(const Cut& cut, int world, int rank) {
   const ParallelRule& rule = *cut.rule;
+  ZG_CHECK(rule.style != ParallelStyle::sequence_dropout || dynamic_cast<nn::Dropout*>(cut.module) != nullptr,
+           where(cut), ": the module is not an nn::Dropout");
   if (rule.style == ParallelStyle::copy_output || rule.style == ParallelStyle::sequence_norm ||
-      rule.style == ParallelStyle::scatter_input)
+      rule.style == ParallelStyle::scatter_input || rule.style == ParallelStyle::sequence_dropout)
     return {};  // nothing cut
   if (rule.style == ParallelStyle::vocab_embedding) {
     const auto* embedding = dynamic_cast<nn::Embedding*>(cut.module);
@@ -103,9 +105,10 @@ std::vector<Cut> plan_cuts(nn::Module& model, const nn::ParallelPlan& plan, int 
                " is shared with a module another rule cuts (a tied weight is cut once)");
   for (const auto& [path, module] : modules) {
     const auto* drop = dynamic_cast<const nn::Dropout*>(module);
-    ZG_CHECK(!plan.sequence_parallel || drop == nullptr || drop->p == 0, "parallelize_module: ", path,
-             " drops with p = ", drop ? drop->p : 0.0, ", and dropout on sequence shards is not in the plans yet ",
-             "(its masks would not be one rank's); set dropout to 0 or leave sequence_parallel off");
+    ZG_CHECK(!plan.sequence_parallel || drop == nullptr || drop->p == 0 || taken.contains(module),
+             "parallelize_module: ", path, " drops with p = ", drop ? drop->p : 0.0, " and no rule names it: under "
+             "sequence parallelism a dropout on sequence shards needs a sequence_dropout rule (its mask is then the "
+             "one-rank mask's rows); set its p to 0 if it drops something else");
   }
   ZG_CHECK(!plan.vocab_parallel_logits || dynamic_cast<nn::CausalLM*>(&model) != nullptr,
            "parallelize_module: vocab_parallel_logits needs a CausalLM, whose loss it computes from the shards");
@@ -198,6 +201,12 @@ void add_collectives(const Cut& cut, ProcessGroup& group, bool seq) {
     case ParallelStyle::scatter_input:
       if (seq)
         m.register_forward_pre_hook([g](nn::Module&, const Tensor& x) { return scatter_to_sequence(x, *g, kSequence); });
+      break;
+    case ParallelStyle::sequence_dropout:
+      if (seq) {
+        auto& drop = static_cast<nn::Dropout&>(m);
+        drop.part_dim = kSequence, drop.part = g->rank(), drop.parts = g->size();
+      }
       break;
   }
 }

@@ -34,14 +34,10 @@ Tensor sequence_parallel_rms_norm(const Tensor& x_shard, const Tensor& weight, P
 
 // nn::Dropout, nn::LayerNorm and nn::RMSNorm on sequence shards: the same parameters
 // ("weight", "bias") with the same initial values, so a model swaps them in.
+// (The dropout: an nn::Dropout told its part, group.rank() of group.size() along `dim`.)
 class SequenceParallelDropout : public nn::Dropout {
  public:
-  SequenceParallelDropout(double p, ProcessGroup& group, int64_t dim = 0);
-  Tensor forward(const Tensor& x_shard) override;
-  int64_t dim;
-
- private:
-  GroupRef group_;
+  SequenceParallelDropout(double p, const ProcessGroup& group, int64_t dim = 0);
 };
 
 class SequenceParallelLayerNorm : public nn::LayerNorm {
