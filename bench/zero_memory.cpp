@@ -305,9 +305,9 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& 
   r.paper_activation_layer = activations.paper;
 }
 
-// This rank's model. Built already sharded: constructed without memory, each rank
-// materialising its units; cut (--tp), built whole, then cut over the mesh's tp group
-// (parallelize_module keeps each rank's slices and refuses a deferred model).
+// This rank's model. Built already sharded: constructed without memory (cut, with --tp,
+// over the mesh's tp group, each rank keeping its slices' recipes), each rank materialising
+// its units.
 struct RankModel {
   std::optional<nn::GPT> model;
   std::unique_ptr<dist::DeviceMesh> mesh;  // --tp: dp_replicate x dp_shard x tp
@@ -316,12 +316,11 @@ struct RankModel {
   RankModel(const nn::GPTConfig& config, Device device, dist::ProcessGroup& group, int tp, bool sp,
             const dist::ZeroConfig& zero) {
     manual_seed(1);
-    if (tp == 1) {
+    {
       DeferredInit nothing_allocated;
       model.emplace(config, TensorOptions(DType::f32).device(device));
-      return;
     }
-    model.emplace(config, TensorOptions(DType::f32).device(device));
+    if (tp == 1) return;
     mesh = tensor_parallel_mesh(group, tp, zero);
     nn::ParallelPlan plan = model->parallel_plan();
     plan.sequence_parallel = sp;
@@ -851,9 +850,8 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
   const double unit = 16 * records.front().params < 1'000'000'000 ? 1e6 : 1e9;
   const auto gb = [unit](int64_t bytes) { return static_cast<double>(bytes) / unit; };
   std::printf("sizes in %s; model states = parameter + gradient + optimizer_state after backward; build = the\n"
-              "peak while the model was built (%s)\n\n",
-              unit == 1e9 ? "GB (1e9 bytes)" : "MB (1e6 bytes)",
-              o.tp == 1 ? "deferred, then materialised shard by shard" : "from the cut on: built whole on each rank, then cut");
+              "peak while the model was built (deferred, then materialised shard by shard)\n\n",
+              unit == 1e9 ? "GB (1e9 bytes)" : "MB (1e6 bytes)");
   const bool offloading = std::any_of(records.begin(), records.end(),
                                       [](const Record& r) { return r.offload != dist::Offload::none; });
   std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s %9s", "stage", "rank", "param", "grad",

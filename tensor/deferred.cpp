@@ -13,6 +13,10 @@ const InitRecipe& recipe_of(const Tensor& t) { return *t.storage()->recipe(); }
 
 // The recipe of the values from element `elements` on.
 InitRecipe advanced(InitRecipe recipe, int64_t elements) {
+  if (recipe.cut.parts > 1) {  // a slice: further along its positions
+    recipe.slice_start += elements;
+    return recipe;
+  }
   const uint64_t lane = recipe.random.first_lane + static_cast<uint64_t>(elements);
   recipe.random.first_block += lane / 4;
   recipe.random.first_lane = static_cast<uint32_t>(lane % 4);
@@ -29,6 +33,29 @@ void check_deferred(const char* op, const Tensor& t) {
            t.defined() ? describe(t) + ", which has its values already" : "an undefined tensor");
   ZG_CHECK(t.is_contiguous(), op, ": the deferred ", describe(t),
            " is a view that is not contiguous; materialise the tensor it views");
+}
+
+// `out` (contiguous) gets the values `recipe` makes, in the tensor's dtype `own`.
+void fill_from(const InitRecipe& recipe, DType own, const Tensor& out) {
+  switch (recipe.kind) {
+    case InitRecipe::Kind::undefined:
+      return;  // empty(): any contents will do
+    case InitRecipe::Kind::constant:
+      backend(out.device()).fill(out, stored_as(own, stored_as(recipe.dtype, recipe.value)));
+      return;
+    case InitRecipe::Kind::random: {
+      if (recipe.dtype == own && own == out.dtype()) {
+        backend(out.device()).fill_random(out, recipe.random);
+        return;
+      }
+      // Drawn in the factory's dtype and rounded to each later one, as the eager op and its conversions would.
+      MemoryScope scope(MemoryCategory::workspace);
+      const Tensor drawn = Tensor::empty(out.shape(), TensorOptions(recipe.dtype).device(out.device()));
+      backend(out.device()).fill_random(drawn, recipe.random);
+      Tensor(out).copy_(drawn.to(own));  // a handle: writes out
+      return;
+    }
+  }
 }
 
 }  // namespace
@@ -60,25 +87,35 @@ void materialize_range(const Tensor& deferred, int64_t begin, const Tensor& out)
   begin_inplace(out, op);
   if (n == 0) return;
   const InitRecipe recipe = advanced(recipe_of(deferred), deferred.offset() + begin);
-  switch (recipe.kind) {
-    case InitRecipe::Kind::undefined:
-      return;  // empty(): any contents will do
-    case InitRecipe::Kind::constant:
-      backend(out.device()).fill(out, stored_as(own, stored_as(recipe.dtype, recipe.value)));
-      return;
-    case InitRecipe::Kind::random: {
-      if (recipe.dtype == own && own == out.dtype()) {
-        backend(out.device()).fill_random(out, recipe.random);
-        return;
-      }
-      // Drawn in the factory's dtype and rounded to each later one, as the eager op and its conversions would.
-      MemoryScope scope(MemoryCategory::workspace);
-      const Tensor drawn = Tensor::empty(out.shape(), TensorOptions(recipe.dtype).device(out.device()));
-      backend(out.device()).fill_random(drawn, recipe.random);
-      Tensor(out).copy_(drawn.to(own));  // a handle: writes out
-      return;
-    }
+  if (recipe.cut.parts == 1) return fill_from(recipe, own, out);
+  // A slice: each run of whole elements from its own place in the whole tensor's recipe.
+  InitRecipe whole = recipe;
+  whole.cut = {};
+  const Tensor flat = out.reshape({n});
+  for (int64_t done = 0; done < n;) {
+    int64_t run = 0;
+    const int64_t element = recipe.cut.element(recipe.slice_start + done, run);
+    const int64_t length = std::min(run, n - done);
+    fill_from(advanced(whole, element), own, flat.narrow(0, done, length));
+    done += length;
   }
+}
+
+Tensor deferred_slice(const Tensor& deferred, int64_t dim, int64_t chunks, int parts, int part) {
+  const char* op = "deferred_slice";
+  check_deferred(op, deferred);
+  const InitRecipe& recipe = recipe_of(deferred);
+  ZG_CHECK(recipe.cut.parts == 1, op, ": ", describe(deferred), " is a slice already; cut the whole tensor");
+  ZG_CHECK(dim >= 0 && dim < deferred.dim() && chunks >= 1 && parts >= 1 && part >= 0 && part < parts &&
+               deferred.size(dim) % (chunks * parts) == 0,
+           op, ": part ", part, " of ", parts, " along dim ", dim, " in ", chunks, " chunks does not fit ",
+           describe(deferred));
+  InitRecipe slice = advanced(recipe, deferred.offset());
+  slice.cut = {.whole = deferred.shape(), .dim = dim, .chunks = chunks, .parts = parts};
+  slice.slice_start = part * (deferred.numel() / parts);
+  Shape shape = deferred.shape();
+  shape[dim] /= parts;
+  return deferred_tensor(shape, TensorOptions(deferred.dtype()).device(deferred.device()), slice);
 }
 
 Tensor materialize(const Tensor& deferred) {

@@ -44,6 +44,11 @@ void materialize_range(const Tensor& deferred, int64_t begin, const Tensor& out)
 // The whole tensor, in a new storage of the current memory category.
 Tensor materialize(const Tensor& deferred);
 
+// The slice of a deferred tensor that tensor parallelism cuts (tensor/slice_index.h):
+// along `dim`, in `chunks` equal blocks, part `part` of `parts` of each; still deferred,
+// its values the whole tensor's there. A slice is not cut again.
+Tensor deferred_slice(const Tensor& deferred, int64_t dim, int64_t chunks, int parts, int part);
+
 // The same values on another device or in another dtype, still deferred: what Module::to
 // does to a deferred model. A tensor may change dtype once before it is materialised
 // (as an eager one would be rounded once).

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "tensor/backend.h"
+#include "tensor/slice_index.h"
 
 namespace zg {
 
@@ -14,6 +15,10 @@ struct InitRecipe {
   DType dtype = DType::f32;
   double value = 0;   // constant
   RandomSpec random;  // random: distribution, a, b, seed, and the stream position of element 0
+  // A slice of the tensor the factory made (tensor parallelism's cut of a deferred model):
+  // element i is the whole tensor's at position `slice_start` + i of `cut` (parts > 1).
+  SliceIndex cut;
+  int64_t slice_start = 0;
 };
 
 }  // namespace zg

@@ -447,3 +447,30 @@ TEST_CASE("sequence parallelism refuses a sequence that does not divide by T, an
     CHECK_THROWS_WITH_AS(dist::SequenceParallelDropout(2.0, group), "Dropout: p must be in [0, 1], got 2", Error);
   });
 }
+
+TEST_CASE("slice_of a deferred tensor: still deferred, materialised to the eager slice's values, any dim and chunks") {
+  for (const Shape& shape : {Shape{12, 8}, Shape{4, 6, 8}})
+    for (int64_t dim = 0; dim < static_cast<int64_t>(shape.size()); ++dim)
+      for (int64_t chunks : {1, 3})
+        for (int part : {0, 1}) {
+          if (shape[dim] % (chunks * 2) != 0) continue;
+          INFO("shape " << shape_str(shape) << ", dim " << dim << ", " << chunks << " chunk(s), part " << part);
+          const nn::TensorSplit split{dim, chunks, 2, part};
+          const Tensor eager = dist::slice_of(randn_from(7, shape).to(DType::bf16), split);
+          manual_seed(7);
+          Tensor deferred;
+          {
+            DeferredInit deferring;
+            deferred = deferred_to(randn(shape, kF64), TensorOptions(DType::bf16));  // drawn in f64, rounded once
+          }
+          const Tensor slice = dist::slice_of(deferred, split);
+          REQUIRE(is_deferred(slice));
+          CHECK(slice.shape() == eager.shape());
+          CHECK(max(abs(materialize(slice).to(DType::f64) - eager.to(DType::f64))).item<double>() == 0);
+          const Tensor middle = empty({5}, TensorOptions(DType::f32));  // a range, widened to f32
+          materialize_range(slice, 3, middle);
+          CHECK(max(abs(middle.to(DType::f64) - eager.reshape({-1}).narrow(0, 3, 5).to(DType::f64))).item<double>() ==
+                0);
+          CHECK_THROWS_WITH_AS(dist::slice_of(slice, {0, 1, 2, 0}), doctest::Contains("is a slice already"), Error);
+        }
+}

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "helpers.h"
 
@@ -121,6 +122,7 @@ struct Layout {
   bool sp = false;
   dist::Offload offload = dist::Offload::none;
   std::string save_to, resume_from;  // a sharded save after step 3 of 5; a load before training
+  bool deferred = false;              // built under DeferredInit: cut without values, each rank filling its shards
 };
 
 // `make`'s model trained 5 steps (AdamW, clipping at 0.05); resumed, the steps after the save's.
@@ -129,7 +131,12 @@ Run train(const MakeModel& make, const Layout& l) {
   const int data_ranks = l.replicas * l.shards;
   dist::run_local(std::max(l.tp, 1) * data_ranks, [&](dist::ProcessGroup& world) {
     manual_seed(5);
-    std::shared_ptr<nn::CausalLM> model = make();
+    std::shared_ptr<nn::CausalLM> model;
+    {
+      std::optional<DeferredInit> deferring;
+      if (l.deferred) deferring.emplace();
+      model = make();
+    }
     dist::DeviceMesh mesh(world, {{"dp_replicate", l.replicas}, {"dp_shard", l.shards}, {"tp", std::max(l.tp, 1)}});
     if (l.tp > 0) dist::parallelize_module(*model, mesh.group("tp"), plan_of(*model, l.sp));
     dist::ShardedModel sharded(*model, mesh, {.stage = l.stage, .compute_dtype = l.dtype, .max_grad_norm = 0.05,
@@ -244,6 +251,20 @@ TEST_CASE("tensor parallelism with hybrid sharding, offload and gradient accumul
     INFO("2 micro-batches, tp 2 x dp 2, stage " << stage);
     check_same_run(train(gpt, {.tp = 2, .shards = 2, .stage = stage, .micro = 2}), reference, 1e-12, 1e-12);
   }
+}
+
+TEST_CASE("tensor parallelism of a deferred model: cut without values, each rank materialising its slices' shards, "
+          "it trains as the eager one-rank model") {
+  const MakeModel gpt = [] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); };
+  const Run reference = train(gpt, {});
+  for (int stage : {0, 1, 2, 3}) {
+    INFO("deferred GPT, tp 2 x dp 2, stage " << stage);
+    check_same_run(train(gpt, {.tp = 2, .shards = 2, .stage = stage, .deferred = true}), reference, 1e-12, 1e-12);
+  }
+  const MakeModel llama = [] { return std::make_shared<nn::Llama>(tiny_llama(), kF64); };
+  const Run llama_reference = train(llama, {});
+  INFO("deferred Llama, tp 4, stage 3, sequence parallel");
+  check_same_run(train(llama, {.tp = 4, .stage = 3, .sp = true, .deferred = true}), llama_reference, 1e-12, 1e-12);
 }
 
 TEST_CASE("tensor parallelism with dropout: a GPT dropping its embeddings, attention probabilities and residual "

@@ -113,8 +113,6 @@ std::vector<Cut> plan_cuts(nn::Module& model, const nn::ParallelPlan& plan, int 
   ZG_CHECK(!plan.vocab_parallel_logits || dynamic_cast<nn::CausalLM*>(&model) != nullptr,
            "parallelize_module: vocab_parallel_logits needs a CausalLM, whose loss it computes from the shards");
   for (const auto& [name, p] : model.named_parameters()) {
-    ZG_CHECK(!is_deferred(p), "parallelize_module: parameter '", name, "' is deferred; cut the model before deferring ",
-             "(or build it eagerly)");
     if (const ParameterOwner* owner = ParameterOwner::of(p))
       fail("parallelize_module: parameter '", name, "' already lives in ", owner->describe(),
            "; cut the model before building that");
@@ -237,6 +235,8 @@ Tensor slice_of(const Tensor& whole, const TensorSplit& split) {
                split.part >= 0 && split.part < split.parts && whole.size(split.dim) % (split.chunks * split.parts) == 0,
            "slice_of: part ", split.part, " of ", split.parts, " along dim ", split.dim, " in ", split.chunks,
            " chunks does not fit ", describe(whole));
+  // A deferred model is cut without values: each slice draws its own (tensor/deferred.h).
+  if (is_deferred(whole)) return deferred_slice(whole, split.dim, split.chunks, split.parts, split.part);
   Shape blocks = whole.shape();
   const int64_t d = split.dim, block = blocks[d] / split.chunks, n = block / split.parts;
   blocks[d] = block;

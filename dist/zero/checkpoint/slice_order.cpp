@@ -5,26 +5,6 @@
 
 namespace zg::dist::checkpoint {
 
-namespace {
-
-// The whole tensor as [outer, chunks, T, m, inner] along the cut dim (D = chunks T m); a
-// slice is [outer, chunks, m, inner], part t's. Both orders keep (m - i) inner - e
-// elements consecutive from row i, element e of a block of m rows.
-struct Blocks {
-  int64_t outer, dim, chunks, parts, m, inner, slice;
-};
-Blocks blocks_of(const SliceOrder& order) {
-  const nn::TensorSplit& c = order.cut;
-  Blocks b{1, order.whole.at(c.dim), c.chunks, c.parts, 0, 1, 0};
-  for (int64_t i = 0; i < c.dim; ++i) b.outer *= order.whole[i];
-  for (size_t i = c.dim + 1; i < order.whole.size(); ++i) b.inner *= order.whole[i];
-  b.m = b.dim / (b.chunks * b.parts);
-  b.slice = numel(order.whole) / b.parts;
-  return b;
-}
-
-}  // namespace
-
 bool same_cut(const nn::TensorSplit& a, const nn::TensorSplit& b) {
   return a.parts == b.parts && (a.parts == 1 || (a.dim == b.dim && a.chunks == b.chunks));
 }
@@ -34,23 +14,8 @@ Shape whole_shape(Shape slice, const nn::TensorSplit& cut) {
   return slice;
 }
 
-int64_t SliceOrder::element(int64_t p, int64_t& run) const {
-  if (cut.parts == 1) return run = numel(whole) - p, p;
-  const Blocks b = blocks_of(*this);
-  const int64_t t = p / b.slice, q = p % b.slice;
-  const int64_t o = q / (b.chunks * b.m * b.inner), j = q / b.inner % (b.chunks * b.m), e = q % b.inner;
-  const int64_t k = j / b.m, i = j % b.m;
-  run = (b.m - i) * b.inner - e;
-  return ((o * b.chunks + k) * b.parts * b.m + t * b.m + i) * b.inner + e;
-}
-
-int64_t SliceOrder::position(int64_t w, int64_t& run) const {
-  if (cut.parts == 1) return run = numel(whole) - w, w;
-  const Blocks b = blocks_of(*this);
-  const int64_t o = w / (b.dim * b.inner), d = w / b.inner % b.dim, e = w % b.inner;
-  const int64_t k = d / (b.parts * b.m), t = d % (b.parts * b.m) / b.m, i = d % b.m;
-  run = (b.m - i) * b.inner - e;
-  return t * b.slice + ((o * b.chunks + k) * b.m + i) * b.inner + e;
+SliceIndex slice_index(const Shape& whole, const nn::TensorSplit& cut) {
+  return {.whole = whole, .dim = cut.dim, .chunks = cut.chunks, .parts = cut.parts};
 }
 
 std::string cut_str(const nn::TensorSplit& cut) {
@@ -63,7 +28,8 @@ nn::TensorSplit parse_cut(const std::string& text, const Shape& whole, const std
   char comma1 = 0, comma2 = 0;
   const bool read = static_cast<bool>(in >> cut.dim >> comma1 >> cut.chunks >> comma2 >> cut.parts) && in.peek() == EOF;
   ZG_CHECK(read && comma1 == ',' && comma2 == ',' && cut.dim >= 0 && cut.dim < static_cast<int64_t>(whole.size()) &&
-               cut.chunks >= 1 && cut.parts >= 1 && whole[cut.dim] % (cut.chunks * cut.parts) == 0,
+               cut.chunks >= 1 && cut.parts >= 1 && cut.chunks <= whole[cut.dim] && cut.parts <= whole[cut.dim] &&
+               whole[cut.dim] % (cut.chunks * cut.parts) == 0,
            kLoad, ": ", where, " is '", text, "', not <dim>,<chunks>,<parts> of a cut that fits shape ",
            shape_str(whole));
   return cut;
@@ -87,7 +53,7 @@ std::vector<Part> in_checkpoint_order(std::vector<Part> parts, const Cuts& cuts,
 
 std::vector<Part> in_saved_order(const Part& part, const nn::TensorSplit& saved) {
   if (same_cut(part.cut, saved)) return {part};
-  const SliceOrder mine{part.shape, part.cut}, theirs{part.shape, saved};
+  const SliceIndex mine = slice_index(part.shape, part.cut), theirs = slice_index(part.shape, saved);
   std::vector<Part> runs;
   int64_t run_start = 0;  // the last run's first position in `part`
   const int64_t end = part.begin + part.data.numel();

@@ -2,9 +2,9 @@
 // tensor-parallel ranks (nn::TensorSplit) is held as its T slices one after another, each
 // flattened -- "slice-major" order -- so that each rank's slice is one range of it and a
 // save at tp = T writes no more pieces than at tp = 1; a parameter not cut, in its own
-// flattened order. A save records each cut ("split/<parameter>"); a load at another cut
-// (tp = 1 included) maps each range of its own order to runs of the save's, through the
-// whole tensor's element index.
+// flattened order (tensor/slice_index.h). A save records each cut ("split/<parameter>");
+// a load at another cut (tp = 1 included) maps each range of its own order to runs of the
+// save's, through the whole tensor's element index.
 #pragma once
 
 #include <string>
@@ -13,6 +13,7 @@
 
 #include "dist/zero/checkpoint/pieces.h"
 #include "nn/parallel_plan.h"
+#include "tensor/slice_index.h"
 
 namespace zg::dist::checkpoint {
 
@@ -21,16 +22,8 @@ using Cuts = std::unordered_map<std::string, nn::TensorSplit>;  // by parameter 
 // A cut parameter's whole shape: the slice's, `dim` times `parts`.
 Shape whole_shape(Shape slice, const nn::TensorSplit& cut);
 
-// Position p of the order of a parameter of `whole` shape, cut as `cut` (parts = 1: not cut).
-struct SliceOrder {
-  Shape whole;
-  nn::TensorSplit cut;
-  // The element of the whole flattened tensor at position p; `run`: how many positions
-  // from p are consecutive elements there too.
-  int64_t element(int64_t p, int64_t& run) const;
-  // The inverse: element w's position; `run`: how many elements from w are consecutive positions.
-  int64_t position(int64_t w, int64_t& run) const;
-};
+// The positions of a parameter of `whole` shape cut as `cut` (parts = 1: not cut).
+SliceIndex slice_index(const Shape& whole, const nn::TensorSplit& cut);
 
 // Whether two cuts order a parameter alike (the part a rank holds aside).
 bool same_cut(const nn::TensorSplit& a, const nn::TensorSplit& b);
