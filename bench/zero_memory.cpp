@@ -32,7 +32,8 @@
 // --calibrate: this machine's rates for those flags (a matrix product, a memory-bound add,
 // an empty kernel; under mpirun also the mpi group's latency and bandwidth).
 //
-// --device meta (default): a dry run of rank 0 with a fake group -- real code paths,
+// --device meta (default): a dry run of rank 0 (--rank R: of rank R, its place in the
+// mesh and its shards) with a fake group -- real code paths,
 // counted bytes, nothing allocated -- so 7.5B parameters at N = 64 take a second. Its
 // activations are a GPU's: attention keeps flash attention's row statistics.
 // --device cpu | cuda: N ranks as threads of this process, real training steps: on
@@ -141,6 +142,7 @@ struct Options {
   double largest_on = 0;
   int world = 0, steps = 1;  // world 0: unset (4; under mpirun, its processes)
   int tp = 1;                // --tp: the model cut over T ranks, N / T data-parallel ranks
+  int dry_rank = 0;          // --rank: the rank of N the meta dry run is
   bool sequence_parallel = false;  // --sequence-parallel: and the activations between the cut layers
   std::vector<int> worlds;   // --world-size's list (--simulate runs each)
   int64_t layers = 0, heads = 0, embd = 0, vocab = 0;  // a shape of one's own over the preset's (0: the preset's)
@@ -737,7 +739,7 @@ void make_timeline_dir(const Options& o, bool processes) {
            " is not a directory that can be made: ", error ? error.message() : "a file is in the way");
 }
 
-// One setting's records from this process: rank 0 of a fake group (meta), or every rank
+// One setting's records from this process: rank --rank of a fake group (meta), or every rank
 // as a thread, through the local group or (use_nccl) NCCL with rank r on cuda:r.
 std::vector<Record> measure_setting(const Options& o, const Preset& preset, Setting setting, Device device,
                                     bool use_nccl, TimelineRun* run) {
@@ -745,10 +747,10 @@ std::vector<Record> measure_setting(const Options& o, const Preset& preset, Sett
   const int64_t seq = seq_of(o, preset);
   std::vector<Record> records;
   if (device.type == DeviceType::meta) {
-    Context rank0(0);
-    if (o.caching) rank0.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
-    ContextGuard guard(rank0);
-    dist::FakeGroup group(0, o.world);
+    Context dry(o.dry_rank);
+    if (o.caching) dry.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
+    ContextGuard guard(dry);
+    dist::FakeGroup group(o.dry_rank, o.world);
     records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, nullptr, run));
     return records;
   }
@@ -971,7 +973,7 @@ int run_table(Options& o, const Preset& preset, const std::vector<Setting>& sett
 void usage() {
   std::printf(
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all|S,S]\n"
-      "                   [--device meta|cpu|cuda|auto] [--group auto|local|nccl] [--steps K] [--batch B]\n"
+      "                   [--device meta|cpu|cuda|auto] [--rank R] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--tp T [--sequence-parallel]] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
       "                   [--compute bf16|f32] [--checkpointing] [--caching] [--timeline DIR]\n"
@@ -991,7 +993,8 @@ void usage() {
       "each stage allows). --largest-on GB: per offload setting, the largest GPT whose one-rank dry run\n"
       "(activation checkpointing, batch 1 x 1024) peaks within GB of device memory. --shard-group S\n"
       "(stages 2, 3): hybrid sharding, shards within groups of S ranks, replicas across N / S groups.\n"
-      "--tp T: tensor parallelism, the model cut over T ranks (tp innermost), N / T data-parallel ranks;\n"
+      "--rank R (meta): the dry run as rank R of the N (its place in the mesh, its shards); 0 by default.\n"
+            "--tp T: tensor parallelism, the model cut over T ranks (tp innermost), N / T data-parallel ranks;\n"
       "  --sequence-parallel: and the activations between the cut layers cut along the sequence.\n"
       "--compute: the dtype of the forward and backward (bf16 default; master weights and Adam stay f32).\n"
       "--checkpointing: each block's activations recomputed in backward instead of kept.\n"
@@ -1062,6 +1065,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--device") o.device_arg = value();
     else if (a == "--group") o.group_arg = value();
     else if (a == "--steps") o.steps = static_cast<int>(number(1, 1 << 20));
+    else if (a == "--rank") o.dry_rank = static_cast<int>(number(0, 1 << 20));
     else if (a == "--batch") o.batch = number(1, INT64_MAX);
     else if (a == "--seq") o.seq = number(1, INT64_MAX);
     else if (a == "--json") o.json = true;
@@ -1143,6 +1147,9 @@ int main(int argc, char** argv) {
              "predicts; add --simulate");
     for (int world : o.worlds.empty() ? std::vector<int>{o.world} : o.worlds)
       if (world != 0) check_tensor_parallel(world, o.tp);
+    ZG_CHECK(o.dry_rank == 0 || (o.device_arg == "meta" && !o.simulate && o.dry_rank < o.world), "zero_memory: --rank ",
+             o.dry_rank, " picks the rank of the dry run (--device meta, the table) of N = ", o.world,
+             " ranks: it must be below N");
     const std::vector<Setting> settings = requested_settings(o);
     make_timeline_dir(o, processes);
     if (o.simulate) return simulate(o, preset, settings, processes);

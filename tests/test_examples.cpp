@@ -600,7 +600,19 @@ TEST_CASE("bench/zero_memory --tp: ranks as threads, --simulate's tensor-paralle
     CHECK(r["parameter"].get<int64_t>() + r["gradient"].get<int64_t>() + r["optimizer_state"].get<int64_t>() ==
           r["formula_model_states"]);
     CHECK(r["sent_tensor_parallel"] == r["formula_sent_tensor_parallel"]);
+    if (r["stage"] != 3) continue;
+    // The meta dry run as this rank of the mesh: its states and bytes sent.
+    const std::string dry = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --world-size 4 --tp 2 "
+                                        "--stage 3 --json --rank " + r["rank"].dump(), status);
+    REQUIRE(status == 0);
+    const nlohmann::json d = nlohmann::json::parse(dry)[0];
+    CHECK(d["rank"] == r["rank"]);
+    for (const char* key : {"parameter", "gradient", "optimizer_state", "sent_per_step", "sent_tensor_parallel"})
+      CHECK_MESSAGE(d[key] == r[key], key);
   }
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --world-size 4 --rank 4 2>&1", status)
+            .find("zero_memory: --rank 4 picks the rank of the dry run (--device meta, the table) of N = 4 ranks: it "
+                  "must be below N") != std::string::npos);
   // The step model puts the tp all-reduces on the tp group's link: NVLink while T = 8 ranks
   // share a node, InfiniBand (8x slower) when a node holds 4 of them.
   std::vector<double> communication;
