@@ -210,7 +210,7 @@ TEST_CASE("train_zero --tp: mpirun -n 4 --tp 2 --stage 3, and threads at tp 2 an
 
 #ifdef ZG_BENCH_DIR
 TEST_CASE("bench/zero_memory under mpirun -n 4: every rank's record, the model states of its ranks as threads") {
-  // Model states and bytes sent per rank and stage, hybrid sharding included; the
+  // Model states and bytes sent per rank and stage, hybrid sharding and tp 2 included; the
   // communication peak differs by group (MPI reduces 16-bit floats in f32 scratch).
   const auto states = [](const std::string& json) {
     const std::regex record(R"re("stage": (\d), "world_size": 4, "rank": (\d), "params": \d+, "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), .*"sent_per_step": (\d+), .*"sent_across_groups": (\d+))re");
@@ -223,7 +223,7 @@ TEST_CASE("bench/zero_memory under mpirun -n 4: every rank's record, the model s
     return rows;
   };
   const std::string zero_memory = std::string(ZG_BENCH_DIR) + "/zero_memory --model tiny --device cpu --json";
-  for (const std::string run : {"", " --shard-group 2"}) {
+  for (const std::string run : {"", " --shard-group 2", " --tp 2"}) {
     INFO(run);
     int status = 0;
     const std::string threads = run_command(zero_memory + run + " --world-size 4 2>&1", status);
@@ -233,7 +233,7 @@ TEST_CASE("bench/zero_memory under mpirun -n 4: every rank's record, the model s
     CHECK(status == 0);
     CHECK(processes.find("\"group\": \"mpi\"") != std::string::npos);
     CHECK(states(processes) == states(threads));
-    CHECK(states(processes).size() == (run.empty() ? 16u : 8u));  // 4 ranks x 4 stages (hybrid: stages 2, 3)
+    CHECK(states(processes).size() == (run.find("shard") == std::string::npos ? 16u : 8u));  // 4 ranks x 4 stages (hybrid: stages 2, 3)
   }
 }
 #endif
