@@ -233,7 +233,8 @@ TEST_CASE("bench/zero_memory under mpirun -n 4: every rank's record, the model s
     CHECK(status == 0);
     CHECK(processes.find("\"group\": \"mpi\"") != std::string::npos);
     CHECK(states(processes) == states(threads));
-    CHECK(states(processes).size() == (run.find("shard") == std::string::npos ? 16u : 8u));  // 4 ranks x 4 stages (hybrid: stages 2, 3)
+    // 4 ranks x 4 stages (hybrid: stages 2, 3)
+    CHECK(states(processes).size() == (run.find("shard") == std::string::npos ? 16u : 8u));
   }
 }
 #endif
