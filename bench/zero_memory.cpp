@@ -258,19 +258,6 @@ void check_tensor_parallel(int world, int tp) {
            " (N = data-parallel ranks x T)");
 }
 
-// --tp T: the mesh of a world of N = dp x T ranks, dp_replicate dp / S x dp_shard S x tp T
-// (S: --shard-group, else dp); tp innermost, so a tensor-parallel group's ranks are neighbours.
-std::unique_ptr<dist::DeviceMesh> tensor_parallel_mesh(dist::ProcessGroup& world, int tp,
-                                                       const dist::ZeroConfig& zero) {
-  check_tensor_parallel(world.size(), tp);
-  const int dp = world.size() / tp, s = zero.shard_group_size == 0 ? dp : zero.shard_group_size;
-  std::vector<dist::MeshDim> dims;
-  if (dp / s > 1) dims.push_back({"dp_replicate", dp / s});
-  dims.push_back({"dp_shard", s});
-  dims.push_back({"tp", tp});
-  return std::make_unique<dist::DeviceMesh>(world, dims);
-}
-
 // The groups a cut model sends on besides the world's: each of the mesh's dimensions, and
 // the data-parallel ranks as one (ShardedModel's "dp", which it flattened already).
 std::set<dist::ProcessGroup*> tensor_parallel_groups(dist::DeviceMesh& mesh) {
@@ -323,7 +310,8 @@ struct RankModel {
       model.emplace(config, TensorOptions(DType::f32).device(device));
     }
     if (tp == 1) return;
-    mesh = tensor_parallel_mesh(group, tp, zero);
+    check_tensor_parallel(group.size(), tp);
+    mesh = dist::training_mesh(group, tp, zero.shard_group_size);  // dp_replicate x dp_shard x tp
     nn::ParallelPlan plan = model->parallel_plan();
     plan.sequence_parallel = sp;
     dist::parallelize_module(*model, mesh->group("tp"), plan);

@@ -157,15 +157,6 @@ std::string memory_line(Device device) {
   return line + examples::host_memory_part();
 }
 
-// The mesh of --tp: dp_replicate x dp_shard (S = --shard-group, or every data-parallel
-// rank) x tp, the tensor-parallel ranks innermost (consecutive: within a node).
-std::unique_ptr<dist::DeviceMesh> tensor_parallel_mesh(dist::ProcessGroup& group, const Flags& f) {
-  const int tp = static_cast<int>(f.tp), data = group.size() / tp;
-  const int shard = f.shard_group == 0 ? data : static_cast<int>(f.shard_group);
-  return std::make_unique<dist::DeviceMesh>(
-      group, std::vector<dist::MeshDim>{{"dp_replicate", data / shard}, {"dp_shard", shard}, {"tp", tp}});
-}
-
 // One rank's run: every rank executes this, with its own Context and group handle.
 void train(dist::ProcessGroup& group, const Flags& f) {
   const Device device(f.device);
@@ -183,7 +174,9 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   const int64_t parameters = model.num_parameters();  // the whole model's, before any cut
   if (!f.init.empty() && group.rank() == 0) nn::load_state(model, f.init);  // rank 0's weights become every rank's
   // --tp: each layer cut across the tp group (every rank built the same model from one seed).
-  const std::unique_ptr<dist::DeviceMesh> mesh = f.tp > 1 ? tensor_parallel_mesh(group, f) : nullptr;
+  // --tp: dp_replicate x dp_shard (S = --shard-group, or every data-parallel rank) x tp.
+  const std::unique_ptr<dist::DeviceMesh> mesh =
+      f.tp > 1 ? dist::training_mesh(group, static_cast<int>(f.tp), static_cast<int>(f.shard_group)) : nullptr;
   if (mesh) {
     nn::ParallelPlan plan = model.parallel_plan();
     plan.sequence_parallel = f.sequence_parallel;

@@ -123,4 +123,15 @@ std::string DeviceMesh::describe() const {
   return text + " (" + std::to_string(world_->size()) + " ranks, " + std::to_string(ranks_per_node_) + " a node)";
 }
 
+std::unique_ptr<DeviceMesh> training_mesh(ProcessGroup& world, int tp, int shard_group_size, int ranks_per_node) {
+  const int n = world.size();
+  ZG_CHECK(tp >= 1 && n % tp == 0, "training_mesh: tp ", tp, " does not divide the ", n, " ranks");
+  const int data = n / tp, s = shard_group_size == 0 ? data : shard_group_size;
+  ZG_CHECK(s >= 1 && data % s == 0, "training_mesh: a shard group of ", s, " does not divide the ", data,
+           " data-parallel ranks");
+  std::vector<MeshDim> dims{{"dp_replicate", data / s}, {"dp_shard", s}};
+  if (tp > 1) dims.push_back({"tp", tp});
+  return std::make_unique<DeviceMesh>(world, std::move(dims), ranks_per_node);
+}
+
 }  // namespace zg::dist

@@ -76,4 +76,11 @@ class DeviceMesh {
   std::vector<std::pair<std::string, GroupRef>> flattened_;
 };
 
+// The mesh of a training job (torchtitan's ParallelDims): dp_replicate R x dp_shard S
+// [x tp T, when T > 1] over N = world.size() ranks, tp innermost so that a tensor-parallel
+// group's ranks are consecutive (within a node). `shard_group_size` S: 0 for every
+// data-parallel rank (N / T); R = N / (S T). A zg::Error names a T or S that does not divide.
+std::unique_ptr<DeviceMesh> training_mesh(ProcessGroup& world, int tp = 1, int shard_group_size = 0,
+                                          int ranks_per_node = 0);
+
 }  // namespace zg::dist

@@ -62,8 +62,7 @@ Device device_of(nn::Module& model) {
 // is checked first, on every rank alike: a bad S must not reach the splits.
 std::unique_ptr<DeviceMesh> data_parallel_mesh(nn::Module& model, ProcessGroup& group, const ZeroConfig& config) {
   all_or_none(group, device_of(model), "ShardedModel", "", [&] { config.check(group.size()); });
-  const int s = config.shard_group_size == 0 ? group.size() : config.shard_group_size;
-  return std::make_unique<DeviceMesh>(group, std::vector<MeshDim>{{"dp_replicate", group.size() / s}, {"dp_shard", s}});
+  return training_mesh(group, 1, config.shard_group_size);
 }
 
 constexpr const char* kGroupDestroyed = "ShardedModel: the process group or device mesh it was built on was destroyed; "
