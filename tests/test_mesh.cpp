@@ -104,6 +104,24 @@ TEST_CASE("a 4-D mesh with a dimension of one, and the mesh's errors") {
                        Error);
 }
 
+TEST_CASE("training_mesh: dp_replicate x dp_shard [x tp], tp innermost, and what does not divide") {
+  dist::FakeGroup world(5, 16);
+  const auto dims_of = [](const dist::DeviceMesh& mesh) {
+    std::string text;
+    for (const dist::MeshDim& d : mesh.dims()) text += d.name + " " + std::to_string(d.size) + "; ";
+    return text;
+  };
+  CHECK(dims_of(*dist::training_mesh(world)) == "dp_replicate 1; dp_shard 16; ");
+  CHECK(dims_of(*dist::training_mesh(world, 1, 4)) == "dp_replicate 4; dp_shard 4; ");
+  const std::unique_ptr<dist::DeviceMesh> mesh = dist::training_mesh(world, 4, 2);
+  CHECK(dims_of(*mesh) == "dp_replicate 2; dp_shard 2; tp 4; ");
+  CHECK(mesh->members("tp") == std::vector<int>{4, 5, 6, 7});  // consecutive ranks
+  CHECK(dims_of(*dist::training_mesh(world, 8)) == "dp_replicate 1; dp_shard 2; tp 8; ");
+  CHECK_THROWS_WITH_AS(dist::training_mesh(world, 3), "training_mesh: tp 3 does not divide the 16 ranks", Error);
+  CHECK_THROWS_WITH_AS(dist::training_mesh(world, 4, 3),
+                       "training_mesh: a shard group of 3 does not divide the 4 data-parallel ranks", Error);
+}
+
 TEST_CASE("on threads, each dimension's group holds the ranks of the mesh formula and reduces among them alone") {
   const std::vector<dist::MeshDim> dims = {{"pp", 2}, {"dp", 2}, {"tp", 2}};
   dist::run_local(8, [&](dist::ProcessGroup& world) {
