@@ -85,6 +85,8 @@ struct MpiProcess {
   std::mutex mpi;
   std::string broken;    // why the groups are unusable (a timeout, a failure); "" while they work; under mpi
   int notified_by = -1;  // the rank (of MPI_COMM_WORLD) whose failure notice this one received; under mpi
+  std::string notice;    // what it said
+  std::chrono::steady_clock::time_point noticed;  // when it arrived
   MPI_Comm notices = MPI_COMM_NULL;  // failure notices, over every rank of MPI_COMM_WORLD
   int rank = 0, size = 1;            // in MPI_COMM_WORLD
 };
@@ -156,7 +158,9 @@ void MpiGroup::time_out(const char* what, const Collective& c, const std::string
 // A non-blocking collective progresses only inside MPI calls (OpenMPI runs no progress
 // thread), so it is tested without pause for the first 200 us -- a collective whose peers
 // are all there ends within that -- then every 100 us, leaving the core to the rank's
-// compute while a late peer is awaited. Each test also looks for a failure notice.
+// compute while a late peer is awaited. Each test also looks for a failure notice; once one
+// came, the collective has 200 ms more to finish, since a notice can overtake what its
+// sender sent before failing (MPI orders messages within one communicator only).
 bool MpiGroup::completes(void* request_ptrs, int count, const Collective& c, const std::shared_ptr<void>& keep) {
   using Clock = std::chrono::steady_clock;
   MPI_Request* requests = static_cast<MPI_Request*>(request_ptrs);
@@ -173,12 +177,14 @@ bool MpiGroup::completes(void* request_ptrs, int count, const Collective& c, con
       if (done) return true;
       int arrived = 0;
       MPI_Status status;
-      check(MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, p.notices, &arrived, &status), "MPI_Iprobe");
+      if (p.notified_by < 0) check(MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, p.notices, &arrived, &status), "MPI_Iprobe");
       if (arrived) {
-        sender = status.MPI_SOURCE;
-        notice = receive_notice(status, p.notices);
-        p.notified_by = sender;  // acknowledged by fail_others, once this rank has reported it
+        p.notice = receive_notice(status, p.notices);
+        p.notified_by = status.MPI_SOURCE;  // acknowledged by fail_others, once this rank has reported it
+        p.noticed = Clock::now();
       }
+      if (p.notified_by >= 0 && Clock::now() - p.noticed > std::chrono::milliseconds(200))
+        sender = p.notified_by, notice = p.notice;
     }
     if (sender >= 0)
       give_up("mpi group: rank " + std::to_string(sender) + " failed: " + notice + " (this rank was in " +
