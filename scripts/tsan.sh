@@ -16,6 +16,6 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 meson compile -C "$build" tests/test_dist tests/test_caching_allocator tests/test_zero_checkpoint tests/test_zero_equivalence \
   tests/test_zero_errors tests/test_zero_memory tests/test_zero_parameters tests/test_zero_stage3 tests/test_zero_units \
-  tests/test_mesh tests/test_offload tests/test_optim tests/test_memory tests/local_worker >/dev/null
+  tests/test_mesh tests/test_p2p tests/test_offload tests/test_optim tests/test_memory tests/local_worker >/dev/null
 meson test -C "$build" --no-rebuild --print-errorlogs --timeout-multiplier 4 dist caching_allocator zero_checkpoint \
-  zero_equivalence zero_errors zero_memory zero_parameters zero_stage3 zero_units mesh offload optim memory
+  zero_equivalence zero_errors zero_memory zero_parameters zero_stage3 zero_units mesh p2p offload optim memory

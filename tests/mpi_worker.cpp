@@ -6,7 +6,9 @@
 // whose group times out after 2 s, fails and exits, so mpirun ends the job; with
 // `huge`, both broadcast 2^31 bytes, one more than an MPI count holds; with `throw`,
 // rank 1 throws while rank 0 waits for it; with `damaged`, a sharded load meets a
-// damaged byte in rank 1's file.
+// damaged byte in rank 1's file; with `p2p`, messages go round a ring, cross in a batch,
+// and a large one waits while its receiver is in a collective (prints "p2p ok"); with
+// `p2p_mismatch`, rank 0 sends f32[4] where rank 1 receives f32[8].
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -19,7 +21,7 @@
 int main(int argc, char** argv) {
   using namespace zg;
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpi_worker OUT_DIR [mismatch|stall|huge|throw|damaged]\n");
+    std::fprintf(stderr, "usage: mpi_worker OUT_DIR [mismatch|stall|huge|throw|damaged|p2p|p2p_mismatch]\n");
     return 2;
   }
   const std::string mode = argc > 2 ? argv[2] : "", out = argv[1];
@@ -57,6 +59,37 @@ int main(int argc, char** argv) {
             } else {
               pg.all_reduce(t);
             }
+          }
+          if (mode == "p2p") {
+            const int n = pg.size(), r = pg.rank(), next = (r + 1) % n, previous = (r + n - 1) % n;
+            const Tensor got = zeros({3});
+            dist::WorkHandle sent = pg.send_async(full({3}, 1.0 + r), next, 1);
+            pg.recv(got, previous, 1);
+            sent->wait();
+            ZG_CHECK(got.to_vector<float>() == std::vector<float>(3, 1.0f + previous), "ring: wrong values");
+            const Tensor crossed = zeros({2}, DType::f64);
+            pg.batch_async({{dist::P2POp::send, full({2}, 10.0 + r, DType::f64), r ^ 1, 2},
+                            {dist::P2POp::recv, crossed, r ^ 1, 2}})->wait();
+            ZG_CHECK(crossed.to_vector<double>() == std::vector<double>(2, 10.0 + (r ^ 1)), "batch: wrong values");
+            // 4 MB (past eager sends): rank 1 takes it while it waits in an all-reduce rank 0 joins only after.
+            const Tensor big = r == 0 ? arange(0, 1 << 20, 1, DType::f32) : zeros({1 << 20});
+            Tensor one = ones({1});
+            if (r == 0) {
+              pg.send(big, 1, 3);
+              pg.all_reduce(one);
+            } else if (r == 1) {
+              dist::WorkHandle arriving = pg.recv_async(big, 0, 3);
+              pg.all_reduce(one);
+              arriving->wait();
+              ZG_CHECK(big.to_vector<float>() == arange(0, 1 << 20, 1, DType::f32).to_vector<float>(), "big: wrong values");
+            } else {
+              pg.all_reduce(one);
+            }
+            if (r == 0) std::printf("p2p ok\n");
+          }
+          if (mode == "p2p_mismatch") {
+            if (pg.rank() == 0) pg.send(zeros({4}), 1, 1);
+            if (pg.rank() == 1) pg.recv(zeros({8}), 0, 1);
           }
           if (mode == "damaged") {  // a load whose rank 1 meets a damaged byte: every rank refuses it
             manual_seed(1);

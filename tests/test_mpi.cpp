@@ -249,4 +249,23 @@ TEST_CASE("mismatched collectives across processes fail with both calls named, n
                           "cpu, sum), rank 1 called all_gather(f32[2] on cpu -> f32[4] on cpu)");
 }
 
+TEST_CASE("messages between processes: a ring, a crossing batch, and 4 MB taken while the receiver waits in a collective") {
+  int status = 0;
+  const std::string out = run_command(mpirun("/tmp p2p", 4), status);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK(out.find("p2p ok") != std::string::npos);
+}
+
+TEST_CASE("a mismatched send and receive across processes fail both ranks, each naming both calls") {
+  int status = 0;
+  const std::string out = run_command(mpirun("/tmp p2p_mismatch"), status);
+  INFO(out);
+  CHECK(status != 0);
+  const std::string both = ": mpi group: message #0 from rank 0 to rank 1 does not match: rank 0 sent send(f32[4] on "
+                           "cpu, to rank 1, tag 1), rank 1 receives recv(f32[8] on cpu, from rank 0, tag 1)";
+  CHECK(out.find("rank 0" + both) != std::string::npos);
+  CHECK(out.find("rank 1" + both) != std::string::npos);
+}
+
 }  // namespace zg::test

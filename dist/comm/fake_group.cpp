@@ -63,10 +63,22 @@ WorkHandle FakeGroup::issue(Collective c) {
                "run_local");
       if (c.input.storage() != out.storage() || c.input.offset() != out.offset()) backend(out.device()).copy(c.input, out);
       break;
+    case CollectiveOp::recv:
+      ZG_CHECK(false, "fake group: rank ", rank_, " of ", size_, " cannot receive ", c.describe(),
+               " into a tensor with data: the sender's bytes do not exist here; use meta tensors (a dry run) or "
+               "run_local");
+      break;
     case CollectiveOp::broadcast:
-    case CollectiveOp::barrier: break;
+    case CollectiveOp::barrier:
+    case CollectiveOp::send: break;
   }
   return std::make_shared<Done>(logged);
+}
+
+std::vector<WorkHandle> FakeGroup::issue_p2p(std::vector<Collective> messages) {
+  std::vector<WorkHandle> works;
+  for (Collective& m : messages) works.push_back(issue(std::move(m)));
+  return works;
 }
 
 }  // namespace zg::dist

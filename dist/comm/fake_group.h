@@ -30,6 +30,9 @@ class FakeGroup : public ProcessGroup {
 
  private:
   WorkHandle issue(Collective collective) override;
+  // Messages are counted and logged; a received buffer with data at N > 1 is refused
+  // (the sender's bytes do not exist here), as a reduce_scatter's.
+  std::vector<WorkHandle> issue_p2p(std::vector<Collective> messages) override;
   std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key) override;
   std::unique_ptr<ProcessGroup> make_grid(int size, int stride) override;
   int rank_, size_, stride_;

@@ -255,7 +255,9 @@ void LocalGroup::exchange(const Collective& c) {
         kernels.copy(input_of(c.root), result);
       }
       break;
-    case CollectiveOp::barrier: break;
+    case CollectiveOp::barrier:
+    case CollectiveOp::send:  // messages are posted to the hub, not run here (local_p2p.cpp)
+    case CollectiveOp::recv: break;
   }
   kernels.synchronize(device);
   hub_->leave(rank_);

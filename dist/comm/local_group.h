@@ -8,6 +8,10 @@
 // the two, each rank reads the others' buffers and computes its result; after the
 // second, it writes its own buffer, once nobody reads it any more.
 //
+// Point-to-point messages wait in the hub's channel for their (sender, receiver) pair
+// until their partner is posted; whichever comes second pairs them, compares them and
+// copies the bytes.
+//
 // Nothing waits forever: a rank that fails aborts the hub, which wakes the others
 // with that rank's error; a rank that returns while others wait for it fails them at
 // once; and every wait gives up after the configured timeout.
@@ -15,7 +19,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,7 +31,7 @@
 
 namespace zg::dist {
 
-class LocalHub {
+class LocalHub : public std::enable_shared_from_this<LocalHub> {
  public:
   LocalHub(int size, std::chrono::milliseconds timeout);
   int size() const { return size_; }
@@ -50,7 +56,22 @@ class LocalHub {
   // with this hub: an abort here aborts it, a rank departing here departs it.
   std::shared_ptr<LocalHub> child(int64_t split, const std::vector<int>& members);
 
+  // Posts rank `rank`'s send or recv (peer in message.root); its Work completes once the
+  // partner is posted and the bytes are copied, and fails on a mismatch, an abort, a peer
+  // that returned without posting it, or the timeout.
+  WorkHandle post(int rank, const Collective& message);
+
  private:
+  struct Message;  // a posted send or receive, and how it ended (local_group.cpp)
+  class MessageWork;
+  struct Channel {  // the messages from one rank to another not yet paired, oldest first
+    std::deque<std::shared_ptr<Message>> sends, recvs;
+    int64_t paired = 0;
+  };
+  // Pairs the channel's oldest send and receive (both there), under the lock; returns the
+  // pair to copy, or {} if they did not match (both then failed).
+  std::pair<std::shared_ptr<Message>, std::shared_ptr<Message>> pair_locked(Channel& channel, int src, int dst);
+  void wait(Message& message);  // MessageWork::wait()'s work
   // Waits until every rank arrives. The last to arrive runs `check` (all others are
   // blocked, so every posted call is alive); a non-empty result fails every rank with it.
   void rendezvous(int rank, const std::string& where, const std::function<std::string()>& check = nullptr);
@@ -76,6 +97,7 @@ class LocalHub {
   std::string abort_reason_;
   std::string mismatch_;  // set when calls did not match: thrown as is by every rank
   std::vector<Child> children_;
+  std::map<std::pair<int, int>, Channel> channels_;  // by (sender, receiver)
 };
 
 class LocalGroup final : public HostGroup {
@@ -90,6 +112,7 @@ class LocalGroup final : public HostGroup {
  private:
   void run(const Collective& collective) override;
   void exchange(const Collective& collective);  // run()'s work, without the abort on failure
+  std::vector<WorkHandle> issue_p2p(std::vector<Collective> messages) override;
   std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key) override;
   std::shared_ptr<LocalHub> hub_;
   int rank_;

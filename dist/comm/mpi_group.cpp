@@ -10,19 +10,20 @@
 #include <thread>
 
 #include "autograd/functions.h"
+#include "dist/comm/mpi_process.h"
 #include "tensor/backend.h"
 
 namespace zg::dist {
 
-namespace {
-
-void check(int status, const char* call) {
+void check_mpi(int status, const char* call) {
   if (status == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(status, text, &length);
   fail("mpi group: ", call, " failed: ", std::string(text, static_cast<size_t>(length)));
 }
+
+namespace {
 
 // Reductions run in f32 for the 16-bit floats (MPI has no type for them), in place
 // otherwise. So a bf16 sum is rounded once here, where the local and nccl groups round
@@ -71,7 +72,7 @@ std::string receive_notice(const MPI_Status& status, MPI_Comm notices) {
   int bytes = 0;
   MPI_Get_count(&status, MPI_CHAR, &bytes);
   std::string notice(static_cast<size_t>(std::clamp(bytes, 0, kMaxNoticeBytes)), '\0');
-  check(MPI_Recv(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, status.MPI_SOURCE, kNoticeTag, notices,
+  check_mpi(MPI_Recv(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, status.MPI_SOURCE, kNoticeTag, notices,
                  MPI_STATUS_IGNORE),
         "MPI_Recv (failure notice)");
   return notice;
@@ -79,41 +80,29 @@ std::string receive_notice(const MPI_Status& status, MPI_Comm notices) {
 
 }  // namespace
 
-// What every MpiGroup of this process shares. MPI runs MPI_THREAD_SERIALIZED: the groups'
-// workers and fail_others take turns under `mpi`.
-struct MpiProcess {
-  std::mutex mpi;
-  std::string broken;    // why the groups are unusable (a timeout, a failure); "" while they work; under mpi
-  int notified_by = -1;  // the rank (of MPI_COMM_WORLD) whose failure notice this one received; under mpi
-  std::string notice;    // what it said
-  std::chrono::steady_clock::time_point noticed;  // when it arrived
-  MPI_Comm notices = MPI_COMM_NULL;  // failure notices, over every rank of MPI_COMM_WORLD
-  int rank = 0, size = 1;            // in MPI_COMM_WORLD
-};
-
 MpiGroup::MpiGroup(MpiOptions options) : timeout_(checked_timeout("mpi group", options.timeout)) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
     // Collectives run on the group's communication worker thread, not the main thread.
     ZG_CHECK(provided >= MPI_THREAD_SERIALIZED, "mpi group: this MPI provides thread level ", provided,
              ", below MPI_THREAD_SERIALIZED");
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
-  check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
   comm_ = MPI_Comm_c2f(MPI_COMM_WORLD);
   process_ = std::make_shared<MpiProcess>();
   process_->rank = rank_, process_->size = size_;
-  check(MPI_Comm_dup(MPI_COMM_WORLD, &process_->notices), "MPI_Comm_dup");
+  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &process_->notices), "MPI_Comm_dup");
 }
 
 MpiGroup::MpiGroup(std::shared_ptr<MpiProcess> process, int comm, std::chrono::milliseconds timeout)
     : process_(std::move(process)), comm_(comm), timeout_(timeout) {
-  check(MPI_Comm_rank(MPI_Comm_f2c(comm_), &rank_), "MPI_Comm_rank");
-  check(MPI_Comm_size(MPI_Comm_f2c(comm_), &size_), "MPI_Comm_size");
+  check_mpi(MPI_Comm_rank(MPI_Comm_f2c(comm_), &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_Comm_f2c(comm_), &size_), "MPI_Comm_size");
 }
 
 // A split's communicator is left to MPI_Finalize: MPI_Comm_free is a collective, and a
@@ -126,7 +115,7 @@ std::unique_ptr<ProcessGroup> MpiGroup::subgroup(const std::vector<int>&, int co
   {
     std::lock_guard<std::mutex> lock(process_->mpi);
     ZG_CHECK(process_->broken.empty(), process_->broken, " (refusing split)");
-    check(MPI_Comm_split(MPI_Comm_f2c(comm_), color, key, &comm), "MPI_Comm_split");
+    check_mpi(MPI_Comm_split(MPI_Comm_f2c(comm_), color, key, &comm), "MPI_Comm_split");
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   }
   return std::unique_ptr<ProcessGroup>(new MpiGroup(process_, MPI_Comm_c2f(comm), timeout_));
@@ -155,15 +144,26 @@ void MpiGroup::time_out(const char* what, const Collective& c, const std::string
           std::move(keep));
 }
 
+bool MpiGroup::completes(void* request_ptrs, int count, const Collective& c, const std::shared_ptr<void>& keep) {
+  MPI_Request* requests = static_cast<MPI_Request*>(request_ptrs);
+  return polls(
+      [&] {
+        int done = 0;
+        check_mpi(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+        return done != 0;
+      },
+      c.describe() + ", collective #" + std::to_string(calls_ - 1), keep);
+}
+
 // A non-blocking collective progresses only inside MPI calls (OpenMPI runs no progress
 // thread), so it is tested without pause for the first 200 us -- a collective whose peers
 // are all there ends within that -- then every 100 us, leaving the core to the rank's
 // compute while a late peer is awaited. Each test also looks for a failure notice; once one
 // came, the collective has 200 ms more to finish, since a notice can overtake what its
-// sender sent before failing (MPI orders messages within one communicator only).
-bool MpiGroup::completes(void* request_ptrs, int count, const Collective& c, const std::shared_ptr<void>& keep) {
+// sender sent before failing (MPI orders messages within one communicator only). Every
+// test also moves the process's posted messages on (mpi_p2p.cpp).
+bool MpiGroup::polls(const std::function<bool()>& done, const std::string& what, const std::shared_ptr<void>& keep) {
   using Clock = std::chrono::steady_clock;
-  MPI_Request* requests = static_cast<MPI_Request*>(request_ptrs);
   MpiProcess& p = *process_;
   const Clock::time_point start = Clock::now();
   for (;;) {
@@ -171,13 +171,12 @@ bool MpiGroup::completes(void* request_ptrs, int count, const Collective& c, con
     int sender = -1;
     {
       std::lock_guard<std::mutex> lock(p.mpi);
-      ZG_CHECK(p.broken.empty(), p.broken, " (abandoning ", c.describe(), ")");  // fail_others ran meanwhile
-      int done = 0;
-      check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-      if (done) return true;
+      ZG_CHECK(p.broken.empty(), p.broken, " (abandoning ", what, ")");  // fail_others ran meanwhile
+      progress_messages(p);
+      if (done()) return true;
       int arrived = 0;
       MPI_Status status;
-      if (p.notified_by < 0) check(MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, p.notices, &arrived, &status), "MPI_Iprobe");
+      if (p.notified_by < 0) check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, p.notices, &arrived, &status), "MPI_Iprobe");
       if (arrived) {
         p.notice = receive_notice(status, p.notices);
         p.notified_by = status.MPI_SOURCE;  // acknowledged by fail_others, once this rank has reported it
@@ -187,8 +186,8 @@ bool MpiGroup::completes(void* request_ptrs, int count, const Collective& c, con
         sender = p.notified_by, notice = p.notice;
     }
     if (sender >= 0)
-      give_up("mpi group: rank " + std::to_string(sender) + " failed: " + notice + " (this rank was in " +
-                  c.describe() + ", collective #" + std::to_string(calls_ - 1) + ", which cannot finish)",
+      give_up("mpi group: rank " + std::to_string(sender) + " failed: " + notice + " (this rank was in " + what +
+                  ", which cannot finish)",
               keep);
     const Clock::duration waited = Clock::now() - start;
     if (waited > timeout_) return false;
@@ -274,8 +273,8 @@ void MpiGroup::agree(const Collective& c) {
     std::lock_guard<std::mutex> lock(process_->mpi);
     for (int q = 0, i = 0; q < size_; ++q) {
       if (q == rank_) continue;
-      check(MPI_Irecv((*all)[q].data(), n, MPI_INT64_T, q, kCallTag, comm, &requests[i]), "MPI_Irecv (call check)");
-      check(MPI_Isend((*all)[rank_].data(), n, MPI_INT64_T, q, kCallTag, comm, &requests[size_ - 1 + i++]),
+      check_mpi(MPI_Irecv((*all)[q].data(), n, MPI_INT64_T, q, kCallTag, comm, &requests[i]), "MPI_Irecv (call check)");
+      check_mpi(MPI_Isend((*all)[rank_].data(), n, MPI_INT64_T, q, kCallTag, comm, &requests[size_ - 1 + i++]),
             "MPI_Isend (call check)");
     }
   }
@@ -332,13 +331,13 @@ void MpiGroup::run(const Collective& c) {
   switch (c.op) {
     case CollectiveOp::all_reduce:
       call = "MPI_Iallreduce";
-      check(MPI_Iallreduce(MPI_IN_PLACE, send.data_ptr(), count, mpi_type(send.dtype()), mpi_op(c.reduce),
+      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, send.data_ptr(), count, mpi_type(send.dtype()), mpi_op(c.reduce),
                            comm, &request),
             call);
       break;
     case CollectiveOp::reduce_scatter:
       call = "MPI_Ireduce_scatter_block";
-      check(MPI_Ireduce_scatter_block(send.data_ptr(), result.data_ptr(), count, mpi_type(send.dtype()),
+      check_mpi(MPI_Ireduce_scatter_block(send.data_ptr(), result.data_ptr(), count, mpi_type(send.dtype()),
                                       mpi_op(c.reduce), comm, &request),
             call);
       break;
@@ -346,19 +345,21 @@ void MpiGroup::run(const Collective& c) {
       call = "MPI_Iallgather";
       const bool in_place =
           c.input.storage() == c.output.storage() && c.input.offset() == c.output.offset() + rank_ * c.input.numel();
-      check(MPI_Iallgather(in_place ? MPI_IN_PLACE : c.input.data_ptr(), in_place ? 0 : bytes, MPI_BYTE,
+      check_mpi(MPI_Iallgather(in_place ? MPI_IN_PLACE : c.input.data_ptr(), in_place ? 0 : bytes, MPI_BYTE,
                            c.output.data_ptr(), bytes, MPI_BYTE, comm, &request),
             call);
       break;
     }
     case CollectiveOp::broadcast:
       call = "MPI_Ibcast";
-      check(MPI_Ibcast(c.input.data_ptr(), bytes, MPI_BYTE, c.root, comm, &request), call);
+      check_mpi(MPI_Ibcast(c.input.data_ptr(), bytes, MPI_BYTE, c.root, comm, &request), call);
       break;
     case CollectiveOp::barrier:
       call = "MPI_Ibarrier";
-      check(MPI_Ibarrier(comm, &request), call);
+      check_mpi(MPI_Ibarrier(comm, &request), call);
       break;
+    case CollectiveOp::send:  // messages are posted, not queued (mpi_p2p.cpp)
+    case CollectiveOp::recv: fail("mpi group: ", c.describe(), " reached the collective queue");
   }
   lock.unlock();
   const auto buffers = std::make_shared<std::vector<Tensor>>(std::vector<Tensor>{c.input, c.output, send, result});

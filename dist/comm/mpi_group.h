@@ -19,6 +19,12 @@
 // "mpi group: rank q failed: <message>" from the collective it waits in -- at once, not
 // at the timeout -- or from its next one.
 //
+// Point-to-point messages (ProcessGroup::send_async ...) are posted from the calling
+// thread, not the group's worker: both ends exchange their calls first, so a mismatched
+// pair fails both, naming both calls, and only a matching pair moves its bytes
+// (dist/comm/mpi_process.h). A message waited for longer than the timeout leaves the
+// group unusable, as a collective does.
+//
 // split() makes groups over sub-communicators (MPI_Comm_split). They share the process's
 // MPI lock (MPI_THREAD_SERIALIZED: each group's worker takes turns with the others) and
 // its failure state: a notice from any rank reaches a rank waiting in any group, and a
@@ -61,6 +67,7 @@ class MpiGroup final : public HostGroup {
   MpiGroup(std::shared_ptr<MpiProcess> process, int comm, std::chrono::milliseconds timeout);  // split's
   std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key) override;
   void run(const Collective& collective) override;
+  std::vector<WorkHandle> issue_p2p(std::vector<Collective> messages) override;
   void agree(const Collective& collective);
   // After a call (`what`, for `collective`) has not finished within the timeout: marks the
   // group broken and throws, saying which ranks it waited for (`stuck`). `keep` holds the
@@ -70,12 +77,17 @@ class MpiGroup final : public HostGroup {
   // Polls `count` MPI_Requests at `requests` until all complete (true), the timeout passes
   // (false), or another rank's failure notice arrives or this rank failed (throws).
   bool completes(void* requests, int count, const Collective& collective, const std::shared_ptr<void>& keep);
+  // completes' loop: polls `done` (called under the MPI lock) for `what` until true, the
+  // timeout (false), or a failure notice or broken group (throws).
+  bool polls(const std::function<bool()>& done, const std::string& what, const std::shared_ptr<void>& keep);
   [[noreturn]] void give_up(std::string why, std::shared_ptr<void> keep);
   std::shared_ptr<MpiProcess> process_;
   int comm_ = 0;  // this group's communicator (a Fortran handle: no mpi.h here)
   int rank_ = 0, size_ = 1;
   int64_t calls_ = 0;
+  std::vector<int64_t> messages_to_, messages_from_;  // per peer: sends and receives posted so far
   std::chrono::milliseconds timeout_;
+  class MessageWork;
 };
 
 // Runs fn(group) on this process's rank of a new MpiGroup, as a launcher runs a worker,

@@ -13,7 +13,6 @@
 #include <string>
 #include <thread>
 
-#include <unistd.h>  // gethostname
 
 #include "autograd/functions.h"
 #include "cuda/caching_allocator.h"
@@ -259,71 +258,8 @@ NcclGroup::NcclGroup(const NcclId& id, int rank, int size, Device device, Proces
     c.settle(result, "creating the communicator (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")");
   }
   c.watchdog = std::thread([&c] { c.watch(); });
-}
-
-namespace {
-
-// "host/PCI bus id" of `device`, or why this rank cannot use it.
-struct GpuIdentity {
-  std::string name, problem;
-};
-GpuIdentity identify(Device device) {
-  try {
-    ZG_CHECK(device.type == DeviceType::cuda, "needs a cuda device, got ", device.str());
-    cuda::check_device(device.index);
-    char bus[32] = "";
-    ZG_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device.index));
-    char hostname[256] = "";
-    gethostname(hostname, sizeof hostname - 1);
-    return {std::string(hostname) + "/" + bus, ""};
-  } catch (const std::exception& e) {
-    return {"", e.what()};
-  }
-}
-
-// Before creating the communicator -- which would fail only after the timeout, saying
-// no more than that a rank is missing -- the ranks agree over the host group that each
-// has a GPU, and a GPU of its own (NCCL does not support two ranks on one GPU), so a
-// misplaced rank fails every rank at once, naming the cause.
-void agree_on_gpus(ProcessGroup& host, Device device) {
-  const GpuIdentity mine = identify(device);
-  const int n = host.size();
-  // Each rank's [ok, hash of its identity], gathered.
-  const Tensor gpu = tensor<int64_t>(
-      {mine.problem.empty() ? 1 : 0, static_cast<int64_t>(std::hash<std::string>{}(mine.name))});
-  const Tensor all = empty({2 * n}, DType::i64);
-  host.all_gather(gpu, all);
-  const std::vector<int64_t> seen = all.to_vector<int64_t>();
-  ZG_CHECK(mine.problem.empty(), "nccl group: rank ", host.rank(), " cannot use ", device.str(), ": ", mine.problem);
-  for (int q = 0; q < n; ++q) {
-    ZG_CHECK(seen[2 * q] == 1, "nccl group: rank ", q, " cannot use its GPU (its own error says why)");
-    for (int p = 0; p < q; ++p)
-      ZG_CHECK(seen[2 * p + 1] != seen[2 * q + 1], "nccl group: ranks ", p, " and ", q,
-               " are on one GPU (rank ", host.rank(), " is on ", mine.name,
-               "): NCCL needs a GPU per rank; ranks sharing a GPU use the local group");
-  }
-}
-
-}  // namespace
-
-std::unique_ptr<ProcessGroup> NcclGroup::split(int color, int key) {
-  ZG_CHECK(host_ != nullptr, "nccl group: split needs the host group it was bootstrapped over (NcclGroup::bootstrap); "
-           "this one was made from an id alone");
-  std::unique_ptr<ProcessGroup> host = host_->split(color, key);
-  std::unique_ptr<NcclGroup> group = bootstrap(*host, device_, options_);
-  group->owned_host_ = std::move(host);
-  return group;
-}
-
-std::unique_ptr<NcclGroup> NcclGroup::bootstrap(ProcessGroup& host, Device device, NcclOptions options) {
-  agree_on_gpus(host, device);
-  NcclId id{};
-  if (host.rank() == 0) id = unique_id();
-  const Tensor bytes = zeros({static_cast<int64_t>(id.size() / sizeof(int64_t))}, DType::i64);
-  std::memcpy(bytes.data_ptr(), id.data(), id.size());
-  host.broadcast(bytes, 0);
-  std::memcpy(id.data(), bytes.data_ptr(), id.size());
-  return std::make_unique<NcclGroup>(id, host.rank(), host.size(), device, &host, options);
+  sent_.resize(static_cast<size_t>(size)), received_.resize(static_cast<size_t>(size));
+  if (host && options.check_calls) answers_ = host->split(0, rank);  // a collective, as this constructor is
 }
 
 NcclGroup::~NcclGroup() {
@@ -366,28 +302,112 @@ void NcclGroup::agree(const Collective& collective) {
     fail(problem);
 }
 
+// What enqueue puts on the communication stream.
+struct NcclGroup::Launch {
+  std::string what;              // for errors: the collective, or the batch of messages
+  std::vector<Tensor> buffers;   // used on the communication stream until it is done
+  std::function<ncclResult_t(ncclComm_t, cudaStream_t)> calls;
+  bool block_host = false;       // a barrier's wait blocks the host too
+};
+
 WorkHandle NcclGroup::issue(Collective c) {
   for (const Tensor* t : {&c.input, &c.output})
     ZG_CHECK(!t->defined() || (t->device() == device_ && t->is_contiguous()), "nccl group: ", name(c.op),
              " needs contiguous tensors on ", device_.str(), ", got ", describe(*t));
   if (host_ && options_.check_calls) agree(c);
-  communicator_->throw_if_failed();
-  cuda::DeviceGuard guard(device_.index);
-  const cudaStream_t compute = cuda::current_stream(device_), comm_stream = cuda::communication_stream(device_);
   if (c.op == CollectiveOp::barrier) {  // a one-element all-reduce that every rank must reach
     MemoryScope scope(MemoryCategory::communication);
+    cuda::DeviceGuard guard(device_.index);
     c.input = c.output = zeros({1}, TensorOptions(DType::f32).device(device_));
   }
-  // The inputs are complete where the compute stream is now.
-  cuda::Event ready;
-  ready.record(compute);
-  ready.block(comm_stream);
   const ncclDataType_t type = nccl_type(c.input.dtype());
   void* out = c.output.data_ptr();
   const void* in = c.input.data_ptr();
+  const auto calls = [c, type, in, out](ncclComm_t comm, cudaStream_t stream) {
+    switch (c.op) {
+      case CollectiveOp::all_reduce:
+      case CollectiveOp::barrier: return ncclAllReduce(in, out, c.input.numel(), type, nccl_op(c.reduce), comm, stream);
+      case CollectiveOp::reduce_scatter:
+        return ncclReduceScatter(in, out, c.output.numel(), type, nccl_op(c.reduce), comm, stream);
+      case CollectiveOp::all_gather: return ncclAllGather(in, out, c.input.numel(), type, comm, stream);
+      case CollectiveOp::broadcast: return ncclBroadcast(in, out, c.input.numel(), type, c.root, comm, stream);
+      case CollectiveOp::send:
+      case CollectiveOp::recv: break;  // messages: issue_p2p
+    }
+    return ncclInvalidUsage;
+  };
+  return enqueue({c.describe(), {c.input, c.output}, calls, c.op == CollectiveOp::barrier});
+}
+
+// Each message's signature goes to its peer -- a send's over host_, a receive's answer
+// over answers_, so that host_'s channel from a to b carries only a's sends' calls and
+// answers_' only b's receives' -- and each end compares the pair.
+void NcclGroup::agree_p2p(const std::vector<Collective>& messages) {
+  MemoryScope scope(MemoryCategory::communication);
+  CollectiveTag untagged(0);
+  std::vector<P2POp> offers, answers;
+  std::vector<Tensor> theirs;
+  for (const Collective& m : messages) {
+    const Collective::Signature signature = m.signature();
+    const Tensor mine = tensor(std::vector<int64_t>(signature.begin(), signature.end()));
+    theirs.push_back(empty({mine.numel()}, DType::i64));
+    const bool sending = m.op == CollectiveOp::send;
+    (sending ? offers : answers).push_back({P2POp::send, mine, m.root, 0});
+    (sending ? answers : offers).push_back({P2POp::recv, theirs.back(), m.root, 0});
+  }
+  host_->batch_async(offers)->wait();
+  answers_->batch_async(answers)->wait();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Collective& m = messages[i];
+    const std::vector<int64_t> values = theirs[i].to_vector<int64_t>();
+    Collective::Signature other;
+    std::copy(values.begin(), values.end(), other.begin());
+    const bool sending = m.op == CollectiveOp::send;
+    const int64_t index = (sending ? sent_ : received_)[static_cast<size_t>(m.root)]++;
+    if (std::string problem = Collective::p2p_mismatch(sending ? m.signature() : other, sending ? other : m.signature(),
+                                                       sending ? rank_ : m.root, sending ? m.root : rank_, index,
+                                                       "nccl group");
+        !problem.empty())
+      fail(problem);
+  }
+}
+
+std::vector<WorkHandle> NcclGroup::issue_p2p(std::vector<Collective> messages) {
+  std::string what = messages.size() == 1 ? messages[0].describe() : "a batch of " + std::to_string(messages.size()) +
+                                                                          " messages from " + messages[0].describe();
+  std::vector<Tensor> buffers;
+  for (const Collective& m : messages) {
+    ZG_CHECK(m.input.device() == device_, "nccl group: ", m.describe(), " needs a tensor on ", device_.str());
+    buffers.push_back(m.input);
+  }
+  if (host_ && options_.check_calls) agree_p2p(messages);
+  const auto calls = [messages](ncclComm_t comm, cudaStream_t stream) {
+    ncclResult_t result = ncclGroupStart();
+    for (const Collective& m : messages) {
+      if (result != ncclSuccess) break;
+      const Tensor& t = m.input;
+      result = m.op == CollectiveOp::send ? ncclSend(t.data_ptr(), t.numel(), nccl_type(t.dtype()), m.root, comm, stream)
+                                          : ncclRecv(t.data_ptr(), t.numel(), nccl_type(t.dtype()), m.root, comm, stream);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    return result != ncclSuccess ? result : ended;
+  };
+  WorkHandle work = enqueue({std::move(what), std::move(buffers), calls, false});
+  return std::vector<WorkHandle>(messages.size(), work);
+}
+
+// The inputs are complete where the compute stream is now: the communication stream
+// waits for that, runs the NCCL calls and records `done`.
+WorkHandle NcclGroup::enqueue(const Launch& launch) {
+  communicator_->throw_if_failed();
+  cuda::DeviceGuard guard(device_.index);
+  const cudaStream_t compute = cuda::current_stream(device_), comm_stream = cuda::communication_stream(device_);
+  cuda::Event ready;
+  ready.record(compute);
+  ready.block(comm_stream);
   auto pending = std::make_shared<Communicator::Pending>();
   pending->done = std::make_shared<cuda::Event>();
-  pending->what = c.describe();
+  pending->what = launch.what;
   Communicator& k = *communicator_;
   std::lock_guard calling(k.call);
   {
@@ -395,25 +415,9 @@ WorkHandle NcclGroup::issue(Collective c) {
     ZG_CHECK(k.error.empty() && k.comm, k.error.empty() ? "nccl group: the communicator is gone" : k.error);
     k.pending.push_back(pending);
   }
-  ncclResult_t result = ncclSuccess;
-  switch (c.op) {
-    case CollectiveOp::all_reduce:
-    case CollectiveOp::barrier:
-      result = ncclAllReduce(in, out, c.input.numel(), type, nccl_op(c.reduce), k.comm, comm_stream);
-      break;
-    case CollectiveOp::reduce_scatter:
-      result = ncclReduceScatter(in, out, c.output.numel(), type, nccl_op(c.reduce), k.comm, comm_stream);
-      break;
-    case CollectiveOp::all_gather:
-      result = ncclAllGather(in, out, c.input.numel(), type, k.comm, comm_stream);
-      break;
-    case CollectiveOp::broadcast:
-      result = ncclBroadcast(in, out, c.input.numel(), type, c.root, k.comm, comm_stream);
-      break;
-  }
-  // Until it settles the collective may not be on the stream yet (a first call connects
-  // to its peers). A failure aborts the communicator: every rank then fails.
-  k.settle(result, pending->what);
+  // Until it settles the call may not be on the stream yet (a first call connects to its
+  // peers). A failure aborts the communicator: every rank then fails.
+  k.settle(launch.calls(k.comm, comm_stream), pending->what);
   try {
     pending->done->record(comm_stream);
   } catch (...) {  // no event to wait for: forget it, or the destructor would wait a timeout for it
@@ -422,10 +426,10 @@ WorkHandle NcclGroup::issue(Collective c) {
     throw;
   }
   pending->enqueued = true;
-  // Freed by the caller before the collective ends, these blocks wait for it before reuse.
-  cuda::record_stream(c.input, comm_stream);
-  if (!c.output.is_same(c.input)) cuda::record_stream(c.output, comm_stream);
-  return std::make_shared<NcclWork>(pending->done, device_, communicator_, c.op == CollectiveOp::barrier);
+  // Freed by the caller before the call ends, these blocks wait for it before reuse.
+  for (size_t i = 0; i < launch.buffers.size(); ++i)
+    if (i == 0 || !launch.buffers[i].is_same(launch.buffers[i - 1])) cuda::record_stream(launch.buffers[i], comm_stream);
+  return std::make_shared<NcclWork>(pending->done, device_, communicator_, launch.block_host);
 }
 
 }  // namespace zg::dist

@@ -18,6 +18,13 @@
 // thread aborts the communicator when a collective has not finished on the device
 // within `timeout` (a rank died or diverged), so the others fail with an error
 // instead of waiting forever.
+//
+// Point to point: ncclSend / ncclRecv, a batch in one NCCL group call -- messages that
+// cross between two ranks must be in one batch, or the two sends wait for each other on
+// the device. With the host group and `check_calls`, the two ends first exchange their
+// calls over the host (the sender's on the host group, the receiver's answer on a
+// duplicate of it, so each direction carries one kind); the host waits for the peer, and
+// a mismatch fails both ends, naming both calls, before NCCL moves anything.
 #pragma once
 
 #include <array>
@@ -63,14 +70,22 @@ class NcclGroup final : public ProcessGroup {
 
  private:
   WorkHandle issue(Collective collective) override;
-  void agree(const Collective& collective);  // compares the call across ranks through host_
+  std::vector<WorkHandle> issue_p2p(std::vector<Collective> messages) override;
+  void agree(const Collective& collective);                 // compares the call across ranks through host_
+  void agree_p2p(const std::vector<Collective>& messages);  // compares each message with its peer's, through host_
+  // Puts `launch` (the NCCL calls) on the communication stream after the compute stream's
+  // work so far; `buffers` are marked used there. The Work waits for it.
+  struct Launch;
+  WorkHandle enqueue(const Launch& launch);
 
   std::unique_ptr<ProcessGroup> owned_host_;  // a split's host group (outlives the communicator)
   int rank_, size_;
   Device device_;
   ProcessGroup* host_;
+  std::unique_ptr<ProcessGroup> answers_;  // host_'s duplicate for the answers of agree_p2p
   NcclOptions options_;
   int64_t calls_ = 0;
+  std::vector<int64_t> sent_, received_;  // per peer: messages checked so far (agree_p2p)
   std::shared_ptr<Communicator> communicator_;
 };
 

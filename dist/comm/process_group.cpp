@@ -30,6 +30,8 @@ const char* name(CollectiveOp op) {
     case CollectiveOp::all_gather: return "all_gather";
     case CollectiveOp::broadcast: return "broadcast";
     case CollectiveOp::barrier: return "barrier";
+    case CollectiveOp::send: return "send";
+    case CollectiveOp::recv: return "recv";
   }
   return "?";
 }
@@ -44,7 +46,9 @@ int64_t Collective::ring_bytes(int world_size) const {
     case CollectiveOp::reduce_scatter: bytes = share * static_cast<double>(input.nbytes()); break;
     case CollectiveOp::all_gather: bytes = share * static_cast<double>(output.nbytes()); break;
     case CollectiveOp::broadcast: bytes = share * static_cast<double>(input.nbytes()); break;
-    case CollectiveOp::barrier: break;
+    case CollectiveOp::send: bytes = static_cast<double>(input.nbytes()); break;
+    case CollectiveOp::barrier:
+    case CollectiveOp::recv: break;
   }
   return static_cast<int64_t>(bytes + 0.5);
 }
@@ -69,6 +73,8 @@ std::string Collective::describe(const Signature& s) {
   if (op == CollectiveOp::all_reduce || op == CollectiveOp::reduce_scatter)
     text += std::string(", ") + name(static_cast<ReduceKind>(s[1]));
   if (op == CollectiveOp::broadcast) text += ", root " + std::to_string(s[2]);
+  if (op == CollectiveOp::send || op == CollectiveOp::recv)
+    text += std::string(op == CollectiveOp::send ? ", to" : ", from") + " rank " + std::to_string(s[2]);
   if (s[8] != 0) text += ", tag " + std::to_string(s[8]);
   return text + ")";
 }
@@ -87,6 +93,17 @@ std::string Collective::mismatch(const std::vector<Signature>& all, int64_t inde
       return group + ": collective #" + std::to_string(index) + " does not match across ranks: rank 0 called " +
              describe(all[0]) + ", rank " + std::to_string(q) + " called " + describe(all[q]);
   return "";
+}
+
+// A send and its receive agree on what moves: dtype, numel, device type and tag (the
+// ops and peers differ by nature).
+std::string Collective::p2p_mismatch(const Signature& send, const Signature& recv, int src, int dst, int64_t index,
+                                     const std::string& group) {
+  const bool agree = send[3] == recv[3] && send[4] == recv[4] && send[7] == recv[7] && send[8] == recv[8];
+  if (agree) return "";
+  return group + ": message #" + std::to_string(index) + " from rank " + std::to_string(src) + " to rank " +
+         std::to_string(dst) + " does not match: rank " + std::to_string(src) + " sent " + describe(send) + ", rank " +
+         std::to_string(dst) + " receives " + describe(recv);
 }
 
 void scale_buffer(const Tensor& buffer, double factor) {
@@ -331,6 +348,64 @@ std::unique_ptr<ProcessGroup> ProcessGroup::split_grid(int size, int stride) {
 std::unique_ptr<ProcessGroup> ProcessGroup::make_grid(int size, int stride) {
   const int j = rank() / stride % size;
   return split(rank() - j * stride, j);
+}
+
+// ---- point to point ---------------------------------------------------------------
+
+namespace {
+// A batch's Work: done when every message is.
+class AllOf final : public Work {
+ public:
+  explicit AllOf(std::vector<WorkHandle> works) : works_(std::move(works)) {}
+  void wait() override {
+    for (const WorkHandle& w : works_) w->wait();
+  }
+  bool completed() const override {
+    return std::all_of(works_.begin(), works_.end(), [](const WorkHandle& w) { return w->completed(); });
+  }
+
+ private:
+  std::vector<WorkHandle> works_;
+};
+}  // namespace
+
+Collective ProcessGroup::message(const P2POp& op) const {
+  const bool sending = op.kind == P2POp::send;
+  const char* what = sending ? "send" : "recv";
+  check_buffer(what, sending ? "tensor" : "buffer", op.buffer);
+  ZG_CHECK(op.peer >= 0 && op.peer < size() && op.peer != rank(), what, ": peer ", op.peer, " is not another rank of ",
+           "this group (rank ", rank(), " of ", size(), ")");
+  ZG_CHECK(accepts(op.buffer.device()), what, ": the ", kind(), " group does not take ", describe(op.buffer));
+  if (!sending) begin_inplace(op.buffer, "recv");
+  Collective c{sending ? CollectiveOp::send : CollectiveOp::recv, op.buffer, op.buffer, ReduceKind::sum, op.peer};
+  c.tag = op.tag;
+  return c;
+}
+
+WorkHandle ProcessGroup::send_async(const Tensor& tensor, int dst, int64_t tag) {
+  return batch_async({{P2POp::send, tensor, dst, tag}});
+}
+
+WorkHandle ProcessGroup::recv_async(const Tensor& buffer, int src, int64_t tag) {
+  return batch_async({{P2POp::recv, buffer, src, tag}});
+}
+
+// Every message is validated before any is posted: a refused batch posted nothing.
+WorkHandle ProcessGroup::batch_async(const std::vector<P2POp>& ops) {
+  TraceRange range(ops.size() == 1 ? (ops[0].kind == P2POp::send ? "send" : "recv") : "batch_isend_irecv");
+  std::vector<Collective> messages;
+  int64_t bytes = 0;
+  for (const P2POp& op : ops) {
+    messages.push_back(message(op));
+    bytes += messages.back().ring_bytes(size());
+  }
+  std::vector<WorkHandle> works = issue_p2p(std::move(messages));
+  bytes_sent_ += bytes;
+  return works.size() == 1 ? works[0] : std::make_shared<AllOf>(std::move(works));
+}
+
+std::vector<WorkHandle> ProcessGroup::issue_p2p(std::vector<Collective>) {
+  fail("send/recv: the ", kind(), " group has no point-to-point messages");
 }
 
 void ProcessGroup::barrier() { submit({CollectiveOp::barrier, Tensor(), Tensor(), ReduceKind::sum, 0})->wait(); }

@@ -24,6 +24,16 @@
 //   reduce_scatter    (N-1)/N x bytes of the full (input) buffer
 //   all_gather        (N-1)/N x bytes of the full (output) buffer
 //   broadcast         (N-1)/N x bytes (a pipelined ring)
+//   send              the bytes of the message (a receive sends nothing)
+//
+// Point to point (send, recv, batch): one rank's message to another -- a pipeline
+// stage's activations, and their gradients coming back. These bypass the ordered queue
+// of collectives: a message is posted at once and completes when its partner is posted
+// on the other rank, so two ranks that send to each other at the same time (1F1B's
+// steady state) do not wait on each other. Between one pair of ranks, sends and receives
+// pair in the order posted -- rank a's k-th send to b with b's k-th receive from a --
+// and the pair is compared like a collective (dtype, numel, device type, tag): a
+// mismatch fails both ends, each naming both calls, before any data moves.
 #pragma once
 
 #include <array>
@@ -38,16 +48,16 @@
 namespace zg::dist {
 
 enum class ReduceKind : uint8_t { sum, average, max };
-enum class CollectiveOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
+enum class CollectiveOp : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier, send, recv };
 const char* name(ReduceKind op);
 const char* name(CollectiveOp op);
 
 // One collective call, as every rank must agree on it.
 struct Collective {
   CollectiveOp op = CollectiveOp::barrier;
-  Tensor input, output;  // all_reduce, broadcast: the same buffer; barrier: none
+  Tensor input, output;  // all_reduce, broadcast, send, recv: the same buffer; barrier: none
   ReduceKind reduce = ReduceKind::sum;
-  int root = 0;
+  int root = 0;     // broadcast: the root; send, recv: the peer
   int64_t tag = 0;  // the issuing thread's CollectiveTag
   std::string describe() const;  // "reduce_scatter(bf16[1024] on cpu -> bf16[256] on cpu, average)"
   // The bytes one rank sends for it in a ring of `world_size` ranks (table above).
@@ -62,6 +72,19 @@ struct Collective {
   // "" if every rank's signature equals rank 0's; else "<group>: collective #<index>
   // does not match across ranks: rank 0 called ..., rank q called ...".
   static std::string mismatch(const std::vector<Signature>& all, int64_t index, const std::string& group);
+  // "" if rank `src`'s send and rank `dst`'s receive agree (dtype, numel, device type,
+  // tag); else "<group>: message #<index> from rank <src> to rank <dst> does not match:
+  // rank <src> sent ..., rank <dst> receives ...".
+  static std::string p2p_mismatch(const Signature& send, const Signature& recv, int src, int dst, int64_t index,
+                                  const std::string& group);
+};
+
+// One message of a batch (ProcessGroup::batch_async), as torch.distributed's P2POp.
+struct P2POp {
+  enum Kind : uint8_t { send, recv } kind = send;
+  Tensor buffer;  // send: what goes; recv: where it lands
+  int peer = 0;
+  int64_t tag = 0;
 };
 
 // Collectives issued on this thread within a CollectiveTag's scope carry its tag, which
@@ -138,6 +161,18 @@ class ProcessGroup {
   void broadcast(const Tensor& buffer, int root) { broadcast_async(buffer, root)->wait(); }
   void barrier();  // returns when every rank has reached it (the host waits, on every group)
 
+  // Point to point (see the top of this file). `tensor` goes to rank `dst`; `buffer`, of
+  // the same dtype and numel on this rank, receives what rank `src` sends. A rank does not
+  // message itself. The Work completes once the partner is posted and the bytes moved;
+  // until then the buffer must not be touched. A mismatched pair fails both Works.
+  WorkHandle send_async(const Tensor& tensor, int dst, int64_t tag = 0);
+  WorkHandle recv_async(const Tensor& buffer, int src, int64_t tag = 0);
+  // Several messages posted together (torch's batch_isend_irecv); one Work for all.
+  // The nccl group needs crossing messages in one batch (one NCCL group call).
+  WorkHandle batch_async(const std::vector<P2POp>& ops);
+  void send(const Tensor& tensor, int dst, int64_t tag = 0) { send_async(tensor, dst, tag)->wait(); }
+  void recv(const Tensor& buffer, int src, int64_t tag = 0) { recv_async(buffer, src, tag)->wait(); }
+
   // Bytes this rank has sent (ring model above), since construction or reset.
   int64_t bytes_sent() const { return bytes_sent_; }
   void reset_bytes_sent() { bytes_sent_ = 0; }
@@ -149,6 +184,9 @@ class ProcessGroup {
  protected:
   // Issues one validated collective (see the top of this file).
   virtual WorkHandle issue(Collective collective) = 0;
+  // Posts validated messages (ops send and recv, the peer in `root`), outside the
+  // collective queue; a Work each. Groups without point-to-point messages refuse.
+  virtual std::vector<WorkHandle> issue_p2p(std::vector<Collective> messages);
   // split()'s new group, once every rank's colour is known: `members` are the ranks of
   // this group that form it, in their new order. Groups that can split override it.
   virtual std::unique_ptr<ProcessGroup> subgroup(const std::vector<int>& members, int color, int key);
@@ -157,6 +195,7 @@ class ProcessGroup {
 
  private:
   WorkHandle submit(Collective collective);
+  Collective message(const P2POp& op) const;  // validated: a send or recv to post
   int64_t bytes_sent_ = 0;
   // Points at this group but shares the lifetime of a control block only this member
   // holds: the holders' weak references expire exactly when the group goes.
