@@ -67,3 +67,4 @@
 #include "dist/tensor/parallelize.h"
 #include "dist/tensor/sequence_parallel.h"
 #include "dist/tensor/vocab_parallel.h"
+#include "dist/pipeline/schedule.h"

@@ -2,7 +2,7 @@
 """Fails when an #include breaks the layering of docs/design.md ("Layers").
 
 Layers, low to high: tensor/, cuda/ (it may include tensor/, not the other way round),
-autograd/, nn/, optim/, dist/comm/, dist/tensor/, dist/zero/. A library file includes from its own
+autograd/, nn/, optim/, dist/comm/, dist/tensor/, dist/zero/, dist/pipeline/. A library file includes from its own
 layer or lower ones, never from the programs (examples/, bench/, tests/, zerograd.h),
 which may include anything. Outside cuda/ and dist/ no library file includes a CUDA
 header, so a build without CUDA needs no #ifdef there.
@@ -12,7 +12,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["tensor/", "cuda/", "autograd/", "nn/", "optim/", "dist/comm/", "dist/tensor/", "dist/zero/"]
+LAYERS = ["tensor/", "cuda/", "autograd/", "nn/", "optim/", "dist/comm/", "dist/tensor/", "dist/zero/", "dist/pipeline/"]
 PROGRAMS = ["examples/", "bench/", "tests/", "zerograd.h"]
 CUDA_ALLOWED = ["cuda/", "dist/"]
 SOURCES = {".h", ".hpp", ".cuh", ".cpp", ".cc", ".cu"}

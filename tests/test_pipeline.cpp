@@ -1,0 +1,120 @@
+// Pipeline schedules as data (dist/pipeline/schedule.h): each schedule's order, run on
+// the idealised machine of simulate(), idles as its paper's formula says and holds the
+// activations it says; malformed schedules are refused by name.
+#include "dist/pipeline/schedule.h"
+#include "helpers.h"
+
+namespace zg::test {
+
+using dist::Action;
+using dist::ScheduleKind;
+
+namespace {
+// Idle time per rank, in units of a forward: the bubble fraction times the makespan.
+double idle_per_rank(const dist::Timeline& t) { return t.bubble_fraction() * t.makespan; }
+double formula_idle(const dist::Schedule& s, const dist::ActionTimes& times = {}) {
+  const double f = dist::formula_bubble_fraction(s, times);
+  return f / (1 - f) * s.micro_batches * s.chunks * (times.forward + times.backward_input + times.backward_weight);
+}
+}  // namespace
+
+TEST_CASE("1F1B is the textbook order: p - 1 - r forwards ahead, then one forward one backward") {
+  const dist::Schedule s = dist::make_schedule(ScheduleKind::one_f_one_b, 4, 8);
+  CHECK(s.str() ==
+        "rank 0: F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7\n"
+        "rank 1: F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7\n"
+        "rank 2: F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7\n"
+        "rank 3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7\n");
+  // Interleaved: groups of p micro-batches through chunk 0, then chunk 1; backwards in reverse.
+  const dist::Schedule v = dist::make_schedule(ScheduleKind::interleaved, 2, 4, 2);
+  CHECK(v.str() ==
+        "rank 0: F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3\n"
+        "rank 1: F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3\n");
+  // ZB-H1: 1F1B's warm-up; rank r defers its first r weight gradients.
+  const dist::Schedule zb = dist::make_schedule(ScheduleKind::zb_h1, 2, 4);
+  CHECK(zb.str() == "rank 0: F0 F1 I0 W0 F2 I1 W1 F3 I2 W2 I3 W3\n"
+                    "rank 1: F0 I0 F1 I1 W0 F2 I2 W1 F3 I3 W2 W3\n");
+}
+
+TEST_CASE("every schedule at p in {2, 4}, m in {1, 4, 8}: the simulated bubble equals its formula") {
+  for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
+                            ScheduleKind::zb_h1, ScheduleKind::zb_h2})
+    for (int p : {2, 4})
+      for (int m : {1, 4, 8}) {
+        const bool interleaved = kind == ScheduleKind::interleaved;
+        if (interleaved && m % p != 0) continue;
+        // The zero-bubble formulas need the pipeline full (m >= p; ZB-H2's warm-up, m >= 2p).
+        if ((kind == ScheduleKind::zb_h1 && m < p) || (kind == ScheduleKind::zb_h2 && m < 2 * p)) continue;
+        const dist::Schedule s = dist::make_schedule(kind, p, m, interleaved ? 2 : 1);
+        INFO(std::string(dist::name(kind)) << " p=" << p << " m=" << m << "\n" << s.str());
+        const dist::Timeline t = dist::simulate(s);
+        CHECK(idle_per_rank(t) == doctest::Approx(formula_idle(s)).epsilon(1e-12));
+        CHECK(t.bubble_fraction() == doctest::Approx(dist::formula_bubble_fraction(s)).epsilon(1e-12));
+      }
+  // GPipe and 1F1B in closed form: (p - 1) / (m + p - 1); interleaving divides the idle time by v.
+  CHECK(dist::simulate(dist::make_schedule(ScheduleKind::one_f_one_b, 4, 8)).bubble_fraction() ==
+        doctest::Approx(3.0 / 11));
+  CHECK(dist::simulate(dist::make_schedule(ScheduleKind::interleaved, 4, 8, 2)).bubble_fraction() ==
+        doctest::Approx(3.0 / 19));
+  // ZB-H1 idles a third of 1F1B at F = I = W.
+  CHECK(idle_per_rank(dist::simulate(dist::make_schedule(ScheduleKind::zb_h1, 4, 8))) ==
+        doctest::Approx(idle_per_rank(dist::simulate(dist::make_schedule(ScheduleKind::one_f_one_b, 4, 8))) / 3));
+}
+
+TEST_CASE("ZB-H1 follows its formula at other action times; the last stage's ramp bounds every schedule") {
+  for (const dist::ActionTimes times : {dist::ActionTimes{1, 1, 0.5}, dist::ActionTimes{1, 1.5, 0.5},
+                                        dist::ActionTimes{2, 1, 1}})
+    for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1}) {
+      const dist::Schedule s = dist::make_schedule(kind, 4, 16);
+      INFO(std::string(dist::name(kind)) << " F=" << times.forward << " I=" << times.backward_input << " W=" << times.backward_weight);
+      CHECK(idle_per_rank(dist::simulate(s, times)) == doctest::Approx(formula_idle(s, times)));
+      CHECK(idle_per_rank(dist::simulate(s, times)) >= 3 * times.forward - 1e-12);
+    }
+}
+
+TEST_CASE("activations held: GPipe all m, 1F1B p - r, ZB-H1 p on every rank, ZB-H2 about twice that") {
+  const auto peaks = [](ScheduleKind kind, int chunks = 1) {
+    return dist::simulate(dist::make_schedule(kind, 4, 8, chunks)).peak_activations();
+  };
+  CHECK(peaks(ScheduleKind::gpipe) == std::vector<int>{8, 8, 8, 8});
+  CHECK(peaks(ScheduleKind::one_f_one_b) == std::vector<int>{4, 3, 2, 1});
+  CHECK(peaks(ScheduleKind::zb_h1) == std::vector<int>{4, 4, 4, 4});
+  CHECK(peaks(ScheduleKind::zb_h2) == std::vector<int>{8, 7, 6, 5});
+  // Interleaved counts chunks: the first rank holds 11 (micro-batch, chunk) pairs, each half a stage's.
+  CHECK(peaks(ScheduleKind::interleaved, 2) == std::vector<int>{11, 9, 7, 5});
+}
+
+TEST_CASE("malformed schedules and arguments are refused, naming what is wrong") {
+  CHECK_THROWS_WITH_AS(dist::parse_schedule("1F1B"),
+                       "pipeline: unknown schedule '1F1B'; the schedules are gpipe, 1f1b, interleaved, zb-h1, zb-h2",
+                       Error);
+  CHECK(dist::parse_schedule("zb-h2") == ScheduleKind::zb_h2);
+  CHECK_THROWS_WITH_AS(dist::make_schedule(ScheduleKind::interleaved, 4, 6, 2),
+                       "pipeline: interleaved runs the micro-batches in groups of the 4 ranks; 6 micro-batches are "
+                       "not a multiple of 4",
+                       Error);
+  CHECK_THROWS_WITH_AS(dist::make_schedule(ScheduleKind::interleaved, 4, 8, 1),
+                       doctest::Contains("interleaved needs at least 2 chunks"), Error);
+  CHECK_THROWS_WITH_AS(dist::make_schedule(ScheduleKind::gpipe, 4, 8, 2),
+                       doctest::Contains("gpipe runs one chunk a rank, got 2"), Error);
+  CHECK_THROWS_WITH_AS(dist::make_schedule(ScheduleKind::one_f_one_b, 0, 8), doctest::Contains("at least one rank"),
+                       Error);
+  // Hand-made orders: a backward before its forward can never run; a missing action is named.
+  dist::Schedule s = dist::make_schedule(ScheduleKind::one_f_one_b, 2, 2);
+  std::swap(s.actions[1][0], s.actions[1][1]);  // rank 1: B0 F0 ...
+  CHECK_THROWS_WITH_AS(dist::simulate(s),
+                       "pipeline: the 1f1b schedule cannot finish: each rank waits for an action that comes after its "
+                       "own (rank 0 at B0, rank 1 at B0)",
+                       Error);
+  s = dist::make_schedule(ScheduleKind::one_f_one_b, 2, 2);
+  s.actions[0].pop_back();
+  CHECK_THROWS_WITH_AS(dist::simulate(s), "pipeline: rank 0 never runs B1 (stage 0)", Error);
+  s = dist::make_schedule(ScheduleKind::one_f_one_b, 2, 2);
+  s.actions[0].push_back({Action::forward, 0, 0});
+  CHECK_THROWS_WITH_AS(dist::simulate(s), "pipeline: rank 0 runs F0 twice", Error);
+  s = dist::make_schedule(ScheduleKind::zb_h1, 2, 2);
+  s.actions[0][1] = {Action::backward, 0, 0};
+  CHECK_THROWS_WITH_AS(dist::simulate(s), doctest::Contains("is a whole backward in a schedule that splits it"), Error);
+}
+
+}  // namespace zg::test
