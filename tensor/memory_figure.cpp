@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tensor/error.h"
+#include "tensor/svg.h"
 
 namespace zg {
 
@@ -211,25 +212,6 @@ double text_width(const std::string& text) {
   return units * 11 / 2048;
 }
 
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
-  }
-  return out;
-}
-
-std::string fmt(const char* format, double a, double b = 0) {
-  char buf[160];
-  const int n = std::snprintf(buf, sizeof buf, format, a, b);
-  ZG_CHECK(n >= 0 && n < static_cast<int>(sizeof buf), "memory_figure_svg: a drawing command did not fit its buffer");
-  return buf;
-}
-
 // The axis: `unit` (a power of 1024) and a step of 1, 2, 2.5 or 5 x 10^k units giving
 // four or five ticks up to the first one at or above `most`.
 struct Axis {
@@ -269,11 +251,11 @@ std::vector<std::pair<double, double>> steps(const std::vector<double>& xs, cons
 // (a flat run is drawn by its ends): the figures stay small, the shape is the same.
 std::string points_of(const std::vector<std::pair<double, double>>& points) {
   std::vector<std::string> ys;
-  for (const auto& [x, y] : points) ys.push_back(fmt("%.2f", y));
+  for (const auto& [x, y] : points) ys.push_back(svg_fmt("%.2f", y));
   std::string out;
   for (size_t i = 0; i < points.size(); ++i) {
     if (i > 0 && i + 1 < points.size() && ys[i - 1] == ys[i] && ys[i] == ys[i + 1]) continue;
-    out += fmt(" %.2f,", points[i].first) + ys[i];
+    out += svg_fmt(" %.2f,", points[i].first) + ys[i];
   }
   return out;
 }
@@ -329,25 +311,25 @@ std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std:
   const auto item = [&](const std::function<std::string(double, double)>& swatch, const std::string& label) {
     const double item_w = 16 + text_width(label) + 14;
     if (lx > 12 && lx + item_w - 14 > width - 12) lx = 12, ly += 16;
-    legend += swatch(lx, ly) + fmt("<text x=\"%.1f\" y=\"%.1f\">", lx + 16, ly + 9) + escape(label) + "</text>\n";
+    legend += swatch(lx, ly) + svg_fmt("<text x=\"%.1f\" y=\"%.1f\">", lx + 16, ly + 9) + svg_escape(label) + "</text>\n";
     lx += item_w;
   };
   const auto line = [](const std::string& style) {
     return [style](double x, double y) {
-      return fmt("<line x1=\"%.1f\" y1=\"%.1f\" ", x, y + 6) + fmt("x2=\"%.1f\" y2=\"%.1f\" ", x + 12, y + 6) + style +
+      return svg_fmt("<line x1=\"%.1f\" y1=\"%.1f\" ", x, y + 6) + svg_fmt("x2=\"%.1f\" y2=\"%.1f\" ", x + 12, y + 6) + style +
              "/>";
     };
   };
   for (int c = 0; c < kMemoryCategories; ++c)
     if (used[c])
       item([c](double x, double y) {
-        return fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" ", x, y) + "fill=\"" +
+        return svg_fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" ", x, y) + "fill=\"" +
                kCategoryColour[c] + "\"/>";
       }, name(static_cast<MemoryCategory>(c)));
   for (const char* phase : {"forward", "backward", "optimizer"})
     if (phases_seen.contains(phase))
       item([phase](double x, double y) {
-        return fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"6\" ", x, y + 3) + "fill=\"" +
+        return svg_fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"6\" ", x, y + 3) + "fill=\"" +
                phase_colour(phase) + "\"/>";
       }, phase);
   if (any_host) item(line(kHostPoolStyle), "host pool");
@@ -356,10 +338,10 @@ std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std:
   const double header = ly + 26, height = header + rows * kPanelH;
 
   std::string svg;
-  svg += fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" ", width, height) +
-         fmt("viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n", width, height);
-  svg += fmt("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", width, height);
-  svg += "<text x=\"12\" y=\"20\" font-size=\"14\" font-weight=\"bold\">" + escape(title) + "</text>\n";
+  svg += svg_fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" ", width, height) +
+         svg_fmt("viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n", width, height);
+  svg += svg_fmt("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", width, height);
+  svg += "<text x=\"12\" y=\"20\" font-size=\"14\" font-weight=\"bold\">" + svg_escape(title) + "</text>\n";
   svg += legend;
 
   for (size_t p = 0; p < panels.size(); ++p) {
@@ -373,15 +355,15 @@ std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std:
     const auto px = [&](double x) { return x_left + (x - x0) / (x1 - x0) * plot_w; };
     const auto py = [&](double bytes) { return baseline - bytes / bytes_per_px; };
     const int64_t peak = s.peak();
-    svg += "<g class=\"panel\" data-title=\"" + escape(panel.title) + "\" data-peak-bytes=\"" + std::to_string(peak) +
-           "\"" + fmt(" data-baseline-y=\"%.2f\"", baseline) + fmt(" data-bytes-per-px=\"%.9g\">\n", bytes_per_px);
-    svg += fmt("<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", x_left, oy + 18) + escape(panel.title) + "</text>\n";
+    svg += "<g class=\"panel\" data-title=\"" + svg_escape(panel.title) + "\" data-peak-bytes=\"" + std::to_string(peak) +
+           "\"" + svg_fmt(" data-baseline-y=\"%.2f\"", baseline) + svg_fmt(" data-bytes-per-px=\"%.9g\">\n", bytes_per_px);
+    svg += svg_fmt("<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", x_left, oy + 18) + svg_escape(panel.title) + "</text>\n";
     // The y axis: grid lines and labels.
     for (int t = 0; t <= axis.ticks; ++t) {
       const double y = py(t * axis.step * axis.unit);
-      svg += fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, y) +
-             fmt("x2=\"%.1f\" y2=\"%.2f\" stroke=\"#e0e0e0\"/>\n", x_left + plot_w, y);
-      svg += fmt("<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">", x_left - 6, y + 4) +
+      svg += svg_fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, y) +
+             svg_fmt("x2=\"%.1f\" y2=\"%.2f\" stroke=\"#e0e0e0\"/>\n", x_left + plot_w, y);
+      svg += svg_fmt("<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">", x_left - 6, y + 4) +
              tick_label(t * axis.step, axis) + "</text>\n";
     }
     // Samples kept: in each pixel column, the one with the most bytes (the envelope, so
@@ -420,31 +402,31 @@ std::string memory_figure_svg(const std::vector<MemoryPanel>& panels, const std:
     if (panel.show_reserved) polyline(s.reserved, kReservedStyle);
     for (const MemoryLevel& level : panel.levels) {
       const double y = py(static_cast<double>(level.bytes));
-      svg += fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, y) + fmt("x2=\"%.1f\" y2=\"%.2f\" ", x_left + plot_w, y) +
+      svg += svg_fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, y) + svg_fmt("x2=\"%.1f\" y2=\"%.2f\" ", x_left + plot_w, y) +
              (level.host ? kHostLevelStyle : kLevelStyle) + "/>\n";
-      svg += fmt("<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">", x_left + plot_w, y - 3) +
-             escape(level.label + " " + format_bytes(level.bytes)) + "</text>\n";
+      svg += svg_fmt("<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">", x_left + plot_w, y - 3) +
+             svg_escape(level.label + " " + format_bytes(level.bytes)) + "</text>\n";
     }
     // The peak, marked where it first happens.
     size_t at = 0;
     for (size_t i = 0; i < s.x.size(); ++i)
       if (s.total(i) > s.total(at)) at = i;
     const double peak_x = px(s.x[at]), peak_y = py(static_cast<double>(peak));
-    svg += fmt("<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2.5\"/>\n", peak_x, peak_y);
-    svg += fmt("<text x=\"%.2f\" y=\"%.2f\" ", peak_x + (peak_x > x_left + plot_w / 2 ? -5 : 5), peak_y - 5) +
+    svg += svg_fmt("<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2.5\"/>\n", peak_x, peak_y);
+    svg += svg_fmt("<text x=\"%.2f\" y=\"%.2f\" ", peak_x + (peak_x > x_left + plot_w / 2 ? -5 : 5), peak_y - 5) +
            (peak_x > x_left + plot_w / 2 ? "text-anchor=\"end\"" : "") + ">peak " + format_bytes(peak) + "</text>\n";
     // The x axis, the phases under it, the clock.
-    svg += fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, baseline) +
-           fmt("x2=\"%.1f\" y2=\"%.2f\" stroke=\"black\"/>\n", x_left + plot_w, baseline);
+    svg += svg_fmt("<line x1=\"%.1f\" y1=\"%.2f\" ", x_left, baseline) +
+           svg_fmt("x2=\"%.1f\" y2=\"%.2f\" stroke=\"black\"/>\n", x_left + plot_w, baseline);
     for (const MemorySeries::Phase& phase : s.phases) {
       const double a = std::max(px(phase.begin), x_left), b = std::min(px(phase.end), x_left + plot_w);
       if (b <= a) continue;
-      svg += fmt("<rect x=\"%.2f\" y=\"%.2f\" ", a, baseline + 4) + fmt("width=\"%.2f\" height=\"6\" ", b - a) +
+      svg += svg_fmt("<rect x=\"%.2f\" y=\"%.2f\" ", a, baseline + 4) + svg_fmt("width=\"%.2f\" height=\"6\" ", b - a) +
              "fill=\"" + phase_colour(phase.name) + "\"><title>" + phase.name + "</title></rect>\n";
     }
-    svg += fmt("<text x=\"%.1f\" y=\"%.2f\">0</text>\n", x_left, baseline + 24);
-    svg += fmt("<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">", x_left + plot_w, baseline + 24) +
-           (s.dry_run ? fmt("event %.0f", x1) : fmt("%.1f ms", x1 - x0)) + "</text>\n";
+    svg += svg_fmt("<text x=\"%.1f\" y=\"%.2f\">0</text>\n", x_left, baseline + 24);
+    svg += svg_fmt("<text x=\"%.1f\" y=\"%.2f\" text-anchor=\"end\">", x_left + plot_w, baseline + 24) +
+           (s.dry_run ? svg_fmt("event %.0f", x1) : svg_fmt("%.1f ms", x1 - x0)) + "</text>\n";
     svg += "</g>\n";
   }
   svg += "</svg>\n";

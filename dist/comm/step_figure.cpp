@@ -6,24 +6,11 @@
 
 #include "dist/comm/process_group.h"
 #include "tensor/error.h"
+#include "tensor/svg.h"
 
 namespace zg::dist {
 
 namespace {
-
-std::string fmt(const char* format, double a, double b = 0) {
-  char buf[160];
-  const int n = std::snprintf(buf, sizeof buf, format, a, b);
-  ZG_CHECK(n >= 0 && n < static_cast<int>(sizeof buf), "step_schedule_svg: a drawing command did not fit its buffer");
-  return buf;
-}
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text)
-    out += c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '"' ? "&quot;" : std::string(1, c);
-  return out;
-}
 
 // The memory figures' phase colours (tensor/memory_figure.cpp), and one per collective.
 const char* phase_colour(const std::string& phase) {
@@ -68,11 +55,11 @@ struct TimeAxis {
 };
 
 std::string rect(double x, double y, double w, const std::string& fill, const std::string& extra = "") {
-  return fmt("<rect x=\"%.2f\" y=\"%.1f\" ", x, y) + fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", w, kRowH) + fill +
+  return svg_fmt("<rect x=\"%.2f\" y=\"%.1f\" ", x, y) + svg_fmt("width=\"%.2f\" height=\"%.1f\" fill=\"", w, kRowH) + fill +
          "\"" + extra + "/>\n";
 }
 std::string row_label(double y, const std::string& label) {
-  return fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", kLeft - 8, y + 15) + label + "</text>\n";
+  return svg_fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", kLeft - 8, y + 15) + label + "</text>\n";
 }
 
 // The compute row: the wait behind it (the whole step), then the kernels on top, a
@@ -122,14 +109,14 @@ std::string communication_rows(const SchedulePanel& p, const TimeAxis& axis, dou
 
 // The axis under a panel, in ms.
 std::string axis_line(const TimeAxis& axis, double y) {
-  std::string out = fmt("<line x1=\"%.1f\" y1=\"%.1f\" ", kLeft, y) +
-                    fmt("x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", kLeft + axis.plot_w, y);
+  std::string out = svg_fmt("<line x1=\"%.1f\" y1=\"%.1f\" ", kLeft, y) +
+                    svg_fmt("x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", kLeft + axis.plot_w, y);
   for (double ms = 0; ms <= axis.seconds * 1e3 + 1e-9; ms += axis.ms_step) {
     const double x = axis.x(ms / 1e3);
-    out += fmt("<line x1=\"%.2f\" y1=\"%.1f\" ", x, y) + fmt("x2=\"%.2f\" y2=\"%.1f\" stroke=\"black\"/>\n", x, y + 4);
-    out += fmt("<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">", x, y + 16) + fmt("%g", ms) + "</text>\n";
+    out += svg_fmt("<line x1=\"%.2f\" y1=\"%.1f\" ", x, y) + svg_fmt("x2=\"%.2f\" y2=\"%.1f\" stroke=\"black\"/>\n", x, y + 4);
+    out += svg_fmt("<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">", x, y + 16) + svg_fmt("%g", ms) + "</text>\n";
   }
-  return out + fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">ms</text>\n", kLeft - 8, y + 16);
+  return out + svg_fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">ms</text>\n", kLeft - 8, y + 16);
 }
 
 // One panel: its title with the step's sum, the compute row, the communication rows, the
@@ -139,9 +126,9 @@ std::string panel(const SchedulePanel& p, const TimeAxis& axis, double& y) {
   char summary[200];
   std::snprintf(summary, sizeof summary, ": step %.2f ms = compute %.2f ms + exposed %.2f ms (%.1f%%)", t.step * 1e3,
                 t.compute * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step);
-  std::string out = fmt("<g class=\"panel\" data-step-seconds=\"%.9g\" ", t.step) +
-                    fmt("data-compute-seconds=\"%.9g\" data-exposed-seconds=\"%.9g\">\n", t.compute, t.exposed);
-  out += fmt("<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", 12, y + 12) + escape(p.title) +
+  std::string out = svg_fmt("<g class=\"panel\" data-step-seconds=\"%.9g\" ", t.step) +
+                    svg_fmt("data-compute-seconds=\"%.9g\" data-exposed-seconds=\"%.9g\">\n", t.compute, t.exposed);
+  out += svg_fmt("<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", 12, y + 12) + svg_escape(p.title) +
          "<tspan font-weight=\"normal\">" + summary + "</tspan></text>\n";
   y += 20;
   out += compute_row(p, axis, y);
@@ -157,8 +144,8 @@ std::string legend() {
   std::string out;
   double x = 12;
   const auto item = [&](const char* colour, const std::string& label) {
-    out += fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"", x, 44) + colour + "\"/>" +
-           fmt("<text x=\"%.1f\" y=\"%.1f\">", x + 16, 54) + label + "</text>\n";
+    out += svg_fmt("<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"", x, 44) + colour + "\"/>" +
+           svg_fmt("<text x=\"%.1f\" y=\"%.1f\">", x + 16, 54) + label + "</text>\n";
     x += 22 + 6.2 * static_cast<double>(label.size());
   };
   item(phase_colour("forward"), "forward");
@@ -185,11 +172,11 @@ std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const st
   std::string body;
   double y = 22 + kLegendH;
   for (const SchedulePanel& p : panels) body += panel(p, axis, y);
-  std::string svg = fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" ", kWidth, y) +
-                    fmt("viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n", kWidth, y);
-  svg += fmt("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", kWidth, y);
-  svg += "<text x=\"12\" y=\"20\" font-size=\"14\" font-weight=\"bold\">" + escape(title) + "</text>\n";
-  svg += "<text x=\"12\" y=\"36\">" + escape(subtitle) + "</text>\n";
+  std::string svg = svg_fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" ", kWidth, y) +
+                    svg_fmt("viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" font-size=\"11\">\n", kWidth, y);
+  svg += svg_fmt("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", kWidth, y);
+  svg += "<text x=\"12\" y=\"20\" font-size=\"14\" font-weight=\"bold\">" + svg_escape(title) + "</text>\n";
+  svg += "<text x=\"12\" y=\"36\">" + svg_escape(subtitle) + "</text>\n";
   return svg + legend() + body + "</svg>\n";
 }
 
