@@ -1,7 +1,15 @@
 // Pipeline schedules as data (dist/pipeline/schedule.h): each schedule's order, run on
 // the idealised machine of simulate(), idles as its paper's formula says and holds the
-// activations it says; malformed schedules are refused by name.
+// activations it says; malformed schedules are refused by name. The executor
+// (dist/pipeline/pipeline.h) runs each over ranks as threads and gives one rank's gradients.
+#include <chrono>
+#include <map>
+#include <mutex>
+
+#include "dist/comm/local_group.h"
+#include "dist/pipeline/pipeline.h"
 #include "dist/pipeline/schedule.h"
+#include "dist/pipeline/stages.h"
 #include "helpers.h"
 
 namespace zg::test {
@@ -115,6 +123,173 @@ TEST_CASE("malformed schedules and arguments are refused, naming what is wrong")
   s = dist::make_schedule(ScheduleKind::zb_h1, 2, 2);
   s.actions[0][1] = {Action::backward, 0, 0};
   CHECK_THROWS_WITH_AS(dist::simulate(s), doctest::Contains("is a whole backward in a schedule that splits it"), Error);
+}
+
+namespace {
+
+constexpr int kLayers = 8, kWidth = 6, kRows = 8;
+
+// Eight Linear + GELU layers in f64: every rank makes all of them alike (one seed) and
+// keeps its stages' layers.
+std::vector<std::shared_ptr<nn::Module>> make_layers() {
+  manual_seed(7);
+  std::vector<std::shared_ptr<nn::Module>> layers;
+  for (int l = 0; l < kLayers; ++l)
+    layers.push_back(std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(kWidth, kWidth, true, std::nullopt, TensorOptions(DType::f64)),
+        std::make_shared<nn::GELU>()}));
+  return layers;
+}
+Tensor batch_inputs() { return arange(0, kRows * kWidth, 1, DType::f64).view({kRows, kWidth}) / 40.0 - 0.5; }
+Tensor batch_targets() { return sin(arange(0, kRows * kWidth, 1, DType::f64).view({kRows, kWidth}) / 7.0); }
+Tensor mean_squared_error(const Tensor& output, const Tensor& target) { return mse_loss(output, target); }
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  double most = x.size() == y.size() ? 0 : 1e300;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) most = std::max(most, std::fabs(x[i] - y[i]));
+  return most;
+}
+
+// One rank's loss and each layer's weight gradient over the whole batch.
+std::pair<double, std::vector<Tensor>> one_rank() {
+  const auto layers = make_layers();
+  Tensor x = batch_inputs();
+  for (const auto& layer : layers) x = (*layer)(x);
+  const Tensor loss = mean_squared_error(x, batch_targets());
+  loss.backward();
+  std::vector<Tensor> grads;
+  for (const auto& layer : layers) grads.push_back(layer->parameters().front().grad().clone());
+  return {loss.item<double>(), grads};
+}
+
+// Stage s of S holds layers [s L / S, (s + 1) L / S) as one Sequential chunk.
+std::vector<std::shared_ptr<nn::Module>> chunks_of(const std::vector<std::shared_ptr<nn::Module>>& layers,
+                                                   const dist::Schedule& s, int rank) {
+  std::vector<std::shared_ptr<nn::Module>> chunks;
+  const int per_stage = kLayers / s.stages();
+  for (int c = 0; c < s.chunks; ++c) {
+    auto chunk = std::make_shared<nn::Sequential>();
+    for (int l = 0; l < per_stage; ++l) chunk->push_back(layers[s.stage(rank, c) * per_stage + l]);
+    chunks.push_back(chunk);
+  }
+  return chunks;
+}
+
+}  // namespace
+
+TEST_CASE("the executor runs GPipe, 1F1B and interleaved at p in {2, 4}, m in {1, 4, 8}: one rank's loss and gradients") {
+  const auto [loss, grads] = one_rank();
+  for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved})
+    for (int p : {2, 4})
+      for (int m : {1, 4, 8}) {
+        const int v = kind == ScheduleKind::interleaved ? 2 : 1;
+        if (m % p != 0 && v > 1) continue;
+        INFO(std::string(dist::name(kind)) << " p=" << p << " m=" << m);
+        std::mutex mutex;
+        std::vector<double> losses(p);
+        std::vector<Tensor> got(kLayers);
+        dist::run_local(p, [&, kind, m, v](dist::ProcessGroup& pp) {
+          const auto layers = make_layers();
+          const dist::Schedule s = dist::make_schedule(kind, pp.size(), m, v);
+          dist::Pipeline pipeline(pp, s, chunks_of(layers, s, pp.rank()), mean_squared_error);
+          const double mine = pipeline.run(batch_inputs(), batch_targets());
+          std::lock_guard lock(mutex);
+          losses[pp.rank()] = mine;
+          for (int l = 0; l < kLayers; ++l)
+            if (s.rank_of(l / (kLayers / s.stages())) == pp.rank()) got[l] = layers[l]->parameters().front().grad();
+        });
+        for (int r = 0; r < p; ++r) CHECK(losses[r] == doctest::Approx(loss).epsilon(1e-12));
+        for (int l = 0; l < kLayers; ++l) {
+          INFO("layer " << l);
+          REQUIRE(got[l].defined());
+          CHECK(max_abs_diff(got[l], grads[l]) < 1e-12);
+        }
+      }
+}
+
+TEST_CASE("ranks that run different schedules, or a schedule for another group, are refused on every rank") {
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [](dist::ProcessGroup& pp) {
+                                         const auto layers = make_layers();
+                                         const dist::Schedule s = dist::make_schedule(ScheduleKind::one_f_one_b, 2,
+                                                                                      pp.rank() == 0 ? 4 : 8);
+                                         dist::Pipeline(pp, s, chunks_of(layers, s, pp.rank()), mean_squared_error);
+                                       }),
+                       doctest::Contains("pipeline: a different number of micro-batches on some ranks (from 4 to 8)"),
+                       Error);
+  dist::run_local(2, [](dist::ProcessGroup& pp) {
+    const auto layers = make_layers();
+    const dist::Schedule s = dist::make_schedule(ScheduleKind::one_f_one_b, 4, 4);
+    CHECK_THROWS_WITH_AS(dist::Pipeline(pp, s, chunks_of(layers, s, 0), mean_squared_error),
+                         "pipeline: the 1f1b schedule is for 4 ranks, the group has 2", Error);
+    const dist::Schedule zb = dist::make_schedule(ScheduleKind::zb_h1, 2, 4);
+    CHECK_THROWS_WITH_AS(dist::Pipeline(pp, zb, chunks_of(layers, zb, pp.rank()), mean_squared_error),
+                         doctest::Contains("zb-h1 runs the backward split into input and weight gradients"), Error);
+    const dist::Schedule ok = dist::make_schedule(ScheduleKind::gpipe, 2, 3);
+    dist::Pipeline pipeline(pp, ok, chunks_of(layers, ok, pp.rank()), mean_squared_error);
+    CHECK_THROWS_WITH_AS(pipeline.run(batch_inputs(), batch_targets()),
+                         doctest::Contains("do not split into 3 micro-batches along dim 0"), Error);
+  });
+}
+
+namespace {
+nn::GPTConfig four_layer_gpt() {
+  nn::GPTConfig c;
+  c.n_layer = 4, c.n_head = 2, c.n_embd = 16, c.vocab_size = 32, c.block_size = 16;
+  return c;
+}
+Tensor gpt_tokens(int64_t seed) {
+  manual_seed(seed);
+  return (rand({4, 16}, DType::f64) * 32.0).to(DType::i64);
+}
+}  // namespace
+
+TEST_CASE("GPT cut into stages (the tied embedding summed between the ends) trains as one rank: its gradients") {
+  manual_seed(3);
+  nn::GPT reference(four_layer_gpt(), TensorOptions(DType::f64));
+  const Tensor idx = gpt_tokens(11), targets = gpt_tokens(12);
+  const Tensor loss = reference.forward(idx, targets).loss;
+  loss.backward();
+  std::map<std::string, Tensor> want;
+  for (const auto& [name, t] : reference.named_parameters()) want[name] = t.grad();
+  struct Layout {
+    ScheduleKind kind;
+    int p, m, v;
+  };
+  for (const Layout layout : {Layout{ScheduleKind::one_f_one_b, 2, 4, 1}, Layout{ScheduleKind::one_f_one_b, 4, 4, 1},
+                              Layout{ScheduleKind::gpipe, 4, 2, 1}, Layout{ScheduleKind::interleaved, 2, 2, 2}}) {
+    INFO(std::string(dist::name(layout.kind)) << " p=" << layout.p << " m=" << layout.m << " v=" << layout.v);
+    std::mutex mutex;
+    std::map<std::string, int> compared;  // per parameter: the ranks that held it
+    std::vector<double> losses(layout.p);
+    dist::run_local(layout.p, [&](dist::ProcessGroup& pp) {
+      manual_seed(3);
+      nn::GPT model(four_layer_gpt(), TensorOptions(DType::f64));
+      const dist::Schedule s = dist::make_schedule(layout.kind, pp.size(), layout.m, layout.v);
+      const dist::Stages stages = dist::gpt_stages(model, s.stages());
+      std::vector<std::shared_ptr<nn::Module>> mine;
+      for (int c = 0; c < s.chunks; ++c) mine.push_back(stages.modules[s.stage(pp.rank(), c)]);
+      dist::Pipeline pipeline(pp, s, mine, dist::causal_lm_loss, stages.tied);
+      const double got = pipeline.run(gpt_tokens(11), gpt_tokens(12));
+      std::lock_guard lock(mutex);
+      losses[pp.rank()] = got;
+      for (const auto& [name, t] : model.named_parameters()) {
+        if (!t.grad().defined()) continue;
+        const std::string parameter = name;  // INFO's lambda cannot capture a structured binding (Clang)
+        INFO(parameter << " on rank " << pp.rank());
+        CHECK(max_abs_diff(t.grad(), want.at(parameter)) < 1e-12);
+        ++compared[parameter];
+      }
+    });
+    for (double l : losses) CHECK(l == doctest::Approx(loss.item<double>()).epsilon(1e-12));
+    for (const auto& [name, grad] : want) {
+      const std::string parameter = name;
+      INFO(parameter);
+      CHECK(compared[parameter] == (parameter == "transformer.wte.weight" ? 2 : 1));  // wte: both ends
+    }
+  }
+  CHECK_THROWS_WITH_AS(dist::gpt_stages(reference, 5), "gpt_stages: 5 stages for a GPT of 4 layers; each stage needs at "
+                       "least one block", Error);
 }
 
 }  // namespace zg::test

@@ -68,6 +68,10 @@ Schedule make_schedule(ScheduleKind kind, int ranks, int micro_batches, int chun
 struct ActionTimes {
   double forward = 1, backward_input = 1, backward_weight = 1;
   double send = 0;  // a message's latency between ranks
+  // A chunk's times when a rank's stage is cut into `chunks` (interleaving): each 1/v.
+  ActionTimes per_chunk(int chunks) const {
+    return {forward / chunks, backward_input / chunks, backward_weight / chunks, send};
+  }
 };
 
 // A schedule run on an idealised machine: every action as long as `times` says, each

@@ -1,0 +1,171 @@
+#include "dist/pipeline/pipeline.h"
+
+#include "autograd/functions.h"
+#include "autograd/graph.h"
+#include "dist/comm/agreement.h"
+#include "tensor/trace.h"
+
+namespace zg::dist {
+
+namespace {
+constexpr int kMaxDims = 8;
+}  // namespace
+
+Pipeline::Pipeline(ProcessGroup& pp, Schedule schedule, std::vector<std::shared_ptr<nn::Module>> chunks,
+                   PipelineLoss loss, std::vector<Tensor> tied)
+    : pp_(pp, "pipeline: its process group was destroyed; keep the group as long as the Pipeline"),
+      schedule_(std::move(schedule)), chunks_(std::move(chunks)), loss_(std::move(loss)), tied_(std::move(tied)) {
+  ZG_CHECK(pp.size() == schedule_.ranks, "pipeline: the ", name(schedule_.kind), " schedule is for ", schedule_.ranks,
+           " ranks, the group has ", pp.size());
+  ZG_CHECK(static_cast<int>(chunks_.size()) == schedule_.chunks, "pipeline: the schedule runs ", schedule_.chunks,
+           " chunk(s) a rank, rank ", pp.rank(), " was given ", chunks_.size(), " module(s)");
+  ZG_CHECK(!schedule_.splits_backward(), "pipeline: ", name(schedule_.kind), " runs the backward split into input and "
+           "weight gradients (I and W), which autograd does not do yet; use gpipe, 1f1b or interleaved");
+  simulate(schedule_);  // a malformed or deadlocking order is refused here, not met as a hang
+  for (const auto& chunk : chunks_) ZG_CHECK(chunk != nullptr, "pipeline: a chunk of rank ", pp.rank(), " is null");
+  ZG_CHECK(loss_ != nullptr, "pipeline: no loss function");
+  // Ranks that run different schedules would wait for messages never sent: refused together.
+  Agreement(pp, agreement_device(pp, device()), {{"schedule", schedule_.kind}, {"number of chunks", schedule_.chunks},
+                                                 {"number of micro-batches", schedule_.micro_batches}})
+      .check("pipeline:");
+}
+
+Device Pipeline::device() const {
+  for (const auto& chunk : chunks_)
+    if (const std::vector<Tensor> p = chunk->parameters(); !p.empty()) return p.front().device();
+  return kCPU;
+}
+
+// Micro-batch i, stage s, forward activation (0) or gradient (1): unique within a step.
+int64_t Pipeline::tag(int micro_batch, int stage, bool gradient) const {
+  return (static_cast<int64_t>(micro_batch) * schedule_.stages() + stage) * 2 + (gradient ? 1 : 0);
+}
+
+void Pipeline::send(const Tensor& t, int stage, int64_t tag, bool with_header) {
+  const int peer = schedule_.rank_of(stage);
+  if (peer == pp_->rank()) {
+    handed_over_[tag] = t;
+    return;
+  }
+  std::vector<P2POp> ops;
+  if (with_header) {
+    ZG_CHECK(t.dim() <= kMaxDims, "pipeline: an activation of ", t.dim(), " dims, over the ", kMaxDims, " a header holds");
+    std::vector<int64_t> header(2 + kMaxDims, 0);
+    header[0] = static_cast<int64_t>(t.dtype()), header[1] = t.dim();
+    for (int64_t d = 0; d < t.dim(); ++d) header[2 + d] = t.shape()[d];
+    ops.push_back({P2POp::send, tensor(header), peer, tag});
+  }
+  ops.push_back({P2POp::send, t.contiguous(), peer, tag});
+  sends_.push_back(pp_->batch_async(ops));
+}
+
+Tensor Pipeline::receive(int stage, int64_t tag, const Tensor& like) {
+  const int peer = schedule_.rank_of(stage);
+  if (peer == pp_->rank()) {
+    const auto it = handed_over_.find(tag);
+    ZG_CHECK(it != handed_over_.end(), "pipeline: rank ", peer, " expected message ", tag, " from its own chunk");
+    Tensor t = it->second;
+    handed_over_.erase(it);
+    return t;
+  }
+  TensorOptions options;
+  Shape shape;
+  if (like.defined()) {
+    options = TensorOptions(like.dtype()).device(like.device());
+    shape = like.shape();
+  } else {
+    const Tensor header = zeros({2 + kMaxDims}, DType::i64);
+    pp_->recv(header, peer, tag);
+    const std::vector<int64_t> h = header.to_vector<int64_t>();
+    ZG_CHECK(h[1] >= 0 && h[1] <= kMaxDims, "pipeline: a header from rank ", peer, " gives ", h[1], " dims");
+    shape.assign(h.begin() + 2, h.begin() + 2 + h[1]);
+    options = TensorOptions(static_cast<DType>(h[0])).device(device());
+  }
+  const Tensor t = empty(shape, options);
+  pp_->recv(t, peer, tag);
+  return t;
+}
+
+void Pipeline::forward(const Action& a, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
+  const int stage = schedule_.stage(pp_->rank(), a.chunk), last = schedule_.stages() - 1;
+  Held& held = held_[{a.chunk, a.micro_batch}];
+  Tensor x = inputs.empty() ? Tensor() : inputs[a.micro_batch];
+  if (stage > 0) {
+    held.input = receive(stage - 1, tag(a.micro_batch, stage - 1, false), Tensor()).detach();
+    if (is_floating(held.input.dtype())) held.input.set_requires_grad();
+    x = held.input;
+  }
+  const Tensor y = (*chunks_[a.chunk])(x);
+  if (stage < last) {
+    held.output = y;
+    send(y.detach(), stage + 1, tag(a.micro_batch, stage, false), true);
+    return;
+  }
+  const Tensor loss = loss_(y, targets[a.micro_batch]);
+  ZG_CHECK(loss.numel() == 1, "pipeline: the loss must be a scalar, got ", describe(loss));
+  loss_sum_ += loss.item<double>();
+  held.output = loss / static_cast<double>(schedule_.micro_batches);
+}
+
+void Pipeline::backward(const Action& a) {
+  const int stage = schedule_.stage(pp_->rank(), a.chunk), last = schedule_.stages() - 1;
+  const auto it = held_.find({a.chunk, a.micro_batch});
+  Held held = std::move(it->second);
+  held_.erase(it);
+  if (stage == last) held.output.backward();
+  else held.output.backward(receive(stage + 1, tag(a.micro_batch, stage, true), held.output));
+  if (stage == 0) return;
+  ZG_CHECK(held.input.grad().defined(), "pipeline: stage ", stage, "'s input got no gradient: its output does not "
+           "depend on it");
+  send(held.input.grad(), stage - 1, tag(a.micro_batch, stage - 1, true), false);
+}
+
+// Tagged -1, -2, ...: apart from the step's messages, which are tagged from 0.
+void Pipeline::sum_tied() {
+  const int first = schedule_.rank_of(0), last = schedule_.rank_of(schedule_.stages() - 1), rank = pp_->rank();
+  if (first == last || (rank != first && rank != last)) return;
+  const int other = rank == first ? last : first;
+  std::vector<P2POp> ops;
+  std::vector<Tensor> theirs;
+  for (size_t i = 0; i < tied_.size(); ++i) {
+    const Tensor grad = tied_[i].grad();
+    ZG_CHECK(grad.defined(), "pipeline: tied parameter #", i, " ", describe(tied_[i]), " got no gradient on rank ", rank);
+    theirs.push_back(empty(grad.shape(), TensorOptions(grad.dtype()).device(grad.device())));
+    const int64_t tag = -1 - static_cast<int64_t>(i);
+    ops.push_back({P2POp::send, grad, other, tag});
+    ops.push_back({P2POp::recv, theirs.back(), other, tag});
+  }
+  if (ops.empty()) return;
+  pp_->batch_async(ops)->wait();
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < tied_.size(); ++i) tied_[i].grad().add_(theirs[i]);  // a + b == b + a: both ends alike
+}
+
+double Pipeline::run(const Tensor& inputs, const Tensor& targets) {
+  const int m = schedule_.micro_batches, rank = pp_->rank(), last = schedule_.stages() - 1;
+  const bool first_here = schedule_.rank_of(0) == rank, last_here = schedule_.rank_of(last) == rank;
+  const auto split = [&](const Tensor& t, const char* what) {
+    std::vector<Tensor> parts;
+    ZG_CHECK(t.defined() && t.dim() >= 1 && t.shape()[0] % m == 0, "pipeline: the ", what, " ",
+             t.defined() ? describe(t) : std::string("(undefined)"), " do not split into ", m,
+             " micro-batches along dim 0");
+    for (int i = 0; i < m; ++i) parts.push_back(t.narrow(0, i * (t.shape()[0] / m), t.shape()[0] / m));
+    return parts;
+  };
+  const std::vector<Tensor> micro_inputs = first_here ? split(inputs, "inputs") : std::vector<Tensor>();
+  const std::vector<Tensor> micro_targets = last_here ? split(targets, "targets") : std::vector<Tensor>();
+  loss_sum_ = 0;
+  for (const Action& a : schedule_.actions[rank]) {
+    TraceRange range(a.str());
+    if (a.kind == Action::forward) forward(a, micro_inputs, micro_targets);
+    else backward(a);
+  }
+  for (const WorkHandle& w : sends_) w->wait();
+  sends_.clear();
+  sum_tied();
+  const Tensor mean = full({1}, last_here ? loss_sum_ / m : 0.0, DType::f64);
+  pp_->broadcast(mean, schedule_.rank_of(last));
+  return mean.item<double>();
+}
+
+}  // namespace zg::dist

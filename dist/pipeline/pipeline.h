@@ -1,0 +1,82 @@
+// The pipeline executor: one rank's part of a pipeline, run in a Schedule's order
+// (dist/pipeline/schedule.h) -- one executor for every schedule.
+//
+// The rank holds v chunks, modules in a stage's order: chunk c is stage c p + r. run()
+// splits the batch into m micro-batches along dim 0 and runs the rank's actions:
+//   F(i, c)  input: micro-batch i (stage 0), or the previous stage's output, received;
+//            output: sent on to the next stage -- or, on the last stage, the loss of
+//            micro-batch i against its targets, divided by m
+//   B(i, c)  backward from that loss, or from the output's gradient, received; the
+//            input's gradient sent back
+// so the gradients that accumulate over the micro-batches are those of the batch's mean
+// loss, as one rank computing the whole batch would have them. Activations travel as a
+// header (dtype and shape) and then their bytes; a gradient comes back in its
+// activation's shape. Each message is tagged with its micro-batch, stage and direction,
+// so a rank that runs another schedule than its peers fails naming both messages
+// (ProcessGroup::send_async), never hangs. Sends are posted and go on (the rank does not
+// wait for its peer); receives wait when their action starts.
+//
+// The zero-bubble schedules (I and W actions) need the backward split into its input-
+// and weight-gradient parts, which autograd does not do yet: refused by name.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "dist/comm/process_group.h"
+#include "dist/pipeline/schedule.h"
+#include "nn/module.h"
+
+namespace zg::dist {
+
+// The last stage's loss of one micro-batch: a scalar, its mean over the micro-batch.
+using PipelineLoss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+class Pipeline {
+ public:
+  // `pp`: the pipeline's group (a mesh's "pp" dimension), schedule.ranks ranks; `chunks`:
+  // this rank's schedule.chunks modules, chunk c for stage c p + pp.rank(); `loss` runs
+  // on the rank of the last stage. `tied`: parameters the first and the last stage share
+  // (Stages::tied, stages.h), each rank's copy of them; after each step's backward the
+  // ranks of the two ends send each other their gradients and add them, so both copies
+  // take the same step.
+  Pipeline(ProcessGroup& pp, Schedule schedule, std::vector<std::shared_ptr<nn::Module>> chunks, PipelineLoss loss,
+           std::vector<Tensor> tied = {});
+
+  // One step's forward and backward over the batch: `inputs` (needed on the rank of stage
+  // 0) and `targets` (on the rank of the last stage), of as many rows, a multiple of m.
+  // Gradients accumulate into the chunks' parameters; returns the batch's mean loss, on
+  // every rank (sent from the last stage's), once the tied gradients are summed.
+  double run(const Tensor& inputs, const Tensor& targets);
+
+  const Schedule& schedule() const { return schedule_; }
+  int first_stage() const { return schedule_.stage(pp_->rank(), 0); }
+
+ private:
+  struct Held {  // a micro-batch's chunk between its F and its B
+    Tensor input;   // the received activation, a leaf requiring grad (undefined on stage 0)
+    Tensor output;  // what backward starts from: the sent output, or the last stage's scaled loss
+  };
+  void forward(const Action& action, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
+  void backward(const Action& action);
+  // Sends to (or, when the stage is this rank's own, hands over to) the rank of `stage`.
+  void send(const Tensor& t, int stage, int64_t tag, bool with_header);
+  Tensor receive(int stage, int64_t tag, const Tensor& like);  // like: the gradient's activation; else a header comes
+  int64_t tag(int micro_batch, int stage, bool gradient) const;
+  void sum_tied();  // the two ends add each other's gradients of the tied parameters
+  Device device() const;  // where the chunks' parameters are (the CPU if they have none)
+
+  GroupRef pp_;
+  Schedule schedule_;
+  std::vector<std::shared_ptr<nn::Module>> chunks_;
+  PipelineLoss loss_;
+  std::vector<Tensor> tied_;
+  std::map<std::pair<int, int>, Held> held_;  // by (chunk, micro-batch)
+  std::map<int64_t, Tensor> handed_over_;     // by tag: messages between two chunks of this rank
+  std::vector<WorkHandle> sends_;             // posted this step; waited for at its end
+  double loss_sum_ = 0;
+};
+
+}  // namespace zg::dist
