@@ -14,7 +14,8 @@ constexpr int kMaxDims = 8;
 Pipeline::Pipeline(ProcessGroup& pp, Schedule schedule, std::vector<std::shared_ptr<nn::Module>> chunks,
                    PipelineLoss loss, std::vector<Tensor> tied)
     : pp_(pp, "pipeline: its process group was destroyed; keep the group as long as the Pipeline"),
-      schedule_(std::move(schedule)), chunks_(std::move(chunks)), loss_(std::move(loss)), tied_(std::move(tied)) {
+      schedule_(std::move(schedule)), chunks_(std::move(chunks)), loss_(std::move(loss)), tied_(std::move(tied)),
+      device_(device_of(chunks_)) {
   ZG_CHECK(pp.size() == schedule_.ranks, "pipeline: the ", name(schedule_.kind), " schedule is for ", schedule_.ranks,
            " ranks, the group has ", pp.size());
   ZG_CHECK(static_cast<int>(chunks_.size()) == schedule_.chunks, "pipeline: the schedule runs ", schedule_.chunks,
@@ -25,14 +26,15 @@ Pipeline::Pipeline(ProcessGroup& pp, Schedule schedule, std::vector<std::shared_
   for (const auto& chunk : chunks_) ZG_CHECK(chunk != nullptr, "pipeline: a chunk of rank ", pp.rank(), " is null");
   ZG_CHECK(loss_ != nullptr, "pipeline: no loss function");
   // Ranks that run different schedules would wait for messages never sent: refused together.
-  Agreement(pp, agreement_device(pp, device()), {{"schedule", schedule_.kind}, {"number of chunks", schedule_.chunks},
+  Agreement(pp, agreement_device(pp, device_), {{"schedule", schedule_.kind}, {"number of chunks", schedule_.chunks},
                                                  {"number of micro-batches", schedule_.micro_batches}})
       .check("pipeline:");
 }
 
-Device Pipeline::device() const {
-  for (const auto& chunk : chunks_)
-    if (const std::vector<Tensor> p = chunk->parameters(); !p.empty()) return p.front().device();
+Device Pipeline::device_of(const std::vector<std::shared_ptr<nn::Module>>& chunks) {
+  for (const auto& chunk : chunks)
+    if (const std::vector<Tensor> p = chunk ? chunk->parameters() : std::vector<Tensor>(); !p.empty())
+      return p.front().device();
   return kCPU;
 }
 
@@ -79,7 +81,7 @@ Tensor Pipeline::receive(int stage, int64_t tag, const Tensor& like) {
     const std::vector<int64_t> h = header.to_vector<int64_t>();
     ZG_CHECK(h[1] >= 0 && h[1] <= kMaxDims, "pipeline: a header from rank ", peer, " gives ", h[1], " dims");
     shape.assign(h.begin() + 2, h.begin() + 2 + h[1]);
-    options = TensorOptions(static_cast<DType>(h[0])).device(device());
+    options = TensorOptions(static_cast<DType>(h[0])).device(device_);
   }
   const Tensor t = empty(shape, options);
   pp_->recv(t, peer, tag);

@@ -66,13 +66,15 @@ class Pipeline {
   Tensor receive(int stage, int64_t tag, const Tensor& like);  // like: the gradient's activation; else a header comes
   int64_t tag(int micro_batch, int stage, bool gradient) const;
   void sum_tied();  // the two ends add each other's gradients of the tied parameters
-  Device device() const;  // where the chunks' parameters are (the CPU if they have none)
+  // Where the chunks' parameters are (the CPU if they have none): received activations land there.
+  static Device device_of(const std::vector<std::shared_ptr<nn::Module>>& chunks);
 
   GroupRef pp_;
   Schedule schedule_;
   std::vector<std::shared_ptr<nn::Module>> chunks_;
   PipelineLoss loss_;
   std::vector<Tensor> tied_;
+  Device device_;
   std::map<std::pair<int, int>, Held> held_;  // by (chunk, micro-batch)
   std::map<int64_t, Tensor> handed_over_;     // by tag: messages between two chunks of this rank
   std::vector<WorkHandle> sends_;             // posted this step; waited for at its end

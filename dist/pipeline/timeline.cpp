@@ -31,9 +31,11 @@ void check_coverage(const Schedule& s) {
       ZG_CHECK(a.micro_batch >= 0 && a.micro_batch < s.micro_batches && a.chunk >= 0 && a.chunk < s.chunks,
                "pipeline: rank ", r, "'s action ", a.str(), " is outside the schedule's ", s.micro_batches,
                " micro-batches and ", s.chunks, " chunks");
-      ZG_CHECK((a.kind == Action::backward) != s.splits_backward() || a.kind == Action::forward, "pipeline: rank ", r,
-               "'s action ", a.str(), (s.splits_backward() ? " is a whole backward in a schedule that splits it into I "
-                                                             "and W" : " splits a backward the schedule runs whole"));
+      const bool half = a.kind == Action::backward_input || a.kind == Action::backward_weight;
+      ZG_CHECK(!(s.splits_backward() && a.kind == Action::backward), "pipeline: rank ", r, "'s action ", a.str(),
+               " is a whole backward in a schedule that splits it into I and W");
+      ZG_CHECK(s.splits_backward() || !half, "pipeline: rank ", r, "'s action ", a.str(),
+               " splits a backward the schedule runs whole");
       ZG_CHECK(++seen[a.kind * s.stages() + s.stage(r, a.chunk)][a.micro_batch] == 1, "pipeline: rank ", r, " runs ",
                a.str(), " twice");
     }
