@@ -22,10 +22,13 @@ CausalLMOutput CausalLM::forward(const Tensor& idx, const Tensor& targets) {
   check_tokens(idx, nullptr);
   CausalLMOutput out;
   out.logits = logits(idx, nullptr);
-  if (!targets.defined()) return out;
-  if (!vocab_shards_) out.loss = cross_entropy(out.logits, targets, -1);
-  else out.loss = vocab_shards_->cross_entropy(out.logits.view({-1, out.logits.size(-1)}), targets.reshape({-1}));
+  if (targets.defined()) out.loss = loss(out.logits, targets);
   return out;
+}
+
+Tensor CausalLM::loss(const Tensor& logits, const Tensor& targets) const {
+  if (!vocab_shards_) return cross_entropy(logits, targets, -1);
+  return vocab_shards_->cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 
 Tensor CausalLM::forward(const Tensor& idx, KVCache& cache) {

@@ -29,6 +29,10 @@ class CausalLM : public Module {
   // The logits [B, T, vocab] of idx following the cache's tokens, which idx joins
   // (nn/kv_cache.h: a prompt, then one token a call). For generation (nn/generate.h).
   Tensor forward(const Tensor& idx, KVCache& cache);
+  // The mean cross-entropy of logits [B, T, V] -- or, cut along the vocabulary, this rank's
+  // shard [B, T, V/T] -- against targets [B, T], as forward(idx, targets) computes its loss
+  // (a pipeline's last stage calls it on the logits it made).
+  Tensor loss(const Tensor& logits, const Tensor& targets) const;
   virtual int64_t block_size() const = 0;  // the longest sequence (cache included) it takes
   int64_t num_parameters() const;           // elements, a shared (tied) parameter once
 

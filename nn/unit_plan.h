@@ -21,6 +21,12 @@ struct UnitPlan {
   // Modules whose backward never reads their weights (an embedding's weight gradient is
   // a scatter-add of the output gradient): ZeRO-3 need not gather them again for it.
   std::vector<std::string> backward_reads_no_weights{};
+  // Units (listed in `units` too) of which another pipeline stage holds a copy: a tied
+  // embedding on the first stage, the head sharing its weight on the last. Each holds the
+  // tied weight alone, so both ends lay it out alike; a ShardedModel on a mesh with a pp
+  // dimension sums their gradients between its first and last pp rank after the reduction
+  // and counts them once in the norm.
+  std::vector<std::string> tied{};
 };
 
 }  // namespace zg::nn

@@ -70,6 +70,14 @@ inline void check_identical(const Tensor& got, const Tensor& want, const std::st
   }
 }
 
+// The largest |a_i - b_i| (1e300 when their sizes differ).
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  double most = x.size() == y.size() ? 0 : 1e300;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) most = std::max(most, std::fabs(x[i] - y[i]));
+  return most;
+}
+
 // Runs a shell command; returns its standard output and sets `status` to its exit status.
 inline std::string run_command(const std::string& command, int& status) {
   std::string out;

@@ -143,12 +143,6 @@ std::vector<std::shared_ptr<nn::Module>> make_layers() {
 Tensor batch_inputs() { return arange(0, kRows * kWidth, 1, DType::f64).view({kRows, kWidth}) / 40.0 - 0.5; }
 Tensor batch_targets() { return sin(arange(0, kRows * kWidth, 1, DType::f64).view({kRows, kWidth}) / 7.0); }
 Tensor mean_squared_error(const Tensor& output, const Tensor& target) { return mse_loss(output, target); }
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
-  double most = x.size() == y.size() ? 0 : 1e300;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) most = std::max(most, std::fabs(x[i] - y[i]));
-  return most;
-}
 
 // One rank's loss and each layer's weight gradient over the whole batch.
 std::pair<double, std::vector<Tensor>> one_rank() {
@@ -269,7 +263,7 @@ TEST_CASE("GPT cut into stages (the tied embedding summed between the ends) trai
       const dist::Stages stages = dist::gpt_stages(model, s.stages());
       std::vector<std::shared_ptr<nn::Module>> mine;
       for (int c = 0; c < s.chunks; ++c) mine.push_back(stages.modules[s.stage(pp.rank(), c)]);
-      dist::Pipeline pipeline(pp, s, mine, dist::causal_lm_loss, stages.tied);
+      dist::Pipeline pipeline(pp, s, mine, stages.loss, stages.tied);
       const double got = pipeline.run(gpt_tokens(11), gpt_tokens(12));
       std::lock_guard lock(mutex);
       losses[pp.rank()] = got;

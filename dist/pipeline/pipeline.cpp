@@ -130,6 +130,9 @@ void Pipeline::sum_tied() {
   std::vector<P2POp> ops;
   std::vector<Tensor> theirs;
   for (size_t i = 0; i < tied_.size(); ++i) {
+    const ParameterOwner* owner = ParameterOwner::of(tied_[i]);
+    ZG_CHECK(owner == nullptr, "pipeline: tied parameter #", i, " lives in ", owner ? owner->describe() : "",
+             ", which sums it between the stages itself (the stages' unit plans tie it); build the Pipeline without it");
     const Tensor grad = tied_[i].grad();
     ZG_CHECK(grad.defined(), "pipeline: tied parameter #", i, " ", describe(tied_[i]), " got no gradient on rank ", rank);
     theirs.push_back(empty(grad.shape(), TensorOptions(grad.dtype()).device(grad.device())));

@@ -1,5 +1,7 @@
 #include "dist/zero/sharded_model.h"
 
+#include <algorithm>
+
 #include "dist/zero/gather_scheduler.h"
 #include "dist/zero/gradient_reducer.h"
 #include "dist/zero/unit.h"
@@ -74,6 +76,17 @@ std::optional<GroupRef> group_of(const DeviceMesh& mesh, const char* dim, bool p
   return GroupRef(mesh.group(dim), kGroupDestroyed);
 }
 
+// The ranks of one pipeline stage: the mesh's world without its pp dimension (a collective).
+ProcessGroup& stage_world(DeviceMesh& mesh) {
+  if (mesh.size("pp") == 1) return mesh.world();
+  std::vector<std::string> dims;
+  for (const MeshDim& dim : mesh.dims())
+    if (dim.name != "pp") dims.push_back(dim.name);
+  ZG_CHECK(!dims.empty() && mesh.dims().front().name == "pp", "ShardedModel: the mesh ", mesh.describe(),
+           " needs pp as its outermost dimension, with dp_shard (size 1: no data parallelism) after it");
+  return mesh.flatten("stage", dims);
+}
+
 }  // namespace
 
 ShardedModel::ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig config)
@@ -90,10 +103,11 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh& 
 
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh* mesh, std::unique_ptr<DeviceMesh> own,
                            ZeroConfig config)
-    : own_mesh_(std::move(own)), mesh_(own_mesh_ ? *own_mesh_ : *mesh), group_(mesh_.world(), kGroupDestroyed),
+    : own_mesh_(std::move(own)), mesh_(own_mesh_ ? *own_mesh_ : *mesh), group_(stage_world(mesh_), kGroupDestroyed),
       shard_(group_of(mesh_, "dp_shard", mesh_.has("dp_shard"))),
       replicas_(group_of(mesh_, "dp_replicate", mesh_.size("dp_replicate") > 1)),
-      tp_(group_of(mesh_, "tp", mesh_.size("tp") > 1)), config_(config),
+      tp_(group_of(mesh_, "tp", mesh_.size("tp") > 1)), pp_(group_of(mesh_, "pp", mesh_.size("pp") > 1)),
+      config_(config),
       buffers_(model.named_buffers()) {
   build(model, plan);
 }
@@ -105,9 +119,10 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
   all_or_none(*group_, device, "ShardedModel", "", [&] {
     ShardingPlan planned;
     for (const MeshDim& dim : mesh_.dims())
-      ZG_CHECK(dim.name == "dp_replicate" || dim.name == "dp_shard" || dim.name == "tp", "ShardedModel: the mesh's ",
-               "dimension '", dim.name, "' is neither data nor tensor parallel; ZeRO shards over a mesh of dp_replicate ",
-               "x dp_shard, with tp for a model cut by parallelize_module");
+      ZG_CHECK(dim.name == "dp_replicate" || dim.name == "dp_shard" || dim.name == "tp" || dim.name == "pp",
+               "ShardedModel: the mesh's dimension '", dim.name, "' is neither data, tensor nor pipeline parallel; ZeRO ",
+               "shards over a mesh of dp_replicate x dp_shard, with tp for a model cut by parallelize_module and pp ",
+               "for a pipeline stage's chunks");
     ZG_CHECK(shard_.has_value(), "ShardedModel: the mesh has no dp_shard dimension, which the units shard over "
              "(size 1: every rank holds them whole)");
     const int s = shard_group().size();
@@ -123,12 +138,13 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
                              .config = config_,
                              .shard_ranks = s});
     make_units(model, plan, std::move(planned), device);  // (its scheduler checks the plan's module paths)
+    find_tied_units(plan);
   });
   agree_on_plan(device);
   if (tp_) {
     std::vector<std::string> data_dims;
     for (const MeshDim& dim : mesh_.dims())
-      if (dim.name != "tp") data_dims.push_back(dim.name);
+      if (dim.name != "tp" && dim.name != "pp") data_dims.push_back(dim.name);
     data_ = GroupRef(mesh_.flatten("dp", data_dims), kGroupDestroyed);
     for (const auto& [name, split] : model.named_splits()) splits_.emplace(name, split);
     plan_tensor_parallel_norm();
@@ -207,6 +223,23 @@ void ShardedModel::agree_on_plan(Device device) {
   units.emplace_back("frozen parameter and buffer names, shapes and dtypes (hashed)", replicated_hash(replicated));
   Agreement same_units(*group_, agreement_device(*group_, device), units);
   same_units.check("ShardedModel: was built with");
+}
+
+// The plan's tied units, found by name. Ties join the two ends of a pipeline (without pp
+// the one rank holds both ends: nothing to sum); a unit dropped as all frozen has nothing to sum.
+void ShardedModel::find_tied_units(const UnitPlan& plan) {
+  for (const std::string& name : plan.tied) {
+    ZG_CHECK(std::ranges::find(plan.units, name) != plan.units.end(), "ShardedModel: the plan ties '", name,
+             "', which it does not list among its units");
+    const auto unit = std::ranges::find_if(units_, [&](const auto& u) { return u->name() == name; });
+    if (!pp_ || unit == units_.end()) continue;
+    ZG_CHECK((*unit)->entries().size() == 1, "ShardedModel: tied unit '", name, "' holds ", (*unit)->entries().size(),
+             " parameters; a tied unit holds the tied weight alone, so that both ends of the pipeline lay it out alike");
+    const int rank = (*pp_)->rank(), last = (*pp_)->size() - 1;
+    ZG_CHECK(rank == 0 || rank == last, "ShardedModel: pp rank ", rank, " holds tied unit '", name, "'; a tie joins ",
+             "the first pp rank and the last (", last, ")");
+    tied_units_.push_back(static_cast<size_t>(unit - units_.begin()));
+  }
 }
 
 // A deferred parameter makes exactly the slice asked for; an eager one is rank 0's,

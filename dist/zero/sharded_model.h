@@ -106,6 +106,12 @@ class ShardedModel final : public ParameterOwner {
   // parameters, sharded over the data-parallel dimensions like any others, and the gradient
   // norm is the whole model's (the cut parameters' squares summed over tp, the ones every
   // tp rank holds counted once).
+  //   Pipeline parallelism: a mesh may also have a pp dimension (outermost), each rank's
+  // model then being the chunks it runs (dist::join_chunks, dist/pipeline/stages.h). The
+  // model shards over the other dimensions; the gradient norm, and so clipping and the loss
+  // scaler's inf check, is the whole pipeline's; the plan's tied units (UnitPlan::tied: a
+  // tied embedding) have their reduced gradients summed between the first and the last pp
+  // rank before the step, so both copies take the same step.
   ShardedModel(nn::Module& model, ProcessGroup& group, ZeroConfig config = {});
   ShardedModel(nn::Module& model, const UnitPlan& plan, ProcessGroup& group, ZeroConfig config = {});
   ShardedModel(nn::Module& model, DeviceMesh& mesh, ZeroConfig config = {});
@@ -217,6 +223,7 @@ class ShardedModel final : public ParameterOwner {
   ProcessGroup& shard_group() const { return **shard_; }
   ProcessGroup* replica_group() const { return replicas_ ? &**replicas_ : nullptr; }
   ProcessGroup* tensor_parallel_group() const { return tp_ ? &**tp_ : nullptr; }  // the mesh's tp; null at T = 1
+  ProcessGroup* pipeline_group() const { return pp_ ? &**pp_ : nullptr; }  // the mesh's pp; null at P = 1
 
  private:
   // The consolidated state a unit at a time (a collective): fn(name, weights) for each
@@ -241,6 +248,8 @@ class ShardedModel final : public ParameterOwner {
   void materialize(Unit& unit);
   void plan_tensor_parallel_norm();  // norm_runs_
   Tensor squared_norm(size_t unit) const;  // of this rank's gradient shard of units_[unit], weighted (f64)
+  void find_tied_units(const UnitPlan& plan);
+  void sum_tied_gradients();  // with the other end of the pipeline: the same sum on both
   ProcessGroup& data_group() const { return data_ ? **data_ : *group_; }
 
   // Frozen parameters held whole on every rank (stages 0-2; at 3 those of an integer
@@ -261,10 +270,14 @@ class ShardedModel final : public ParameterOwner {
 
   std::unique_ptr<DeviceMesh> own_mesh_;  // the mesh made from a group and shard_group_size
   DeviceMesh& mesh_;
-  GroupRef group_;  // the mesh's world: every data-parallel rank
+  GroupRef group_;  // one pipeline stage's ranks (the mesh's world without pp): every data-parallel rank, x tp
   std::optional<GroupRef> shard_;     // dp_shard
   std::optional<GroupRef> replicas_;  // dp_replicate, when hybrid
   std::optional<GroupRef> tp_;        // tp, when T > 1
+  std::optional<GroupRef> pp_;        // pp, when P > 1; group_ is then one stage's ranks
+  // Units tied with the other end of the pipeline (UnitPlan::tied), in the plan's order;
+  // counted in the norm by the first pp rank only.
+  std::vector<size_t> tied_units_;
   std::optional<GroupRef> data_;      // with tp: the data-parallel dimensions as one (initial values broadcast)
   // With tp: the parameters the model's plan cut (Module::named_splits), and per unit the
   // runs of this rank's gradient shard with their weight in the squared norm (1 for a cut

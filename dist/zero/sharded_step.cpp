@@ -1,9 +1,11 @@
 // One training step of a ShardedModel, top to bottom: zero_grad, then (after the user's
 // forward and backward, whose reductions the gradient reducer started) step(): finish
-// the reductions, agree on what every rank must agree on, the global gradient norm
-// across ranks, the loss scaler's skip, clipping, AdamW on each unit's spans of this
+// the reductions, sum a pipeline's tied gradients between its ends, agree on what every
+// rank must agree on, the global gradient norm across ranks (and stages), the loss scaler's skip, clipping, AdamW on each unit's spans of this
 // rank's slice, and (ZeRO-1, 2) the all-gather of the updated slices.
+#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "autograd/functions.h"
 #include "dist/comm/agreement.h"
@@ -38,6 +40,7 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
   ZG_CHECK(!reducer_->unsynced(), "ShardedModel: step() after a backward with gradient sync off: its gradients were "
            "never reduced across ranks; turn sync on (set_gradient_sync(true)) for the last micro-batch");
   reducer_->finish();
+  sum_tied_gradients();
   // Every rank must pass the same lr and loss scale (a rank-dependent schedule would make
   // the replicas drift apart unnoticed), agreed while the norm is computed.
   //   The global norm: each rank's share of the squared norm, summed on its device, then
@@ -59,13 +62,21 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
                    {"count of unfrozen parameters (1: one frozen at construction requires grad now)",
                     !unfrozen.empty()},
                    {"count of missing backwards (1: no gradient since the last step or zero_grad())", no_gradients}});
+  std::optional<Agreement> stages;  // and every pipeline stage
+  if (pp_)
+    stages.emplace(**pp_, agreement_device(**pp_, context_->device),
+                   std::vector<AgreedValue>{{"lr", lr}, {"loss scale", scaler ? scaler->scale_factor() : 1.0}});
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(dry_run ? kCPU : device));
   if (!dry_run)
-    for (size_t u = 0; u < units_.size(); ++u) norm_sq = norm_sq + squared_norm(u);
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (!pp_ || (*pp_)->rank() == 0 || std::ranges::find(tied_units_, u) == tied_units_.end())  // ties: once
+        norm_sq = norm_sq + squared_norm(u);
   norm_sq = norm_sq.to(agreement_device(*group_, context_->device));  // offloaded: summed on the host, reduced where the group is
   shard_group().all_reduce(norm_sq, ReduceKind::sum);  // (hybrid: the other shard groups hold the same shards)
   if (tp_) (*tp_)->all_reduce(norm_sq, ReduceKind::sum);  // the other slices of the cut parameters
+  if (pp_) (*pp_)->all_reduce(norm_sq, ReduceKind::sum);  // the other stages
   agree.check("ShardedModel: step() was given");
+  if (stages) stages->check("ShardedModel: step() was given, across the pipeline's stages,");
   ZG_CHECK(unfrozen.empty(), "ShardedModel: step(): parameter '", unfrozen, "' was frozen when the "
            "ShardedModel was built and requires grad now; it has no place in the units, so its gradient would be neither "
            "reduced nor applied. Build the ShardedModel after unfreezing it");
@@ -84,6 +95,30 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
            step_ > 0 ? "step or zero_grad()" : "zero_grad() (or construction)",
            ", so the step would apply only weight decay and momentum; call backward() on a loss before step()");
   return norm_sq;
+}
+
+// Each end adds the other's gradient of each tied unit, as the optimizer reads it (the shard,
+// or DDP's whole gradient) -- the same slice on both, the unit laid out alike -- so both
+// copies take the same step. Tagged -1, -2, ...
+void ShardedModel::sum_tied_gradients() {
+  if (tied_units_.empty()) return;
+  ProcessGroup& pp = **pp_;
+  const int other = pp.rank() == 0 ? pp.size() - 1 : 0;
+  std::vector<P2POp> ops;
+  std::vector<Tensor> theirs;
+  for (size_t i = 0; i < tied_units_.size(); ++i) {
+    const Tensor& mine = units_[tied_units_[i]]->optimizer_gradient();
+    {
+      MemoryScope scope(MemoryCategory::communication);
+      theirs.push_back(empty(mine.shape(), TensorOptions(mine.dtype()).device(mine.device())));
+    }
+    const int64_t tag = -1 - static_cast<int64_t>(i);
+    ops.push_back({P2POp::send, mine, other, tag});
+    ops.push_back({P2POp::recv, theirs.back(), other, tag});
+  }
+  pp.batch_async(ops)->wait();
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < tied_units_.size(); ++i) Tensor(units_[tied_units_[i]]->optimizer_gradient()).add_(theirs[i]);
 }
 
 // sum(g^2) over this rank's gradient shard; with tensor parallelism, run by run, a

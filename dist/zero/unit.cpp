@@ -335,11 +335,14 @@ void Unit::expect_no_gather(const char* writer) const {
            "' while an all-gather in flight reads it; finish_gathers() first");
 }
 
+const Tensor& Unit::optimizer_gradient() const {
+  return ctx_.placement.optimizer_sharded() ? grad_shard_ : grad_full_;
+}
+
 std::vector<optim::AdamWSpan> Unit::optimizer_spans() {
   expect_no_gather("the optimizer");
-  const bool sharded = ctx_.placement.optimizer_sharded();
-  const int64_t base = sharded ? ctx_.group->rank() * spec_.shard : 0;
-  const Tensor& grad = sharded ? grad_shard_ : grad_full_;
+  const int64_t base = ctx_.placement.optimizer_sharded() ? ctx_.group->rank() * spec_.shard : 0;
+  const Tensor& grad = optimizer_gradient();
   const Tensor compute = compute_for_update();
   std::vector<optim::AdamWSpan> spans;
   // Each update range, cut to this rank's part.

@@ -119,6 +119,7 @@ class Unit {
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
   const Tensor& grad_shard() const { return grad_shard_; }
+  const Tensor& optimizer_gradient() const;  // what the optimizer reads: the full gradient (DDP) or the shard
   const Tensor& frozen_shard() const { return frozen_.shard; }  // undefined without frozen parameters
 
  private:
