@@ -104,7 +104,7 @@ TEST_CASE("a 4-D mesh with a dimension of one, and the mesh's errors") {
                        Error);
 }
 
-TEST_CASE("training_mesh: dp_replicate x dp_shard [x tp], tp innermost, and what does not divide") {
+TEST_CASE("training_mesh: [pp x] dp_replicate x dp_shard [x tp], pp outermost, tp innermost, and what does not divide") {
   dist::FakeGroup world(5, 16);
   const auto dims_of = [](const dist::DeviceMesh& mesh) {
     std::string text;
@@ -120,6 +120,11 @@ TEST_CASE("training_mesh: dp_replicate x dp_shard [x tp], tp innermost, and what
   CHECK_THROWS_WITH_AS(dist::training_mesh(world, 3), "training_mesh: tp 3 does not divide the 16 ranks", Error);
   CHECK_THROWS_WITH_AS(dist::training_mesh(world, 4, 3),
                        "training_mesh: a shard group of 3 does not divide the 4 data-parallel ranks", Error);
+  const std::unique_ptr<dist::DeviceMesh> pipelined = dist::training_mesh(world, {.pp = 4, .tp = 2});
+  CHECK(dims_of(*pipelined) == "pp 4; dp_replicate 1; dp_shard 2; tp 2; ");
+  CHECK(pipelined->members("pp") == std::vector<int>{1, 5, 9, 13});  // a stage's ranks are consecutive
+  CHECK_THROWS_WITH_AS(dist::training_mesh(world, {.pp = 4, .tp = 8}),
+                       "training_mesh: tp 8 does not divide the 4 ranks of a pipeline stage", Error);
 }
 
 TEST_CASE("on threads, each dimension's group holds the ranks of the mesh formula and reduces among them alone") {
@@ -178,10 +183,21 @@ TEST_CASE("ZeRO over a dp_replicate x dp_shard mesh trains as over a group with 
   dist::run_local(2, [](dist::ProcessGroup& pg) {
     manual_seed(1);
     nn::GPT model(zero_config());
+    dist::DeviceMesh cp(pg, {{"cp", 2}});
+    CHECK_THROWS_WITH_AS(dist::ShardedModel(model, cp, {.stage = 3}),
+                         "ShardedModel: the mesh's dimension 'cp' is neither data, tensor nor pipeline parallel; ZeRO "
+                         "shards over a mesh of dp_replicate x dp_shard, with tp for a model cut by parallelize_module "
+                         "and pp for a pipeline stage's chunks",
+                         Error);
     dist::DeviceMesh pp(pg, {{"pp", 2}});
     CHECK_THROWS_WITH_AS(dist::ShardedModel(model, pp, {.stage = 3}),
-                         "ShardedModel: the mesh's dimension 'pp' is neither data nor tensor parallel; ZeRO shards "
-                         "over a mesh of dp_replicate x dp_shard, with tp for a model cut by parallelize_module",
+                         "ShardedModel: the mesh pp 2 (2 ranks, 2 a node) has no dp_shard dimension, which the units "
+                         "shard over (size 1: every rank of a stage holds them whole)",
+                         Error);
+    dist::DeviceMesh inner(pg, {{"dp_shard", 1}, {"pp", 2}});
+    CHECK_THROWS_WITH_AS(dist::ShardedModel(model, inner, {.stage = 3}),
+                         "ShardedModel: pp must be the outermost dimension of the mesh, not as in dp_shard 1 x pp 2 "
+                         "(2 ranks, 2 a node)",
                          Error);
     dist::DeviceMesh dp(pg, {{"dp_shard", 2}});
     CHECK_THROWS_WITH_AS(dist::ShardedModel(model, dp, {.stage = 3, .shard_group_size = 1}),

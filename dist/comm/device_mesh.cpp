@@ -123,15 +123,23 @@ std::string DeviceMesh::describe() const {
   return text + " (" + std::to_string(world_->size()) + " ranks, " + std::to_string(ranks_per_node_) + " a node)";
 }
 
-std::unique_ptr<DeviceMesh> training_mesh(ProcessGroup& world, int tp, int shard_group_size, int ranks_per_node) {
+std::unique_ptr<DeviceMesh> training_mesh(ProcessGroup& world, const ParallelDims& d) {
   const int n = world.size();
-  ZG_CHECK(tp >= 1 && n % tp == 0, "training_mesh: tp ", tp, " does not divide the ", n, " ranks");
-  const int data = n / tp, s = shard_group_size == 0 ? data : shard_group_size;
+  ZG_CHECK(d.pp >= 1 && n % d.pp == 0, "training_mesh: pp ", d.pp, " does not divide the ", n, " ranks");
+  ZG_CHECK(d.tp >= 1 && n / d.pp % d.tp == 0, "training_mesh: tp ", d.tp, " does not divide the ", n / d.pp, " ranks",
+           d.pp > 1 ? " of a pipeline stage" : "");
+  const int data = n / d.pp / d.tp, s = d.shard_group_size == 0 ? data : d.shard_group_size;
   ZG_CHECK(s >= 1 && data % s == 0, "training_mesh: a shard group of ", s, " does not divide the ", data,
            " data-parallel ranks");
-  std::vector<MeshDim> dims{{"dp_replicate", data / s}, {"dp_shard", s}};
-  if (tp > 1) dims.push_back({"tp", tp});
-  return std::make_unique<DeviceMesh>(world, std::move(dims), ranks_per_node);
+  std::vector<MeshDim> dims;
+  if (d.pp > 1) dims.push_back({"pp", d.pp});
+  dims.insert(dims.end(), {{"dp_replicate", data / s}, {"dp_shard", s}});
+  if (d.tp > 1) dims.push_back({"tp", d.tp});
+  return std::make_unique<DeviceMesh>(world, std::move(dims), d.ranks_per_node);
+}
+
+std::unique_ptr<DeviceMesh> training_mesh(ProcessGroup& world, int tp, int shard_group_size, int ranks_per_node) {
+  return training_mesh(world, {.tp = tp, .shard_group_size = shard_group_size, .ranks_per_node = ranks_per_node});
 }
 
 }  // namespace zg::dist

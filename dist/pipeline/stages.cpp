@@ -1,5 +1,6 @@
 #include "dist/pipeline/stages.h"
 
+#include <algorithm>
 #include <map>
 #include <typeinfo>
 
@@ -23,7 +24,7 @@ class TiedHead final : public nn::Module {
 
 // Blocks [first, end) of a GPT, with the embeddings before them on the first stage and
 // ln_f and the head after them on the last -- GPT::logits, cut. Its parameters keep the
-// model's names (transformer.h.2.attn.c_attn.weight, ..., lm_head.weight).
+// model's names (transformer.h.2.attn.c_attn.weight, ...).
 class GPTStage final : public nn::Module {
  public:
   GPTStage(nn::GPT& model, int64_t first, int64_t end, bool embeds, bool heads)
@@ -35,7 +36,10 @@ class GPTStage final : public nn::Module {
       blocks_.push_back(h->register_module(std::to_string(i), model.h->ptr<nn::Module>(static_cast<size_t>(i))));
     if (heads_) {
       transformer->register_module("ln_f", model.ln_f);
-      head_ = register_module("lm_head", std::make_shared<TiedHead>(model.wte->weight));
+      // Apart from the first stage, the head holds wte under wte's name: checkpoints and
+      // consolidated states name it as the whole model does, at any cut.
+      const auto head = std::make_shared<TiedHead>(model.wte->weight);
+      head_ = embeds_ ? register_module("lm_head", head) : transformer->register_module("wte", head);
       for (const auto& [name, split] : model.wte->named_splits())  // cut by tp: the head holds wte's slice
         if (name == "weight") head_->set_split("weight", split);
     }
@@ -51,7 +55,7 @@ class GPTStage final : public nn::Module {
     }
     for (int64_t i = first_; i < end_; ++i) plan.units.push_back("transformer.h." + std::to_string(i));
     if (heads_) {
-      plan.units.push_back("lm_head"), plan.tied.push_back("lm_head");
+      plan.units.push_back("transformer.wte"), plan.tied.push_back("transformer.wte");
       plan.root_after = {"transformer.ln_f"};
     }
     return plan;
@@ -91,6 +95,13 @@ bool is_container(const nn::Module& m) {
   return true;
 }
 
+bool same_parameters(const nn::Module& a, const nn::Module& b) {
+  const nn::NamedTensors x = a.named_parameters(), y = b.named_parameters();
+  return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin(), [](const auto& p, const auto& q) {
+           return p.first == q.first && p.second.is_same(q.second);
+         });
+}
+
 std::shared_ptr<nn::Module> child_of(const nn::Module& m, const std::string& name) {
   for (const auto& [n, c] : m.named_children())
     if (n == name) return c;
@@ -107,8 +118,9 @@ void join(nn::Module& into, const nn::Module& from, const std::string& path) {
       ZG_CHECK(is_container(*have), "join_chunks: '", at, "' is a container in one chunk and a layer in another");
       join(*have, *c, at + ".");
     } else if (have != c) {
-      ZG_CHECK(have == nullptr, "join_chunks: two chunks hold different modules named '", at, "'");
-      into.register_module(name, c);
+      ZG_CHECK(have == nullptr || same_parameters(*have, *c), "join_chunks: two chunks hold different modules named '",
+               at, "'");
+      if (!have) into.register_module(name, c);  // (else a tie's two ends, both here: one module holds it)
     }
   }
 }
@@ -131,7 +143,11 @@ class JoinedChunks final : public nn::Module {
           tied_here.emplace(&weight.impl(), tie);
           continue;
         }
-        std::erase(p.units, tie), std::erase(p.tied, tie), std::erase(plan_.tied, other->second);  // both ends here
+        // Both ends here: no tie, and no unit of its own -- the weight joins the root, which
+        // ZeRO-3 gathers from the embedding's forward and keeps through the head's (GPT's plan).
+        for (auto* list : {&p.units, &p.tied, &plan_.units, &plan_.tied}) std::erase(*list, tie), std::erase(*list, other->second);
+        if (std::ranges::find(plan_.root_before, other->second) == plan_.root_before.end())
+          plan_.root_before.push_back(other->second);
       }
       for (auto [to, from] : {std::pair{&plan_.units, &p.units}, {&plan_.root_before, &p.root_before},
                               {&plan_.root_after, &p.root_after}, {&plan_.tied, &p.tied},

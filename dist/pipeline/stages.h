@@ -40,8 +40,8 @@ std::shared_ptr<nn::Module> join_chunks(const std::vector<std::shared_ptr<nn::Mo
 // [B, T]; each stage gives hidden states [B, T, C], the last logits [B, T, V] and its loss
 // is the model's (nn::CausalLM::loss: vocabulary-parallel when cut by tp). The stages
 // share the model's modules: train the stages, and the model has the result. Each stage's
-// unit plan has a unit per block; the first stage's wte and the last stage's head (its
-// "lm_head.weight" is wte's) are units of their own, tied.
+// unit plan has a unit per block; the first stage's wte and the last stage's head (holding
+// wte's weight under its name, transformer.wte.weight) are units of their own, tied.
 Stages gpt_stages(nn::GPT& model, int stages);
 
 }  // namespace zg::dist

@@ -82,8 +82,10 @@ ProcessGroup& stage_world(DeviceMesh& mesh) {
   std::vector<std::string> dims;
   for (const MeshDim& dim : mesh.dims())
     if (dim.name != "pp") dims.push_back(dim.name);
-  ZG_CHECK(!dims.empty() && mesh.dims().front().name == "pp", "ShardedModel: the mesh ", mesh.describe(),
-           " needs pp as its outermost dimension, with dp_shard (size 1: no data parallelism) after it");
+  ZG_CHECK(mesh.dims().front().name == "pp", "ShardedModel: pp must be the outermost dimension of the mesh, not as in ",
+           mesh.describe());
+  ZG_CHECK(!dims.empty(), "ShardedModel: the mesh ", mesh.describe(), " has no dp_shard dimension, which the units "
+           "shard over (size 1: every rank of a stage holds them whole)");
   return mesh.flatten("stage", dims);
 }
 
