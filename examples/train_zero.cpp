@@ -13,11 +13,17 @@
 //   mpirun -n 4 build/examples/train_zero --stage 3 --shard-group 2   (HSDP: 2 groups of 2)
 //   build/examples/train_zero --ranks 2 --stage 3 --offload optimizer+params --dtype bf16
 //   mpirun -n 4 build/examples/train_zero --tp 2 --stage 3   (each layer cut across 2 ranks, ZeRO-3 over 2)
+//   mpirun -n 4 build/examples/train_zero --pp 4 --micro-batches 8 --schedule 1f1b   (the layers cut in 4 stages)
 //
 // With --tp T the ranks are a mesh of data-parallel ranks x T tensor-parallel ones (tp
 // innermost): the GPT is cut by its plan (heads, MLP features, vocabulary) across each
 // group of T consecutive ranks, which take the same rows; ZeRO shards each rank's slices
 // over the data-parallel ranks.
+//
+// With --pp P the ranks are also P pipeline stages (outermost: a stage's ranks are
+// consecutive): the GPT is cut into P x --chunks stages by its blocks (dist::gpt_stages), each
+// data-parallel rank's rows split into --micro-batches, run in the --schedule's order
+// (dist::Pipeline); each rank's ShardedModel holds its chunks.
 //
 // Rank 0 prints a line per step: the global loss, the gradient norm, and its own bytes
 // by category -- the model states shrink with the stage, `comm` holds the gathered
@@ -28,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,11 +53,14 @@ struct Flags : examples::TrainingFlags {
   int64_t ranks = 0, stage = 3, prefetch = 1;  // ranks 0: unset (2 threads; under mpirun, its processes)
   int64_t shard_group = 0;                     // 0: shard over every data-parallel rank
   int64_t tp = 1;                              // tensor-parallel ranks a layer
+  int64_t pp = 1, micro_batches = 1, chunks = 0;  // pipeline stages' ranks; chunks 0: the schedule's default
+  std::string schedule = "1f1b";
   bool sequence_parallel = false;
   int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
   std::vector<std::string> keep_after_forward;
   std::string group = "auto";
   Flags() { steps = 100; }
+  bool pipelined() const { return pp > 1 || micro_batches > 1; }
 };
 
 void usage() {
@@ -68,6 +78,11 @@ void usage() {
                "  --tp T             tensor parallelism: each layer cut across T consecutive ranks (heads, MLP\n"
                "                     features, vocabulary); ZeRO over the ranks / T data-parallel ones (default 1)\n"
                "  --sequence-parallel  with --tp: between the cut layers each rank holds its rows of the sequence\n"
+               "  --pp P             pipeline parallelism: the layers cut into P stages (x --chunks) across P groups\n"
+               "                     of consecutive ranks; data parallelism over the ranks / (P x T) (default 1)\n"
+               "  --schedule S       the pipeline's order: gpipe, 1f1b or interleaved (default 1f1b)\n"
+               "  --micro-batches M  each data-parallel rank's rows split into M micro-batches (default 1)\n"
+               "  --chunks V         stages a rank holds: 1, or V >= 2 for interleaved (default: 2 for interleaved)\n"
 
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
                "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
@@ -78,10 +93,12 @@ void usage() {
 
 // The ranks divide into data-parallel ones of T each, and the batch into their rows.
 void check_ranks(const Flags& f, int ranks) {
-  ZG_CHECK(ranks % f.tp == 0, "train_zero: --tp ", f.tp, " does not divide the ", ranks, " ranks");
-  const int64_t data_ranks = ranks / f.tp;
-  ZG_CHECK(f.batch % data_ranks == 0, "train_zero: --batch ", f.batch, " is not a multiple of the ", data_ranks,
-           " data-parallel ranks: each takes batch / ", data_ranks, " rows");
+  ZG_CHECK(ranks % (f.pp * f.tp) == 0, "train_zero: ", f.pp > 1 ? "--pp " + std::to_string(f.pp) + " x " : "",
+           "--tp ", f.tp, " does not divide the ", ranks, " ranks");
+  const int64_t data_ranks = ranks / (f.pp * f.tp);
+  ZG_CHECK(f.batch % (data_ranks * f.micro_batches) == 0, "train_zero: --batch ", f.batch, " is not a multiple of the ",
+           data_ranks, " data-parallel ranks x ", f.micro_batches, " micro-batches: each takes batch / ", data_ranks,
+           " rows, split into micro-batches of equal rows");
 }
 
 bool parse(int argc, char** argv, Flags& f) {
@@ -95,6 +112,10 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--prefetch") f.prefetch = flag.count(0);
     else if (a == "--shard-group") f.shard_group = flag.count(1);
     else if (a == "--tp") f.tp = flag.count(1);
+    else if (a == "--pp") f.pp = flag.count(1);
+    else if (a == "--micro-batches") f.micro_batches = flag.count(1);
+    else if (a == "--chunks") f.chunks = flag.count(1);
+    else if (a == "--schedule") f.schedule = flag.value();
     else if (a == "--sequence-parallel") f.sequence_parallel = true;
     else if (a == "--prefetch-bytes") f.prefetch_bytes = flag.count(0);
     else if (a == "--keep-after-forward") {
@@ -109,8 +130,15 @@ bool parse(int argc, char** argv, Flags& f) {
     else flag.unknown();
   }
   f.check("train_zero");
-  ZG_CHECK(f.stage <= 1024 && f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024 && f.tp <= 1024,
-           "train_zero: --stage, --ranks, --prefetch, --shard-group and --tp go up to 1024");
+  ZG_CHECK(f.stage <= 1024 && f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024 && f.tp <= 1024 &&
+               f.pp <= 1024 && f.micro_batches <= 1024 && f.chunks <= 1024,
+           "train_zero: --stage, --ranks, --prefetch, --shard-group, --tp, --pp, --micro-batches and --chunks go up to "
+           "1024");
+  const dist::ScheduleKind kind = dist::parse_schedule(f.schedule);
+  ZG_CHECK(kind != dist::ScheduleKind::zb_h1 && kind != dist::ScheduleKind::zb_h2, "train_zero: --schedule ",
+           f.schedule, " splits the backward (I and W), which the executor does not run yet; use gpipe, 1f1b or "
+           "interleaved");
+  if (f.chunks == 0) f.chunks = kind == dist::ScheduleKind::interleaved ? 2 : 1;
   ZG_CHECK(f.tp > 1 || !f.sequence_parallel, "train_zero: --sequence-parallel cuts the sequence across the --tp ranks: "
            "add --tp");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi" || f.group == "nccl",
@@ -141,7 +169,7 @@ dist::ZeroConfig zero_config(const Flags& f) {
 // Refuses what ZeroConfig::problem finds wrong at the data-parallel ranks (known once the
 // group is: under mpirun, its processes) before any rank builds a model.
 void check_config(const Flags& f, int ranks) {
-  const std::string wrong = zero_config(f).problem(ranks / static_cast<int>(f.tp));
+  const std::string wrong = zero_config(f).problem(ranks / static_cast<int>(f.tp * f.pp));
   ZG_CHECK(wrong.empty(), "train_zero: ", wrong);
 }
 
@@ -170,22 +198,39 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   config.n_layer = f.layers, config.n_head = f.heads, config.n_embd = f.embd;
   config.vocab_size = 256, config.block_size = f.seq;
   config.activation_checkpointing = f.checkpointing;
+  // Under --pp a rank holds its stages alone: the model is built deferred (no bytes), and its
+  // ShardedModel fills only its own chunks' values -- an eager build's values (tensor/deferred.h).
+  std::optional<DeferredInit> nothing_allocated;
+  if (f.pp > 1 && f.init.empty()) nothing_allocated.emplace();
   nn::GPT model(config, TensorOptions(DType::f32).device(device));
+  nothing_allocated.reset();
   const int64_t parameters = model.num_parameters();  // the whole model's, before any cut
   if (!f.init.empty() && group.rank() == 0) nn::load_state(model, f.init);  // rank 0's weights become every rank's
-  // --tp: each layer cut across the tp group (every rank built the same model from one seed).
-  // --tp: dp_replicate x dp_shard (S = --shard-group, or every data-parallel rank) x tp.
+  // --tp, --pp: [pp x] dp_replicate x dp_shard (S = --shard-group, or every data-parallel rank) [x tp].
   const std::unique_ptr<dist::DeviceMesh> mesh =
-      f.tp > 1 ? dist::training_mesh(group, static_cast<int>(f.tp), static_cast<int>(f.shard_group)) : nullptr;
-  if (mesh) {
+      f.tp > 1 || f.pp > 1 ? dist::training_mesh(group, {.pp = static_cast<int>(f.pp), .tp = static_cast<int>(f.tp),
+                                                         .shard_group_size = static_cast<int>(f.shard_group)})
+                           : nullptr;
+  if (f.tp > 1) {  // each layer cut across the tp group (every rank built the same model from one seed)
     nn::ParallelPlan plan = model.parallel_plan();
     plan.sequence_parallel = f.sequence_parallel;
     dist::parallelize_module(model, mesh->group("tp"), plan);
   }
+  // --pp, --micro-batches: the model cut into stages; this rank runs its chunks in the schedule's order.
+  dist::SingleRank one_stage;
+  dist::ProcessGroup& pp = f.pp > 1 ? mesh->group("pp") : one_stage;
+  const dist::Schedule schedule = dist::make_schedule(dist::parse_schedule(f.schedule), static_cast<int>(f.pp),
+                                                      static_cast<int>(f.micro_batches), static_cast<int>(f.chunks));
+  const dist::Stages stages = f.pipelined() ? dist::gpt_stages(model, schedule.stages()) : dist::Stages();
+  const auto chunks = f.pipelined() ? stages.chunks(schedule, pp.rank()) : std::vector<std::shared_ptr<nn::Module>>();
+  const std::shared_ptr<nn::Module> held = f.pipelined() ? dist::join_chunks(chunks) : nullptr;
+  nn::Module& trained = held ? *held : model;
   // The parameters move into flat units, sharded as the stage says; rank 0's initial
   // weights become every rank's.
-  dist::ShardedModel sharded = mesh ? dist::ShardedModel(model, *mesh, zero_config(f))
-                                    : dist::ShardedModel(model, group, zero_config(f));
+  dist::ShardedModel sharded = mesh ? dist::ShardedModel(trained, *mesh, zero_config(f))
+                                    : dist::ShardedModel(trained, group, zero_config(f));
+  const std::unique_ptr<dist::Pipeline> pipeline =
+      f.pipelined() ? std::make_unique<dist::Pipeline>(pp, schedule, chunks, stages.loss) : nullptr;
   const examples::RunRecord record(f.layers, f.heads, f.embd, f.seq);  // what a checkpoint records, as train_gpt's
   int64_t first_step = 0;
   if (!f.resume.empty()) {
@@ -196,13 +241,15 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     if (printer) std::printf("resumed from %s at step %lld\n", meta.at("path").c_str(), static_cast<long long>(first_step));
   }
   if (printer)
-    std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s on %lld ranks, %s compute on %s\n",
+    std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s on %lld ranks, %s compute on %s%s\n",
                 static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
                 static_cast<long long>(parameters), sharded.describe().c_str(),
-                static_cast<long long>(group.size()), f.dtype.c_str(), device.str().c_str());
+                static_cast<long long>(group.size()), f.dtype.c_str(), device.str().c_str(),
+                pipeline ? ("; " + schedule.describe()).c_str() : "");
 
-  // Data-parallel rank d = rank / T takes rows [d B / D, (d + 1) B / D); its T tp ranks alike.
-  const int64_t data_ranks = group.size() / f.tp, rows = f.batch / data_ranks, first_row = group.rank() / f.tp * rows;
+  // Data-parallel rank d takes rows [d B / D, (d + 1) B / D); its tp and pp ranks alike.
+  const int64_t data_ranks = group.size() / (f.tp * f.pp), rows = f.batch / data_ranks;
+  const int64_t first_row = group.rank() % (data_ranks * f.tp) / f.tp * rows;
   double loss_value = NAN;
   examples::RunTrace trace(f, group);
   for (int64_t step = first_step; step < f.steps; ++step) {
@@ -214,13 +261,18 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     Tensor loss;
     {
       MemoryScope scope(MemoryCategory::activation);
-      loss = model.forward(inputs.narrow(0, first_row, rows), targets.narrow(0, first_row, rows)).loss;
-      loss.backward();  // gathers and reductions run from hooks as the backward goes
+      const Tensor x = inputs.narrow(0, first_row, rows), y = targets.narrow(0, first_row, rows);
+      if (pipeline) {  // every micro-batch's forward and backward, in the schedule's order
+        loss = full({1}, pipeline->run(x, y), DType::f64);
+      } else {
+        loss = model.forward(x, y).loss;
+        loss.backward();  // gathers and reductions run from hooks as the backward goes
+      }
     }
     const double lr = optim::warmup_cosine_lr(step, f.lr, f.min_lr, f.warmup, f.steps);
     const dist::StepResult result = sharded.step(lr);  // global norm, clip, AdamW on this rank's slices
-    // The global batch's loss: the mean of the ranks' means (they take equal rows; tp ranks the same ones).
-    Tensor global_loss = loss.detach().reshape({1}).to(DType::f32);
+    // The global batch's loss: the mean of the ranks' means (they take equal rows; tp and pp ranks the same ones).
+    Tensor global_loss = loss.detach().reshape({1}).to(DType::f32).to(device);
     group.all_reduce(global_loss, dist::ReduceKind::average);
     loss_value = global_loss.item<double>();
 

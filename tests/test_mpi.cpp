@@ -165,17 +165,21 @@ TEST_CASE("train_zero under mpirun -n 2 and -n 4, stages 0-3 and HSDP 2x2: the s
   CHECK(unwritable.find("step ") == std::string::npos);
 }
 
+namespace {
+// Step, loss and norm of each step line of train_zero's output, and the final loss.
+std::string losses(const std::string& out) {
+  std::string kept;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (line.starts_with("step ") || line.starts_with("final loss"))
+      kept += line.substr(0, line.find(" | ", line.find("norm"))) + "\n";
+  return kept;
+}
+}  // namespace
+
 TEST_CASE("train_zero --tp: mpirun -n 4 --tp 2 --stage 3, and threads at tp 2 and 4, print one rank's losses") {
   const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 2 --heads 4 --embd 32 --seq 8 "
                                  "--batch 4 --steps 6";
-  const auto losses = [](const std::string& out) {  // step, loss and norm of each step line, and the final loss
-    std::string kept;
-    std::istringstream lines(out);
-    for (std::string line; std::getline(lines, line);)
-      if (line.starts_with("step ") || line.starts_with("final loss"))
-        kept += line.substr(0, line.find(" | ", line.find("norm"))) + "\n";
-    return kept;
-  };
   int status = 0;
   const std::string one = run_command(train_zero + " --ranks 1 2>&1", status);
   REQUIRE(status == 0);
@@ -206,6 +210,34 @@ TEST_CASE("train_zero --tp: mpirun -n 4 --tp 2 --stage 3, and threads at tp 2 an
   CHECK(losses(resumed).find("step    7/12") != std::string::npos);
   CHECK(losses(resumed) == losses(run_command(train_zero + " --ranks 1 --steps 12 --resume " + dir + "/whole 2>&1", status)));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("train_zero --pp: mpirun -n 4 --pp 4 --micro-batches 8 --schedule 1f1b, and threads with dp and tp, print "
+          "one rank's losses") {
+  const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 4 --heads 4 --embd 32 --seq 8 "
+                                 "--batch 8 --steps 6";
+  int status = 0;
+  const std::string one = run_command(train_zero + " --ranks 1 2>&1", status);
+  REQUIRE(status == 0);
+  REQUIRE(losses(one).find("final loss") != std::string::npos);
+  const std::string processes = run_command(launch(4, train_zero + " --pp 4 --micro-batches 8 --schedule 1f1b"), status);
+  INFO(processes);
+  CHECK(status == 0);
+  CHECK(processes.find("a 1f1b pipeline of 4 ranks x 1 chunk, 8 micro-batches") != std::string::npos);
+  CHECK(losses(processes) == losses(one));
+  for (const std::string run : {"--ranks 2 --pp 2 --micro-batches 4 --schedule gpipe --stage 2",
+                                "--ranks 4 --pp 2 --micro-batches 2 --schedule interleaved --stage 1",
+                                "--ranks 4 --pp 2 --tp 2 --micro-batches 4 --stage 3",
+                                "--ranks 1 --micro-batches 4 --stage 0"}) {
+    INFO(run);
+    CHECK(losses(run_command(train_zero + " " + run + " 2>&1", status)) == losses(one));
+  }
+  const std::string odd = run_command(train_zero + " --ranks 4 --pp 3 2>&1", status);
+  CHECK(status != 0);
+  CHECK(odd.find("train_zero: --pp 3 x --tp 1 does not divide the 4 ranks") != std::string::npos);
+  const std::string zb = run_command(train_zero + " --ranks 2 --pp 2 --schedule zb-h1 2>&1", status);
+  CHECK(status != 0);
+  CHECK(zb.find("train_zero: --schedule zb-h1 splits the backward") != std::string::npos);
 }
 
 #ifdef ZG_BENCH_DIR

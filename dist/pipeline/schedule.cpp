@@ -17,6 +17,12 @@ const char* name(ScheduleKind kind) {
   return "?";
 }
 
+std::string Schedule::describe() const {
+  return std::string(kind == ScheduleKind::interleaved ? "an " : "a ") + name(kind) + " pipeline of " + std::to_string(ranks) + " ranks x " +
+         std::to_string(chunks) + (chunks == 1 ? " chunk, " : " chunks, ") + std::to_string(micro_batches) +
+         (micro_batches == 1 ? " micro-batch" : " micro-batches");
+}
+
 ScheduleKind parse_schedule(std::string_view text) {
   for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
                          ScheduleKind::zb_h1, ScheduleKind::zb_h2})

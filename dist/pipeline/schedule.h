@@ -56,6 +56,7 @@ struct Schedule {
   int chunk_of(int stage) const { return stage / ranks; }
   bool splits_backward() const { return kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_h2; }
   std::string str() const;  // one line per rank: "rank 0: F0 F1 B0 ..."
+  std::string describe() const;  // "a 1f1b pipeline of 4 ranks x 1 chunk, 8 micro-batches"
 };
 
 // The schedule of `kind` for p ranks and m micro-batches; `chunks` (v) > 1 for
