@@ -3,6 +3,7 @@
 // steps through dist::Pipeline, takes one rank's steps -- its losses and gradient norms
 // (clipped: the norm is the whole pipeline's), and in the end its weights, the tied
 // embedding's two copies alike.
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -42,20 +43,35 @@ struct Run {
   std::map<std::string, Tensor> weights;  // the whole weights at the end, by name
 };
 
+// Steps [first, last), resumed from a save and saved at the end where named.
+struct Span {
+  int first = 0, last = kSteps;
+  std::string resume = {}, save = {};
+  void begin(dist::ShardedModel& sharded) const {
+    if (!resume.empty()) sharded.load(resume);
+    CHECK(sharded.steps() == first);
+  }
+  void end(dist::ShardedModel& sharded) const {
+    if (!save.empty()) sharded.save(save);
+  }
+};
+
 // One rank: the whole model, the whole batch.
-Run one_rank() {
+Run one_rank(const Span& span = {}) {
   Run run;
   dist::run_local(1, [&](dist::ProcessGroup& group) {
     manual_seed(3);
     nn::GPT model(eight_layer_gpt(), TensorOptions(DType::f64));
     dist::ShardedModel sharded(model, group, config(0));
-    for (int step = 0; step < kSteps; ++step) {
+    span.begin(sharded);
+    for (int step = span.first; step < span.last; ++step) {
       sharded.zero_grad();
       const Tensor loss = model.forward(tokens(100 + step), tokens(200 + step)).loss;
       loss.backward();
       run.losses.push_back(loss.item<double>());
       run.norms.push_back(sharded.step(1e-2).grad_norm);
     }
+    span.end(sharded);
     for (const auto& [name, w] : sharded.consolidated_state()) run.weights[name] = w;
   });
   return run;
@@ -68,7 +84,7 @@ struct Layout {
 
 // p x dp x tp ranks as threads: pp outermost, each dp rank taking its rows of the batch,
 // the GPT cut across each tp group first.
-Run pipelined(const Layout& l) {
+Run pipelined(const Layout& l, const Span& span = {}) {
   Run run;
   std::mutex mutex;
   std::map<std::string, int> holders;
@@ -87,7 +103,8 @@ Run pipelined(const Layout& l) {
     dist::Pipeline pipeline(mesh.group("pp"), schedule, chunks, stages.loss);
     const int64_t rows = kRows / l.dp, first = mesh.coordinate("dp_shard") * rows;
     std::vector<double> losses, norms;
-    for (int step = 0; step < kSteps; ++step) {
+    span.begin(sharded);
+    for (int step = span.first; step < span.last; ++step) {
       sharded.zero_grad();
       const Tensor loss = full({1}, pipeline.run(tokens(100 + step).narrow(0, first, rows),
                                                  tokens(200 + step).narrow(0, first, rows)), DType::f64);
@@ -95,6 +112,7 @@ Run pipelined(const Layout& l) {
       losses.push_back(loss.item<double>());
       norms.push_back(sharded.step(1e-2).grad_norm);
     }
+    span.end(sharded);
     const nn::NamedTensors weights = sharded.consolidated_state();
     std::lock_guard lock(mutex);
     if (run.losses.empty()) run.losses = losses, run.norms = norms;
@@ -109,11 +127,13 @@ Run pipelined(const Layout& l) {
   return run;
 }
 
-void check_same_steps(const Run& got, const Run& want) {
-  for (int step = 0; step < kSteps; ++step) {
-    INFO("step " << step + 1);
-    CHECK(got.losses[step] == doctest::Approx(want.losses[step]).epsilon(1e-12));
-    CHECK(got.norms[step] == doctest::Approx(want.norms[step]).epsilon(1e-12));
+// The steps of `got` are those of `want` from its step `first` on.
+void check_same_steps(const Run& got, const Run& want, size_t first = 0) {
+  REQUIRE(got.losses.size() + first == want.losses.size());
+  for (size_t step = 0; step < got.losses.size(); ++step) {
+    INFO("step " << first + step + 1);
+    CHECK(got.losses[step] == doctest::Approx(want.losses[first + step]).epsilon(1e-12));
+    CHECK(got.norms[step] == doctest::Approx(want.norms[first + step]).epsilon(1e-12));
   }
   REQUIRE(got.weights.size() == want.weights.size());  // the last stage's copy of wte under its name
   for (const auto& [name, w] : got.weights) {
@@ -144,6 +164,27 @@ TEST_CASE("GPT through every schedule at p in {2, 4}, m in {1, 4, 8}, alone, wit
     INFO("interleaved over 4 chunks on one pp rank, dp=2, ZeRO stage " << stage);
     check_same_steps(pipelined({ScheduleKind::interleaved, 1, 4, 4, 2, stage}), want);
   }
+}
+
+TEST_CASE("a save at pp = 2 x dp = 2 resumes at pp = 4 and at one rank with an uninterrupted run's steps") {
+  const std::string dir = "/tmp/zg_test_pipeline_save_" + std::to_string(::getpid());
+  const Run whole = one_rank({.first = 0, .last = 2 * kSteps});
+  const Run first = pipelined({ScheduleKind::one_f_one_b, 2, 4, 1, 2, 1}, {.save = dir});
+  check_same_steps(first, one_rank());
+  const Span rest{.first = kSteps, .last = 2 * kSteps, .resume = dir};
+  {
+    INFO("resumed at pp = 4 (GPipe, ZeRO-3 over dp = 1)");
+    check_same_steps(pipelined({ScheduleKind::gpipe, 4, 2, 1, 1, 3}, rest), whole, kSteps);
+  }
+  {
+    INFO("resumed at one rank, the model whole");
+    check_same_steps(one_rank(rest), whole, kSteps);
+  }
+  {
+    INFO("resumed at pp = 2 x tp = 2 (interleaved)");
+    check_same_steps(pipelined({ScheduleKind::interleaved, 2, 2, 2, 1, 1, 2}, rest), whole, kSteps);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace zg::test

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "autograd/graph.h"
 #include "dist/comm/agreement.h"
@@ -63,14 +64,18 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   NoGradGuard no_grad;
   // A file per slice: per rank, or with hybrid sharding per rank of the shard group,
   // written by the first group (the others hold the same slices); with tensor
-  // parallelism, per (tp rank, shard rank) -- the file of tp rank t and shard rank r is
-  // t S + r of T S.
+  // parallelism, per (tp rank, shard rank), and with pipeline parallelism per stage too --
+  // the file of pp rank p, tp rank t and shard rank r is (p T + t) S + r of P T S. A tied
+  // unit is saved by the first stage alone; buffers by the first file.
   const int r = shard_group().rank(), tp_rank = tp_ ? (*tp_)->rank() : 0, tp_size = tp_ ? (*tp_)->size() : 1;
-  const int file_rank = tp_rank * shard_group().size() + r, files = tp_size * shard_group().size();
+  const int pp_rank = pp_ ? (*pp_)->rank() : 0, pp_size = pp_ ? (*pp_)->size() : 1;
+  const int file_rank = (pp_rank * tp_size + tp_rank) * shard_group().size() + r;
+  const int files = pp_size * tp_size * shard_group().size();
   const bool writes = replica_group() == nullptr || replica_group()->rank() == 0;
+  ProcessGroup& world = mesh_.world();  // every stage saves at once
   const Generator& gen = Context::current().generator();
   const Device device = context_->device;
-  const uint64_t save_id = new_save_id(*group_, device, dir, step_);
+  const uint64_t save_id = new_save_id(world, device, dir, step_);
   const std::string folder = dir + "/" + checkpoint_dir::save_name(step_, save_id);
   Metadata meta = checkpoint::manifest_metadata({.save_id = save_id,
                                                  .world_size = files,
@@ -81,12 +86,16 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
                                                  .rng_seed = gen.seed(),
                                                  .rng_offset = gen.offset()});
   const std::string nothing = "nothing was saved, on any rank";
-  all_or_none(*group_, device, "ShardedModel::save", nothing,
-              [&] { checkpoint::check_save_request(extra, meta, keep); });
+  all_or_none(world, device, "ShardedModel::save", nothing, [&] {
+    checkpoint::check_save_request(extra, meta, keep);
+    ZG_CHECK(pp_rank == 0 || buffers_.empty(), "ShardedModel::save: pipeline stage ", pp_rank, " holds buffer '",
+             buffers_.empty() ? "" : buffers_.front().first, "'; a pipeline's save writes the buffers of its first "
+             "stage alone, so keep buffers in the first stage's modules");
+  });
   // A request refused before anything is written; then no other job saves into `dir`
   // meanwhile (this one's lock, where it holds one, is shared).
-  const CheckpointWriterLock writer(*group_, device, dir, "ShardedModel::save");
-  all_or_none(*group_, device, "ShardedModel::save", nothing, [&] { std::filesystem::create_directories(folder); });
+  const CheckpointWriterLock writer(world, device, dir, "ShardedModel::save");
+  all_or_none(world, device, "ShardedModel::save", nothing, [&] { std::filesystem::create_directories(folder); });
   optim::write_scaler_state(scaler, meta);
   meta.insert(extra.begin(), extra.end());
   // This rank's pieces, each parameter's shape (and cut) beside them; on rank 0 the buffers too.
@@ -96,9 +105,12 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
     layout.push_back({key, t.dtype(), t.shape()});
     tensors.emplace_back(key, t);
   };
+  std::vector<UnitRoles> saved = views(units_);
+  if (pp_rank > 0)  // the last stage's copies of the tied units: the first stage saves them
+    for (auto u = tied_units_.rbegin(); u != tied_units_.rend(); ++u) saved.erase(saved.begin() + static_cast<int64_t>(*u));
   const std::vector<Part> parts = checkpoint::in_checkpoint_order(
-      checkpoint::parts_of(views(units_), replicated(), r, !placement().optimizer_sharded(), /*saving=*/true), splits_,
-      tp_rank, /*saving=*/true);
+      checkpoint::parts_of(saved, replicated(), r, !placement().optimizer_sharded(), /*saving=*/true), splits_, tp_rank,
+      /*saving=*/true);
   for (const Part& part : parts) {
     add(checkpoint::piece_name(part), part.data);
     meta["shape/" + part.parameter()] = shape_str(part.shape);
@@ -108,7 +120,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
     for (const auto& [key, t] : replicated())
       if (key.starts_with(kBufferKey)) add(key, t);
   try {
-    GroupFileWriter file(*group_, device, "ShardedModel::save", writes,
+    GroupFileWriter file(world, device, "ShardedModel::save", writes,
                          checkpoint_dir::rank_file(folder, file_rank, files), layout, meta);
     for (const auto& [key, t] : tensors) file.write(key, t);
     file.commit("the save in " + folder + " failed and is removed; load() reads the previous one");
@@ -118,18 +130,36 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
     // full stays full). First every rank's writer is gone -- a failed file removes its
     // temporary as it unwinds, which would race rank 0's walk of the folder.
     try {
-      group_->barrier();
+      world.barrier();
     } catch (...) {  // the group failed too: the save's own error says more
     }
     std::error_code ignored;
-    if (group_->rank() == 0) std::filesystem::remove_all(folder, ignored);
+    if (world.rank() == 0) std::filesystem::remove_all(folder, ignored);
     throw;
   }
   // Every rank's file is durable: one rename of `latest` makes the save current.
-  all_or_none(*group_, device, "ShardedModel::save",
+  all_or_none(world, device, "ShardedModel::save",
               "the save in " + folder + " is complete but not current; load() reads the previous one", [&] {
-                if (group_->rank() == 0) checkpoint_dir::make_current(dir, folder.substr(dir.size() + 1), keep);
+                if (world.rank() == 0) checkpoint_dir::make_current(dir, folder.substr(dir.size() + 1), keep);
               });
+}
+
+// The pipeline's stages hold every parameter of the save between them: each stage counts
+// the saved parameters it holds (a tie once, at the first stage), and the counts add up to
+// the save's (a collective over pp; every rank decides alike).
+void ShardedModel::check_stages_cover(const checkpoint::PieceIndex& index) const {
+  std::set<std::string> mine, all;
+  for (const auto& [key, pieces] : index.pieces) mine.insert(key.substr(key.find('/') + 1));
+  all = mine;
+  for (const std::string& name : index.elsewhere)
+    if (!name.starts_with(kBufferKey)) all.insert(name);
+  if ((*pp_)->rank() > 0)
+    for (size_t u : tied_units_) mine.erase(units_[u]->entries().front().name);
+  const Tensor held = full({1}, static_cast<double>(mine.size()),
+                           TensorOptions(DType::f64).device(agreement_device(**pp_, context_->device)));
+  (*pp_)->all_reduce(held, ReduceKind::sum);
+  ZG_CHECK(held.item<double>() == static_cast<double>(all.size()), checkpoint::kLoad, ": the save holds ", all.size(),
+           " parameters, the pipeline's stages ", held.item<double>(), " of them: a checkpoint of another model");
 }
 
 std::string ShardedModel::current_save(const std::string& dir) {
@@ -143,13 +173,15 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   NoGradGuard no_grad;
   const std::vector<UnitRoles> units = views(units_);
   const nn::NamedTensors replicated = this->replicated();
-  const checkpoint::ModelParameters model = checkpoint::model_parameters(units, replicated, splits_);
+  checkpoint::ModelParameters model = checkpoint::model_parameters(units, replicated, splits_);
+  model.pipeline_stage = pp_.has_value();
   checkpoint::Manifest manifest;
   checkpoint::PieceIndex index;
   std::vector<Part> parts;  // what this rank loads
   const Device device = context_->device;
-  all_or_none(*group_, device, checkpoint::kLoad, "nothing was loaded, on any rank", [&] {
-    manifest = checkpoint::read_manifest(checkpoint_dir::current_save(dir, checkpoint::kLoad), group_->rank(), scaler);
+  ProcessGroup& world = mesh_.world();  // every stage loads, or none
+  all_or_none(world, device, checkpoint::kLoad, "nothing was loaded, on any rank", [&] {
+    manifest = checkpoint::read_manifest(checkpoint_dir::current_save(dir, checkpoint::kLoad), world.rank(), scaler);
     index = checkpoint::index_pieces(manifest, model);
     parts = checkpoint::covered_parts(
         manifest, index,
@@ -158,8 +190,9 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
                                         splits_, 0, /*saving=*/false));
   });
   // One save on every rank (a save made current between two ranks' reads of `latest` is another).
-  Agreement(*group_, agreement_device(*group_, device), {{"save (its id and step)", manifest.identity()}})
+  Agreement(world, agreement_device(world, device), {{"save (its id and step)", manifest.identity()}})
       .check("ShardedModel::load: nothing was loaded, on any rank: ranks found");
+  if (pp_) check_stages_cover(index);
 
   // Everything checked, everywhere: now copy each part's overlap with each piece (once no
   // gather a forward left in flight still reads the shards).

@@ -71,6 +71,9 @@ struct UnitContext;
 class GradientReducer;
 class GatherScheduler;
 struct ShardingPlan;
+namespace checkpoint {
+struct PieceIndex;
+}
 
 struct StepResult {
   double grad_norm = 0;  // global, unscaled, before clipping (identical on every rank)
@@ -249,6 +252,7 @@ class ShardedModel final : public ParameterOwner {
   void plan_tensor_parallel_norm();  // norm_runs_
   Tensor squared_norm(size_t unit) const;  // of this rank's gradient shard of units_[unit], weighted (f64)
   void find_tied_units(const UnitPlan& plan);
+  void check_stages_cover(const checkpoint::PieceIndex& index) const;  // load(), with pp
   void sum_tied_gradients();  // with the other end of the pipeline: the same sum on both
   ProcessGroup& data_group() const { return data_ ? **data_ : *group_; }
 

@@ -19,13 +19,15 @@ void check_buffers(const Manifest& manifest, const ModelParameters& model) {
   }
 }
 
+bool holds_buffer(const ModelParameters& model, const std::string& key) {
+  return std::any_of(model.buffers.begin(), model.buffers.end(), [&](const auto& buffer) { return buffer.first == key; });
+}
+
 // A buffer of the file: in the first one of a save that holds buffers, and the model's.
 void check_buffer(const Manifest& manifest, const SafetensorsFile& file, const std::string& tensor,
                   const ModelParameters& model) {
   check_held_in_first_file(&file == &manifest.first() && manifest.holds_replicated, file, tensor);
-  const bool known = std::any_of(model.buffers.begin(), model.buffers.end(),
-                                 [&](const auto& buffer) { return buffer.first == tensor; });
-  ZG_CHECK(known, kLoad, ": ", file.path(), " holds '", tensor, "' but the model has no such buffer");
+  ZG_CHECK(holds_buffer(model, tensor), kLoad, ": ", file.path(), " holds '", tensor, "' but the model has no such buffer");
 }
 
 // The piece `saved` of `file` checked against the model: its parameter the model's,
@@ -94,10 +96,15 @@ PieceIndex index_pieces(const Manifest& manifest, const ModelParameters& model) 
       const bool first_file = file.get() == &manifest.first();
       const SavedTensor saved = upgrade(*file, tensor, manifest.format, first_file, model);
       if (saved.name.starts_with(kBufferKey)) {
-        check_buffer(manifest, *file, tensor, model);
+        if (model.pipeline_stage && !holds_buffer(model, saved.name)) index.elsewhere.insert(saved.name);
+        else check_buffer(manifest, *file, tensor, model);
         continue;
       }
       const PieceName piece = parse_piece_name(saved.name, /*frozen_role=*/true, *file, tensor);
+      if (model.pipeline_stage && model.find(piece.parameter, piece.role == "frozen") == nullptr) {
+        index.elsewhere.insert(piece.parameter);
+        continue;
+      }
       index.pieces[piece.role + "/" + piece.parameter].push_back(check_piece(*file, saved, piece, model));
       record_cut(*file, piece.parameter, model.find(piece.parameter, piece.role == "frozen")->shape, index.cuts);
     }

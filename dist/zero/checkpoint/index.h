@@ -4,10 +4,12 @@
 // checked against the model -- or, in the first file, one of the model's buffers, whole.
 // A parameter's pieces are sorted by first element and must not overlap; where the save
 // cut it across tensor-parallel ranks, every file says alike how (slice_order.h). Nothing
-// in the files may be unknown to the model.
+// in the files may be unknown to the model (to a pipeline stage: to the whole pipeline,
+// which ShardedModel::load checks across the stages).
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@ namespace zg::dist::checkpoint {
 struct PieceIndex {
   std::map<std::string, std::vector<Piece>> pieces;  // by <role>/<parameter>, sorted by begin
   std::map<std::string, nn::TensorSplit> cuts;       // by parameter: the save's cut (parts = 1: none)
+  std::set<std::string> elsewhere;  // a pipeline stage's: the save's parameters and buffers other stages hold
   const std::vector<Piece>& of(const std::string& key) const;  // none where the save has none
 };
 

@@ -21,6 +21,9 @@ struct ModelParameters {
   };
   std::map<std::string, Held> trained, frozen;
   nn::NamedTensors buffers;  // "buffer/<name>"
+  // One stage of a pipeline: the save's pieces and buffers of parameters it does not hold
+  // are other stages' (PieceIndex::elsewhere), not unknown.
+  bool pipeline_stage = false;
 
   // Where a piece of `parameter` loads into: the frozen parameter of that name, or for
   // a role other than frozen the trained one; null when the model has neither.
