@@ -37,10 +37,12 @@ using checkpoint::UnitRoles;
 
 namespace {
 
-// What checkpoints see of the units.
-std::vector<UnitRoles> views(const std::vector<std::unique_ptr<Unit>>& units) {
+// What checkpoints see of the units, but those at the `skipped` indices (a later pipeline
+// stage's copies of the tied units: the first stage saves them).
+std::vector<UnitRoles> views(const std::vector<std::unique_ptr<Unit>>& units, const std::vector<size_t>& skipped = {}) {
   std::vector<UnitRoles> out;
-  for (const auto& unit : units) out.push_back(checkpoint::roles_of(*unit));
+  for (size_t u = 0; u < units.size(); ++u)
+    if (std::find(skipped.begin(), skipped.end(), u) == skipped.end()) out.push_back(checkpoint::roles_of(*units[u]));
   return out;
 }
 
@@ -58,6 +60,12 @@ uint64_t new_save_id(ProcessGroup& group, Device device, const std::string& dir,
   return static_cast<uint64_t>(id.item<double>());
 }
 
+// Rank and size along pp, tp and the shard group -> this rank's file and the number of
+// files: (p T + t) S + r of P T S.
+std::pair<int, int> save_file(std::pair<int, int> pp, std::pair<int, int> tp, std::pair<int, int> shard) {
+  return {(pp.first * tp.second + tp.first) * shard.second + shard.first, pp.second * tp.second * shard.second};
+}
+
 }  // namespace
 
 void ShardedModel::save(const std::string& dir, const Metadata& extra, const optim::GradScaler* scaler, int keep) {
@@ -67,10 +75,9 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   // parallelism, per (tp rank, shard rank), and with pipeline parallelism per stage too --
   // the file of pp rank p, tp rank t and shard rank r is (p T + t) S + r of P T S. A tied
   // unit is saved by the first stage alone; buffers by the first file.
-  const int r = shard_group().rank(), tp_rank = tp_ ? (*tp_)->rank() : 0, tp_size = tp_ ? (*tp_)->size() : 1;
-  const int pp_rank = pp_ ? (*pp_)->rank() : 0, pp_size = pp_ ? (*pp_)->size() : 1;
-  const int file_rank = (pp_rank * tp_size + tp_rank) * shard_group().size() + r;
-  const int files = pp_size * tp_size * shard_group().size();
+  const int r = shard_group().rank(), tp_rank = tp_ ? (*tp_)->rank() : 0, pp_rank = pp_ ? (*pp_)->rank() : 0;
+  const auto [file_rank, files] = save_file({pp_rank, pp_ ? (*pp_)->size() : 1}, {tp_rank, tp_ ? (*tp_)->size() : 1},
+                                            {r, shard_group().size()});
   const bool writes = replica_group() == nullptr || replica_group()->rank() == 0;
   ProcessGroup& world = mesh_.world();  // every stage saves at once
   const Generator& gen = Context::current().generator();
@@ -105,12 +112,10 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
     layout.push_back({key, t.dtype(), t.shape()});
     tensors.emplace_back(key, t);
   };
-  std::vector<UnitRoles> saved = views(units_);
-  if (pp_rank > 0)  // the last stage's copies of the tied units: the first stage saves them
-    for (auto u = tied_units_.rbegin(); u != tied_units_.rend(); ++u) saved.erase(saved.begin() + static_cast<int64_t>(*u));
   const std::vector<Part> parts = checkpoint::in_checkpoint_order(
-      checkpoint::parts_of(saved, replicated(), r, !placement().optimizer_sharded(), /*saving=*/true), splits_, tp_rank,
-      /*saving=*/true);
+      checkpoint::parts_of(views(units_, pp_rank > 0 ? tied_units_ : std::vector<size_t>()), replicated(), r,
+                           !placement().optimizer_sharded(), /*saving=*/true),
+      splits_, tp_rank, /*saving=*/true);
   for (const Part& part : parts) {
     add(checkpoint::piece_name(part), part.data);
     meta["shape/" + part.parameter()] = shape_str(part.shape);
