@@ -80,6 +80,9 @@ class Llama : public CausalLM {
   // Heads (query and key/value), SwiGLU features and the vocabulary cut across a
   // tensor-parallel group.
   ParallelPlan parallel_plan() const override;
+  // Where the next forward's rotary positions start: logits() sets it from its cache; a
+  // pipeline stage, running some layers alone, sets 0.
+  void set_position_offset(int64_t offset) { rotary_->offset = offset; }
 
   LlamaConfig config;
   std::shared_ptr<Module> model;

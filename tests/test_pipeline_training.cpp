@@ -1,8 +1,8 @@
-// Pipeline parallelism composed with data parallelism: a GPT cut into stages, each rank's
-// chunks held by a ShardedModel over a pp x dp_shard mesh (dist::join_chunks), trained 5
-// steps through dist::Pipeline, takes one rank's steps -- its losses and gradient norms
-// (clipped: the norm is the whole pipeline's), and in the end its weights, the tied
-// embedding's two copies alike.
+// Pipeline parallelism composed with data and tensor parallelism: a GPT or a Llama cut
+// into stages, each rank's chunks held by a ShardedModel over a pp x dp_shard [x tp] mesh
+// (dist::join_chunks), trained 5 steps through dist::Pipeline, takes one rank's steps --
+// its losses and gradient norms (clipped: the norm is the whole pipeline's), and in the end
+// its weights, the tied embedding's two copies alike -- and its checkpoints reshard.
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -13,6 +13,7 @@
 #include "dist/pipeline/stages.h"
 #include "dist/tensor/parallelize.h"
 #include "dist/zero/sharded_model.h"
+#include "nn/llama.h"
 #include "helpers.h"
 
 namespace zg::test {
@@ -23,10 +24,26 @@ namespace {
 
 constexpr int kSteps = 5, kRows = 16, kSeq = 8;
 
-nn::GPTConfig eight_layer_gpt() {
-  nn::GPTConfig c;
-  c.n_layer = 8, c.n_head = 2, c.n_embd = 8, c.vocab_size = 32, c.block_size = kSeq;
-  return c;
+enum class Arch { gpt, llama };
+
+// Eight layers of either, in f64, alike on every rank (one seed).
+std::unique_ptr<nn::CausalLM> make_model(Arch arch) {
+  manual_seed(3);
+  const TensorOptions f64(DType::f64);
+  if (arch == Arch::gpt) {
+    nn::GPTConfig c;
+    c.n_layer = 8, c.n_head = 2, c.n_embd = 8, c.vocab_size = 32, c.block_size = kSeq;
+    return std::make_unique<nn::GPT>(c, f64);
+  }
+  nn::LlamaConfig c;
+  c.n_layer = 8, c.n_head = 2, c.n_kv_head = 2, c.n_embd = 8, c.intermediate_size = 16, c.vocab_size = 32;
+  c.block_size = kSeq;
+  return std::make_unique<nn::Llama>(c, f64);
+}
+
+dist::Stages stages_of(nn::CausalLM& model, Arch arch, int stages) {
+  return arch == Arch::gpt ? dist::gpt_stages(static_cast<nn::GPT&>(model), stages)
+                           : dist::llama_stages(static_cast<nn::Llama&>(model), stages);
 }
 
 Tensor tokens(int64_t seed) {
@@ -57,16 +74,15 @@ struct Span {
 };
 
 // One rank: the whole model, the whole batch.
-Run one_rank(const Span& span = {}) {
+Run one_rank(Arch arch, const Span& span = {}) {
   Run run;
   dist::run_local(1, [&](dist::ProcessGroup& group) {
-    manual_seed(3);
-    nn::GPT model(eight_layer_gpt(), TensorOptions(DType::f64));
-    dist::ShardedModel sharded(model, group, config(0));
+    const std::unique_ptr<nn::CausalLM> model = make_model(arch);
+    dist::ShardedModel sharded(*model, group, config(0));
     span.begin(sharded);
     for (int step = span.first; step < span.last; ++step) {
       sharded.zero_grad();
-      const Tensor loss = model.forward(tokens(100 + step), tokens(200 + step)).loss;
+      const Tensor loss = model->forward(tokens(100 + step), tokens(200 + step)).loss;
       loss.backward();
       run.losses.push_back(loss.item<double>());
       run.norms.push_back(sharded.step(1e-2).grad_norm);
@@ -78,6 +94,7 @@ Run one_rank(const Span& span = {}) {
 }
 
 struct Layout {
+  Arch arch;
   ScheduleKind kind;
   int p, m, v, dp, stage, tp = 1;
 };
@@ -92,11 +109,10 @@ Run pipelined(const Layout& l, const Span& span = {}) {
     std::vector<dist::MeshDim> dims{{"pp", l.p}, {"dp_shard", l.dp}};
     if (l.tp > 1) dims.push_back({"tp", l.tp});
     dist::DeviceMesh mesh(world, dims);
-    manual_seed(3);
-    nn::GPT model(eight_layer_gpt(), TensorOptions(DType::f64));
-    if (l.tp > 1) dist::parallelize_module(model, mesh.group("tp"), model.parallel_plan());
+    const std::unique_ptr<nn::CausalLM> model = make_model(l.arch);
+    if (l.tp > 1) dist::parallelize_module(*model, mesh.group("tp"), model->parallel_plan());
     const dist::Schedule schedule = dist::make_schedule(l.kind, l.p, l.m, l.v);
-    const dist::Stages stages = dist::gpt_stages(model, schedule.stages());
+    const dist::Stages stages = stages_of(*model, l.arch, schedule.stages());
     const auto chunks = stages.chunks(schedule, mesh.coordinate("pp"));
     const auto held = dist::join_chunks(chunks);
     dist::ShardedModel sharded(*held, mesh, config(l.stage));
@@ -143,46 +159,56 @@ void check_same_steps(const Run& got, const Run& want, size_t first = 0) {
   }
 }
 
-}  // namespace
-
-TEST_CASE("GPT through every schedule at p in {2, 4}, m in {1, 4, 8}, alone, with dp = 2 (DDP, ZeRO-1/2/3) and with "
-          "tp = 2: one rank's steps") {
-  const Run want = one_rank();
+// Every schedule at p in {2, 4}, m in {1, 4, 8}, each of `layouts` (dp, ZeRO stage, tp).
+void check_every_schedule(Arch arch, std::initializer_list<std::tuple<int, int, int>> layouts) {
+  const Run want = one_rank(arch);
   for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved})
     for (int p : {2, 4})
       for (int m : {1, 4, 8})
-        for (auto [dp, stage, tp] : {std::tuple{1, 0, 1}, {2, 0, 1}, {2, 1, 1}, {2, 2, 1}, {2, 3, 1}, {1, 1, 2}}) {
+        for (auto [dp, stage, tp] : layouts) {
           const int v = kind == ScheduleKind::interleaved ? 2 : 1;
           if (v > 1 && m % p != 0) continue;
           INFO(std::string(dist::name(kind)) << " p=" << p << " m=" << m << " dp=" << dp << " ZeRO stage " << stage
                                              << " tp=" << tp);
-          check_same_steps(pipelined({kind, p, m, v, dp, stage, tp}), want);
+          check_same_steps(pipelined({arch, kind, p, m, v, dp, stage, tp}), want);
         }
-  // One rank holding both ends: no tie, wte in the root unit as in GPT's own plan (ZeRO-3
-  // gathers it for the embedding and keeps it for the head).
+  // One rank holding both ends: no tie, the embedding in the root unit as in the model's own
+  // plan (ZeRO-3 gathers it for the embedding and keeps it for the head).
   for (int stage : {0, 3}) {
     INFO("interleaved over 4 chunks on one pp rank, dp=2, ZeRO stage " << stage);
-    check_same_steps(pipelined({ScheduleKind::interleaved, 1, 4, 4, 2, stage}), want);
+    check_same_steps(pipelined({arch, ScheduleKind::interleaved, 1, 4, 4, 2, stage}), want);
   }
+}
+
+}  // namespace
+
+TEST_CASE("GPT through every schedule at p in {2, 4}, m in {1, 4, 8}, alone, with dp = 2 (DDP, ZeRO-1/2/3) and with "
+          "tp = 2: one rank's steps") {
+  check_every_schedule(Arch::gpt, {{1, 0, 1}, {2, 0, 1}, {2, 1, 1}, {2, 2, 1}, {2, 3, 1}, {1, 1, 2}});
+}
+
+TEST_CASE("Llama through every schedule at p in {2, 4}, m in {1, 4, 8}, alone, with dp = 2 (DDP, ZeRO-1) and with "
+          "tp = 2: one rank's steps") {
+  check_every_schedule(Arch::llama, {{1, 0, 1}, {2, 0, 1}, {2, 1, 1}, {1, 1, 2}});
 }
 
 TEST_CASE("a save at pp = 2 x dp = 2 resumes at pp = 4 and at one rank with an uninterrupted run's steps") {
   const std::string dir = "/tmp/zg_test_pipeline_save_" + std::to_string(::getpid());
-  const Run whole = one_rank({.first = 0, .last = 2 * kSteps});
-  const Run first = pipelined({ScheduleKind::one_f_one_b, 2, 4, 1, 2, 1}, {.save = dir});
-  check_same_steps(first, one_rank());
+  const Run whole = one_rank(Arch::gpt, {.first = 0, .last = 2 * kSteps});
+  const Run first = pipelined({Arch::gpt, ScheduleKind::one_f_one_b, 2, 4, 1, 2, 1}, {.save = dir});
+  check_same_steps(first, one_rank(Arch::gpt));
   const Span rest{.first = kSteps, .last = 2 * kSteps, .resume = dir};
   {
     INFO("resumed at pp = 4 (GPipe, ZeRO-3 over dp = 1)");
-    check_same_steps(pipelined({ScheduleKind::gpipe, 4, 2, 1, 1, 3}, rest), whole, kSteps);
+    check_same_steps(pipelined({Arch::gpt, ScheduleKind::gpipe, 4, 2, 1, 1, 3}, rest), whole, kSteps);
   }
   {
     INFO("resumed at one rank, the model whole");
-    check_same_steps(one_rank(rest), whole, kSteps);
+    check_same_steps(one_rank(Arch::gpt, rest), whole, kSteps);
   }
   {
     INFO("resumed at pp = 2 x tp = 2 (interleaved)");
-    check_same_steps(pipelined({ScheduleKind::interleaved, 2, 2, 2, 1, 1, 2}, rest), whole, kSteps);
+    check_same_steps(pipelined({Arch::gpt, ScheduleKind::interleaved, 2, 2, 2, 1, 1, 2}, rest), whole, kSteps);
   }
   std::filesystem::remove_all(dir);
 }

@@ -1,6 +1,7 @@
 #include "dist/pipeline/stages.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <typeinfo>
 
@@ -20,69 +21,6 @@ class TiedHead final : public nn::Module {
     const Tensor w = named_parameters().front().second;
     return matmul(x.reshape({-1, x.size(-1)}), w, false, true).view({x.size(0), x.size(1), w.size(0)});
   }
-};
-
-// Blocks [first, end) of a GPT, with the embeddings before them on the first stage and
-// ln_f and the head after them on the last -- GPT::logits, cut. Its parameters keep the
-// model's names (transformer.h.2.attn.c_attn.weight, ...).
-class GPTStage final : public nn::Module {
- public:
-  GPTStage(nn::GPT& model, int64_t first, int64_t end, bool embeds, bool heads)
-      : model_(model), first_(first), end_(end), embeds_(embeds), heads_(heads) {
-    const auto transformer = register_module("transformer", std::make_shared<nn::Module>());
-    if (embeds_) transformer->register_module("wte", model.wte), transformer->register_module("wpe", model.wpe);
-    const auto h = transformer->register_module("h", std::make_shared<nn::Module>());
-    for (int64_t i = first; i < end; ++i)
-      blocks_.push_back(h->register_module(std::to_string(i), model.h->ptr<nn::Module>(static_cast<size_t>(i))));
-    if (heads_) {
-      transformer->register_module("ln_f", model.ln_f);
-      // Apart from the first stage, the head holds wte under wte's name: checkpoints and
-      // consolidated states name it as the whole model does, at any cut.
-      const auto head = std::make_shared<TiedHead>(model.wte->weight);
-      head_ = embeds_ ? register_module("lm_head", head) : transformer->register_module("wte", head);
-      for (const auto& [name, split] : model.wte->named_splits())  // cut by tp: the head holds wte's slice
-        if (name == "weight") head_->set_split("weight", split);
-    }
-  }
-
-  nn::UnitPlan unit_plan() const override {
-    if (embeds_ && heads_) return model_.unit_plan();  // the whole model: one stage
-    nn::UnitPlan plan;
-    if (embeds_) {
-      plan.units = plan.tied = {"transformer.wte"};
-      plan.root_before = {"transformer.wpe"};
-      plan.backward_reads_no_weights = {"transformer.wte", "transformer.wpe"};  // embeddings: a scatter-add
-    }
-    for (int64_t i = first_; i < end_; ++i) plan.units.push_back("transformer.h." + std::to_string(i));
-    if (heads_) {
-      plan.units.push_back("transformer.wte"), plan.tied.push_back("transformer.wte");
-      plan.root_after = {"transformer.ln_f"};
-    }
-    return plan;
-  }
-
-  Tensor forward(const Tensor& input) override {
-    const nn::GPTConfig& config = model_.config;
-    Tensor x = input;
-    if (embeds_) {
-      const Tensor positions = arange(0.0, static_cast<double>(input.size(1)), 1.0,
-                                      TensorOptions(DType::i64).device(input.device()));
-      x = dropout((*model_.wte)(input) + (*model_.wpe)(positions), config.dropout, is_training());
-    }
-    for (const auto& block : blocks_) {
-      nn::Module& b = *block;
-      x = config.activation_checkpointing ? nn::checkpoint([&b](const std::vector<Tensor>& in) { return b(in[0]); }, {x})
-                                          : b(x);
-    }
-    return heads_ ? (*head_)((*model_.ln_f)(x)) : x;
-  }
-
- private:
-  nn::GPT& model_;
-  int64_t first_, end_;
-  bool embeds_, heads_;
-  std::vector<std::shared_ptr<nn::Module>> blocks_;
-  std::shared_ptr<nn::Module> head_;
 };
 
 // A module that only groups others (a GPT's "transformer"): a plain nn::Module with no
@@ -108,21 +46,130 @@ std::shared_ptr<nn::Module> child_of(const nn::Module& m, const std::string& nam
   return nullptr;
 }
 
-// `from`'s submodules registered in `into`; a container both have is joined into a new one.
-void join(nn::Module& into, const nn::Module& from, const std::string& path) {
-  for (const auto& [name, c] : from.named_children()) {
-    std::shared_ptr<nn::Module> have = child_of(into, name);
-    const std::string at = path + name;
-    if (is_container(*c)) {
-      if (!have) have = into.register_module(name, std::make_shared<nn::Module>());
-      ZG_CHECK(is_container(*have), "join_chunks: '", at, "' is a container in one chunk and a layer in another");
-      join(*have, *c, at + ".");
-    } else if (have != c) {
-      ZG_CHECK(have == nullptr || same_parameters(*have, *c), "join_chunks: two chunks hold different modules named '",
-               at, "'");
-      if (!have) into.register_module(name, c);  // (else a tie's two ends, both here: one module holds it)
-    }
+// `module` registered at dotted `path` below `root`, the plain containers on the way made
+// ("transformer", "transformer.h"). A module already there stays if it holds the same
+// parameters (the two ends of a tie, on one rank); another is an error.
+void register_at(nn::Module& root, const std::string& path, const std::shared_ptr<nn::Module>& module, const char* who) {
+  nn::Module* at = &root;
+  size_t begin = 0;
+  for (size_t dot; (dot = path.find('.', begin)) != std::string::npos; begin = dot + 1) {
+    const std::string name = path.substr(begin, dot - begin);
+    std::shared_ptr<nn::Module> next = child_of(*at, name);
+    if (!next) next = at->register_module(name, std::make_shared<nn::Module>());
+    ZG_CHECK(is_container(*next), who, ": '", path.substr(0, dot), "' is a container in one chunk and a layer in another");
+    at = next.get();
   }
+  const std::string name = path.substr(begin);
+  const std::shared_ptr<nn::Module> have = child_of(*at, name);
+  if (!have) at->register_module(name, module);
+  else ZG_CHECK(have == module || same_parameters(*have, *module), who, ": two chunks hold different modules named '",
+                path, "'");
+}
+
+// Every module below `from` that is not a container, registered in `into` at its path.
+void join_leaves(nn::Module& into, const nn::Module& from, const std::string& prefix) {
+  for (const auto& [name, c] : from.named_children())
+    if (is_container(*c)) join_leaves(into, *c, prefix + name + ".");
+    else register_at(into, prefix + name, c, "join_chunks");
+}
+
+std::shared_ptr<nn::Module> find(const std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>>& named,
+                                 const std::string& path) {
+  for (const auto& [p, m] : named)
+    if (p == path) return m;
+  return nullptr;
+}
+
+using Named = std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>>;  // by the model's paths
+
+// A causal LM as the stages see it: embeddings, blocks, final modules, each by its path.
+struct LanguageModel {
+  Named embeds, blocks, finals;  // finals: the last norm (and an untied head)
+  std::string tied;              // the embedding whose weight the head reads; empty: untied
+  std::function<Tensor(const Tensor&)> embed;                          // ids -> hidden states
+  std::function<Tensor(const Tensor&, nn::Module* tied_head)> head;   // hidden -> logits
+  std::function<void()> prepare;                                       // before each stage's forward
+  bool checkpoint_blocks = false;
+  nn::UnitPlan whole;  // the model's own plan: a stage that is the whole model
+};
+
+// Stage: blocks [first, end), with the embeddings before them on the first stage and the
+// final modules and the head after them on the last -- the model's forward, cut. Its
+// modules keep the model's paths; apart from the first stage, a tied head holds the
+// embedding's weight under the embedding's own path, so checkpoints and consolidated
+// states name it as the whole model does, at any cut.
+class LanguageModelStage final : public nn::Module {
+ public:
+  LanguageModelStage(const LanguageModel& model, size_t first, size_t end, bool embeds, bool heads)
+      : model_(model), embeds_(embeds), heads_(heads) {
+    if (embeds_)
+      for (const auto& [path, m] : model.embeds) register_at(*this, path, m, "stages");
+    for (size_t i = first; i < end; ++i) {
+      register_at(*this, model.blocks[i].first, model.blocks[i].second, "stages");
+      blocks_.push_back(model.blocks[i]);
+    }
+    if (!heads_) return;
+    for (const auto& [path, m] : model.finals) register_at(*this, path, m, "stages");
+    if (model.tied.empty()) return;
+    const nn::Module& embedding = *find(model.embeds, model.tied);
+    const auto head = std::make_shared<TiedHead>(embedding.named_parameters().front().second);
+    for (const auto& [name, split] : embedding.named_splits())  // cut by tp: the head holds the same slice
+      head->set_split(name, split);
+    tied_head_ = head;
+    register_at(*this, embeds_ ? "lm_head" : model.tied, head, "stages");
+  }
+
+  nn::UnitPlan unit_plan() const override {
+    if (embeds_ && heads_) return model_.whole;
+    nn::UnitPlan plan;
+    if (embeds_) {
+      for (const auto& [path, m] : model_.embeds)
+        (path == model_.tied ? plan.units : plan.root_before).push_back(path);
+      if (!model_.tied.empty()) plan.tied.push_back(model_.tied);
+      for (const auto& [path, m] : model_.embeds) plan.backward_reads_no_weights.push_back(path);  // a scatter-add
+    }
+    for (const auto& [path, m] : blocks_) plan.units.push_back(path);
+    if (heads_) {
+      for (const auto& [path, m] : model_.finals) plan.root_after.push_back(path);
+      if (!model_.tied.empty()) plan.units.push_back(model_.tied), plan.tied.push_back(model_.tied);
+    }
+    return plan;
+  }
+
+  Tensor forward(const Tensor& input) override {
+    if (model_.prepare) model_.prepare();
+    Tensor x = embeds_ ? model_.embed(input) : input;
+    for (const auto& [path, block] : blocks_) {
+      nn::Module& b = *block;
+      x = model_.checkpoint_blocks ? nn::checkpoint([&b](const std::vector<Tensor>& in) { return b(in[0]); }, {x})
+                                   : b(x);
+    }
+    return heads_ ? model_.head(x, tied_head_.get()) : x;
+  }
+
+ private:
+  LanguageModel model_;
+  bool embeds_, heads_;
+  Named blocks_;
+  std::shared_ptr<nn::Module> tied_head_;
+};
+
+// The model cut into `stages` stages, its blocks spread evenly (the first blocks % S stages one more).
+Stages cut(const char* who, const LanguageModel& model, int stages, nn::CausalLM& whole) {
+  const auto blocks = static_cast<int64_t>(model.blocks.size());
+  ZG_CHECK(stages >= 1 && stages <= blocks, who, ": ", stages, " stages for a model of ", blocks,
+           " layers; each stage needs at least one block");
+  Stages out;
+  for (int64_t s = 0, first = 0; s < stages; ++s) {
+    const int64_t end = first + blocks / stages + (s < blocks % stages ? 1 : 0);
+    out.modules.push_back(std::make_shared<LanguageModelStage>(model, static_cast<size_t>(first),
+                                                               static_cast<size_t>(end), s == 0, s == stages - 1));
+    first = end;
+  }
+  if (stages > 1 && !model.tied.empty())
+    out.tied.push_back(find(model.embeds, model.tied)->named_parameters().front().second);
+  out.loss = [&whole](const Tensor& logits, const Tensor& targets) { return whole.loss(logits, targets); };
+  return out;
 }
 
 class JoinedChunks final : public nn::Module {
@@ -134,7 +181,7 @@ class JoinedChunks final : public nn::Module {
       for (const auto& [name, p] : chunk->named_parameters())
         ZG_CHECK(name.find('.') != std::string::npos, "join_chunks: a chunk holds parameter '", name,
                  "' itself; chunks are joined by their submodules, so hold it in one");
-      join(*this, *chunk, "");
+      join_leaves(*this, *chunk, "");
       nn::UnitPlan p = chunk->unit_plan();
       for (const std::string& tie : std::vector<std::string>(p.tied)) {
         const Tensor weight = tied_weight(*chunk, tie);
@@ -179,18 +226,40 @@ class JoinedChunks final : public nn::Module {
 }  // namespace
 
 Stages gpt_stages(nn::GPT& model, int stages) {
-  const int64_t layers = model.config.n_layer;
-  ZG_CHECK(stages >= 1 && stages <= layers, "gpt_stages: ", stages, " stages for a GPT of ", layers,
-           " layers; each stage needs at least one block");
-  Stages out;
-  for (int64_t s = 0, first = 0; s < stages; ++s) {
-    const int64_t end = first + layers / stages + (s < layers % stages ? 1 : 0);
-    out.modules.push_back(std::make_shared<GPTStage>(model, first, end, s == 0, s == stages - 1));
-    first = end;
-  }
-  if (stages > 1) out.tied.push_back(model.wte->weight);
-  out.loss = [&model](const Tensor& logits, const Tensor& targets) { return model.loss(logits, targets); };
-  return out;
+  LanguageModel lm;
+  lm.embeds = {{"transformer.wte", model.wte}, {"transformer.wpe", model.wpe}};
+  for (size_t i = 0; i < model.h->size(); ++i)
+    lm.blocks.emplace_back("transformer.h." + std::to_string(i), model.h->ptr<nn::Module>(i));
+  lm.finals = {{"transformer.ln_f", model.ln_f}};
+  lm.tied = "transformer.wte";
+  lm.embed = [&model](const Tensor& idx) {  // GPT::logits' first lines
+    const Tensor positions =
+        arange(0.0, static_cast<double>(idx.size(1)), 1.0, TensorOptions(DType::i64).device(idx.device()));
+    return dropout((*model.wte)(idx) + (*model.wpe)(positions), model.config.dropout, model.is_training());
+  };
+  const std::shared_ptr<nn::Module> ln_f = model.ln_f;
+  lm.head = [ln_f](const Tensor& x, nn::Module* tied_head) { return (*tied_head)((*ln_f)(x)); };
+  lm.checkpoint_blocks = model.config.activation_checkpointing;
+  lm.whole = model.unit_plan();
+  return cut("gpt_stages", lm, stages, model);
+}
+
+Stages llama_stages(nn::Llama& model, int stages) {
+  LanguageModel lm;
+  lm.embeds = {{"model.embed_tokens", model.embed_tokens}};
+  for (size_t i = 0; i < model.layers->size(); ++i)
+    lm.blocks.emplace_back("model.layers." + std::to_string(i), model.layers->ptr<nn::Module>(i));
+  lm.finals = {{"model.norm", model.norm}};
+  if (model.lm_head) lm.finals.emplace_back("lm_head", model.lm_head);
+  else lm.tied = "model.embed_tokens";
+  lm.embed = [&model](const Tensor& idx) { return (*model.embed_tokens)(idx); };
+  const std::shared_ptr<nn::Module> norm = model.norm, lm_head = model.lm_head;
+  lm.head = [norm, lm_head](const Tensor& x, nn::Module* tied_head) {
+    return (lm_head ? *lm_head : *tied_head)((*norm)(x));
+  };
+  lm.prepare = [&model] { model.set_position_offset(0); };  // positions from 0: no cache in training
+  lm.whole = model.unit_plan();
+  return cut("llama_stages", lm, stages, model);
 }
 
 std::vector<std::shared_ptr<nn::Module>> Stages::chunks(const Schedule& schedule, int rank) const {

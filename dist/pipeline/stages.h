@@ -12,6 +12,7 @@
 
 #include "dist/pipeline/pipeline.h"
 #include "nn/gpt.h"
+#include "nn/llama.h"
 
 namespace zg::dist {
 
@@ -43,5 +44,10 @@ std::shared_ptr<nn::Module> join_chunks(const std::vector<std::shared_ptr<nn::Mo
 // unit plan has a unit per block; the first stage's wte and the last stage's head (holding
 // wte's weight under its name, transformer.wte.weight) are units of their own, tied.
 Stages gpt_stages(nn::GPT& model, int stages);
+
+// Llama cut alike: embed_tokens on the first stage, norm and lm_head on the last (with tied
+// embeddings, a head reading embed_tokens' weight, tied as GPT's). Every stage starts its
+// rotary positions at 0.
+Stages llama_stages(nn::Llama& model, int stages);
 
 }  // namespace zg::dist
