@@ -25,6 +25,7 @@
 #include "autograd/functions.h"
 #include "autograd/gradcheck.h"
 #include "autograd/graph.h"
+#include "autograd/split_backward.h"
 
 #include "nn/causal_lm.h"
 #include "nn/checkpoint.h"

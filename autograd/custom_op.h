@@ -19,7 +19,9 @@
 // return a broadcast shape or another dtype; a custom op may not), and so is an error
 // raised inside the formula: "backward of cube: matmul: ...". SavedTensor keeps an
 // input for backward and refuses it if it was written in place since. Check the formula
-// with gradcheck (autograd/gradcheck.h) on f64 inputs.
+// with gradcheck (autograd/gradcheck.h) on f64 inputs. A formula may ask needs_input_grad(i)
+// (graph.h) and skip work for gradients the pass does not want (a split backward's I wants
+// only the stage inputs').
 #pragma once
 
 #include <string>

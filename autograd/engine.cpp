@@ -12,15 +12,18 @@
 // and a parameter's gradient lands as soon as it is complete. So when the gradient of
 // a layer's input arrives (its hook runs), every node the layer's forward recorded has
 // run and its parameters' gradients are in .grad -- the moment ZeRO-3 reduces a unit.
+//
+// A pass may follow only some of a node's edges, and start from several roots
+// (engine.h's BackwardPass): the split backward's I and W (split_backward.h).
+#include "autograd/engine.h"
+
 #include <algorithm>
 #include <queue>
 #include <tuple>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
 #include "autograd/functions.h"
-#include "autograd/graph.h"
 #include "tensor/trace.h"
 
 namespace zg {
@@ -35,8 +38,12 @@ thread_local int backward_depth = 0;  // nested passes: a checkpoint recompute r
 thread_local std::vector<Node*> running_nodes;
 // queue_backward_callback's, run when the outermost pass ends.
 thread_local std::vector<std::function<void()>> end_of_pass_callbacks;
+// release_nested_graph's older nodes, freed when the outermost pass has run its graph.
+thread_local std::vector<std::shared_ptr<Node>> nested_older_nodes;
 thread_local bool outermost_retains_graph = false;  // the outermost pass's retain_graph
 thread_local bool formula_is_last_use = false;      // last_use_of_saved_tensors()
+// The inputs the running formula is asked for (needs_input_grad); null: all of them.
+thread_local const std::vector<bool>* asked_inputs = nullptr;
 
 // A formula's gradient for input i, held to what that input was when the op recorded
 // it (as PyTorch's validate_outputs): a gradient of a shape the input broadcasts to is
@@ -81,44 +88,26 @@ void keep_retained_grad(const Node& node, const Tensor& grad) {
   output->grad = output->grad.defined() ? add(output->grad, grad) : grad.clone();
 }
 
-// One pass over the graph from `root` (steps 1-3 above).
-void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
-  NoGradGuard no_grad;
-  TraceRange range("backward");
-  // Gradients in flight are activation-sized temporaries; only what lands in .grad is `gradient`.
-  MemoryScope scope(MemoryCategory::activation);
-  // last_use_of_saved_tensors() holds only inside a node's formula: not in this pass's
-  // hooks, nor in a recompute's forward that calls it (restored when the pass ends).
-  struct LastUseScope {
-    bool outer = std::exchange(formula_is_last_use, false);
-    ~LastUseScope() { formula_is_last_use = outer; }
-  } last_use_scope;
+// Sets a thread-local for a scope and restores it after.
+template <typename T>
+struct Setting {
+  Setting(T& variable, T value) : variable_(variable), outer_(std::exchange(variable, value)) {}
+  ~Setting() { variable_ = outer_; }
+  Setting(const Setting&) = delete;
+  Setting& operator=(const Setting&) = delete;
 
-  std::unordered_map<Node*, int> dependencies;
-  std::vector<std::shared_ptr<Node>> visited{root};
-  std::unordered_set<Node*> seen{root.get()};
-  for (size_t i = 0; i < visited.size(); ++i) {
-    for (const Edge& edge : visited[i]->next_edges()) {
-      if (!edge.node) continue;
-      ++dependencies[edge.node.get()];
-      if (seen.insert(edge.node.get()).second) visited.push_back(edge.node);
-    }
-  }
-  // A node whose formula runs a backward of its own (a checkpoint's recompute) may reach
-  // nodes older than itself (fn captured a tensor of this graph): those keep their saved
-  // tensors until every such node has run. Others free theirs as soon as they have run.
-  uint64_t newest_reentrant = 0;
-  int reentrant_left = 0;
-  for (const auto& node : visited)
-    if (node->reenters_graph) {
-      newest_reentrant = std::max(newest_reentrant, node->sequence_nr() + 1);
-      ++reentrant_left;
-    }
-  for (Node* running : running_nodes)
-    ZG_CHECK(!seen.contains(running), "backward: called again from within the backward of ", running->name(),
-             " (a hook or formula) on a graph that reaches that node; it would run it again without end");
+ private:
+  T& variable_;
+  T outer_;
+};
 
-  std::unordered_map<Node*, Tensor> pending{{root.get(), root_grad}};
+// One pass over a graph (steps 1-3 above), from its roots along the edges it follows.
+class GraphTask {
+ public:
+  explicit GraphTask(detail::BackwardPass& pass) : pass_(pass) {}
+  void run();
+
+ private:
   struct Ready {
     bool accumulates;  // an AccumulateGrad
     uint64_t sequence_nr;
@@ -127,67 +116,209 @@ void run_graph(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool 
       return std::tie(accumulates, sequence_nr) < std::tie(o.accumulates, o.sequence_nr);
     }
   };
-  const auto ready_entry = [](const std::shared_ptr<Node>& node) {
+  static Ready ready_entry(const std::shared_ptr<Node>& node) {
     return Ready{dynamic_cast<const AccumulateGrad*>(node.get()) != nullptr, node->sequence_nr(), node};
-  };
-  std::priority_queue<Ready> ready;
-  ready.push(ready_entry(root));
-  while (!ready.empty()) {
-    const std::shared_ptr<Node> node = ready.top().node;
-    ready.pop();
-    Tensor grad = std::move(pending[node.get()]);
-    pending.erase(node.get());
-    std::vector<Tensor> input_grads;
-    if (grad.defined()) {
-      running_nodes.push_back(node.get());
-      struct Done {
-        ~Done() { running_nodes.pop_back(); }
-      } done;
-      if (!node->pre_hooks.empty())
-        grad = run_tensor_hooks(node->pre_hooks, std::move(grad), "the output of " + node->name());
-      keep_retained_grad(*node, grad);
-      TraceRange range(node->name(), node->forward_path());  // nested in "backward" on a profiler's timeline
-      // Its saved tensors go as soon as it has run, not at the end of the pass (as
-      // PyTorch): a layer's activations are freed as its backward finishes, so the peak
-      // stays at the forward's. Its formula may then write over them (get_for_overwrite).
-      if (node->reenters_graph) --reentrant_left;
-      const bool frees_saved = !retain_graph && (reentrant_left == 0 || node->sequence_nr() >= newest_reentrant);
-      formula_is_last_use = frees_saved;
-      input_grads = node->apply(grad);  // (a throw ends the pass; last_use_scope restores the flag)
-      formula_is_last_use = false;
-      if (frees_saved) node->release();
-      check_gradient_count(*node, input_grads.size());
-    }
-    const auto& edges = node->next_edges();
-    for (size_t i = 0; i < edges.size(); ++i) {
-      Node* next = edges[i].node.get();
-      if (!next) continue;
-      if (!input_grads.empty() && input_grads[i].defined()) {
-        const Tensor grad_in = fit_to_edge(std::move(input_grads[i]), edges[i], *node, i);
-        Tensor& slot = pending[next];
-        slot = slot.defined() ? add(slot, grad_in) : grad_in;
-      }
-      if (--dependencies[next] == 0) ready.push(ready_entry(edges[i].node));
+  }
+
+  // The edges `node` follows in this pass; null: all of them.
+  const std::vector<bool>* follows(const Node& node) const {
+    if (pass_.follows.empty()) return nullptr;
+    const auto it = pass_.follows.find(&node);
+    return it == pass_.follows.end() ? nullptr : &it->second;
+  }
+  detail::ResumedNode* resumed(const Node& node) {
+    if (resumed_.empty()) return nullptr;
+    const auto it = resumed_.find(&node);
+    return it == resumed_.end() ? nullptr : it->second;
+  }
+  void count_dependencies();
+  void start(const std::shared_ptr<Node>& node, Tensor grad);
+  std::vector<Tensor> evaluate(const std::shared_ptr<Node>& node, Tensor grad);
+  void defer(const std::shared_ptr<Node>& node, const Tensor& grad, std::vector<Tensor>& grads,
+             const std::vector<bool>& followed);
+  void route(const std::shared_ptr<Node>& node, std::vector<Tensor> grads);
+
+  detail::BackwardPass& pass_;
+  std::vector<std::shared_ptr<Node>> visited_;
+  std::unordered_set<Node*> seen_;
+  std::unordered_map<Node*, int> dependencies_;
+  std::unordered_map<Node*, Tensor> pending_;
+  std::unordered_map<const Node*, detail::ResumedNode*> resumed_;
+  std::unordered_set<Node*> kept_;  // deferred with their saved tensors: not freed by this pass
+  std::priority_queue<Ready> ready_;
+  // A node whose formula runs a backward of its own (a checkpoint's recompute) may reach
+  // nodes older than itself (fn captured a tensor of this graph): those keep their saved
+  // tensors until every such node has run. Others free theirs as soon as they have run.
+  uint64_t newest_reentrant_ = 0;
+  int reentrant_left_ = 0;
+};
+
+void GraphTask::count_dependencies() {
+  if (pass_.root) visited_.push_back(pass_.root);
+  for (detail::ResumedNode& r : pass_.resumed) {
+    visited_.push_back(r.node);
+    resumed_[r.node.get()] = &r;
+  }
+  for (const auto& node : visited_) seen_.insert(node.get());
+  for (size_t i = 0; i < visited_.size(); ++i) {
+    const std::vector<bool>* followed = follows(*visited_[i]);
+    const auto& edges = visited_[i]->next_edges();
+    for (size_t e = 0; e < edges.size(); ++e) {
+      if (!edges[e].node || (followed && !(*followed)[e])) continue;
+      ++dependencies_[edges[e].node.get()];
+      if (seen_.insert(edges[e].node.get()).second) visited_.push_back(edges[e].node);
     }
   }
-  if (!retain_graph)  // and those of the nodes no gradient reached
-    for (const auto& node : visited) node->release();
+  for (const auto& node : visited_) {
+    const detail::ResumedNode* r = resumed(*node);
+    if (node->reenters_graph && !(r && !r->computed.empty())) {  // (a node whose gradients are computed does not run)
+      newest_reentrant_ = std::max(newest_reentrant_, node->sequence_nr() + 1);
+      ++reentrant_left_;
+    }
+  }
+  for (Node* running : running_nodes)
+    ZG_CHECK(!seen_.contains(running), "backward: called again from within the backward of ", running->name(),
+             " (a hook or formula) on a graph that reaches that node; it would run it again without end");
 }
 
-// A pass, and once the outermost pass of this thread has run its graph, the callbacks
-// queued during it -- in the caller's grad mode and memory category. A callback may queue
-// another or run a backward of its own: they run until none is left. A throw (from the
-// pass or a callback) drops those not yet run.
-void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bool retain_graph) {
+void GraphTask::start(const std::shared_ptr<Node>& node, Tensor grad) {
+  pending_[node.get()] = std::move(grad);
+  if (dependencies_[node.get()] == 0) ready_.push(ready_entry(node));
+}
+
+void GraphTask::run() {
+  NoGradGuard no_grad;
+  TraceRange range("backward");
+  // Gradients in flight are activation-sized temporaries; only what lands in .grad is `gradient`.
+  MemoryScope scope(MemoryCategory::activation);
+  // last_use_of_saved_tensors() holds only inside a node's formula: not in this pass's
+  // hooks, nor in a recompute's forward that calls it (restored when the pass ends).
+  const Setting<bool> last_use(formula_is_last_use, false);
+  count_dependencies();
+  if (pass_.root) start(pass_.root, pass_.root_grad);
+  for (detail::ResumedNode& r : pass_.resumed) start(r.node, std::move(r.grad));
+  while (!ready_.empty()) {
+    const std::shared_ptr<Node> node = ready_.top().node;
+    ready_.pop();
+    Tensor grad = std::move(pending_[node.get()]);
+    pending_.erase(node.get());
+    detail::ResumedNode* r = resumed(*node);
+    std::vector<Tensor> grads;
+    if (r && !r->computed.empty()) grads = std::move(r->computed);
+    else if (grad.defined()) grads = evaluate(node, std::move(grad));
+    route(node, std::move(grads));
+  }
+  if (pass_.retain_graph) return;
+  for (const auto& node : visited_)  // and those of the nodes no gradient reached
+    if (!kept_.contains(node.get())) node->release();
+  for (const auto& node : pass_.release_at_end) node->release();
+}
+
+// Runs a node with its complete incoming gradient: its tensor hooks and retained grad
+// (done already for a resumed node), then its formula, asked for the edges it follows.
+std::vector<Tensor> GraphTask::evaluate(const std::shared_ptr<Node>& node, Tensor grad) {
+  running_nodes.push_back(node.get());
+  struct Done {
+    ~Done() { running_nodes.pop_back(); }
+  } done;
+  if (!resumed(*node)) {
+    if (!node->pre_hooks.empty())
+      grad = run_tensor_hooks(node->pre_hooks, std::move(grad), "the output of " + node->name());
+    keep_retained_grad(*node, grad);
+  }
+  TraceRange range(node->name(), node->forward_path());  // nested in "backward" on a profiler's timeline
+  const std::vector<bool>* followed = follows(*node);
+  const bool defers = pass_.defer_to != nullptr && followed != nullptr;  // (I lists only nodes that leave edges)
+  // Its saved tensors go as soon as it has run, not at the end of the pass (as
+  // PyTorch): a layer's activations are freed as its backward finishes, so the peak
+  // stays at the forward's. Its formula may then write over them (get_for_overwrite).
+  if (node->reenters_graph) --reentrant_left_;
+  const bool frees_saved = !pass_.retain_graph && (reentrant_left_ == 0 || node->sequence_nr() >= newest_reentrant_);
+  std::vector<Tensor> grads;
+  {
+    const Setting<bool> last_use(formula_is_last_use, frees_saved && !defers);
+    // (One that runs a backward of its own is asked for all: it runs once, its pass having
+    // added into leaves.)
+    const Setting<const std::vector<bool>*> asked(asked_inputs, node->reenters_graph ? nullptr : followed);
+    grads = node->apply(grad);
+  }
+  check_gradient_count(*node, grads.size());
+  if (defers) defer(node, grad, grads, *followed);
+  if (frees_saved && !kept_.contains(node.get())) node->release();
+  return grads;
+}
+
+// Hands what `node` owes along the edges it did not follow to the pass that follows
+// them: the gradients, where its formula returned them all (one that does not ask
+// needs_input_grad) or runs a backward of its own, else the node itself, with its
+// gradient and saved tensors, to run again.
+void GraphTask::defer(const std::shared_ptr<Node>& node, const Tensor& grad, std::vector<Tensor>& grads,
+                      const std::vector<bool>& followed) {
+  const auto& edges = node->next_edges();
+  std::vector<bool> owed(edges.size());
+  bool all_returned = true;
+  for (size_t e = 0; e < edges.size(); ++e) {
+    owed[e] = edges[e].node && !followed[e];
+    all_returned = all_returned && (!owed[e] || grads[e].defined());
+  }
+  detail::ResumedNode later{node, Tensor(), {}};
+  if (all_returned || node->reenters_graph) {
+    later.computed.resize(edges.size());
+    for (size_t e = 0; e < edges.size(); ++e)
+      if (owed[e] && grads[e].defined()) later.computed[e] = fit_to_edge(std::move(grads[e]), edges[e], *node, e);
+  } else {
+    later.grad = grad;
+    kept_.insert(node.get());
+  }
+  pass_.defer_to->follows.emplace(node.get(), std::move(owed));
+  pass_.defer_to->resumed.push_back(std::move(later));
+}
+
+// Adds a node's gradients into the pending gradients of the nodes its followed edges
+// lead to, and readies those that have heard from every node that feeds them.
+void GraphTask::route(const std::shared_ptr<Node>& node, std::vector<Tensor> grads) {
+  const std::vector<bool>* followed = follows(*node);
+  const auto& edges = node->next_edges();
+  for (size_t e = 0; e < edges.size(); ++e) {
+    Node* next = edges[e].node.get();
+    if (!next || (followed && !(*followed)[e])) continue;
+    if (!grads.empty() && grads[e].defined()) {
+      const Tensor grad = fit_to_edge(std::move(grads[e]), edges[e], *node, e);
+      Tensor& slot = pending_[next];
+      slot = slot.defined() ? add(slot, grad) : grad;
+    }
+    if (--dependencies_[next] == 0) ready_.push(ready_entry(edges[e].node));
+  }
+}
+
+}  // namespace
+
+// A pass, and once the outermost pass of this thread has run its graph, the older nodes
+// nested passes reached (freed, or handed to the pass this one defers to) and the
+// callbacks queued during it -- in the caller's grad mode and memory category. A
+// callback may queue another or run a backward of its own: they run until none is
+// left. A throw (from the pass or a callback) drops those not yet run.
+void detail::run_backward(BackwardPass& pass) {
   struct Depth {
     explicit Depth(bool retain_graph) {
       if (backward_depth++ == 0) outermost_retains_graph = retain_graph;
     }
     ~Depth() {
-      if (--backward_depth == 0) end_of_pass_callbacks.clear();
+      if (--backward_depth > 0) return;
+      end_of_pass_callbacks.clear();
+      nested_older_nodes.clear();
     }
-  } depth(retain_graph);
-  run_graph(root, root_grad, retain_graph);
+  } depth(pass.retain_graph);
+  GraphTask(pass).run();
+  if (backward_depth == 1) {
+    std::vector<std::shared_ptr<Node>> older = std::exchange(nested_older_nodes, {});
+    if (!pass.defer_to) {
+      for (const auto& node : older) node->release();
+    } else {
+      auto& later = pass.defer_to->release_at_end;
+      later.insert(later.end(), older.begin(), older.end());
+    }
+  }
   while (backward_depth == 1 && !end_of_pass_callbacks.empty()) {
     const std::function<void()> callback = std::move(end_of_pass_callbacks.front());
     end_of_pass_callbacks.erase(end_of_pass_callbacks.begin());
@@ -195,11 +326,23 @@ void run_backward(const std::shared_ptr<Node>& root, const Tensor& root_grad, bo
   }
 }
 
-}  // namespace
+Tensor detail::root_gradient(const char* op, const Tensor& output, const Tensor& grad) {
+  ZG_CHECK(output.requires_grad(), op, ": ", describe(output), " does not require grad (no recorded op leads to it)");
+  if (!grad.defined()) {
+    ZG_CHECK(output.numel() == 1, op, ": ", describe(output), " has ", output.numel(),
+             " elements; pass the gradient of the output (only a single element gets 1)");
+    return ones_like(output);
+  }
+  ZG_CHECK(grad.shape() == output.shape() && grad.dtype() == output.dtype() && grad.device() == output.device(), op,
+           ": gradient ", describe(grad), " does not match the output ", describe(output));
+  return grad;
+}
 
 bool backward_in_progress() { return backward_depth > 0; }
 
 bool last_use_of_saved_tensors() { return formula_is_last_use; }
+
+bool needs_input_grad(size_t i) { return !asked_inputs || (i < asked_inputs->size() && (*asked_inputs)[i]); }
 
 void queue_backward_callback(std::function<void()> fn) {
   ZG_CHECK(backward_depth > 0, "queue_backward_callback: called outside a backward pass");
@@ -209,32 +352,24 @@ void queue_backward_callback(std::function<void()> fn) {
 void release_nested_graph(const std::shared_ptr<Node>& root, uint64_t first) {
   ZG_CHECK(backward_depth > 0, "release_nested_graph: called outside a backward pass");
   if (!root) return;
-  std::vector<std::shared_ptr<Node>> visited{root}, older;
+  std::vector<std::shared_ptr<Node>> visited{root};
   std::unordered_set<Node*> seen{root.get()};
   for (size_t i = 0; i < visited.size(); ++i) {
     Node& node = *visited[i];
     if (node.sequence_nr() >= first) node.release();
-    else if (!node.next_edges().empty()) older.push_back(visited[i]);  // (an AccumulateGrad holds nothing)
+    else if (!node.next_edges().empty() && !outermost_retains_graph)  // (an AccumulateGrad holds nothing)
+      nested_older_nodes.push_back(visited[i]);
     for (const Edge& edge : node.next_edges())
       if (edge.node && seen.insert(edge.node.get()).second) visited.push_back(edge.node);
   }
-  if (!older.empty() && !outermost_retains_graph)
-    end_of_pass_callbacks.push_back([older = std::move(older)] {
-      for (const auto& node : older) node->release();
-    });
 }
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const {
-  ZG_CHECK(requires_grad(), "backward: ", describe(*this), " does not require grad (no recorded op leads to it)");
-  Tensor root_grad = grad;
-  if (!root_grad.defined()) {
-    ZG_CHECK(numel() == 1, "backward: ", describe(*this), " has ", numel(),
-             " elements; pass the gradient of the output (only a single element gets 1)");
-    root_grad = ones_like(*this);
-  }
-  ZG_CHECK(root_grad.shape() == shape() && root_grad.dtype() == dtype() && root_grad.device() == device(),
-           "backward: gradient ", describe(root_grad), " does not match the output ", describe(*this));
-  run_backward(gradient_edge(*this), root_grad, retain_graph);
+  detail::BackwardPass pass;
+  pass.root_grad = detail::root_gradient("backward", *this, grad);
+  pass.root = gradient_edge(*this);
+  pass.retain_graph = retain_graph;
+  detail::run_backward(pass);
 }
 
 }  // namespace zg

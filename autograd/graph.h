@@ -53,6 +53,13 @@ bool backward_in_progress();
 // reach the node. Such a formula is their last reader.
 bool last_use_of_saved_tensors();
 
+// Inside a node's formula: whether this pass wants the gradient for its input i (as
+// torch's ctx.needs_input_grad). backward() wants every one; a split backward's I only
+// those on the path to its inputs, W only the rest (split_backward.h). A formula may
+// skip an unwanted gradient -- a GEMM -- and return an undefined Tensor for it (one it
+// returns anyway goes nowhere in this pass: I hands it to W). Outside a formula: true.
+bool needs_input_grad(size_t i);
+
 // Runs `fn` once the backward pass this thread is in has run its last node (the
 // outermost pass, when checkpoint recomputes nest), in the grad mode and memory
 // category of the caller of backward(), as PyTorch's queue_callback: DDP and ZeRO
@@ -225,8 +232,8 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 // graph of its own that may reach into older nodes (a tensor fn captured): frees the
 // saved tensors of the nodes reachable from `root` numbered `first` or later
 // (Node::next_sequence_nr() read before they were made) now, and those of the older
-// nodes it reached when the outermost pass ends -- unless that pass retains its graph --
-// as one backward over both graphs would.
+// nodes it reached when the outermost pass has run its graph (a split backward's I: when
+// W has) -- unless that pass retains its graph -- as one backward over both graphs would.
 void release_nested_graph(const std::shared_ptr<Node>& root, uint64_t first);
 
 // Sums a gradient over the dims that broadcasting expanded, back to `shape`.

@@ -57,11 +57,15 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool trans_a, bool trans_b
   // Each in its input's layout, as PyTorch's mm backward: for a column-major input (a
   // transposed weight: the tied LM head's) the transposed product, (B dC^T)^T or
   // (dC^T A)^T, so the gradient reaches the weight contiguous rather than as a strided view.
+  // A GEMM whose gradient the pass does not want (a split backward's) is skipped.
   out = differentiable(out, kMatmul, {a3, b3}, [a3 = SavedTensor(a3), b3 = SavedTensor(b3)](const Tensor& g) {
     const Tensor A = a3.get("matmul"), B = b3.get("matmul");
-    return std::vector<Tensor>{
-        column_major(A) ? matmul(B, g, false, true).transpose(-1, -2) : matmul(g, B, false, true),
-        column_major(B) ? matmul(g, A, true, false).transpose(-1, -2) : matmul(A, g, true, false)};
+    Tensor dA, dB;
+    if (needs_input_grad(0))
+      dA = column_major(A) ? matmul(B, g, false, true).transpose(-1, -2) : matmul(g, B, false, true);
+    if (needs_input_grad(1))
+      dB = column_major(B) ? matmul(g, A, true, false).transpose(-1, -2) : matmul(A, g, true, false);
+    return std::vector<Tensor>{dA, dB};
   });
 
   Shape out_shape = with_batch(m, n);
@@ -90,12 +94,17 @@ LinearOperands linear_operands(const char* op, const Tensor& x, const Tensor& we
   return {detail::as_rows(x), weight.contiguous(), bias.defined() ? bias.contiguous() : bias};
 }
 
-// The gradients of y = x W^T + b for g = dL/dy: dx = g W, dW = g^T x, db = sum over rows of g.
-std::vector<Tensor> linear_grads(const Tensor& g, const Tensor& x, const Tensor& weight, bool has_bias) {
-  Tensor dw = empty(weight.shape(), detail::options_of(weight));
-  Tensor db = has_bias ? empty({weight.size(0)}, detail::options_of(weight)) : Tensor();
-  backend(g.device()).linear_weight_grad(g, x, dw, db);
-  return {matmul(g, weight), dw, db};
+// The gradients of y = x W^T + b for g = dL/dy: dx = g W (if `input`), and (if `params`)
+// dW = g^T x, db = sum over rows of g; undefined where not wanted (x then may be too).
+std::vector<Tensor> linear_grads(const Tensor& g, const Tensor& x, const Tensor& weight, bool has_bias, bool input,
+                                 bool params) {
+  Tensor dw, db;
+  if (params) {
+    dw = empty(weight.shape(), detail::options_of(weight));
+    db = has_bias ? empty({weight.size(0)}, detail::options_of(weight)) : Tensor();
+    backend(g.device()).linear_weight_grad(g, x, dw, db);
+  }
+  return {input ? matmul(g, weight) : Tensor(), dw, db};
 }
 
 Shape with_last(Shape shape, int64_t last) {
@@ -119,7 +128,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
       [rows = SavedTensor(rows), w = SavedTensor(w), pre = SavedTensor(pre), act, has_bias = b.defined()](
           const Tensor& g_in) {
         const Tensor g = act == Activation::gelu ? gelu_backward(pre.get(name), g_in) : g_in.contiguous();
-        return linear_grads(g, rows.get(name), w.get(name), has_bias);
+        return linear_grads(g, rows.get(name), w.get(name), has_bias, needs_input_grad(0),
+                            needs_input_grad(1) || needs_input_grad(2));
       });
   return out.view(with_last(x.shape(), w.size(0)));
 }
@@ -127,6 +137,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Activat
 // h = gelu(p), p = x W1^T + b1, y = h W2^T + b2; only x and p are kept, h is made again:
 //   dW2 = g^T h,  db2 = sum over rows of g,  dh = g W2,  dp = dh * gelu'(p),
 //   dx = dp W1,   dW1 = dp^T x,              db1 = sum over rows of dp
+// (each only where the pass wants it: dx alone needs no h; dW1 and db1 need dh and dp too).
 Tensor mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, const Tensor& proj_weight,
            const Tensor& proj_bias) {
   static constexpr const char* name = "mlp";
@@ -142,9 +153,14 @@ Tensor mlp(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias, cons
       [rows = SavedTensor(rows), w1 = SavedTensor(w1), w2 = SavedTensor(w2), pre = SavedTensor(pre),
        has_b1 = b1.defined(), has_b2 = b2.defined()](const Tensor& g_in) {
         const Tensor g = g_in.contiguous(), p = pre.get(name);
+        const bool dx = needs_input_grad(0), fc_params = needs_input_grad(1) || needs_input_grad(2),
+                   proj_params = needs_input_grad(3) || needs_input_grad(4);
         // {dh, dW2, db2}, with h made again (grad mode is off here: gelu records nothing) and freed at once.
-        const std::vector<Tensor> proj = linear_grads(g, gelu(p), w2.get(name), has_b2);
-        const std::vector<Tensor> fc = linear_grads(gelu_backward(p, proj[0]), rows.get(name), w1.get(name), has_b1);
+        const std::vector<Tensor> proj =
+            linear_grads(g, proj_params ? gelu(p) : Tensor(), w2.get(name), has_b2, dx || fc_params, proj_params);
+        if (!dx && !fc_params) return std::vector<Tensor>{Tensor(), Tensor(), Tensor(), proj[1], proj[2]};
+        const std::vector<Tensor> fc =
+            linear_grads(gelu_backward(p, proj[0]), rows.get(name), w1.get(name), has_b1, dx, fc_params);
         return std::vector<Tensor>{fc[0], fc[1], fc[2], proj[1], proj[2]};
       });
   return out.view(with_last(x.shape(), w2.size(0)));
