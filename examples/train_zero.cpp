@@ -80,7 +80,7 @@ void usage() {
                "  --sequence-parallel  with --tp: between the cut layers each rank holds its rows of the sequence\n"
                "  --pp P             pipeline parallelism: the layers cut into P stages (x --chunks) across P groups\n"
                "                     of consecutive ranks; data parallelism over the ranks / (P x T) (default 1)\n"
-               "  --schedule S       the pipeline's order: gpipe, 1f1b or interleaved (default 1f1b)\n"
+               "  --schedule S       the pipeline's order: gpipe, 1f1b, interleaved, zb-h1 or zb-h2 (default 1f1b)\n"
                "  --micro-batches M  each data-parallel rank's rows split into M micro-batches (default 1)\n"
                "  --chunks V         stages a rank holds: 1, or V >= 2 for interleaved (default: 2 for interleaved)\n"
 
@@ -135,9 +135,9 @@ bool parse(int argc, char** argv, Flags& f) {
            "train_zero: --stage, --ranks, --prefetch, --shard-group, --tp, --pp, --micro-batches and --chunks go up to "
            "1024");
   const dist::ScheduleKind kind = dist::parse_schedule(f.schedule);
-  ZG_CHECK(kind != dist::ScheduleKind::zb_h1 && kind != dist::ScheduleKind::zb_h2, "train_zero: --schedule ",
-           f.schedule, " splits the backward (I and W), which the executor does not run yet; use gpipe, 1f1b or "
-           "interleaved");
+  ZG_CHECK(!dist::splits_backward(kind) || f.stage < 3, "train_zero: --schedule ", f.schedule,
+           " runs each micro-batch's W after its I, and ZeRO-3 frees a unit's gathered weights at the end of I; use "
+           "--stage 0, 1 or 2 with it");
   if (f.chunks == 0) f.chunks = kind == dist::ScheduleKind::interleaved ? 2 : 1;
   ZG_CHECK(f.tp > 1 || !f.sequence_parallel, "train_zero: --sequence-parallel cuts the sequence across the --tp ranks: "
            "add --tp");

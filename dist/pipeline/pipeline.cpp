@@ -1,8 +1,11 @@
 #include "dist/pipeline/pipeline.h"
 
+#include <cmath>
+
 #include "autograd/functions.h"
 #include "autograd/graph.h"
 #include "dist/comm/agreement.h"
+#include "dist/zero/sharded_model.h"
 #include "tensor/trace.h"
 
 namespace zg::dist {
@@ -20,8 +23,6 @@ Pipeline::Pipeline(ProcessGroup& pp, Schedule schedule, std::vector<std::shared_
            " ranks, the group has ", pp.size());
   ZG_CHECK(static_cast<int>(chunks_.size()) == schedule_.chunks, "pipeline: the schedule runs ", schedule_.chunks,
            " chunk(s) a rank, rank ", pp.rank(), " was given ", chunks_.size(), " module(s)");
-  ZG_CHECK(!schedule_.splits_backward(), "pipeline: ", name(schedule_.kind), " runs the backward split into input and "
-           "weight gradients (I and W), which autograd does not do yet; use gpipe, 1f1b or interleaved");
   simulate(schedule_);  // a malformed or deadlocking order is refused here, not met as a hang
   for (const auto& chunk : chunks_) ZG_CHECK(chunk != nullptr, "pipeline: a chunk of rank ", pp.rank(), " is null");
   ZG_CHECK(loss_ != nullptr, "pipeline: no loss function");
@@ -105,17 +106,32 @@ void Pipeline::forward(const Action& a, const std::vector<Tensor>& inputs, const
   }
   const Tensor loss = loss_(y, targets[a.micro_batch]);
   ZG_CHECK(loss.numel() == 1, "pipeline: the loss must be a scalar, got ", describe(loss));
-  loss_sum_ += loss.item<double>();
+  loss_sum_ += loss.device().type == DeviceType::meta ? NAN : loss.item<double>();  // a dry run has no values
   held.output = loss / static_cast<double>(schedule_.micro_batches);
 }
 
+// B, or its first half I: from the loss or the output's gradient, received; the input's
+// gradient sent back. I keeps the micro-batch's W for later.
 void Pipeline::backward(const Action& a) {
   const int stage = schedule_.stage(pp_->rank(), a.chunk), last = schedule_.stages() - 1;
   const auto it = held_.find({a.chunk, a.micro_batch});
+  if (a.kind == Action::backward_weight) {
+    ZG_CHECK(it != held_.end() && it->second.weights, "pipeline: ", a.str(), " on rank ", pp_->rank(),
+             " comes before its I");
+    it->second.weights->run();
+    held_.erase(it);
+    return;
+  }
   Held held = std::move(it->second);
   held_.erase(it);
-  if (stage == last) held.output.backward();
-  else held.output.backward(receive(stage + 1, tag(a.micro_batch, stage, true), held.output));
+  const Tensor grad = stage == last ? Tensor() : receive(stage + 1, tag(a.micro_batch, stage, true), held.output);
+  if (a.kind == Action::backward) {
+    held.output.backward(grad);
+  } else {  // I: the input's gradient now, the weights' at W
+    const bool has_input = held.input.defined() && held.input.requires_grad();
+    held.weights = backward_input(held.output, grad, has_input ? std::vector<Tensor>{held.input} : std::vector<Tensor>{});
+    held_.emplace(std::pair{a.chunk, a.micro_batch}, Held{held.input, Tensor(), std::move(held.weights)});
+  }
   if (stage == 0) return;
   ZG_CHECK(held.input.grad().defined(), "pipeline: stage ", stage, "'s input got no gradient: its output does not "
            "depend on it");
@@ -146,7 +162,20 @@ void Pipeline::sum_tied() {
   for (size_t i = 0; i < tied_.size(); ++i) tied_[i].grad().add_(theirs[i]);  // a + b == b + a: both ends alike
 }
 
+// ZeRO-3 frees a unit's gathered weights once its backward pass ends; a W after that pass
+// may read them again (the fused MLP's weight gradients need dh = g W2).
+void Pipeline::check_weights_outlive_i() const {
+  if (!schedule_.splits_backward()) return;
+  for (const auto& chunk : chunks_)
+    for (const Tensor& p : chunk->parameters())
+      if (const auto* owner = dynamic_cast<const ShardedModel*>(ParameterOwner::of(p)))
+        ZG_CHECK(!owner->placement().gathers_parameters(), "pipeline: ", name(schedule_.kind), " runs each micro-batch's "
+                 "W after its I, and ", owner->describe(), " frees a unit's gathered weights at the end of I, which W "
+                 "may read; use ZeRO stage 0, 1 or 2 with the zero-bubble schedules, or 1f1b");
+}
+
 double Pipeline::run(const Tensor& inputs, const Tensor& targets) {
+  check_weights_outlive_i();
   const int m = schedule_.micro_batches, rank = pp_->rank(), last = schedule_.stages() - 1;
   const bool first_here = schedule_.rank_of(0) == rank, last_here = schedule_.rank_of(last) == rank;
   const auto split = [&](const Tensor& t, const char* what) {
@@ -163,7 +192,7 @@ double Pipeline::run(const Tensor& inputs, const Tensor& targets) {
   for (const Action& a : schedule_.actions[rank]) {
     TraceRange range(a.str());
     if (a.kind == Action::forward) forward(a, micro_inputs, micro_targets);
-    else backward(a);
+    else backward(a);  // B, I or W
   }
   for (const WorkHandle& w : sends_) w->wait();
   sends_.clear();

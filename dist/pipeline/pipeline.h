@@ -8,6 +8,9 @@
 //            micro-batch i against its targets, divided by m
 //   B(i, c)  backward from that loss, or from the output's gradient, received; the
 //            input's gradient sent back
+//   I(i, c)  B's first half (zero-bubble schedules): the input's gradient alone, sent back
+//            (zg::backward_input, autograd/split_backward.h)
+//   W(i, c)  B's second half, later: the weights' gradients
 // so the gradients that accumulate over the micro-batches are those of the batch's mean
 // loss, as one rank computing the whole batch would have them. Activations travel as a
 // header (dtype and shape) and then their bytes; a gradient comes back in its
@@ -16,15 +19,20 @@
 // (ProcessGroup::send_async), never hangs. Sends are posted and go on (the rank does not
 // wait for its peer); receives wait when their action starts.
 //
-// The zero-bubble schedules (I and W actions) need the backward split into its input-
-// and weight-gradient parts, which autograd does not do yet: refused by name.
+// Between I and W a micro-batch keeps what W needs: the saved tensors of the nodes that
+// owe the weights' gradients (ZB-H1 holds p micro-batches so on every rank, as 1F1B's
+// first rank). ZeRO-3 frees a unit's gathered weights after its backward, which W may
+// still read (the fused MLP's weight gradients), so chunks in a ZeRO-3 ShardedModel are
+// refused for these schedules; stages 0-2 reduce each weight's gradient in W.
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include "autograd/split_backward.h"
 #include "dist/comm/process_group.h"
 #include "dist/pipeline/schedule.h"
 #include "nn/module.h"
@@ -48,16 +56,18 @@ class Pipeline {
   // One step's forward and backward over the batch: `inputs` (needed on the rank of stage
   // 0) and `targets` (on the rank of the last stage), of as many rows, a multiple of m.
   // Gradients accumulate into the chunks' parameters; returns the batch's mean loss, on
-  // every rank (sent from the last stage's), once the tied gradients are summed.
+  // every rank (sent from the last stage's), once the tied gradients are summed. On the
+  // meta device (a dry run: shapes and bytes, no values) the loss is NaN.
   double run(const Tensor& inputs, const Tensor& targets);
 
   const Schedule& schedule() const { return schedule_; }
   int first_stage() const { return schedule_.stage(pp_->rank(), 0); }
 
  private:
-  struct Held {  // a micro-batch's chunk between its F and its B
+  struct Held {  // a micro-batch's chunk between its F and its B (or its I and W)
     Tensor input;   // the received activation, a leaf requiring grad (undefined on stage 0)
     Tensor output;  // what backward starts from: the sent output, or the last stage's scaled loss
+    std::optional<DeferredWeightGradients> weights;  // after I: W's work
   };
   void forward(const Action& action, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
   void backward(const Action& action);
@@ -66,6 +76,7 @@ class Pipeline {
   Tensor receive(int stage, int64_t tag, const Tensor& like);  // like: the gradient's activation; else a header comes
   int64_t tag(int micro_batch, int stage, bool gradient) const;
   void sum_tied();  // the two ends add each other's gradients of the tied parameters
+  void check_weights_outlive_i() const;  // zero-bubble schedules: no ZeRO-3 chunk
   // Where the chunks' parameters are (the CPU if they have none): received activations land there.
   static Device device_of(const std::vector<std::shared_ptr<nn::Module>>& chunks);
 

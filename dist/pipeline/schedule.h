@@ -34,6 +34,8 @@ namespace zg::dist {
 enum class ScheduleKind : uint8_t { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2 };
 const char* name(ScheduleKind kind);         // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"
 ScheduleKind parse_schedule(std::string_view text);  // a name above, else zg::Error listing them
+// The zero-bubble schedules: B split into I and W.
+inline bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_h2; }
 
 struct Action {
   enum Kind : uint8_t { forward, backward, backward_input, backward_weight } kind = forward;
@@ -54,7 +56,7 @@ struct Schedule {
   int stage(int rank, int chunk) const { return chunk * ranks + rank; }
   int rank_of(int stage) const { return stage % ranks; }
   int chunk_of(int stage) const { return stage / ranks; }
-  bool splits_backward() const { return kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_h2; }
+  bool splits_backward() const { return dist::splits_backward(kind); }
   std::string str() const;  // one line per rank: "rank 0: F0 F1 B0 ..."
   std::string describe() const;  // "a 1f1b pipeline of 4 ranks x 1 chunk, 8 micro-batches"
 };
