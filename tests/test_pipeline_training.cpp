@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "dist/comm/device_mesh.h"
 #include "dist/comm/local_group.h"
@@ -14,6 +15,7 @@
 #include "dist/tensor/parallelize.h"
 #include "dist/zero/sharded_model.h"
 #include "nn/llama.h"
+#include "optim/grad_scaler.h"
 #include "helpers.h"
 
 namespace zg::test {
@@ -26,19 +28,26 @@ constexpr int kSteps = 5, kRows = 16, kSeq = 8;
 
 enum class Arch { gpt, llama };
 
-// Eight layers of either, in f64, alike on every rank (one seed).
-std::unique_ptr<nn::CausalLM> make_model(Arch arch) {
+// How a run computes: f64 (exact comparisons), or bf16 with a loss scaler; blocks recomputed or not.
+struct Mode {
+  bool checkpointing = false, scaled_bf16 = false;
+  DType weights() const { return scaled_bf16 ? DType::f32 : DType::f64; }
+};
+
+// Eight layers of either, alike on every rank (one seed).
+std::unique_ptr<nn::CausalLM> make_model(Arch arch, Mode mode) {
   manual_seed(3);
-  const TensorOptions f64(DType::f64);
+  const TensorOptions options(mode.weights());
   if (arch == Arch::gpt) {
     nn::GPTConfig c;
     c.n_layer = 8, c.n_head = 2, c.n_embd = 8, c.vocab_size = 32, c.block_size = kSeq;
-    return std::make_unique<nn::GPT>(c, f64);
+    c.activation_checkpointing = mode.checkpointing;
+    return std::make_unique<nn::GPT>(c, options);
   }
   nn::LlamaConfig c;
   c.n_layer = 8, c.n_head = 2, c.n_kv_head = 2, c.n_embd = 8, c.intermediate_size = 16, c.vocab_size = 32;
   c.block_size = kSeq;
-  return std::make_unique<nn::Llama>(c, f64);
+  return std::make_unique<nn::Llama>(c, options);
 }
 
 dist::Stages stages_of(nn::CausalLM& model, Arch arch, int stages) {
@@ -51,8 +60,14 @@ Tensor tokens(int64_t seed) {
   return (rand({kRows, kSeq}, DType::f64) * 32.0).to(DType::i64);
 }
 
-dist::ZeroConfig config(int stage) {
-  return {.stage = stage, .compute_dtype = DType::f64, .adamw = {0.9, 0.95, 1e-8, 0.1}, .max_grad_norm = 0.5};
+dist::ZeroConfig config(int stage, Mode mode) {
+  return {.stage = stage, .compute_dtype = mode.scaled_bf16 ? DType::bf16 : DType::f64, .adamw = {0.9, 0.95, 1e-8, 0.1},
+          .max_grad_norm = 0.5};
+}
+
+std::optional<optim::GradScaler> scaler_for(Mode mode) {
+  if (!mode.scaled_bf16) return std::nullopt;
+  return optim::GradScaler({.init_scale = 1024});
 }
 
 struct Run {
@@ -74,18 +89,19 @@ struct Span {
 };
 
 // One rank: the whole model, the whole batch.
-Run one_rank(Arch arch, const Span& span = {}) {
+Run one_rank(Arch arch, const Span& span = {}, Mode mode = {}) {
   Run run;
   dist::run_local(1, [&](dist::ProcessGroup& group) {
-    const std::unique_ptr<nn::CausalLM> model = make_model(arch);
-    dist::ShardedModel sharded(*model, group, config(0));
+    const std::unique_ptr<nn::CausalLM> model = make_model(arch, {.scaled_bf16 = mode.scaled_bf16});
+    dist::ShardedModel sharded(*model, group, config(0, mode));
+    std::optional<optim::GradScaler> scaler = scaler_for(mode);
     span.begin(sharded);
     for (int step = span.first; step < span.last; ++step) {
       sharded.zero_grad();
       const Tensor loss = model->forward(tokens(100 + step), tokens(200 + step)).loss;
-      loss.backward();
+      (scaler ? loss * scaler->scale_factor() : loss).backward();
       run.losses.push_back(loss.item<double>());
-      run.norms.push_back(sharded.step(1e-2).grad_norm);
+      run.norms.push_back(sharded.step(1e-2, scaler ? &*scaler : nullptr).grad_norm);
     }
     span.end(sharded);
     for (const auto& [name, w] : sharded.consolidated_state()) run.weights[name] = w;
@@ -97,6 +113,7 @@ struct Layout {
   Arch arch;
   ScheduleKind kind;
   int p, m, v, dp, stage, tp = 1;
+  Mode mode = {};
 };
 
 // p x dp x tp ranks as threads: pp outermost, each dp rank taking its rows of the batch,
@@ -109,13 +126,14 @@ Run pipelined(const Layout& l, const Span& span = {}) {
     std::vector<dist::MeshDim> dims{{"pp", l.p}, {"dp_shard", l.dp}};
     if (l.tp > 1) dims.push_back({"tp", l.tp});
     dist::DeviceMesh mesh(world, dims);
-    const std::unique_ptr<nn::CausalLM> model = make_model(l.arch);
+    const std::unique_ptr<nn::CausalLM> model = make_model(l.arch, l.mode);
     if (l.tp > 1) dist::parallelize_module(*model, mesh.group("tp"), model->parallel_plan());
     const dist::Schedule schedule = dist::make_schedule(l.kind, l.p, l.m, l.v);
     const dist::Stages stages = stages_of(*model, l.arch, schedule.stages());
     const auto chunks = stages.chunks(schedule, mesh.coordinate("pp"));
     const auto held = dist::join_chunks(chunks);
-    dist::ShardedModel sharded(*held, mesh, config(l.stage));
+    dist::ShardedModel sharded(*held, mesh, config(l.stage, l.mode));
+    std::optional<optim::GradScaler> scaler = scaler_for(l.mode);
     dist::Pipeline pipeline(mesh.group("pp"), schedule, chunks, stages.loss);
     const int64_t rows = kRows / l.dp, first = mesh.coordinate("dp_shard") * rows;
     std::vector<double> losses, norms;
@@ -123,10 +141,11 @@ Run pipelined(const Layout& l, const Span& span = {}) {
     for (int step = span.first; step < span.last; ++step) {
       sharded.zero_grad();
       const Tensor loss = full({1}, pipeline.run(tokens(100 + step).narrow(0, first, rows),
-                                                 tokens(200 + step).narrow(0, first, rows)), DType::f64);
+                                                 tokens(200 + step).narrow(0, first, rows),
+                                                 scaler ? scaler->scale_factor() : 1.0), DType::f64);
       mesh.group("dp_shard").all_reduce(loss, dist::ReduceKind::average);
       losses.push_back(loss.item<double>());
-      norms.push_back(sharded.step(1e-2).grad_norm);
+      norms.push_back(sharded.step(1e-2, scaler ? &*scaler : nullptr).grad_norm);
     }
     span.end(sharded);
     const nn::NamedTensors weights = sharded.consolidated_state();
@@ -189,6 +208,25 @@ void check_every_schedule(Arch arch, std::initializer_list<std::tuple<int, int, 
 TEST_CASE("GPT through every schedule at p in {2, 4}, m in {1, 4, 8}, alone, with dp = 2 (DDP, ZeRO-1/2/3; the "
           "zero-bubble ones ZeRO-1/2) and with tp = 2: one rank's steps") {
   check_every_schedule(Arch::gpt, {{1, 0, 1}, {2, 0, 1}, {2, 1, 1}, {2, 2, 1}, {2, 3, 1}, {1, 1, 2}});
+}
+
+TEST_CASE("activation checkpointing, bf16 compute and a loss scaler compose with the pipeline") {
+  // Recomputed blocks, every schedule's kind of backward: one rank's steps, exactly (f64).
+  const Run want = one_rank(Arch::gpt);
+  for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::zb_h1}) {
+    INFO(std::string(dist::name(kind)) << " with activation checkpointing");
+    check_same_steps(pipelined({Arch::gpt, kind, 2, 4, 1, 2, 1, 1, {.checkpointing = true}}), want);
+  }
+  // bf16 compute with a GradScaler at 2^10: the scaled backward, unscaled by the step, is
+  // one rank's to bf16's rounding of sums taken in another order.
+  const Run bf16 = one_rank(Arch::gpt, {}, {.scaled_bf16 = true});
+  const Run piped = pipelined({Arch::gpt, ScheduleKind::one_f_one_b, 2, 4, 1, 2, 1, 1, {.scaled_bf16 = true}});
+  REQUIRE(piped.losses.size() == bf16.losses.size());
+  for (size_t step = 0; step < bf16.losses.size(); ++step) {
+    CHECK(piped.losses[step] == doctest::Approx(bf16.losses[step]).epsilon(1e-2));
+    CHECK(piped.norms[step] == doctest::Approx(bf16.norms[step]).epsilon(5e-2));
+  }
+  CHECK(std::fabs(bf16.losses.back() - want.losses.back()) < 0.05);  // (bf16 trains as f64 does)
 }
 
 TEST_CASE("zero-bubble schedules refuse chunks whose ZeRO-3 frees the weights W reads") {

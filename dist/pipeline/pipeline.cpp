@@ -107,7 +107,7 @@ void Pipeline::forward(const Action& a, const std::vector<Tensor>& inputs, const
   const Tensor loss = loss_(y, targets[a.micro_batch]);
   ZG_CHECK(loss.numel() == 1, "pipeline: the loss must be a scalar, got ", describe(loss));
   loss_sum_ += loss.device().type == DeviceType::meta ? NAN : loss.item<double>();  // a dry run has no values
-  held.output = loss / static_cast<double>(schedule_.micro_batches);
+  held.output = loss * (loss_scale_ / static_cast<double>(schedule_.micro_batches));
 }
 
 // B, or its first half I: from the loss or the output's gradient, received; the input's
@@ -174,8 +174,11 @@ void Pipeline::check_weights_outlive_i() const {
                  "may read; use ZeRO stage 0, 1 or 2 with the zero-bubble schedules, or 1f1b");
 }
 
-double Pipeline::run(const Tensor& inputs, const Tensor& targets) {
+double Pipeline::run(const Tensor& inputs, const Tensor& targets, double loss_scale) {
+  ZG_CHECK(std::isfinite(loss_scale) && loss_scale > 0, "pipeline: the loss scale must be positive and finite, got ",
+           loss_scale);
   check_weights_outlive_i();
+  loss_scale_ = loss_scale;
   const int m = schedule_.micro_batches, rank = pp_->rank(), last = schedule_.stages() - 1;
   const bool first_here = schedule_.rank_of(0) == rank, last_here = schedule_.rank_of(last) == rank;
   const auto split = [&](const Tensor& t, const char* what) {

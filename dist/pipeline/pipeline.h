@@ -57,8 +57,10 @@ class Pipeline {
   // 0) and `targets` (on the rank of the last stage), of as many rows, a multiple of m.
   // Gradients accumulate into the chunks' parameters; returns the batch's mean loss, on
   // every rank (sent from the last stage's), once the tied gradients are summed. On the
-  // meta device (a dry run: shapes and bytes, no values) the loss is NaN.
-  double run(const Tensor& inputs, const Tensor& targets);
+  // meta device (a dry run: shapes and bytes, no values) the loss is NaN. `loss_scale`
+  // multiplies what backward starts from (a GradScaler's scale_factor(), which the step
+  // divides out again); the loss returned is unscaled.
+  double run(const Tensor& inputs, const Tensor& targets, double loss_scale = 1.0);
 
   const Schedule& schedule() const { return schedule_; }
   int first_stage() const { return schedule_.stage(pp_->rank(), 0); }
@@ -90,6 +92,7 @@ class Pipeline {
   std::map<int64_t, Tensor> handed_over_;     // by tag: messages between two chunks of this rank
   std::vector<WorkHandle> sends_;             // posted this step; waited for at its end
   double loss_sum_ = 0;
+  double loss_scale_ = 1;  // this run's
 };
 
 }  // namespace zg::dist
