@@ -191,6 +191,7 @@ void check_every_schedule(Arch arch, std::initializer_list<std::tuple<int, int, 
           const int v = kind == ScheduleKind::interleaved ? 2 : 1;
           const bool zero_bubble = kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_h2;
           if ((v > 1 && m % p != 0) || (zero_bubble && stage == 3)) continue;  // (ZeRO-3: refused, below)
+          if (stage >= 2 && m != 4) continue;  // ZeRO-2 and 3: one m (the suite's time)
           INFO(std::string(dist::name(kind)) << " p=" << p << " m=" << m << " dp=" << dp_ranks << " ZeRO stage "
                                              << zero_stage << " tp=" << tp_ranks);
           check_same_steps(pipelined({arch, kind, p, m, v, dp, stage, tp}), want);
@@ -205,8 +206,8 @@ void check_every_schedule(Arch arch, std::initializer_list<std::tuple<int, int, 
 
 }  // namespace
 
-TEST_CASE("GPT through every schedule at p in {2, 4}, m in {1, 4, 8}, alone, with dp = 2 (DDP, ZeRO-1/2/3; the "
-          "zero-bubble ones ZeRO-1/2) and with tp = 2: one rank's steps") {
+TEST_CASE("GPT through every schedule at p in {2, 4}, m in {1, 4, 8}, alone, with dp = 2 (DDP, ZeRO-1; at m = 4 "
+          "also ZeRO-2 and 3, the zero-bubble ones ZeRO-2) and with tp = 2: one rank's steps") {
   check_every_schedule(Arch::gpt, {{1, 0, 1}, {2, 0, 1}, {2, 1, 1}, {2, 2, 1}, {2, 3, 1}, {1, 1, 2}});
 }
 

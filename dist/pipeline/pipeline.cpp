@@ -56,7 +56,7 @@ void Pipeline::send(const Tensor& t, int stage, int64_t tag, bool with_header) {
     std::vector<int64_t> header(2 + kMaxDims, 0);
     header[0] = static_cast<int64_t>(t.dtype()), header[1] = t.dim();
     for (int64_t d = 0; d < t.dim(); ++d) header[2 + d] = t.shape()[d];
-    ops.push_back({P2POp::send, tensor(header), peer, tag});
+    ops.push_back({P2POp::send, tensor(header).to(agreement_device(*pp_, device_)), peer, tag});  // (NCCL: its GPU)
   }
   ops.push_back({P2POp::send, t.contiguous(), peer, tag});
   sends_.push_back(pp_->batch_async(ops));
@@ -77,7 +77,7 @@ Tensor Pipeline::receive(int stage, int64_t tag, const Tensor& like) {
     options = TensorOptions(like.dtype()).device(like.device());
     shape = like.shape();
   } else {
-    const Tensor header = zeros({2 + kMaxDims}, DType::i64);
+    const Tensor header = zeros({2 + kMaxDims}, TensorOptions(DType::i64).device(agreement_device(*pp_, device_)));
     pp_->recv(header, peer, tag);
     const std::vector<int64_t> h = header.to_vector<int64_t>();
     ZG_CHECK(h[1] >= 0 && h[1] <= kMaxDims, "pipeline: a header from rank ", peer, " gives ", h[1], " dims");
@@ -200,7 +200,8 @@ double Pipeline::run(const Tensor& inputs, const Tensor& targets, double loss_sc
   for (const WorkHandle& w : sends_) w->wait();
   sends_.clear();
   sum_tied();
-  const Tensor mean = full({1}, last_here ? loss_sum_ / m : 0.0, DType::f64);
+  const Tensor mean = full({1}, last_here ? loss_sum_ / m : 0.0,
+                           TensorOptions(DType::f64).device(agreement_device(*pp_, device_)));
   pp_->broadcast(mean, schedule_.rank_of(last));
   return mean.item<double>();
 }
