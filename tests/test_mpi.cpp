@@ -175,25 +175,36 @@ std::string losses(const std::string& out) {
       kept += line.substr(0, line.find(" | ", line.find("norm"))) + "\n";
   return kept;
 }
+
+// train_zero's losses at one rank, which `mpirun -n 4` with `flags` (its first line naming
+// `described`) and each of `threads` (ranks as threads) must print too; returned.
+std::string check_one_rank_losses(const std::string& train_zero, const std::string& flags, const std::string& described,
+                                  std::initializer_list<const char*> threads) {
+  int status = 0;
+  const std::string one = run_command(train_zero + " --ranks 1 2>&1", status);
+  REQUIRE(status == 0);
+  REQUIRE(losses(one).find("final loss") != std::string::npos);
+  const std::string processes = run_command(launch(4, train_zero + " " + flags), status);
+  INFO(processes);
+  CHECK(status == 0);
+  CHECK(processes.find(described) != std::string::npos);
+  CHECK(losses(processes) == losses(one));
+  for (const std::string run : threads) {
+    INFO(run);
+    CHECK(losses(run_command(train_zero + " " + run + " 2>&1", status)) == losses(one));
+  }
+  return losses(one);
+}
 }  // namespace
 
 TEST_CASE("train_zero --tp: mpirun -n 4 --tp 2 --stage 3, and threads at tp 2 and 4, print one rank's losses") {
   const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 2 --heads 4 --embd 32 --seq 8 "
                                  "--batch 4 --steps 6";
+  const std::string one = check_one_rank_losses(
+      train_zero, "--tp 2 --stage 3", "a ZeRO-3 ShardedModel, its layers cut across 2 tensor-parallel ranks",
+      {"--ranks 2 --tp 2 --stage 0", "--ranks 4 --tp 4 --stage 1", "--ranks 4 --tp 2 --stage 2",
+       "--ranks 4 --tp 2 --stage 3 --sequence-parallel"});
   int status = 0;
-  const std::string one = run_command(train_zero + " --ranks 1 2>&1", status);
-  REQUIRE(status == 0);
-  REQUIRE(losses(one).find("final loss") != std::string::npos);
-  const std::string processes = run_command(launch(4, train_zero + " --tp 2 --stage 3"), status);
-  INFO(processes);
-  CHECK(status == 0);
-  CHECK(processes.find("a ZeRO-3 ShardedModel, its layers cut across 2 tensor-parallel ranks") != std::string::npos);
-  CHECK(losses(processes) == losses(one));
-  for (const std::string run : {"--ranks 2 --tp 2 --stage 0", "--ranks 4 --tp 4 --stage 1", "--ranks 4 --tp 2 --stage 2",
-                                "--ranks 4 --tp 2 --stage 3 --sequence-parallel"}) {
-    INFO(run);
-    CHECK(losses(run_command(train_zero + " " + run + " 2>&1", status)) == losses(one));
-  }
   const std::string odd = run_command(train_zero + " --ranks 4 --tp 3 2>&1", status);
   CHECK(status != 0);
   CHECK(odd.find("train_zero: --tp 3 does not divide the 4 ranks") != std::string::npos);
@@ -202,7 +213,7 @@ TEST_CASE("train_zero --tp: mpirun -n 4 --tp 2 --stage 3, and threads at tp 2 an
   const std::string dir = "/tmp/zg_test_mpi_tp_save_" + std::to_string(::getpid());
   const std::string cut = run_command(launch(4, train_zero + " --tp 2 --stage 3 --save " + dir + "/cut"), status);
   CHECK(status == 0);
-  CHECK(losses(cut) == losses(one));
+  CHECK(losses(cut) == one);
   run_command(train_zero + " --ranks 1 --save " + dir + "/whole 2>&1", status);
   CHECK(status == 0);
   const std::string resumed = run_command(train_zero + " --ranks 1 --steps 12 --resume " + dir + "/cut 2>&1", status);
@@ -216,24 +227,15 @@ TEST_CASE("train_zero --pp: mpirun -n 4 --pp 4 --micro-batches 8 --schedule 1f1b
           "one rank's losses") {
   const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 4 --heads 4 --embd 32 --seq 8 "
                                  "--batch 8 --steps 6";
+  check_one_rank_losses(train_zero, "--pp 4 --micro-batches 8 --schedule 1f1b",
+                        "a 1f1b pipeline of 4 ranks x 1 chunk, 8 micro-batches",
+                        {"--ranks 2 --pp 2 --micro-batches 4 --schedule gpipe --stage 2",
+                         "--ranks 4 --pp 2 --micro-batches 2 --schedule interleaved --stage 1",
+                         "--ranks 4 --pp 2 --tp 2 --micro-batches 4 --stage 3",
+                         "--ranks 4 --pp 4 --micro-batches 8 --schedule zb-h1 --stage 1",
+                         "--ranks 4 --pp 2 --micro-batches 4 --schedule zb-h2 --stage 2",
+                         "--ranks 1 --micro-batches 4 --stage 0"});
   int status = 0;
-  const std::string one = run_command(train_zero + " --ranks 1 2>&1", status);
-  REQUIRE(status == 0);
-  REQUIRE(losses(one).find("final loss") != std::string::npos);
-  const std::string processes = run_command(launch(4, train_zero + " --pp 4 --micro-batches 8 --schedule 1f1b"), status);
-  INFO(processes);
-  CHECK(status == 0);
-  CHECK(processes.find("a 1f1b pipeline of 4 ranks x 1 chunk, 8 micro-batches") != std::string::npos);
-  CHECK(losses(processes) == losses(one));
-  for (const std::string run : {"--ranks 2 --pp 2 --micro-batches 4 --schedule gpipe --stage 2",
-                                "--ranks 4 --pp 2 --micro-batches 2 --schedule interleaved --stage 1",
-                                "--ranks 4 --pp 2 --tp 2 --micro-batches 4 --stage 3",
-                                "--ranks 4 --pp 4 --micro-batches 8 --schedule zb-h1 --stage 1",
-                                "--ranks 4 --pp 2 --micro-batches 4 --schedule zb-h2 --stage 2",
-                                "--ranks 1 --micro-batches 4 --stage 0"}) {
-    INFO(run);
-    CHECK(losses(run_command(train_zero + " " + run + " 2>&1", status)) == losses(one));
-  }
   const std::string odd = run_command(train_zero + " --ranks 4 --pp 3 2>&1", status);
   CHECK(status != 0);
   CHECK(odd.find("train_zero: --pp 3 x --tp 1 does not divide the 4 ranks") != std::string::npos);
