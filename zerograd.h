@@ -68,6 +68,7 @@
 #include "dist/tensor/parallelize.h"
 #include "dist/tensor/sequence_parallel.h"
 #include "dist/tensor/vocab_parallel.h"
+#include "dist/pipeline/messages.h"
 #include "dist/pipeline/pipeline.h"
 #include "dist/pipeline/schedule.h"
 #include "dist/pipeline/schedule_figure.h"

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "dist/comm/local_group.h"
+#include "dist/pipeline/messages.h"
 #include "dist/pipeline/pipeline.h"
 #include "dist/pipeline/schedule.h"
 #include "dist/pipeline/stages.h"
@@ -127,6 +128,57 @@ TEST_CASE("malformed schedules and arguments are refused, naming what is wrong")
 }
 
 namespace {
+// A rank's plan as text: actions, and exchanges in brackets ("sa3" sends micro-batch 3's
+// activation, "rg0" receives micro-batch 0's gradient).
+std::string plan_str(const std::vector<dist::PlanStep>& steps) {
+  std::string out;
+  const auto message = [](const char* dir, const dist::Message& m) {
+    return dir + std::string(m.gradient ? "g" : "a") + std::to_string(m.micro_batch);
+  };
+  for (const dist::PlanStep& step : steps) {
+    out += out.empty() ? "" : " ";
+    if (const auto* a = std::get_if<Action>(&step)) {
+      out += a->str();
+      continue;
+    }
+    const auto& e = std::get<dist::Exchange>(step);
+    std::string batch;
+    for (const dist::Message& m : e.sends) batch += (batch.empty() ? "" : " ") + message("s", m);
+    if (e.receive) batch += (batch.empty() ? "" : " ") + message("r", *e.receive);
+    out += "[" + batch + "]";
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("messages: a send goes with the next receive in one batch, and every schedule's plan finishes under NCCL's "
+          "rule (a send waits for its receive)") {
+  // 1F1B: Megatron's send_forward_recv_backward -- the output goes with the next gradient's receive.
+  const auto plan = dist::message_plan(dist::make_schedule(ScheduleKind::one_f_one_b, 2, 4));
+  CHECK(plan_str(plan[0]) == "F0 [sa0] F1 [sa1 rg0] B0 F2 [sa2 rg1] B1 F3 [sa3 rg2] B2 [rg3] B3");
+  CHECK(plan_str(plan[1]) == "[ra0] F0 B0 [sg0 ra1] F1 B1 [sg1 ra2] F2 B2 [sg2 ra3] F3 B3 [sg3]");
+  // Where two ranks would each wait at a send for a receive the other posts later (ZB-H2's
+  // and interleaving's crossings), a send waits for the rank's next batch.
+  for (ScheduleKind kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
+                            ScheduleKind::zb_h1, ScheduleKind::zb_h2})
+    for (int p = 2; p <= 8; ++p)
+      for (int m = 1; m <= 24; ++m)
+        for (int v : {1, 2, 3}) {
+          if ((kind == ScheduleKind::interleaved) != (v > 1) || (kind == ScheduleKind::interleaved && m % p != 0)) continue;
+          INFO(dist::name(kind) << " p=" << p << " m=" << m << " v=" << v);
+          CHECK_NOTHROW(dist::message_plan(dist::make_schedule(kind, p, m, v)));
+        }
+  // A rank that takes its inputs in another order than its peer sends them is refused up front.
+  dist::Schedule s = dist::make_schedule(ScheduleKind::gpipe, 2, 2);
+  std::swap(s.actions[1][0], s.actions[1][1]);  // rank 1: F1 F0 B0 B1
+  CHECK_THROWS_WITH_AS(dist::message_plan(s),
+                       "pipeline: in a gpipe pipeline of 2 ranks x 1 chunk, 2 micro-batches, rank 0 sends rank 1 "
+                       "micro-batch 0's activation from stage 0 to 1 where that rank receives micro-batch 1's "
+                       "activation from stage 0 to 1: the two orders differ",
+                       Error);
+}
+
+namespace {
 
 constexpr int kLayers = 8, kWidth = 6, kRows = 8;
 
@@ -201,6 +253,25 @@ TEST_CASE("the executor runs every schedule at p in {2, 4}, m in {1, 4, 8}: one 
           CHECK(max_abs_diff(got[l], grads[l]) < 1e-12);
         }
       }
+}
+
+TEST_CASE("a stage whose micro-batches give outputs of different shapes is refused, naming both") {
+  // Only micro-batch 0's activation brings a header (messages.h); the rest must match it.
+  struct Ragged : nn::Module {
+    int calls = 0;
+    Tensor forward(const Tensor& x) override { return calls++ == 0 ? x : x.narrow(1, 0, 2); }
+  };
+  CHECK_THROWS_WITH_AS(dist::run_local(2,
+                                       [](dist::ProcessGroup& pp) {
+                                         const dist::Schedule s = dist::make_schedule(ScheduleKind::gpipe, 2, 2);
+                                         std::vector<std::shared_ptr<nn::Module>> chunks{std::make_shared<Ragged>()};
+                                         dist::Pipeline(pp, s, chunks, mean_squared_error)
+                                             .run(batch_inputs(), batch_targets());
+                                       }),
+                       doctest::Contains("pipeline: stage 0's output for micro-batch 1 is f64[4, 2] on cpu, "
+                                         "micro-batch 0's was f64[4, 6]; every micro-batch must give a stage's "
+                                         "output one shape and dtype"),
+                       Error);
 }
 
 TEST_CASE("ranks that run different schedules, or a schedule for another group, are refused on every rank") {

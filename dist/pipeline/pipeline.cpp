@@ -23,7 +23,8 @@ Pipeline::Pipeline(ProcessGroup& pp, Schedule schedule, std::vector<std::shared_
            " ranks, the group has ", pp.size());
   ZG_CHECK(static_cast<int>(chunks_.size()) == schedule_.chunks, "pipeline: the schedule runs ", schedule_.chunks,
            " chunk(s) a rank, rank ", pp.rank(), " was given ", chunks_.size(), " module(s)");
-  simulate(schedule_);  // a malformed or deadlocking order is refused here, not met as a hang
+  // A malformed or deadlocking order is refused here, not met as a hang.
+  plan_ = message_plan(schedule_)[static_cast<size_t>(pp.rank())];
   for (const auto& chunk : chunks_) ZG_CHECK(chunk != nullptr, "pipeline: a chunk of rank ", pp.rank(), " is null");
   ZG_CHECK(loss_ != nullptr, "pipeline: no loss function");
   // Ranks that run different schedules would wait for messages never sent: refused together.
@@ -39,54 +40,64 @@ Device Pipeline::device_of(const std::vector<std::shared_ptr<nn::Module>>& chunk
   return kCPU;
 }
 
-// Micro-batch i, stage s, forward activation (0) or gradient (1): unique within a step.
-int64_t Pipeline::tag(int micro_batch, int stage, bool gradient) const {
-  return (static_cast<int64_t>(micro_batch) * schedule_.stages() + stage) * 2 + (gradient ? 1 : 0);
+Tensor Pipeline::take(const Message& m) {
+  const auto it = mailbox_.find(m.tag(schedule_.stages()));
+  ZG_CHECK(it != mailbox_.end(), "pipeline: rank ", pp_->rank(), " has not got ", m.str());
+  Tensor t = it->second;
+  mailbox_.erase(it);
+  return t;
 }
 
-void Pipeline::send(const Tensor& t, int stage, int64_t tag, bool with_header) {
-  const int peer = schedule_.rank_of(stage);
-  if (peer == pp_->rank()) {
-    handed_over_[tag] = t;
-    return;
-  }
+// Posts the exchange's messages as one batch and waits for it. Micro-batch 0's activation
+// at a boundary brings a header (dtype, shape), received alone first; the others come in
+// its shape, and a gradient in its activation's.
+void Pipeline::exchange(const Exchange& e) {
+  const int stages = schedule_.stages();
   std::vector<P2POp> ops;
-  if (with_header) {
-    ZG_CHECK(t.dim() <= kMaxDims, "pipeline: an activation of ", t.dim(), " dims, over the ", kMaxDims, " a header holds");
-    std::vector<int64_t> header(2 + kMaxDims, 0);
-    header[0] = static_cast<int64_t>(t.dtype()), header[1] = t.dim();
-    for (int64_t d = 0; d < t.dim(); ++d) header[2 + d] = t.shape()[d];
-    ops.push_back({P2POp::send, tensor(header).to(agreement_device(*pp_, device_)), peer, tag});  // (NCCL: its GPU)
+  for (const Message& m : e.sends) {
+    const Tensor t = take(m).contiguous();
+    const int peer = schedule_.rank_of(m.to());
+    if (m.carries_header()) {
+      ZG_CHECK(t.dim() <= kMaxDims, "pipeline: an activation of ", t.dim(), " dims, over the ", kMaxDims,
+               " a header holds");
+      std::vector<int64_t> header(2 + kMaxDims, 0);
+      header[0] = static_cast<int64_t>(t.dtype()), header[1] = t.dim();
+      for (int64_t d = 0; d < t.dim(); ++d) header[2 + d] = t.shape()[d];
+      ops.push_back({P2POp::send, tensor(header).to(agreement_device(*pp_, device_)), peer, m.tag(stages)});  // (NCCL: its GPU)
+      activations_[m.stage] = {t.shape(), t.dtype()};
+    } else if (!m.gradient) {
+      const auto& [shape, dtype] = activation_of(m);
+      ZG_CHECK(t.shape() == shape && t.dtype() == dtype, "pipeline: stage ", m.stage, "'s output for micro-batch ",
+               m.micro_batch, " is ", describe(t), ", micro-batch 0's was ", name(dtype), shape_str(shape),
+               "; every micro-batch must give a stage's output one shape and dtype");
+    }
+    ops.push_back({P2POp::send, t, peer, m.tag(stages)});
   }
-  ops.push_back({P2POp::send, t.contiguous(), peer, tag});
-  sends_.push_back(pp_->batch_async(ops));
-}
-
-Tensor Pipeline::receive(int stage, int64_t tag, const Tensor& like) {
-  const int peer = schedule_.rank_of(stage);
-  if (peer == pp_->rank()) {
-    const auto it = handed_over_.find(tag);
-    ZG_CHECK(it != handed_over_.end(), "pipeline: rank ", peer, " expected message ", tag, " from its own chunk");
-    Tensor t = it->second;
-    handed_over_.erase(it);
-    return t;
-  }
-  TensorOptions options;
-  Shape shape;
-  if (like.defined()) {
-    options = TensorOptions(like.dtype()).device(like.device());
-    shape = like.shape();
-  } else {
+  if (e.receive && e.receive->carries_header()) {  // alone first: the shape to receive into
+    const Message& m = *e.receive;
+    const int peer = schedule_.rank_of(m.from());
     const Tensor header = zeros({2 + kMaxDims}, TensorOptions(DType::i64).device(agreement_device(*pp_, device_)));
-    pp_->recv(header, peer, tag);
+    pp_->recv(header, peer, m.tag(stages));
     const std::vector<int64_t> h = header.to_vector<int64_t>();
     ZG_CHECK(h[1] >= 0 && h[1] <= kMaxDims, "pipeline: a header from rank ", peer, " gives ", h[1], " dims");
-    shape.assign(h.begin() + 2, h.begin() + 2 + h[1]);
-    options = TensorOptions(static_cast<DType>(h[0])).device(device_);
+    activations_[m.stage] = {Shape(h.begin() + 2, h.begin() + 2 + h[1]), static_cast<DType>(h[0])};
   }
-  const Tensor t = empty(shape, options);
-  pp_->recv(t, peer, tag);
-  return t;
+  if (e.receive) {  // an activation in micro-batch 0's shape; a gradient in its activation's
+    const Message& m = *e.receive;
+    const Tensor& like = m.gradient ? held_.at({schedule_.chunk_of(m.to()), m.micro_batch}).output : Tensor();
+    const auto [shape, dtype] = m.gradient ? std::pair{like.shape(), like.dtype()} : activation_of(m);
+    ops.push_back({P2POp::recv, empty(shape, TensorOptions(dtype).device(m.gradient ? like.device() : device_)),
+                   schedule_.rank_of(m.from()), m.tag(stages)});
+  }
+  pp_->batch_async(ops)->wait();
+  if (e.receive) mailbox_[e.receive->tag(stages)] = ops.back().buffer;
+}
+
+const std::pair<Shape, DType>& Pipeline::activation_of(const Message& m) const {
+  const auto it = activations_.find(m.stage);
+  ZG_CHECK(it != activations_.end(), "pipeline: rank ", pp_->rank(), " has ", m.str(), " before micro-batch 0's, "
+           "which brings its shape; run each stage's micro-batch 0 first");
+  return it->second;
 }
 
 void Pipeline::forward(const Action& a, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
@@ -94,14 +105,14 @@ void Pipeline::forward(const Action& a, const std::vector<Tensor>& inputs, const
   Held& held = held_[{a.chunk, a.micro_batch}];
   Tensor x = inputs.empty() ? Tensor() : inputs[a.micro_batch];
   if (stage > 0) {
-    held.input = receive(stage - 1, tag(a.micro_batch, stage - 1, false), Tensor()).detach();
+    held.input = take({a.micro_batch, stage - 1, false}).detach();
     if (is_floating(held.input.dtype())) held.input.set_requires_grad();
     x = held.input;
   }
   const Tensor y = (*chunks_[a.chunk])(x);
   if (stage < last) {
     held.output = y;
-    send(y.detach(), stage + 1, tag(a.micro_batch, stage, false), true);
+    mailbox_[Message{a.micro_batch, stage, false}.tag(schedule_.stages())] = y.detach();
     return;
   }
   const Tensor loss = loss_(y, targets[a.micro_batch]);
@@ -124,7 +135,7 @@ void Pipeline::backward(const Action& a) {
   }
   Held held = std::move(it->second);
   held_.erase(it);
-  const Tensor grad = stage == last ? Tensor() : receive(stage + 1, tag(a.micro_batch, stage, true), held.output);
+  const Tensor grad = stage == last ? Tensor() : take({a.micro_batch, stage, true});
   if (a.kind == Action::backward) {
     held.output.backward(grad);
   } else {  // I: the input's gradient now, the weights' at W
@@ -135,7 +146,7 @@ void Pipeline::backward(const Action& a) {
   if (stage == 0) return;
   ZG_CHECK(held.input.grad().defined(), "pipeline: stage ", stage, "'s input got no gradient: its output does not "
            "depend on it");
-  send(held.input.grad(), stage - 1, tag(a.micro_batch, stage - 1, true), false);
+  mailbox_[Message{a.micro_batch, stage - 1, true}.tag(schedule_.stages())] = held.input.grad();
 }
 
 // Tagged -1, -2, ...: apart from the step's messages, which are tagged from 0.
@@ -192,13 +203,17 @@ double Pipeline::run(const Tensor& inputs, const Tensor& targets, double loss_sc
   const std::vector<Tensor> micro_inputs = first_here ? split(inputs, "inputs") : std::vector<Tensor>();
   const std::vector<Tensor> micro_targets = last_here ? split(targets, "targets") : std::vector<Tensor>();
   loss_sum_ = 0;
-  for (const Action& a : schedule_.actions[rank]) {
+  held_.clear(), mailbox_.clear(), activations_.clear();  // what a step that threw left; this step's shapes
+  for (const PlanStep& step : plan_) {
+    if (const auto* e = std::get_if<Exchange>(&step)) {
+      exchange(*e);
+      continue;
+    }
+    const Action& a = std::get<Action>(step);
     TraceRange range(a.str());
     if (a.kind == Action::forward) forward(a, micro_inputs, micro_targets);
     else backward(a);  // B, I or W
   }
-  for (const WorkHandle& w : sends_) w->wait();
-  sends_.clear();
   sum_tied();
   const Tensor mean = full({1}, last_here ? loss_sum_ / m : 0.0,
                            TensorOptions(DType::f64).device(agreement_device(*pp_, device_)));

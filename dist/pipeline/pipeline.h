@@ -12,12 +12,11 @@
 //            (zg::backward_input, autograd/split_backward.h)
 //   W(i, c)  B's second half, later: the weights' gradients
 // so the gradients that accumulate over the micro-batches are those of the batch's mean
-// loss, as one rank computing the whole batch would have them. Activations travel as a
-// header (dtype and shape) and then their bytes; a gradient comes back in its
-// activation's shape. Each message is tagged with its micro-batch, stage and direction,
-// so a rank that runs another schedule than its peers fails naming both messages
-// (ProcessGroup::send_async), never hangs. Sends are posted and go on (the rank does not
-// wait for its peer); receives wait when their action starts.
+// loss, as one rank computing the whole batch would have them. Between the actions the
+// rank posts and waits for the exchanges of message_plan() (messages.h): pending sends
+// with the next receive, as one batch -- the order NCCL needs. Each message is tagged
+// with its micro-batch, stage and direction, so a rank that runs another schedule than
+// its peers fails naming both messages (ProcessGroup::send_async), never hangs.
 //
 // Between I and W a micro-batch keeps what W needs: the saved tensors of the nodes that
 // owe the weights' gradients (ZB-H1 holds p micro-batches so on every rank, as 1F1B's
@@ -34,6 +33,7 @@
 
 #include "autograd/split_backward.h"
 #include "dist/comm/process_group.h"
+#include "dist/pipeline/messages.h"
 #include "dist/pipeline/schedule.h"
 #include "nn/module.h"
 
@@ -73,10 +73,9 @@ class Pipeline {
   };
   void forward(const Action& action, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
   void backward(const Action& action);
-  // Sends to (or, when the stage is this rank's own, hands over to) the rank of `stage`.
-  void send(const Tensor& t, int stage, int64_t tag, bool with_header);
-  Tensor receive(int stage, int64_t tag, const Tensor& like);  // like: the gradient's activation; else a header comes
-  int64_t tag(int micro_batch, int stage, bool gradient) const;
+  void exchange(const Exchange& e);
+  Tensor take(const Message& m);  // out of the mailbox: m, received or handed over by this rank's other chunk
+  const std::pair<Shape, DType>& activation_of(const Message& m) const;  // its boundary's, from micro-batch 0
   void sum_tied();  // the two ends add each other's gradients of the tied parameters
   void check_weights_outlive_i() const;  // zero-bubble schedules: no ZeRO-3 chunk
   // Where the chunks' parameters are (the CPU if they have none): received activations land there.
@@ -89,8 +88,11 @@ class Pipeline {
   std::vector<Tensor> tied_;
   Device device_;
   std::map<std::pair<int, int>, Held> held_;  // by (chunk, micro-batch)
-  std::map<int64_t, Tensor> handed_over_;     // by tag: messages between two chunks of this rank
-  std::vector<WorkHandle> sends_;             // posted this step; waited for at its end
+  std::vector<PlanStep> plan_;                // this rank's actions and exchanges
+  // By tag: outputs and input gradients waiting to be sent, or taken by this rank's other
+  // chunk; messages received, waiting for their action.
+  std::map<int64_t, Tensor> mailbox_;
+  std::map<int, std::pair<Shape, DType>> activations_;  // this step's, by boundary (the stage sending them)
   double loss_sum_ = 0;
   double loss_scale_ = 1;  // this run's
 };
