@@ -21,6 +21,12 @@
 // ranks by the formulas above, plus Megatron's per-layer all-reduces on the tp group and
 // activations next to Korthikanti et al. 2022 (bench/tensor_parallel_formulas.h);
 // --sequence-parallel cuts the activations between the cut layers along the sequence too.
+// --pp P [--schedule S] [--micro-batches M] [--chunks V]: pipeline parallelism, the GPT cut
+// into P x V stages (dist::gpt_stages), N = P x dp x T ranks (pp outermost); a step runs M
+// micro-batches of --batch rows each in the schedule's order (dist::Pipeline). A rank's
+// model states are its stages' (Ψ the stage's parameters, in the formulas too); its
+// activations peak at the micro-batches the schedule keeps in flight on it (the "held" column,
+// from dist::simulate), e.g. p - r under 1F1B on pp rank r.
 // --largest-on GB: for each offload setting, the largest GPT-3-family model whose dry
 // run (one rank, activation checkpointing, batch 1 x 1024) peaks within GB of device memory.
 // --simulate: the step-time model (dist/comm/step_model.h) replays each dry run's kernels
@@ -51,6 +57,7 @@
 //   build/bench/zero_memory --largest-on 80
 //   build/bench/zero_memory --model 7.5b --world-size 64 --stage 3 --shard-group 8
 //   build/bench/zero_memory --model 7.5b --world-size 64 --tp 8 --stage 1 --device meta --json
+//   build/bench/zero_memory --model 7.5b --world-size 64 --pp 4 --micro-batches 8 --stage 1 --rank 0
 //   build/bench/zero_memory --model 7.5b --stage all --simulate --world-size 8,64,512,4096
 //   build/bench/zero_memory --stage 0,3 --simulate --world-size 64 --schedule-svg overlap.svg
 #include <algorithm>
@@ -80,6 +87,7 @@
 #include "dist/comm/local_group.h"
 #include "dist/comm/step_figure.h"
 #include "dist/comm/step_model.h"
+#include "dist/pipeline/stages.h"
 #include "dist/tensor/parallelize.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/zero_config.h"
@@ -132,8 +140,23 @@ struct Record {
   bool sequence_parallel = false;
   int64_t sent_tp = 0, formula_sent_tp = 0, formula_activation = 0, formula_activation_layer = 0,
           paper_activation_layer = 0;
+  // --pp P, --micro-batches M: this rank's pp rank, the micro-batches the schedule keeps in
+  // flight on it, and what went to the pipeline group (activations and their gradients).
+  int pp = 1, pp_rank = 0, micro_batches = 1, held = 1;
+  int64_t sent_pp = 0;
   // The host pool (offload), after backward as the device's; its peak over the steps.
   int64_t host_parameter = 0, host_gradient = 0, host_optimizer_state = 0, host_peak = 0, formula_host = 0;
+};
+
+// --pp, --schedule, --micro-batches, --chunks.
+struct Pipelining {
+  int pp = 1, micro_batches = 1, chunks = 0;  // chunks 0: the schedule's default
+  std::string schedule = "1f1b";
+  bool on() const { return pp > 1 || micro_batches > 1; }
+  dist::Schedule make() const {
+    const dist::ScheduleKind kind = dist::parse_schedule(schedule);
+    return dist::make_schedule(kind, pp, micro_batches, chunks ? chunks : kind == dist::ScheduleKind::interleaved ? 2 : 1);
+  }
 };
 
 // The command line, parsed.
@@ -144,6 +167,7 @@ struct Options {
   int tp = 1;                // --tp: the model cut over T ranks, N / T data-parallel ranks
   int dry_rank = 0;          // --rank: the rank of N the meta dry run is
   bool sequence_parallel = false;  // --sequence-parallel: and the activations between the cut layers
+  Pipelining pipe;
   std::vector<int> worlds;   // --world-size's list (--simulate runs each)
   int64_t layers = 0, heads = 0, embd = 0, vocab = 0;  // a shape of one's own over the preset's (0: the preset's)
   bool simulate = false, calibrate = false, json = false, checkpointing = false, caching = false;  // caching: meta
@@ -252,20 +276,20 @@ struct TimelineRun {
   std::optional<MemoryTimelineRecording> recording;
 };
 
-// --tp T must divide every N (each world of --world-size, or mpirun's processes).
-void check_tensor_parallel(int world, int tp) {
-  ZG_CHECK(world % tp == 0, "zero_memory: --tp ", tp, " does not divide the world size N = ", world,
-           " (N = data-parallel ranks x T)");
+// --tp T x --pp P must divide every N (each world of --world-size, or mpirun's processes).
+void check_model_parallel(int world, int tp, int pp) {
+  ZG_CHECK(world % (tp * pp) == 0, "zero_memory: --tp ", tp, " x --pp ", pp, " does not divide the world size N = ",
+           world, " (N = P x data-parallel ranks x T)");
 }
 
 // The groups a cut model sends on besides the world's: each of the mesh's dimensions, and
 // the data-parallel ranks as one (ShardedModel's "dp", which it flattened already).
-std::set<dist::ProcessGroup*> tensor_parallel_groups(dist::DeviceMesh& mesh) {
+std::set<dist::ProcessGroup*> mesh_groups(dist::DeviceMesh& mesh) {
   std::set<dist::ProcessGroup*> groups;
   std::vector<std::string> data_dims;
   for (const dist::MeshDim& dim : mesh.dims()) {
     groups.insert(&mesh.group(dim.name));
-    if (dim.name != "tp") data_dims.push_back(dim.name);
+    if (dim.name != "tp" && dim.name != "pp") data_dims.push_back(dim.name);
   }
   groups.insert(&mesh.flatten("dp", data_dims));
   return groups;
@@ -274,17 +298,18 @@ std::set<dist::ProcessGroup*> tensor_parallel_groups(dist::DeviceMesh& mesh) {
 // The formulas beside a record's figures. With hybrid sharding they hold with S for N,
 // plus the traffic across groups; with --tp T, for the Ψ_cut / T + Ψ_replicated parameters
 // each rank holds, over the N / T data-parallel ranks, plus the tensor-parallel traffic.
+// With --pp, for the parameters of this rank's stages.
 void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& config, int64_t batch, int64_t seq,
                   int tp, bool sp) {
-  const int64_t psi = tp == 1 ? r.params : bench::tensor_parallel_counts(config).per_rank(tp);
+  const int64_t psi = tp == 1 || r.pp > 1 ? r.params : bench::tensor_parallel_counts(config).per_rank(tp);
   const Formula formula = formula_states(zero, psi, r.shard_group);
   r.formula_states = formula.device;
   r.formula_host = formula.host;
-  r.formula_sent_across = formula_sent_across(zero, psi, r.shard_group, r.world_size / tp / r.shard_group);
+  r.formula_sent_across = formula_sent_across(zero, psi, r.shard_group, r.world_size / tp / r.pp / r.shard_group);
   r.formula_sent = formula_sent(zero, psi, r.shard_group) + r.formula_sent_across;
   r.tp = tp;
   r.sequence_parallel = sp;
-  if (tp == 1) return;
+  if (tp == 1 || r.pp > 1) return;  // Korthikanti et al.'s formulas are for the whole model
   const int64_t compute = element_size(zero.compute_dtype);
   r.formula_sent_tp = bench::formula_sent_tensor_parallel(config, batch, seq, tp, compute, sp);
   r.formula_sent += r.formula_sent_tp;
@@ -295,43 +320,66 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& 
 }
 
 // This rank's model. Built already sharded: constructed without memory (cut, with --tp,
-// over the mesh's tp group, each rank keeping its slices' recipes), each rank materialising
-// its units.
+// over the mesh's tp group, each rank keeping its slices' recipes; with --pp, into stages,
+// this rank holding its chunks), each rank materialising its units.
 struct RankModel {
   std::optional<nn::GPT> model;
-  std::unique_ptr<dist::DeviceMesh> mesh;  // --tp: dp_replicate x dp_shard x tp
+  std::unique_ptr<dist::DeviceMesh> mesh;  // --tp, --pp: [pp x] dp_replicate x dp_shard [x tp]
+  std::optional<dist::Schedule> schedule;  // --pp, --micro-batches: the stages, this rank's chunks
+  dist::Stages stages;
+  std::vector<std::shared_ptr<nn::Module>> chunks;
+  std::shared_ptr<nn::Module> held;  // the chunks as one module, for the ShardedModel
+  dist::SingleRank one_stage;
   std::optional<dist::ShardedModel> sharded;  // made by the caller, once the peaks are reset
 
   RankModel(const nn::GPTConfig& config, Device device, dist::ProcessGroup& group, int tp, bool sp,
-            const dist::ZeroConfig& zero) {
+            const dist::ZeroConfig& zero, const Pipelining& pipe) {
     manual_seed(1);
     {
       DeferredInit nothing_allocated;
       model.emplace(config, TensorOptions(DType::f32).device(device));
     }
-    if (tp == 1) return;
-    check_tensor_parallel(group.size(), tp);
-    mesh = dist::training_mesh(group, tp, zero.shard_group_size);  // dp_replicate x dp_shard x tp
-    nn::ParallelPlan plan = model->parallel_plan();
-    plan.sequence_parallel = sp;
-    dist::parallelize_module(*model, mesh->group("tp"), plan);
+    if (tp > 1 || pipe.pp > 1) {
+      check_model_parallel(group.size(), tp, pipe.pp);
+      mesh = dist::training_mesh(group, {.pp = pipe.pp, .tp = tp, .shard_group_size = zero.shard_group_size});
+    }
+    if (tp > 1) {
+      nn::ParallelPlan plan = model->parallel_plan();
+      plan.sequence_parallel = sp;
+      dist::parallelize_module(*model, mesh->group("tp"), plan);
+    }
+    if (!pipe.on()) return;
+    schedule.emplace(pipe.make());
+    stages = dist::gpt_stages(*model, schedule->stages());
+    chunks = stages.chunks(*schedule, pp().rank());
+    held = dist::join_chunks(chunks);
   }
+  dist::ProcessGroup& pp() { return mesh && schedule->ranks > 1 ? mesh->group("pp") : one_stage; }
+  nn::Module& trained() { return held ? *held : static_cast<nn::Module&>(*model); }
 };
 
 // Training steps on this rank with `zero`, the model cut over `tp` ranks; returns the record
 // read after the last. With `log`, the last step's kernels and collectives are recorded
 // into it (a dry run: --simulate); with `run`, every allocation of the steps into its timeline.
 Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int steps, int64_t batch, int64_t seq,
-               Device device, dist::ProcessGroup& group, int tp, bool sp, StepLog* log = nullptr,
-               TimelineRun* run = nullptr) {
-  RankModel built(config, device, group, tp, sp, zero);
+               Device device, dist::ProcessGroup& group, int tp, bool sp, const Pipelining& pipe,
+               StepLog* log = nullptr, TimelineRun* run = nullptr) {
+  RankModel built(config, device, group, tp, sp, zero, pipe);
   nn::GPT& model = *built.model;
   const std::unique_ptr<dist::DeviceMesh>& mesh = built.mesh;
   Context& context = Context::current();
   const Device host = device.type == DeviceType::meta ? kMeta : kCPU;  // where the host pool counts
   context.allocator(device)->reset_peaks();
   dist::ShardedModel& sharded =
-      mesh ? built.sharded.emplace(model, *mesh, zero) : built.sharded.emplace(model, group, zero);
+      mesh ? built.sharded.emplace(built.trained(), *mesh, zero) : built.sharded.emplace(built.trained(), group, zero);
+  std::optional<dist::Pipeline> pipeline;  // --pp, --micro-batches: the step runs the schedule
+  if (built.schedule) {
+    pipeline.emplace(built.pp(), *built.schedule, built.chunks, built.stages.loss);
+    // A dry run's peers send no headers: hidden states [b, T, C] (T / T_tp under sequence
+    // parallelism) in the compute dtype.
+    if (device.type == DeviceType::meta)
+      pipeline->set_activation({batch, sp ? seq / tp : seq, config.n_embd}, zero.compute_dtype);
+  }
   dist::ProcessGroup* replicas = sharded.replica_group();  // hybrid sharding's other groups, or null
   const int64_t construction_peak = context.memory_stats(device).peak_total;
   context.allocator(device)->reset_peaks();
@@ -342,10 +390,15 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     group.barrier();
   }
   const TensorOptions ids = TensorOptions(DType::i64).device(device);
-  const Tensor x = zeros({batch, seq}, ids), y = zeros({batch, seq}, ids);
+  const int64_t rows = batch * pipe.micro_batches;  // --batch rows a micro-batch
+  const Tensor x = zeros({rows, seq}, ids), y = zeros({rows, seq}, ids);
   Record r{.group = group.kind(), .stage = zero.stage, .world_size = group.size(), .rank = group.rank(),
            .shard_group = sharded.shard_group().size(), .offload = zero.offload, .params = sharded.num_parameters(),
            .construction_peak = construction_peak};
+  if (pipeline) {
+    r.pp = pipe.pp, r.pp_rank = built.pp().rank(), r.micro_batches = pipe.micro_batches;
+    r.held = dist::simulate(*built.schedule).peak_activations()[static_cast<size_t>(r.pp_rank)];
+  }
   for (int s = 0; s < steps; ++s) {
     std::optional<StepLogScope> recording;
     if (log != nullptr && s == steps - 1) {
@@ -356,7 +409,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     // the world itself (dp_shard without hybrid sharding, dp_replicate at S = 1).
     std::set<dist::ProcessGroup*> groups = {&group, &sharded.shard_group()};
     if (replicas) groups.insert(replicas);
-    if (mesh) groups.merge(tensor_parallel_groups(*mesh));
+    if (mesh) groups.merge(mesh_groups(*mesh));
     for (dist::ProcessGroup* g : groups) g->reset_bytes_sent();
     const auto mark = [&](const char* phase) {  // where the step's phases begin, for --schedule-svg
       if (recording) log->mark(phase);
@@ -365,9 +418,13 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     sharded.zero_grad();
     {
       MemoryScope scope(MemoryCategory::activation);
-      const Tensor loss = model.forward(x, y).loss;  // the logits go: backward writes their gradient over them
-      mark("backward");
-      loss.backward();
+      if (pipeline) {
+        pipeline->run(x, y);  // every micro-batch's forward and backward, in the schedule's order
+      } else {
+        const Tensor loss = model.forward(x, y).loss;  // the logits go: backward writes their gradient over them
+        mark("backward");
+        loss.backward();
+      }
     }
     // Model states after backward, before the step (what the formulas describe).
     const MemoryStats after_backward = context.memory_stats(device);
@@ -381,7 +438,8 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     mark("optimizer");
     sharded.step(1e-4);
     r.sent_across = replicas ? replicas->bytes_sent() : 0;
-    r.sent_tp = mesh ? mesh->group("tp").bytes_sent() : 0;
+    r.sent_tp = mesh && tp > 1 ? mesh->group("tp").bytes_sent() : 0;
+    r.sent_pp = pipeline && pipe.pp > 1 ? built.pp().bytes_sent() : 0;
     r.sent_per_step = 0;
     for (dist::ProcessGroup* g : groups) r.sent_per_step += g->bytes_sent();
   }
@@ -403,14 +461,16 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
 // The group's kind is the one the ranks measured with, the same on all.
 std::vector<Record> all_records(dist::ProcessGroup& host, const std::vector<Record>& mine) {
   static constexpr int Record::*kInts[] = {&Record::stage, &Record::world_size, &Record::rank, &Record::shard_group,
-                                           &Record::tp};
+                                           &Record::tp, &Record::pp, &Record::pp_rank, &Record::micro_batches,
+                                           &Record::held};
   static constexpr int64_t Record::*kInt64s[] = {
       &Record::params, &Record::parameter, &Record::gradient, &Record::optimizer_state, &Record::activation,
       &Record::communication, &Record::peak_allocated, &Record::reserved, &Record::sent_per_step,
       &Record::formula_states, &Record::formula_sent, &Record::construction_peak, &Record::sent_across,
       &Record::formula_sent_across, &Record::host_parameter, &Record::host_gradient, &Record::host_optimizer_state,
       &Record::host_peak, &Record::formula_host, &Record::sent_tp, &Record::formula_sent_tp,
-      &Record::formula_activation, &Record::formula_activation_layer, &Record::paper_activation_layer};
+      &Record::formula_activation, &Record::formula_activation_layer, &Record::paper_activation_layer,
+      &Record::sent_pp};
   constexpr size_t kFields = std::size(kInts) + std::size(kInt64s) + 1;  // + the offload
   std::vector<int64_t> packed;
   for (const Record& r : mine) {
@@ -451,7 +511,11 @@ std::vector<Setting> valid_settings(const Options& o, const std::vector<Setting>
   std::string refused;  // the first refused setting and its problem
   for (const Setting& setting : candidates) {
     std::string wrong;
-    for (size_t i = 0; i < worlds.size() && wrong.empty(); ++i) wrong = zero_config(o, setting).problem(worlds[i] / o.tp);
+    for (size_t i = 0; i < worlds.size() && wrong.empty(); ++i)
+      wrong = zero_config(o, setting).problem(worlds[i] / o.tp / o.pipe.pp);
+    if (wrong.empty() && o.pipe.on() && setting.stage == 3 && dist::splits_backward(dist::parse_schedule(o.pipe.schedule)))
+      wrong = concat("--schedule ", o.pipe.schedule, " runs each micro-batch's W after its I, and ZeRO-3 frees a unit's "
+                     "gathered weights at the end of I");
     if (wrong.empty()) valid.push_back(setting);
     else if (candidates.size() == 1) fail("zero_memory: ", wrong);
     else if (refused.empty())
@@ -532,7 +596,7 @@ int largest_trainable(const Options& o) {
       Context rank0(0);
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, 1);
-      const Record r = measure(zero_config(o, setting), config, 1, 1, 1024, kMeta, group, 1, false);
+      const Record r = measure(zero_config(o, setting), config, 1, 1, 1024, kMeta, group, 1, false, {});
       if (static_cast<double>(r.peak_allocated) > device_bytes) break;
       fits = &preset;
       best = r;
@@ -579,7 +643,7 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, world);
       StepLog& log = logs.emplace_back();
-      const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, o.tp, o.sequence_parallel, &log);
+      const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, o.tp, o.sequence_parallel, {}, &log);
       const dist::StepTime t = dist::predict(log, o.machine);
       const double tokens = static_cast<double>(batch * seq) * world / o.tp / t.step;  // a tp group shares its batch
       if (o.json)
@@ -663,7 +727,7 @@ void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::Proces
     Context rank0(0);
     ContextGuard guard(rank0);
     dist::FakeGroup one(0, 1);
-    measure(zero, preset.config, 2, batch, seq, kMeta, one, 1, false, &log);
+    measure(zero, preset.config, 2, batch, seq, kMeta, one, 1, false, {}, &log);
   }
   const double scale = real_step / dist::predict(log, rates).compute;
   std::string flags = "--tflops " + std::to_string(rates.flops_per_second / scale / 1e12) + " --memory-gbps " +
@@ -739,20 +803,20 @@ std::vector<Record> measure_setting(const Options& o, const Preset& preset, Sett
     if (o.caching) dry.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
     ContextGuard guard(dry);
     dist::FakeGroup group(o.dry_rank, o.world);
-    records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, nullptr, run));
+    records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, o.pipe, nullptr, run));
     return records;
   }
   std::mutex records_mutex;
   dist::run_local(o.world, [&](dist::ProcessGroup& group) {
     Record r;
     if (!use_nccl) {
-      r = measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, nullptr, run);
+      r = measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, o.pipe, nullptr, run);
     } else {
 #ifdef ZG_WITH_NCCL
       // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
       const Device mine(DeviceType::cuda, group.rank());
       const auto nccl = dist::NcclGroup::bootstrap(group, mine);
-      r = measure(zero, preset.config, o.steps, o.batch, seq, mine, *nccl, o.tp, o.sequence_parallel, nullptr, run);
+      r = measure(zero, preset.config, o.steps, o.batch, seq, mine, *nccl, o.tp, o.sequence_parallel, o.pipe, nullptr, run);
 #endif
     }
     std::lock_guard lock(records_mutex);
@@ -803,6 +867,14 @@ std::string tensor_parallel_json(const Record& r) {
                 ", \"paper_activation_layer\": ", r.paper_activation_layer);
 }
 
+// --pp's and --micro-batches' fields of a record (none without them).
+std::string pipeline_json(const Options& o, const Record& r) {
+  if (r.pp == 1 && r.micro_batches == 1) return "";
+  return concat(", \"pp\": ", r.pp, ", \"pp_rank\": ", r.pp_rank, ", \"schedule\": \"", o.pipe.schedule,
+                "\", \"micro_batches\": ", r.micro_batches, ", \"held_micro_batches\": ", r.held,
+                ", \"sent_pipeline\": ", r.sent_pp);
+}
+
 // One JSON record per rank and setting.
 void print_json(const Options& o, Device device, const std::vector<Record>& records) {
   std::printf("[\n");
@@ -814,7 +886,7 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
                 "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld, "
                 "\"construction_peak\": %lld, \"offload\": \"%s\", \"host_parameter\": %lld, \"host_gradient\": %lld, "
                 "\"host_optimizer_state\": %lld, \"host_peak\": %lld, \"formula_host_model_states\": %lld, "
-                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld%s}%s\n",
+                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld%s%s}%s\n",
                 o.model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
                 (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
                 (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
@@ -822,7 +894,8 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
                 (long long)r.formula_sent, (long long)r.construction_peak, dist::name(r.offload),
                 (long long)r.host_parameter, (long long)r.host_gradient, (long long)r.host_optimizer_state,
                 (long long)r.host_peak, (long long)r.formula_host, r.shard_group, (long long)r.sent_across,
-                (long long)r.formula_sent_across, tensor_parallel_json(r).c_str(), i + 1 < records.size() ? "," : "");
+                (long long)r.formula_sent_across, tensor_parallel_json(r).c_str(), pipeline_json(o, r).c_str(),
+                i + 1 < records.size() ? "," : "");
   }
   std::printf("]\n");
 }
@@ -830,8 +903,10 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
 // The table: a row per rank and setting, in GB (1e9 bytes), or MB for models whose 16Ψ is
 // under a GB; with offload the host pool's columns, with hybrid sharding the traffic across.
 void print_table(const Options& o, Device device, int64_t seq, const std::vector<Record>& records) {
-  const std::string slices = o.tp == 1 ? "" : " (a rank's slices)";
-  const std::string cut = o.tp == 1 ? "" : concat(" = ", o.world / o.tp, " data-parallel x T = ", o.tp);
+  const std::string slices = o.pipe.pp > 1 ? " (rank 0's stages)" : o.tp == 1 ? "" : " (a rank's slices)";
+  const int data_ranks = o.world / o.tp / o.pipe.pp;
+  std::string cut = o.pipe.pp > 1 ? concat(" = P = ", o.pipe.pp, " x ", data_ranks, " data-parallel") : "";
+  if (o.tp > 1) cut += concat(o.pipe.pp > 1 ? "" : concat(" = ", data_ranks, " data-parallel"), " x T = ", o.tp);
   std::printf("GPT %s: Ψ = %lld parameters%s, N = %d%s, %s, %s group, batch %lld x %lld tokens, %s compute + "
               "fp32 AdamW\n",
               o.model_name.c_str(), (long long)records.front().params, slices.c_str(), o.world, cut.c_str(),
@@ -849,7 +924,10 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
   if (offloading) std::printf("  %-16s %11s %9s %9s", "offload", "host states", "formula", "host peak");
   const bool hybrid = o.zero.shard_group_size != 0 && o.zero.shard_group_size != o.world / o.tp;
   if (hybrid) std::printf("  %5s %13s %9s", "S", "sent across", "formula");
-  if (o.tp > 1) std::printf("  %9s %9s %11s %11s %11s", "sent tp", "formula", "act formula", "act a layer", "paper");
+  const bool tp_formulas = o.tp > 1 && !o.pipe.on();
+  if (tp_formulas) std::printf("  %9s %9s %11s %11s %11s", "sent tp", "formula", "act formula", "act a layer", "paper");
+  else if (o.tp > 1) std::printf("  %9s", "sent tp");
+  if (o.pipe.on()) std::printf("  %7s %4s %9s", "pp rank", "held", "sent pp");
   std::printf("\n");
   for (const Record& r : records) {
     std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f %9.3f", r.stage, r.rank,
@@ -862,9 +940,11 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
                   gb(r.host_parameter + r.host_gradient + r.host_optimizer_state), gb(r.formula_host),
                   gb(r.host_peak));
     if (hybrid) std::printf("  %5d %13.3f %9.3f", r.shard_group, gb(r.sent_across), gb(r.formula_sent_across));
-    if (o.tp > 1)
+    if (tp_formulas)
       std::printf("  %9.3f %9.3f %11.3f %11.3f %11.3f", gb(r.sent_tp), gb(r.formula_sent_tp), gb(r.formula_activation),
                   gb(r.formula_activation_layer), gb(r.paper_activation_layer));
+    else if (o.tp > 1) std::printf("  %9.3f", gb(r.sent_tp));
+    if (o.pipe.on()) std::printf("  %7d %4d %9.3f", r.pp_rank, r.held, gb(r.sent_pp));
     std::printf("\n");
   }
   // Each unit's buffers are padded to a multiple of N: next to Ψ / N that is visible
@@ -877,7 +957,14 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
   if (above > 0.01)
     std::printf("\nmodel states are up to %.1f%% above the formula: each unit's buffers are padded to a multiple "
                 "of N = %d\n", 100 * above, o.world);
-  if (o.tp > 1)
+  if (o.pipe.on())
+    std::printf("\n%s, %lld row%s a micro-batch; held: the micro-batches whose activations the schedule\n"
+                "keeps on that pp rank at once (dist::simulate); sent pp: of sent/step, the activations and\n"
+                "gradients sent to the other stages and the tied embedding's gradient; model states and their\n"
+                "formula are the rank's stages'. Each micro-batch's backward reduces the gradients again (and\n"
+                "ZeRO-3 gathers again), so sent/step is above the formula, which reduces once.\n",
+                o.pipe.make().describe().c_str(), static_cast<long long>(o.batch), o.batch == 1 ? "" : "s");
+  if (tp_formulas)
     std::printf("\nsent tp: of sent/step, what went to the tensor-parallel group (formula: Megatron's %s);\n"
                 "act formula: the activation peak as this code keeps activations, act a layer: one layer's,\n"
                 "paper: Korthikanti et al. 2022's %s (bench/tensor_parallel_formulas.h)\n",
@@ -919,7 +1006,7 @@ int run_processes(Options& o, const Preset& preset, const std::vector<Setting>& 
     std::vector<Record> measured;
     for (const Setting& setting : settings)
       measured.push_back(measure(zero_config(o, setting), preset.config, o.steps, o.batch, seq_of(o, preset), mine,
-                                 nccl ? *nccl : host, o.tp, o.sequence_parallel));
+                                 nccl ? *nccl : host, o.tp, o.sequence_parallel, o.pipe));
     records = all_records(host, measured);
   });
   if (status != 0 || my_rank != 0) return status;  // rank 0 prints
@@ -964,6 +1051,7 @@ void usage() {
       "                   [--device meta|cpu|cuda|auto] [--rank R] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--tp T [--sequence-parallel]] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
+      "                   [--pp P] [--schedule gpipe|1f1b|interleaved|zb-h1|zb-h2] [--micro-batches M] [--chunks V]\n"
       "                   [--compute bf16|f32] [--checkpointing] [--caching] [--timeline DIR]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--stage S,S,...] [--tflops X] [--memory-gbps X]\n"
       "                   [--kernel-us X] [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X]\n"
@@ -984,6 +1072,9 @@ void usage() {
       "--rank R (meta): the dry run as rank R of the N (its place in the mesh, its shards); 0 by default.\n"
             "--tp T: tensor parallelism, the model cut over T ranks (tp innermost), N / T data-parallel ranks;\n"
       "  --sequence-parallel: and the activations between the cut layers cut along the sequence.\n"
+      "--pp P: pipeline parallelism, the layers cut into P stages (x --chunks V for interleaved) across P\n"
+      "  groups (pp outermost), N = P x data-parallel x T ranks; --schedule (1f1b by default) runs\n"
+      "  --micro-batches M of --batch rows each a step. A rank's row: its stages' states and activations.\n"
       "--compute: the dtype of the forward and backward (bf16 default; master weights and Adam stay f32).\n"
       "--checkpointing: each block's activations recomputed in backward instead of kept.\n"
       "--caching (meta): through the GPU's caching allocator over a simulated device: reserved bytes as\n"
@@ -1069,6 +1160,10 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--largest-on") o.largest_on = static_cast<double>(number(1, 1 << 20));
     else if (a == "--tp") o.tp = static_cast<int>(number(1, 1 << 20));
     else if (a == "--sequence-parallel") o.sequence_parallel = true;
+    else if (a == "--pp") o.pipe.pp = static_cast<int>(number(1, 1 << 20));
+    else if (a == "--micro-batches") o.pipe.micro_batches = static_cast<int>(number(1, 1 << 16));
+    else if (a == "--chunks") o.pipe.chunks = static_cast<int>(number(1, 1 << 10));
+    else if (a == "--schedule") o.pipe.schedule = value();
     else if (a == "--shard-group") o.zero.shard_group_size = static_cast<int>(number(1, 1 << 20));
     else if (a == "--prefetch-bytes") o.zero.prefetch_bytes = number(0, INT64_MAX);
     else if (a == "--bucket-bytes") o.zero.bucket_bytes = number(1, INT64_MAX);
@@ -1111,6 +1206,9 @@ int main(int argc, char** argv) {
     if (const std::optional<int> status = parse(argc, argv, o)) return *status;
     ZG_CHECK(o.tp == 1 || (!o.calibrate && o.largest_on == 0), "zero_memory: --tp is for the table and --simulate, "
              "not --calibrate or --largest-on (one rank)");
+    ZG_CHECK(!o.pipe.on() || (!o.calibrate && o.largest_on == 0 && !o.simulate), "zero_memory: --pp and "
+             "--micro-batches are for the table (the step-time model has no pipeline yet), not --simulate, "
+             "--calibrate or --largest-on");
     ZG_CHECK(o.tp > 1 || !o.sequence_parallel, "zero_memory: --sequence-parallel cuts the sequence across the --tp "
              "ranks: add --tp");
     if (o.largest_on > 0) return largest_trainable(o);
@@ -1134,7 +1232,7 @@ int main(int argc, char** argv) {
     ZG_CHECK(o.schedule_svg.empty() || o.simulate, "zero_memory: --schedule-svg draws the schedules --simulate "
              "predicts; add --simulate");
     for (int world : o.worlds.empty() ? std::vector<int>{o.world} : o.worlds)
-      if (world != 0) check_tensor_parallel(world, o.tp);
+      if (world != 0) check_model_parallel(world, o.tp, o.pipe.pp);
     ZG_CHECK(o.dry_rank == 0 || (o.device_arg == "meta" && !o.simulate && o.dry_rank < o.world), "zero_memory: --rank ",
              o.dry_rank, " picks the rank of the dry run (--device meta, the table) of N = ", o.world,
              " ranks: it must be below N");

@@ -485,6 +485,36 @@ TEST_CASE("bench/zero_memory --offload: 7.5B at ZeRO-3 on one rank keeps 14Ψ on
   CHECK(status != 0);
 }
 
+TEST_CASE("bench/zero_memory --pp: a dry run of each pp rank holds its stages' states, the micro-batches its "
+          "schedule keeps in flight, and sends its activations and the tied embedding's gradient") {
+  // 124M at N = 8 = P 4 x dp 2, ZeRO-1, 8 micro-batches of 1 x 8 tokens; rank 0 is pp rank 0, rank 6 pp rank 3.
+  const auto run = [](int rank, const char* schedule) {
+    int status = 0;
+    const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --world-size 8 --pp 4 "
+                                        "--micro-batches 8 --seq 8 --stage 1 --json --rank " + std::to_string(rank) +
+                                        " --schedule " + schedule, status);
+    REQUIRE(status == 0);
+    std::smatch m;
+    REQUIRE(std::regex_search(out, m, std::regex(R"re("params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": (\d+), .*"formula_model_states": (\d+), .*"pp": 4, "pp_rank": (\d), "schedule": "[a-z0-9]+", "micro_batches": 8, "held_micro_batches": (\d+), "sent_pipeline": (\d+)\})re")));
+    return std::vector<double>{std::stod(m[1]), std::stod(m[2]) + std::stod(m[3]) + std::stod(m[4]), std::stod(m[5]),
+                               std::stod(m[6]), std::stod(m[7]), std::stod(m[8]), std::stod(m[9])};
+  };
+  const std::vector<double> first = run(0, "1f1b"), last = run(6, "1f1b"), first_gpipe = run(0, "gpipe");
+  const double wte = 50257.0 * 768;  // held by both ends
+  CHECK(first[0] + last[0] < 124'439'808 + wte);  // two of four stages
+  for (const auto& r : {first, last}) CHECK(std::fabs(r[1] / r[3] - 1) < 0.005);  // ZeRO-1's formula for the stage's Ψ
+  CHECK(first[4] == 0);
+  CHECK(last[4] == 3);
+  CHECK(first[5] == 4);  // 1F1B: p - r micro-batches in flight
+  CHECK(last[5] == 1);
+  CHECK(first_gpipe[5] == 8);
+  CHECK(first_gpipe[2] > first[2]);  // GPipe holds all 8
+  // Sent to the other stages: 8 activations [1, 8, 768] in bf16, and the tied gradient's
+  // shard (ZeRO-1: of 2 dp ranks, bf16); a few bytes of agreement besides.
+  CHECK(std::fabs(first[6] - (8 * 8 * 768 * 2 + wte / 2 * 2)) < 1024);
+  CHECK(std::fabs(last[6] - (8 * 8 * 768 * 2 + wte / 2 * 2)) < 1024);  // the gradients back
+}
+
 TEST_CASE("bench/zero_memory --shard-group: hybrid sharding's states follow S, its traffic splits within and across") {
   int status = 0;
   const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 1.5b --world-size 64 --seq 8 "

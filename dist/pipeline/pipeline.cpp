@@ -57,7 +57,7 @@ void Pipeline::exchange(const Exchange& e) {
   for (const Message& m : e.sends) {
     const Tensor t = take(m).contiguous();
     const int peer = schedule_.rank_of(m.to());
-    if (m.carries_header()) {
+    if (m.carries_header() && !fixed_activation_) {
       ZG_CHECK(t.dim() <= kMaxDims, "pipeline: an activation of ", t.dim(), " dims, over the ", kMaxDims,
                " a header holds");
       std::vector<int64_t> header(2 + kMaxDims, 0);
@@ -68,12 +68,12 @@ void Pipeline::exchange(const Exchange& e) {
     } else if (!m.gradient) {
       const auto& [shape, dtype] = activation_of(m);
       ZG_CHECK(t.shape() == shape && t.dtype() == dtype, "pipeline: stage ", m.stage, "'s output for micro-batch ",
-               m.micro_batch, " is ", describe(t), ", micro-batch 0's was ", name(dtype), shape_str(shape),
-               "; every micro-batch must give a stage's output one shape and dtype");
+               m.micro_batch, " is ", describe(t), ", ", fixed_activation_ ? "set_activation said " : "micro-batch 0's was ",
+               name(dtype), shape_str(shape), "; every micro-batch must give a stage's output one shape and dtype");
     }
     ops.push_back({P2POp::send, t, peer, m.tag(stages)});
   }
-  if (e.receive && e.receive->carries_header()) {  // alone first: the shape to receive into
+  if (e.receive && e.receive->carries_header() && !fixed_activation_) {  // alone first: the shape to receive into
     const Message& m = *e.receive;
     const int peer = schedule_.rank_of(m.from());
     const Tensor header = zeros({2 + kMaxDims}, TensorOptions(DType::i64).device(agreement_device(*pp_, device_)));
@@ -94,6 +94,7 @@ void Pipeline::exchange(const Exchange& e) {
 }
 
 const std::pair<Shape, DType>& Pipeline::activation_of(const Message& m) const {
+  if (fixed_activation_) return *fixed_activation_;
   const auto it = activations_.find(m.stage);
   ZG_CHECK(it != activations_.end(), "pipeline: rank ", pp_->rank(), " has ", m.str(), " before micro-batch 0's, "
            "which brings its shape; run each stage's micro-batch 0 first");

@@ -62,6 +62,11 @@ class Pipeline {
   // divides out again); the loss returned is unscaled.
   double run(const Tensor& inputs, const Tensor& targets, double loss_scale = 1.0);
 
+  // Every activation between two stages has this shape and dtype (Megatron's
+  // tensor_shape): sent without headers. For a dry run of one rank over a fake group,
+  // where no peer sends one; a stage whose output differs is an error naming both.
+  void set_activation(Shape shape, DType dtype) { fixed_activation_.emplace(std::move(shape), dtype); }
+
   const Schedule& schedule() const { return schedule_; }
   int first_stage() const { return schedule_.stage(pp_->rank(), 0); }
 
@@ -93,6 +98,7 @@ class Pipeline {
   // chunk; messages received, waiting for their action.
   std::map<int64_t, Tensor> mailbox_;
   std::map<int, std::pair<Shape, DType>> activations_;  // this step's, by boundary (the stage sending them)
+  std::optional<std::pair<Shape, DType>> fixed_activation_;  // set_activation's
   double loss_sum_ = 0;
   double loss_scale_ = 1;  // this run's
 };
