@@ -278,8 +278,8 @@ struct TimelineRun {
 
 // --tp T x --pp P must divide every N (each world of --world-size, or mpirun's processes).
 void check_model_parallel(int world, int tp, int pp) {
-  ZG_CHECK(world % (tp * pp) == 0, "zero_memory: --tp ", tp, " x --pp ", pp, " does not divide the world size N = ",
-           world, " (N = P x data-parallel ranks x T)");
+  ZG_CHECK(world % (tp * pp) == 0, "zero_memory: --tp ", tp, pp > 1 ? concat(" x --pp ", pp) : "",
+           " does not divide the world size N = ", world, " (N = ", pp > 1 ? "P x " : "", "data-parallel ranks x T)");
 }
 
 // The groups a cut model sends on besides the world's: each of the mesh's dimensions, and
