@@ -73,3 +73,4 @@
 #include "dist/pipeline/schedule.h"
 #include "dist/pipeline/schedule_figure.h"
 #include "dist/pipeline/stages.h"
+#include "dist/pipeline/step_time.h"

@@ -26,7 +26,8 @@
 // micro-batches of --batch rows each in the schedule's order (dist::Pipeline). A rank's
 // model states are its stages' (Ψ the stage's parameters, in the formulas too); its
 // activations peak at the micro-batches the schedule keeps in flight on it (the "held" column,
-// from dist::simulate), e.g. p - r under 1F1B on pp rank r.
+// from dist::simulate), e.g. p - r under 1F1B on pp rank r. With --simulate, rank 0's step
+// adds its wait for the other stages (dist::predict_pipeline, the "idle ms" column).
 // --largest-on GB: for each offload setting, the largest GPT-3-family model whose dry
 // run (one rank, activation checkpointing, batch 1 x 1024) peaks within GB of device memory.
 // --simulate: the step-time model (dist/comm/step_model.h) replays each dry run's kernels
@@ -88,6 +89,7 @@
 #include "dist/comm/step_figure.h"
 #include "dist/comm/step_model.h"
 #include "dist/pipeline/stages.h"
+#include "dist/pipeline/step_time.h"
 #include "dist/tensor/parallelize.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/zero_config.h"
@@ -614,6 +616,13 @@ int largest_trainable(const Options& o) {
   return 0;
 }
 
+// A column of milliseconds, as the --simulate table prints them.
+std::string format_ms(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), " %11.2f", seconds * 1e3);
+  return text;
+}
+
 // --simulate: for each N and setting, rank 0's dry run (its second step, recorded)
 // replayed by the step-time model; with --schedule-svg, each one's schedule drawn.
 int simulate(const Options& o, const Preset& preset, const std::vector<Setting>& settings, bool processes) {
@@ -624,13 +633,16 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
              "AdamW and copies are not in the model (leave --offload out)");
   const int64_t batch = o.batch, seq = seq_of(o, preset);
   if (!o.json) {
-    const std::string who = o.tp == 1 ? "a rank" : concat("a tensor-parallel group of T = ", o.tp, " (tp innermost)");
+    std::string who = o.tp == 1 ? "a rank" : concat("a tensor-parallel group of T = ", o.tp, " (tp innermost)");
+    if (o.pipe.on())
+      who = concat("a micro-batch in ", o.pipe.make().describe(), " (rank 0: the first stage; idle: its wait for "
+                   "the others, dist/pipeline/step_time.h)");
     std::printf("GPT %s, batch %lld x %lld tokens %s, bf16 compute + fp32 AdamW; the step-time model "
                 "(dist/comm/step_model.h) on\n%s\n\n",
                 preset.name, static_cast<long long>(batch), static_cast<long long>(seq), who.c_str(),
                 o.machine.describe().c_str());
-    std::printf("%5s %6s %5s %11s %11s %11s %11s %9s %14s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
-                "exposed ms", "exposed", "tokens/s");
+    std::printf("%5s %6s %5s %11s %11s %11s %11s %9s %14s%s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
+                "exposed ms", "exposed", "tokens/s", o.pipe.on() ? "     idle ms" : "");
   } else {
     std::printf("[\n");
   }
@@ -643,19 +655,28 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, world);
       StepLog& log = logs.emplace_back();
-      const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, o.tp, o.sequence_parallel, {}, &log);
-      const dist::StepTime t = dist::predict(log, o.machine);
-      const double tokens = static_cast<double>(batch * seq) * world / o.tp / t.step;  // a tp group shares its batch
+      const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, o.tp,
+                               o.sequence_parallel, o.pipe, &log);
+      dist::StepTime t = dist::predict(log, o.machine);
+      double idle = 0;  // --pp: the first stage's wait for the others
+      if (o.pipe.on()) {
+        const dist::PipelineStepTime pipe = dist::predict_pipeline(log, t, o.pipe.make(), r.pp_rank);
+        idle = pipe.idle, t.step = pipe.step, t.exposed = t.step - t.compute - idle;
+      }
+      // A tp group shares its batch; a pipeline's stages share theirs, of M micro-batches.
+      const double tokens = static_cast<double>(batch * o.pipe.micro_batches * seq) * world / o.tp / o.pipe.pp / t.step;
       if (o.json)
         std::printf("%s  {\"model\": \"%s\", \"stage\": %d, \"world_size\": %d, \"shard_group\": %d, "
                     "\"step_seconds\": %.6g, \"compute_seconds\": %.6g, \"communication_seconds\": %.6g, "
-                    "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g%s}",
+                    "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g%s%s}",
                     first ? "" : ",\n", preset.name, setting.stage, world, r.shard_group, t.step, t.compute,
-                    t.communication, t.exposed, tokens, o.tp == 1 ? "" : concat(", \"tp\": ", o.tp).c_str());
+                    t.communication, t.exposed, tokens, o.tp == 1 ? "" : concat(", \"tp\": ", o.tp).c_str(),
+                    o.pipe.on() ? concat(", \"pp\": ", o.pipe.pp, ", \"micro_batches\": ", o.pipe.micro_batches,
+                                         ", \"pipeline_idle_seconds\": ", idle).c_str() : "");
       else
-        std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %8.1f%% %14.0f\n", setting.stage, world, r.shard_group,
+        std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %8.1f%% %14.0f%s\n", setting.stage, world, r.shard_group,
                     t.step * 1e3, t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step,
-                    tokens);
+                    tokens, o.pipe.on() ? format_ms(idle).c_str() : "");
       first = false;
       panels.push_back({setting_title(setting.stage, setting.offload) + ", N = " + std::to_string(world) +
                             (r.shard_group != world ? ", S = " + std::to_string(r.shard_group) : ""),
@@ -1074,7 +1095,8 @@ void usage() {
       "  --sequence-parallel: and the activations between the cut layers cut along the sequence.\n"
       "--pp P: pipeline parallelism, the layers cut into P stages (x --chunks V for interleaved) across P\n"
       "  groups (pp outermost), N = P x data-parallel x T ranks; --schedule (1f1b by default) runs\n"
-      "  --micro-batches M of --batch rows each a step. A rank's row: its stages' states and activations.\n"
+      "  --micro-batches M of --batch rows each a step. A rank's row: its stages' states and activations;\n"
+      "  with --simulate, the first stage's step time and its wait for the others (idle ms).\n"
       "--compute: the dtype of the forward and backward (bf16 default; master weights and Adam stay f32).\n"
       "--checkpointing: each block's activations recomputed in backward instead of kept.\n"
       "--caching (meta): through the GPU's caching allocator over a simulated device: reserved bytes as\n"
@@ -1206,9 +1228,8 @@ int main(int argc, char** argv) {
     if (const std::optional<int> status = parse(argc, argv, o)) return *status;
     ZG_CHECK(o.tp == 1 || (!o.calibrate && o.largest_on == 0), "zero_memory: --tp is for the table and --simulate, "
              "not --calibrate or --largest-on (one rank)");
-    ZG_CHECK(!o.pipe.on() || (!o.calibrate && o.largest_on == 0 && !o.simulate), "zero_memory: --pp and "
-             "--micro-batches are for the table (the step-time model has no pipeline yet), not --simulate, "
-             "--calibrate or --largest-on");
+    ZG_CHECK(!o.pipe.on() || (!o.calibrate && o.largest_on == 0), "zero_memory: --pp and --micro-batches are for "
+             "the table and --simulate, not --calibrate or --largest-on (one rank)");
     ZG_CHECK(o.tp > 1 || !o.sequence_parallel, "zero_memory: --sequence-parallel cuts the sequence across the --tp "
              "ranks: add --tp");
     if (o.largest_on > 0) return largest_trainable(o);

@@ -515,6 +515,24 @@ TEST_CASE("bench/zero_memory --pp: a dry run of each pp rank holds its stages' s
   CHECK(std::fabs(last[6] - (8 * 8 * 768 * 2 + wte / 2 * 2)) < 1024);  // the gradients back
 }
 
+TEST_CASE("bench/zero_memory --simulate --pp: the first stage's step is its replay plus its wait for the others") {
+  const auto idle = [](const char* schedule) {
+    int status = 0;
+    const std::string json = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --simulate "
+                                         "--world-size 8 --pp 4 --micro-batches 8 --seq 64 --stage 1 --json "
+                                         "--schedule " + schedule, status);
+    REQUIRE(status == 0);
+    const auto record = nlohmann::json::parse(json)[0];
+    CHECK(record["pp"] == 4);
+    return std::pair{record["pipeline_idle_seconds"].get<double>(), record["step_seconds"].get<double>()};
+  };
+  const auto [one_f_one_b, step] = idle("1f1b");
+  CHECK(one_f_one_b > 0);
+  CHECK(one_f_one_b < step);
+  CHECK(idle("zb-h1").first < one_f_one_b);  // W fills the bubble
+  CHECK(idle("gpipe").first == doctest::Approx(one_f_one_b));  // the same bubble, more memory
+}
+
 TEST_CASE("bench/zero_memory --shard-group: hybrid sharding's states follow S, its traffic splits within and across") {
   int status = 0;
   const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 1.5b --world-size 64 --seq 8 "

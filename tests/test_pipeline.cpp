@@ -12,6 +12,8 @@
 #include "dist/pipeline/pipeline.h"
 #include "dist/pipeline/schedule.h"
 #include "dist/pipeline/stages.h"
+#include "dist/pipeline/step_time.h"
+#include "tensor/step_log.h"
 #include "tensor/context.h"
 #include "helpers.h"
 
@@ -417,6 +419,46 @@ TEST_CASE("a dry run at p = 4, m = 8 on the meta device: each rank's activation 
       }
     }
   }
+}
+
+}  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("the step-time model of a pipeline rank: its replayed actions, and the schedule's idle time at their mean") {
+  // Rank 0 of a GPT in 4 stages, alone over a fake group on the meta device, its step recorded.
+  const auto predict = [](ScheduleKind kind) {
+    Context dry(0);
+    ContextGuard guard(dry);
+    dist::FakeGroup pp(0, 4);
+    nn::GPTConfig config = four_layer_gpt();
+    config.n_embd = 32;
+    nn::GPT model(config, TensorOptions(DType::f32).device(kMeta));
+    const dist::Schedule s = dist::make_schedule(kind, 4, 8);
+    const dist::Stages stages = dist::gpt_stages(model, 4);
+    dist::Pipeline pipeline(pp, s, stages.chunks(s, 0), stages.loss, stages.tied);
+    pipeline.set_activation({2, 16, 32}, DType::f32);
+    const Tensor tokens = zeros({16, 16}, TensorOptions(DType::i64).device(kMeta));
+    StepLog log;
+    {
+      StepLogScope recording(log);
+      pipeline.run(tokens, tokens);
+    }
+    const dist::StepTime replay = dist::predict(log, dist::Machine{});
+    return std::pair{replay, dist::predict_pipeline(log, replay, s, 0)};
+  };
+  const auto [replay, one_f_one_b] = predict(ScheduleKind::one_f_one_b);
+  CHECK(one_f_one_b.action.forward > 0);
+  CHECK(one_f_one_b.action.backward_input + one_f_one_b.action.backward_weight > one_f_one_b.action.forward);
+  CHECK(one_f_one_b.step == replay.step + one_f_one_b.idle);
+  // Every stage as long as this one: 1F1B idles (p - 1) / (m + p - 1) of the step.
+  CHECK(one_f_one_b.idle / (one_f_one_b.idle + one_f_one_b.busy) == doctest::Approx(3.0 / 11).epsilon(1e-12));
+  const auto [zb_replay, zb_h1] = predict(ScheduleKind::zb_h1);
+  CHECK(zb_h1.idle < one_f_one_b.idle);  // W fills the bubble
+  CHECK(zb_h1.idle > 0);
+  // A log the pipeline did not record is refused by name.
+  CHECK_THROWS_WITH_AS(dist::predict_pipeline(StepLog{}, replay, dist::make_schedule(ScheduleKind::gpipe, 4, 8), 0),
+                       doctest::Contains("the log has no action's mark"), Error);
 }
 
 }  // namespace zg::test

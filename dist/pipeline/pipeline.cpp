@@ -6,6 +6,7 @@
 #include "autograd/graph.h"
 #include "dist/comm/agreement.h"
 #include "dist/zero/sharded_model.h"
+#include "tensor/step_log.h"
 #include "tensor/trace.h"
 
 namespace zg::dist {
@@ -212,6 +213,7 @@ double Pipeline::run(const Tensor& inputs, const Tensor& targets, double loss_sc
     }
     const Action& a = std::get<Action>(step);
     TraceRange range(a.str());
+    if (StepLog* log = StepLog::current()) log->mark(a.str());  // a dry run's: where each action begins (step_time.h)
     if (a.kind == Action::forward) forward(a, micro_inputs, micro_targets);
     else backward(a);  // B, I or W
   }
