@@ -130,10 +130,20 @@ class LanguageModelStage final : public nn::Module {
     }
     for (const auto& [path, m] : blocks_) plan.units.push_back(path);
     if (heads_) {
-      for (const auto& [path, m] : model_.finals) plan.root_after.push_back(path);
+      // Uses run in the plan's order, root_after's last: before a tied head the final norm
+      // is a unit of its own (ZeRO-3 would otherwise gather the head, then the norm, then
+      // the head again).
+      for (const auto& [path, m] : model_.finals) (model_.tied.empty() ? plan.root_after : plan.units).push_back(path);
       if (!model_.tied.empty()) plan.units.push_back(model_.tied), plan.tied.push_back(model_.tied);
     }
     return plan;
+  }
+  // The final modules unit_plan() makes units of, to run before a tied head.
+  std::vector<std::string> finals_before_tie() const {
+    std::vector<std::string> out;
+    if (heads_ && !embeds_ && !model_.tied.empty())
+      for (const auto& [path, m] : model_.finals) out.push_back(path);
+    return out;
   }
 
   Tensor forward(const Tensor& input) override {
@@ -195,6 +205,14 @@ class JoinedChunks final : public nn::Module {
         for (auto* list : {&p.units, &p.tied, &plan_.units, &plan_.tied}) std::erase(*list, tie), std::erase(*list, other->second);
         if (std::ranges::find(plan_.root_before, other->second) == plan_.root_before.end())
           plan_.root_before.push_back(other->second);
+        // The head's stage made its final norm a unit only to run before the tied head; untied,
+        // the norm is the root's again, its last use, so the root stays gathered through the head.
+        for (const auto& c : chunks)
+          if (const auto* stage = dynamic_cast<const LanguageModelStage*>(c.get()))
+            for (const std::string& path : stage->finals_before_tie()) {
+              for (auto* list : {&p.units, &plan_.units}) std::erase(*list, path);
+              p.root_after.push_back(path);
+            }
       }
       for (auto [to, from] : {std::pair{&plan_.units, &p.units}, {&plan_.root_before, &p.root_before},
                               {&plan_.root_after, &p.root_after}, {&plan_.tied, &p.tied},
