@@ -144,7 +144,7 @@ struct Record {
           paper_activation_layer = 0;
   // --pp P, --micro-batches M: this rank's pp rank, the micro-batches the schedule keeps in
   // flight on it, and what went to the pipeline group (activations and their gradients).
-  int pp = 1, pp_rank = 0, micro_batches = 1, held = 1;
+  int pp = 1, pp_rank = 0, micro_batches = 1, chunks = 1, held = 1;
   int64_t sent_pp = 0;
   // The host pool (offload), after backward as the device's; its peak over the steps.
   int64_t host_parameter = 0, host_gradient = 0, host_optimizer_state = 0, host_peak = 0, formula_host = 0;
@@ -168,6 +168,8 @@ struct Options {
   int world = 0, steps = 1;  // world 0: unset (4; under mpirun, its processes)
   int tp = 1;                // --tp: the model cut over T ranks, N / T data-parallel ranks
   int dry_rank = 0;          // --rank: the rank of N the meta dry run is
+  // --timeline's rank: the dry run's, or rank 0 of the threads.
+  int recorded_rank(Device device) const { return device.type == DeviceType::meta ? dry_rank : 0; }
   bool sequence_parallel = false;  // --sequence-parallel: and the activations between the cut layers
   Pipelining pipe;
   std::vector<int> worlds;   // --world-size's list (--simulate runs each)
@@ -231,17 +233,25 @@ Formula formula_states(const dist::ZeroConfig& zero, int64_t psi, int n) {
   return f;
 }
 
-// Elements sent per step within a shard group of n: gradients reduced once (2Ψ: a
-// reduce-scatter and an all-gather, or an all-reduce), and at ZeRO-3 the weights gathered
-// twice instead of once (3Ψ); each of the compute dtype.
-int64_t formula_sent(const dist::ZeroConfig& zero, int64_t psi, int n) {
-  const double elements = zero.placement().gathers_parameters() ? 3.0 * psi : 2.0 * psi;
+// Gradient reductions a step: one; under a pipeline of M micro-batches and V chunks a rank,
+// stages 2, 3 reduce at each of the V M backwards (every unit of the rank, zeros where the
+// pass had none), unless they reduce once (ZeroConfig::reduce_once).
+int reductions(const dist::ZeroConfig& zero, int micro_batches, int chunks) {
+  return zero.placement().frees_full_gradients() && !zero.reduce_once ? micro_batches * chunks : 1;
+}
+// Elements sent per step within a shard group of n: each reduction's Ψ (an all-reduce's
+// reduce-scatter half, or a reduce-scatter) and Ψ gathered (the all-reduce's other half,
+// or the step's all-gather) -- ZeRO-3 gathers for each micro-batch's forward and backward
+// instead, 2 M Ψ; each of the compute dtype. So 2Ψ, and 3Ψ at ZeRO-3, with one micro-batch.
+int64_t formula_sent(const dist::ZeroConfig& zero, int64_t psi, int n, int micro_batches, int chunks) {
+  const double gathered = zero.placement().gathers_parameters() ? 2.0 * micro_batches : 1.0;
+  const double elements = (reductions(zero, micro_batches, chunks) + gathered) * static_cast<double>(psi);
   return static_cast<int64_t>(elements * static_cast<double>(element_size(zero.compute_dtype)) * (n - 1) / n);
 }
-// Hybrid sharding, across r groups of s: the all-reduce of each gradient shard, Ψ/s elements.
-int64_t formula_sent_across(const dist::ZeroConfig& zero, int64_t psi, int s, int r) {
-  return static_cast<int64_t>(2.0 * (r - 1) / r * static_cast<double>(psi) / s *
-                              static_cast<double>(element_size(zero.compute_dtype)));
+// Hybrid sharding, across r groups of s: each reduction's all-reduce of the gradient shard, Ψ/s elements.
+int64_t formula_sent_across(const dist::ZeroConfig& zero, int64_t psi, int s, int r, int micro_batches, int chunks) {
+  return static_cast<int64_t>(reductions(zero, micro_batches, chunks) * 2.0 * (r - 1) / r * static_cast<double>(psi) /
+                              s * static_cast<double>(element_size(zero.compute_dtype)));
 }
 
 // The host memory this process can still take: Linux's MemAvailable estimate, or less
@@ -271,9 +281,10 @@ void check_host_memory(const Options& o, const Preset& preset, const std::vector
            format_bytes(available), " is available. --device meta gives the figures without allocating them");
 }
 
-// --timeline: one recording of every rank's steps (ranks may be threads: rank 0 starts
-// and ends it, between barriers).
+// --timeline: one recording of every rank's steps (ranks may be threads: the recorded
+// rank starts and ends it, between barriers).
 struct TimelineRun {
+  int rank = 0;  // the recorded rank
   MemoryTimeline timeline;
   std::optional<MemoryTimelineRecording> recording;
 };
@@ -307,8 +318,9 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& 
   const Formula formula = formula_states(zero, psi, r.shard_group);
   r.formula_states = formula.device;
   r.formula_host = formula.host;
-  r.formula_sent_across = formula_sent_across(zero, psi, r.shard_group, r.world_size / tp / r.pp / r.shard_group);
-  r.formula_sent = formula_sent(zero, psi, r.shard_group) + r.formula_sent_across;
+  r.formula_sent_across =
+      formula_sent_across(zero, psi, r.shard_group, r.world_size / tp / r.pp / r.shard_group, r.micro_batches, r.chunks);
+  r.formula_sent = formula_sent(zero, psi, r.shard_group, r.micro_batches, r.chunks) + r.formula_sent_across;
   r.tp = tp;
   r.sequence_parallel = sp;
   if (tp == 1 || r.pp > 1) return;  // Korthikanti et al.'s formulas are for the whole model
@@ -388,7 +400,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
   context.host_allocator(host)->reset_peaks();
   if (run) {
     group.barrier();
-    if (group.rank() == 0) run->recording.emplace(run->timeline);
+    if (group.rank() == run->rank) run->recording.emplace(run->timeline);
     group.barrier();
   }
   const TensorOptions ids = TensorOptions(DType::i64).device(device);
@@ -399,6 +411,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
            .construction_peak = construction_peak};
   if (pipeline) {
     r.pp = pipe.pp, r.pp_rank = built.pp().rank(), r.micro_batches = pipe.micro_batches;
+    r.chunks = built.schedule->chunks;
     r.held = dist::simulate(*built.schedule).peak_activations()[static_cast<size_t>(r.pp_rank)];
   }
   for (int s = 0; s < steps; ++s) {
@@ -447,7 +460,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
   }
   if (run) {
     group.barrier();
-    if (group.rank() == 0) run->recording.reset();
+    if (group.rank() == run->rank) run->recording.reset();
   }
   const MemoryStats s = context.memory_stats(device);
   r.activation = s.peak_of(MemoryCategory::activation);
@@ -795,7 +808,7 @@ MemoryPanel write_timeline(const Options& o, const TimelineRun& run, const Recor
   if (r.offload != dist::Offload::none) levels.push_back({"host formula", r.formula_host, true});
   const std::string trace = chrome_trace_json(run.timeline, levels);
   write_file_atomically(base + ".json", trace, "zero_memory --timeline");
-  MemoryPanel panel{setting_title(r.stage, r.offload), memory_series(trace, 0, device.str()), levels, o.caching};
+  MemoryPanel panel{setting_title(r.stage, r.offload), memory_series(trace, r.rank, device.str()), levels, o.caching};
   write_file_atomically(base + ".svg", memory_figure_svg({panel}, setting_title(r.stage, r.offload) + ": " + what),
                         "zero_memory --timeline");
   return panel;
@@ -851,7 +864,9 @@ std::vector<Record> measure_setting(const Options& o, const Preset& preset, Sett
 // most sharded, whose bands the shared scale makes thin) again on a scale of its own.
 std::vector<Record> record_timelines(const Options& o, const Preset& preset, const std::vector<Setting>& settings,
                                      Device device, bool use_nccl) {
-  const std::string what = "GPT " + o.model_name + ", rank 0 of " + std::to_string(o.world) + " on " + device.str() +
+  const int shown = o.recorded_rank(device);
+  const std::string what = "GPT " + o.model_name + ", rank " + std::to_string(shown) + " of " + std::to_string(o.world) +
+                           " on " + device.str() +
                            ", " + name(o.zero.compute_dtype) + " compute" +
                            (preset.config.activation_checkpointing ? ", activation checkpointing" : "") + ", " +
                            std::to_string(o.steps) + (o.steps == 1 ? " step" : " steps");
@@ -859,10 +874,12 @@ std::vector<Record> record_timelines(const Options& o, const Preset& preset, con
   std::vector<MemoryPanel> panels;
   for (const Setting& setting : settings) {
     TimelineRun run;
+    run.rank = shown;
     const std::vector<Record> measured = measure_setting(o, preset, setting, device, use_nccl, &run);
     records.insert(records.end(), measured.begin(), measured.end());
-    const Record& rank0 = *std::find_if(measured.begin(), measured.end(), [](const Record& r) { return r.rank == 0; });
-    panels.push_back(write_timeline(o, run, rank0, device, what));
+    const Record& recorded =
+        *std::find_if(measured.begin(), measured.end(), [&](const Record& r) { return r.rank == shown; });
+    panels.push_back(write_timeline(o, run, recorded, device, what));
   }
   std::string scales = " (one scale)";
   if (panels.size() > 1) {
@@ -892,7 +909,8 @@ std::string tensor_parallel_json(const Record& r) {
 std::string pipeline_json(const Options& o, const Record& r) {
   if (r.pp == 1 && r.micro_batches == 1) return "";
   return concat(", \"pp\": ", r.pp, ", \"pp_rank\": ", r.pp_rank, ", \"schedule\": \"", o.pipe.schedule,
-                "\", \"micro_batches\": ", r.micro_batches, ", \"held_micro_batches\": ", r.held,
+                "\", \"micro_batches\": ", r.micro_batches, ", \"chunks\": ", r.chunks,
+                ", \"held_micro_batches\": ", r.held, ", \"reduce_once\": ", o.zero.reduce_once ? "true" : "false",
                 ", \"sent_pipeline\": ", r.sent_pp);
 }
 
@@ -982,8 +1000,10 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
     std::printf("\n%s, %lld row%s a micro-batch; held: the micro-batches whose activations the schedule\n"
                 "keeps on that pp rank at once (dist::simulate); sent pp: of sent/step, the activations and\n"
                 "gradients sent to the other stages and the tied embedding's gradient; model states and their\n"
-                "formula are the rank's stages'. Each micro-batch's backward reduces the gradients again (and\n"
-                "ZeRO-3 gathers again), so sent/step is above the formula, which reduces once.\n",
+                "formula are the rank's stages'. Stages 0, 1 (and 2, 3 with --reduce-once) reduce the gradients\n"
+                "once a step, stages 2, 3 at each backward; the formula counts them so, and ZeRO-3's gathers as\n"
+                "one for each micro-batch's forward and one for its backward (fewer run: an embedding's backward\n"
+                "reads no weights, and the last stage keeps its head from F to B). sent/step adds sent pp.\n",
                 o.pipe.make().describe().c_str(), static_cast<long long>(o.batch), o.batch == 1 ? "" : "s");
   if (tp_formulas)
     std::printf("\nsent tp: of sent/step, what went to the tensor-parallel group (formula: Megatron's %s);\n"
@@ -1073,6 +1093,7 @@ void usage() {
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--tp T [--sequence-parallel]] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
       "                   [--pp P] [--schedule gpipe|1f1b|interleaved|zb-h1|zb-h2] [--micro-batches M] [--chunks V]\n"
+      "                   [--reduce-once]\n"
       "                   [--compute bf16|f32] [--checkpointing] [--caching] [--timeline DIR]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--stage S,S,...] [--tflops X] [--memory-gbps X]\n"
       "                   [--kernel-us X] [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X]\n"
@@ -1097,12 +1118,14 @@ void usage() {
       "  groups (pp outermost), N = P x data-parallel x T ranks; --schedule (1f1b by default) runs\n"
       "  --micro-batches M of --batch rows each a step. A rank's row: its stages' states and activations;\n"
       "  with --simulate, the first stage's step time and its wait for the others (idle ms).\n"
+      "--reduce-once (stages 2, 3; with --micro-batches): each unit's full gradient kept over the micro-batches,\n"
+      "  reduced once a step instead of each (stages 0, 1 always reduce once).\n"
       "--compute: the dtype of the forward and backward (bf16 default; master weights and Adam stay f32).\n"
       "--checkpointing: each block's activations recomputed in backward instead of kept.\n"
       "--caching (meta): through the GPU's caching allocator over a simulated device: reserved bytes as\n"
       "a GPU's cache would hold them (segments, 512 B rounding, freed blocks kept for reuse).\n"
       "--timeline DIR: every allocation of the steps, per setting a trace for ui.perfetto.dev\n"
-      "(stage-S.json) and a figure (stage-S.svg); all.svg puts rank 0 of each on one scale (and the\n"
+      "(stage-S.json) and a figure (stage-S.svg); all.svg puts rank 0 (--rank) of each on one scale (and the\n"
       "last setting again on its own).\n"
       "--simulate: the step-time model's step time for each N and stage; --schedule-svg FILE draws each\n"
       "step's compute and communication in time (a Gantt chart). --bucket-bytes: DDP's gradient buckets.\n");
@@ -1184,6 +1207,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--sequence-parallel") o.sequence_parallel = true;
     else if (a == "--pp") o.pipe.pp = static_cast<int>(number(1, 1 << 20));
     else if (a == "--micro-batches") o.pipe.micro_batches = static_cast<int>(number(1, 1 << 16));
+    else if (a == "--reduce-once") o.zero.reduce_once = true;
     else if (a == "--chunks") o.pipe.chunks = static_cast<int>(number(1, 1 << 10));
     else if (a == "--schedule") o.pipe.schedule = value();
     else if (a == "--shard-group") o.zero.shard_group_size = static_cast<int>(number(1, 1 << 20));

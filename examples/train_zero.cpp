@@ -55,7 +55,7 @@ struct Flags : examples::TrainingFlags {
   int64_t tp = 1;                              // tensor-parallel ranks a layer
   int64_t pp = 1, micro_batches = 1, chunks = 0;  // pipeline stages' ranks; chunks 0: the schedule's default
   std::string schedule = "1f1b";
-  bool sequence_parallel = false;
+  bool sequence_parallel = false, reduce_once = false;
   int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
   std::vector<std::string> keep_after_forward;
   std::string group = "auto";
@@ -83,6 +83,8 @@ void usage() {
                "  --schedule S       the pipeline's order: gpipe, 1f1b, interleaved, zb-h1 or zb-h2 (default 1f1b)\n"
                "  --micro-batches M  each data-parallel rank's rows split into M micro-batches (default 1)\n"
                "  --chunks V         stages a rank holds: 1, or V >= 2 for interleaved (default: 2 for interleaved)\n"
+               "  --reduce-once      stages 2, 3 with --micro-batches: keep each unit's full gradient over the\n"
+               "                     micro-batches and reduce it once a step, not each (FSDP2's no-sync)\n"
 
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
                "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
@@ -117,6 +119,7 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--chunks") f.chunks = flag.count(1);
     else if (a == "--schedule") f.schedule = flag.value();
     else if (a == "--sequence-parallel") f.sequence_parallel = true;
+    else if (a == "--reduce-once") f.reduce_once = true;
     else if (a == "--prefetch-bytes") f.prefetch_bytes = flag.count(0);
     else if (a == "--keep-after-forward") {
       const std::string list = flag.value();
@@ -163,7 +166,7 @@ dist::ZeroConfig zero_config(const Flags& f) {
           .offload = f.offloaded(),
           .keep_after_forward = f.keep_after_forward,
           .prefetch_bytes = f.prefetch_bytes,
-          .shard_group_size = static_cast<int>(f.shard_group)};
+          .shard_group_size = static_cast<int>(f.shard_group), .reduce_once = f.reduce_once};
 }
 
 // Refuses what ZeroConfig::problem finds wrong at the data-parallel ranks (known once the

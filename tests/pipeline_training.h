@@ -45,9 +45,10 @@ inline constexpr int kSteps = 5, kRows = 16, kSeq = 8;
 
 enum class Arch { gpt, llama };
 
-// How a run computes: f64 (exact comparisons), or bf16 with a loss scaler; blocks recomputed or not.
+// How a run computes: f64 (exact comparisons), or bf16 with a loss scaler; blocks recomputed
+// or not; at ZeRO-2 and 3, gradients reduced each micro-batch or once a step.
 struct Mode {
-  bool checkpointing = false, scaled_bf16 = false;
+  bool checkpointing = false, scaled_bf16 = false, reduce_once = false;
   DType weights() const { return scaled_bf16 ? DType::f32 : DType::f64; }
 };
 
@@ -79,7 +80,7 @@ inline Tensor tokens(int64_t seed) {
 
 inline dist::ZeroConfig config(int stage, Mode mode) {
   return {.stage = stage, .compute_dtype = mode.scaled_bf16 ? DType::bf16 : DType::f64, .adamw = {0.9, 0.95, 1e-8, 0.1},
-          .max_grad_norm = 0.5};
+          .max_grad_norm = 0.5, .reduce_once = mode.reduce_once};
 }
 
 inline std::optional<optim::GradScaler> scaler_for(Mode mode) {
@@ -90,6 +91,7 @@ inline std::optional<optim::GradScaler> scaler_for(Mode mode) {
 struct Run {
   std::vector<double> losses, norms;
   std::map<std::string, Tensor> weights;  // the whole weights at the end, by name
+  int64_t data_parallel_bytes = 0;         // rank 0's sent in its dp_shard group by the steps
 };
 
 // Steps [first, last), resumed from a save and saved at the end where named.
@@ -155,6 +157,7 @@ inline Run pipelined(const Layout& l, const Span& span = {}) {
     const int64_t rows = kRows / l.dp, first = mesh.coordinate("dp_shard") * rows;
     std::vector<double> losses, norms;
     span.begin(sharded);
+    mesh.group("dp_shard").reset_bytes_sent();  // the steps' (not the build's broadcast)
     for (int step = span.first; step < span.last; ++step) {
       sharded.zero_grad();
       const Tensor loss = full({1}, pipeline.run(tokens(100 + step).narrow(0, first, rows),
@@ -167,6 +170,7 @@ inline Run pipelined(const Layout& l, const Span& span = {}) {
     span.end(sharded);
     const nn::NamedTensors weights = sharded.consolidated_state();
     std::lock_guard lock(mutex);
+    if (world.rank() == 0) run.data_parallel_bytes = mesh.group("dp_shard").bytes_sent();
     if (run.losses.empty()) run.losses = losses, run.norms = norms;
     CHECK(losses == run.losses);  // every rank returns the same loss
     for (const auto& [name, w] : weights) {

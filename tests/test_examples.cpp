@@ -495,7 +495,7 @@ TEST_CASE("bench/zero_memory --pp: a dry run of each pp rank holds its stages' s
                                         " --schedule " + schedule, status);
     REQUIRE(status == 0);
     std::smatch m;
-    REQUIRE(std::regex_search(out, m, std::regex(R"re("params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": (\d+), .*"formula_model_states": (\d+), .*"pp": 4, "pp_rank": (\d), "schedule": "[a-z0-9]+", "micro_batches": 8, "held_micro_batches": (\d+), "sent_pipeline": (\d+)\})re")));
+    REQUIRE(std::regex_search(out, m, std::regex(R"re("params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": (\d+), .*"formula_model_states": (\d+), .*"pp": 4, "pp_rank": (\d), "schedule": "[a-z0-9]+", "micro_batches": 8, "chunks": 1, "held_micro_batches": (\d+), "reduce_once": false, "sent_pipeline": (\d+)\})re")));
     return std::vector<double>{std::stod(m[1]), std::stod(m[2]) + std::stod(m[3]) + std::stod(m[4]), std::stod(m[5]),
                                std::stod(m[6]), std::stod(m[7]), std::stod(m[8]), std::stod(m[9])};
   };

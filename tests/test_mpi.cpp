@@ -232,6 +232,7 @@ TEST_CASE("train_zero --pp: mpirun -n 4 --pp 4 --micro-batches 8 --schedule 1f1b
                         {"--ranks 2 --pp 2 --micro-batches 4 --schedule gpipe --stage 2",
                          "--ranks 4 --pp 2 --micro-batches 2 --schedule interleaved --stage 1",
                          "--ranks 4 --pp 2 --tp 2 --micro-batches 4 --stage 3",
+                         "--ranks 4 --pp 2 --micro-batches 4 --schedule interleaved --stage 3 --reduce-once",
                          "--ranks 4 --pp 4 --micro-batches 8 --schedule zb-h1 --stage 1",
                          "--ranks 4 --pp 2 --micro-batches 4 --schedule zb-h2 --stage 2",
                          "--ranks 1 --micro-batches 4 --stage 0"});

@@ -32,6 +32,29 @@ TEST_CASE("activation checkpointing, bf16 compute and a loss scaler compose with
   CHECK(std::fabs(bf16.losses.back() - want.losses.back()) < 0.05);  // (bf16 trains as f64 does)
 }
 
+TEST_CASE("ZeRO-2 and 3 reducing once a step (ZeroConfig::reduce_once): one rank's steps, one reduction, not m") {
+  const Run want = one_rank(Arch::gpt);
+  for (int stage : {2, 3})
+    for (ScheduleKind kind : {ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1}) {
+      if (stage == 3 && kind == ScheduleKind::zb_h1) continue;  // refused (below)
+      const int v = kind == ScheduleKind::interleaved ? 2 : 1;  // two chunks a rank, one reduction
+      INFO(std::string(dist::name(kind)) << " ZeRO stage " << stage);
+      const Run once = pipelined({Arch::gpt, kind, 2, 4, v, 2, stage, 1, {.reduce_once = true}});
+      check_same_steps(once, want);
+      // ZeRO-2's traffic a step: each of the v m backwards reduce-scatters every unit of the
+      // rank (with zeros where it has no gradient), X bytes; reducing once, one of them. The
+      // rest (the step's all-gather, the loss, the norm) does not depend on m.
+      if (stage != 2) continue;
+      const auto bytes = [&](int m, bool reduce_once) {
+        return pipelined({Arch::gpt, kind, 2, m, v, 2, stage, 1, {.reduce_once = reduce_once}}).data_parallel_bytes;
+      };
+      const int64_t x = (bytes(4, false) - bytes(2, false)) / (2 * v * kSteps);
+      CHECK(x > 0);
+      CHECK(bytes(2, true) == once.data_parallel_bytes);
+      CHECK(bytes(4, false) - once.data_parallel_bytes == (4 * v - 1) * x * kSteps);
+    }
+}
+
 TEST_CASE("zero-bubble schedules refuse chunks whose ZeRO-3 frees the weights W reads") {
   CHECK_THROWS_WITH_AS(pipelined({Arch::gpt, ScheduleKind::zb_h1, 2, 4, 1, 2, 3}),
                        doctest::Contains("pipeline: zb-h1 runs each micro-batch's W after its I, and a ZeRO-3 "

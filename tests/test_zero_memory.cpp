@@ -159,6 +159,42 @@ TEST_CASE("GPT-2 124M: model states equal the formulas up to padding (< 0.5%) fo
     }
 }
 
+TEST_CASE("stages 2 and 3 with gradient sync off hold the full gradient between micro-batches and reduce once") {
+  // Rank 0 of 8 on the meta device, bf16 compute, 4 micro-batches: sync off for the first
+  // three keeps every unit's full gradient (in the accumulate dtype: bf16, or f32 when
+  // wider) and drops three of the four reduce-scatters, (N - 1)/N x padded x 2 bytes each.
+  constexpr int n = 8, micro = 4;
+  for (int stage : {2, 3})
+    for (DType accumulate : {DType::bf16, DType::f32}) {
+      INFO("stage " << stage << ", accumulate " << name(accumulate));
+      int64_t held[2], sent[2], shard_bytes = 0;
+      for (bool sync_every : {true, false}) {
+        Context rank0;
+        ContextGuard guard(rank0);
+        dist::FakeGroup group(0, n);
+        nn::GPT model(zero_config(), kMeta);
+        dist::ShardedModel sharded(model, group, {.stage = stage, .compute_dtype = DType::bf16,
+                                                  .accumulate_dtype = accumulate});
+        const Tensor ids = zeros({1, 16}, TensorOptions(DType::i64).device(kMeta));
+        sharded.zero_grad();
+        shard_bytes = memory_stats(kMeta)[MemoryCategory::gradient];  // the gradient shard alone
+        group.reset_bytes_sent();
+        for (int k = 0; k < micro; ++k) {
+          sharded.set_gradient_sync(sync_every || k == micro - 1);
+          model.forward(ids, ids).loss.backward();
+          if (k == 0) held[sync_every] = memory_stats(kMeta)[MemoryCategory::gradient];
+        }
+        sent[sync_every] = group.bytes_sent();
+        CHECK(memory_stats(kMeta)[MemoryCategory::gradient] == shard_bytes);  // the full gradients freed at the sync
+        sharded.step(1e-3);
+      }
+      const int64_t padded = n * shard_bytes / element_size(accumulate);  // every unit's, elements
+      CHECK(held[true] == shard_bytes);
+      CHECK(held[false] == shard_bytes + padded * element_size(accumulate));
+      CHECK(sent[true] - sent[false] == (micro - 1) * (n - 1) * padded / n * 2);
+    }
+}
+
 TEST_CASE("memory does not grow step after step, at any stage") {
   for (int stage = 0; stage <= 3; ++stage) {
     INFO("stage " << stage);

@@ -1,5 +1,6 @@
 #include "dist/pipeline/pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/functions.h"
@@ -13,6 +14,26 @@ namespace zg::dist {
 
 namespace {
 constexpr int kMaxDims = 8;
+
+// The owners' gradient sync as the caller left it, put back however the step ends; the
+// step syncs only where the caller did.
+class GradientSyncGuard {
+ public:
+  explicit GradientSyncGuard(const std::vector<ShardedModel*>& owners) {
+    for (ShardedModel* owner : owners) wanted_.emplace_back(owner, owner->gradient_sync());
+  }
+  ~GradientSyncGuard() {
+    for (auto [owner, sync] : wanted_) owner->set_gradient_sync(sync);
+  }
+  // Before a backward: on where the caller wants it, and once a step (the rank's last
+  // backward) where the owner reduces once.
+  void before_backward(bool last) const {
+    for (auto [owner, sync] : wanted_) owner->set_gradient_sync(sync && (last || !owner->reduces_once()));
+  }
+
+ private:
+  std::vector<std::pair<ShardedModel*, bool>> wanted_;
+};
 }  // namespace
 
 Pipeline::Pipeline(ProcessGroup& pp, Schedule schedule, std::vector<std::shared_ptr<nn::Module>> chunks,
@@ -175,22 +196,31 @@ void Pipeline::sum_tied() {
   for (size_t i = 0; i < tied_.size(); ++i) tied_[i].grad().add_(theirs[i]);  // a + b == b + a: both ends alike
 }
 
-// ZeRO-3 frees a unit's gathered weights once its backward pass ends; a W after that pass
-// may read them again (the fused MLP's weight gradients need dh = g W2).
-void Pipeline::check_weights_outlive_i() const {
-  if (!schedule_.splits_backward()) return;
+// The ShardedModels holding the chunks' parameters (none when they are plain modules).
+std::vector<ShardedModel*> Pipeline::owners() const {
+  std::vector<ShardedModel*> out;
   for (const auto& chunk : chunks_)
     for (const Tensor& p : chunk->parameters())
-      if (const auto* owner = dynamic_cast<const ShardedModel*>(ParameterOwner::of(p)))
-        ZG_CHECK(!owner->placement().gathers_parameters(), "pipeline: ", name(schedule_.kind), " runs each micro-batch's "
-                 "W after its I, and ", owner->describe(), " frees a unit's gathered weights at the end of I, which W "
-                 "may read; use ZeRO stage 0, 1 or 2 with the zero-bubble schedules, or 1f1b");
+      if (auto* owner = dynamic_cast<ShardedModel*>(ParameterOwner::of(p)); owner && std::ranges::find(out, owner) == out.end())
+        out.push_back(owner);
+  return out;
+}
+
+// ZeRO-3 frees a unit's gathered weights once its backward pass ends; a W after that pass
+// may read them again (the fused MLP's weight gradients need dh = g W2).
+void Pipeline::check_weights_outlive_i(const std::vector<ShardedModel*>& owners) const {
+  if (!schedule_.splits_backward()) return;
+  for (const ShardedModel* owner : owners)
+    ZG_CHECK(!owner->placement().gathers_parameters(), "pipeline: ", name(schedule_.kind), " runs each micro-batch's "
+             "W after its I, and ", owner->describe(), " frees a unit's gathered weights at the end of I, which W "
+             "may read; use ZeRO stage 0, 1 or 2 with the zero-bubble schedules, or 1f1b");
 }
 
 double Pipeline::run(const Tensor& inputs, const Tensor& targets, double loss_scale) {
   ZG_CHECK(std::isfinite(loss_scale) && loss_scale > 0, "pipeline: the loss scale must be positive and finite, got ",
            loss_scale);
-  check_weights_outlive_i();
+  const std::vector<ShardedModel*> sharded = owners();
+  check_weights_outlive_i(sharded);
   loss_scale_ = loss_scale;
   const int m = schedule_.micro_batches, rank = pp_->rank(), last = schedule_.stages() - 1;
   const bool first_here = schedule_.rank_of(0) == rank, last_here = schedule_.rank_of(last) == rank;
@@ -206,6 +236,13 @@ double Pipeline::run(const Tensor& inputs, const Tensor& targets, double loss_sc
   const std::vector<Tensor> micro_targets = last_here ? split(targets, "targets") : std::vector<Tensor>();
   loss_sum_ = 0;
   held_.clear(), mailbox_.clear(), activations_.clear();  // what a step that threw left; this step's shapes
+  // Gradients reduced once, in the rank's last backward (B or W), where the owner says so.
+  const auto last_backward = std::ranges::find_if(plan_.rbegin(), plan_.rend(), [](const PlanStep& step) {
+    const auto* a = std::get_if<Action>(&step);
+    return a && (a->kind == Action::backward || a->kind == Action::backward_weight);
+  });
+  const PlanStep* last_gradients = last_backward == plan_.rend() ? nullptr : &*last_backward;
+  const GradientSyncGuard sync(sharded);
   for (const PlanStep& step : plan_) {
     if (const auto* e = std::get_if<Exchange>(&step)) {
       exchange(*e);
@@ -214,8 +251,12 @@ double Pipeline::run(const Tensor& inputs, const Tensor& targets, double loss_sc
     const Action& a = std::get<Action>(step);
     TraceRange range(a.str());
     if (StepLog* log = StepLog::current()) log->mark(a.str());  // a dry run's: where each action begins (step_time.h)
-    if (a.kind == Action::forward) forward(a, micro_inputs, micro_targets);
-    else backward(a);  // B, I or W
+    if (a.kind == Action::forward) {
+      forward(a, micro_inputs, micro_targets);
+      continue;
+    }
+    sync.before_backward(&step == last_gradients);
+    backward(a);  // B, I or W
   }
   sum_tied();
   const Tensor mean = full({1}, last_here ? loss_sum_ / m : 0.0,

@@ -23,6 +23,10 @@
 // first rank). ZeRO-3 frees a unit's gathered weights after its backward, which W may
 // still read (the fused MLP's weight gradients), so chunks in a ZeRO-3 ShardedModel are
 // refused for these schedules; stages 0-2 reduce each weight's gradient in W.
+//   Chunks in a ShardedModel accumulate the micro-batches' gradients unreduced and have
+// them reduced once, in the rank's last backward, where the owner reduces once
+// (ShardedModel::reduces_once: stages 0, 1, and 2, 3 with ZeroConfig::reduce_once);
+// otherwise each backward reduce-scatters its micro-batch into the shard.
 #pragma once
 
 #include <functional>
@@ -38,6 +42,8 @@
 #include "nn/module.h"
 
 namespace zg::dist {
+
+class ShardedModel;
 
 // The last stage's loss of one micro-batch: a scalar, its mean over the micro-batch.
 using PipelineLoss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
@@ -82,7 +88,8 @@ class Pipeline {
   Tensor take(const Message& m);  // out of the mailbox: m, received or handed over by this rank's other chunk
   const std::pair<Shape, DType>& activation_of(const Message& m) const;  // its boundary's, from micro-batch 0
   void sum_tied();  // the two ends add each other's gradients of the tied parameters
-  void check_weights_outlive_i() const;  // zero-bubble schedules: no ZeRO-3 chunk
+  std::vector<ShardedModel*> owners() const;  // the ShardedModels holding the chunks' parameters
+  void check_weights_outlive_i(const std::vector<ShardedModel*>& owners) const;  // zero-bubble: no ZeRO-3 chunk
   // Where the chunks' parameters are (the CPU if they have none): received activations land there.
   static Device device_of(const std::vector<std::shared_ptr<nn::Module>>& chunks);
 

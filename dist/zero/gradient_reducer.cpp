@@ -154,11 +154,10 @@ void GradientReducer::reduce_the_rest() {
 }
 
 void GradientReducer::reduce(Bucket& bucket) {
-  if (!placement_.frees_full_gradients()) unsynced_ = !sync_;
+  unsynced_ = !sync_;
   bucket.arrived = 0;
   bucket.reduced = true;
-  InFlight job = bucket.unit->reduce_gradients(bucket.begin, bucket.end, bucket.tag,
-                                               sync_ || placement_.frees_full_gradients());
+  InFlight job = bucket.unit->reduce_gradients(bucket.begin, bucket.end, bucket.tag, sync_);
   if (!job.work) return;
   in_flight_.push_back(std::move(job));
   finish(2);

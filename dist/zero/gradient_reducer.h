@@ -36,6 +36,7 @@ class GradientReducer {
   void hook(std::weak_ptr<ParameterOwner> alive, std::function<void()> on_backward_end);
 
   void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
   void reduce_unit(Unit& unit);           // ZeRO-3: the unit's backward is done
   void finish(size_t keep_in_flight = 0);  // waits for the oldest until at most that many remain
   void reduce_the_rest();                 // of this backward's buckets, in the fixed order
@@ -76,7 +77,7 @@ class GradientReducer {
   std::weak_ptr<ParameterOwner> alive_;
   std::function<void()> on_backward_end_;
   bool sync_ = true;
-  bool unsynced_ = false;  // DDP, ZeRO-1: the last backward kept its gradients local (sync off)
+  bool unsynced_ = false;  // the last backward kept its gradients local (sync off)
 };
 
 }  // namespace zg::dist

@@ -323,6 +323,7 @@ void ShardedModel::materialize_replicated() {
 ShardedModel::~ShardedModel() = default;
 
 void ShardedModel::set_gradient_sync(bool sync) { reducer_->set_sync(sync); }
+bool ShardedModel::gradient_sync() const { return reducer_->sync(); }
 
 const Placement& ShardedModel::placement() const { return context_->placement; }
 
@@ -330,7 +331,8 @@ std::string ShardedModel::describe() const {
   const std::string hybrid = replica_group() == nullptr ? "" : " (hybrid: shard groups of " +
       std::to_string(shard_group().size()) + " ranks, " + std::to_string(replica_group()->size()) + " replicas)";
   const std::string cut = tp_ ? ", its layers cut across " + std::to_string((*tp_)->size()) + " tensor-parallel ranks" : "";
-  return "a " + placement().name() + hybrid + " ShardedModel" + cut;
+  const std::string once = config_.reduce_once ? ", reducing gradients once a step" : "";
+  return "a " + placement().name() + hybrid + " ShardedModel" + cut + once;
 }
 
 std::vector<Unit*> ShardedModel::units() const {

@@ -122,13 +122,19 @@ class ShardedModel final : public ParameterOwner {
   ~ShardedModel() override;
   std::string describe() const override;  // "a ZeRO-2 ShardedModel"
 
-  // Gradient accumulation: with sync off, stages 0 and 1 keep accumulating full
-  // gradients locally; turn it back on for the last micro-batch (step() refuses to run
-  // after a backward whose gradients were never reduced). Leaving it on for every
-  // micro-batch is correct too, at the cost of a reduction per micro-batch. Stages 2 and
-  // 3 ignore it: keeping no full gradient between micro-batches is the memory they save,
-  // so each micro-batch is reduce-scattered and added into the rank's shard.
+  // Gradient accumulation (FSDP2's set_requires_gradient_sync): with sync off a backward
+  // reduces nothing and each unit keeps its full gradient for the next micro-batch to add
+  // into; turn it back on for the last micro-batch, which reduces the sum once (step()
+  // refuses to run after a backward whose gradients were never reduced). Leaving it on
+  // is correct too: a reduction per micro-batch. Stages 0 and 1 keep the full gradient
+  // anyway; at stages 2 and 3 sync off holds it (2 bytes a bf16 parameter; in
+  // ZeroConfig::accumulate_dtype if wider) between the micro-batches -- the memory those
+  // stages save, traded for 1/M of their gradient traffic.
   void set_gradient_sync(bool sync);
+  bool gradient_sync() const;
+  // Whether a Pipeline turns sync off for all but a step's last backward: stages 0, 1
+  // always; stages 2, 3 with ZeroConfig::reduce_once.
+  bool reduces_once() const { return !placement().frees_full_gradients() || config_.reduce_once; }
   // Also what the model's Module::zero_grad() calls (ParameterOwner).
   void zero_grad() override;
   // Norm (reduced across ranks), inf/NaN check, clipping, AdamW on the local slices,

@@ -246,6 +246,8 @@ void Unit::ensure_full_gradient() {
 //                  reduce-scattered into a `communication` buffer (hybrid sharding:
 //                  within the shard group, then all-reduced across the groups), added
 //                  into the persistent gradient shard, and freed
+// With `sync` false every stage keeps the full gradient for the next micro-batch to add
+// into (ZeRO-2, 3: FSDP2's set_requires_gradient_sync(False)) and sends nothing.
 // Offloaded, the gradient shard is in host memory: slice r goes down to it once reduced.
 InFlight Unit::reduce_gradients(int64_t begin, int64_t end, int64_t tag, bool sync) {
   TraceRange range("reduce_gradients " + spec_.name);
@@ -253,7 +255,7 @@ InFlight Unit::reduce_gradients(int64_t begin, int64_t end, int64_t tag, bool sy
   CollectiveTag scope(tag);
   if (ctx_.placement.all_reduces_gradients()) return all_reduce_bucket(begin, end, sync);
   if (ctx_.placement.sums_into_full_gradient()) return reduce_scatter_into_full(sync);
-  return reduce_scatter_and_free();
+  return reduce_scatter_and_free(sync);
 }
 
 InFlight Unit::all_reduce_bucket(int64_t begin, int64_t end, bool sync) {
@@ -293,13 +295,29 @@ InFlight Unit::reduce_scatter_into_full(bool sync) {
   return job;
 }
 
+// ZeRO-2, 3 between synced micro-batches: autograd adds into the kept full gradient, in
+// the compute dtype; a wider accumulate dtype sums the micro-batches in `grad_unsynced_`
+// instead, as the shard would have, and frees each micro-batch's full gradient.
+void Unit::keep_unsynced(bool last) {
+  if (ctx_.accumulate_dtype == ctx_.compute_dtype || (last && !grad_unsynced_.defined())) return;
+  if (!grad_unsynced_.defined())
+    grad_unsynced_ = allocate(spec_.padded, ctx_.accumulate_dtype, ctx_.device, MemoryCategory::gradient, true);
+  backend(ctx_.device).binary(BinaryOp::add, grad_unsynced_, moved(grad_full_, ctx_.device, ctx_.accumulate_dtype),
+                              grad_unsynced_);
+  point_grads(Tensor());
+  grad_full_ = Tensor();
+}
+
 // A unit none of whose parameters got a gradient here still takes part, with zeros: on
 // other ranks they may have. The full gradient is freed here as far as this rank's code
 // goes: a host group's queued collective holds the buffer until it has run; on NCCL,
 // record_stream keeps the allocator from reusing the block until the reduce-scatter is done.
-InFlight Unit::reduce_scatter_and_free() {
+InFlight Unit::reduce_scatter_and_free(bool sync) {
   ensure_full_gradient();
-  const Tensor buffer = in_reduce_dtype(grad_full_, ctx_.reduce_dtype);
+  keep_unsynced(sync);
+  if (!sync) return {};
+  const Tensor summed = grad_unsynced_.defined() ? std::exchange(grad_unsynced_, Tensor()) : grad_full_;
+  const Tensor buffer = in_reduce_dtype(summed, ctx_.reduce_dtype);
   point_grads(Tensor());
   grad_full_ = Tensor();
   const Tensor mine = allocate(spec_.shard, ctx_.reduce_dtype, buffer.device(), MemoryCategory::communication, false);
@@ -322,7 +340,7 @@ void Unit::zero_grad() {
   if (ctx_.placement.frees_full_gradients()) {
     grad_shard_.zero_();
     point_grads(Tensor());
-    grad_full_ = Tensor();  // a backward that never completed
+    grad_full_ = grad_unsynced_ = Tensor();  // unsynced micro-batches', or a backward that never completed
   } else {
     grad_full_.zero_();
     if (ctx_.placement.offloads_optimizer()) grad_shard_.zero_();  // its own buffer, on the host

@@ -91,7 +91,8 @@ class Unit {
   // Gradients: before the first lands (ZeRO-2, 3) a zeroed full buffer, .grad views into it.
   void ensure_full_gradient();
   // Starts reducing [begin, end) of the gradient (the whole unit unless DDP cut it into
-  // buckets), tagged `tag`; `sync` false (DDP, ZeRO-1) keeps the gradients local.
+  // buckets), tagged `tag`; `sync` false keeps the full gradient, unreduced, for the next
+  // micro-batch to add into (at ZeRO-2, 3 it then outlives the backward).
   InFlight reduce_gradients(int64_t begin, int64_t end, int64_t tag, bool sync);
   void zero_grad();
   // Changes with every write to the full gradient buffer that outlives a backward
@@ -149,7 +150,8 @@ class Unit {
   Tensor compute_for_update();
   InFlight all_reduce_bucket(int64_t begin, int64_t end, bool sync);
   InFlight reduce_scatter_into_full(bool sync);
-  InFlight reduce_scatter_and_free();
+  InFlight reduce_scatter_and_free(bool sync);
+  void keep_unsynced(bool last);
 
   const UnitContext& ctx_;
   UnitSpec spec_;
@@ -157,8 +159,9 @@ class Unit {
   ParameterViews views_;
   Weights weights_;          // the trained parameters' compute weights: [padded], [shard]
   Weights frozen_;           // ZeRO-3's frozen parameters (undefined when none)
-  Tensor grad_full_;         // [padded]: always (full gradients), or during the unit's backward
+  Tensor grad_full_;         // [padded]: always (full gradients), or from the unit's backward to its reduction
   Tensor grad_shard_;        // [shard]: slice r of grad_full, or its own storage
+  Tensor grad_unsynced_;     // ZeRO-2, 3, sync off, accumulate dtype wider: [padded] micro-batches' sum
   Tensor master_, m_, v_;    // [padded] (full optimizer state) or [shard]
   Tensor compute_staging_;   // offload: the update's 16-bit weights on the host, until after_step
   uint64_t written_by_us_ = 0;  // compute_version() after our last write

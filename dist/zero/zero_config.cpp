@@ -21,6 +21,9 @@ std::string ZeroConfig::problem(int world_size) const {
     return concat("ShardedModel: accumulate_dtype ", name(accumulate()), " needs stage 2 or 3, whose gradient shard "
                   "sums the micro-batches; stage ", stage, " accumulates in the full ", name(compute_dtype),
                   " gradient autograd writes (leave accumulate_dtype unset)");
+  if (reduce_once && !policy.frees_full_gradients())
+    return concat("ShardedModel: reduce_once is for stages 2 and 3, which otherwise reduce each micro-batch; stage ",
+                  stage, " keeps the full gradient and reduces a Pipeline's micro-batches once anyway");
   if (bucket_bytes <= 0) return concat("ShardedModel: bucket_bytes must be positive, got ", bucket_bytes);
   if (prefetch < 0) return concat("ShardedModel: prefetch must be >= 0, got ", prefetch);
   if (prefetch_bytes < 0)
