@@ -296,4 +296,16 @@ TEST_CASE("on a GPU: N ranks sharing it train like one rank and hold the formula
     }
 }
 
+TEST_CASE("ZeRO-2 and 3: gradient sync off until the last micro-batch (one reduction of the kept full gradient) "
+          "equals a reduction per micro-batch, f64") {
+  for (int stage : {2, 3})
+    for (bool hybrid : {false, true}) {
+      INFO("stage " << stage << ", N = 2" << (hybrid ? ", hybrid: 2 groups of 1" : ""));
+      ZeroRun run{.dtype = DType::f64, .stage = stage, .micro_batches = 2, .shard_group_size = hybrid ? 1 : 0};
+      const nn::NamedTensors once = sharded_run(run, 2);
+      run.sync_every_micro_batch = true;
+      CHECK(max_difference(once, sharded_run(run, 2)) <= 1e-12);
+    }
+}
+
 }  // namespace zg::test
