@@ -14,6 +14,7 @@
 #include "tensor/memory.h"
 #include "tensor/memory_figure.h"
 #include "tensor/memory_timeline.h"
+#include "tensor/quantize.h"
 #include "tensor/safetensors.h"
 #include "tensor/shape.h"
 #include "tensor/step_log.h"

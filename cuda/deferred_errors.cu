@@ -68,6 +68,9 @@ void raise_deferred_errors(Device device) {
     case DeferredErrorKind::cross_entropy_backward_target:
       fail("cross_entropy_backward: target ", value, " is out of range for ", bound, " classes", where, device.str(),
            "; reported at the next synchronisation with the host)");
+    case DeferredErrorKind::quantize_non_finite:
+      fail("quantize_int8: element ", value, " of ", bound, " is not finite; only finite values quantize", where,
+           device.str(), "; reported at the next synchronisation with the host)");
     case DeferredErrorKind::none: break;
   }
   fail("cuda: a kernel on ", device.str(), " recorded an unknown error kind ", static_cast<int>(kind));

@@ -24,6 +24,7 @@ enum class DeferredErrorKind : int32_t {
   embedding_backward_index = 2,
   cross_entropy_target = 3,
   cross_entropy_backward_target = 4,  // changed since the forward checked it (written through a raw pointer)
+  quantize_non_finite = 5,            // value: the element's index, bound: the tensor's elements
 };
 
 // Written by kernels with plain stores (several threads may race; any of them is a

@@ -139,4 +139,20 @@ void check_adamw_arguments(const Tensor& master, const Tensor& grad, const Tenso
            ", got ", describe(scale));
 }
 
+void check_quantize_arguments(const char* op, const Tensor& values, const Tensor& q, const Tensor& scales,
+                              int64_t block) {
+  ZG_CHECK(block > 0, op, ": the block must be positive, got ", block);
+  const int64_t n = values.numel(), blocks = n / block + (n % block != 0);
+  ZG_CHECK(is_floating(values.dtype()) && values.is_contiguous() && values.dim() == 1, op,
+           ": the values must be a contiguous 1-D floating tensor, got ", describe(values));
+  ZG_CHECK(q.dtype() == DType::i8 && q.is_contiguous() && q.dim() == 1 && q.numel() == n &&
+               q.device() == values.device(),
+           op, ": the quantized values must be a contiguous [", n, "] i8 tensor on ", values.device().str(), ", got ",
+           describe(q));
+  ZG_CHECK(scales.dtype() == DType::f32 && scales.is_contiguous() && scales.dim() == 1 && scales.numel() == blocks &&
+               scales.device() == values.device(),
+           op, ": the scales must be a contiguous [", blocks, "] f32 tensor (one per block of ", block, ") on ",
+           values.device().str(), ", got ", describe(scales));
+}
+
 }  // namespace zg

@@ -76,6 +76,11 @@ struct AdamWStep {
 void check_adamw_arguments(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                            const Tensor& compute, const AdamWStep& step);
 
+// What every backend's quantize_int8 / dequantize_int8 checks first: values [n] floating and
+// q [n] i8, contiguous, on one device; scales [ceil(n / block)] f32 there; block > 0.
+void check_quantize_arguments(const char* op, const Tensor& values, const Tensor& q, const Tensor& scales,
+                              int64_t block);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -163,6 +168,15 @@ class Backend {
   // new master rounded to its dtype in the same call -- the bf16/f16 weights the model runs with.
   virtual void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const Tensor& compute, const AdamWStep& step) = 0;
+
+  // Blockwise symmetric int8 (ZeRO++'s qwZ): `in` cut into blocks of `block` elements (the
+  // last may be shorter); per block scale = max|x| / 127 and q = round(x / scale) (half
+  // away from zero), so |x - q scale| <= scale / 2. A block of zeros has scale 0. Computed
+  // in f32 (f64 for f64). A non-finite element is an error: the CPU throws, naming its
+  // index; CUDA writes q = 0 and a NaN scale and reports it at the next synchronisation.
+  virtual void quantize_int8(const Tensor& in, int64_t block, const Tensor& q, const Tensor& scales) = 0;
+  // out[i] = q[i] scales[i / block], rounded to out's dtype.
+  virtual void dequantize_int8(const Tensor& q, const Tensor& scales, int64_t block, const Tensor& out) = 0;
 
   // grad_weight[indices[i], :] += grad_out[i, :] (rows repeat: accumulate). Each row's
   // contributions are summed in f64 in order of i and added once (rounded once to its dtype).

@@ -51,6 +51,7 @@ bool holds(DType dtype, double v) {
     case DType::bf16: return !std::isfinite(v) || std::isfinite(static_cast<float>(BFloat16(static_cast<float>(v))));
     case DType::i64: return v == std::trunc(v) && v >= -0x1p63 && v < 0x1p63;  // NaN is not its own trunc
     case DType::i32: return v == std::trunc(v) && v >= -0x1p31 && v < 0x1p31;
+    case DType::i8: return v == std::trunc(v) && v >= -128 && v < 128;
     case DType::boolean: return v == 0 || v == 1;
   }
   return false;

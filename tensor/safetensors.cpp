@@ -40,13 +40,14 @@ const char* format_name(DType dtype) {
     case DType::bf16: return "BF16";
     case DType::i64: return "I64";
     case DType::i32: return "I32";
+    case DType::i8: return "I8";
     case DType::boolean: return "BOOL";
   }
   return "?";
 }
 
 bool parse_dtype(const std::string& s, DType& out) {
-  for (DType d : {DType::f64, DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32, DType::boolean})
+  for (DType d : {DType::f64, DType::f32, DType::f16, DType::bf16, DType::i64, DType::i32, DType::i8, DType::boolean})
     if (s == format_name(d)) {
       out = d;
       return true;

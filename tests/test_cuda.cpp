@@ -13,6 +13,7 @@
 #include "helpers.h"
 #include "optim/schedule.h"
 #include "tensor/backend.h"
+#include "tensor/quantize.h"
 #include "tiny_gpt.h"
 
 namespace zg::test {
@@ -400,6 +401,24 @@ TEST_CASE("an out-of-range index on the GPU becomes a zg::Error at the next sync
   loss.backward();
   CHECK_THROWS_WITH_AS(leaf.grad().to(kCPU), doctest::Contains("cross_entropy_backward: target 9 is out of range for 5"),
                        Error);
+}
+
+TEST_CASE("blockwise int8 quantization on the GPU gives the CPU's bits; a NaN is reported at the next synchronisation" *
+          doctest::skip(kNoGpu)) {
+  manual_seed(11);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    INFO(name(dtype));
+    const Tensor x = (randn({10000}, dtype) * 3.0).to(dtype);
+    const QuantizedInt8 cpu = quantize_int8(x, 2048), gpu = quantize_int8(x.to(kCUDA), 2048);
+    CHECK(gpu.values.to(kCPU).to_vector<int32_t>() == cpu.values.to_vector<int32_t>());
+    CHECK(gpu.scales.to(kCPU).to_vector<float>() == cpu.scales.to_vector<float>());
+    CHECK(max_abs_diff(dequantize(gpu).to(kCPU), dequantize(cpu)) == 0.0);
+  }
+  Tensor bad = ones({4096}, on_gpu(DType::f32));
+  bad.narrow(0, 3000, 1).fill_(NAN);
+  CHECK_THROWS_WITH_AS(quantize_int8(bad).scales.to(kCPU),
+                       doctest::Contains("quantize_int8: element 3000 of 4096 is not finite"), Error);
+  CHECK(quantize_int8(ones({8}, on_gpu(DType::f32))).scales.to(kCPU).to_vector<float>()[0] == 1.0f / 127.0f);
 }
 
 TEST_CASE("fused AdamW on the GPU matches the CPU, compute copy included" * doctest::skip(kNoGpu)) {

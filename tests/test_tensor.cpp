@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "helpers.h"
+#include "tensor/quantize.h"
 
 namespace zg::test {
 
@@ -207,6 +208,62 @@ TEST_CASE("a released storage throws on use and comes back when materialised") {
   unit.storage()->materialize();
   unit.fill_(2);
   CHECK(view.to_vector<float>() == std::vector<float>(4, 2.0f));
+}
+
+// Each element of `x` against its dequantized value: within half its block's scale, to
+// the rounding of the f32 quotient and product (a few ulp of the block's max) and of the
+// result to x's dtype (half an ulp of bf16: 2^-8 of it).
+static void check_within_block_bound(const Tensor& x, const QuantizedInt8& q) {
+  const double rounding = x.dtype() == DType::bf16 ? 0x1p-8 : 0;
+  const std::vector<double> want = x.to_vector<double>(), got = dequantize(q).to_vector<double>();
+  const std::vector<float> scales = q.scales.to_vector<float>();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double scale = scales[i / static_cast<size_t>(q.block)];
+    INFO("element " << i << ": " << want[i] << " came back " << got[i] << " (scale " << scale << ")");
+    CHECK(std::fabs(got[i] - want[i]) <= scale / 2 + 127 * scale * 0x1p-22 + std::fabs(got[i]) * rounding);
+  }
+}
+
+TEST_CASE("quantize_int8: blockwise int8 round trips within half a block's scale, for random and adversarial blocks") {
+  manual_seed(5);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+    INFO(name(dtype));
+    // Random values of different magnitude per block; a shorter last block (5000 = 2 x 2048 + 904).
+    const Tensor x = (randn({5000}, dtype) * (arange(5000.0, DType::f64) / 512.0 + 0.01).to(dtype)).to(dtype);
+    const QuantizedInt8 q = quantize_int8(x);
+    CHECK(q.values.dtype() == DType::i8);
+    CHECK(q.scales.numel() == 3);
+    CHECK(q.nbytes() == 5000 + 3 * 4);
+    CHECK(dequantize(q).dtype() == dtype);
+    check_within_block_bound(x, q);
+  }
+  // A block of zeros has scale 0 and comes back zeros; a block with one huge value keeps it
+  // exactly (q = +-127) while the small ones go to zero, within the bound; shapes come back.
+  Tensor adversarial = zeros({2, 64});
+  adversarial.narrow(0, 1, 1).copy_(randn({1, 64}) * 1e-3);
+  adversarial.narrow(1, 40, 1).narrow(0, 1, 1).fill_(-3e4);
+  const QuantizedInt8 q = quantize_int8(adversarial, 64);
+  CHECK(q.scales.to_vector<float>()[0] == 0.0f);
+  CHECK(dequantize(q).shape() == Shape{2, 64});
+  CHECK(dequantize(q).narrow(0, 0, 1).to_vector<float>() == std::vector<float>(64, 0.0f));
+  CHECK(dequantize(q).to_vector<float>()[64 + 40] == -3e4f);
+  CHECK(q.values.to_vector<int32_t>()[64 + 40] == -127);
+  check_within_block_bound(adversarial, q);
+  // A strided view quantizes its own elements.
+  check_within_block_bound(adversarial.transpose(0, 1), quantize_int8(adversarial.transpose(0, 1), 7));
+}
+
+TEST_CASE("quantize_int8 refuses non-finite values, integer tensors and a block below one, naming them") {
+  Tensor x = ones({10});
+  x.narrow(0, 7, 1).fill_(NAN);
+  CHECK_THROWS_WITH_AS(quantize_int8(x), doctest::Contains("quantize_int8: element 7 of f32[10] on cpu is nan; only "
+                                                             "finite values quantize"), Error);
+  x.narrow(0, 7, 1).fill_(INFINITY);
+  CHECK_THROWS_WITH_AS(quantize_int8(x), doctest::Contains("element 7"), Error);
+  CHECK_THROWS_WITH_AS(quantize_int8(arange(4)), doctest::Contains("quantize_int8: expected a floating tensor, got i64"),
+                       Error);
+  CHECK_THROWS_WITH_AS(quantize_int8(ones({4}), 0), "quantize_int8: the block must be positive, got 0", Error);
 }
 
 }  // namespace zg::test

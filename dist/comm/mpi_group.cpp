@@ -34,6 +34,7 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::f32: return MPI_FLOAT;
     case DType::i64: return MPI_INT64_T;
     case DType::i32: return MPI_INT32_T;
+    case DType::i8: return MPI_INT8_T;
     default: fail("mpi group: no MPI reduction for ", name(dtype));
   }
 }

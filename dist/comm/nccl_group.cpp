@@ -32,6 +32,7 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::bf16: return ncclBfloat16;
     case DType::i64: return ncclInt64;
     case DType::i32: return ncclInt32;
+    case DType::i8: return ncclInt8;
     default: fail("nccl group: no NCCL type for ", name(dtype));
   }
 }

@@ -71,6 +71,12 @@ class MetaBackend final : public Backend {
     note(0, {&grad, &indices, &grad_weight});
   }
   void sort_rows(const Tensor& in, bool, const Tensor& indices) override { note(0, {&in, &indices}); }
+  void quantize_int8(const Tensor& in, int64_t, const Tensor& q, const Tensor& scales) override {
+    note(0, {&in, &q, &scales});
+  }
+  void dequantize_int8(const Tensor& q, const Tensor& scales, int64_t, const Tensor& out) override {
+    note(0, {&q, &scales, &out});
+  }
   void cumsum_rows(const Tensor& in, const Tensor& out) override { note(0, {&in, &out}); }
 
   void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& out,
