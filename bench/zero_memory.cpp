@@ -243,10 +243,14 @@ int reductions(const dist::ZeroConfig& zero, int micro_batches, int chunks) {
 // reduce-scatter half, or a reduce-scatter) and Ψ gathered (the all-reduce's other half,
 // or the step's all-gather) -- ZeRO-3 gathers for each micro-batch's forward and backward
 // instead, 2 M Ψ; each of the compute dtype. So 2Ψ, and 3Ψ at ZeRO-3, with one micro-batch.
+// qwZ gathers 1 + 4/2048 bytes an element (int8 and the blocks' f32 scales).
 int64_t formula_sent(const dist::ZeroConfig& zero, int64_t psi, int n, int micro_batches, int chunks) {
-  const double gathered = zero.placement().gathers_parameters() ? 2.0 * micro_batches : 1.0;
-  const double elements = (reductions(zero, micro_batches, chunks) + gathered) * static_cast<double>(psi);
-  return static_cast<int64_t>(elements * static_cast<double>(element_size(zero.compute_dtype)) * (n - 1) / n);
+  const bool stage3 = zero.placement().gathers_parameters();
+  const double element = static_cast<double>(element_size(zero.compute_dtype));
+  const double gather_bytes = zero.quantize_weights ? 1.0 + 4.0 / static_cast<double>(kQuantizationBlock) : element;
+  const double bytes = reductions(zero, micro_batches, chunks) * element +
+                       (stage3 ? 2.0 * micro_batches * gather_bytes : element);
+  return static_cast<int64_t>(bytes * static_cast<double>(psi) * (n - 1) / n);
 }
 // Hybrid sharding, across r groups of s: each reduction's all-reduce of the gradient shard, Ψ/s elements.
 int64_t formula_sent_across(const dist::ZeroConfig& zero, int64_t psi, int s, int r, int micro_batches, int chunks) {
@@ -1093,7 +1097,7 @@ void usage() {
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--tp T [--sequence-parallel]] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
       "                   [--pp P] [--schedule gpipe|1f1b|interleaved|zb-h1|zb-h2] [--micro-batches M] [--chunks V]\n"
-      "                   [--reduce-once]\n"
+      "                   [--reduce-once] [--qwz]\n"
       "                   [--compute bf16|f32] [--checkpointing] [--caching] [--timeline DIR]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--stage S,S,...] [--tflops X] [--memory-gbps X]\n"
       "                   [--kernel-us X] [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X]\n"
@@ -1120,6 +1124,7 @@ void usage() {
       "  with --simulate, the first stage's step time and its wait for the others (idle ms).\n"
       "--reduce-once (stages 2, 3; with --micro-batches): each unit's full gradient kept over the micro-batches,\n"
       "  reduced once a step instead of each (stages 0, 1 always reduce once).\n"
+      "--qwz (stage 3): ZeRO++'s quantized weight gathers, int8 with an f32 scale per 2048 elements.\n"
       "--compute: the dtype of the forward and backward (bf16 default; master weights and Adam stay f32).\n"
       "--checkpointing: each block's activations recomputed in backward instead of kept.\n"
       "--caching (meta): through the GPU's caching allocator over a simulated device: reserved bytes as\n"
@@ -1208,6 +1213,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--pp") o.pipe.pp = static_cast<int>(number(1, 1 << 20));
     else if (a == "--micro-batches") o.pipe.micro_batches = static_cast<int>(number(1, 1 << 16));
     else if (a == "--reduce-once") o.zero.reduce_once = true;
+    else if (a == "--qwz") o.zero.quantize_weights = true;
     else if (a == "--chunks") o.pipe.chunks = static_cast<int>(number(1, 1 << 10));
     else if (a == "--schedule") o.pipe.schedule = value();
     else if (a == "--shard-group") o.zero.shard_group_size = static_cast<int>(number(1, 1 << 20));

@@ -55,7 +55,7 @@ struct Flags : examples::TrainingFlags {
   int64_t tp = 1;                              // tensor-parallel ranks a layer
   int64_t pp = 1, micro_batches = 1, chunks = 0;  // pipeline stages' ranks; chunks 0: the schedule's default
   std::string schedule = "1f1b";
-  bool sequence_parallel = false, reduce_once = false;
+  bool sequence_parallel = false, reduce_once = false, qwz = false;
   int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
   std::vector<std::string> keep_after_forward;
   std::string group = "auto";
@@ -83,6 +83,8 @@ void usage() {
                "  --schedule S       the pipeline's order: gpipe, 1f1b, interleaved, zb-h1 or zb-h2 (default 1f1b)\n"
                "  --micro-batches M  each data-parallel rank's rows split into M micro-batches (default 1)\n"
                "  --chunks V         stages a rank holds: 1, or V >= 2 for interleaved (default: 2 for interleaved)\n"
+               "  --qwz              stage 3: weight all-gathers in blockwise int8 (ZeRO++'s qwZ); master\n"
+               "                     weights and optimizer stay exact\n"
                "  --reduce-once      stages 2, 3 with --micro-batches: keep each unit's full gradient over the\n"
                "                     micro-batches and reduce it once a step, not each (FSDP2's no-sync)\n"
 
@@ -120,6 +122,7 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--schedule") f.schedule = flag.value();
     else if (a == "--sequence-parallel") f.sequence_parallel = true;
     else if (a == "--reduce-once") f.reduce_once = true;
+    else if (a == "--qwz") f.qwz = true;
     else if (a == "--prefetch-bytes") f.prefetch_bytes = flag.count(0);
     else if (a == "--keep-after-forward") {
       const std::string list = flag.value();
@@ -166,7 +169,8 @@ dist::ZeroConfig zero_config(const Flags& f) {
           .offload = f.offloaded(),
           .keep_after_forward = f.keep_after_forward,
           .prefetch_bytes = f.prefetch_bytes,
-          .shard_group_size = static_cast<int>(f.shard_group), .reduce_once = f.reduce_once};
+          .shard_group_size = static_cast<int>(f.shard_group), .reduce_once = f.reduce_once,
+          .quantize_weights = f.qwz};
 }
 
 // Refuses what ZeroConfig::problem finds wrong at the data-parallel ranks (known once the

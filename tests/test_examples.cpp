@@ -533,6 +533,25 @@ TEST_CASE("bench/zero_memory --simulate --pp: the first stage's step is its repl
   CHECK(idle("gpipe").first == doctest::Approx(one_f_one_b));  // the same bubble, more memory
 }
 
+TEST_CASE("bench/zero_memory --qwz: ZeRO-3's int8 gathers send the formula's bytes, about two thirds of bf16's") {
+  const auto sent = [](const char* flags) {
+    int status = 0;
+    const std::string json = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --world-size 8 --seq 8 "
+                                         "--stage 3 --json " + flags, status);
+    REQUIRE(status == 0);
+    const auto record = nlohmann::json::parse(json)[0];
+    return std::pair{record["sent_per_step"].get<double>(), record["formula_sent_per_step"].get<double>()};
+  };
+  const auto [plain, plain_formula] = sent("");
+  const auto [quantized, formula] = sent("--qwz");
+  // Within 0.01%: the formula counts the scales as 4/2048 of a byte an element (each rank's
+  // last block is short) and leaves out the step's few scalars.
+  CHECK(std::fabs(quantized / formula - 1) < 1e-4);
+  CHECK(std::fabs(plain / plain_formula - 1) < 1e-4);
+  // 2 x 2Ψ of gathers and 2Ψ reduce-scattered (3 x 2Ψ) become 2 x (1 + 4/2048)Ψ + 2Ψ.
+  CHECK(quantized / plain == doctest::Approx((2 * (1 + 4.0 / 2048) + 2) / 6).epsilon(1e-3));
+}
+
 TEST_CASE("bench/zero_memory --shard-group: hybrid sharding's states follow S, its traffic splits within and across") {
   int status = 0;
   const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 1.5b --world-size 64 --seq 8 "

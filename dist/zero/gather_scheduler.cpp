@@ -222,7 +222,7 @@ void GatherScheduler::release(Unit& unit) {
 void GatherScheduler::summon() {
   if (summoned_++ > 0) return;
   NoGradGuard no_grad;
-  for (Unit* unit : units_) unit->prefetch();  // every gather issued, then each waited for
+  for (Unit* unit : units_) unit->prefetch(/*exact=*/true);  // every gather issued (qwZ's too: as they are), then waited for
   for (Unit* unit : units_) {
     unit->finish_gathers();
     unit->mark_compute_ours();

@@ -175,7 +175,8 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
 // The planner's units, made; the schedulers that drive them.
 void ShardedModel::make_units(nn::Module& model, const UnitPlan& plan, ShardingPlan planned, Device device) {
   context_ = std::make_unique<UnitContext>(UnitContext{*shard_, replicas_, config_.placement(), config_.compute_dtype,
-                                                       config_.reduce(), config_.accumulate(), device});
+                                                       config_.reduce(), config_.accumulate(), device,
+                                                       config_.quantize_weights});
   frozen_ = std::move(planned.replicated_frozen);
   for (UnitSpec& spec : planned.units) units_.push_back(std::make_unique<Unit>(*context_, std::move(spec)));
   reducer_ = std::make_unique<GradientReducer>(placement(), units(), model.named_parameters(), config_.bucket_bytes,

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "autograd/graph.h"
+#include "dist/zero/quantized_gather.h"
 #include "tensor/backend.h"
 #include "tensor/trace.h"
 
@@ -189,18 +190,20 @@ std::string Unit::release_note() const {
 
 // sharded -> gathering, or gathered -> gathering when a step or a load made a part stale;
 // a part in flight or current is left as it is.
-void Unit::prefetch() {
+void Unit::prefetch(bool exact) {
   if (!ctx_.placement.gathers_parameters()) return;
   TraceRange range("gather " + spec_.name);
   CollectiveTag scope(spec_.tag);
-  for (Weights* w : gathered_parts())
-    if (!w->gathering && !w->current()) {
-      issue_gather(*w);
+  for (Weights* w : gathered_parts()) {
+    if (exact && w->quantized) finish_gathers();  // (a quantized gather in flight is let finish first)
+    if (!w->gathering && (!w->current() || (exact && w->quantized))) {
+      issue_gather(*w, exact);
       state_ = State::gathering;
     }
+  }
 }
 
-void Unit::issue_gather(Weights& w) {
+void Unit::issue_gather(Weights& w, bool exact) {
   Storage& full = *w.full.storage();
   full.materialize();
   // Gathering the same weights as last time keeps the version the forward's saved tensors
@@ -210,7 +213,10 @@ void Unit::issue_gather(Weights& w) {
   const uint64_t shard_version = w.shard.storage()->version();
   const uint64_t version = full.version();
   // An offloaded shard goes up to the device first (the f32 master cast to the compute dtype).
-  w.gathering = ctx_.group->all_gather_async(moved(w.shard, ctx_.device, ctx_.compute_dtype), w.full);
+  const Tensor shard = moved(w.shard, ctx_.device, ctx_.compute_dtype);
+  w.quantized = ctx_.quantize_weights && !exact;
+  w.gathering = w.quantized ? quantized_all_gather_async(*ctx_.group, shard, w.full)
+                            : ctx_.group->all_gather_async(shard, w.full);
   if (shard_version == w.gathered_from) full.restore_version(version);
   w.gathered_from = shard_version;
 }

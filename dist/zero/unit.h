@@ -57,6 +57,7 @@ struct UnitContext {
   Placement placement;
   DType compute_dtype, reduce_dtype, accumulate_dtype;  // accumulate: the gradient shard's
   Device device;  // the compute device (the parameters')
+  bool quantize_weights = false;  // qwZ: ZeRO-3's gathers in blockwise int8 (quantized_gather.h)
   // Where host-placed roles live: the host pool on the cpu (meta for a dry run).
   Device host() const { return device.type == DeviceType::meta ? kMeta : kCPU; }
   Device where(const RolePlacement& role) const { return role.where == Location::host ? host() : device; }
@@ -76,8 +77,9 @@ class Unit {
   void materialize(const InitialValues& initial, ParameterViews views);
 
   // ZeRO-3's weights. prefetch issues the all-gathers of what is not current; gather waits.
+  // `exact`: also what qwZ gathered quantized, gathered again as it is (summon_full_params).
   State state() const { return state_; }
-  void prefetch();
+  void prefetch(bool exact = false);
   void finish_gathers();
   void gather() { prefetch(); finish_gathers(); }
   void release();           // frees the full compute weights (after any gather in flight)
@@ -132,13 +134,14 @@ class Unit {
     Tensor full, shard;
     WorkHandle gathering;        // an all-gather of `full` in flight (a prefetch)
     uint64_t gathered_from = 0;  // shard's storage version at the last gather
+    bool quantized = false;      // the last gather was qwZ's: `full` holds dequantized values
     bool current() const;
     bool has_full() const { return full.defined() && full.numel() > 0; }  // a part ZeRO-3 gathers
   };
   std::vector<Weights*> gathered_parts();
   std::vector<const Weights*> gathered_parts() const;
   uint64_t compute_version() const;  // of the full compute weights: any write bumps it
-  void issue_gather(Weights& weights);
+  void issue_gather(Weights& weights, bool exact);
   void place(Weights& weights, const std::vector<ParamSlot>& slots, int64_t padded, const InitialValues& initial,
              bool shard_from_master);
   void point_grads(const Tensor& grad_full);

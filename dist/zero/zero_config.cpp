@@ -24,6 +24,9 @@ std::string ZeroConfig::problem(int world_size) const {
   if (reduce_once && !policy.frees_full_gradients())
     return concat("ShardedModel: reduce_once is for stages 2 and 3, which otherwise reduce each micro-batch; stage ",
                   stage, " keeps the full gradient and reduces a Pipeline's micro-batches once anyway");
+  if (quantize_weights && !policy.gathers_parameters())
+    return concat("ShardedModel: quantize_weights (qwZ) quantizes ZeRO-3's weight all-gathers; stage ", stage,
+                  " gathers no weights before use (use stage 3)");
   if (bucket_bytes <= 0) return concat("ShardedModel: bucket_bytes must be positive, got ", bucket_bytes);
   if (prefetch < 0) return concat("ShardedModel: prefetch must be >= 0, got ", prefetch);
   if (prefetch_bytes < 0)

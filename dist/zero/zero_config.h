@@ -65,6 +65,11 @@ struct ZeroConfig {
   // accumulate dtype) through the step's backwards. Off: each micro-batch is reduce-scattered
   // into the shard. Stages 0 and 1 keep the full gradient anyway and always reduce once.
   bool reduce_once = false;
+  // qwZ (ZeRO++, stage 3): the weight all-gathers sent as blockwise int8, a scale per 2048
+  // elements (tensor/quantize.h), dequantized on arrival into the compute dtype: about half
+  // of bf16's gather bytes. The master weights, the shards and the optimizer stay exact;
+  // summon_full_params() gathers exactly.
+  bool quantize_weights = false;
 
   // Every rule a configuration must keep at `world_size` ranks, in one place: "" when it
   // keeps them all, else the first it breaks, in one sentence. ShardedModel, the bench
