@@ -56,8 +56,9 @@ class CudaBackend final : public Backend {
   void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute,
              const AdamWStep& step) override;
   void embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) override;
-  void quantize_int8(const Tensor& in, int64_t block, const Tensor& q, const Tensor& scales) override;
-  void dequantize_int8(const Tensor& q, const Tensor& scales, int64_t block, const Tensor& out) override;
+  void quantize_int8(const Tensor& in, int64_t block, int64_t segment, const Tensor& q, const Tensor& scales) override;
+  void dequantize_int8(const Tensor& q, const Tensor& scales, int64_t block, int64_t segment,
+                       const Tensor& out) override;
   void sort_rows(const Tensor& in, bool descending, const Tensor& indices) override;
   void cumsum_rows(const Tensor& in, const Tensor& out) override;
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index, const Tensor& loss) override;

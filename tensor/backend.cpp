@@ -139,10 +139,14 @@ void check_adamw_arguments(const Tensor& master, const Tensor& grad, const Tenso
            ", got ", describe(scale));
 }
 
-void check_quantize_arguments(const char* op, const Tensor& values, const Tensor& q, const Tensor& scales,
-                              int64_t block) {
+QuantBlocks check_quantize_arguments(const char* op, const Tensor& values, const Tensor& q, const Tensor& scales,
+                                     int64_t block, int64_t segment) {
   ZG_CHECK(block > 0, op, ": the block must be positive, got ", block);
-  const int64_t n = values.numel(), blocks = n / block + (n % block != 0);
+  const int64_t n = values.numel();
+  ZG_CHECK(segment > 0 && n % segment == 0, op, ": the segment (where blocks restart) must be positive and divide the ",
+           n, " elements, got ", segment);
+  const QuantBlocks layout{n, block, segment};
+  const int64_t blocks = layout.count();
   ZG_CHECK(is_floating(values.dtype()) && values.is_contiguous() && values.dim() == 1, op,
            ": the values must be a contiguous 1-D floating tensor, got ", describe(values));
   ZG_CHECK(q.dtype() == DType::i8 && q.is_contiguous() && q.dim() == 1 && q.numel() == n &&
@@ -153,6 +157,7 @@ void check_quantize_arguments(const char* op, const Tensor& values, const Tensor
                scales.device() == values.device(),
            op, ": the scales must be a contiguous [", blocks, "] f32 tensor (one per block of ", block, ") on ",
            values.device().str(), ", got ", describe(scales));
+  return layout;
 }
 
 }  // namespace zg

@@ -14,6 +14,7 @@
 #include "tensor/activation.h"
 #include "tensor/device.h"
 #include "tensor/memory.h"
+#include "tensor/quant_blocks.h"
 #include "tensor/tensor.h"
 
 namespace zg {
@@ -77,9 +78,10 @@ void check_adamw_arguments(const Tensor& master, const Tensor& grad, const Tenso
                            const Tensor& compute, const AdamWStep& step);
 
 // What every backend's quantize_int8 / dequantize_int8 checks first: values [n] floating and
-// q [n] i8, contiguous, on one device; scales [ceil(n / block)] f32 there; block > 0.
-void check_quantize_arguments(const char* op, const Tensor& values, const Tensor& q, const Tensor& scales,
-                              int64_t block);
+// q [n] i8, contiguous, on one device; scales [blocks.count()] f32 there; block and segment
+// positive, segment dividing n. Returns the blocks' layout.
+QuantBlocks check_quantize_arguments(const char* op, const Tensor& values, const Tensor& q, const Tensor& scales,
+                                     int64_t block, int64_t segment);
 
 class Backend {
  public:
@@ -169,14 +171,18 @@ class Backend {
   virtual void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const Tensor& compute, const AdamWStep& step) = 0;
 
-  // Blockwise symmetric int8 (ZeRO++'s qwZ): `in` cut into blocks of `block` elements (the
-  // last may be shorter); per block scale = max|x| / 127 and q = round(x / scale) (half
-  // away from zero), so |x - q scale| <= scale / 2. A block of zeros has scale 0. Computed
-  // in f32 (f64 for f64). A non-finite element is an error: the CPU throws, naming its
-  // index; CUDA writes q = 0 and a NaN scale and reports it at the next synchronisation.
-  virtual void quantize_int8(const Tensor& in, int64_t block, const Tensor& q, const Tensor& scales) = 0;
-  // out[i] = q[i] scales[i / block], rounded to out's dtype.
-  virtual void dequantize_int8(const Tensor& q, const Tensor& scales, int64_t block, const Tensor& out) = 0;
+  // Blockwise symmetric int8 (ZeRO++'s qwZ): `in` cut into blocks of `block` elements,
+  // restarting every `segment` elements (tensor/quant_blocks.h: a gather's shards; n for
+  // one run of blocks, the last shorter); per block scale = max|x| / 127 and
+  // q = round(x / scale) (half away from zero), so |x - q scale| <= scale / 2. A block of
+  // zeros has scale 0. Computed in f32 (f64 for f64). A non-finite element is an error:
+  // the CPU throws, naming its index; CUDA writes q = 0 and a NaN scale and reports it at
+  // the next synchronisation.
+  virtual void quantize_int8(const Tensor& in, int64_t block, int64_t segment, const Tensor& q,
+                             const Tensor& scales) = 0;
+  // out[i] = q[i] scales[scale_of(i)], rounded to out's dtype: every shard of a gather at once.
+  virtual void dequantize_int8(const Tensor& q, const Tensor& scales, int64_t block, int64_t segment,
+                               const Tensor& out) = 0;
 
   // grad_weight[indices[i], :] += grad_out[i, :] (rows repeat: accumulate). Each row's
   // contributions are summed in f64 in order of i and added once (rounded once to its dtype).

@@ -1,5 +1,7 @@
 #include "tensor/quantize.h"
 
+#include <algorithm>
+
 #include "tensor/backend.h"
 
 namespace zg {
@@ -12,14 +14,14 @@ QuantizedInt8 quantize_int8(const Tensor& x, int64_t block) {
   const int64_t blocks = x.numel() / block + (x.numel() % block != 0);
   QuantizedInt8 q{Tensor::empty({x.numel()}, TensorOptions(DType::i8).device(x.device())),
                   Tensor::empty({blocks}, TensorOptions(DType::f32).device(x.device())), block, x.shape(), x.dtype()};
-  backend(x.device()).quantize_int8(flat, block, q.values, q.scales);
+  backend(x.device()).quantize_int8(flat, block, std::max<int64_t>(x.numel(), 1), q.values, q.scales);
   return q;
 }
 
 Tensor dequantize(const QuantizedInt8& q) {
   ZG_CHECK(q.values.defined() && q.scales.defined(), "dequantize: the QuantizedInt8 holds no values");
   Tensor out = Tensor::empty({q.values.numel()}, TensorOptions(q.dtype).device(q.values.device()));
-  backend(out.device()).dequantize_int8(q.values, q.scales, q.block, out);
+  backend(out.device()).dequantize_int8(q.values, q.scales, q.block, std::max<int64_t>(out.numel(), 1), out);
   return out.view(q.shape);
 }
 

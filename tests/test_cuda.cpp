@@ -414,6 +414,18 @@ TEST_CASE("blockwise int8 quantization on the GPU gives the CPU's bits; a NaN is
     CHECK(gpu.scales.to(kCPU).to_vector<float>() == cpu.scales.to_vector<float>());
     CHECK(max_abs_diff(dequantize(gpu).to(kCPU), dequantize(cpu)) == 0.0);
   }
+  // An all-gather's shards (each quantized on its own), dequantized in one pass: the CPU's bits.
+  const Tensor shards = randn({3000});
+  std::vector<Tensor> values, scales;
+  for (int r = 0; r < 3; ++r) {
+    const QuantizedInt8 q = quantize_int8(shards.narrow(0, 1000 * r, 1000), 384);
+    values.push_back(q.values), scales.push_back(q.scales);
+  }
+  const Tensor all_values = cat(values, 0), all_scales = cat(scales, 0);
+  const Tensor on_cpu = empty({3000}), on_cuda = empty({3000}, on_gpu(DType::f32));
+  backend(kCPU).dequantize_int8(all_values, all_scales, 384, 1000, on_cpu);
+  backend(kCUDA).dequantize_int8(all_values.to(kCUDA), all_scales.to(kCUDA), 384, 1000, on_cuda);
+  CHECK(max_abs_diff(on_cuda.to(kCPU), on_cpu) == 0.0);
   Tensor bad = ones({4096}, on_gpu(DType::f32));
   bad.narrow(0, 3000, 1).fill_(NAN);
   CHECK_THROWS_WITH_AS(quantize_int8(bad).scales.to(kCPU),

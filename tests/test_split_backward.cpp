@@ -225,11 +225,11 @@ class CountingBackend final : public Backend {
   void embedding_backward(const Tensor& g, const Tensor& idx, const Tensor& gw) override {
     inner_.embedding_backward(g, idx, gw);
   }
-  void quantize_int8(const Tensor& in, int64_t block, const Tensor& q, const Tensor& s) override {
-    inner_.quantize_int8(in, block, q, s);
+  void quantize_int8(const Tensor& in, int64_t block, int64_t segment, const Tensor& q, const Tensor& s) override {
+    inner_.quantize_int8(in, block, segment, q, s);
   }
-  void dequantize_int8(const Tensor& q, const Tensor& s, int64_t block, const Tensor& out) override {
-    inner_.dequantize_int8(q, s, block, out);
+  void dequantize_int8(const Tensor& q, const Tensor& s, int64_t block, int64_t segment, const Tensor& out) override {
+    inner_.dequantize_int8(q, s, block, segment, out);
   }
   void sort_rows(const Tensor& in, bool descending, const Tensor& idx) override {
     inner_.sort_rows(in, descending, idx);

@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "helpers.h"
+#include "tensor/backend.h"
 #include "tensor/quantize.h"
 
 namespace zg::test {
@@ -252,6 +253,26 @@ TEST_CASE("quantize_int8: blockwise int8 round trips within half a block's scale
   check_within_block_bound(adversarial, q);
   // A strided view quantizes its own elements.
   check_within_block_bound(adversarial.transpose(0, 1), quantize_int8(adversarial.transpose(0, 1), 7));
+}
+
+TEST_CASE("dequantize_int8 over segments (an all-gather's shards, each quantized by its rank) in one pass") {
+  // Three shards of 1000 quantized on their own in blocks of 384 (3 scales each: 384, 384, 232).
+  manual_seed(9);
+  const Tensor x = randn({3000});
+  std::vector<Tensor> values, scales, each;
+  for (int r = 0; r < 3; ++r) {
+    const QuantizedInt8 q = quantize_int8(x.narrow(0, 1000 * r, 1000), 384);
+    values.push_back(q.values), scales.push_back(q.scales), each.push_back(dequantize(q));
+  }
+  const Tensor all_values = cat(values, 0), all_scales = cat(scales, 0), out = empty({3000});
+  backend(kCPU).dequantize_int8(all_values, all_scales, 384, 1000, out);
+  CHECK(max_abs_diff(out, cat(each, 0)) == 0.0);
+  // The layout is checked: a segment that does not divide the elements, scales of another count.
+  CHECK_THROWS_WITH_AS(backend(kCPU).dequantize_int8(all_values, all_scales, 384, 999, out),
+                       doctest::Contains("the segment (where blocks restart) must be positive and divide the 3000"),
+                       Error);
+  CHECK_THROWS_WITH_AS(backend(kCPU).dequantize_int8(all_values, all_scales, 384, 3000, out),
+                       doctest::Contains("the scales must be a contiguous [8] f32 tensor"), Error);
 }
 
 TEST_CASE("quantize_int8 refuses non-finite values, integer tensors and a block below one, naming them") {

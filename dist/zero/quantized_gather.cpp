@@ -1,5 +1,7 @@
 #include "dist/zero/quantized_gather.h"
 
+#include <algorithm>
+
 #include "tensor/backend.h"
 #include "tensor/quantize.h"
 
@@ -7,8 +9,8 @@ namespace zg::dist {
 
 namespace {
 
-// Both gathers, then each rank's slice of the values dequantized with its own scales
-// (a rank's blocks start at its slice: the last of each may be short).
+// Both gathers, then every rank's slice dequantized with its own scales in one pass (a
+// rank's blocks start at its slice: tensor/quant_blocks.h's segments).
 class QuantizedGather final : public Work {
  public:
   QuantizedGather(WorkHandle values, WorkHandle scales, Tensor gathered_values, Tensor gathered_scales, Tensor full,
@@ -20,11 +22,9 @@ class QuantizedGather final : public Work {
     if (done_) return;
     values_->wait();
     scales_->wait();
-    const int64_t shard = full_.numel() / ranks_, blocks = gathered_scales_.numel() / ranks_;
-    for (int r = 0; r < ranks_; ++r)
-      backend(full_.device())
-          .dequantize_int8(gathered_values_.narrow(0, r * shard, shard), gathered_scales_.narrow(0, r * blocks, blocks),
-                           kQuantizationBlock, full_.narrow(0, r * shard, shard));
+    backend(full_.device())
+        .dequantize_int8(gathered_values_, gathered_scales_, kQuantizationBlock, std::max<int64_t>(full_.numel() / ranks_, 1),
+                         full_);
     gathered_values_ = gathered_scales_ = Tensor();  // the payload, freed
     done_ = true;
   }

@@ -3,6 +3,7 @@
 //   scale = max|x| / 127          (per block, in f32; f64 for f64 values)
 //   q     = round(x / scale)      (half away from zero; 0 where scale is 0)
 //   x'    = q scale               (dequantize_int8, rounded to the output's dtype)
+// Blocks lie as tensor/quant_blocks.h says (restarting at every segment).
 #include <cmath>
 
 #include "tensor/cpu/cpu_backend.h"
@@ -15,18 +16,17 @@ namespace {
 constexpr int64_t kBlocksPerTask = 16;  // blocks a worker takes at once
 }  // namespace
 
-void CpuBackend::quantize_int8(const Tensor& in, int64_t block, const Tensor& q, const Tensor& scales) {
-  check_quantize_arguments("quantize_int8", in, q, scales, block);
-  const int64_t n = in.numel();
+void CpuBackend::quantize_int8(const Tensor& in, int64_t block, int64_t segment, const Tensor& q, const Tensor& scales) {
+  const QuantBlocks blocks = check_quantize_arguments("quantize_int8", in, q, scales, block, segment);
   dispatch(in.dtype(), [&]<class T>() {
     if constexpr (std::is_floating_point_v<compute_t<T>>) {
       using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
       const T* x = in.data<T>();
       int8_t* out = q.data<int8_t>();
       float* scale = scales.data<float>();
-      parallel_for(scales.numel(), kBlocksPerTask, [&](int64_t first, int64_t last) {
-        for (int64_t b = first; b < last; ++b) {
-          const int64_t begin = b * block, end = std::min(n, begin + block);
+      parallel_for(blocks.count(), kBlocksPerTask, [&](int64_t first, int64_t last) {
+        for (int64_t k = first; k < last; ++k) {
+          const int64_t begin = blocks.begin(k), end = blocks.end(k);
           C amax = 0;
           for (int64_t i = begin; i < end; ++i) {
             const C v = static_cast<C>(static_cast<compute_t<T>>(x[i]));
@@ -35,7 +35,7 @@ void CpuBackend::quantize_int8(const Tensor& in, int64_t block, const Tensor& q,
             amax = std::max(amax, std::fabs(v));
           }
           const float s = static_cast<float>(amax / C(127));
-          scale[b] = s;
+          scale[k] = s;
           for (int64_t i = begin; i < end; ++i)
             out[i] = s == 0 ? int8_t(0)
                             : static_cast<int8_t>(std::round(static_cast<C>(static_cast<compute_t<T>>(x[i])) / C(s)));
@@ -45,8 +45,9 @@ void CpuBackend::quantize_int8(const Tensor& in, int64_t block, const Tensor& q,
   });
 }
 
-void CpuBackend::dequantize_int8(const Tensor& q, const Tensor& scales, int64_t block, const Tensor& out) {
-  check_quantize_arguments("dequantize_int8", out, q, scales, block);
+void CpuBackend::dequantize_int8(const Tensor& q, const Tensor& scales, int64_t block, int64_t segment,
+                                 const Tensor& out) {
+  const QuantBlocks blocks = check_quantize_arguments("dequantize_int8", out, q, scales, block, segment);
   dispatch(out.dtype(), [&]<class T>() {
     if constexpr (std::is_floating_point_v<compute_t<T>>) {
       using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -54,7 +55,8 @@ void CpuBackend::dequantize_int8(const Tensor& q, const Tensor& scales, int64_t 
       const float* scale = scales.data<float>();
       T* x = out.data<T>();
       parallel_for(out.numel(), kBlocksPerTask * block, [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) x[i] = convert<T>(static_cast<C>(in[i]) * static_cast<C>(scale[i / block]));
+        for (int64_t i = begin; i < end; ++i)
+          x[i] = convert<T>(static_cast<C>(in[i]) * static_cast<C>(scale[blocks.scale_of(i)]));
       });
     }
   });
