@@ -47,6 +47,10 @@ Pipeline::Pipeline(ProcessGroup& pp, Schedule schedule, std::vector<std::shared_
            " chunk(s) a rank, rank ", pp.rank(), " was given ", chunks_.size(), " module(s)");
   // A malformed or deadlocking order is refused here, not met as a hang.
   plan_ = message_plan(schedule_)[static_cast<size_t>(pp.rank())];
+  // Gradients are reduced once, in the rank's last backward (B or W), where the owner says so.
+  for (size_t i = 0; i < plan_.size(); ++i)
+    if (const auto* a = std::get_if<Action>(&plan_[i]); a && (a->kind == Action::backward || a->kind == Action::backward_weight))
+      last_gradients_ = i;
   for (const auto& chunk : chunks_) ZG_CHECK(chunk != nullptr, "pipeline: a chunk of rank ", pp.rank(), " is null");
   ZG_CHECK(loss_ != nullptr, "pipeline: no loss function");
   // Ranks that run different schedules would wait for messages never sent: refused together.
@@ -236,12 +240,6 @@ double Pipeline::run(const Tensor& inputs, const Tensor& targets, double loss_sc
   const std::vector<Tensor> micro_targets = last_here ? split(targets, "targets") : std::vector<Tensor>();
   loss_sum_ = 0;
   held_.clear(), mailbox_.clear(), activations_.clear();  // what a step that threw left; this step's shapes
-  // Gradients reduced once, in the rank's last backward (B or W), where the owner says so.
-  const auto last_backward = std::ranges::find_if(plan_.rbegin(), plan_.rend(), [](const PlanStep& step) {
-    const auto* a = std::get_if<Action>(&step);
-    return a && (a->kind == Action::backward || a->kind == Action::backward_weight);
-  });
-  const PlanStep* last_gradients = last_backward == plan_.rend() ? nullptr : &*last_backward;
   const GradientSyncGuard sync(sharded);
   for (const PlanStep& step : plan_) {
     if (const auto* e = std::get_if<Exchange>(&step)) {
@@ -255,7 +253,7 @@ double Pipeline::run(const Tensor& inputs, const Tensor& targets, double loss_sc
       forward(a, micro_inputs, micro_targets);
       continue;
     }
-    sync.before_backward(&step == last_gradients);
+    sync.before_backward(&step == &plan_[last_gradients_]);
     backward(a);  // B, I or W
   }
   sum_tied();

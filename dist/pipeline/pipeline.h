@@ -101,6 +101,7 @@ class Pipeline {
   Device device_;
   std::map<std::pair<int, int>, Held> held_;  // by (chunk, micro-batch)
   std::vector<PlanStep> plan_;                // this rank's actions and exchanges
+  size_t last_gradients_ = 0;                 // in plan_: the last B or W, whose backward reduces
   // By tag: outputs and input gradients waiting to be sent, or taken by this rank's other
   // chunk; messages received, waiting for their action.
   std::map<int64_t, Tensor> mailbox_;

@@ -123,13 +123,9 @@ class ShardedModel final : public ParameterOwner {
   std::string describe() const override;  // "a ZeRO-2 ShardedModel"
 
   // Gradient accumulation (FSDP2's set_requires_gradient_sync): with sync off a backward
-  // reduces nothing and each unit keeps its full gradient for the next micro-batch to add
-  // into; turn it back on for the last micro-batch, which reduces the sum once (step()
-  // refuses to run after a backward whose gradients were never reduced). Leaving it on
-  // is correct too: a reduction per micro-batch. Stages 0 and 1 keep the full gradient
-  // anyway; at stages 2 and 3 sync off holds it (2 bytes a bf16 parameter; in
-  // ZeroConfig::accumulate_dtype if wider) between the micro-batches -- the memory those
-  // stages save, traded for 1/M of their gradient traffic.
+  // reduces nothing and each unit keeps its full gradient (at ZeRO-2, 3 too: memory for
+  // traffic); the last micro-batch, synced, reduces the sum once. step() refuses to run
+  // after an unsynced backward.
   void set_gradient_sync(bool sync);
   bool gradient_sync() const;
   // Whether a Pipeline turns sync off for all but a step's last backward: stages 0, 1

@@ -304,8 +304,8 @@ InFlight Unit::reduce_scatter_into_full(bool sync) {
 // ZeRO-2, 3 between synced micro-batches: autograd adds into the kept full gradient, in
 // the compute dtype; a wider accumulate dtype sums the micro-batches in `grad_unsynced_`
 // instead, as the shard would have, and frees each micro-batch's full gradient.
-void Unit::keep_unsynced(bool last) {
-  if (ctx_.accumulate_dtype == ctx_.compute_dtype || (last && !grad_unsynced_.defined())) return;
+void Unit::keep_unsynced(bool synced) {
+  if (ctx_.accumulate_dtype == ctx_.compute_dtype || (synced && !grad_unsynced_.defined())) return;
   if (!grad_unsynced_.defined())
     grad_unsynced_ = allocate(spec_.padded, ctx_.accumulate_dtype, ctx_.device, MemoryCategory::gradient, true);
   backend(ctx_.device).binary(BinaryOp::add, grad_unsynced_, moved(grad_full_, ctx_.device, ctx_.accumulate_dtype),

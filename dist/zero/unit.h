@@ -154,7 +154,7 @@ class Unit {
   InFlight all_reduce_bucket(int64_t begin, int64_t end, bool sync);
   InFlight reduce_scatter_into_full(bool sync);
   InFlight reduce_scatter_and_free(bool sync);
-  void keep_unsynced(bool last);
+  void keep_unsynced(bool synced);  // before a reduction (synced) or instead of one
 
   const UnitContext& ctx_;
   UnitSpec spec_;

@@ -59,11 +59,9 @@ struct ZeroConfig {
   // with S for N; the inter-group traffic is the gradient shard's all-reduce alone.
   // 0: the whole group (S = N).
   int shard_group_size = 0;
-  // Stages 2, 3 under a Pipeline: each unit's full gradient is kept across the micro-batches
-  // and reduced once, after the last (FSDP2's set_requires_gradient_sync(False) for all but
-  // the last): 1/M of the gradient traffic, for holding the full gradient (in the
-  // accumulate dtype) through the step's backwards. Off: each micro-batch is reduce-scattered
-  // into the shard. Stages 0 and 1 keep the full gradient anyway and always reduce once.
+  // Stages 2, 3 under a Pipeline: each unit's full gradient kept over the micro-batches and
+  // reduced once, after the last -- 1/M of the gradient traffic for the full gradient's
+  // memory. Off: each micro-batch reduce-scattered into the shard. (Stages 0, 1 always.)
   bool reduce_once = false;
   // qwZ (ZeRO++, stage 3): the weight all-gathers sent as blockwise int8, a scale per 2048
   // elements (tensor/quantize.h), dequantized on arrival into the compute dtype: about half
