@@ -70,6 +70,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -97,6 +98,7 @@
 #include "tensor/atomic_file.h"
 #include "tensor/deferred.h"
 #include "tensor_parallel_formulas.h"
+#include "traffic_figure.h"
 #include "zerograd.h"
 
 using namespace zg;
@@ -136,6 +138,10 @@ struct Record {
           peak_allocated = 0, reserved = 0, sent_per_step = 0, formula_states = 0, formula_sent = 0,
           construction_peak = 0,  // the most this rank held while the sharded model was built
           sent_across = 0, formula_sent_across = 0;  // hybrid: of sent_per_step, what went to the other groups
+  // Of sent_per_step, what stayed within this rank's node of ranks_per_node ranks and its share
+  // of what left it (across_share); the formulas' without --tp or --pp.
+  int ranks_per_node = 1;
+  int64_t sent_within_node = 0, sent_across_nodes = 0, formula_sent_within_node = 0, formula_sent_across_nodes = 0;
   // --tp T: of sent_per_step, what went to the tensor-parallel group; activations' formulas
   // (bench/tensor_parallel_formulas.h: the step's peak, and one layer as we keep it and as the paper counts it).
   int tp = 1;
@@ -177,7 +183,7 @@ struct Options {
   bool simulate = false, calibrate = false, json = false, checkpointing = false, caching = false;  // caching: meta
   dist::Machine machine;
   int64_t batch = 1, seq = 0;  // seq 0: the model's block, up to 1024
-  std::string timeline_dir, schedule_svg;
+  std::string timeline_dir, schedule_svg, zeropp_svg;
   // What every setting's ShardedModel is given besides its stage and offload: --compute,
   // --accumulate, --shard-group (0: the whole group), --bucket-bytes, --prefetch-bytes,
   // --keep-after-forward.
@@ -223,6 +229,7 @@ Formula formula_states(const dist::ZeroConfig& zero, int64_t psi, int n) {
   };
   Formula f;
   if (!placement.offloads_parameters()) f.device += bytes(placement.compute, compute);
+  if (zero.secondary_weights) f.device += compute * psi / zero.ranks_per_node;  // hpZ: 2Ψ/S
   if (placement.offloads_optimizer()) {
     f.host += (12 + shard_bytes) * psi / n;
     if (placement.gradients.layout == dist::Layout::full) f.device += 2 * psi;
@@ -239,18 +246,52 @@ Formula formula_states(const dist::ZeroConfig& zero, int64_t psi, int n) {
 int reductions(const dist::ZeroConfig& zero, int micro_batches, int chunks) {
   return zero.placement().frees_full_gradients() && !zero.reduce_once ? micro_batches * chunks : 1;
 }
-// Elements sent per step within a shard group of n: each reduction's Ψ (an all-reduce's
-// reduce-scatter half, or a reduce-scatter) and Ψ gathered (the all-reduce's other half,
-// or the step's all-gather) -- ZeRO-3 gathers for each micro-batch's forward and backward
-// instead, 2 M Ψ; each of the compute dtype. So 2Ψ, and 3Ψ at ZeRO-3, with one micro-batch.
-// qwZ gathers 1 + 4/2048 bytes an element (int8 and the blocks' f32 scales).
-int64_t formula_sent(const dist::ZeroConfig& zero, int64_t psi, int n, int micro_batches, int chunks) {
-  const bool stage3 = zero.placement().gathers_parameters();
-  const double element = static_cast<double>(element_size(zero.compute_dtype));
-  const double gather_bytes = zero.quantize_weights ? 1.0 + 4.0 / static_cast<double>(kQuantizationBlock) : element;
-  const double bytes = reductions(zero, micro_batches, chunks) * element +
-                       (stage3 ? 2.0 * micro_batches * gather_bytes : element);
-  return static_cast<int64_t>(bytes * static_cast<double>(psi) * (n - 1) / n);
+// Bytes a rank sends per step, by the group they go on: its shard group of n (all N, or S
+// with hybrid sharding), and with hpZ or qgZ its node's g ranks and its node rank's N / g.
+// Each reduction sends Ψ (an all-reduce's reduce-scatter half, or a reduce-scatter) and the
+// step gathers Ψ (the all-reduce's other half, or the all-gather after the update) -- ZeRO-3
+// gathers for each micro-batch's forward and backward instead, 2 M Ψ; each of the compute
+// dtype, ring-counted ((n-1)/n). So 2Ψ, and 3Ψ at ZeRO-3, with one micro-batch. ZeRO++:
+//   qwZ  the gathers over n in int8 and the blocks' f32 scales, 1 + 4/2048 bytes an element
+//   hpZ  the step's first gather over n, the other 2M - 1 within the node from the secondary
+//        partition (the compute dtype: qwZ's values dequantized), Ψ (g-1)/g each
+//   qgZ  each reduction as the two-hop all-to-all (quantized_reduce.h), b = bits/8 + 4/block:
+//        Ψ (g-1)/g b within the node, Ψ/g (r-1)/r b across (r = N/g)
+// This rank's share of `bytes` it sent on a group of n ranks `stride` apart that left its node
+// of `node` ranks: a ring leaves a node once for the h members on it, each sending 1/h of that
+// -- all of it when h = 1 (one member a node), none when the group lies within the node.
+double across_share(double bytes, int n, int stride, int node) {
+  const int here = stride >= node ? 1 : std::min(n, node / stride);
+  return here >= n ? 0 : bytes / here;
+}
+
+struct Traffic {
+  double shard = 0, node = 0, across = 0;
+  double total() const { return shard + node + across; }
+};
+Traffic formula_traffic(const dist::ZeroConfig& zero, int64_t psi, int n, int g, int micro_batches, int chunks) {
+  const double element = static_cast<double>(element_size(zero.compute_dtype)), p = static_cast<double>(psi);
+  const double scales = 4.0 / static_cast<double>(kQuantizationBlock);
+  const double gather_bytes = zero.quantize_weights ? 1.0 + scales : element;
+  const auto ring = [](int k) { return (k - 1.0) / k; };
+  Traffic t;
+  const int rho = reductions(zero, micro_batches, chunks);
+  if (zero.gradient_bits != 0) {
+    const double b = zero.gradient_bits / 8.0 + 4.0 / static_cast<double>(zero.gradient_block);
+    t.node += rho * p * ring(g) * b;
+    t.across += rho * p / g * ring(n / g) * b;
+  } else {
+    t.shard += rho * p * ring(n) * element;
+  }
+  if (!zero.placement().gathers_parameters()) {
+    t.shard += p * ring(n) * element;
+  } else if (zero.secondary_weights) {
+    t.shard += p * ring(n) * gather_bytes;
+    t.node += (2.0 * micro_batches - 1) * p * ring(g) * element;
+  } else {
+    t.shard += 2.0 * micro_batches * p * ring(n) * gather_bytes;
+  }
+  return t;
 }
 // Hybrid sharding, across r groups of s: each reduction's all-reduce of the gradient shard, Ψ/s elements.
 int64_t formula_sent_across(const dist::ZeroConfig& zero, int64_t psi, int s, int r, int micro_batches, int chunks) {
@@ -324,7 +365,17 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& 
   r.formula_host = formula.host;
   r.formula_sent_across =
       formula_sent_across(zero, psi, r.shard_group, r.world_size / tp / r.pp / r.shard_group, r.micro_batches, r.chunks);
-  r.formula_sent = formula_sent(zero, psi, r.shard_group, r.micro_batches, r.chunks) + r.formula_sent_across;
+  const Traffic traffic =
+      formula_traffic(zero, psi, r.shard_group, std::max(zero.ranks_per_node, 1), r.micro_batches, r.chunks);
+  r.formula_sent = static_cast<int64_t>(traffic.total()) + r.formula_sent_across;
+  if (tp == 1 && r.pp == 1) {  // within and across nodes: the shard group's ranks 1 apart, the replicas' S
+    const int s = r.shard_group, g = r.ranks_per_node, node = std::max(zero.ranks_per_node, 1);  // (hpZ's, qgZ's)
+    r.formula_sent_across_nodes = static_cast<int64_t>(
+        across_share(traffic.shard, s, 1, g) + across_share(traffic.node, node, 1, g) +
+        across_share(traffic.across, s / node, node, g) +
+        across_share(static_cast<double>(r.formula_sent_across), r.world_size / s, s, g));
+    r.formula_sent_within_node = r.formula_sent - r.formula_sent_across_nodes;
+  }
   r.tp = tp;
   r.sequence_parallel = sp;
   if (tp == 1 || r.pp > 1) return;  // Korthikanti et al.'s formulas are for the whole model
@@ -376,11 +427,29 @@ struct RankModel {
   nn::Module& trained() { return held ? *held : static_cast<nn::Module&>(*model); }
 };
 
+// Of what the model's groups sent, this rank's share of what left its node (across_share),
+// each group's stride from the mesh: the world's ranks are 1 apart, dp_shard's node ranks
+// as dp_shard's, its node ranks' peers ranks_per_node of them apart.
+double sent_across_nodes(const dist::ShardedModel& sharded, dist::ProcessGroup& world, int ranks_per_node) {
+  const dist::DeviceMesh& mesh = sharded.mesh();
+  const int shard = mesh.stride("dp_shard");
+  std::map<dist::ProcessGroup*, int> strides = {{&world, 1}};
+  for (const dist::MeshDim& dim : mesh.dims()) strides.emplace(&mesh.group(dim.name), mesh.stride(dim.name));
+  if (dist::ProcessGroup* node = sharded.node_group()) {
+    strides.emplace(node, shard);
+    strides.emplace(sharded.across_group(), shard * node->size());
+  }
+  double across = 0;
+  for (const auto& [group, stride] : strides)
+    across += across_share(static_cast<double>(group->bytes_sent()), group->size(), stride, ranks_per_node);
+  return across;
+}
+
 // Training steps on this rank with `zero`, the model cut over `tp` ranks; returns the record
 // read after the last. With `log`, the last step's kernels and collectives are recorded
 // into it (a dry run: --simulate); with `run`, every allocation of the steps into its timeline.
 Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int steps, int64_t batch, int64_t seq,
-               Device device, dist::ProcessGroup& group, int tp, bool sp, const Pipelining& pipe,
+               Device device, dist::ProcessGroup& group, int tp, bool sp, const Pipelining& pipe, int ranks_per_node,
                StepLog* log = nullptr, TimelineRun* run = nullptr) {
   RankModel built(config, device, group, tp, sp, zero, pipe);
   nn::GPT& model = *built.model;
@@ -429,6 +498,8 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     std::set<dist::ProcessGroup*> groups = {&group, &sharded.shard_group()};
     if (replicas) groups.insert(replicas);
     if (mesh) groups.merge(mesh_groups(*mesh));
+    for (dist::ProcessGroup* zeropp : {sharded.node_group(), sharded.across_group()})
+      if (zeropp) groups.insert(zeropp);
     for (dist::ProcessGroup* g : groups) g->reset_bytes_sent();
     const auto mark = [&](const char* phase) {  // where the step's phases begin, for --schedule-svg
       if (recording) log->mark(phase);
@@ -461,6 +532,9 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     r.sent_pp = pipeline && pipe.pp > 1 ? built.pp().bytes_sent() : 0;
     r.sent_per_step = 0;
     for (dist::ProcessGroup* g : groups) r.sent_per_step += g->bytes_sent();
+    r.ranks_per_node = ranks_per_node;
+    r.sent_across_nodes = static_cast<int64_t>(sent_across_nodes(sharded, group, ranks_per_node));
+    r.sent_within_node = r.sent_per_step - r.sent_across_nodes;
   }
   if (run) {
     group.barrier();
@@ -481,7 +555,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
 std::vector<Record> all_records(dist::ProcessGroup& host, const std::vector<Record>& mine) {
   static constexpr int Record::*kInts[] = {&Record::stage, &Record::world_size, &Record::rank, &Record::shard_group,
                                            &Record::tp, &Record::pp, &Record::pp_rank, &Record::micro_batches,
-                                           &Record::held};
+                                           &Record::held, &Record::ranks_per_node};
   static constexpr int64_t Record::*kInt64s[] = {
       &Record::params, &Record::parameter, &Record::gradient, &Record::optimizer_state, &Record::activation,
       &Record::communication, &Record::peak_allocated, &Record::reserved, &Record::sent_per_step,
@@ -489,7 +563,8 @@ std::vector<Record> all_records(dist::ProcessGroup& host, const std::vector<Reco
       &Record::formula_sent_across, &Record::host_parameter, &Record::host_gradient, &Record::host_optimizer_state,
       &Record::host_peak, &Record::formula_host, &Record::sent_tp, &Record::formula_sent_tp,
       &Record::formula_activation, &Record::formula_activation_layer, &Record::paper_activation_layer,
-      &Record::sent_pp};
+      &Record::sent_pp, &Record::sent_within_node, &Record::sent_across_nodes, &Record::formula_sent_within_node,
+      &Record::formula_sent_across_nodes};
   constexpr size_t kFields = std::size(kInts) + std::size(kInt64s) + 1;  // + the offload
   std::vector<int64_t> packed;
   for (const Record& r : mine) {
@@ -615,7 +690,7 @@ int largest_trainable(const Options& o) {
       Context rank0(0);
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, 1);
-      const Record r = measure(zero_config(o, setting), config, 1, 1, 1024, kMeta, group, 1, false, {});
+      const Record r = measure(zero_config(o, setting), config, 1, 1, 1024, kMeta, group, 1, false, {}, 1);
       if (static_cast<double>(r.peak_allocated) > device_bytes) break;
       fits = &preset;
       best = r;
@@ -638,6 +713,45 @@ std::string format_ms(double seconds) {
   char text[32];
   std::snprintf(text, sizeof(text), " %11.2f", seconds * 1e3);
   return text;
+}
+
+// --zeropp-svg FILE: ZeRO-3 and each ZeRO++ technique (qwZ, hpZ, qgZ, then all three) as
+// dry runs of rank --rank at N in nodes of --ranks-per-node: a table of what a rank sends
+// within its node and across nodes, and the figure of it (bench/traffic_figure.h).
+int zeropp_figure(const Options& o, const Preset& preset) {
+  struct Technique {
+    const char* label;
+    bool qwz, hpz;
+    int gradient_bits;
+  };
+  const int64_t seq = seq_of(o, preset);
+  const int node = o.machine.ranks_per_node;
+  std::printf("GPT %s, N = %d in nodes of %d, batch %lld x %lld, ZeRO-3 in bf16, rank %d: GB a step (1e9 bytes); M "
+              "= 2Ψ, the paper's unit (a node's bytes across)\n\n%-16s %12s %12s %11s %13s\n",
+              preset.name, o.world, node, static_cast<long long>(o.batch), static_cast<long long>(seq), o.dry_rank,
+              "technique", "within node", "across", "across M", "model states");
+  std::vector<bench::TrafficBar> bars;
+  for (const Technique& t : {Technique{"ZeRO-3", false, false, 0}, Technique{"qwZ", true, false, 0},
+                             Technique{"hpZ", false, true, 0}, Technique{"qgZ (int4)", false, false, 4},
+                             Technique{"qwZ + hpZ + qgZ", true, true, 4}}) {
+    dist::ZeroConfig zero = zero_config(o, {3, dist::Offload::none});
+    zero.quantize_weights = t.qwz, zero.secondary_weights = t.hpz, zero.gradient_bits = t.gradient_bits;
+    zero.ranks_per_node = node;
+    Context dry(o.dry_rank);
+    ContextGuard guard(dry);
+    dist::FakeGroup group(o.dry_rank, o.world);
+    const Record r = measure(zero, preset.config, o.steps, o.batch, seq, kMeta, group, 1, false, {}, node);
+    const double m = 2.0 * static_cast<double>(r.params) / node;  // a rank's share of M
+    bars.push_back({t.label, static_cast<double>(r.sent_within_node), static_cast<double>(r.sent_across_nodes),
+                    static_cast<double>(r.sent_across_nodes) / m});
+    std::printf("%-16s %12.3f %12.3f %11.3f %13.3f\n", t.label, static_cast<double>(r.sent_within_node) / 1e9,
+                static_cast<double>(r.sent_across_nodes) / 1e9, bars.back().across_m,
+                static_cast<double>(r.parameter + r.gradient + r.optimizer_state) / 1e9);
+  }
+  const std::string title = concat("ZeRO++, GPT ", preset.name, " at N = ", o.world, " in nodes of ", node,
+                                   ": bytes a rank sends a step, within its node and across nodes");
+  std::ofstream(o.zeropp_svg) << bench::traffic_svg(title, bars);
+  return 0;
 }
 
 // --simulate: for each N and setting, rank 0's dry run (its second step, recorded)
@@ -673,7 +787,7 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
       dist::FakeGroup group(0, world);
       StepLog& log = logs.emplace_back();
       const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, o.tp,
-                               o.sequence_parallel, o.pipe, &log);
+                               o.sequence_parallel, o.pipe, o.machine.ranks_per_node, &log);
       dist::StepTime t = dist::predict(log, o.machine);
       double idle = 0;  // --pp: the first stage's wait for the others
       if (o.pipe.on()) {
@@ -765,7 +879,7 @@ void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::Proces
     Context rank0(0);
     ContextGuard guard(rank0);
     dist::FakeGroup one(0, 1);
-    measure(zero, preset.config, 2, batch, seq, kMeta, one, 1, false, {}, &log);
+    measure(zero, preset.config, 2, batch, seq, kMeta, one, 1, false, {}, 1, &log);
   }
   const double scale = real_step / dist::predict(log, rates).compute;
   std::string flags = "--tflops " + std::to_string(rates.flops_per_second / scale / 1e12) + " --memory-gbps " +
@@ -841,20 +955,23 @@ std::vector<Record> measure_setting(const Options& o, const Preset& preset, Sett
     if (o.caching) dry.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
     ContextGuard guard(dry);
     dist::FakeGroup group(o.dry_rank, o.world);
-    records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, o.pipe, nullptr, run));
+    records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel,
+                              o.pipe, o.machine.ranks_per_node, nullptr, run));
     return records;
   }
   std::mutex records_mutex;
   dist::run_local(o.world, [&](dist::ProcessGroup& group) {
     Record r;
     if (!use_nccl) {
-      r = measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, o.pipe, nullptr, run);
+      r = measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, o.pipe,
+                  o.machine.ranks_per_node, nullptr, run);
     } else {
 #ifdef ZG_WITH_NCCL
       // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
       const Device mine(DeviceType::cuda, group.rank());
       const auto nccl = dist::NcclGroup::bootstrap(group, mine);
-      r = measure(zero, preset.config, o.steps, o.batch, seq, mine, *nccl, o.tp, o.sequence_parallel, o.pipe, nullptr, run);
+      r = measure(zero, preset.config, o.steps, o.batch, seq, mine, *nccl, o.tp, o.sequence_parallel, o.pipe,
+                  o.machine.ranks_per_node, nullptr, run);
 #endif
     }
     std::lock_guard lock(records_mutex);
@@ -918,6 +1035,21 @@ std::string pipeline_json(const Options& o, const Record& r) {
                 ", \"sent_pipeline\": ", r.sent_pp);
 }
 
+// Within and across nodes, and ZeRO++'s settings. The paper counts M = the model's 16-bit
+// bytes a node sends across (3M for ZeRO-3): across_nodes_in_M is G x this rank's share / 2Ψ.
+std::string node_json(const Options& o, const Record& r) {
+  const bool formulas = r.tp == 1 && r.pp == 1;
+  const double m = 2.0 * static_cast<double>(r.params) / r.ranks_per_node;  // this rank's share of M
+  return concat(", \"ranks_per_node\": ", r.ranks_per_node, ", \"sent_within_node\": ", r.sent_within_node,
+                ", \"sent_across_nodes\": ", r.sent_across_nodes,
+                formulas ? concat(", \"formula_sent_within_node\": ", r.formula_sent_within_node,
+                                  ", \"formula_sent_across_nodes\": ", r.formula_sent_across_nodes)
+                         : std::string(),
+                ", \"across_nodes_in_M\": ", static_cast<double>(r.sent_across_nodes) / m,
+                ", \"qwz\": ", o.zero.quantize_weights ? "true" : "false", ", \"hpz\": ",
+                o.zero.secondary_weights ? "true" : "false", ", \"qgz_bits\": ", o.zero.gradient_bits);
+}
+
 // One JSON record per rank and setting.
 void print_json(const Options& o, Device device, const std::vector<Record>& records) {
   std::printf("[\n");
@@ -929,7 +1061,7 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
                 "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld, "
                 "\"construction_peak\": %lld, \"offload\": \"%s\", \"host_parameter\": %lld, \"host_gradient\": %lld, "
                 "\"host_optimizer_state\": %lld, \"host_peak\": %lld, \"formula_host_model_states\": %lld, "
-                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld%s%s}%s\n",
+                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld%s%s%s}%s\n",
                 o.model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
                 (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
                 (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
@@ -937,8 +1069,8 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
                 (long long)r.formula_sent, (long long)r.construction_peak, dist::name(r.offload),
                 (long long)r.host_parameter, (long long)r.host_gradient, (long long)r.host_optimizer_state,
                 (long long)r.host_peak, (long long)r.formula_host, r.shard_group, (long long)r.sent_across,
-                (long long)r.formula_sent_across, tensor_parallel_json(r).c_str(), pipeline_json(o, r).c_str(),
-                i + 1 < records.size() ? "," : "");
+                (long long)r.formula_sent_across, node_json(o, r).c_str(), tensor_parallel_json(r).c_str(),
+                pipeline_json(o, r).c_str(), i + 1 < records.size() ? "," : "");
   }
   std::printf("]\n");
 }
@@ -1051,7 +1183,7 @@ int run_processes(Options& o, const Preset& preset, const std::vector<Setting>& 
     std::vector<Record> measured;
     for (const Setting& setting : settings)
       measured.push_back(measure(zero_config(o, setting), preset.config, o.steps, o.batch, seq_of(o, preset), mine,
-                                 nccl ? *nccl : host, o.tp, o.sequence_parallel, o.pipe));
+                                 nccl ? *nccl : host, o.tp, o.sequence_parallel, o.pipe, o.machine.ranks_per_node));
     records = all_records(host, measured);
   });
   if (status != 0 || my_rank != 0) return status;  // rank 0 prints
@@ -1097,11 +1229,13 @@ void usage() {
       "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--tp T [--sequence-parallel]] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
       "                   [--pp P] [--schedule gpipe|1f1b|interleaved|zb-h1|zb-h2] [--micro-batches M] [--chunks V]\n"
-      "                   [--reduce-once] [--qwz]\n"
+      "                   [--reduce-once] [--qwz] [--hpz] [--qgz | --qgz-bits 4|8] [--qgz-block B]\n"
+      "                   [--ranks-per-node G]\n"
       "                   [--compute bf16|f32] [--checkpointing] [--caching] [--timeline DIR]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--stage S,S,...] [--tflops X] [--memory-gbps X]\n"
       "                   [--kernel-us X] [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X]\n"
       "                   [--inter-us X] [--bucket-bytes B] [--schedule-svg FILE]\n"
+      "       zero_memory --zeropp-svg FILE [--model M] [--world-size N] [--ranks-per-node G]\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
       "       zero_memory --largest-on GB\n"
       "A preset's shape changes with --layers L --heads H --embd C --vocab V.\n"
@@ -1125,6 +1259,15 @@ void usage() {
       "--reduce-once (stages 2, 3; with --micro-batches): each unit's full gradient kept over the micro-batches,\n"
       "  reduced once a step instead of each (stages 0, 1 always reduce once).\n"
       "--qwz (stage 3): ZeRO++'s quantized weight gathers, int8 with an f32 scale per 2048 elements.\n"
+      "--hpz (stage 3): ZeRO++'s secondary partition of the weights within each node of --ranks-per-node G\n"
+      "  ranks (8 by default): the step's later gathers stay within the node, for 2Ψ/G more bytes a rank.\n"
+      "--qgz (stages 2, 3): ZeRO++'s gradient reduction as int4 all-to-alls within the node, then across\n"
+      "  (--qgz-bits 8: int8; --qgz-block: elements a scale, 64). The sharding stays over all N: not with\n"
+      "  --shard-group (hybrid sharding, HSDP).\n"
+      "Sent within / across nodes (of --ranks-per-node G): a collective over ranks on several nodes leaves\n"
+      "  each node once, its bytes shared by the node's ranks in it (the ZeRO++ paper's accounting).\n"
+      "--zeropp-svg FILE: ZeRO-3, qwZ, hpZ, qgZ and all three as dry runs: a table of the bytes a rank sends\n"
+      "  within its node and across nodes, and their figure.\n"
       "--compute: the dtype of the forward and backward (bf16 default; master weights and Adam stay f32).\n"
       "--checkpointing: each block's activations recomputed in backward instead of kept.\n"
       "--caching (meta): through the GPU's caching allocator over a simulated device: reserved bytes as\n"
@@ -1214,12 +1357,17 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--micro-batches") o.pipe.micro_batches = static_cast<int>(number(1, 1 << 16));
     else if (a == "--reduce-once") o.zero.reduce_once = true;
     else if (a == "--qwz") o.zero.quantize_weights = true;
+    else if (a == "--hpz") o.zero.secondary_weights = true;
+    else if (a == "--qgz") o.zero.gradient_bits = 4;
+    else if (a == "--qgz-bits") o.zero.gradient_bits = static_cast<int>(number(1, 64));
+    else if (a == "--qgz-block") o.zero.gradient_block = number(1, INT64_MAX);
     else if (a == "--chunks") o.pipe.chunks = static_cast<int>(number(1, 1 << 10));
     else if (a == "--schedule") o.pipe.schedule = value();
     else if (a == "--shard-group") o.zero.shard_group_size = static_cast<int>(number(1, 1 << 20));
     else if (a == "--prefetch-bytes") o.zero.prefetch_bytes = number(0, INT64_MAX);
     else if (a == "--bucket-bytes") o.zero.bucket_bytes = number(1, INT64_MAX);
     else if (a == "--schedule-svg") o.schedule_svg = value();
+    else if (a == "--zeropp-svg") o.zeropp_svg = value();
     else if (a == "--keep-after-forward") o.zero.keep_after_forward = split_commas(value());
     else {
       usage();
@@ -1262,6 +1410,13 @@ int main(int argc, char** argv) {
              "the table and --simulate, not --calibrate or --largest-on (one rank)");
     ZG_CHECK(o.tp > 1 || !o.sequence_parallel, "zero_memory: --sequence-parallel cuts the sequence across the --tp "
              "ranks: add --tp");
+    if (o.zero.secondary_weights || o.zero.gradient_bits != 0) {  // hpZ's and qgZ's node: the machine's
+      ZG_CHECK(o.zero.shard_group_size == 0, "zero_memory: --hpz and --qgz shard over all N ranks with nodes of "
+               "--ranks-per-node G (", o.machine.ranks_per_node, "); --shard-group ", o.zero.shard_group_size,
+               " is hybrid sharding (HSDP), which keeps every collective within its group: drop it, and give the node "
+               "as --ranks-per-node");
+      o.zero.ranks_per_node = std::max(o.machine.ranks_per_node / o.tp, 1);
+    }
     if (o.largest_on > 0) return largest_trainable(o);
     // auto: the GPU when this build has a usable one (N ranks sharing it), else the CPU.
     if (o.device_arg == "auto") o.device_arg = cuda_usable() ? "cuda" : "cpu";
@@ -1290,6 +1445,7 @@ int main(int argc, char** argv) {
     const std::vector<Setting> settings = requested_settings(o);
     make_timeline_dir(o, processes);
     if (o.simulate) return simulate(o, preset, settings, processes);
+    if (!o.zeropp_svg.empty()) return zeropp_figure(o, preset);
     return run_table(o, preset, settings, processes);
   } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::fprintf(stderr, "%s\n", e.what());

@@ -14,7 +14,7 @@
 //   attention.cu      fused attention (and its backward) through cuDNN's SDPA graphs
 //   sort.cu           sort_rows (CUB's segmented radix sort)
 //   scan.cu           cumsum_rows (CUB's block scan)
-//   quantize.cu       quantize_int8, dequantize_int8 (blockwise int8, ZeRO++'s qwZ)
+//   quantize.cu       quantize_blocks, dequantize_blocks (blockwise int8 / int4, ZeRO++)
 //
 // Conventions of every method: inputs were validated by the front-end as for the
 // CPU; the work is queued on the current rank's compute stream
@@ -56,8 +56,9 @@ class CudaBackend final : public Backend {
   void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& compute,
              const AdamWStep& step) override;
   void embedding_backward(const Tensor& grad_out, const Tensor& indices, const Tensor& grad_weight) override;
-  void quantize_int8(const Tensor& in, int64_t block, int64_t segment, const Tensor& q, const Tensor& scales) override;
-  void dequantize_int8(const Tensor& q, const Tensor& scales, int64_t block, int64_t segment,
+  void quantize_blocks(const Tensor& in, int bits, int64_t block, int64_t segment, const Tensor& q,
+                       const Tensor& scales) override;
+  void dequantize_blocks(const Tensor& q, const Tensor& scales, int bits, int64_t block, int64_t segment,
                        const Tensor& out) override;
   void sort_rows(const Tensor& in, bool descending, const Tensor& indices) override;
   void cumsum_rows(const Tensor& in, const Tensor& out) override;

@@ -69,7 +69,7 @@ void raise_deferred_errors(Device device) {
       fail("cross_entropy_backward: target ", value, " is out of range for ", bound, " classes", where, device.str(),
            "; reported at the next synchronisation with the host)");
     case DeferredErrorKind::quantize_non_finite:
-      fail("quantize_int8: element ", value, " of ", bound, " is not finite; only finite values quantize", where,
+      fail("quantize: element ", value, " of ", bound, " is not finite; only finite values quantize", where,
            device.str(), "; reported at the next synchronisation with the host)");
     case DeferredErrorKind::none: break;
   }

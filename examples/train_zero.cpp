@@ -55,7 +55,9 @@ struct Flags : examples::TrainingFlags {
   int64_t tp = 1;                              // tensor-parallel ranks a layer
   int64_t pp = 1, micro_batches = 1, chunks = 0;  // pipeline stages' ranks; chunks 0: the schedule's default
   std::string schedule = "1f1b";
-  bool sequence_parallel = false, reduce_once = false, qwz = false;
+  bool sequence_parallel = false, reduce_once = false, qwz = false, hpz = false;
+  int64_t gradient_bits = 0, ranks_per_node = 0;  // qgZ's bits (0: off); hpZ's and qgZ's node (0: all one)
+  int64_t gradient_block = 64;                    // qgZ's elements a scale
   int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
   std::vector<std::string> keep_after_forward;
   std::string group = "auto";
@@ -85,6 +87,12 @@ void usage() {
                "  --chunks V         stages a rank holds: 1, or V >= 2 for interleaved (default: 2 for interleaved)\n"
                "  --qwz              stage 3: weight all-gathers in blockwise int8 (ZeRO++'s qwZ); master\n"
                "                     weights and optimizer stay exact\n"
+               "  --hpz              stage 3: a secondary partition of the weights within each node of\n"
+               "                     --ranks-per-node ranks, so the step's later gathers stay in the node (hpZ)\n"
+               "  --qgz              stages 2, 3: gradients reduced as int4 all-to-alls within the node, then\n"
+               "                     across (ZeRO++'s qgZ), summed in f32; --qgz-bits 8 for int8, --qgz-block B\n"
+               "                     elements a scale (64)\n"
+               "  --ranks-per-node G hpZ's and qgZ's node: G consecutive data-parallel ranks\n"
                "  --reduce-once      stages 2, 3 with --micro-batches: keep each unit's full gradient over the\n"
                "                     micro-batches and reduce it once a step, not each (FSDP2's no-sync)\n"
 
@@ -123,6 +131,11 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--sequence-parallel") f.sequence_parallel = true;
     else if (a == "--reduce-once") f.reduce_once = true;
     else if (a == "--qwz") f.qwz = true;
+    else if (a == "--hpz") f.hpz = true;
+    else if (a == "--qgz") f.gradient_bits = 4;
+    else if (a == "--qgz-bits") f.gradient_bits = flag.count(1);
+    else if (a == "--qgz-block") f.gradient_block = flag.count(1);
+    else if (a == "--ranks-per-node") f.ranks_per_node = flag.count(1);
     else if (a == "--prefetch-bytes") f.prefetch_bytes = flag.count(0);
     else if (a == "--keep-after-forward") {
       const std::string list = flag.value();
@@ -137,9 +150,10 @@ bool parse(int argc, char** argv, Flags& f) {
   }
   f.check("train_zero");
   ZG_CHECK(f.stage <= 1024 && f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024 && f.tp <= 1024 &&
-               f.pp <= 1024 && f.micro_batches <= 1024 && f.chunks <= 1024,
-           "train_zero: --stage, --ranks, --prefetch, --shard-group, --tp, --pp, --micro-batches and --chunks go up to "
-           "1024");
+               f.pp <= 1024 && f.micro_batches <= 1024 && f.chunks <= 1024 && f.gradient_bits <= 1024 &&
+               f.ranks_per_node <= 1024,
+           "train_zero: --stage, --ranks, --prefetch, --shard-group, --tp, --pp, --micro-batches, --chunks, --qgz-bits "
+           "and --ranks-per-node go up to 1024");
   const dist::ScheduleKind kind = dist::parse_schedule(f.schedule);
   ZG_CHECK(!dist::splits_backward(kind) || f.stage < 3, "train_zero: --schedule ", f.schedule,
            " runs each micro-batch's W after its I, and ZeRO-3 frees a unit's gathered weights at the end of I; use "
@@ -170,7 +184,9 @@ dist::ZeroConfig zero_config(const Flags& f) {
           .keep_after_forward = f.keep_after_forward,
           .prefetch_bytes = f.prefetch_bytes,
           .shard_group_size = static_cast<int>(f.shard_group), .reduce_once = f.reduce_once,
-          .quantize_weights = f.qwz};
+          .quantize_weights = f.qwz, .secondary_weights = f.hpz, .gradient_bits = static_cast<int>(f.gradient_bits),
+          .gradient_block = f.gradient_block,
+          .ranks_per_node = static_cast<int>(f.ranks_per_node)};
 }
 
 // Refuses what ZeroConfig::problem finds wrong at the data-parallel ranks (known once the

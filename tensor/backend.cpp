@@ -140,19 +140,22 @@ void check_adamw_arguments(const Tensor& master, const Tensor& grad, const Tenso
 }
 
 QuantBlocks check_quantize_arguments(const char* op, const Tensor& values, const Tensor& q, const Tensor& scales,
-                                     int64_t block, int64_t segment) {
-  ZG_CHECK(block > 0, op, ": the block must be positive, got ", block);
+                                     int bits, int64_t block, int64_t segment) {
+  ZG_CHECK(bits == 8 || bits == 4, op, ": quantizes to 8 or 4 bits, not ", bits);
+  ZG_CHECK(block > 0 && (bits == 8 || block % 2 == 0), op, ": the block must be positive", bits == 4 ? " and even at 4 bits" : "",
+           ", got ", block);
   const int64_t n = values.numel();
-  ZG_CHECK(segment > 0 && n % segment == 0, op, ": the segment (where blocks restart) must be positive and divide the ",
-           n, " elements, got ", segment);
-  const QuantBlocks layout{n, block, segment};
+  ZG_CHECK(segment > 0 && n % segment == 0 && (bits == 8 || segment % 2 == 0), op,
+           ": the segment (where blocks restart) must be positive", bits == 4 ? ", even at 4 bits," : "",
+           " and divide the ", n, " elements, got ", segment);
+  const QuantBlocks layout{n, block, segment, bits};
   const int64_t blocks = layout.count();
   ZG_CHECK(is_floating(values.dtype()) && values.is_contiguous() && values.dim() == 1, op,
            ": the values must be a contiguous 1-D floating tensor, got ", describe(values));
-  ZG_CHECK(q.dtype() == DType::i8 && q.is_contiguous() && q.dim() == 1 && q.numel() == n &&
+  ZG_CHECK(q.dtype() == DType::i8 && q.is_contiguous() && q.dim() == 1 && q.numel() == layout.bytes() &&
                q.device() == values.device(),
-           op, ": the quantized values must be a contiguous [", n, "] i8 tensor on ", values.device().str(), ", got ",
-           describe(q));
+           op, ": the quantized values must be a contiguous [", layout.bytes(), "] i8 tensor (", bits,
+           " bits an element) on ", values.device().str(), ", got ", describe(q));
   ZG_CHECK(scales.dtype() == DType::f32 && scales.is_contiguous() && scales.dim() == 1 && scales.numel() == blocks &&
                scales.device() == values.device(),
            op, ": the scales must be a contiguous [", blocks, "] f32 tensor (one per block of ", block, ") on ",

@@ -77,11 +77,12 @@ struct AdamWStep {
 void check_adamw_arguments(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                            const Tensor& compute, const AdamWStep& step);
 
-// What every backend's quantize_int8 / dequantize_int8 checks first: values [n] floating and
-// q [n] i8, contiguous, on one device; scales [blocks.count()] f32 there; block and segment
-// positive, segment dividing n. Returns the blocks' layout.
+// What every backend's quantize_blocks / dequantize_blocks checks first: bits 8 or 4; values
+// [n] floating and q [blocks.bytes()] i8, contiguous, on one device; scales [blocks.count()]
+// f32 there; block and segment positive (even at 4 bits), segment dividing n. Returns the
+// blocks' layout.
 QuantBlocks check_quantize_arguments(const char* op, const Tensor& values, const Tensor& q, const Tensor& scales,
-                                     int64_t block, int64_t segment);
+                                     int bits, int64_t block, int64_t segment);
 
 class Backend {
  public:
@@ -171,18 +172,18 @@ class Backend {
   virtual void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const Tensor& compute, const AdamWStep& step) = 0;
 
-  // Blockwise symmetric int8 (ZeRO++'s qwZ): `in` cut into blocks of `block` elements,
-  // restarting every `segment` elements (tensor/quant_blocks.h: a gather's shards; n for
-  // one run of blocks, the last shorter); per block scale = max|x| / 127 and
-  // q = round(x / scale) (half away from zero), so |x - q scale| <= scale / 2. A block of
-  // zeros has scale 0. Computed in f32 (f64 for f64). A non-finite element is an error:
-  // the CPU throws, naming its index; CUDA writes q = 0 and a NaN scale and reports it at
-  // the next synchronisation.
-  virtual void quantize_int8(const Tensor& in, int64_t block, int64_t segment, const Tensor& q,
-                             const Tensor& scales) = 0;
+  // Blockwise symmetric int8 or int4 (ZeRO++'s qwZ, qgZ): `in` cut into blocks of `block`
+  // elements, restarting every `segment` elements (tensor/quant_blocks.h: a gather's shards;
+  // n for one run of blocks, the last shorter); per block scale = max|x| / L (L = 127 at 8
+  // bits, 7 at 4) and q = round(x / scale) (half away from zero), so |x - q scale| <= scale / 2,
+  // packed two a byte at 4 bits. A block of zeros has scale 0. Computed in f32 (f64 for f64).
+  // A non-finite element is an error: the CPU throws, naming its index; CUDA writes q = 0 and
+  // a NaN scale and reports it at the next synchronisation.
+  virtual void quantize_blocks(const Tensor& in, int bits, int64_t block, int64_t segment, const Tensor& q,
+                               const Tensor& scales) = 0;
   // out[i] = q[i] scales[scale_of(i)], rounded to out's dtype: every shard of a gather at once.
-  virtual void dequantize_int8(const Tensor& q, const Tensor& scales, int64_t block, int64_t segment,
-                               const Tensor& out) = 0;
+  virtual void dequantize_blocks(const Tensor& q, const Tensor& scales, int bits, int64_t block, int64_t segment,
+                                 const Tensor& out) = 0;
 
   // grad_weight[indices[i], :] += grad_out[i, :] (rows repeat: accumulate). Each row's
   // contributions are summed in f64 in order of i and added once (rounded once to its dtype).

@@ -403,34 +403,36 @@ TEST_CASE("an out-of-range index on the GPU becomes a zg::Error at the next sync
                        Error);
 }
 
-TEST_CASE("blockwise int8 quantization on the GPU gives the CPU's bits; a NaN is reported at the next synchronisation" *
-          doctest::skip(kNoGpu)) {
+TEST_CASE("blockwise int8 and int4 quantization on the GPU give the CPU's bits; a NaN is reported at the next "
+          "synchronisation" * doctest::skip(kNoGpu)) {
   manual_seed(11);
-  for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
-    INFO(name(dtype));
-    const Tensor x = (randn({10000}, dtype) * 3.0).to(dtype);
-    const QuantizedInt8 cpu = quantize_int8(x, 2048), gpu = quantize_int8(x.to(kCUDA), 2048);
-    CHECK(gpu.values.to(kCPU).to_vector<int32_t>() == cpu.values.to_vector<int32_t>());
-    CHECK(gpu.scales.to(kCPU).to_vector<float>() == cpu.scales.to_vector<float>());
-    CHECK(max_abs_diff(dequantize(gpu).to(kCPU), dequantize(cpu)) == 0.0);
+  for (const int bits : {8, 4}) {
+    for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+      INFO(bits << " bits, " << name(dtype));
+      const Tensor x = (randn({10000}, dtype) * 3.0).to(dtype);
+      const Quantized cpu = quantize(x, bits, 2048), gpu = quantize(x.to(kCUDA), bits, 2048);
+      CHECK(gpu.values.to(kCPU).to_vector<int32_t>() == cpu.values.to_vector<int32_t>());
+      CHECK(gpu.scales.to(kCPU).to_vector<float>() == cpu.scales.to_vector<float>());
+      CHECK(max_abs_diff(dequantize(gpu).to(kCPU), dequantize(cpu)) == 0.0);
+    }
+    // An all-gather's shards (each quantized on its own), dequantized in one pass: the CPU's bits.
+    const Tensor shards = randn({3000});
+    std::vector<Tensor> values, scales;
+    for (int r = 0; r < 3; ++r) {
+      const Quantized q = quantize(shards.narrow(0, 1000 * r, 1000), bits, 384);
+      values.push_back(q.values), scales.push_back(q.scales);
+    }
+    const Tensor all_values = cat(values, 0), all_scales = cat(scales, 0);
+    const Tensor on_cpu = empty({3000}), on_cuda = empty({3000}, on_gpu(DType::f32));
+    backend(kCPU).dequantize_blocks(all_values, all_scales, bits, 384, 1000, on_cpu);
+    backend(kCUDA).dequantize_blocks(all_values.to(kCUDA), all_scales.to(kCUDA), bits, 384, 1000, on_cuda);
+    CHECK(max_abs_diff(on_cuda.to(kCPU), on_cpu) == 0.0);
   }
-  // An all-gather's shards (each quantized on its own), dequantized in one pass: the CPU's bits.
-  const Tensor shards = randn({3000});
-  std::vector<Tensor> values, scales;
-  for (int r = 0; r < 3; ++r) {
-    const QuantizedInt8 q = quantize_int8(shards.narrow(0, 1000 * r, 1000), 384);
-    values.push_back(q.values), scales.push_back(q.scales);
-  }
-  const Tensor all_values = cat(values, 0), all_scales = cat(scales, 0);
-  const Tensor on_cpu = empty({3000}), on_cuda = empty({3000}, on_gpu(DType::f32));
-  backend(kCPU).dequantize_int8(all_values, all_scales, 384, 1000, on_cpu);
-  backend(kCUDA).dequantize_int8(all_values.to(kCUDA), all_scales.to(kCUDA), 384, 1000, on_cuda);
-  CHECK(max_abs_diff(on_cuda.to(kCPU), on_cpu) == 0.0);
   Tensor bad = ones({4096}, on_gpu(DType::f32));
   bad.narrow(0, 3000, 1).fill_(NAN);
-  CHECK_THROWS_WITH_AS(quantize_int8(bad).scales.to(kCPU),
-                       doctest::Contains("quantize_int8: element 3000 of 4096 is not finite"), Error);
-  CHECK(quantize_int8(ones({8}, on_gpu(DType::f32))).scales.to(kCPU).to_vector<float>()[0] == 1.0f / 127.0f);
+  CHECK_THROWS_WITH_AS(quantize(bad).scales.to(kCPU), doctest::Contains("quantize: element 3000 of 4096 is not finite"),
+                       Error);
+  CHECK(quantize(ones({8}, on_gpu(DType::f32))).scales.to(kCPU).to_vector<float>()[0] == 1.0f / 127.0f);
 }
 
 TEST_CASE("fused AdamW on the GPU matches the CPU, compute copy included" * doctest::skip(kNoGpu)) {

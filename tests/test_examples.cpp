@@ -334,7 +334,7 @@ TEST_CASE("bench/zero_memory --json gives one record per stage with the formula 
   const std::string out =
       run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 124m --world-size 8 --seq 8 --json", status);
   REQUIRE(status == 0);
-  const std::regex record(R"re(\{"model": "124m", "device": "meta", "group": "fake", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), "construction_peak": (\d+), "offload": "none", "host_parameter": 0, "host_gradient": 0, "host_optimizer_state": 0, "host_peak": 0, "formula_host_model_states": 0, "shard_group": 8, "sent_across_groups": 0, "formula_sent_across_groups": 0\})re");
+  const std::regex record(R"re(\{"model": "124m", "device": "meta", "group": "fake", "stage": (\d), "world_size": 8, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), "activation": \d+, "communication": \d+, "peak_allocated": \d+, "reserved": \d+, "sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), "construction_peak": (\d+), "offload": "none", "host_parameter": 0, "host_gradient": 0, "host_optimizer_state": 0, "host_peak": 0, "formula_host_model_states": 0, "shard_group": 8, "sent_across_groups": 0, "formula_sent_across_groups": 0[,}])re");
   int records = 0;
   for (auto it = std::sregex_iterator(out.begin(), out.end(), record); it != std::sregex_iterator(); ++it, ++records) {
     const auto& m = *it;
@@ -552,12 +552,50 @@ TEST_CASE("bench/zero_memory --qwz: ZeRO-3's int8 gathers send the formula's byt
   CHECK(quantized / plain == doctest::Approx((2 * (1 + 4.0 / 2048) + 2) / 6).epsilon(1e-3));
 }
 
+TEST_CASE("bench/zero_memory ZeRO++ at 7.5B, N = 64 in nodes of 8: across nodes 3M -> 0.75M with qwZ, hpZ and qgZ "
+          "as the formulas count; hpZ holds 16Ψ/N + 2Ψ/S") {
+  struct Row {
+    const char* flags;
+    double forward, backward, gradient;  // across nodes, in M (2Ψ bytes) a node: each collective's
+  };
+  const double ring = 63.0 / 64, nodes_ring = 7.0 / 8;                   // over N = 64; qgZ's second hop over 8 nodes
+  const double int8 = (1 + 4.0 / 2048) / 2, int4 = (0.5 + 4.0 / 64) / 2;  // bytes an element, per bf16 one (qgZ's block: 64)
+  for (const Row& row : {Row{"", ring, ring, ring}, Row{"--qwz", int8 * ring, int8 * ring, ring},
+                         Row{"--hpz", ring, 0, ring}, Row{"--qgz", ring, ring, int4 * nodes_ring},
+                         Row{"--qwz --hpz --qgz", int8 * ring, 0, int4 * nodes_ring}}) {
+    INFO(std::string(row.flags));
+    int status = 0;
+    const std::string json = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 7.5b --world-size 64 "
+                                         "--seq 8 --stage 3 --device meta --json " + row.flags, status);
+    REQUIRE(status == 0);
+    const auto r = nlohmann::json::parse(json)[0];
+    // Within 1e-5: units padded to a multiple of N, each rank's last block of scales short.
+    const auto near = [](double a, double b) { return std::fabs(a / b - 1) < 1e-5; };
+    CHECK(near(r["sent_within_node"].get<double>(), r["formula_sent_within_node"].get<double>()));
+    CHECK(near(r["sent_across_nodes"].get<double>(), r["formula_sent_across_nodes"].get<double>()));
+    // The paper's figures (3M, and 0.5 + 0 + 0.25 = 0.75M with all three) with each ring's
+    // (n-1)/n, which it rounds to 1, and the scales' 4 bytes a block of 2048.
+    CHECK(r["across_nodes_in_M"].get<double>() ==
+          doctest::Approx(row.forward + row.backward + row.gradient).epsilon(1e-4));
+    const double psi = r["params"].get<double>();
+    const double states = r["parameter"].get<double>() + r["gradient"].get<double>() + r["optimizer_state"].get<double>();
+    const bool hpz = std::string(row.flags).find("hpz") != std::string::npos;
+    CHECK(states == doctest::Approx(16 * psi / 64 + (hpz ? 2 * psi / 8 : 0)).epsilon(1e-3));
+    CHECK(states == doctest::Approx(r["formula_model_states"].get<double>()).epsilon(1e-3));
+  }
+  int status = 0;
+  const std::string refused = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 7.5b --world-size 64 "
+                                          "--stage 3 --shard-group 8 --hpz 2>&1", status);
+  CHECK(status != 0);
+  CHECK(refused.find("--shard-group 8 is hybrid sharding (HSDP)") != std::string::npos);
+}
+
 TEST_CASE("bench/zero_memory --shard-group: hybrid sharding's states follow S, its traffic splits within and across") {
   int status = 0;
   const std::string out = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 1.5b --world-size 64 --seq 8 "
                                       "--shard-group 8 --json", status);
   REQUIRE(status == 0);
-  const std::regex record(R"re("stage": (\d), "world_size": 64, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), .*"sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), .*"shard_group": 8, "sent_across_groups": (\d+), "formula_sent_across_groups": (\d+)\})re");
+  const std::regex record(R"re("stage": (\d), "world_size": 64, "rank": 0, "params": (\d+), "parameter": (\d+), "gradient": (\d+), "optimizer_state": (\d+), .*"sent_per_step": (\d+), "formula_model_states": (\d+), "formula_sent_per_step": (\d+), .*"shard_group": 8, "sent_across_groups": (\d+), "formula_sent_across_groups": (\d+)[,}])re");
   int records = 0;
   for (auto it = std::sregex_iterator(out.begin(), out.end(), record); it != std::sregex_iterator(); ++it, ++records) {
     const auto& m = *it;

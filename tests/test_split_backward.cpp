@@ -225,11 +225,13 @@ class CountingBackend final : public Backend {
   void embedding_backward(const Tensor& g, const Tensor& idx, const Tensor& gw) override {
     inner_.embedding_backward(g, idx, gw);
   }
-  void quantize_int8(const Tensor& in, int64_t block, int64_t segment, const Tensor& q, const Tensor& s) override {
-    inner_.quantize_int8(in, block, segment, q, s);
+  void quantize_blocks(const Tensor& in, int bits, int64_t block, int64_t segment, const Tensor& q,
+                       const Tensor& s) override {
+    inner_.quantize_blocks(in, bits, block, segment, q, s);
   }
-  void dequantize_int8(const Tensor& q, const Tensor& s, int64_t block, int64_t segment, const Tensor& out) override {
-    inner_.dequantize_int8(q, s, block, segment, out);
+  void dequantize_blocks(const Tensor& q, const Tensor& s, int bits, int64_t block, int64_t segment,
+                         const Tensor& out) override {
+    inner_.dequantize_blocks(q, s, bits, block, segment, out);
   }
   void sort_rows(const Tensor& in, bool descending, const Tensor& idx) override {
     inner_.sort_rows(in, descending, idx);

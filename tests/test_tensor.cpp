@@ -214,7 +214,7 @@ TEST_CASE("a released storage throws on use and comes back when materialised") {
 // Each element of `x` against its dequantized value: within half its block's scale, to
 // the rounding of the f32 quotient and product (a few ulp of the block's max) and of the
 // result to x's dtype (half an ulp of bf16: 2^-8 of it).
-static void check_within_block_bound(const Tensor& x, const QuantizedInt8& q) {
+static void check_within_block_bound(const Tensor& x, const Quantized& q) {
   const double rounding = x.dtype() == DType::bf16 ? 0x1p-8 : 0;
   const std::vector<double> want = x.to_vector<double>(), got = dequantize(q).to_vector<double>();
   const std::vector<float> scales = q.scales.to_vector<float>();
@@ -226,65 +226,81 @@ static void check_within_block_bound(const Tensor& x, const QuantizedInt8& q) {
   }
 }
 
-TEST_CASE("quantize_int8: blockwise int8 round trips within half a block's scale, for random and adversarial blocks") {
+TEST_CASE("quantize: blockwise int8 and int4 round trip within half a block's scale, for random and adversarial blocks") {
   manual_seed(5);
-  for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
-    INFO(name(dtype));
-    // Random values of different magnitude per block; a shorter last block (5000 = 2 x 2048 + 904).
-    const Tensor x = (randn({5000}, dtype) * (arange(5000.0, DType::f64) / 512.0 + 0.01).to(dtype)).to(dtype);
-    const QuantizedInt8 q = quantize_int8(x);
-    CHECK(q.values.dtype() == DType::i8);
-    CHECK(q.scales.numel() == 3);
-    CHECK(q.nbytes() == 5000 + 3 * 4);
-    CHECK(dequantize(q).dtype() == dtype);
-    check_within_block_bound(x, q);
+  for (const int bits : {8, 4}) {
+    const int top = bits == 8 ? 127 : 7;
+    for (DType dtype : {DType::f32, DType::bf16, DType::f64}) {
+      INFO(bits << " bits, " << name(dtype));
+      // Random values of different magnitude per block; a shorter last block (5000 = 2 x 2048 + 904).
+      const Tensor x = (randn({5000}, dtype) * (arange(5000.0, DType::f64) / 512.0 + 0.01).to(dtype)).to(dtype);
+      const Quantized q = quantize(x, bits);
+      CHECK(q.values.dtype() == DType::i8);
+      CHECK(q.scales.numel() == 3);
+      CHECK(q.nbytes() == 5000 * bits / 8 + 3 * 4);
+      CHECK(dequantize(q).dtype() == dtype);
+      check_within_block_bound(x, q);
+    }
+    // A block of zeros has scale 0 and comes back zeros; a block with one huge value keeps it
+    // exactly (q = +-L) while the small ones go to zero, within the bound; shapes come back.
+    Tensor adversarial = zeros({2, 64});
+    adversarial.narrow(0, 1, 1).copy_(randn({1, 64}) * 1e-3);
+    adversarial.narrow(1, 40, 1).narrow(0, 1, 1).fill_(-3e4);
+    const Quantized q = quantize(adversarial, bits, 64);
+    CHECK(q.scales.to_vector<float>()[0] == 0.0f);
+    CHECK(q.scales.to_vector<float>()[1] == 30000.0f / static_cast<float>(top));
+    CHECK(dequantize(q).shape() == Shape{2, 64});
+    CHECK(dequantize(q).narrow(0, 0, 1).to_vector<float>() == std::vector<float>(64, 0.0f));
+    CHECK(dequantize(q).to_vector<float>()[64 + 40] == -3e4f);
+    // Element 104 at 8 bits is byte 104; at 4 bits the low nibble of byte 52: -7 is 0b1001.
+    CHECK(q.values.to_vector<int32_t>()[bits == 8 ? 104 : 52] == (bits == 8 ? -127 : 9));
+    check_within_block_bound(adversarial, q);
+    // A strided view quantizes its own elements; at 4 bits an odd count gets a zero to fill its byte.
+    check_within_block_bound(adversarial.transpose(0, 1), quantize(adversarial.transpose(0, 1), bits, bits == 8 ? 7 : 8));
+    const Tensor odd = randn({3, 5});
+    check_within_block_bound(odd, quantize(odd, bits, 4));
   }
-  // A block of zeros has scale 0 and comes back zeros; a block with one huge value keeps it
-  // exactly (q = +-127) while the small ones go to zero, within the bound; shapes come back.
-  Tensor adversarial = zeros({2, 64});
-  adversarial.narrow(0, 1, 1).copy_(randn({1, 64}) * 1e-3);
-  adversarial.narrow(1, 40, 1).narrow(0, 1, 1).fill_(-3e4);
-  const QuantizedInt8 q = quantize_int8(adversarial, 64);
-  CHECK(q.scales.to_vector<float>()[0] == 0.0f);
-  CHECK(dequantize(q).shape() == Shape{2, 64});
-  CHECK(dequantize(q).narrow(0, 0, 1).to_vector<float>() == std::vector<float>(64, 0.0f));
-  CHECK(dequantize(q).to_vector<float>()[64 + 40] == -3e4f);
-  CHECK(q.values.to_vector<int32_t>()[64 + 40] == -127);
-  check_within_block_bound(adversarial, q);
-  // A strided view quantizes its own elements.
-  check_within_block_bound(adversarial.transpose(0, 1), quantize_int8(adversarial.transpose(0, 1), 7));
 }
 
-TEST_CASE("dequantize_int8 over segments (an all-gather's shards, each quantized by its rank) in one pass") {
+TEST_CASE("dequantize_blocks over segments (an all-gather's shards, each quantized by its rank) in one pass") {
   // Three shards of 1000 quantized on their own in blocks of 384 (3 scales each: 384, 384, 232).
   manual_seed(9);
   const Tensor x = randn({3000});
-  std::vector<Tensor> values, scales, each;
-  for (int r = 0; r < 3; ++r) {
-    const QuantizedInt8 q = quantize_int8(x.narrow(0, 1000 * r, 1000), 384);
-    values.push_back(q.values), scales.push_back(q.scales), each.push_back(dequantize(q));
+  for (const int bits : {8, 4}) {
+    std::vector<Tensor> values, scales, each;
+    for (int r = 0; r < 3; ++r) {
+      const Quantized q = quantize(x.narrow(0, 1000 * r, 1000), bits, 384);
+      values.push_back(q.values), scales.push_back(q.scales), each.push_back(dequantize(q));
+    }
+    const Tensor all_values = cat(values, 0), all_scales = cat(scales, 0), out = empty({3000});
+    backend(kCPU).dequantize_blocks(all_values, all_scales, bits, 384, 1000, out);
+    CHECK(max_abs_diff(out, cat(each, 0)) == 0.0);
+    // The layout is checked: a segment that does not divide the elements, scales of another count.
+    CHECK_THROWS_WITH_AS(backend(kCPU).dequantize_blocks(all_values, all_scales, bits, 384, 999, out),
+                         doctest::Contains("the segment (where blocks restart) must be positive"), Error);
+    CHECK_THROWS_WITH_AS(backend(kCPU).dequantize_blocks(all_values, all_scales, bits, 384, 3000, out),
+                         doctest::Contains("the scales must be a contiguous [8] f32 tensor"), Error);
   }
-  const Tensor all_values = cat(values, 0), all_scales = cat(scales, 0), out = empty({3000});
-  backend(kCPU).dequantize_int8(all_values, all_scales, 384, 1000, out);
-  CHECK(max_abs_diff(out, cat(each, 0)) == 0.0);
-  // The layout is checked: a segment that does not divide the elements, scales of another count.
-  CHECK_THROWS_WITH_AS(backend(kCPU).dequantize_int8(all_values, all_scales, 384, 999, out),
-                       doctest::Contains("the segment (where blocks restart) must be positive and divide the 3000"),
+  const Tensor q4 = empty({1500}, DType::i8), scales = empty({3});
+  CHECK_THROWS_WITH_AS(backend(kCPU).dequantize_blocks(q4, scales, 4, 383, 1000, x),
+                       "dequantize: the block must be positive and even at 4 bits, got 383", Error);
+  CHECK_THROWS_WITH_AS(backend(kCPU).dequantize_blocks(empty({3000}, DType::i8), scales, 4, 1000, 3000, x),
+                       doctest::Contains("the quantized values must be a contiguous [1500] i8 tensor (4 bits an element)"),
                        Error);
-  CHECK_THROWS_WITH_AS(backend(kCPU).dequantize_int8(all_values, all_scales, 384, 3000, out),
-                       doctest::Contains("the scales must be a contiguous [8] f32 tensor"), Error);
 }
 
-TEST_CASE("quantize_int8 refuses non-finite values, integer tensors and a block below one, naming them") {
+TEST_CASE("quantize refuses non-finite values, integer tensors, a block below one and bits other than 8 or 4") {
   Tensor x = ones({10});
   x.narrow(0, 7, 1).fill_(NAN);
-  CHECK_THROWS_WITH_AS(quantize_int8(x), doctest::Contains("quantize_int8: element 7 of f32[10] on cpu is nan; only "
-                                                             "finite values quantize"), Error);
+  CHECK_THROWS_WITH_AS(quantize(x), doctest::Contains("quantize: element 7 of f32[10] on cpu is nan; only "
+                                                      "finite values quantize"), Error);
   x.narrow(0, 7, 1).fill_(INFINITY);
-  CHECK_THROWS_WITH_AS(quantize_int8(x), doctest::Contains("element 7"), Error);
-  CHECK_THROWS_WITH_AS(quantize_int8(arange(4)), doctest::Contains("quantize_int8: expected a floating tensor, got i64"),
+  CHECK_THROWS_WITH_AS(quantize(x, 4), doctest::Contains("element 7"), Error);
+  CHECK_THROWS_WITH_AS(quantize(arange(4)), doctest::Contains("quantize: expected a floating tensor, got i64"), Error);
+  CHECK_THROWS_WITH_AS(quantize(ones({4}), 8, 0), "quantize: the block must be positive, got 0", Error);
+  CHECK_THROWS_WITH_AS(quantize(ones({4}), 4, 3), "quantize: the block must be positive and even at 4 bits, got 3",
                        Error);
-  CHECK_THROWS_WITH_AS(quantize_int8(ones({4}), 0), "quantize_int8: the block must be positive, got 0", Error);
+  CHECK_THROWS_WITH_AS(quantize(ones({4}), 2), "quantize: quantizes to 8 or 4 bits, not 2", Error);
 }
 
 }  // namespace zg::test

@@ -59,6 +59,7 @@ class DeviceMesh {
   // The world ranks of this rank's group along `dim`, in group-rank order (the formula above).
   std::vector<int> members(std::string_view dim) const;
   Link link(std::string_view dim) const;  // within a node when every member shares this rank's
+  int ranks_per_node() const { return ranks_per_node_; }
   std::string describe() const;           // "pp 2 x dp_shard 2 x tp 2 (8 ranks, 8 a node)"
 
   // The formula alone, for any rank: group_d(rank) in group-rank order.

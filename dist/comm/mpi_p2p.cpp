@@ -10,8 +10,11 @@ namespace zg::dist {
 
 namespace {
 
-// Beside mpi_group.cpp's tags 1-3 (failure notices, the call check).
-constexpr int kSendHeaderTag = 4, kRecvHeaderTag = 5, kDataTag = 6;
+// Beside mpi_group.cpp's tags 1-3 (failure notices, the call check). A message's bytes
+// carry its index (mod kDataTags): two messages to one peer whose headers arrive out of
+// order post their bytes out of order, and must not take each other's (an all-to-all's
+// values and scales; MPI_TAG_UB is at least 32767).
+constexpr int kSendHeaderTag = 4, kRecvHeaderTag = 5, kDataTag = 6, kDataTags = 16384;
 
 // Under the lock: both headers in -> compared, and a matching pair's bytes posted; the
 // bytes moved -> done.
@@ -31,8 +34,9 @@ void advance(MpiMessage& m) {
     }
     const int bytes = static_cast<int>(m.call.input.nbytes());  // at most INT_MAX: checked when posted
     void* data = m.call.input.data_ptr();
-    check_mpi(sending ? MPI_Isend(data, bytes, MPI_BYTE, peer, kDataTag, m.comm, &m.requests[2])
-                      : MPI_Irecv(data, bytes, MPI_BYTE, peer, kDataTag, m.comm, &m.requests[2]),
+    const int tag = kDataTag + static_cast<int>(m.index % kDataTags);
+    check_mpi(sending ? MPI_Isend(data, bytes, MPI_BYTE, peer, tag, m.comm, &m.requests[2])
+                      : MPI_Irecv(data, bytes, MPI_BYTE, peer, tag, m.comm, &m.requests[2]),
               sending ? "MPI_Isend (message data)" : "MPI_Irecv (message data)");
     m.phase = Phase::data;
   }

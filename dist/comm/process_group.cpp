@@ -404,6 +404,27 @@ WorkHandle ProcessGroup::batch_async(const std::vector<P2POp>& ops) {
   return works.size() == 1 ? works[0] : std::make_shared<AllOf>(std::move(works));
 }
 
+WorkHandle ProcessGroup::all_to_all_async(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) {
+  const int n = size(), me = rank();
+  ZG_CHECK(inputs.size() == outputs.size(), "all_to_all: ", inputs.size(), " inputs for ", outputs.size(), " outputs");
+  std::vector<P2POp> ops;
+  for (size_t t = 0; t < inputs.size(); ++t) {
+    const Tensor &in = inputs[t], &out = outputs[t];
+    ZG_CHECK(in.dim() == 1 && in.is_contiguous() && in.numel() % n == 0 && out.dim() == 1 && out.is_contiguous() &&
+                 out.numel() == in.numel() && out.dtype() == in.dtype() && out.device() == in.device(),
+             "all_to_all: input ", describe(in), " and output ", describe(out), " must be contiguous 1-D tensors alike, ",
+             "of ", n, " equal chunks (one a rank of the ", kind(), " group)");
+    const int64_t c = in.numel() / n;
+    for (int peer = 0; peer < n; ++peer) {
+      if (peer == me) continue;
+      ops.push_back({P2POp::send, in.narrow(0, peer * c, c), peer, static_cast<int64_t>(t)});
+      ops.push_back({P2POp::recv, out.narrow(0, peer * c, c), peer, static_cast<int64_t>(t)});
+    }
+    backend(in.device()).copy(in.narrow(0, me * c, c), out.narrow(0, me * c, c));
+  }
+  return batch_async(ops);
+}
+
 std::vector<WorkHandle> ProcessGroup::issue_p2p(std::vector<Collective>) {
   fail("send/recv: the ", kind(), " group has no point-to-point messages");
 }

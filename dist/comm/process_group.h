@@ -170,6 +170,10 @@ class ProcessGroup {
   // Several messages posted together (torch's batch_isend_irecv); one Work for all.
   // The nccl group needs crossing messages in one batch (one NCCL group call).
   WorkHandle batch_async(const std::vector<P2POp>& ops);
+  // All-to-all (MPI_Alltoall) of each input, [n c] contiguous 1-D: its chunk j goes to rank
+  // j, whose chunk from rank i lands in chunk i of the matching output. Messages in one
+  // batch (what NCCL's all-to-all is), this rank's own chunk copied locally; tag t for input t.
+  WorkHandle all_to_all_async(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs);
   void send(const Tensor& tensor, int dst, int64_t tag = 0) { send_async(tensor, dst, tag)->wait(); }
   void recv(const Tensor& buffer, int src, int64_t tag = 0) { recv_async(buffer, src, tag)->wait(); }
 

@@ -100,9 +100,11 @@ std::map<const TensorImpl*, int> parameter_groups(const PlannerInput& in, const 
 }
 
 // Each group's matrices, then its vectors (no group: -1, first), then the frozen ones in a
-// buffer of their own; both padded to a multiple of S.
+// buffer of their own; both padded to a multiple of S (of 2 S under qgZ's int4, whose
+// all-to-alls pack two elements a byte: every shard even).
 void pack(UnitSpec& unit, const nn::NamedTensors& trained, const nn::NamedTensors& frozen,
-          const std::vector<optim::ParamGroup>& groups, const std::map<const TensorImpl*, int>& group_of, int s) {
+          const std::vector<optim::ParamGroup>& groups, const std::map<const TensorImpl*, int>& group_of, int s,
+          int multiple) {
   for (int g = -1; g < static_cast<int>(groups.size()); ++g)
     for (bool decay : {true, false}) {
       const int64_t begin = unit.numel;
@@ -120,9 +122,9 @@ void pack(UnitSpec& unit, const nn::NamedTensors& trained, const nn::NamedTensor
     unit.frozen_entries.push_back({name, p, frozen_numel, p.shape()});
     frozen_numel += p.numel();
   }
-  unit.padded = padded_to(unit.numel, s);
+  unit.padded = padded_to(unit.numel, multiple);
   unit.shard = unit.padded / s;
-  unit.frozen_padded = padded_to(frozen_numel, s);
+  unit.frozen_padded = padded_to(frozen_numel, multiple);
 }
 
 // ZeRO-3: a weight shared by modules of two units would be released by one unit's forward
@@ -188,7 +190,8 @@ ShardingPlan plan_sharding(const PlannerInput& in) {
   if (gathers) check_shared_weights(in, units, sharded_frozen);
   const std::map<const TensorImpl*, int> group_of = parameter_groups(in, trainable);
   for (size_t u = 0; u < units.size(); ++u)
-    pack(units[u], members[u], frozen_members[u], in.config.adamw.groups, group_of, in.shard_ranks);
+    pack(units[u], members[u], frozen_members[u], in.config.adamw.groups, group_of, in.shard_ranks,
+         in.shard_ranks * (in.config.gradient_bits == 4 ? 2 : 1));
   // A unit with nothing to train or shard goes: the root when every parameter is in a unit,
   // a unit whose parameters are all frozen and replicated. One without parameters is a mistake.
   for (size_t u = 0; u < units.size(); ++u) {

@@ -23,7 +23,7 @@ class QuantizedGather final : public Work {
     values_->wait();
     scales_->wait();
     backend(full_.device())
-        .dequantize_int8(gathered_values_, gathered_scales_, kQuantizationBlock, std::max<int64_t>(full_.numel() / ranks_, 1),
+        .dequantize_blocks(gathered_values_, gathered_scales_, 8, kQuantizationBlock, std::max<int64_t>(full_.numel() / ranks_, 1),
                          full_);
     gathered_values_ = gathered_scales_ = Tensor();  // the payload, freed
     done_ = true;
@@ -44,7 +44,7 @@ WorkHandle quantized_all_gather_async(ProcessGroup& group, const Tensor& shard, 
            "quantized all-gather: the full buffer ", describe(full), " must hold ", group.size(), " shards like ",
            describe(shard));
   MemoryScope scope(MemoryCategory::communication);
-  const QuantizedInt8 mine = quantize_int8(shard);
+  const Quantized mine = quantize(shard);
   const TensorOptions on = TensorOptions(DType::i8).device(full.device());
   Tensor values = Tensor::empty({full.numel()}, on);
   Tensor scales = Tensor::empty({mine.scales.numel() * group.size()}, on.dtype(DType::f32));

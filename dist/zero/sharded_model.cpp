@@ -133,6 +133,16 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
     const int data_ranks = group_->size() / mesh_.size("tp");  // N: every rank but the tp copies
     if (s != data_ranks) config_.shard_group_size = s;
     config_.check(data_ranks);
+    // hpZ's and qgZ's node: the config's, else the mesh's ranks a node over dp_shard's stride.
+    ranks_per_node_ = config_.ranks_per_node
+                          ? config_.ranks_per_node
+                          : std::clamp(mesh_.ranks_per_node() / mesh_.stride("dp_shard"), 1, s);
+    ZG_CHECK(!(config_.secondary_weights || config_.gradient_bits) || s % ranks_per_node_ == 0,
+             "ShardedModel: a node's ", ranks_per_node_, " ranks of the shard group (the mesh's ", mesh_.describe(),
+             ") do not divide its ", s, "; set ZeroConfig::ranks_per_node");
+    ZG_CHECK(!config_.secondary_weights || ranks_per_node_ < s, "ShardedModel: secondary_weights (hpZ) with the ", s,
+             " ranks of the shard group on one node would copy the shard each has; set ZeroConfig::ranks_per_node "
+             "(or the mesh's) to a node's ranks");
     planned = plan_sharding({.parameters = model.named_parameters(),
                              .aliases = model.named_parameters(/*remove_duplicates=*/false),
                              .modules = model.named_modules(),
@@ -143,6 +153,7 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
     find_tied_units(plan);
   });
   agree_on_plan(device);
+  make_node_groups();
   if (tp_) {
     std::vector<std::string> data_dims;
     for (const MeshDim& dim : mesh_.dims())
@@ -172,11 +183,23 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
   gradients_used_ = gradient_mark();
 }
 
+// hpZ and qgZ: the shard group cut into nodes of S consecutive ranks, and across them (collectives).
+void ShardedModel::make_node_groups() {
+  if (!config_.secondary_weights && config_.gradient_bits == 0) return;
+  const int s = shard_group().size();
+  node_ = shard_group().split_grid(ranks_per_node_, 1);
+  across_ = shard_group().split_grid(s / ranks_per_node_, ranks_per_node_);
+  context_->node = GroupRef(*node_, kGroupDestroyed);
+  context_->across = GroupRef(*across_, kGroupDestroyed);
+}
+
 // The planner's units, made; the schedulers that drive them.
 void ShardedModel::make_units(nn::Module& model, const UnitPlan& plan, ShardingPlan planned, Device device) {
   context_ = std::make_unique<UnitContext>(UnitContext{*shard_, replicas_, config_.placement(), config_.compute_dtype,
                                                        config_.reduce(), config_.accumulate(), device,
-                                                       config_.quantize_weights});
+                                                       config_.quantize_weights, config_.secondary_weights,
+                                                       config_.gradient_bits, config_.gradient_block, std::nullopt,
+                                                       std::nullopt});
   frozen_ = std::move(planned.replicated_frozen);
   for (UnitSpec& spec : planned.units) units_.push_back(std::make_unique<Unit>(*context_, std::move(spec)));
   reducer_ = std::make_unique<GradientReducer>(placement(), units(), model.named_parameters(), config_.bucket_bytes,
@@ -202,6 +225,10 @@ void ShardedModel::agree_on_plan(Device device) {
                    {"ZeroConfig::offload", c.offload},
                    {"ZeroConfig::prefetch_bytes", static_cast<double>(c.prefetch_bytes)},
                    {"ZeroConfig::shard_group_size", c.shard_group_size},
+                   {"ZeroConfig::quantize_weights", c.quantize_weights},
+                   {"ZeroConfig::secondary_weights", c.secondary_weights},
+                   {"ZeroConfig::gradient_bits", c.gradient_bits},
+                   {"ZeroConfig::gradient_block", static_cast<double>(c.gradient_block)}, {"ranks a node (hpZ, qgZ)", ranks_per_node_},
                    {"AdamWOptions::beta1", c.adamw.beta1}, {"AdamWOptions::beta2", c.adamw.beta2},
                    {"AdamWOptions::eps", c.adamw.eps}, {"AdamWOptions::weight_decay", c.adamw.weight_decay},
                    {"AdamWOptions::groups (hashed)", groups_hash(c.adamw.groups)},

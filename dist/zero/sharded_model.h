@@ -229,6 +229,10 @@ class ShardedModel final : public ParameterOwner {
   ProcessGroup* replica_group() const { return replicas_ ? &**replicas_ : nullptr; }
   ProcessGroup* tensor_parallel_group() const { return tp_ ? &**tp_ : nullptr; }  // the mesh's tp; null at T = 1
   ProcessGroup* pipeline_group() const { return pp_ ? &**pp_ : nullptr; }  // the mesh's pp; null at P = 1
+  // hpZ, qgZ (null without them): the shard group's ranks on this rank's node, whose
+  // bytes_sent() stay within it, and those of its node rank on every node, whose go across.
+  ProcessGroup* node_group() const { return node_.get(); }
+  ProcessGroup* across_group() const { return across_.get(); }
 
  private:
   // The consolidated state a unit at a time (a collective): fn(name, weights) for each
@@ -248,6 +252,7 @@ class ShardedModel final : public ParameterOwner {
   // The config checked and the model planned into units (the planner), on every rank
   // alike before any parameter moves; then the units, their buffers and the schedulers.
   void build(nn::Module& model, const UnitPlan& plan);
+  void make_node_groups();
   void make_units(nn::Module& model, const UnitPlan& plan, ShardingPlan planned, Device device);
   void agree_on_plan(Device device);  // every rank built the same units from the same config
   void materialize(Unit& unit);
@@ -281,6 +286,9 @@ class ShardedModel final : public ParameterOwner {
   std::optional<GroupRef> replicas_;  // dp_replicate, when hybrid
   std::optional<GroupRef> tp_;        // tp, when T > 1
   std::optional<GroupRef> pp_;        // pp, when P > 1; group_ is then one stage's ranks
+  // hpZ, qgZ: dp_shard's ranks on this rank's node, and those of its node rank on every node.
+  std::unique_ptr<ProcessGroup> node_, across_;
+  int ranks_per_node_ = 0;  // of dp_shard, for them
   // Units tied with the other end of the pipeline (UnitPlan::tied), in the plan's order;
   // counted in the norm by the first pp rank only.
   std::vector<size_t> tied_units_;

@@ -5,6 +5,7 @@
 
 #include "autograd/graph.h"
 #include "dist/zero/quantized_gather.h"
+#include "dist/zero/quantized_reduce.h"
 #include "tensor/backend.h"
 #include "tensor/trace.h"
 
@@ -89,6 +90,9 @@ void Unit::place(Weights& w, const std::vector<ParamSlot>& slots, int64_t padded
       w.full = Tensor::empty_released({padded_numel}, TensorOptions(ctx_.compute_dtype).device(device));
     }
     w.full.storage()->set_release_note(release_note());  // released, so not current: the first use gathers
+    if (ctx_.secondary_weights)
+      w.secondary = allocate(padded_numel / (*ctx_.node)->size(), ctx_.compute_dtype, device, MemoryCategory::parameter,
+                             false);
   } else {
     w.full = allocate(padded_numel, ctx_.compute_dtype, device, MemoryCategory::parameter, false);
     fill_range(w.full, 0, slots, initial);
@@ -212,11 +216,17 @@ void Unit::issue_gather(Weights& w, bool exact) {
   // of computing gradients with weights the forward never used.
   const uint64_t shard_version = w.shard.storage()->version();
   const uint64_t version = full.version();
-  // An offloaded shard goes up to the device first (the f32 master cast to the compute dtype).
-  const Tensor shard = moved(w.shard, ctx_.device, ctx_.compute_dtype);
-  w.quantized = ctx_.quantize_weights && !exact;
-  w.gathering = w.quantized ? quantized_all_gather_async(*ctx_.group, shard, w.full)
-                            : ctx_.group->all_gather_async(shard, w.full);
+  if (w.secondary_current() && !(exact && w.secondary_quantized)) {  // hpZ: within the node
+    w.quantized = w.secondary_quantized;
+    w.gathering = (*ctx_.node)->all_gather_async(w.secondary, w.full);
+  } else {
+    // An offloaded shard goes up to the device first (the f32 master cast to the compute dtype).
+    const Tensor shard = moved(w.shard, ctx_.device, ctx_.compute_dtype);
+    w.quantized = ctx_.quantize_weights && !exact;
+    w.gathering = w.quantized ? quantized_all_gather_async(*ctx_.group, shard, w.full)
+                              : ctx_.group->all_gather_async(shard, w.full);
+    w.fills_secondary = w.secondary.defined() && w.quantized == ctx_.quantize_weights;  // (not an exact regather)
+  }
   if (shard_version == w.gathered_from) full.restore_version(version);
   w.gathered_from = shard_version;
 }
@@ -224,9 +234,20 @@ void Unit::issue_gather(Weights& w, bool exact) {
 // gathering -> gathered.
 void Unit::finish_gathers() {
   if (state_ != State::gathering) return;
-  for (Weights* w : gathered_parts())
+  for (Weights* w : gathered_parts()) {
     if (w->gathering) std::exchange(w->gathering, nullptr)->wait();
+    if (std::exchange(w->fills_secondary, false)) fill_secondary(*w);
+  }
   state_ = State::gathered;
+}
+
+// hpZ: slice j of what the gather over all N brought, kept for the step's later gathers.
+void Unit::fill_secondary(Weights& w) {
+  const int64_t part = w.secondary.numel();
+  cast_into(w.full.narrow(0, (*ctx_.node)->rank() * part, part), w.secondary);
+  w.secondary_from = w.gathered_from;
+  w.secondary_holds = true;
+  w.secondary_quantized = w.quantized;
 }
 
 // gathered (or gathering: the gather is let finish, as it writes into the buffer) -> sharded.
@@ -323,16 +344,20 @@ InFlight Unit::reduce_scatter_and_free(bool sync) {
   keep_unsynced(sync);
   if (!sync) return {};
   const Tensor summed = grad_unsynced_.defined() ? std::exchange(grad_unsynced_, Tensor()) : grad_full_;
-  const Tensor buffer = in_reduce_dtype(summed, ctx_.reduce_dtype);
   point_grads(Tensor());
   grad_full_ = Tensor();
-  const Tensor mine = allocate(spec_.shard, ctx_.reduce_dtype, buffer.device(), MemoryCategory::communication, false);
-  InFlight job{ctx_.group->reduce_scatter_async(buffer, mine, ReduceKind::average), {}};
+  const bool quantized = ctx_.gradient_bits != 0;  // qgZ: sums in f32
+  const Tensor buffer = quantized ? summed : in_reduce_dtype(summed, ctx_.reduce_dtype);
+  const Tensor mine = allocate(spec_.shard, quantized ? DType::f32 : ctx_.reduce_dtype, buffer.device(),
+                               MemoryCategory::communication, false);
   const auto accumulate = [mine, to = grad_shard_] {  // across micro-batches: grad_shard += mine
     backend(to.device()).binary(BinaryOp::add, to, moved(mine, to.device(), to.dtype()), to);
     return InFlight{};
   };
-  job.then = accumulate;
+  if (quantized)
+    return quantized_reduce_scatter(**ctx_.node, **ctx_.across, buffer, mine, ctx_.gradient_bits, ctx_.gradient_block,
+                                    accumulate);
+  InFlight job{ctx_.group->reduce_scatter_async(buffer, mine, ReduceKind::average), accumulate};
   // Hybrid sharding: the group's average, averaged across the groups holding the same shard.
   if (ctx_.replicas)
     job.then = [mine, accumulate, replicas = *ctx_.replicas, tag = CollectiveTag::current()] {

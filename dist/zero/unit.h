@@ -58,6 +58,11 @@ struct UnitContext {
   DType compute_dtype, reduce_dtype, accumulate_dtype;  // accumulate: the gradient shard's
   Device device;  // the compute device (the parameters')
   bool quantize_weights = false;  // qwZ: ZeRO-3's gathers in blockwise int8 (quantized_gather.h)
+  bool secondary_weights = false;  // hpZ: a secondary partition of the gathered weights over `node`
+  int gradient_bits = 0;           // qgZ: reduce-scatters as quantized all-to-alls (quantized_reduce.h)
+  int64_t gradient_block = 64;     // qgZ: elements a scale
+  // hpZ, qgZ: the shard group's ranks on this rank's node (S), and those of its node rank on every node (N / S).
+  std::optional<GroupRef> node, across;
   // Where host-placed roles live: the host pool on the cpu (meta for a dry run).
   Device host() const { return device.type == DeviceType::meta ? kMeta : kCPU; }
   Device where(const RolePlacement& role) const { return role.where == Location::host ? host() : device; }
@@ -135,13 +140,21 @@ class Unit {
     WorkHandle gathering;        // an all-gather of `full` in flight (a prefetch)
     uint64_t gathered_from = 0;  // shard's storage version at the last gather
     bool quantized = false;      // the last gather was qwZ's: `full` holds dequantized values
+    // hpZ: slice j (this rank's in its node) of the full weights as a gather brought them,
+    // [padded / S]; current while the shard's version is `secondary_from`.
+    Tensor secondary;
+    uint64_t secondary_from = 0;
+    bool secondary_holds = false, secondary_quantized = false;
+    bool fills_secondary = false;  // the gather in flight is over all N: its result refreshes `secondary`
     bool current() const;
+    bool secondary_current() const { return secondary_holds && shard.storage()->version() == secondary_from; }
     bool has_full() const { return full.defined() && full.numel() > 0; }  // a part ZeRO-3 gathers
   };
   std::vector<Weights*> gathered_parts();
   std::vector<const Weights*> gathered_parts() const;
   uint64_t compute_version() const;  // of the full compute weights: any write bumps it
   void issue_gather(Weights& weights, bool exact);
+  void fill_secondary(Weights& weights);
   void place(Weights& weights, const std::vector<ParamSlot>& slots, int64_t padded, const InitialValues& initial,
              bool shard_from_master);
   void point_grads(const Tensor& grad_full);

@@ -27,6 +27,7 @@ std::string ZeroConfig::problem(int world_size) const {
   if (quantize_weights && !policy.gathers_parameters())
     return concat("ShardedModel: quantize_weights (qwZ) quantizes ZeRO-3's weight all-gathers; stage ", stage,
                   " gathers no weights before use (use stage 3)");
+  if (std::string wrong = zeropp_problem(world_size); !wrong.empty()) return wrong;
   if (bucket_bytes <= 0) return concat("ShardedModel: bucket_bytes must be positive, got ", bucket_bytes);
   if (prefetch < 0) return concat("ShardedModel: prefetch must be >= 0, got ", prefetch);
   if (prefetch_bytes < 0)
@@ -41,6 +42,36 @@ std::string ZeroConfig::problem(int world_size) const {
   } catch (const Error& e) {
     return e.what();
   }
+  return "";
+}
+
+// hpZ and qgZ: what they change, the node they need, and what they cannot join.
+std::string ZeroConfig::zeropp_problem(int world_size) const {
+  const Placement policy = placement();
+  const bool hybrid = shard_group_size != 0 && shard_group_size != world_size;
+  if (secondary_weights && !policy.gathers_parameters())
+    return concat("ShardedModel: secondary_weights (hpZ) keeps a node's copy of ZeRO-3's gathered weights; stage ", stage,
+                  " gathers no weights before use (use stage 3)");
+  if (gradient_bits != 0 && gradient_bits != 4 && gradient_bits != 8)
+    return concat("ShardedModel: gradient_bits (qgZ) must be 4 or 8 (0: reduce unquantized), got ", gradient_bits);
+  if (gradient_bits != 0 && !policy.frees_full_gradients())
+    return concat("ShardedModel: gradient_bits (qgZ) quantizes the reduce-scatter of stages 2 and 3; stage ", stage,
+                  stage == 0 ? " all-reduces" : " reduces into the full gradient", " (use stage 2 or 3)");
+  if (gradient_bits != 0 && (gradient_block <= 0 || gradient_block % 2 != 0))
+    return concat("ShardedModel: gradient_block (qgZ's elements a scale) must be positive and even, got ", gradient_block);
+  if (gradient_bits != 0 && reduce_dtype)
+    return concat("ShardedModel: gradient_bits (qgZ) sends ", gradient_bits, "-bit values and sums them in f32; leave "
+                  "reduce_dtype unset (it was ", name(*reduce_dtype), ")");
+  if ((secondary_weights || gradient_bits != 0) && hybrid)
+    return concat("ShardedModel: ", secondary_weights ? "secondary_weights (hpZ)" : "gradient_bits (qgZ)",
+                  " shards over all ", world_size, " ranks with nodes of ranks_per_node; hybrid sharding "
+                  "(shard_group_size ", shard_group_size, ") keeps every collective within its group already");
+  if (ranks_per_node < 0 || (ranks_per_node > 0 && world_size % ranks_per_node != 0))
+    return concat("ShardedModel: ranks_per_node ", ranks_per_node, " must divide the ", world_size,
+                  " data-parallel ranks (0: the mesh's)");
+  if (secondary_weights && ranks_per_node >= world_size)
+    return concat("ShardedModel: secondary_weights (hpZ) with every one of the ", world_size,
+                  " ranks on one node would copy the shard it has; set ranks_per_node to a node's ranks");
   return "";
 }
 

@@ -71,10 +71,10 @@ class MetaBackend final : public Backend {
     note(0, {&grad, &indices, &grad_weight});
   }
   void sort_rows(const Tensor& in, bool, const Tensor& indices) override { note(0, {&in, &indices}); }
-  void quantize_int8(const Tensor& in, int64_t, int64_t, const Tensor& q, const Tensor& scales) override {
+  void quantize_blocks(const Tensor& in, int, int64_t, int64_t, const Tensor& q, const Tensor& scales) override {
     note(0, {&in, &q, &scales});
   }
-  void dequantize_int8(const Tensor& q, const Tensor& scales, int64_t, int64_t, const Tensor& out) override {
+  void dequantize_blocks(const Tensor& q, const Tensor& scales, int, int64_t, int64_t, const Tensor& out) override {
     note(0, {&q, &scales, &out});
   }
   void cumsum_rows(const Tensor& in, const Tensor& out) override { note(0, {&in, &out}); }
