@@ -25,6 +25,9 @@
 // data-parallel rank's rows split into --micro-batches, run in the --schedule's order
 // (dist::Pipeline); each rank's ShardedModel holds its chunks.
 //
+// --model llama trains a Llama of the same size instead (RMSNorm, rotary positions, SwiGLU,
+// grouped-query attention with half the heads' keys and values; dist::llama_stages under --pp).
+//
 // Rank 0 prints a line per step: the global loss, the gradient norm, and its own bytes
 // by category -- the model states shrink with the stage, `comm` holds the gathered
 // ZeRO-3 units and reduction buffers. The last line is "final loss: X".
@@ -41,6 +44,7 @@
 #include "dist/comm/local_group.h"
 #include "dist/zero/sharded_model.h"
 #include "nn/gpt.h"
+#include "nn/llama.h"
 #include "optim/schedule.h"
 #include "training.h"
 #include "zerograd.h"
@@ -61,6 +65,7 @@ struct Flags : examples::TrainingFlags {
   int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
   std::vector<std::string> keep_after_forward;
   std::string group = "auto";
+  std::string model = "gpt";                   // gpt or llama
   Flags() { steps = 100; }
   bool pipelined() const { return pp > 1 || micro_batches > 1; }
 };
@@ -96,6 +101,8 @@ void usage() {
                "  --reduce-once      stages 2, 3 with --micro-batches: keep each unit's full gradient over the\n"
                "                     micro-batches and reduce it once a step, not each (FSDP2's no-sync)\n"
 
+               "  --model gpt|llama  the model: GPT-2's shape, or a Llama's of the same size (grouped-query\n"
+               "                     attention, half the heads' keys and values) (default gpt)\n"
                "  --batch B          sequences per step, all ranks together: a multiple of --ranks (default 8)\n"
                "  --dtype f32|bf16   compute dtype; master weights and Adam state stay f32\n"
                "  --device cpu|cuda  where every rank trains (default cpu)\n"
@@ -146,6 +153,7 @@ bool parse(int argc, char** argv, Flags& f) {
       }
     }
     else if (a == "--group") f.group = flag.value();
+    else if (a == "--model") f.model = flag.value();
     else flag.unknown();
   }
   f.check("train_zero");
@@ -161,6 +169,9 @@ bool parse(int argc, char** argv, Flags& f) {
   if (f.chunks == 0) f.chunks = kind == dist::ScheduleKind::interleaved ? 2 : 1;
   ZG_CHECK(f.tp > 1 || !f.sequence_parallel, "train_zero: --sequence-parallel cuts the sequence across the --tp ranks: "
            "add --tp");
+  ZG_CHECK(f.model == "gpt" || f.model == "llama", "train_zero: --model must be gpt or llama, got ", f.model);
+  ZG_CHECK(f.model == "gpt" || !f.checkpointing, "train_zero: --checkpointing is GPT's (nn::GPTConfig); the Llama keeps "
+           "its activations");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi" || f.group == "nccl",
            "train_zero: --group must be auto, local, mpi or nccl, got ", f.group);
   if (f.group == "auto")
@@ -208,6 +219,22 @@ std::string memory_line(Device device) {
   return line + examples::host_memory_part();
 }
 
+// The model --model names, at --layers, --heads, --embd, --seq over bytes (a vocabulary of 256).
+std::unique_ptr<nn::CausalLM> make_model(const Flags& f, Device device) {
+  const TensorOptions options = TensorOptions(DType::f32).device(device);
+  if (f.model == "llama") {
+    nn::LlamaConfig config;
+    config.n_layer = f.layers, config.n_head = f.heads, config.n_kv_head = std::max<int64_t>(f.heads / 2, 1);
+    config.n_embd = f.embd, config.vocab_size = 256, config.block_size = f.seq;
+    return std::make_unique<nn::Llama>(config, options);
+  }
+  nn::GPTConfig config;
+  config.n_layer = f.layers, config.n_head = f.heads, config.n_embd = f.embd;
+  config.vocab_size = 256, config.block_size = f.seq;
+  config.activation_checkpointing = f.checkpointing;
+  return std::make_unique<nn::GPT>(config, options);
+}
+
 // One rank's run: every rank executes this, with its own Context and group handle.
 void train(dist::ProcessGroup& group, const Flags& f) {
   const Device device(f.device);
@@ -217,15 +244,12 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   examples::TextData data("train_zero", f.data, f.seq);  // every rank reads the same global batches
   manual_seed(f.seed);
 
-  nn::GPTConfig config;
-  config.n_layer = f.layers, config.n_head = f.heads, config.n_embd = f.embd;
-  config.vocab_size = 256, config.block_size = f.seq;
-  config.activation_checkpointing = f.checkpointing;
   // Under --pp a rank holds its stages alone: the model is built deferred (no bytes), and its
   // ShardedModel fills only its own chunks' values -- an eager build's values (tensor/deferred.h).
   std::optional<DeferredInit> nothing_allocated;
   if (f.pp > 1 && f.init.empty()) nothing_allocated.emplace();
-  nn::GPT model(config, TensorOptions(DType::f32).device(device));
+  const std::unique_ptr<nn::CausalLM> built = make_model(f, device);
+  nn::CausalLM& model = *built;
   nothing_allocated.reset();
   const int64_t parameters = model.num_parameters();  // the whole model's, before any cut
   if (!f.init.empty() && group.rank() == 0) nn::load_state(model, f.init);  // rank 0's weights become every rank's
@@ -244,7 +268,9 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   dist::ProcessGroup& pp = f.pp > 1 ? mesh->group("pp") : one_stage;
   const dist::Schedule schedule = dist::make_schedule(dist::parse_schedule(f.schedule), static_cast<int>(f.pp),
                                                       static_cast<int>(f.micro_batches), static_cast<int>(f.chunks));
-  const dist::Stages stages = f.pipelined() ? dist::gpt_stages(model, schedule.stages()) : dist::Stages();
+  const dist::Stages stages = !f.pipelined()        ? dist::Stages()
+                              : f.model == "llama" ? dist::llama_stages(static_cast<nn::Llama&>(model), schedule.stages())
+                                                   : dist::gpt_stages(static_cast<nn::GPT&>(model), schedule.stages());
   const auto chunks = f.pipelined() ? stages.chunks(schedule, pp.rank()) : std::vector<std::shared_ptr<nn::Module>>();
   const std::shared_ptr<nn::Module> held = f.pipelined() ? dist::join_chunks(chunks) : nullptr;
   nn::Module& trained = held ? *held : model;
@@ -264,8 +290,8 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     if (printer) std::printf("resumed from %s at step %lld\n", meta.at("path").c_str(), static_cast<long long>(first_step));
   }
   if (printer)
-    std::printf("GPT: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s on %lld ranks, %s compute on %s%s\n",
-                static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
+    std::printf("%s: %lld layers, %lld heads, n_embd %lld, %lld parameters; %s on %lld ranks, %s compute on %s%s\n",
+                f.model == "llama" ? "Llama" : "GPT", static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
                 static_cast<long long>(parameters), sharded.describe().c_str(),
                 static_cast<long long>(group.size()), f.dtype.c_str(), device.str().c_str(),
                 pipeline ? ("; " + schedule.describe()).c_str() : "");

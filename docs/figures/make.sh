@@ -104,6 +104,10 @@ side_by_side tensor-parallel.svg "GPT 7.5B, batch 1 x 1024, one step, rank 0: cu
   "$work/tp1/stage-0.json" "one rank" "$work/tp2/stage-0.json" "T = 2" "$work/tp4/stage-0.json" "T = 4" \
   "$work/tp8/stage-0.json" "T = 8" "$work/zero3-8/stage-3.json" "ZeRO-3, N = 8"
 
+# 18. ZeRO++: GPT 7.5B at ZeRO-3 over 64 ranks in nodes of 8, then with qwZ, hpZ, qgZ and all three:
+# the bytes a rank sends within its node and across nodes.
+"$bench/zero_memory" --model 7.5b --world-size 64 --zeropp-svg "$out/zeropp.svg" >/dev/null
+
 # 17. Pipeline parallelism: every schedule at p = 4 ranks, m = 8 micro-batches, on the
 # idealised machine of dist::simulate (F = I = W): ranks in rows, the bubble left empty.
 "$bench/pipeline_schedules" --pp 4 --micro-batches 8 --svg "$out/pipeline-schedules.svg" >/dev/null
