@@ -97,6 +97,14 @@ TEST_CASE("hpZ holds 2Ψ/S more a rank: 16Ψ/N + 2Ψ/S in a dry run of GPT-2 124
   CHECK(std::abs(states / (16.0 * psi / 64 + 2.0 * psi / 8) - 1) < 0.001);  // the padding
   CHECK(sharded.node_group()->size() == 8);
   CHECK(sharded.across_group()->size() == 8);
+  // Without ranks_per_node the mesh's node holds: 16 ranks a node of the mesh, dp_shard's ranks
+  // 2 apart under tp 2, are 8 of the shard group's.
+  dist::FakeGroup world(0, 128);
+  nn::GPT small(zero_config(), kMeta);
+  const auto mesh = dist::training_mesh(world, {.tp = 2, .ranks_per_node = 16});
+  dist::ShardedModel on_mesh(small, *mesh, {.stage = 3, .secondary_weights = true});
+  CHECK(on_mesh.node_group()->size() == 8);
+  CHECK(on_mesh.across_group()->size() == 8);
 }
 
 TEST_CASE("qgZ's hierarchical all-to-all: the average within the two hops' quantization bound, its bytes as counted") {

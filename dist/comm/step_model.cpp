@@ -25,11 +25,14 @@ namespace {
 
 // The latencies a collective pays: a ring's N - 1 steps (an all-reduce: a reduce-scatter
 // and an all-gather, twice that), or NCCL's log-depth algorithms' log2 N where fewer (its
-// double binary tree for all-reduce, PAT for all-gather and reduce-scatter at scale).
+// double binary tree for all-reduce, PAT for all-gather and reduce-scatter at scale). A
+// message pays one, on its sender's side (an all-to-all: a message a peer).
 double latency_steps(int op, int size) {
+  const auto kind = static_cast<CollectiveOp>(op);
+  if (kind == CollectiveOp::send || kind == CollectiveOp::recv) return kind == CollectiveOp::send ? 1 : 0;
   const double ring = size - 1, log_depth = std::ceil(std::log2(size));
   const double steps = std::min(ring, log_depth);
-  return static_cast<CollectiveOp>(op) == CollectiveOp::all_reduce ? 2 * steps : steps;
+  return kind == CollectiveOp::all_reduce ? 2 * steps : steps;
 }
 
 // A group lies within a node when its ranks, `stride` apart, span fewer than a node's
