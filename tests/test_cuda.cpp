@@ -697,4 +697,27 @@ TEST_CASE("a copy between overlapping views of one storage matches the CPU (memm
   }
 }
 
+TEST_CASE("sort on the GPU orders as the CPU does: NaN of either sign or payload above +inf, -0 tied with +0, "
+          "stable, integers, one long row and many short ones" * doctest::skip(kNoGpu)) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), negative_nan = std::copysign(nan, -1.0f);
+  const std::vector<float> edge = {1, negative_nan, 2, -INFINITY, 0.0f, nan, -0.0f, INFINITY, 1, -0.0f, 0.0f, nan};
+  const auto same_order = [](const Tensor& x, bool descending) {
+    const SortResult cpu = sort(x, -1, descending), gpu = sort(x.to(kCUDA), -1, descending);
+    CHECK(gpu.indices.to(kCPU).to_vector<int64_t>() == cpu.indices.to_vector<int64_t>());
+  };
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64})
+    for (const bool descending : {false, true}) {
+      INFO(name(dtype) << (descending ? " descending" : " ascending"));
+      same_order(tensor<float>(edge).to(dtype), descending);
+      same_order(tensor<float>(edge).to(dtype).view({3, 4}), descending);
+    }
+  // sort([1, -NaN, 2]) gives [0, 2, 1] on both: the NaN last, whatever its sign.
+  CHECK(sort(tensor<float>({1, negative_nan, 2}).to(kCUDA)).indices.to(kCPU).to_vector<int64_t>() ==
+        std::vector<int64_t>{0, 2, 1});
+  manual_seed(3);
+  same_order((rand({1000}) * 10.0).to(DType::i64), false);  // integer ties
+  same_order(randn({50257}), true);                          // one long row (a vocabulary)
+  same_order((randn({100000, 4}) * 4.0).to(DType::bf16), false);  // many short ones, ties in bf16
+}
+
 }  // namespace zg::test
