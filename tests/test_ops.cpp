@@ -1268,4 +1268,16 @@ TEST_CASE("issue 43's ops refuse bad arguments with an error naming the op") {
   CHECK_THROWS_WITH_AS(einsum("ij,jk->ik", {x, randn({3, 2})}), doctest::Contains("einsum"), Error);
 }
 
+TEST_CASE("gelu_exact in bf16 and f16 rounds once, as PyTorch: the f32 result, rounded") {
+  manual_seed(7);
+  const Tensor x = randn({4096}) * 3.0;
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    INFO(name(dtype));
+    const Tensor half = x.to(dtype);
+    const Tensor y = gelu_exact(half);
+    CHECK(y.dtype() == dtype);
+    CHECK(max_abs_diff(y, gelu_exact(half.to(DType::f32)).to(dtype)) == 0.0);
+  }
+}
+
 }  // namespace zg::test

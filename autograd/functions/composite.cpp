@@ -34,9 +34,12 @@ bool is_16_bit(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16
 
 }  // namespace
 
+// x Φ(x) = x (1 + erf(x / √2)) / 2. 16-bit x is computed in f32 and rounded once, as
+// PyTorch does (five bf16 roundings, one a step, drifted by several ulp).
 Tensor gelu_exact(const Tensor& x) {
   detail::check_floating("gelu_exact", x);
-  return x * 0.5 * (1.0 + erf(x * 0.7071067811865476));
+  const Tensor wide = is_16_bit(x.dtype()) ? x.to(DType::f32) : x;
+  return (wide * 0.5 * (1.0 + erf(wide * 0.7071067811865476))).to(x.dtype());
 }
 
 Tensor silu(const Tensor& x) {
