@@ -301,6 +301,20 @@ TEST_CASE("Hugging Face GPT-2 files load with and without the transformer. prefi
   std::filesystem::remove_all(other);
 }
 
+TEST_CASE("dropout in bf16 rounds once and its backward keeps a bool mask: 1 byte an element, not an f32 mask") {
+  manual_seed(4);
+  Tensor x = randn({128, 256}).to(DType::bf16);
+  x.set_requires_grad();
+  const int64_t before = memory_stats().allocated_total;
+  Tensor y = nn::dropout(x, 0.25, true);
+  // y (bf16), the mask (bool) and the f32 factor 1/(1-p) remain; the f32 draws and x / (1 - p) are gone.
+  CHECK(memory_stats().allocated_total - before == 128 * 256 * (2 + 1) + 4);
+  const Tensor dropped = eq(y, 0.0);
+  CHECK(max_abs_diff(y, masked_fill((x.to(DType::f32) / 0.75).to(DType::bf16), dropped, 0.0)) == 0.0);
+  sum(y.to(DType::f32)).backward();
+  CHECK(max_abs_diff(x.grad(), masked_fill(full({128, 256}, 1 / 0.75, DType::bf16), dropped, 0.0)) == 0.0);
+}
+
 TEST_CASE("a GPT's state dict as torch lists it (lm_head.weight beside transformer.wte.weight) loads strictly") {
   // nanoGPT's and transformers' state_dict() name the tied head weight lm_head.weight too;
   // nn::load_state refused such a file ("a tensor 'lm_head.weight' the module does not have").

@@ -230,7 +230,8 @@ Tensor rotary_embedding(const Tensor& x, int64_t offset, double theta) {
 namespace {
 
 // x kept where its uniform draw (f32, one per element, from `draw`, called only when
-// 0 < p < 1 in training) is below 1 - p, and scaled by 1/(1-p).
+// 0 < p < 1 in training) is below 1 - p, and scaled by 1/(1-p), rounded once. The backward
+// keeps only the bool mask (1 byte an element: attention's [B, H, T, T] probabilities).
 Tensor dropout_with_draw(const char* op, const Tensor& x, double p, bool training,
                          const std::function<Tensor()>& draw) {
   ZG_CHECK(p >= 0 && p <= 1, op, ": p must be in [0, 1], got ", p);
@@ -239,9 +240,8 @@ Tensor dropout_with_draw(const char* op, const Tensor& x, double p, bool trainin
   if (p == 1) return x * 0.0;  // everything dropped (as PyTorch: no draw, no 1/(1-p))
   const Tensor uniforms = draw();
   ZG_CHECK(uniforms.shape() == x.shape(), op, ": drew ", describe(uniforms), " for ", describe(x));
-  const Tensor keep = lt(uniforms, 1.0 - p);
-  const Tensor wide = is_16_bit(x.dtype()) ? x.to(DType::f32) : x;
-  return (wide * keep.to(wide.dtype()) * (1.0 / (1.0 - p))).to(x.dtype());
+  const Tensor wide = is_16_bit(x.dtype()) ? x.to(DType::f32) : x;  // 1/(1-p) in f32, as PyTorch
+  return where(ge(uniforms, 1.0 - p), 0.0, (wide * (1.0 / (1.0 - p))).to(x.dtype()));
 }
 
 // Piece `part` of the draws rand(whole.shape()) in f32, the whole x [outer, parts n, inner]

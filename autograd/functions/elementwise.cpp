@@ -180,12 +180,17 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 // d(ab) = b da + a db
+// d(a b) = b da + a db: each operand is kept only for the other's gradient (as PyTorch),
+// so x times a constant keeps no copy of x.
 Tensor mul(const Tensor& a, const Tensor& b) {
   const Tensor out = binary(BinaryOp::mul, a, b, "mul");
-  return differentiable(out, kMul, {a, b}, [a = SavedTensor(a), b = SavedTensor(b)](const Tensor& g) {
-    const Tensor va = a.get("mul"), vb = b.get("mul");
-    return Grads{sum_to(g * vb, va.shape()), sum_to(g * va, vb.shape())};
-  });
+  const bool a_needs = a.requires_grad(), b_needs = b.requires_grad();
+  return differentiable(out, kMul, {a, b},
+                        [a = b_needs ? SavedTensor(a) : SavedTensor(), b = a_needs ? SavedTensor(b) : SavedTensor(),
+                         sa = a.shape(), sb = b.shape(), a_needs, b_needs](const Tensor& g) {
+                          return Grads{a_needs ? sum_to(g * b.get("mul"), sa) : Tensor(),
+                                       b_needs ? sum_to(g * a.get("mul"), sb) : Tensor()};
+                        });
 }
 
 // d(a/b) = da / b - a db / b^2
