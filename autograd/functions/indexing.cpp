@@ -80,13 +80,39 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   return embedding(rows, index.reshape({-1})).reshape(shape).transpose(0, dim).contiguous();
 }
 
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-  dim = check_gather("gather", x, dim, index);
-  check_range("gather", index, x.size(dim), x);
+namespace {
+
+// gather without the range check, for indices known in range (a sort's own positions): the
+// check reads the indices' min and max back to the host, a wait on the device each.
+Tensor gather_in_range(const Tensor& x, int64_t dim, const Tensor& index) {
   const Tensor index_moved = index.transpose(dim, -1);
   if (index.numel() == 0) return zeros(index.shape(), detail::options_of(x));
   const Tensor column = covered(x.transpose(dim, -1), index_moved).contiguous().reshape({-1, 1});
   return embedding(column, flat_positions(index_moved, x.size(dim))).reshape(index_moved.shape()).transpose(dim, -1).contiguous();
+}
+
+// x's values at a sort's positions along dim, by gather (its gradient); integers through
+// f64, exact below 2^53.
+Tensor values_at(const Tensor& x, int64_t dim, const Tensor& positions) {
+  return is_floating(x.dtype()) ? gather_in_range(x, dim, positions)
+                                : gather_in_range(x.to(DType::f64), dim, positions).to(x.dtype());
+}
+
+// The positions that sort x (detached) along dim: i64, x's shape.
+Tensor sorted_positions(const Tensor& x, int64_t dim, bool descending) {
+  const Tensor moved = x.detach().transpose(dim, -1).contiguous();
+  const Tensor rows = detail::as_rows(moved);
+  const Tensor order = empty(rows.shape(), TensorOptions(DType::i64).device(x.device()));
+  backend(x.device()).sort_rows(rows, descending, order);
+  return order.view(moved.shape()).transpose(dim, -1).contiguous();
+}
+
+}  // namespace
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  dim = check_gather("gather", x, dim, index);
+  check_range("gather", index, x.size(dim), x);
+  return gather_in_range(x, dim, index);
 }
 
 // out = x, then out[..., index[j], ...] += src[..., j, ...] along dim:  dx = g,  dsrc = gather(g, dim, index).
@@ -130,15 +156,8 @@ SortResult sort(const Tensor& x, int64_t dim, bool descending) {
   ZG_CHECK(x.dtype() != DType::boolean, "sort: bool tensors are not sorted; convert to an integer dtype first");
   if (x.dim() == 0) return {x, zeros({}, TensorOptions(DType::i64).device(x.device()))};
   dim = wrap_dim(dim, x.dim(), "sort");
-  const Tensor moved = x.detach().transpose(dim, -1).contiguous();
-  const Tensor rows = detail::as_rows(moved);
-  const Tensor order = empty(rows.shape(), TensorOptions(DType::i64).device(x.device()));
-  backend(x.device()).sort_rows(rows, descending, order);
-  const Tensor indices = order.view(moved.shape()).transpose(dim, -1).contiguous();
-  // Values by gather (its gradient); integers through f64, exact below 2^53.
-  const Tensor values = is_floating(x.dtype()) ? gather(x, dim, indices)
-                                               : gather(x.to(DType::f64), dim, indices).to(x.dtype());
-  return {values, indices};
+  const Tensor indices = sorted_positions(x, dim, descending);
+  return {values_at(x, dim, indices), indices};
 }
 
 SortResult topk(const Tensor& x, int64_t k, int64_t dim, bool largest) {
@@ -147,10 +166,8 @@ SortResult topk(const Tensor& x, int64_t k, int64_t dim, bool largest) {
   ZG_CHECK(k >= 0 && k <= size, "topk: k ", k, " is outside [0, ", size, "], the size of dim ", dim, " of ", describe(x));
   if (x.dim() == 0) return sort(x);
   dim = wrap_dim(dim, x.dim(), "topk");
-  const Tensor indices = sort(x.detach(), dim, largest).indices.narrow(dim, 0, k).contiguous();
-  const Tensor values = is_floating(x.dtype()) ? gather(x, dim, indices)
-                                               : gather(x.to(DType::f64), dim, indices).to(x.dtype());
-  return {values, indices};
+  const Tensor indices = sorted_positions(x, dim, largest).narrow(dim, 0, k).contiguous();
+  return {values_at(x, dim, indices), indices};
 }
 
 }  // namespace zg
