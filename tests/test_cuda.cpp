@@ -11,10 +11,13 @@
 #include "cuda/stream.h"
 #include "cuda/strided_indexer.h"
 #include "helpers.h"
+#include "nn/generate.h"
+#include "nn/llama.h"
 #include "optim/schedule.h"
 #include "tensor/backend.h"
 #include "tensor/quantize.h"
 #include "tiny_gpt.h"
+#include "zero_cases.h"
 
 namespace zg::test {
 
@@ -718,6 +721,95 @@ TEST_CASE("sort on the GPU orders as the CPU does: NaN of either sign or payload
   same_order((rand({1000}) * 10.0).to(DType::i64), false);  // integer ties
   same_order(randn({50257}), true);                          // one long row (a vocabulary)
   same_order((randn({100000, 4}) * 4.0).to(DType::bf16), false);  // many short ones, ties in bf16
+}
+
+// A Llama small enough for the CPU with grouped-query attention (4 heads, 2 key/value heads)
+// and a head size cuDNN's fused attention takes (64).
+nn::LlamaConfig gqa_llama() {
+  nn::LlamaConfig c;
+  c.n_layer = 2, c.n_head = 4, c.n_kv_head = 2, c.n_embd = 256, c.vocab_size = 64, c.block_size = 64;
+  return c;
+}
+
+TEST_CASE("grouped-query attention on the GPU (cuDNN in bf16) gives the CPU's loss and gradients" *
+          doctest::skip(kNoGpu)) {
+  const Sequence s = fixed_sequence();
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    INFO(name(dtype));
+    const auto run = [&](Device device) {
+      manual_seed(2);
+      nn::Llama model(gqa_llama());
+      model.to(device);
+      model.to(dtype);
+      const Tensor loss = model.forward(s.inputs.to(device), s.targets.to(device)).loss;
+      loss.backward();
+      nn::NamedTensors grads;
+      for (const auto& [n, p] : model.named_parameters()) grads.emplace_back(n, p.grad().to(kCPU).to(DType::f32));
+      return std::pair{loss.item<double>(), grads};
+    };
+    const auto [cpu_loss, cpu_grads] = run(kCPU);
+    const auto [gpu_loss, gpu_grads] = run(kCUDA);
+    CHECK(gpu_loss == doctest::Approx(cpu_loss).epsilon(dtype == DType::f32 ? 1e-5 : 2e-2));
+    CHECK(max_difference(gpu_grads, cpu_grads) < (dtype == DType::f32 ? 1e-4 : 5e-2));
+  }
+}
+
+TEST_CASE("generation with a KV cache on the GPU picks the CPU's greedy tokens" * doctest::skip(kNoGpu)) {
+  const auto tokens = [](Device device) {
+    manual_seed(3);
+    nn::Llama model(gqa_llama());
+    model.to(device);
+    const Tensor prompt = tensor<int64_t>({1, 5, 9, 2}).view({1, 4}).to(device);
+    return nn::generate(model, prompt, 12, {.temperature = 0}).to(kCPU).to_vector<int64_t>();
+  };
+  CHECK(tokens(kCUDA) == tokens(kCPU));
+}
+
+TEST_CASE("dropout on the GPU keeps the CPU's Philox mask and scales by 1/(1-p) in f32, in bf16 too" *
+          doctest::skip(kNoGpu)) {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    INFO(name(dtype));
+    const Tensor x = (randn({64, 1000}) * 2.0).to(dtype);
+    const auto dropped = [&](Device device) {
+      manual_seed(9);
+      return nn::dropout(x.to(device), 0.3, true).to(kCPU);
+    };
+    const Tensor cpu = dropped(kCPU), gpu = dropped(kCUDA);
+    CHECK(max_abs_diff(gpu, cpu) == 0.0);
+    const Tensor kept = ne(cpu, 0.0);
+    CHECK(max_abs_diff(masked_fill(cpu, logical_not(kept), 0.0),
+                       masked_fill((x.to(DType::f32) * (1 / 0.7)).to(dtype), logical_not(kept), 0.0)) == 0.0);
+  }
+}
+
+TEST_CASE("AdamW parameter groups and offload on the GPU train the CPU's weights" * doctest::skip(kNoGpu)) {
+  const Sequence s = fixed_sequence();
+  const optim::AdamWOptions adamw{0.9, 0.95, 1e-8, 0.1, {{{"lm_head.weight", "transformer.wte.weight"}, 0.5, 0.0}}};
+  const auto train = [&](Device device, dist::ZeroConfig config) {
+    manual_seed(1);
+    nn::GPT model(tiny_config());
+    model.to(device);
+    dist::SingleRank one;
+    config.adamw = adamw;
+    dist::ShardedModel trainer(model, one, config);
+    for (int step = 0; step < 3; ++step) {
+      trainer.zero_grad();
+      model.forward(s.inputs.to(device), s.targets.to(device)).loss.backward();
+      trainer.step(1e-2);
+    }
+    nn::NamedTensors master;
+    for (auto& [n, t] : trainer.gathered_master()) master.emplace_back(n, t.to(kCPU).clone());
+    return master;
+  };
+  for (const int stage : {1, 3}) {
+    INFO("stage " << stage);
+    const nn::NamedTensors cpu = train(kCPU, {.stage = stage}), gpu = train(kCUDA, {.stage = stage});
+    CHECK(max_difference(gpu, cpu) < 1e-4);
+    // Offload moves the optimizer (and at stage 3 the parameters) to pinned host memory, copies
+    // asynchronously and stages the updates: the GPU run's weights, bit for bit.
+    const dist::Offload most = stage == 3 ? dist::Offload::optimizer_and_params : dist::Offload::optimizer;
+    CHECK(max_difference(train(kCUDA, {.stage = stage, .offload = most}), gpu) == 0.0);
+  }
 }
 
 }  // namespace zg::test
