@@ -277,58 +277,56 @@ TEST_CASE("bench/zero_memory under mpirun -n 4: every rank's record, the model s
 }
 #endif
 
+namespace {
+
+// ZeRO++'s runs: 50 steps of a small GPT at ZeRO-3 on 4 ranks in nodes of 2 (hpZ's, qgZ's).
+const std::string kZeroPlusPlusRun = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 2 --heads 4 --embd 32 "
+                                     "--seq 8 --batch 4 --steps 50 --stage 3 --ranks-per-node 2";
+
+double final_loss(const std::string& out) {
+  const size_t at = out.find("final loss: ");
+  REQUIRE(at != std::string::npos);
+  return std::stod(out.substr(at + 12));
+}
+
+// The run with `flags`, as 4 threads and under mpirun -n 4: quantized (not the exact loss),
+// and within 0.03 of it.
+void check_near_exact(const std::string& flags, double exact) {
+  INFO(flags);
+  int status = 0;
+  const double threads = final_loss(run_command(kZeroPlusPlusRun + " --ranks 4" + flags + " 2>&1", status));
+  CHECK(status == 0);
+  const std::string processes = run_command(launch(4, kZeroPlusPlusRun + flags), status);
+  INFO(processes);
+  CHECK(status == 0);
+  CHECK(threads != exact);
+  CHECK(std::fabs(threads - exact) < 0.03);
+  CHECK(std::fabs(final_loss(processes) - exact) < 0.03);
+}
+
+}  // namespace
+
 TEST_CASE("train_zero --qwz: ZeRO-3's int8 weight gathers, as threads and under mpirun -n 4, end 50 steps within "
           "0.03 of the unquantized loss") {
   // Measured: 2.9287 unquantized, 2.9381 with qwZ (threads and processes alike to 4 decimals
   // here; not bit for bit in general: the sums of a reduce-scatter differ in their last bits
   // between the groups, which can move a weight across a rounding boundary of its int8).
-  const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 2 --heads 4 --embd 32 --seq 8 "
-                                 "--batch 4 --steps 50 --stage 3";
-  const auto final_loss = [](const std::string& out) {
-    const size_t at = out.find("final loss: ");
-    REQUIRE(at != std::string::npos);
-    return std::stod(out.substr(at + 12));
-  };
   int status = 0;
-  const double exact = final_loss(run_command(train_zero + " --ranks 4 2>&1", status));
+  const double exact = final_loss(run_command(kZeroPlusPlusRun + " --ranks 4 2>&1", status));
   REQUIRE(status == 0);
-  const double threads = final_loss(run_command(train_zero + " --ranks 4 --qwz 2>&1", status));
-  CHECK(status == 0);
-  const std::string processes = run_command(launch(4, train_zero + " --qwz"), status);
-  INFO(processes);
-  CHECK(status == 0);
-  CHECK(std::fabs(threads - exact) < 0.03);
-  CHECK(std::fabs(final_loss(processes) - exact) < 0.03);
-  CHECK(threads != exact);  // the gathers were quantized
+  check_near_exact(" --qwz", exact);
 }
 
 TEST_CASE("train_zero --hpz --qgz (ZeRO++, nodes of 2): hpZ ends 50 steps on ZeRO-3's loss exactly, qgZ within "
           "0.03 of it, as threads and under mpirun -n 4") {
   // Measured (threads and processes alike here): 2.9287 exact and with hpZ; qgZ int4 2.9391,
   // int8 2.9291; qwZ + hpZ + qgZ 2.9474.
-  const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 2 --heads 4 --embd 32 --seq 8 "
-                                 "--batch 4 --steps 50 --stage 3 --ranks-per-node 2";
-  const auto final_loss = [](const std::string& out) {
-    const size_t at = out.find("final loss: ");
-    REQUIRE(at != std::string::npos);
-    return std::stod(out.substr(at + 12));
-  };
   int status = 0;
-  const double exact = final_loss(run_command(train_zero + " --ranks 4 2>&1", status));
+  const double exact = final_loss(run_command(kZeroPlusPlusRun + " --ranks 4 2>&1", status));
   REQUIRE(status == 0);
-  CHECK(final_loss(run_command(train_zero + " --ranks 4 --hpz 2>&1", status)) == exact);
+  CHECK(final_loss(run_command(kZeroPlusPlusRun + " --ranks 4 --hpz 2>&1", status)) == exact);
   CHECK(status == 0);
-  for (const std::string flags : {" --qgz", " --qgz-bits 8", " --qwz --hpz --qgz"}) {
-    INFO(flags);
-    const double threads = final_loss(run_command(train_zero + " --ranks 4" + flags + " 2>&1", status));
-    CHECK(status == 0);
-    const std::string processes = run_command(launch(4, train_zero + flags), status);
-    INFO(processes);
-    CHECK(status == 0);
-    CHECK(threads != exact);  // the gradients were quantized
-    CHECK(std::fabs(threads - exact) < 0.03);
-    CHECK(std::fabs(final_loss(processes) - exact) < 0.03);
-  }
+  for (const char* flags : {" --qgz", " --qgz-bits 8", " --qwz --hpz --qgz"}) check_near_exact(flags, exact);
 }
 
 TEST_CASE("a collective larger than an MPI count is refused before anything moves") {

@@ -12,11 +12,11 @@ namespace {
 struct Hop {
   Tensor values, scales;  // received: chunk i from rank i
   int64_t chunk = 0, block = 1;
-  int bits = 8, ranks = 1;  // ranks: the group's
+  int bits = 8;
   WorkHandle work;
 
   Hop(ProcessGroup& group, const Tensor& x, int bits, int64_t block)
-      : chunk(x.numel() / group.size()), block(block), bits(bits), ranks(group.size()) {
+      : chunk(x.numel() / group.size()), block(block), bits(bits) {
     MemoryScope scope(MemoryCategory::communication);
     const QuantBlocks layout{x.numel(), block, chunk, bits};
     const TensorOptions on = TensorOptions(DType::i8).device(x.device());
@@ -56,7 +56,7 @@ InFlight quantized_reduce_scatter(ProcessGroup& node, ProcessGroup& across, cons
   }
   auto first = std::make_shared<Hop>(node, reordered, bits, block);
   InFlight job{first->work, {}};
-  job.then = [first, &across, out, bits, block, finish = std::move(finish), tag = CollectiveTag::current()] {
+  job.then = [first, &across, out, bits, block, n = s * r, finish = std::move(finish), tag = CollectiveTag::current()] {
     Tensor node_sum;  // [R, slice]: this node's sum of slice k' S + j for every k'
     {
       MemoryScope scope(MemoryCategory::communication);
@@ -65,7 +65,7 @@ InFlight quantized_reduce_scatter(ProcessGroup& node, ProcessGroup& across, cons
     first->sum_into(node_sum);
     CollectiveTag scope(tag);
     auto second = std::make_shared<Hop>(across, node_sum, bits, block);
-    return InFlight{second->work, [second, out, n = across.size() * first->ranks, finish] {
+    return InFlight{second->work, [second, out, n, finish] {
                       second->sum_into(out);
                       Tensor(out).mul_(1.0 / static_cast<double>(n));
                       return finish();
