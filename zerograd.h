@@ -10,6 +10,7 @@
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/file_tier.h"
 #include "tensor/half.h"
 #include "tensor/memory.h"
 #include "tensor/memory_figure.h"

@@ -304,7 +304,7 @@ TEST_CASE("train_zero --offload prints the same losses as without, with the host
   CHECK(step_losses(offloaded).size() == 4);
   CHECK(offloaded.find("| host param") != std::string::npos);
   CHECK(on_device.find("| host") == std::string::npos);
-  CHECK(run_command(small + " --offload disk 2>&1", status).find("offload must be none, optimizer or optimizer+params") !=
+  CHECK(run_command(small + " --offload disk 2>&1", status).find("offload must be none, optimizer, optimizer+params or nvme") !=
         std::string::npos);
   CHECK(status != 0);
   // train_gpt, one rank: the optimizer (stage 1) or everything (stage 3) offloaded.

@@ -33,7 +33,7 @@ struct Trained {
 
 dist::ZeroConfig config_of(const OffloadRun& run) {
   return {.stage = run.stage, .compute_dtype = run.dtype, .adamw = kAdamW, .max_grad_norm = 0.05,
-          .offload = run.offload};
+          .offload = run.offload, .offload_dir = std::filesystem::temp_directory_path().string()};
 }
 
 // Trains the tiny GPT on this rank's slice of each global batch with a loss scaler and
@@ -93,13 +93,14 @@ int64_t model_states(const MemoryStats& s) {
 
 }  // namespace
 
-TEST_CASE("offload on or off: the same bits at N = 1, 2, 4 and stages 1-3, with clipping, a loss scaler and a skipped step") {
+TEST_CASE("offload on or off (host pool, file tier): the same bits at N = 1, 2, 4 and stages 1-3, with clipping, a "
+          "loss scaler, a skipped step and two micro-batches") {
   for (DType dtype : {DType::bf16, DType::f32})
     for (int n : {1, 2, 4})
       for (int stage = 1; stage <= 3; ++stage) {
         const Trained device = train_on(n, {.stage = stage, .dtype = dtype});
         CHECK(std::isnan(device.norms[1]));  // the overflow was skipped
-        for (dist::Offload offload : {dist::Offload::optimizer, dist::Offload::optimizer_and_params}) {
+        for (dist::Offload offload : {dist::Offload::optimizer, dist::Offload::optimizer_and_params, dist::Offload::nvme}) {
           if (offload == dist::Offload::optimizer_and_params && stage != 3) continue;
           INFO(name(dtype) << " N=" << n << " stage " << stage << " offload " << dist::name(offload));
           const Trained host = train_on(n, {.stage = stage, .offload = offload, .dtype = dtype});
@@ -292,7 +293,7 @@ TEST_CASE("offload settings that cannot work are refused with the reason") {
   CHECK_THROWS_WITH_AS(build(2, dist::Offload::optimizer_and_params),
                        doctest::Contains("offload optimizer+params needs stage 3"), Error);
   CHECK_THROWS_WITH_AS(dist::parse_offload("params"),
-                       doctest::Contains("offload must be none, optimizer or optimizer+params, got 'params'"), Error);
+                       doctest::Contains("offload must be none, optimizer, optimizer+params or nvme, got 'params'"), Error);
   CHECK(dist::parse_offload("optimizer+params") == dist::Offload::optimizer_and_params);
   CHECK_THROWS_WITH_AS(empty({2}, TensorOptions().device(kCUDA).pinned()), doctest::Contains("host pool"), Error);
 }

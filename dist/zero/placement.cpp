@@ -7,14 +7,15 @@ const char* name(Offload offload) {
     case Offload::none: return "none";
     case Offload::optimizer: return "optimizer";
     case Offload::optimizer_and_params: return "optimizer+params";
+    case Offload::nvme: return "nvme";
   }
   return "?";
 }
 
 Offload parse_offload(std::string_view text) {
-  for (Offload o : {Offload::none, Offload::optimizer, Offload::optimizer_and_params})
+  for (Offload o : {Offload::none, Offload::optimizer, Offload::optimizer_and_params, Offload::nvme})
     if (text == name(o)) return o;
-  fail("offload must be none, optimizer or optimizer+params, got '", text, "'");
+  fail("offload must be none, optimizer, optimizer+params or nvme, got '", text, "'");
 }
 
 std::string Placement::problem(int stage, Offload offload) {

@@ -18,8 +18,12 @@
 //   optimizer               2/N  (+ the units in use)       14/N: master, m, v, gradient shard
 //   optimizer + parameters  the units in use only           14/N: the f32 master doubles as the
 //                                                           parameter shard, cast per gather
+//   nvme (ZeRO-Infinity)    stage 3: the units in use only  a few units' state at a time; the
+//                           (stages 1, 2: 2 full)           16/N in a file (tensor/file_tier.h)
 //
-// The gradient shard goes with the optimizer: the CPU AdamW reads it where it runs.
+// The gradient shard goes with the optimizer: the CPU AdamW reads it where it runs. With
+// nvme the master (at stage 3 the parameter shard too), m, v and the gradient shard are
+// paged in for each use and out after (dist/zero/state_pager.h).
 #pragma once
 
 #include <string>
@@ -39,15 +43,16 @@ enum class FullWhen : uint8_t {
   during_backward, // gradients: the unit's full gradient lives from its first arrival to its reduction
   never,           // only the shard exists (master weights and Adam state)
 };
-enum class Location : uint8_t { device, host };
+enum class Location : uint8_t { device, host, file };  // file: host memory only while paged in
 
 // Which roles live in host memory (ZeroConfig::offload).
 enum class Offload : uint8_t {
   none,
   optimizer,              // master weights, Adam m and v, the gradient shard; stages 1-3
   optimizer_and_params,   // and the parameter shards (ZeRO-3)
+  nvme,                   // all of these in the file tier (ZeroConfig::offload_dir); stages 1-3
 };
-const char* name(Offload offload);  // "none", "optimizer", "optimizer+params"
+const char* name(Offload offload);  // "none", "optimizer", "optimizer+params", "nvme"
 // Parses name(); throws zg::Error listing the choices.
 Offload parse_offload(std::string_view text);
 
@@ -68,8 +73,11 @@ struct Placement {
     const std::string wrong = problem(stage, offload);
     ZG_CHECK(wrong.empty(), wrong);
     const bool opt = stage >= 1, grads = stage >= 2, params = stage >= 3;
-    const Location state = offload == Offload::none ? Location::device : Location::host;
-    const Location weights = offload == Offload::optimizer_and_params ? Location::host : Location::device;
+    const bool nvme = offload == Offload::nvme;
+    const Location state = offload == Offload::none ? Location::device : nvme ? Location::file : Location::host;
+    const Location weights = offload == Offload::optimizer_and_params ? Location::host
+                             : nvme && params                         ? Location::file
+                                                                      : Location::device;
     return {{params ? Layout::sharded : Layout::full, params ? FullWhen::around_use : FullWhen::always, weights},
             {grads ? Layout::sharded : Layout::full, grads ? FullWhen::during_backward : FullWhen::always, state},
             {opt ? Layout::sharded : Layout::full, opt ? FullWhen::never : FullWhen::always, state}};
@@ -89,9 +97,11 @@ struct Placement {
   bool optimizer_sharded() const { return optimizer_state.layout == Layout::sharded; }
 
   // Offload: the optimizer state (and the gradient shard it reads) in host memory.
-  bool offloads_optimizer() const { return optimizer_state.where == Location::host; }
-  // ZeRO-3 with parameter offload: the parameter shards in host memory.
-  bool offloads_parameters() const { return compute.where == Location::host; }
+  bool offloads_optimizer() const { return optimizer_state.where != Location::device; }
+  // ZeRO-3 with parameter offload: the parameter shards in host memory (or the file tier).
+  bool offloads_parameters() const { return compute.where != Location::device; }
+  // ZeRO-Infinity: the optimizer state, gradient shard (and ZeRO-3's parameter shard) paged from a file.
+  bool pages_to_file() const { return optimizer_state.where == Location::file; }
 
   // "DDP (stage 0)", "ZeRO-2": the stage number is derived back, only to name it.
   int stage() const {
@@ -99,9 +109,10 @@ struct Placement {
   }
   std::string name() const {
     const std::string stage_name = stage() == 0 ? "DDP (stage 0)" : "ZeRO-" + std::to_string(stage());
-    return offloads_parameters()   ? stage_name + " + offload optimizer+params"
-           : offloads_optimizer() ? stage_name + " + offload optimizer"
-                                  : stage_name;
+    return pages_to_file()          ? stage_name + " + offload nvme"
+           : offloads_parameters() ? stage_name + " + offload optimizer+params"
+           : offloads_optimizer()  ? stage_name + " + offload optimizer"
+                                   : stage_name;
   }
 };
 

@@ -21,6 +21,7 @@
 #include "dist/zero/checkpoint/model_parameters.h"
 #include "dist/zero/checkpoint/pieces.h"
 #include "dist/zero/checkpoint/roles.h"
+#include "dist/zero/paged_state.h"
 #include "dist/zero/checkpoint/slice_order.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/unit.h"
@@ -124,6 +125,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   if (file_rank == 0)
     for (const auto& [key, t] : replicated())
       if (key.starts_with(kBufferKey)) add(key, t);
+  const StateInHost resident(this->units(), false);  // offload nvme: the whole state, for the file's writes
   try {
     GroupFileWriter file(world, device, "ShardedModel::save", writes,
                          checkpoint_dir::rank_file(folder, file_rank, files), layout, meta);
@@ -202,6 +204,7 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   // Everything checked, everywhere: now copy each part's overlap with each piece (once no
   // gather a forward left in flight still reads the shards).
   for (auto& unit : units_) unit->finish_gathers();
+  const StateInHost resident(this->units(), true);  // offload nvme: paged in, written back once loaded
   checkpoint::copy_pieces(parts, index);
   if (manifest.holds_replicated)
     for (const auto& [key, t] : model.buffers) manifest.first().read_into(key, t);
@@ -261,7 +264,9 @@ void ShardedModel::for_each_consolidated(const std::function<void(const std::str
   NoGradGuard no_grad;
   const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
   const std::vector<UnitRoles> units = views(units_);
-  for (const UnitRoles& unit : units) {
+  for (size_t u = 0; u < units.size(); ++u) {
+    const UnitRoles& unit = units[u];
+    const StateInHost resident({units_[u].get()}, false);  // offload nvme: this unit's, paged in
     // Full optimizer state: every rank has it all. Else one unit's master weights, gathered and released.
     const Tensor whole = placement().optimizer_sharded()
                              ? all_gathered(unit.master, unit.tag, MemoryCategory::communication)

@@ -4,6 +4,7 @@
 
 #include "dist/zero/gather_scheduler.h"
 #include "dist/zero/gradient_reducer.h"
+#include "dist/zero/paged_state.h"
 #include "dist/zero/unit.h"
 
 #include "autograd/graph.h"
@@ -127,6 +128,9 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
                "for a pipeline stage's chunks");
     ZG_CHECK(shard_.has_value(), "ShardedModel: the mesh has no dp_shard dimension, which the units shard over "
              "(size 1: every rank holds them whole)");
+    ZG_CHECK(!(pp_ && config_.offload == Offload::nvme), "ShardedModel: offload nvme does not run under a pipeline ",
+             "yet (the tied ends' gradient exchange reads gradient shards the file tier holds); use offload optimizer ",
+             "or optimizer+params with pp");
     const int s = shard_group().size();
     ZG_CHECK(config_.shard_group_size == 0 || config_.shard_group_size == s, "ShardedModel: shard_group_size ",
              config_.shard_group_size, " differs from the mesh's dp_shard size ", s, " (leave it 0 with a mesh)");
@@ -199,7 +203,10 @@ void ShardedModel::make_units(nn::Module& model, const UnitPlan& plan, ShardingP
                                                        config_.reduce(), config_.accumulate(), device,
                                                        config_.quantize_weights, config_.secondary_weights,
                                                        config_.gradient_bits, config_.gradient_block, std::nullopt,
-                                                       std::nullopt});
+                                                       std::nullopt, nullptr});
+  if (placement().pages_to_file())
+    context_->file_tier = std::make_shared<FileTier>(config_.offload_dir, "rank" + std::to_string(group_->rank()),
+                                                     context_->host());
   frozen_ = std::move(planned.replicated_frozen);
   for (UnitSpec& spec : planned.units) units_.push_back(std::make_unique<Unit>(*context_, std::move(spec)));
   reducer_ = std::make_unique<GradientReducer>(placement(), units(), model.named_parameters(), config_.bucket_bytes,
@@ -374,6 +381,7 @@ nn::NamedTensors ShardedModel::gathered_master() {
   NoGradGuard no_grad;
   nn::NamedTensors out;
   for (auto& unit : units_) {
+    const StateInHost resident({unit.get()}, false);  // offload nvme: this unit's, paged in
     Tensor full;
     if (placement().optimizer_sharded()) {
       full = all_gathered(unit->master(), unit->tag(), MemoryCategory::other);
@@ -398,6 +406,10 @@ Tensor ShardedModel::all_gathered(const Tensor& shard, int64_t tag, MemoryCatego
   CollectiveTag scope(tag);
   group.all_gather(shard.to(on), whole);
   return whole;
+}
+
+FileTierStats ShardedModel::file_tier_stats() const {
+  return context_->file_tier ? context_->file_tier->stats() : FileTierStats{};
 }
 
 int64_t ShardedModel::num_parameters() const {

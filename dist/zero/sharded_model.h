@@ -60,6 +60,7 @@
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/grad_scaler.h"
+#include "tensor/file_tier.h"
 #include "tensor/safetensors.h"
 
 namespace zg::dist {
@@ -218,6 +219,9 @@ class ShardedModel final : public ParameterOwner {
   // collective).
   void export_consolidated(const std::string& path);
   int64_t num_parameters() const;  // Ψ, without padding
+  // Offload nvme: the file tier's figures (the bytes it holds, read and written, and how
+  // long); all zeros without one.
+  FileTierStats file_tier_stats() const;
   int64_t steps() const { return step_; }  // optimizer updates taken (a resumed run: the saved count)
   const ZeroConfig& config() const { return config_; }
   const Placement& placement() const;

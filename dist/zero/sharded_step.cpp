@@ -11,6 +11,7 @@
 #include "dist/comm/agreement.h"
 #include "dist/zero/gather_scheduler.h"
 #include "dist/zero/gradient_reducer.h"
+#include "dist/zero/paged_state.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/unit.h"
 #include "optim/schedule.h"
@@ -68,9 +69,10 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
                    std::vector<AgreedValue>{{"lr", lr}, {"loss scale", scaler ? scaler->scale_factor() : 1.0}});
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(dry_run ? kCPU : device));
   if (!dry_run)
-    for (size_t u = 0; u < units_.size(); ++u)
+    visit_paged(units(), Unit::StateUse::gradient, false, [&](size_t u) {  // (offload nvme: paged in a unit at a time)
       if (!pp_ || (*pp_)->rank() == 0 || std::ranges::find(tied_units_, u) == tied_units_.end())  // ties: once
         norm_sq = norm_sq + squared_norm(u);
+    });
   norm_sq = norm_sq.to(agreement_device(*group_, context_->device));  // offloaded: summed on the host, reduced where the group is
   shard_group().all_reduce(norm_sq, ReduceKind::sum);  // (hybrid: the other shard groups hold the same shards)
   if (tp_) (*tp_)->all_reduce(norm_sq, ReduceKind::sum);  // the other slices of the cut parameters
@@ -142,16 +144,23 @@ double ShardedModel::gradient_multiplier(const optim::GradScaler* scaler) const 
 // AdamW on every span this rank updates, then (ZeRO-1, 2) every rank's new slices into
 // everyone's full compute weights.
 void ShardedModel::update(double lr, double grad_scale, const Tensor& device_scale) {
-  std::vector<optim::AdamWSpan> spans;
   for (auto& unit : units_) unit->finish_gathers();  // a prefetch a forward left in flight reads the shards
-  for (auto& unit : units_)
-    for (optim::AdamWSpan& span : unit->optimizer_spans()) spans.push_back(std::move(span));
-  optim::adamw_update(spans, config_.adamw, lr, step_ + 1, grad_scale, device_scale);
+  std::vector<WorkHandle> gathers;
+  if (placement().pages_to_file()) {  // ZeRO-Infinity: a unit at a time, as the file tier pages it in
+    visit_paged(units(), Unit::StateUse::update, true, [&](size_t u) {
+      optim::adamw_update(units_[u]->optimizer_spans(), config_.adamw, lr, step_ + 1, grad_scale, device_scale);
+      if (WorkHandle work = units_[u]->after_step()) gathers.push_back(std::move(work));
+    });
+  } else {
+    std::vector<optim::AdamWSpan> spans;
+    for (auto& unit : units_)
+      for (optim::AdamWSpan& span : unit->optimizer_spans()) spans.push_back(std::move(span));
+    optim::adamw_update(spans, config_.adamw, lr, step_ + 1, grad_scale, device_scale);
+    for (auto& unit : units_)
+      if (WorkHandle work = unit->after_step()) gathers.push_back(std::move(work));
+  }
   ++step_;
   gradients_used_ = gradient_mark();
-  std::vector<WorkHandle> gathers;
-  for (auto& unit : units_)
-    if (WorkHandle work = unit->after_step()) gathers.push_back(std::move(work));
   for (const WorkHandle& work : gathers) work->wait();
   mark_compute_current();
 }

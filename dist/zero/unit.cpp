@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "autograd/graph.h"
+#include "dist/zero/buffers.h"
 #include "dist/zero/quantized_gather.h"
 #include "dist/zero/quantized_reduce.h"
 #include "tensor/backend.h"
@@ -12,28 +13,6 @@
 namespace zg::dist {
 
 namespace {
-
-// On the host (cpu or meta) a buffer comes from the rank's host pool (TensorOptions::pinned).
-Tensor allocate(int64_t numel, DType dtype, Device device, MemoryCategory category, bool zeroed, bool host = false) {
-  MemoryScope scope(category);
-  Tensor t = empty({numel}, TensorOptions(dtype).device(device).pinned(host));
-  if (zeroed) t.zero_();
-  return t;
-}
-
-// dst = src rounded to dst's dtype, through the backend (grads are not autograd state);
-// across devices (offload) through the device's backend.
-void cast_into(const Tensor& src, const Tensor& dst) {
-  backend(dst.device().type == DeviceType::cpu ? src.device() : dst.device()).copy(src, dst);
-}
-
-// `t` on `device` in `dtype`: itself, or a `communication` copy (offload's transfers).
-Tensor moved(const Tensor& t, Device device, DType dtype) {
-  if (t.device() == device && t.dtype() == dtype) return t;
-  const Tensor out = allocate(t.numel(), dtype, device, MemoryCategory::communication, false);
-  cast_into(t, out);
-  return out;
-}
 
 // The buffer a collective works on: `grad` itself, or a copy in the reduce dtype.
 Tensor in_reduce_dtype(const Tensor& grad, DType dtype) {
@@ -143,6 +122,7 @@ void Unit::materialize(const InitialValues& initial, ParameterViews views) {
   for (const ParamSlot& slot : spec_.frozen_entries) views_.point_data(slot.param, view_of(frozen_.full, slot));
   point_grads(grad_full_);
   mark_compute_ours();
+  page_out_state();
 }
 
 void Unit::point_grads(const Tensor& grad_full) {
@@ -221,7 +201,7 @@ void Unit::issue_gather(Weights& w, bool exact) {
     w.gathering = (*ctx_.node)->all_gather_async(w.secondary, w.full);
   } else {
     // An offloaded shard goes up to the device first (the f32 master cast to the compute dtype).
-    const Tensor shard = moved(w.shard, ctx_.device, ctx_.compute_dtype);
+    const Tensor shard = shard_to_gather(w);
     w.quantized = ctx_.quantize_weights && !exact;
     w.gathering = w.quantized ? quantized_all_gather_async(*ctx_.group, shard, w.full)
                               : ctx_.group->all_gather_async(shard, w.full);
@@ -312,9 +292,9 @@ InFlight Unit::reduce_scatter_into_full(bool sync) {
                           ? slice
                           : allocate(shard, ctx_.reduce_dtype, buffer.device(), MemoryCategory::communication, false);
   job.work = group.reduce_scatter_async(buffer, mine, ReduceKind::sum);
-  job.then = [mine, slice, full = grad_full_, to = grad_shard_, r = group.rank(), s = shard] {
+  job.then = [this, mine, slice, full = grad_full_, r = group.rank(), s = shard] {
     if (!mine.is_same(slice)) cast_into(mine, slice);
-    if (!slice.is_same(to)) cast_into(slice, to);  // offload: the running sum, down to the host
+    if (!slice.is_same(grad_shard_)) into_gradient_shard(slice, false);  // offload: the running sum, down to the host
     backend(full.device()).fill(full.narrow(0, 0, r * s), 0.0);
     backend(full.device()).fill(full.narrow(0, (r + 1) * s, full.numel() - (r + 1) * s), 0.0);
     return InFlight{};
@@ -350,8 +330,8 @@ InFlight Unit::reduce_scatter_and_free(bool sync) {
   const Tensor buffer = quantized ? summed : in_reduce_dtype(summed, ctx_.reduce_dtype);
   const Tensor mine = allocate(spec_.shard, quantized ? DType::f32 : ctx_.reduce_dtype, buffer.device(),
                                MemoryCategory::communication, false);
-  const auto accumulate = [mine, to = grad_shard_] {  // across micro-batches: grad_shard += mine
-    backend(to.device()).binary(BinaryOp::add, to, moved(mine, to.device(), to.dtype()), to);
+  const auto accumulate = [this, mine] {  // across micro-batches: grad_shard += mine
+    into_gradient_shard(mine, true);
     return InFlight{};
   };
   if (quantized)
@@ -369,12 +349,12 @@ InFlight Unit::reduce_scatter_and_free(bool sync) {
 
 void Unit::zero_grad() {
   if (ctx_.placement.frees_full_gradients()) {
-    grad_shard_.zero_();
+    zero_gradient_shard();
     point_grads(Tensor());
     grad_full_ = grad_unsynced_ = Tensor();  // unsynced micro-batches', or a backward that never completed
   } else {
     grad_full_.zero_();
-    if (ctx_.placement.offloads_optimizer()) grad_shard_.zero_();  // its own buffer, on the host
+    if (ctx_.placement.offloads_optimizer()) zero_gradient_shard();  // its own buffer, on the host
   }
 }
 

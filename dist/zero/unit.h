@@ -29,6 +29,7 @@
 #include "dist/comm/process_group.h"
 #include "dist/zero/planner.h"
 #include "optim/adamw.h"
+#include "tensor/file_tier.h"
 
 namespace zg::dist {
 
@@ -63,9 +64,10 @@ struct UnitContext {
   int64_t gradient_block = 64;     // qgZ: elements a scale
   // hpZ, qgZ: the shard group's ranks on this rank's node (S), and those of its node rank on every node (N / S).
   std::optional<GroupRef> node, across;
+  std::shared_ptr<FileTier> file_tier;  // offload nvme: where the state pages to (else null)
   // Where host-placed roles live: the host pool on the cpu (meta for a dry run).
   Device host() const { return device.type == DeviceType::meta ? kMeta : kCPU; }
-  Device where(const RolePlacement& role) const { return role.where == Location::host ? host() : device; }
+  Device where(const RolePlacement& role) const { return role.where == Location::device ? device : host(); }
 };
 
 class Unit {
@@ -112,6 +114,16 @@ class Unit {
   // After master weights were loaded: the compute copy from them (every rank's, gathered).
   void refresh_compute();
 
+  // ZeRO-Infinity (offload nvme): the state in the file tier -- the master weights (at stage 3
+  // the parameter shard too), Adam m and v, the gradient shard -- is in host memory only
+  // between fetch_state and store_state (paged_state.h visits the units in order).
+  enum class StateUse : uint8_t { gradient, update };  // the norm reads the gradient shard; AdamW all four
+  bool pages_state() const { return paged_ != nullptr; }
+  void fetch_state(StateUse use);                // starts the reads
+  void await_state();                            // waits for them
+  void store_state(StateUse use, bool updated);  // writes back what `use` changed (if updated); frees the rest
+  void settle_state();                           // waits for its writes, frees their buffers
+
   // Layout, as planned.
   const std::string& name() const { return spec_.name; }
   int64_t tag() const { return spec_.tag; }
@@ -150,6 +162,14 @@ class Unit {
     bool secondary_current() const { return secondary_holds && shard.storage()->version() == secondary_from; }
     bool has_full() const { return full.defined() && full.numel() > 0; }  // a part ZeRO-3 gathers
   };
+  struct PagedState {
+    PagedTensor master, m, v, grad;
+  };
+  std::vector<PagedTensor*> paged(StateUse use) const;
+  void page_out_state();                      // after materialize: the initial state to the file
+  Tensor shard_to_gather(const Weights& w);   // on the device in the compute dtype (paged in for it)
+  void into_gradient_shard(const Tensor& reduced, bool add);  // = or +=, paged in around it
+  void zero_gradient_shard();
   std::vector<Weights*> gathered_parts();
   std::vector<const Weights*> gathered_parts() const;
   uint64_t compute_version() const;  // of the full compute weights: any write bumps it
@@ -157,8 +177,8 @@ class Unit {
   void fill_secondary(Weights& weights);
   void place(Weights& weights, const std::vector<ParamSlot>& slots, int64_t padded, const InitialValues& initial,
              bool shard_from_master);
-  void point_grads(const Tensor& grad_full);
-  void expect_no_gather(const char* writer) const;  // a transition that writes the shard  // every trained parameter's .grad: a view, or none
+  void point_grads(const Tensor& grad_full);  // every trained parameter's .grad: a view, or none
+  void expect_no_gather(const char* writer) const;  // a transition that writes the shard
   // The compute weights the optimizer updates: this rank's slice, or the whole buffer (DDP).
   const Tensor& updated_weights() const {
     return ctx_.placement.optimizer_sharded() ? weights_.shard : weights_.full;
@@ -180,6 +200,7 @@ class Unit {
   Tensor grad_unsynced_;     // ZeRO-2, 3, sync off, accumulate dtype wider: [padded] micro-batches' sum
   Tensor master_, m_, v_;    // [padded] (full optimizer state) or [shard]
   Tensor compute_staging_;   // offload: the update's 16-bit weights on the host, until after_step
+  std::unique_ptr<PagedState> paged_;  // offload nvme: the state's pages (paged_state.cpp)
   uint64_t written_by_us_ = 0;  // compute_version() after our last write
 };
 

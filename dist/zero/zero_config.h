@@ -41,8 +41,11 @@ struct ZeroConfig {
   // ZeRO-Offload: optimizer places the master weights, Adam m and v and the gradient
   // shard in the rank's host pool (page-locked with a GPU), where the CPU AdamW updates
   // them; optimizer+params (stage 3) also the parameter shards, gathered to the device
-  // per unit. Results are the same bit for bit as without offload.
+  // per unit; nvme (ZeRO-Infinity) pages all of them from a file in offload_dir, a few
+  // units in host memory at a time. Results are the same bit for bit as without offload.
   Offload offload = Offload::none;
+  // offload nvme: the folder of the file tier's files (a fast local disk); unused on meta.
+  std::string offload_dir{};
   // ZeRO-3: units whose gathered weights stay from their forward to their backward
   // (FSDP2's reshard_after_forward=False): 2Ψ elements of traffic a step for them instead
   // of 3Ψ, for holding them whole through the rest of the forward. Unit names as the

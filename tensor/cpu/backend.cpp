@@ -12,8 +12,9 @@ namespace cpu {
 
 namespace {
 
-// Host memory, 64-byte aligned (a cache line; enough for any vector load).
-// Reserved bytes are the rounded sizes actually taken from the system.
+// Host memory, 64-byte aligned (a cache line; enough for any vector load), and 4 KiB
+// from 64 KiB up, so the file tier (tensor/file_tier.h) can read and write large buffers
+// with O_DIRECT. Reserved bytes are the rounded sizes actually taken from the system.
 class CpuAllocator final : public Allocator {
  public:
   CpuAllocator() : Allocator(kCPU) {}
@@ -21,17 +22,18 @@ class CpuAllocator final : public Allocator {
  private:
   static constexpr int64_t kAlignment = 64;
   static int64_t rounded(int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+  static std::align_val_t alignment(int64_t bytes) { return static_cast<std::align_val_t>(bytes >= (64 << 10) ? 4096 : kAlignment); }
 
   int64_t block_size(int64_t bytes) const override { return rounded(bytes); }
   void* acquire(int64_t bytes, MemoryCategory category) override {
     if (!fits_cap(rounded(bytes))) throw_out_of_memory(bytes, category, "over the memory cap");
-    void* ptr = ::operator new(static_cast<size_t>(rounded(bytes)), std::align_val_t{kAlignment}, std::nothrow);
+    void* ptr = ::operator new(static_cast<size_t>(rounded(bytes)), alignment(bytes), std::nothrow);
     if (!ptr) throw_out_of_memory(bytes, category, "the system allocator failed");
     add_reserved(rounded(bytes));
     return ptr;
   }
   void release(void* ptr, int64_t bytes) override {
-    ::operator delete(ptr, std::align_val_t{kAlignment});
+    ::operator delete(ptr, alignment(bytes));
     add_reserved(-rounded(bytes));
   }
 };
