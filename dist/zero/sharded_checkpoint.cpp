@@ -84,14 +84,11 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   const Generator& gen = Context::current().generator();
   const Device device = context_->device;
   const uint64_t save_id = new_save_id(world, device, dir, step_);
+  const StateInHost resident(units(), false);  // offload nvme: the whole state, for the file's writes
   const std::string folder = dir + "/" + checkpoint_dir::save_name(step_, save_id);
-  Metadata meta = checkpoint::manifest_metadata({.save_id = save_id,
-                                                 .world_size = files,
-                                                 .rank = file_rank,
-                                                 .stage = placement().stage(),
-                                                 .step = step_,
-                                                 .compute_dtype = config_.compute_dtype,
-                                                 .rng_seed = gen.seed(),
+  Metadata meta = checkpoint::manifest_metadata({.save_id = save_id, .world_size = files, .rank = file_rank,
+                                                 .stage = placement().stage(), .step = step_,
+                                                 .compute_dtype = config_.compute_dtype, .rng_seed = gen.seed(),
                                                  .rng_offset = gen.offset()});
   const std::string nothing = "nothing was saved, on any rank";
   all_or_none(world, device, "ShardedModel::save", nothing, [&] {
@@ -125,7 +122,6 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   if (file_rank == 0)
     for (const auto& [key, t] : replicated())
       if (key.starts_with(kBufferKey)) add(key, t);
-  const StateInHost resident(this->units(), false);  // offload nvme: the whole state, for the file's writes
   try {
     GroupFileWriter file(world, device, "ShardedModel::save", writes,
                          checkpoint_dir::rank_file(folder, file_rank, files), layout, meta);
