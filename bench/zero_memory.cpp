@@ -11,6 +11,10 @@
 // the f32 master doubles as the parameter shard, cast per gather), the device keeps
 // the compute weights (2Ψ, or 2Ψ/N at stage 3; none at optimizer+params) and, at stage
 // 1, the full gradient (2Ψ).
+// --offload nvme [--offload-dir DIR] (ZeRO-Infinity): the master, m, v and the gradient
+// shard (at stage 3 the parameter shard too) in a file, (12 + 2)Ψ/N bytes; the host pool
+// holds at most three units' state at a time (one read ahead, one in use, one written
+// behind) plus, at stages 1, 2, a unit's update for the device; the dry run needs no DIR.
 // --shard-group S (stages 2, 3): hybrid sharding -- shards within groups of S ranks,
 // replicas across the N / S groups: model states follow the formulas with S for N,
 // traffic splits into the stage's within its group (with S) and the gradient shard's
@@ -55,6 +59,7 @@
 //   build/bench/zero_memory --model tiny --world-size 4 --device cpu --json
 //   mpirun -n 4 build/bench/zero_memory --model tiny --device cpu
 //   build/bench/zero_memory --model 7.5b --world-size 1 --stage 3 --offload optimizer+params --json
+//   build/bench/zero_memory --model 7.5b --world-size 1 --stage 3 --offload nvme --device meta --json
 //   build/bench/zero_memory --largest-on 80
 //   build/bench/zero_memory --model 7.5b --world-size 64 --stage 3 --shard-group 8
 //   build/bench/zero_memory --model 7.5b --world-size 64 --tp 8 --stage 1 --device meta --json
@@ -154,6 +159,8 @@ struct Record {
   int64_t sent_pp = 0;
   // The host pool (offload), after backward as the device's; its peak over the steps.
   int64_t host_parameter = 0, host_gradient = 0, host_optimizer_state = 0, host_peak = 0, formula_host = 0;
+  // Offload nvme: the file tier's bytes (the tensors', the file's), read and written over the steps, the formula.
+  int64_t nvme_bytes = 0, nvme_file_bytes = 0, nvme_read = 0, nvme_written = 0, formula_nvme = 0, largest_shard = 0;
 };
 
 // --pp, --schedule, --micro-batches, --chunks.
@@ -217,10 +224,13 @@ std::string setting_title(int stage, dist::Offload offload) {
 // host; the device's full one (stage 1) stays. Parameter offload: the master is the shard.
 // --accumulate f32 (stages 2, 3): the gradient shard takes 4 bytes a parameter, not 2.
 struct Formula {
-  int64_t device = 0, host = 0;
+  int64_t device = 0, host = 0, file = 0;
 };
+constexpr int kPagedUnits = 3;  // offload nvme: read ahead, in use, written behind (dist/zero/paged_state.h)
 // --compute f32: the compute weights are the f32 master (4 + 4 + 8 bytes: no separate copy).
-Formula formula_states(const dist::ZeroConfig& zero, int64_t psi, int n) {
+// Offload nvme: the file holds the host's 14Ψ/N; the host pool kPagedUnits units' share of it
+// (`largest`: elements of the largest unit's slice), and at stages 1, 2 a unit's update on its way up.
+Formula formula_states(const dist::ZeroConfig& zero, int64_t psi, int n, int64_t largest = 0) {
   const int64_t compute = element_size(zero.compute_dtype), optimizer = compute == 4 ? 8 : 12;
   const int64_t shard_bytes = element_size(zero.accumulate());
   const dist::Placement placement = zero.placement();
@@ -230,7 +240,11 @@ Formula formula_states(const dist::ZeroConfig& zero, int64_t psi, int n) {
   Formula f;
   if (!placement.offloads_parameters()) f.device += bytes(placement.compute, compute);
   if (zero.secondary_weights) f.device += compute * psi / zero.ranks_per_node;  // hpZ: 2Ψ/S
-  if (placement.offloads_optimizer()) {
+  if (placement.pages_to_file()) {
+    f.file = (12 + shard_bytes) * psi / n;
+    f.host = kPagedUnits * (12 + shard_bytes) * largest + (placement.offloads_parameters() ? 0 : compute * largest);
+    if (placement.gradients.layout == dist::Layout::full) f.device += 2 * psi;
+  } else if (placement.offloads_optimizer()) {
     f.host += (12 + shard_bytes) * psi / n;
     if (placement.gradients.layout == dist::Layout::full) f.device += 2 * psi;
   } else {
@@ -360,9 +374,10 @@ std::set<dist::ProcessGroup*> mesh_groups(dist::DeviceMesh& mesh) {
 void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& config, int64_t batch, int64_t seq,
                   int tp, bool sp) {
   const int64_t psi = tp == 1 || r.pp > 1 ? r.params : bench::tensor_parallel_counts(config).per_rank(tp);
-  const Formula formula = formula_states(zero, psi, r.shard_group);
+  const Formula formula = formula_states(zero, psi, r.shard_group, r.largest_shard);
   r.formula_states = formula.device;
   r.formula_host = formula.host;
+  r.formula_nvme = formula.file;
   r.formula_sent_across =
       formula_sent_across(zero, psi, r.shard_group, r.world_size / tp / r.pp / r.shard_group, r.micro_batches, r.chunks);
   const Traffic traffic =
@@ -546,6 +561,10 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
   r.peak_allocated = s.peak_total;
   r.reserved = s.peak_reserved;
   r.host_peak = context.host_memory_stats(host).peak_total;
+  const FileTierStats tier = sharded.file_tier_stats();
+  r.nvme_bytes = tier.paged_bytes, r.nvme_file_bytes = tier.file_bytes;
+  r.nvme_read = tier.bytes_read, r.nvme_written = tier.bytes_written;
+  r.largest_shard = sharded.largest_shard();
   add_formulas(r, zero, config, batch, seq, tp, sp);
   return r;
 }
@@ -564,7 +583,8 @@ std::vector<Record> all_records(dist::ProcessGroup& host, const std::vector<Reco
       &Record::host_peak, &Record::formula_host, &Record::sent_tp, &Record::formula_sent_tp,
       &Record::formula_activation, &Record::formula_activation_layer, &Record::paper_activation_layer,
       &Record::sent_pp, &Record::sent_within_node, &Record::sent_across_nodes, &Record::formula_sent_within_node,
-      &Record::formula_sent_across_nodes};
+      &Record::formula_sent_across_nodes, &Record::nvme_bytes, &Record::nvme_file_bytes, &Record::nvme_read,
+      &Record::nvme_written, &Record::formula_nvme, &Record::largest_shard};
   constexpr size_t kFields = std::size(kInts) + std::size(kInt64s) + 1;  // + the offload
   std::vector<int64_t> packed;
   for (const Record& r : mine) {
@@ -1037,6 +1057,15 @@ std::string pipeline_json(const Options& o, const Record& r) {
 
 // Within and across nodes, and ZeRO++'s settings. The paper counts M = the model's 16-bit
 // bytes a node sends across (3M for ZeRO-3): across_nodes_in_M is G x this rank's share / 2Ψ.
+// Offload nvme's fields: the file tier's bytes next to their formula, and the host pool's bound.
+std::string nvme_json(const Record& r) {
+  if (r.offload != dist::Offload::nvme) return "";
+  return concat(", \"nvme_bytes\": ", r.nvme_bytes, ", \"formula_nvme_bytes\": ", r.formula_nvme,
+                ", \"nvme_file_bytes\": ", r.nvme_file_bytes, ", \"nvme_read\": ", r.nvme_read,
+                ", \"nvme_written\": ", r.nvme_written, ", \"host_bound_units\": ", kPagedUnits,
+                ", \"largest_unit_shard\": ", r.largest_shard);
+}
+
 std::string node_json(const Options& o, const Record& r) {
   const bool formulas = r.tp == 1 && r.pp == 1;
   const double m = 2.0 * static_cast<double>(r.params) / r.ranks_per_node;  // this rank's share of M
@@ -1061,7 +1090,7 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
                 "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld, "
                 "\"construction_peak\": %lld, \"offload\": \"%s\", \"host_parameter\": %lld, \"host_gradient\": %lld, "
                 "\"host_optimizer_state\": %lld, \"host_peak\": %lld, \"formula_host_model_states\": %lld, "
-                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld%s%s%s}%s\n",
+                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld%s%s%s%s}%s\n",
                 o.model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
                 (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
                 (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
@@ -1069,7 +1098,7 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
                 (long long)r.formula_sent, (long long)r.construction_peak, dist::name(r.offload),
                 (long long)r.host_parameter, (long long)r.host_gradient, (long long)r.host_optimizer_state,
                 (long long)r.host_peak, (long long)r.formula_host, r.shard_group, (long long)r.sent_across,
-                (long long)r.formula_sent_across, node_json(o, r).c_str(), tensor_parallel_json(r).c_str(),
+                (long long)r.formula_sent_across, nvme_json(r).c_str(), node_json(o, r).c_str(), tensor_parallel_json(r).c_str(),
                 pipeline_json(o, r).c_str(), i + 1 < records.size() ? "," : "");
   }
   std::printf("]\n");
@@ -1097,6 +1126,9 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
   std::printf("%5s %4s %9s %9s %9s %12s %9s %11s %9s %9s %11s %9s %9s", "stage", "rank", "param", "grad",
               "optim", "model states", "formula", "activation", "comm", "peak", "sent/step", "formula", "build");
   if (offloading) std::printf("  %-16s %11s %9s %9s", "offload", "host states", "formula", "host peak");
+  const bool paging = std::any_of(records.begin(), records.end(),
+                                  [](const Record& r) { return r.offload == dist::Offload::nvme; });
+  if (paging) std::printf("  %9s %9s", "nvme", "formula");
   const bool hybrid = o.zero.shard_group_size != 0 && o.zero.shard_group_size != o.world / o.tp;
   if (hybrid) std::printf("  %5s %13s %9s", "S", "sent across", "formula");
   const bool tp_formulas = o.tp > 1 && !o.pipe.on();
@@ -1114,6 +1146,7 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
       std::printf("  %-16s %11.3f %9.3f %9.3f", dist::name(r.offload),
                   gb(r.host_parameter + r.host_gradient + r.host_optimizer_state), gb(r.formula_host),
                   gb(r.host_peak));
+    if (paging) std::printf("  %9.3f %9.3f", gb(r.nvme_bytes), gb(r.formula_nvme));
     if (hybrid) std::printf("  %5d %13.3f %9.3f", r.shard_group, gb(r.sent_across), gb(r.formula_sent_across));
     if (tp_formulas)
       std::printf("  %9.3f %9.3f %11.3f %11.3f %11.3f", gb(r.sent_tp), gb(r.formula_sent_tp), gb(r.formula_activation),
@@ -1226,7 +1259,8 @@ void usage() {
   std::printf(
       "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all|S,S]\n"
       "                   [--device meta|cpu|cuda|auto] [--rank R] [--group auto|local|nccl] [--steps K] [--batch B]\n"
-      "                   [--seq T] [--offload none|optimizer|optimizer+params|all] [--accumulate bf16|f32]\n"
+      "                   [--seq T] [--offload none|optimizer|optimizer+params|nvme|all] [--offload-dir DIR]\n"
+      "                   [--accumulate bf16|f32]\n"
       "                   [--shard-group S] [--tp T [--sequence-parallel]] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
       "                   [--pp P] [--schedule gpipe|1f1b|interleaved|zb-h1|zb-h2] [--micro-batches M] [--chunks V]\n"
       "                   [--reduce-once] [--qwz] [--hpz] [--qgz | --qgz-bits 4|8] [--qgz-block B]\n"
@@ -1346,6 +1380,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--caching") o.caching = true;
     else if (a == "--compute") o.zero.compute_dtype = bf16_or_f32();
     else if (a == "--offload") o.offload_arg = value();
+    else if (a == "--offload-dir") o.zero.offload_dir = value();
     else if (a == "--accumulate") {
       const DType dtype = bf16_or_f32();
       if (dtype == DType::f32) o.zero.accumulate_dtype = dtype;  // bf16: unset, the default

@@ -105,10 +105,11 @@ int run(const Flags& f) {
   // Offload needs a stage that shards what it moves: the least ZeroConfig accepts (at
   // N = 1 every stage holds what DDP holds).
   dist::ZeroConfig zero{.compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, f.weight_decay},
-                        .max_grad_norm = f.max_grad_norm, .offload = f.offloaded()};
+                        .max_grad_norm = f.max_grad_norm, .offload = f.offloaded(), .offload_dir = f.offload_dir};
   while (zero.stage < 3 && !zero.problem(one.size()).empty()) ++zero.stage;
   const std::string wrong = zero.problem(one.size());
   ZG_CHECK(wrong.empty(), "train_gpt: ", wrong);
+  f.cap_host_pool();
   dist::ShardedModel trainer(model, one, zero);
   optim::GradScaler scaler({65536.0, 2.0, 0.5, 2000, compute == DType::f16});
   const examples::RunRecord record(config.n_layer, config.n_head, config.n_embd, f.seq);

@@ -192,6 +192,7 @@ dist::ZeroConfig zero_config(const Flags& f) {
           .max_grad_norm = f.max_grad_norm,
           .prefetch = static_cast<int>(f.prefetch),
           .offload = f.offloaded(),
+          .offload_dir = f.offload_dir,
           .keep_after_forward = f.keep_after_forward,
           .prefetch_bytes = f.prefetch_bytes,
           .shard_group_size = static_cast<int>(f.shard_group), .reduce_once = f.reduce_once,
@@ -276,6 +277,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   nn::Module& trained = held ? *held : model;
   // The parameters move into flat units, sharded as the stage says; rank 0's initial
   // weights become every rank's.
+  f.cap_host_pool();
   dist::ShardedModel sharded = mesh ? dist::ShardedModel(trained, *mesh, zero_config(f))
                                     : dist::ShardedModel(trained, group, zero_config(f));
   const std::unique_ptr<dist::Pipeline> pipeline =
@@ -363,6 +365,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
       std::printf("rank 0 sent: %.2f MiB within its shard group, %.2f MiB across the groups\n",
                   static_cast<double>(sharded.shard_group().bytes_sent()) / (1 << 20),
                   static_cast<double>(replicas->bytes_sent()) / (1 << 20));
+    std::printf("%s", examples::file_tier_line(sharded).c_str());
     std::printf("final loss: %.4f\n", loss_value);
   }
 }

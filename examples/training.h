@@ -100,13 +100,30 @@ inline std::string host_memory_part() {
   return part;
 }
 
+// Offload nvme: this rank's file tier -- the state it holds, the bytes read and written and
+// their rates over the time I/O was in flight -- and the host pool's peak; "" without one.
+inline std::string file_tier_line(const dist::ShardedModel& sharded) {
+  const FileTierStats t = sharded.file_tier_stats();
+  if (t.paged_bytes == 0) return "";
+  auto mib = [](double b) { return b / (1 << 20); };
+  auto rate = [](int64_t bytes, double s) { return s > 0 ? static_cast<double>(bytes) / s / 1e6 : 0.0; };
+  char line[300];
+  std::snprintf(line, sizeof line, "file tier: %.2f MiB of state (%s), read %.2f MiB at %.0f MB/s, written %.2f MiB "
+                "at %.0f MB/s; host pool peak %.2f MiB\n", mib(static_cast<double>(t.paged_bytes)),
+                t.direct ? "O_DIRECT" : "buffered", mib(static_cast<double>(t.bytes_read)), rate(t.bytes_read, t.read_seconds),
+                mib(static_cast<double>(t.bytes_written)), rate(t.bytes_written, t.write_seconds),
+                mib(static_cast<double>(host_memory_stats().peak_total)));
+  return line;
+}
+
 // The flags both examples take, with their defaults: the data, the model's shape, the
 // schedule, dtype and device, checkpoints, the seed.
 struct TrainingFlags {
   std::string data = std::string(ZG_SOURCE_DIR) + "/examples/data/gradients.txt";
   int64_t steps = 200, batch = 8, seq = 64, layers = 4, heads = 4, embd = 128, warmup = 20;
   double lr = 3e-3, min_lr = 3e-4, max_grad_norm = 1.0, weight_decay = 0.1;
-  std::string dtype = "f32", device = "cpu", save, resume, export_path, init, offload = "none", trace;
+  std::string dtype = "f32", device = "cpu", save, resume, export_path, init, offload = "none", trace, offload_dir;
+  double host_budget_mib = 0;  // 0: no cap
   int64_t save_every = 0;
   bool checkpointing = false;
   uint64_t seed = 1337;
@@ -132,6 +149,8 @@ struct TrainingFlags {
     else if (a == "--init") init = flag.value();
     else if (a == "--seed") seed = flag.count<uint64_t>(0);
     else if (a == "--offload") offload = flag.value();
+    else if (a == "--offload-dir") offload_dir = flag.value();
+    else if (a == "--host-budget") host_budget_mib = flag.number();
     else if (a == "--trace") trace = flag.value();
     else return false;
     return true;
@@ -158,7 +177,11 @@ struct TrainingFlags {
         << "                     this GPT's shape)\n"
         << "  --offload O        none, optimizer (master weights, Adam state and the gradient shard in host\n"
         << "                     memory, updated by the CPU AdamW; stages 1-3) or optimizer+params (stage 3:\n"
-        << "                     the parameter shards too); the same results, host bytes shown apart\n"
+        << "                     the parameter shards too) or nvme (ZeRO-Infinity: all of them in a file in\n"
+        << "                     --offload-dir, a few units in host memory at a time); the same results,\n"
+        << "                     host bytes shown apart\n"
+        << "  --offload-dir DIR  the folder of --offload nvme's file (a fast local disk)\n"
+        << "  --host-budget MIB  cap each rank's host pool (where offload's bytes live) at MIB MiB\n"
         << "  --trace FILE       every allocation and range of the training loop, all ranks of this process:\n"
         << "                     a trace for ui.perfetto.dev in FILE, a figure of each rank's bytes by\n"
         << "                     category in FILE with .svg for its extension\n"
@@ -169,6 +192,7 @@ struct TrainingFlags {
   // Once every flag is read: what they allow together.
   void check(const std::string& who) const {
     dist::parse_offload(offload);  // a bad name is refused before training
+    ZG_CHECK(host_budget_mib >= 0, who, ": --host-budget must be >= 0 MiB, got ", host_budget_mib);
     ZG_CHECK(batch <= (int64_t{1} << 40) / seq, who, ": --batch ", batch, " x --seq ", seq,
              " tokens a step is more than 2^40");
     // Found out before training, not after it: an export writes a file in a folder that
@@ -182,6 +206,10 @@ struct TrainingFlags {
   }
 
   dist::Offload offloaded() const { return dist::parse_offload(offload); }
+  // --host-budget: this rank's host pool capped (the library's own budget), before the model is built.
+  void cap_host_pool() const {
+    if (host_budget_mib > 0) Context::current().host_allocator()->set_cap(static_cast<int64_t>(host_budget_mib * (1 << 20)));
+  }
 
   // --save's folder, claimed for the run's life before its first step (every rank calls
   // it): a folder another job writes, or one that cannot be written, ends every rank now.

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "tensor/backend.h"
+#include "tensor/cpu/cpu_backend.h"
 
 namespace zg {
 
@@ -61,6 +62,7 @@ std::shared_ptr<Allocator> Context::host_allocator(Device device) {
   std::lock_guard lock(mutex_);
   auto& slot = host_allocators_[device];
   if (!slot && device.type == DeviceType::cpu) slot = make_pinned_allocator();
+  if (!slot && device.type == DeviceType::cpu) slot = cpu::make_host_pool();
   if (!slot) slot = backend(device).make_allocator(device);
   slot->set_owner(rank_, true);
   return slot;

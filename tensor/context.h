@@ -88,7 +88,8 @@ class Context {
   MemoryStats memory_stats(Device device = kCPU) { return allocator(device)->stats(); }
   // The host pool: where offloaded state lives (TensorOptions::pinned). Page-locked
   // (cudaHostAlloc) when this build has CUDA and a GPU is visible, so copies to and from
-  // the GPU run asynchronously at full bus speed; else ordinary memory. Either way an
+  // the GPU run asynchronously at full bus speed; else ordinary memory. Either way freed
+  // blocks of 1 MiB and more are kept for reuse (tensor/block_cache.h), and an
   // allocator of its own, so its bytes are counted apart from the device's -- also on a
   // CPU run, where both are host memory. `device` is cpu, or meta for a dry run's pool.
   std::shared_ptr<Allocator> host_allocator(Device device = kCPU);

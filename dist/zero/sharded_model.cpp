@@ -412,6 +412,12 @@ FileTierStats ShardedModel::file_tier_stats() const {
   return context_->file_tier ? context_->file_tier->stats() : FileTierStats{};
 }
 
+int64_t ShardedModel::largest_shard() const {
+  int64_t most = 0;
+  for (const auto& unit : units_) most = std::max(most, unit->shard());
+  return most;
+}
+
 int64_t ShardedModel::num_parameters() const {
   int64_t n = 0;
   for (const auto& unit : units_) n += unit->numel();

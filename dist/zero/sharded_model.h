@@ -222,6 +222,9 @@ class ShardedModel final : public ParameterOwner {
   // Offload nvme: the file tier's figures (the bytes it holds, read and written, and how
   // long); all zeros without one.
   FileTierStats file_tier_stats() const;
+  // Elements of the largest unit's slice on this rank: a unit's state at offload nvme is
+  // this times 12 bytes (master, m, v) plus the gradient shard's.
+  int64_t largest_shard() const;
   int64_t steps() const { return step_; }  // optimizer updates taken (a resumed run: the saved count)
   const ZeroConfig& config() const { return config_; }
   const Placement& placement() const;

@@ -7,6 +7,9 @@
 
 namespace zg::cpu {
 
+// The host pool without a GPU: ordinary memory, its freed large blocks cached (tensor/block_cache.h).
+std::shared_ptr<Allocator> make_host_pool();
+
 class CpuBackend final : public Backend {
  public:
   std::shared_ptr<Allocator> make_allocator(Device device) override;
