@@ -552,6 +552,30 @@ TEST_CASE("bench/zero_memory --qwz: ZeRO-3's int8 gathers send the formula's byt
   CHECK(quantized / plain == doctest::Approx((2 * (1 + 4.0 / 2048) + 2) / 6).epsilon(1e-3));
 }
 
+TEST_CASE("bench/zero_memory ZeRO-Infinity at 7.5B, one rank, stage 3, offload nvme: no model states on the device, "
+          "the host pool within three units' state, the file 14Ψ") {
+  for (int n : {1, 8}) {
+    INFO("N = " << n);
+    int status = 0;
+    const std::string json = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --model 7.5b --world-size " +
+                                             std::to_string(n) + " --seq 8 --stage 3 --offload nvme --device meta --json",
+                                         status);
+    REQUIRE(status == 0);
+    const auto r = nlohmann::json::parse(json)[0];
+    const int64_t psi = r["params"].get<int64_t>(), largest = r["largest_unit_shard"].get<int64_t>();
+    CHECK(r["parameter"].get<int64_t>() + r["gradient"].get<int64_t>() + r["optimizer_state"].get<int64_t>() == 0);
+    // The units in use: at most two gathered (prefetch 1), each n slices in bf16, and the bf16
+    // casts of their f32 shards for the gathers (plus the gradients' reduce buffers: 64 MiB).
+    CHECK(r["communication"].get<int64_t>() <= 2 * 2 * largest * (n + 1) + (int64_t{64} << 20));
+    CHECK(r["host_bound_units"].get<int>() == 3);
+    CHECK(r["formula_host_model_states"].get<int64_t>() == 3 * 14 * largest);
+    CHECK(r["host_peak"].get<int64_t>() <= r["formula_host_model_states"].get<int64_t>());
+    CHECK(r["host_peak"].get<int64_t>() >= 14 * largest);  // at least one unit's state was in host memory
+    CHECK(r["nvme_bytes"].get<int64_t>() == r["formula_nvme_bytes"].get<int64_t>());
+    CHECK(static_cast<double>(r["nvme_bytes"].get<int64_t>()) == doctest::Approx(14.0 * psi / n).epsilon(1e-6));
+  }
+}
+
 TEST_CASE("bench/zero_memory ZeRO++ at 7.5B, N = 64 in nodes of 8: across nodes 3M -> 0.75M with qwZ, hpZ and qgZ "
           "as the formulas count; hpZ holds 16Ψ/N + 2Ψ/S") {
   struct Row {
