@@ -735,6 +735,14 @@ std::string format_ms(double seconds) {
   return text;
 }
 
+// --simulate's offload columns: the CPU's, the host link's and the disk's milliseconds.
+std::string offload_columns(dist::Offload offload, const dist::StepTime& t) {
+  char text[96];
+  std::snprintf(text, sizeof(text), "  %-16s %8.2f %9.2f %9.2f", dist::name(offload), t.host * 1e3, t.link * 1e3,
+                t.disk * 1e3);
+  return text;
+}
+
 // --zeropp-svg FILE: ZeRO-3 and each ZeRO++ technique (qwZ, hpZ, qgZ, then all three) as
 // dry runs of rank --rank at N in nodes of --ranks-per-node: a table of what a rank sends
 // within its node and across nodes, and the figure of it (bench/traffic_figure.h).
@@ -779,9 +787,8 @@ int zeropp_figure(const Options& o, const Preset& preset) {
 int simulate(const Options& o, const Preset& preset, const std::vector<Setting>& settings, bool processes) {
   ZG_CHECK(o.device_arg == "meta" && !processes, "zero_memory: --simulate replays dry runs on the meta device; "
            "leave --device out");
-  for (const Setting& setting : settings)
-    ZG_CHECK(setting.offload == dist::Offload::none, "zero_memory: --simulate models the device's step; offload's host "
-             "AdamW and copies are not in the model (leave --offload out)");
+  const bool offloading = std::any_of(settings.begin(), settings.end(),
+                                      [](const Setting& s) { return s.offload != dist::Offload::none; });
   const int64_t batch = o.batch, seq = seq_of(o, preset);
   if (!o.json) {
     std::string who = o.tp == 1 ? "a rank" : concat("a tensor-parallel group of T = ", o.tp, " (tp innermost)");
@@ -792,8 +799,9 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
                 "(dist/comm/step_model.h) on\n%s\n\n",
                 preset.name, static_cast<long long>(batch), static_cast<long long>(seq), who.c_str(),
                 o.machine.describe().c_str());
-    std::printf("%5s %6s %5s %11s %11s %11s %11s %9s %14s%s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
-                "exposed ms", "exposed", "tokens/s", o.pipe.on() ? "     idle ms" : "");
+    std::printf("%5s %6s %5s %11s %11s %11s %11s %9s %14s%s%s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
+                "exposed ms", "exposed", "tokens/s", o.pipe.on() ? "     idle ms" : "",
+                offloading ? "  offload          host ms   link ms   disk ms" : "");
   } else {
     std::printf("[\n");
   }
@@ -819,15 +827,18 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
       if (o.json)
         std::printf("%s  {\"model\": \"%s\", \"stage\": %d, \"world_size\": %d, \"shard_group\": %d, "
                     "\"step_seconds\": %.6g, \"compute_seconds\": %.6g, \"communication_seconds\": %.6g, "
-                    "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g%s%s}",
+                    "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g, \"offload\": \"%s\", "
+                    "\"host_seconds\": %.6g, \"link_seconds\": %.6g, \"disk_seconds\": %.6g%s%s}",
                     first ? "" : ",\n", preset.name, setting.stage, world, r.shard_group, t.step, t.compute,
-                    t.communication, t.exposed, tokens, o.tp == 1 ? "" : concat(", \"tp\": ", o.tp).c_str(),
+                    t.communication, t.exposed, tokens, dist::name(setting.offload), t.host, t.link, t.disk,
+                    o.tp == 1 ? "" : concat(", \"tp\": ", o.tp).c_str(),
                     o.pipe.on() ? concat(", \"pp\": ", o.pipe.pp, ", \"micro_batches\": ", o.pipe.micro_batches,
                                          ", \"pipeline_idle_seconds\": ", idle).c_str() : "");
       else
-        std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %8.1f%% %14.0f%s\n", setting.stage, world, r.shard_group,
+        std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %8.1f%% %14.0f%s%s\n", setting.stage, world, r.shard_group,
                     t.step * 1e3, t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step,
-                    tokens, o.pipe.on() ? format_ms(idle).c_str() : "");
+                    tokens, o.pipe.on() ? format_ms(idle).c_str() : "",
+                    offloading ? offload_columns(setting.offload, t).c_str() : "");
       first = false;
       panels.push_back({setting_title(setting.stage, setting.offload) + ", N = " + std::to_string(world) +
                             (r.shard_group != world ? ", S = " + std::to_string(r.shard_group) : ""),
@@ -1268,7 +1279,8 @@ void usage() {
       "                   [--compute bf16|f32] [--checkpointing] [--caching] [--timeline DIR]\n"
       "       zero_memory --simulate [--world-size N,N,...] [--stage S,S,...] [--tflops X] [--memory-gbps X]\n"
       "                   [--kernel-us X] [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X]\n"
-      "                   [--inter-us X] [--bucket-bytes B] [--schedule-svg FILE]\n"
+      "                   [--inter-us X] [--host-gbps X] [--link-gbps X] [--disk-gbps X] [--bucket-bytes B]\n"
+      "                   [--schedule-svg FILE] [--offload O]\n"
       "       zero_memory --zeropp-svg FILE [--model M] [--world-size N] [--ranks-per-node G]\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
       "       zero_memory --largest-on GB\n"
@@ -1367,6 +1379,9 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--intra-us") o.machine.intra_latency_seconds = rate(1e-6);
     else if (a == "--inter-gbps") o.machine.inter_bytes_per_second = rate(1e9);
     else if (a == "--inter-us") o.machine.inter_latency_seconds = rate(1e-6);
+    else if (a == "--host-gbps") o.machine.host_bytes_per_second = rate(1e9);
+    else if (a == "--link-gbps") o.machine.link_bytes_per_second = rate(1e9);
+    else if (a == "--disk-gbps") o.machine.disk_bytes_per_second = rate(1e9);
     else if (a == "--stage") o.stage_arg = value();
     else if (a == "--device") o.device_arg = value();
     else if (a == "--group") o.group_arg = value();

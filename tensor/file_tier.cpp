@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tensor/backend.h"
+#include "tensor/step_log.h"
 
 namespace zg {
 
@@ -210,6 +211,7 @@ void PagedTensor::page_in() {
     finish_write();
   } else {
     tensor_.storage()->materialize();
+    if (!zeros_ && !io) note_disk();  // a dry run's read, for the step-time model
     if (!zeros_ && io) {
       request_ = tier_->impl_->submit(false, static_cast<char*>(tensor_.storage()->data()),
                                       tensor_.storage()->nbytes(), offset_, what_);
@@ -243,7 +245,9 @@ void PagedTensor::page_out(bool changed) {
   if (state_ != State::in) return;
   if (changed) zeros_ = false;
   // Unchanged values the file already holds (or zeros) need no write.
-  if ((!changed && (on_file_ || zeros_)) || tier_->host().type != DeviceType::cpu) {
+  const bool write = changed || (!on_file_ && !zeros_);
+  if (!write || tier_->host().type != DeviceType::cpu) {
+    if (write) note_disk(), on_file_ = true;  // a dry run's write
     tensor_.storage()->release();
     state_ = State::out;
     return;
@@ -257,6 +261,10 @@ void PagedTensor::page_out_behind() {
   page_out(true);
   PagedTensor* previous = std::exchange(tier_->impl_->behind, this);
   if (previous && previous != this) previous->settle(true);
+}
+
+void PagedTensor::note_disk() const {
+  if (StepLog* log = StepLog::current()) log->offload(StepEvent::Kind::disk, static_cast<double>(tensor_.nbytes()));
 }
 
 // The write is done: its error, if any, is thrown (the values stay in memory, in).

@@ -87,6 +87,7 @@ class PagedTensor {
 
  private:
   void finish_write();
+  void note_disk() const;  // a dry run's read or write, into the recording step log
   std::shared_ptr<FileTier> tier_;
   Tensor tensor_;
   std::string what_;

@@ -98,6 +98,7 @@ class Allocator {
   Allocator& operator=(const Allocator&) = delete;
 
   Device device() const { return device_; }
+  bool host_pool() const { return host_pool_; }  // a rank's host pool (set_owner), not a device's allocator
   // Who owns it, for a memory timeline's events: set by the rank context that made it.
   void set_owner(int rank, bool host_pool) { rank_ = rank, host_pool_ = host_pool; }
   // Its figures into the recording memory timeline, unless already noted there.

@@ -10,12 +10,13 @@ thread_local StepLog* recording = nullptr;
 
 StepLog* StepLog::current() { return recording; }
 
-void StepLog::compute(double flops, double bytes) {
-  if (events.empty() || events.back().kind != StepEvent::Kind::compute ||
-      (!marks.empty() && marks.back().event == events.size()))
-    events.push_back({});
+void StepLog::compute(double flops, double bytes) { offload(StepEvent::Kind::compute, bytes), events.back().flops += flops; }
+
+void StepLog::offload(StepEvent::Kind kind, double bytes) {
+  if (events.empty() || events.back().kind != kind || (!marks.empty() && marks.back().event == events.size()))
+    events.push_back({.kind = kind});
   StepEvent& e = events.back();
-  e.flops += flops, e.bytes += bytes, ++e.kernels;
+  e.bytes += bytes, ++e.kernels;
 }
 
 int64_t StepLog::issue(int op, double sent, const void* group, int size, int stride) {

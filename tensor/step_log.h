@@ -3,7 +3,9 @@
 // (FLOPs of its matrix products, bytes it reads and writes) and the fake group each
 // collective it issues (the bytes this rank sends, ring-counted) and each wait for one.
 // The dry run computes nothing, so the log says what a real run would do, not how long
-// it takes: the model supplies the rates.
+// it takes: the model supplies the rates. Offload's work is noted apart: kernels on the
+// host pool's tensors (the CPU AdamW), copies between it and the device (the host link),
+// and the file tier's reads and writes (the disk).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +15,9 @@
 namespace zg {
 
 struct StepEvent {
-  enum class Kind : uint8_t { compute, issue, wait };
+  enum class Kind : uint8_t { compute, issue, wait, host, link, disk };  // the last three: offload's
   Kind kind = Kind::compute;
-  double flops = 0, bytes = 0;  // compute: the kernels' work (merged while no collective comes between)
+  double flops = 0, bytes = 0;  // compute, host, link, disk: the work (merged while nothing else comes between)
   int kernels = 0;              // compute: how many kernels (each pays a launch)
   int64_t collective = -1;      // issue, wait: which one, numbered in issue order
   int op = 0;                   // issue: the dist::CollectiveOp
@@ -44,6 +46,7 @@ class StepLog {
   std::vector<StepMark> marks;
 
   void compute(double flops, double bytes);  // a kernel: merged into the last event unless a mark or collective came between
+  void offload(StepEvent::Kind kind, double bytes);  // host, link or disk work, merged alike
   void mark(std::string phase);
   int64_t issue(int op, double sent, const void* group, int size, int stride);  // returns its number
   void wait(int64_t collective);

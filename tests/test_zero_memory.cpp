@@ -308,6 +308,57 @@ TEST_CASE("a dry run's step log holds its kernels' FLOPs and its collectives; th
 // each row in order, a collective no earlier than the compute that issued it, compute
 // no earlier than the collective it waited for, and the compute row's idle time exactly
 // the exposed time.
+TEST_CASE("offload in the step log: the CPU AdamW's bytes on the host, the gradient down and the weights up over the "
+          "link, the file tier's reads and writes on the disk; the model adds each at its rate") {
+  struct Expected {
+    dist::Offload offload;
+    int stage;
+    double host, link;  // bytes a parameter
+    bool disk;
+  };
+  // Host: AdamW's 26 (master, m, v read and written, the bf16 gradient read), and the gradient
+  // shard's zeroing (2) and arrival -- ZeRO-1 copies it (2), ZeRO-2 adds it (4); at ZeRO-3 with
+  // the file tier the zeroing is a mark (0) and each of the two gathers reads the f32 master (8).
+  // Link: the gradient down (2) and the new bf16 weights up (2); at ZeRO-3 the bf16 casts of two
+  // gathers (4) and the gradient (2).
+  for (const Expected& x : {Expected{dist::Offload::none, 1, 0, 0, false}, Expected{dist::Offload::optimizer, 1, 30, 4, false},
+                            Expected{dist::Offload::optimizer, 2, 32, 4, false},
+                            Expected{dist::Offload::nvme, 3, 38, 6, true}}) {
+    INFO(std::string(dist::name(x.offload)) << " stage " << x.stage);
+    Context rank0;
+    ContextGuard guard(rank0);
+    dist::FakeGroup group(0, 1);
+    nn::GPT model(zero_config(), kMeta);
+    dist::ShardedModel sharded(model, group, {.stage = x.stage, .compute_dtype = DType::bf16, .offload = x.offload});
+    const double psi = static_cast<double>(sharded.num_parameters());
+    const Tensor ids = zeros({1, 16}, TensorOptions(DType::i64).device(kMeta));
+    StepLog log;
+    for (int s = 0; s < 2; ++s) {  // the second step, as --simulate reads it
+      log.clear();
+      StepLogScope recording(log);
+      sharded.zero_grad();
+      model.forward(ids, ids).loss.backward();
+      sharded.step(1e-3);
+    }
+    double host = 0, link = 0, disk = 0;
+    for (const StepEvent& e : log.events) {
+      if (e.kind == StepEvent::Kind::host) host += e.bytes;
+      if (e.kind == StepEvent::Kind::link) link += e.bytes;
+      if (e.kind == StepEvent::Kind::disk) disk += e.bytes;
+    }
+    CHECK(host == doctest::Approx(x.host * psi).epsilon(0.01));
+    CHECK(link == doctest::Approx(x.link * psi).epsilon(0.01));
+    // The file tier: the state read for the update and written back, the master read for each gather.
+    CHECK((disk > 14 * psi) == x.disk);
+    const dist::Machine machine{.host_bytes_per_second = 1e9, .link_bytes_per_second = 1e8, .disk_bytes_per_second = 1e7};
+    const dist::StepTime t = dist::predict(log, machine);
+    CHECK(t.host == doctest::Approx(host / 1e9));
+    CHECK(t.link == doctest::Approx(link / 1e8));
+    CHECK(t.disk == doctest::Approx(disk / 1e7));
+    CHECK(t.step == doctest::Approx(t.compute + t.offload() + t.exposed));
+  }
+}
+
 TEST_CASE("the step model's schedule: rows in order, collectives after what issued them, idle compute = exposed") {
   for (int stage : {0, 3}) {
     INFO("stage " << stage);

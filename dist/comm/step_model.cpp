@@ -14,10 +14,11 @@ std::string Machine::describe() const {
   char text[400];
   std::snprintf(text, sizeof text,
                 "%.0f TFLOP/s, %.0f GB/s memory, %.1f us a kernel; %d ranks a node: %.0f GB/s + %.1f us within, "
-                "%.0f GB/s + %.1f us across nodes",
+                "%.0f GB/s + %.1f us across nodes; offload: host %.0f GB/s, link %.0f GB/s, disk %.1f GB/s",
                 flops_per_second / 1e12, memory_bytes_per_second / 1e9, kernel_seconds * 1e6, ranks_per_node,
                 intra_bytes_per_second / 1e9, intra_latency_seconds * 1e6, inter_bytes_per_second / 1e9,
-                inter_latency_seconds * 1e6);
+                inter_latency_seconds * 1e6, host_bytes_per_second / 1e9, link_bytes_per_second / 1e9,
+                disk_bytes_per_second / 1e9);
   return text;
 }
 
@@ -46,7 +47,8 @@ bool within_node(const StepGroup& g, int ranks_per_node) {
 StepTime predict(const StepLog& log, const Machine& m) {
   ZG_CHECK(m.flops_per_second > 0 && m.memory_bytes_per_second > 0 && m.intra_bytes_per_second > 0 &&
                m.inter_bytes_per_second > 0 && m.ranks_per_node >= 1 && m.kernel_seconds >= 0 &&
-               m.intra_latency_seconds >= 0 && m.inter_latency_seconds >= 0,
+               m.intra_latency_seconds >= 0 && m.inter_latency_seconds >= 0 && m.host_bytes_per_second > 0 &&
+               m.link_bytes_per_second > 0 && m.disk_bytes_per_second > 0,
            "step model: every rate must be positive and every latency >= 0 (", m.describe(), ")");
   StepTime t;
   double now = 0;                                   // the compute stream
@@ -82,11 +84,22 @@ StepTime predict(const StepLog& log, const Machine& m) {
       case StepEvent::Kind::wait:
         now = std::max(now, done.at(static_cast<size_t>(e.collective)));
         break;
+      case StepEvent::Kind::host:
+      case StepEvent::Kind::link:
+      case StepEvent::Kind::disk: {
+        const bool host = e.kind == StepEvent::Kind::host, link = e.kind == StepEvent::Kind::link;
+        const double busy = e.bytes / (host ? m.host_bytes_per_second : link ? m.link_bytes_per_second
+                                                                               : m.disk_bytes_per_second);
+        t.compute_spans.push_back({now, now + busy, i});
+        now += busy;
+        (host ? t.host : link ? t.link : t.disk) += busy;
+        break;
+      }
     }
   }
   t.step = now;
   for (double free : link_free) t.step = std::max(t.step, free);
-  t.exposed = t.step - t.compute;
+  t.exposed = std::max(0.0, t.step - t.compute - t.offload());  // (rounding aside, never negative)
   return t;
 }
 

@@ -11,6 +11,9 @@
 //                   bandwidth -- within a node when the group's ranks share one, else across
 //   a wait          holds the compute stream until its collective is done (as NCCL's
 //                   wait makes the compute stream wait)
+//   offload's work  the CPU AdamW (its bytes at the host's rate), copies over the host link,
+//                   the file tier's reads and writes (the disk's rate): each holds the
+//                   compute stream, as the offloaded step runs them today, one after another
 //
 // Step time = when the last of either ends; exposed communication = step time - compute.
 // Left out: groups sharing one physical link at once, the network's topology beyond
@@ -31,6 +34,10 @@ struct Machine {
   int ranks_per_node = 8;
   double intra_bytes_per_second = 360e9, intra_latency_seconds = 3e-6;  // NVLink 4, one direction, achieved
   double inter_bytes_per_second = 45e9, inter_latency_seconds = 12e-6;  // 400 Gb/s InfiniBand per GPU
+  // Offload: the CPU AdamW's bytes (read and written) a second (the H100 box's 16-core Xeon at
+  // 100M parameters: bench/results/h100-2026-11-26), the host link's (PCIe 5 x16, achieved, one
+  // direction, through a staging buffer), and the file tier's disk (one PCIe 4 NVMe drive).
+  double host_bytes_per_second = 140e9, link_bytes_per_second = 25e9, disk_bytes_per_second = 6e9;
   std::string describe() const;  // the rates, in the units people quote them
 };
 
@@ -45,9 +52,12 @@ struct StepTime {
   double step = 0;           // seconds
   double compute = 0;        // the compute stream's busy time
   double communication = 0;  // the collectives' durations, summed over groups
-  double exposed = 0;        // step - compute: communication that compute did not hide
+  double exposed = 0;        // step - compute - offload: communication that compute did not hide
+  double host = 0, link = 0, disk = 0;  // offload's: the CPU's, the host link's, the disk's seconds
+  double offload() const { return host + link + disk; }
   // The schedule, in log order: what a Gantt chart draws (step_figure.h). The compute
-  // stream is idle between its spans (a wait) and after the last (the links still busy).
+  // stream is idle between its spans (a wait) and after the last (the links still busy);
+  // offload's work is among its spans, as it holds the stream.
   std::vector<StepSpan> compute_spans, collective_spans;
 };
 

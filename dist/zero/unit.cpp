@@ -391,8 +391,10 @@ Tensor Unit::compute_for_update() {
   const Tensor& mine = updated_weights();
   if (mine.is_same(master_)) return {};  // the master is the compute weights
   if (mine.device() == master_.device()) return mine;
-  // Ordinary host memory: page-locking a fresh buffer every step (cudaHostAlloc) costs more than it saves.
-  compute_staging_ = allocate(master_.numel(), ctx_.compute_dtype, master_.device(), MemoryCategory::communication, false);
+  // From the host pool: page-locked with a GPU (the copy up runs at the link's speed), and
+  // cached, so the same buffer serves every step (tensor/block_cache.h).
+  compute_staging_ =
+      allocate(master_.numel(), ctx_.compute_dtype, master_.device(), MemoryCategory::communication, false, true);
   return compute_staging_;
 }
 

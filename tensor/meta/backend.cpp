@@ -27,14 +27,21 @@ class MetaAllocator final : public Allocator {
 };
 
 // A kernel's work, noted in the thread's step log if one records: `flops`, and the bytes
-// of the tensors it reads and writes (each once, as a fused kernel moves them).
+// of the tensors it reads and writes (each once, as a fused kernel moves them). On the
+// host pool's tensors it is the host's work (offload's CPU AdamW); the device's tensors of
+// a kernel that mixes the two cross the host link first (a gradient shard going down).
 void note(double flops, std::initializer_list<const Tensor*> tensors) {
   StepLog* log = StepLog::current();
   if (log == nullptr) return;
-  double bytes = 0;
-  for (const Tensor* t : tensors)
-    if (t->defined()) bytes += static_cast<double>(t->nbytes());
-  log->compute(flops, bytes);
+  double bytes = 0, host_bytes = 0;
+  for (const Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    bytes += static_cast<double>(t->nbytes());
+    if (t->storage()->allocator()->host_pool()) host_bytes += static_cast<double>(t->nbytes());
+  }
+  if (host_bytes == 0) return log->compute(flops, bytes);
+  if (host_bytes < bytes) log->offload(StepEvent::Kind::link, bytes - host_bytes);
+  log->offload(StepEvent::Kind::host, host_bytes);
 }
 
 // Attention's forward FLOPs: Q K^T and P V, 2 x 2 B H Tq Tk D, half of them for a causal mask.
@@ -81,7 +88,20 @@ class MetaBackend final : public Backend {
 
   void adamw(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v, const Tensor& out,
              const AdamWStep&) override {
-    note(0, {&master, &master, &grad, &m, &m, &v, &v, &out});  // master, m, v read and written
+    // Master, m, v read and written. Offloaded (the master in the host pool), that is the
+    // CPU's work, and 16-bit weights it writes on the device cross the host link (a dry
+    // run's device and host are both meta; a GPU run writes a host buffer and copies it up).
+    StepLog* log = StepLog::current();
+    if (log == nullptr || !master.storage()->allocator()->host_pool()) {
+      note(0, {&master, &master, &grad, &m, &m, &v, &v, &out});
+      return;
+    }
+    const bool up = out.defined() && !out.storage()->allocator()->host_pool();
+    double bytes = 0;
+    for (const Tensor* t : {&master, &master, &grad, &m, &m, &v, &v, &out})
+      bytes += t->defined() ? static_cast<double>(t->nbytes()) : 0;
+    log->offload(StepEvent::Kind::host, bytes - (up ? static_cast<double>(out.nbytes()) : 0));
+    if (up) log->offload(StepEvent::Kind::link, static_cast<double>(out.nbytes()));
   }
   void cross_entropy(const Tensor& logits, const Tensor& target, int64_t, const Tensor& out) override {
     note(0, {&logits, &target, &out});
