@@ -68,11 +68,11 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
     stages.emplace(**pp_, agreement_device(**pp_, context_->device),
                    std::vector<AgreedValue>{{"lr", lr}, {"loss scale", scaler ? scaler->scale_factor() : 1.0}});
   Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(dry_run ? kCPU : device));
-  if (!dry_run)
-    visit_paged(units(), Unit::StateUse::gradient, false, [&](size_t u) {  // (offload nvme: paged in a unit at a time)
-      if (!pp_ || (*pp_)->rank() == 0 || std::ranges::find(tied_units_, u) == tied_units_.end())  // ties: once
-        norm_sq = norm_sq + squared_norm(u);
-    });
+  // (Offload nvme: paged in a unit at a time; a dry run pages too, for the step log's disk.)
+  visit_paged(units(), Unit::StateUse::gradient, false, [&](size_t u) {
+    if (!dry_run && (!pp_ || (*pp_)->rank() == 0 || std::ranges::find(tied_units_, u) == tied_units_.end()))
+      norm_sq = norm_sq + squared_norm(u);  // (ties: once)
+  });
   norm_sq = norm_sq.to(agreement_device(*group_, context_->device));  // offloaded: summed on the host, reduced where the group is
   shard_group().all_reduce(norm_sq, ReduceKind::sum);  // (hybrid: the other shard groups hold the same shards)
   if (tp_) (*tp_)->all_reduce(norm_sq, ReduceKind::sum);  // the other slices of the cut parameters
