@@ -387,3 +387,110 @@ TEST_CASE("accumulate_dtype f32: stages 2 and 3 sum the micro-batches' bf16 grad
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+namespace {
+
+// Three steps of the tiny GPT, no clipping and no scaler: each unit's update during the
+// backward (step_in_backward) or after it.
+nn::NamedTensors train_updating(dist::ProcessGroup& pg, int stage, dist::Offload offload, DType dtype, bool early) {
+  manual_seed(1);
+  nn::GPT model(zero_config());
+  dist::ShardedModel sharded(model, pg, {.stage = stage, .compute_dtype = dtype, .adamw = kAdamW,
+                                         .max_grad_norm = 0, .offload = offload});
+  const int64_t rows = kBatch / pg.size();
+  for (int s = 0; s < 3; ++s) {
+    const auto [x, y] = global_batch(s);
+    sharded.zero_grad();
+    if (early) sharded.step_in_backward(1e-3);
+    model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss.backward();
+    sharded.step(1e-3);
+  }
+  nn::NamedTensors master;
+  for (auto& [name, t] : sharded.gathered_master()) master.emplace_back(name, t.clone());
+  return master;
+}
+
+}  // namespace
+
+TEST_CASE("step_in_backward: each unit's AdamW during the backward gives the bits of the step after it (N = 1, 2; "
+          "stages 1-3; offloaded or not)") {
+  for (DType dtype : {DType::bf16, DType::f32})
+    for (int n : {1, 2})
+      for (int stage = 1; stage <= 3; ++stage)
+        for (dist::Offload offload : {dist::Offload::none, dist::Offload::optimizer, dist::Offload::optimizer_and_params}) {
+          if (offload == dist::Offload::optimizer_and_params && stage != 3) continue;
+          INFO(std::string(name(dtype)) << " N=" << n << " stage " << stage << " offload " << dist::name(offload));
+          nn::NamedTensors after, during;
+          dist::run_local(n, [&](dist::ProcessGroup& pg) {
+            nn::NamedTensors a = train_updating(pg, stage, offload, dtype, false);
+            nn::NamedTensors d = train_updating(pg, stage, offload, dtype, true);
+            if (pg.rank() == 0) after = std::move(a), during = std::move(d);
+          });
+          CHECK(same_bits(during, after));
+        }
+}
+
+TEST_CASE("step_in_backward: a unit's CPU AdamW starts on its own thread before the backward has ended (the "
+          "timeline's order), and what it cannot overlap is refused") {
+  nn::GPTConfig deep = zero_config();
+  deep.n_layer = 8, deep.n_embd = 64;
+  dist::run_local(1, [&](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(deep);
+    dist::ShardedModel sharded(model, pg, {.stage = 2, .adamw = kAdamW, .max_grad_norm = 0,
+                                           .offload = dist::Offload::optimizer});
+    const Tensor x = (rand({8, 64}, DType::f64) * 64.0).to(DType::i64);
+    bool overlapped = false;
+    // A scheduling property: the worker must get a core while the backward goes on. Up to
+    // five steps for one that shows it (each of seven blocks' backward takes milliseconds).
+    for (int attempt = 0; attempt < 5 && !overlapped; ++attempt) {
+      MemoryTimeline timeline;
+      {
+        MemoryTimelineRecording recording(timeline);
+        sharded.zero_grad();
+        sharded.step_in_backward(1e-3);
+        model.forward(x, x).loss.backward();
+        sharded.step(1e-3);
+      }
+      int64_t first_update = -1, last_backward = -1, updates = 0;
+      const std::vector<TimelineEvent>& events = timeline.events();
+      for (size_t i = 0; i < events.size(); ++i) {
+        if (events[i].kind != TimelineEvent::Kind::begin) continue;
+        const std::string& path = timeline.path(events[i].path);
+        if (path.starts_with("adamw ") && path.find(" > ") == std::string::npos) {  // a unit's update, opened
+          if (first_update < 0) first_update = static_cast<int64_t>(i);
+          ++updates;
+        }
+        if (path.starts_with("backward")) last_backward = static_cast<int64_t>(i);  // "backward > h.0 (Block) > ..."
+      }
+      CHECK(updates == 9);  // the root and eight blocks, each once
+      overlapped = first_update >= 0 && first_update < last_backward;
+    }
+    CHECK(overlapped);
+  });
+  // What step_in_backward refuses, each with its reason.
+  dist::run_local(1, [&](dist::ProcessGroup& pg) {
+    nn::GPT model(zero_config());
+    dist::ShardedModel clipped(model, pg, {.stage = 2, .adamw = kAdamW, .max_grad_norm = 1.0});
+    CHECK_THROWS_WITH_AS(clipped.step_in_backward(1e-3), doctest::Contains("clipping (max_grad_norm 1)"), Error);
+  });
+  dist::run_local(1, [&](dist::ProcessGroup& pg) {
+    nn::GPT model(zero_config());
+    dist::ShardedModel ddp(model, pg, {.stage = 0, .adamw = kAdamW, .max_grad_norm = 0});
+    CHECK_THROWS_WITH_AS(ddp.step_in_backward(1e-3), doctest::Contains("DDP (stage 0)"), Error);
+  });
+  dist::run_local(1, [&](dist::ProcessGroup& pg) {
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, pg, {.stage = 3, .adamw = kAdamW, .max_grad_norm = 0});
+    sharded.step_in_backward(1e-3);
+    CHECK_THROWS_WITH_AS(sharded.step(1e-3), doctest::Contains("0 of 3 units were updated"), Error);
+    sharded.step_in_backward(2e-3);
+    const auto [x, y] = global_batch(0);
+    model.forward(x, y).loss.backward();
+    CHECK_THROWS_WITH_AS(sharded.step(1e-3), doctest::Contains("step(0.001) after step_in_backward(0.002)"), Error);
+  });
+}
+
+}  // namespace zg::test

@@ -159,6 +159,7 @@ void GradientReducer::reduce(Bucket& bucket) {
   bucket.reduced = true;
   InFlight job = bucket.unit->reduce_gradients(bucket.begin, bucket.end, bucket.tag, sync_);
   if (!job.work) return;
+  job.unit = bucket.unit;
   in_flight_.push_back(std::move(job));
   finish(2);
 }
@@ -173,8 +174,13 @@ void GradientReducer::finish(size_t keep_in_flight) {
     InFlight job = std::move(in_flight_.front());
     in_flight_.pop_front();
     job.work->wait();
-    if (!job.then) continue;
-    if (InFlight next = job.then(); next.work) in_flight_.push_back(std::move(next));
+    InFlight next = job.then ? job.then() : InFlight{};
+    if (next.work) {
+      next.unit = job.unit;
+      in_flight_.push_back(std::move(next));
+    } else if (on_reduced_) {
+      on_reduced_(*job.unit);
+    }
   }
 }
 

@@ -39,6 +39,8 @@ class GradientReducer {
   bool sync() const { return sync_; }
   void reduce_unit(Unit& unit);           // ZeRO-3: the unit's backward is done
   void finish(size_t keep_in_flight = 0);  // waits for the oldest until at most that many remain
+  // Called on this thread as each unit's reduction ends (its gradient shard final); null: none.
+  void set_on_reduced(std::function<void(Unit&)> fn) { on_reduced_ = std::move(fn); }
   void reduce_the_rest();                 // of this backward's buckets, in the fixed order
   // step() may not run on gradients that were never reduced (sync off for the last backward).
   bool unsynced() const { return unsynced_; }
@@ -76,6 +78,7 @@ class GradientReducer {
   std::weak_ptr<void> end_queued_;  // live while this backward's end is queued
   std::weak_ptr<ParameterOwner> alive_;
   std::function<void()> on_backward_end_;
+  std::function<void(Unit&)> on_reduced_;
   bool sync_ = true;
   bool unsynced_ = false;  // the last backward kept its gradients local (sync off)
 };

@@ -70,6 +70,7 @@ using nn::UnitPlan;
 class Unit;
 struct UnitContext;
 class GradientReducer;
+class UpdateWorker;
 class GatherScheduler;
 struct ShardingPlan;
 namespace checkpoint {
@@ -143,6 +144,15 @@ class ShardedModel final : public ParameterOwner {
   // the norm, one element of the master dtype (f32; f64 for f64 compute), for the caller
   // to read when it chooses.
   Tensor step_on_device(double lr);
+  // ZeRO-Offload's overlap on the host side: the next backward runs each unit's AdamW with
+  // `lr` as soon as its gradient shard has landed, on a host thread of its own (the CPU
+  // AdamW, offloaded), while the backward goes on; step(lr) then waits for the last update
+  // and finishes (ZeRO-1, 2's gathers, the step count, the norm it reports). The same bits
+  // as step(lr) after the backward. Only where no update must wait for all the gradients:
+  // no clipping (ZeroConfig::max_grad_norm 0), no loss scaler, stages 1-3, gradient sync
+  // on, no pipeline, no file tier (yet). A non-finite gradient is applied, as there is no
+  // norm to check first; a backward that throws leaves some units updated (load a checkpoint).
+  void step_in_backward(double lr);
 
   // Every trained parameter's master weights (f32; f64 for f64 compute), gathered from
   // all ranks (a collective): a copy, which later steps leave as it is.
@@ -324,6 +334,12 @@ class ShardedModel final : public ParameterOwner {
   bool written_while_summoned_ = false;  // ZeRO-3: a summoned unit's weights were written (lost)
   int64_t step_ = 0;
   uint64_t gradients_used_ = 0;  // gradient_mark() after the last step or zero_grad()
+  // step_in_backward: the thread running the units' updates, their lr, how many were queued.
+  std::shared_ptr<UpdateWorker> early_;
+  double early_lr_ = 0;
+  size_t early_updates_ = 0;
+  void update_early(Unit& unit);
+  StepResult finish_early_step(double lr, const optim::GradScaler* scaler);
 };
 
 }  // namespace zg::dist

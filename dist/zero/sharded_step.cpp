@@ -168,6 +168,7 @@ void ShardedModel::update(double lr, double grad_scale, const Tensor& device_sca
 StepResult ShardedModel::step(double lr, optim::GradScaler* scaler) {
   TraceRange range("optimizer");  // clipping, the update and (ZeRO-1, 2) the gathers after it
   NoGradGuard no_grad;
+  if (early_) return finish_early_step(lr, scaler);  // the updates ran during the backward
   const Tensor norm_sq = begin_step(lr, scaler);
   const double multiplier = gradient_multiplier(scaler);
   // The step's one host wait: the scaler and StepResult need the norm.

@@ -33,6 +33,8 @@
 
 namespace zg::dist {
 
+class Unit;
+
 // The slice of a flat buffer that belongs to one parameter, shaped like it.
 Tensor view_of(const Tensor& flat, const ParamSlot& slot);
 
@@ -42,6 +44,7 @@ Tensor view_of(const Tensor& flat, const ParamSlot& slot);
 struct InFlight {
   WorkHandle work;
   std::function<InFlight()> then;
+  Unit* unit = nullptr;  // whose gradient (set by the gradient reducer)
 };
 
 // How a unit points its parameters' data and .grad at views of its buffers: ParameterOwner's
