@@ -796,9 +796,9 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
       who = concat("a micro-batch in ", o.pipe.make().describe(), " (rank 0: the first stage; idle: its wait for "
                    "the others, dist/pipeline/step_time.h)");
     std::printf("GPT %s, batch %lld x %lld tokens %s, bf16 compute + fp32 AdamW; the step-time model "
-                "(dist/comm/step_model.h) on\n%s\n\n",
+                "(dist/comm/step_model.h) on\n%s%s\n\n",
                 preset.name, static_cast<long long>(batch), static_cast<long long>(seq), who.c_str(),
-                o.machine.describe().c_str());
+                o.machine.describe().c_str(), offloading ? ("; " + o.machine.describe_offload()).c_str() : "");
     std::printf("%5s %6s %5s %11s %11s %11s %11s %9s %14s%s%s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
                 "exposed ms", "exposed", "tokens/s", o.pipe.on() ? "     idle ms" : "",
                 offloading ? "  offload          host ms   link ms   disk ms" : "");
@@ -870,11 +870,31 @@ double seconds_per_call(int reps, Fn&& fn) {
   return times[reps / 2];
 }
 
+// Offload's CPU AdamW here: bytes a second over 4M parameters in the host pool (the bytes the
+// step log counts for it: f32 master, m, v read and written, a bf16 gradient read and bf16
+// weights written).
+double host_adamw_rate() {
+  NoGradGuard no_grad;
+  const int64_t n = int64_t{1} << 22;
+  const auto host = [n](DType dtype) {
+    Tensor t = empty({n}, TensorOptions(dtype).pinned(true));
+    t.zero_();
+    return t;
+  };
+  const Tensor master = host(DType::f32), m = host(DType::f32), v = host(DType::f32), grad = host(DType::bf16),
+               compute = host(DType::bf16);
+  const std::vector<optim::AdamWSpan> spans = {{master, grad, m, v, compute}};
+  int64_t step = 0;
+  const double seconds = seconds_per_call(10, [&] { optim::adamw_update(spans, {}, 1e-4, ++step, 1.0); });
+  return static_cast<double>(n) * (6 * 4 + 2 + 2) / seconds;
+}
+
 // --calibrate: this machine's rates, as the flags --simulate takes. Compute: a bf16 matrix
 // product of the model's MLP shape (rows = batch x seq), a memory-bound add, an empty
 // add's cost -- then all three scaled alike so that the model's compute for a one-rank
 // step equals a real one-rank step of this model here (what the kernels' FLOPs and bytes
-// do not say: unfused CPU kernels, conversions, allocation). Under mpirun (every rank
+// do not say: unfused CPU kernels, conversions, allocation); the host's rate for offload's
+// CPU AdamW (host_adamw_rate). Under mpirun (every rank
 // measuring at once, as they would train): also the mpi group's latency (an all-reduce
 // of one float) and bandwidth (of 4M floats), every rank counted as on one node.
 void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::ProcessGroup* group) {
@@ -915,7 +935,8 @@ void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::Proces
   const double scale = real_step / dist::predict(log, rates).compute;
   std::string flags = "--tflops " + std::to_string(rates.flops_per_second / scale / 1e12) + " --memory-gbps " +
                       std::to_string(rates.memory_bytes_per_second / scale / 1e9) + " --kernel-us " +
-                      std::to_string(rates.kernel_seconds * scale * 1e6);
+                      std::to_string(rates.kernel_seconds * scale * 1e6) + " --host-gbps " +
+                      std::to_string(host_adamw_rate() / 1e9);
   if (group != nullptr && group->size() > 1) {
     const int n = group->size();
     Tensor scalar = zeros({1}), large = zeros({int64_t(1) << 22});

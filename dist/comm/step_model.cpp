@@ -14,11 +14,17 @@ std::string Machine::describe() const {
   char text[400];
   std::snprintf(text, sizeof text,
                 "%.0f TFLOP/s, %.0f GB/s memory, %.1f us a kernel; %d ranks a node: %.0f GB/s + %.1f us within, "
-                "%.0f GB/s + %.1f us across nodes; offload: host %.0f GB/s, link %.0f GB/s, disk %.1f GB/s",
+                "%.0f GB/s + %.1f us across nodes",
                 flops_per_second / 1e12, memory_bytes_per_second / 1e9, kernel_seconds * 1e6, ranks_per_node,
                 intra_bytes_per_second / 1e9, intra_latency_seconds * 1e6, inter_bytes_per_second / 1e9,
-                inter_latency_seconds * 1e6, host_bytes_per_second / 1e9, link_bytes_per_second / 1e9,
-                disk_bytes_per_second / 1e9);
+                inter_latency_seconds * 1e6);
+  return text;
+}
+
+std::string Machine::describe_offload() const {
+  char text[160];
+  std::snprintf(text, sizeof text, "offload: host %.0f GB/s, link %.0f GB/s, disk %.1f GB/s",
+                host_bytes_per_second / 1e9, link_bytes_per_second / 1e9, disk_bytes_per_second / 1e9);
   return text;
 }
 

@@ -38,7 +38,8 @@ struct Machine {
   // 100M parameters: bench/results/h100-2026-11-26), the host link's (PCIe 5 x16, achieved, one
   // direction, through a staging buffer), and the file tier's disk (one PCIe 4 NVMe drive).
   double host_bytes_per_second = 140e9, link_bytes_per_second = 25e9, disk_bytes_per_second = 6e9;
-  std::string describe() const;  // the rates, in the units people quote them
+  std::string describe() const;          // the rates, in the units people quote them
+  std::string describe_offload() const;  // offload's: "offload: host 140 GB/s, link 25 GB/s, disk 6.0 GB/s"
 };
 
 // When one event of the log ran, in seconds from the step's start: a compute event's
