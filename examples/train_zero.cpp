@@ -12,6 +12,8 @@
 //   mpirun -n 8 build/examples/train_zero --stage 3 --device cuda          (NCCL, a GPU a process)
 //   mpirun -n 4 build/examples/train_zero --stage 3 --shard-group 2   (HSDP: 2 groups of 2)
 //   build/examples/train_zero --ranks 2 --stage 3 --offload optimizer+params --dtype bf16
+//   build/examples/train_zero --ranks 1 --stage 3 --offload nvme --offload-dir /tmp --host-budget 64
+//   build/examples/train_zero --ranks 2 --stage 2 --offload optimizer --update-in-backward
 //   mpirun -n 4 build/examples/train_zero --tp 2 --stage 3   (each layer cut across 2 ranks, ZeRO-3 over 2)
 //   mpirun -n 4 build/examples/train_zero --pp 4 --micro-batches 8 --schedule 1f1b   (the layers cut in 4 stages)
 //
@@ -60,6 +62,7 @@ struct Flags : examples::TrainingFlags {
   int64_t pp = 1, micro_batches = 1, chunks = 0;  // pipeline stages' ranks; chunks 0: the schedule's default
   std::string schedule = "1f1b";
   bool sequence_parallel = false, reduce_once = false, qwz = false, hpz = false;
+  bool update_in_backward = false;  // each unit's AdamW as its gradient lands (no clipping)
   int64_t gradient_bits = 0, ranks_per_node = 0;  // qgZ's bits (0: off); hpZ's and qgZ's node (0: all one)
   int64_t gradient_block = 64;                    // qgZ's elements a scale
   int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
@@ -100,6 +103,8 @@ void usage() {
                "  --ranks-per-node G hpZ's and qgZ's node: G consecutive data-parallel ranks\n"
                "  --reduce-once      stages 2, 3 with --micro-batches: keep each unit's full gradient over the\n"
                "                     micro-batches and reduce it once a step, not each (FSDP2's no-sync)\n"
+               "  --update-in-backward  stages 1-3: each unit's AdamW on a host thread as its gradient lands,\n"
+               "                     while the backward goes on (ShardedModel::step_in_backward); no clipping\n"
 
                "  --model gpt|llama  the model: GPT-2's shape, or a Llama's of the same size (grouped-query\n"
                "                     attention, half the heads' keys and values) (default gpt)\n"
@@ -137,6 +142,7 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--schedule") f.schedule = flag.value();
     else if (a == "--sequence-parallel") f.sequence_parallel = true;
     else if (a == "--reduce-once") f.reduce_once = true;
+    else if (a == "--update-in-backward") f.update_in_backward = true, f.max_grad_norm = 0;
     else if (a == "--qwz") f.qwz = true;
     else if (a == "--hpz") f.hpz = true;
     else if (a == "--qgz") f.gradient_bits = 4;
@@ -181,6 +187,8 @@ bool parse(int argc, char** argv, Flags& f) {
   if (f.group == "local" && f.ranks == 0) f.ranks = 2;
   if (f.group == "local") check_ranks(f, static_cast<int>(f.ranks));  // (under mpirun: once the processes are counted)
   ZG_CHECK(f.dtype == "f32" || f.dtype == "bf16", "train_zero: --dtype must be f32 or bf16, got ", f.dtype);
+  ZG_CHECK(!f.update_in_backward || !f.pipelined(), "train_zero: --update-in-backward runs a step's updates during its "
+           "one backward; a pipeline's or --micro-batches' step has several (leave it out)");
   return true;
 }
 
@@ -309,6 +317,8 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     const auto [inputs, targets] = data.next_batch(f.batch, f.seq, device);  // the global batch
 
     sharded.zero_grad();
+    const double lr = optim::warmup_cosine_lr(step, f.lr, f.min_lr, f.warmup, f.steps);
+    if (f.update_in_backward) sharded.step_in_backward(lr);
     Tensor loss;
     {
       MemoryScope scope(MemoryCategory::activation);
@@ -320,7 +330,6 @@ void train(dist::ProcessGroup& group, const Flags& f) {
         loss.backward();  // gathers and reductions run from hooks as the backward goes
       }
     }
-    const double lr = optim::warmup_cosine_lr(step, f.lr, f.min_lr, f.warmup, f.steps);
     const dist::StepResult result = sharded.step(lr);  // global norm, clip, AdamW on this rank's slices
     // The global batch's loss: the mean of the ranks' means (they take equal rows; tp and pp ranks the same ones).
     Tensor global_loss = loss.detach().reshape({1}).to(DType::f32).to(device);

@@ -151,6 +151,7 @@ struct TrainingFlags {
     else if (a == "--offload") offload = flag.value();
     else if (a == "--offload-dir") offload_dir = flag.value();
     else if (a == "--host-budget") host_budget_mib = flag.number();
+    else if (a == "--max-grad-norm") max_grad_norm = flag.number();
     else if (a == "--trace") trace = flag.value();
     else return false;
     return true;
@@ -182,6 +183,7 @@ struct TrainingFlags {
         << "                     host bytes shown apart\n"
         << "  --offload-dir DIR  the folder of --offload nvme's file (a fast local disk)\n"
         << "  --host-budget MIB  cap each rank's host pool (where offload's bytes live) at MIB MiB\n"
+        << "  --max-grad-norm X  clip the global gradient norm to X (default " << max_grad_norm << "; 0: no clipping)\n"
         << "  --trace FILE       every allocation and range of the training loop, all ranks of this process:\n"
         << "                     a trace for ui.perfetto.dev in FILE, a figure of each rank's bytes by\n"
         << "                     category in FILE with .svg for its extension\n"
@@ -193,6 +195,7 @@ struct TrainingFlags {
   void check(const std::string& who) const {
     dist::parse_offload(offload);  // a bad name is refused before training
     ZG_CHECK(host_budget_mib >= 0, who, ": --host-budget must be >= 0 MiB, got ", host_budget_mib);
+    ZG_CHECK(max_grad_norm >= 0, who, ": --max-grad-norm must be >= 0 (0: no clipping), got ", max_grad_norm);
     ZG_CHECK(batch <= (int64_t{1} << 40) / seq, who, ": --batch ", batch, " x --seq ", seq,
              " tokens a step is more than 2^40");
     // Found out before training, not after it: an export writes a file in a folder that
