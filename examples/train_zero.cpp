@@ -63,6 +63,7 @@ struct Flags : examples::TrainingFlags {
   std::string schedule = "1f1b";
   bool sequence_parallel = false, reduce_once = false, qwz = false, hpz = false;
   bool update_in_backward = false;  // each unit's AdamW as its gradient lands (no clipping)
+  int64_t delayed_update = -1;      // the delayed parameter update after this many steps (-1: off)
   int64_t gradient_bits = 0, ranks_per_node = 0;  // qgZ's bits (0: off); hpZ's and qgZ's node (0: all one)
   int64_t gradient_block = 64;                    // qgZ's elements a scale
   int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
@@ -105,6 +106,8 @@ void usage() {
                "                     micro-batches and reduce it once a step, not each (FSDP2's no-sync)\n"
                "  --update-in-backward  stages 1-3: each unit's AdamW on a host thread as its gradient lands,\n"
                "                     while the backward goes on (ShardedModel::step_in_backward); no clipping\n"
+               "  --delayed-update N with --offload optimizer, after N exact steps: each step's update runs beside\n"
+               "                     the next step's forward and backward (ZeRO-Offload's DPU; not exact)\n"
 
                "  --model gpt|llama  the model: GPT-2's shape, or a Llama's of the same size (grouped-query\n"
                "                     attention, half the heads' keys and values) (default gpt)\n"
@@ -143,6 +146,7 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--sequence-parallel") f.sequence_parallel = true;
     else if (a == "--reduce-once") f.reduce_once = true;
     else if (a == "--update-in-backward") f.update_in_backward = true, f.max_grad_norm = 0;
+    else if (a == "--delayed-update") f.delayed_update = flag.count(0);
     else if (a == "--qwz") f.qwz = true;
     else if (a == "--hpz") f.hpz = true;
     else if (a == "--qgz") f.gradient_bits = 4;
@@ -201,6 +205,7 @@ dist::ZeroConfig zero_config(const Flags& f) {
           .prefetch = static_cast<int>(f.prefetch),
           .offload = f.offloaded(),
           .offload_dir = f.offload_dir,
+          .delayed_update_after = f.delayed_update,
           .keep_after_forward = f.keep_after_forward,
           .prefetch_bytes = f.prefetch_bytes,
           .shard_group_size = static_cast<int>(f.shard_group), .reduce_once = f.reduce_once,

@@ -494,3 +494,147 @@ TEST_CASE("step_in_backward: a unit's CPU AdamW starts on its own thread before 
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+namespace {
+
+struct DelayedRun {
+  nn::NamedTensors master;
+  std::vector<double> losses;
+};
+
+// `steps` steps of the tiny GPT (f32, offload optimizer), updates delayed after `after` of them (-1: never).
+DelayedRun train_delayed(int n, int stage, int64_t after, int steps) {
+  DelayedRun out;
+  dist::run_local(n, [&](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, pg, {.stage = stage, .adamw = kAdamW, .max_grad_norm = 1.0,
+                                           .offload = dist::Offload::optimizer, .delayed_update_after = after});
+    const int64_t rows = kBatch / pg.size();
+    for (int s = 0; s < steps; ++s) {
+      const auto [x, y] = global_batch(s);
+      sharded.zero_grad();
+      Tensor loss = model.forward(x.narrow(0, pg.rank() * rows, rows), y.narrow(0, pg.rank() * rows, rows)).loss;
+      loss.backward();
+      sharded.step(1e-2);
+      Tensor global = loss.detach().reshape({1});
+      pg.all_reduce(global, dist::ReduceKind::average);
+      if (pg.rank() == 0) out.losses.push_back(global.item<double>());
+    }
+    nn::NamedTensors master;  // (lands the update in flight)
+    for (auto& [name, t] : sharded.gathered_master()) master.emplace_back(name, t.clone());
+    if (pg.rank() == 0) out.master = std::move(master);
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the delayed parameter update: exact until its step, then one update behind, alike at every N and stage, "
+          "near the exact loss; refused where it cannot run") {
+  const DelayedRun exact = train_delayed(1, 2, -1, 12);
+  CHECK(same_bits(train_delayed(1, 2, 3, 3).master, train_delayed(1, 2, -1, 3).master));  // before `after`: exact
+  const DelayedRun delayed = train_delayed(1, 2, 3, 12);
+  CHECK_FALSE(same_bits(delayed.master, exact.master));
+  for (int s = 0; s < 4; ++s) CHECK(delayed.losses[s] == exact.losses[s]);  // step 3's forward ran on step 2's weights, as exact
+  CHECK(delayed.losses[4] != exact.losses[4]);                               // step 4's on weights one update behind
+  CHECK(std::fabs(delayed.losses.back() - exact.losses.back()) < 0.05);
+  // At N = 2 the gradients' sums round differently, and Adam divides by sqrt(v): after 12
+  // steps at lr 1e-2 the exact update moves as far from N = 1 as the delayed one (bound: both).
+  double exact_spread = 0;
+  const DelayedRun exact_two = train_delayed(2, 2, -1, 12);
+  for (size_t i = 0; i < exact.master.size(); ++i)
+    exact_spread = std::max(exact_spread, max_abs_diff(exact_two.master[i].second, exact.master[i].second));
+  MESSAGE("exact update, N = 2 against N = 1: " << exact_spread);
+  for (int n : {1, 2})
+    for (int stage = 1; stage <= 3; ++stage) {
+      INFO("N=" << n << " stage " << stage);
+      const DelayedRun other = train_delayed(n, stage, 3, 12);
+      double spread = 0;
+      for (size_t i = 0; i < other.master.size(); ++i)
+        spread = std::max(spread, max_abs_diff(other.master[i].second, delayed.master[i].second));
+      CHECK(spread <= (n == 1 ? 1e-6 : 2 * exact_spread + 1e-6));
+    }
+  dist::run_local(1, [&](dist::ProcessGroup& pg) {
+    nn::GPT model(zero_config());
+    for (dist::Offload offload : {dist::Offload::none, dist::Offload::optimizer_and_params})
+      CHECK_THROWS_WITH_AS(dist::ShardedModel(model, pg, {.stage = 3, .offload = offload, .delayed_update_after = 0}),
+                           doctest::Contains("delayed_update_after (the delayed parameter update) needs offload "
+                                             "optimizer"), Error);
+    dist::ShardedModel sharded(model, pg, {.stage = 2, .max_grad_norm = 0, .offload = dist::Offload::optimizer,
+                                           .delayed_update_after = 0});
+    CHECK_THROWS_WITH_AS(sharded.step_in_backward(1e-3), doctest::Contains("already runs the update"), Error);
+    const auto [x, y] = global_batch(0);
+    sharded.zero_grad();
+    model.forward(x, y).loss.backward();
+    CHECK_THROWS_WITH_AS(sharded.step_on_device(1e-3), doctest::Contains("step_on_device with the delayed"), Error);
+  });
+}
+
+}  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("the delayed parameter update is the exact AdamW applied to gradients taken one update behind "
+          "(emulated: a second model runs the forward on the weights before the latest update)") {
+  constexpr int kAfter = 2, kSteps = 7;
+  // The delayed run (f32, stage 1, offload optimizer, N = 1).
+  nn::NamedTensors delayed;
+  dist::run_local(1, [&](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    dist::ShardedModel sharded(model, pg, {.stage = 1, .adamw = kAdamW, .max_grad_norm = 0,
+                                           .offload = dist::Offload::optimizer, .delayed_update_after = kAfter});
+    for (int s = 0; s < kSteps; ++s) {
+      const auto [x, y] = global_batch(s);
+      sharded.zero_grad();
+      model.forward(x, y).loss.backward();
+      sharded.step(1e-2);
+    }
+    for (auto& [name, t] : sharded.gathered_master()) delayed.emplace_back(name, t.clone());
+  });
+  // The emulation: exact steps on `trained`, whose gradients come from `stale`, a model holding
+  // the weights before the latest update once the delay has begun.
+  nn::NamedTensors emulated;
+  dist::run_local(1, [&](dist::ProcessGroup& pg) {
+    manual_seed(1);
+    nn::GPT trained(zero_config());
+    manual_seed(1);
+    nn::GPT stale(zero_config());
+    dist::ShardedModel sharded(trained, pg, {.stage = 1, .adamw = kAdamW, .max_grad_norm = 0});
+    nn::NamedTensors before = sharded.gathered_master();  // P_{k-1}
+    for (int s = 0; s < kSteps; ++s) {
+      const nn::NamedTensors now = sharded.gathered_master();  // P_k
+      const nn::NamedTensors& weights = s <= kAfter ? now : before;
+      {
+        NoGradGuard no_grad;
+        for (auto& [name, p] : stale.named_parameters())
+          for (const auto& [wname, w] : weights)
+            if (wname == name) p.copy_(w);
+      }
+      stale.zero_grad();
+      const auto [x, y] = global_batch(s);
+      stale.forward(x, y).loss.backward();
+      sharded.zero_grad();
+      {
+        NoGradGuard no_grad;
+        auto theirs = stale.named_parameters();
+        for (auto& [name, p] : trained.named_parameters())
+          for (auto& [sname, q] : theirs)
+            if (sname == name) p.grad().copy_(q.grad());
+      }
+      sharded.step(1e-2);
+      before = now;
+    }
+    for (auto& [name, t] : sharded.gathered_master()) emulated.emplace_back(name, t.clone());
+  });
+  REQUIRE(delayed.size() == emulated.size());
+  for (size_t i = 0; i < delayed.size(); ++i) {
+    INFO(delayed[i].first);
+    CHECK(max_abs_diff(delayed[i].second, emulated[i].second) < 1e-6);
+  }
+}
+
+}  // namespace zg::test

@@ -84,6 +84,7 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   const Generator& gen = Context::current().generator();
   const Device device = context_->device;
   const uint64_t save_id = new_save_id(world, device, dir, step_);
+  land_delayed_update();
   const StateInHost resident(units(), false);  // offload nvme: the whole state, for the file's writes
   const std::string folder = dir + "/" + checkpoint_dir::save_name(step_, save_id);
   Metadata meta = checkpoint::manifest_metadata({.save_id = save_id, .world_size = files, .rank = file_rank,
@@ -200,6 +201,7 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   // Everything checked, everywhere: now copy each part's overlap with each piece (once no
   // gather a forward left in flight still reads the shards).
   for (auto& unit : units_) unit->finish_gathers();
+  land_delayed_update();
   const StateInHost resident(this->units(), true);  // offload nvme: paged in, written back once loaded
   checkpoint::copy_pieces(parts, index);
   if (manifest.holds_replicated)
@@ -258,6 +260,7 @@ void ShardedModel::for_each_consolidated(const std::function<void(const std::str
     each(name, split == splits_.end() ? value : gather_split(value, split->second, **tp_));
   };
   NoGradGuard no_grad;
+  land_delayed_update();
   const DType master_dtype = optim::master_dtype_for(config_.compute_dtype);
   const std::vector<UnitRoles> units = views(units_);
   for (size_t u = 0; u < units.size(); ++u) {

@@ -204,6 +204,7 @@ void ShardedModel::make_units(nn::Module& model, const UnitPlan& plan, ShardingP
                                                        config_.quantize_weights, config_.secondary_weights,
                                                        config_.gradient_bits, config_.gradient_block, std::nullopt,
                                                        std::nullopt, nullptr});
+  context_->delayed_update = config_.delayed_update_after >= 0;
   if (placement().pages_to_file())
     context_->file_tier = std::make_shared<FileTier>(config_.offload_dir, "rank" + std::to_string(group_->rank()),
                                                      context_->host());
@@ -379,6 +380,7 @@ std::vector<Unit*> ShardedModel::units() const {
 
 nn::NamedTensors ShardedModel::gathered_master() {
   NoGradGuard no_grad;
+  land_delayed_update();
   nn::NamedTensors out;
   for (auto& unit : units_) {
     const StateInHost resident({unit.get()}, false);  // offload nvme: this unit's, paged in

@@ -339,6 +339,12 @@ class ShardedModel final : public ParameterOwner {
   double early_lr_ = 0;
   size_t early_updates_ = 0;
   void update_early(Unit& unit);
+  // The delayed parameter update (ZeroConfig::delayed_update_after): the one in flight, landed
+  // (its compute weights copied up and, ZeRO-1, 2, gathered) before anything reads the state.
+  std::shared_ptr<UpdateWorker> delayed_worker_;
+  bool delayed_pending_ = false;
+  void update_delayed(double lr, double grad_scale, const Tensor& device_scale);
+  void land_delayed_update();
   StepResult finish_early_step(double lr, const optim::GradScaler* scaler);
 };
 

@@ -145,6 +145,8 @@ double ShardedModel::gradient_multiplier(const optim::GradScaler* scaler) const 
 // everyone's full compute weights.
 void ShardedModel::update(double lr, double grad_scale, const Tensor& device_scale) {
   for (auto& unit : units_) unit->finish_gathers();  // a prefetch a forward left in flight reads the shards
+  if (config_.delayed_update_after >= 0 && step_ >= config_.delayed_update_after)
+    return update_delayed(lr, grad_scale, device_scale);  // (early_step.cpp)
   std::vector<WorkHandle> gathers;
   if (placement().pages_to_file()) {  // ZeRO-Infinity: a unit at a time, as the file tier pages it in
     visit_paged(units(), Unit::StateUse::update, true, [&](size_t u) {

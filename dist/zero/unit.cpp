@@ -390,7 +390,7 @@ std::vector<optim::AdamWSpan> Unit::optimizer_spans() {
 Tensor Unit::compute_for_update() {
   const Tensor& mine = updated_weights();
   if (mine.is_same(master_)) return {};  // the master is the compute weights
-  if (mine.device() == master_.device()) return mine;
+  if (mine.device() == master_.device() && !ctx_.delayed_update) return mine;  // (DPU: the next forward reads mine)
   // From the host pool: page-locked with a GPU (the copy up runs at the link's speed), and
   // cached, so the same buffer serves every step (tensor/block_cache.h).
   compute_staging_ =

@@ -68,6 +68,7 @@ struct UnitContext {
   // hpZ, qgZ: the shard group's ranks on this rank's node (S), and those of its node rank on every node (N / S).
   std::optional<GroupRef> node, across;
   std::shared_ptr<FileTier> file_tier;  // offload nvme: where the state pages to (else null)
+  bool delayed_update = false;  // DPU: the update never writes the compute weights in place (a staging buffer)
   // Where host-placed roles live: the host pool on the cpu (meta for a dry run).
   Device host() const { return device.type == DeviceType::meta ? kMeta : kCPU; }
   Device where(const RolePlacement& role) const { return role.where == Location::device ? device : host(); }

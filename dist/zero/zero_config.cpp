@@ -28,6 +28,13 @@ std::string ZeroConfig::problem(int world_size) const {
     return concat("ShardedModel: quantize_weights (qwZ) quantizes ZeRO-3's weight all-gathers; stage ", stage,
                   " gathers no weights before use (use stage 3)");
   if (std::string wrong = zeropp_problem(world_size); !wrong.empty()) return wrong;
+  if (delayed_update_after < -1)
+    return concat("ShardedModel: delayed_update_after must be >= 0 (-1: off), got ", delayed_update_after);
+  if (delayed_update_after >= 0 && offload != Offload::optimizer)
+    return concat("ShardedModel: delayed_update_after (the delayed parameter update) needs offload optimizer, whose "
+                  "CPU AdamW it overlaps with the next step; offload ", name(offload),
+                  offload == Offload::none ? " updates on the device" : " has the update write the shards the next "
+                                                                        "forward gathers");
   if (bucket_bytes <= 0) return concat("ShardedModel: bucket_bytes must be positive, got ", bucket_bytes);
   if (prefetch < 0) return concat("ShardedModel: prefetch must be >= 0, got ", prefetch);
   if (prefetch_bytes < 0)

@@ -46,6 +46,12 @@ struct ZeroConfig {
   Offload offload = Offload::none;
   // offload nvme: the folder of the file tier's files (a fast local disk); unused on meta.
   std::string offload_dir{};
+  // ZeRO-Offload's delayed parameter update (DPU), with offload optimizer: after this many
+  // exact steps (the paper: 40), step() starts its update on a host thread and returns;
+  // the next forward and backward run meanwhile with weights one update behind, and the
+  // next step() (or a save, load or gather of the state) lands it first. Not the exact
+  // update's numbers (bench/results/delayed-update-2026-11-29.md). -1: off.
+  int64_t delayed_update_after = -1;
   // ZeRO-3: units whose gathered weights stay from their forward to their backward
   // (FSDP2's reshard_after_forward=False): 2Ψ elements of traffic a step for them instead
   // of 3Ψ, for holding them whole through the rest of the forward. Unit names as the
