@@ -133,22 +133,28 @@ struct Trials {
 
 }  // namespace
 
-TEST_CASE("kill -9 at any moment of sharded saves, at alternating world sizes, never leaves a checkpoint that does not load") {
+TEST_CASE("kill -9 at any moment of sharded saves, at alternating world sizes (half of them paging the state from "
+          "the file tier), never leaves a checkpoint that does not load, nor a file tier's file") {
   Trials t;
   MESSAGE("ZG_KILL_TRIALS=" << t.trials << " ZG_KILL_SEED=" << t.seed);
   const std::string dir = "/tmp/zg_test_kill_sharded_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
+  const std::string tier = dir + "_tier";  // offload nvme's folder: its files are unlinked as they open
+  std::filesystem::create_directories(tier);
   int64_t last_step = 0;
   int loaded = 0, failed = 0, mid_save = 0;
   std::string last_current;  // the save that was current after the trial before
   int stalled = 0;           // trials in a row, before this one, in which no save became current
   for (int trial = 0; trial < t.trials; ++trial) {
     const int ranks = 2 + trial % 2, stage = trial % 4;
-    INFO("trial " << trial << ": train_zero --ranks " << ranks << " --stage " << stage);
+    const bool nvme = stage > 0 && trial % 8 >= 4;
+    INFO("trial " << trial << ": train_zero --ranks " << ranks << " --stage " << stage << (nvme ? " --offload nvme" : ""));
     std::vector<std::string> args = kSmall;
     args.insert(args.end(), {"--ranks", std::to_string(ranks), "--stage", std::to_string(stage), "--save", dir});
+    if (nvme) args.insert(args.end(), {"--offload", "nvme", "--offload-dir", tier});
     if (last_step > 0) args.insert(args.end(), {"--resume", dir});
     kill_after(std::string(ZG_EXAMPLES_DIR) + "/train_zero", args, t.next_delay());
+    CHECK(std::filesystem::is_empty(tier));
     if (!std::filesystem::exists(dir + "/latest")) {
       CHECK(last_step == 0);  // no save ever finished: nothing to load yet
       continue;
@@ -177,6 +183,7 @@ TEST_CASE("kill -9 at any moment of sharded saves, at alternating world sizes, n
                    << "of a save), " << failed << " failed to load; last step " << last_step);
   CHECK(loaded > 0);
   std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(tier);
 }
 
 // Whether `dir`'s writer lock names `pid` as its holder, within a minute (a job takes it
