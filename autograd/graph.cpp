@@ -4,6 +4,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/record.h"
+#include "tensor/backend.h"
 #include "tensor/checks.h"
 
 namespace zg {
@@ -31,11 +32,48 @@ std::shared_ptr<AccumulateGrad> accumulator_of(const Tensor& leaf) {
 bool GradMode::is_enabled() { return grad_mode_enabled; }
 void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
 
+namespace {
+thread_local bool offloading_saved = false;
+
+// `src` into `dst` on another device (or allocator), through the backend that can reach both.
+void copy_across(const Tensor& src, const Tensor& dst) {
+  backend(dst.device().type == DeviceType::cpu ? src.device() : dst.device()).copy(src, dst);
+}
+}  // namespace
+
+OffloadSavedTensors::OffloadSavedTensors() : previous_(offloading_saved) { offloading_saved = true; }
+OffloadSavedTensors::~OffloadSavedTensors() { offloading_saved = previous_; }
+bool OffloadSavedTensors::active() { return offloading_saved; }
+
+SavedTensor::SavedTensor(const Tensor& t) : version_(t.defined() ? t.storage()->version() : 0) {
+  const MemoryCategory category = t.defined() ? t.storage()->category() : MemoryCategory::other;
+  if (!offloading_saved || !t.defined() || t.storage()->is_released() ||
+      (category != MemoryCategory::activation && category != MemoryCategory::other)) {
+    tensor_ = t.defined() ? t.detach() : t;
+    return;
+  }
+  MemoryScope scope(MemoryCategory::activation);
+  host_ = empty(t.shape(), TensorOptions(t.dtype()).device(t.device().type == DeviceType::meta ? kMeta : kCPU)
+                               .pinned(true));
+  copy_across(t, host_);
+  device_ = t.device();
+  original_ = t.storage();
+}
+
 Tensor SavedTensor::get(const std::string& op) const {
-  if (tensor_.defined() && tensor_.storage()->version() != version_)
-    fail("backward of ", op, ": a tensor saved for it (", describe(tensor_),
-         ") was modified in place after it was saved (version ", version_, " -> ", tensor_.storage()->version(),
+  const std::shared_ptr<Storage> original = original_.lock();  // (offloaded, and still alive)
+  const uint64_t now = tensor_.defined() && !host_.defined() ? tensor_.storage()->version()
+                       : original                             ? original->version()
+                                                              : version_;
+  if (now != version_)
+    fail("backward of ", op, ": a tensor saved for it (", describe(host_.defined() ? host_ : tensor_),
+         ") was modified in place after it was saved (version ", version_, " -> ", now,
          "); clone it before modifying it");
+  if (host_.defined() && !tensor_.defined()) {  // back to its device, once
+    MemoryScope scope(MemoryCategory::activation);
+    tensor_ = empty(host_.shape(), TensorOptions(host_.dtype()).device(device_));
+    copy_across(host_, tensor_);
+  }
   return tensor_;
 }
 

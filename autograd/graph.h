@@ -68,14 +68,31 @@ bool needs_input_grad(size_t i);
 // Outside a backward pass: zg::Error.
 void queue_backward_callback(std::function<void()> fn);
 
+// Activation offload (PyTorch's save_on_cpu): while one lives on this thread, each tensor
+// saved for backward whose bytes are an activation's (memory category activation or other,
+// not a parameter's, gradient's or gathered weights') is copied into the rank's host pool as
+// it is saved and back to its device when the backward reads it, so between the forward
+// and the backward the device holds none of them. The host pool counts them as activations.
+class OffloadSavedTensors {
+ public:
+  OffloadSavedTensors();
+  ~OffloadSavedTensors();
+  OffloadSavedTensors(const OffloadSavedTensors&) = delete;
+  OffloadSavedTensors& operator=(const OffloadSavedTensors&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 // A tensor kept for backward, with the storage version it had when saved.
 class SavedTensor {
  public:
   SavedTensor() = default;
   // Keeps a detached handle: the same storage (so re-materialising it revives the
-  // saved tensor) without the autograd links that would make a reference cycle.
-  explicit SavedTensor(const Tensor& t)
-      : tensor_(t.defined() ? t.detach() : t), version_(t.defined() ? t.storage()->version() : 0) {}
+  // saved tensor) without the autograd links that would make a reference cycle; under
+  // OffloadSavedTensors, an activation's copy in the host pool instead.
+  explicit SavedTensor(const Tensor& t);
   // The tensor; throws if it was modified in place since it was saved.
   Tensor get(const std::string& op) const;
   // The tensor, for a formula that writes its result over it (cross_entropy's gradient
@@ -86,8 +103,11 @@ class SavedTensor {
   Tensor get_for_overwrite(const std::string& op) const;
 
  private:
-  Tensor tensor_;
+  mutable Tensor tensor_;  // offloaded: the copy back, once the backward has read it
   uint64_t version_ = 0;
+  Tensor host_;                      // offloaded: the copy in the host pool
+  Device device_;                    // offloaded: where it goes back to
+  std::weak_ptr<Storage> original_;  // offloaded: the saved storage, for the version check while it lives
 };
 
 class Node;

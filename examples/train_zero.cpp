@@ -64,6 +64,7 @@ struct Flags : examples::TrainingFlags {
   bool sequence_parallel = false, reduce_once = false, qwz = false, hpz = false;
   bool update_in_backward = false;  // each unit's AdamW as its gradient lands (no clipping)
   int64_t delayed_update = -1;      // the delayed parameter update after this many steps (-1: off)
+  bool offload_activations = false;  // saved activations in the host pool between forward and backward
   int64_t gradient_bits = 0, ranks_per_node = 0;  // qgZ's bits (0: off); hpZ's and qgZ's node (0: all one)
   int64_t gradient_block = 64;                    // qgZ's elements a scale
   int64_t prefetch_bytes = 0;                  // 0: --prefetch alone bounds it
@@ -108,6 +109,8 @@ void usage() {
                "                     while the backward goes on (ShardedModel::step_in_backward); no clipping\n"
                "  --delayed-update N with --offload optimizer, after N exact steps: each step's update runs beside\n"
                "                     the next step's forward and backward (ZeRO-Offload's DPU; not exact)\n"
+               "  --offload-activations  the forward's saved activations wait in the host pool for the backward\n"
+               "                     (autograd's OffloadSavedTensors)\n"
 
                "  --model gpt|llama  the model: GPT-2's shape, or a Llama's of the same size (grouped-query\n"
                "                     attention, half the heads' keys and values) (default gpt)\n"
@@ -147,6 +150,7 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--reduce-once") f.reduce_once = true;
     else if (a == "--update-in-backward") f.update_in_backward = true, f.max_grad_norm = 0;
     else if (a == "--delayed-update") f.delayed_update = flag.count(0);
+    else if (a == "--offload-activations") f.offload_activations = true;
     else if (a == "--qwz") f.qwz = true;
     else if (a == "--hpz") f.hpz = true;
     else if (a == "--qgz") f.gradient_bits = 4;
@@ -191,6 +195,8 @@ bool parse(int argc, char** argv, Flags& f) {
   if (f.group == "local" && f.ranks == 0) f.ranks = 2;
   if (f.group == "local") check_ranks(f, static_cast<int>(f.ranks));  // (under mpirun: once the processes are counted)
   ZG_CHECK(f.dtype == "f32" || f.dtype == "bf16", "train_zero: --dtype must be f32 or bf16, got ", f.dtype);
+  ZG_CHECK(!f.offload_activations || !f.pipelined(), "train_zero: --offload-activations wraps the forward of a "
+           "step without a pipeline (leave it out with --pp or --micro-batches)");
   ZG_CHECK(!f.update_in_backward || !f.pipelined(), "train_zero: --update-in-backward runs a step's updates during its "
            "one backward; a pipeline's or --micro-batches' step has several (leave it out)");
   return true;
@@ -331,7 +337,11 @@ void train(dist::ProcessGroup& group, const Flags& f) {
       if (pipeline) {  // every micro-batch's forward and backward, in the schedule's order
         loss = full({1}, pipeline->run(x, y), DType::f64);
       } else {
-        loss = model.forward(x, y).loss;
+        {
+          std::optional<OffloadSavedTensors> offloaded;  // --offload-activations
+          if (f.offload_activations) offloaded.emplace();
+          loss = model.forward(x, y).loss;
+        }
         loss.backward();  // gathers and reductions run from hooks as the backward goes
       }
     }

@@ -638,3 +638,58 @@ TEST_CASE("the delayed parameter update is the exact AdamW applied to gradients 
 }
 
 }  // namespace zg::test
+
+namespace zg::test {
+
+TEST_CASE("activation offload: saved activations wait in the host pool between forward and backward, the device "
+          "holds none of them, and the gradients are the same bits; an in-place write to one is still caught") {
+  struct Pass {
+    nn::NamedTensors grads;
+    int64_t device_after_forward = 0, host_after_forward = 0;
+  };
+  const auto pass = [](bool offload) {
+    Pass out;
+    Context rank;
+    ContextGuard guard(rank);
+    manual_seed(1);
+    nn::GPT model(zero_config());
+    const auto [x, y] = global_batch(0);
+    Tensor loss;
+    {
+      MemoryScope scope(MemoryCategory::activation);
+      std::optional<OffloadSavedTensors> offloaded;
+      if (offload) offloaded.emplace();
+      loss = model.forward(x, y).loss;
+    }
+    out.device_after_forward = memory_stats()[MemoryCategory::activation];
+    out.host_after_forward = host_memory_stats()[MemoryCategory::activation];
+    {
+      MemoryScope scope(MemoryCategory::activation);
+      loss.backward();
+    }
+    for (const auto& [name, p] : model.named_parameters()) out.grads.emplace_back(name, p.grad().clone());
+    return out;
+  };
+  const Pass kept = pass(false), offloaded = pass(true);
+  CHECK(same_bits(offloaded.grads, kept.grads));
+  CHECK(kept.host_after_forward == 0);
+  CHECK(offloaded.host_after_forward > 0);
+  // What stays on the device: the loss and what no op saved.
+  CHECK(offloaded.device_after_forward < kept.device_after_forward / 10);
+  MESSAGE("activations after the forward: kept " << kept.device_after_forward << " bytes on the device; offloaded "
+                                                 << offloaded.device_after_forward << " on it, "
+                                                 << offloaded.host_after_forward << " in the host pool");
+  const Tensor w = randn({4}, DType::f64).set_requires_grad(true);
+  Tensor a = w * 2.0, b;
+  {
+    OffloadSavedTensors offload;
+    b = a * a;
+  }
+  {
+    NoGradGuard no_grad;
+    a.add_(ones_like(a));
+  }
+  CHECK_THROWS_WITH_AS(zg::sum(b).backward(), doctest::Contains("was modified in place after it was saved"), Error);
+}
+
+}  // namespace zg::test
