@@ -116,15 +116,8 @@ StepResult ShardedModel::finish_early_step(double lr, const optim::GradScaler* s
   ZG_CHECK(early_updates_ == units_.size(), "ShardedModel: step() after step_in_backward: ", early_updates_, " of ",
            units_.size(), " units were updated (no backward since step_in_backward?)",
            early_updates_ == 0 ? "" : "; the model is part-way through a step: load a checkpoint");
-  // The norm it reports, from the gradient shards the updates read (summed across ranks).
-  const Device device = units_.front()->grad_shard().device();
-  Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(device.type == DeviceType::meta ? kCPU : device));
-  if (device.type != DeviceType::meta)
-    for (size_t u = 0; u < units_.size(); ++u) norm_sq = norm_sq + squared_norm(u);
-  norm_sq = norm_sq.to(agreement_device(*group_, context_->device));
-  shard_group().all_reduce(norm_sq, ReduceKind::sum);
-  if (tp_) (*tp_)->all_reduce(norm_sq, ReduceKind::sum);
-  const StepResult result{std::sqrt(norm_sq.item<double>()) * gradient_multiplier(nullptr), true};
+  // The norm it reports, from the gradient shards the updates read.
+  const StepResult result{std::sqrt(global_squared_norm().item<double>()) * gradient_multiplier(nullptr), true};
   ++step_;
   gradients_used_ = gradient_mark();
   std::vector<WorkHandle> gathers;

@@ -275,6 +275,7 @@ class ShardedModel final : public ParameterOwner {
   void materialize(Unit& unit);
   void plan_tensor_parallel_norm();  // norm_runs_
   Tensor squared_norm(size_t unit) const;  // of this rank's gradient shard of units_[unit], weighted (f64)
+  Tensor global_squared_norm();            // summed over the units and across ranks (a collective)
   void find_tied_units(const UnitPlan& plan);
   void check_stages_cover(const checkpoint::PieceIndex& index) const;  // load(), with pp
   void sum_tied_gradients();  // with the other end of the pipeline: the same sum on both

@@ -44,10 +44,6 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
   sum_tied_gradients();
   // Every rank must pass the same lr and loss scale (a rank-dependent schedule would make
   // the replicas drift apart unnoticed), agreed while the norm is computed.
-  //   The global norm: each rank's share of the squared norm, summed on its device, then
-  // across ranks. The meta device has no values: a dry run counts bytes only.
-  const Device device = units_.front()->grad_shard().device();
-  const bool dry_run = device.type == DeviceType::meta;
   const bool written = compute_written_by_others();
   const bool no_gradients = gradient_mark() == gradients_used_;
   std::string unfrozen;  // a parameter frozen at construction that requires grad now
@@ -67,16 +63,7 @@ Tensor ShardedModel::begin_step(double lr, const optim::GradScaler* scaler) {
   if (pp_)
     stages.emplace(**pp_, agreement_device(**pp_, context_->device),
                    std::vector<AgreedValue>{{"lr", lr}, {"loss scale", scaler ? scaler->scale_factor() : 1.0}});
-  Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(dry_run ? kCPU : device));
-  // (Offload nvme: paged in a unit at a time; a dry run pages too, for the step log's disk.)
-  visit_paged(units(), Unit::StateUse::gradient, false, [&](size_t u) {
-    if (!dry_run && (!pp_ || (*pp_)->rank() == 0 || std::ranges::find(tied_units_, u) == tied_units_.end()))
-      norm_sq = norm_sq + squared_norm(u);  // (ties: once)
-  });
-  norm_sq = norm_sq.to(agreement_device(*group_, context_->device));  // offloaded: summed on the host, reduced where the group is
-  shard_group().all_reduce(norm_sq, ReduceKind::sum);  // (hybrid: the other shard groups hold the same shards)
-  if (tp_) (*tp_)->all_reduce(norm_sq, ReduceKind::sum);  // the other slices of the cut parameters
-  if (pp_) (*pp_)->all_reduce(norm_sq, ReduceKind::sum);  // the other stages
+  const Tensor norm_sq = global_squared_norm();
   agree.check("ShardedModel: step() was given");
   if (stages) stages->check("ShardedModel: step() was given, across the pipeline's stages,");
   ZG_CHECK(unfrozen.empty(), "ShardedModel: step(): parameter '", unfrozen, "' was frozen when the "
@@ -121,6 +108,23 @@ void ShardedModel::sum_tied_gradients() {
   pp.batch_async(ops)->wait();
   NoGradGuard no_grad;
   for (size_t i = 0; i < tied_units_.size(); ++i) Tensor(units_[tied_units_[i]]->optimizer_gradient()).add_(theirs[i]);
+}
+
+// The global squared norm: each rank's share, summed on its device, then across ranks.
+// The meta device has no values: a dry run counts bytes only (and pages, for the step log's disk).
+Tensor ShardedModel::global_squared_norm() {
+  const Device device = units_.front()->grad_shard().device();
+  const bool dry_run = device.type == DeviceType::meta;
+  Tensor norm_sq = zeros({1}, TensorOptions(DType::f64).device(dry_run ? kCPU : device));
+  visit_paged(units(), Unit::StateUse::gradient, false, [&](size_t u) {  // (offload nvme: a unit at a time)
+    if (!dry_run && (!pp_ || (*pp_)->rank() == 0 || std::ranges::find(tied_units_, u) == tied_units_.end()))
+      norm_sq = norm_sq + squared_norm(u);  // (ties: once)
+  });
+  norm_sq = norm_sq.to(agreement_device(*group_, context_->device));  // offloaded: summed on the host, reduced where the group is
+  shard_group().all_reduce(norm_sq, ReduceKind::sum);  // (hybrid: the other shard groups hold the same shards)
+  if (tp_) (*tp_)->all_reduce(norm_sq, ReduceKind::sum);  // the other slices of the cut parameters
+  if (pp_) (*pp_)->all_reduce(norm_sq, ReduceKind::sum);  // the other stages
+  return norm_sq;
 }
 
 // sum(g^2) over this rank's gradient shard; with tensor parallelism, run by run, a
