@@ -34,6 +34,7 @@
 #include "nn/generate.h"
 #include "nn/gpt.h"
 #include "nn/hf_gpt2.h"
+#include "nn/hf_llama.h"
 #include "nn/init.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"

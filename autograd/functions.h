@@ -273,6 +273,9 @@ struct RotaryTables {
   Tensor cos, sin;
 };
 RotaryTables rotary_tables(int64_t offset, int64_t length, int64_t dim, double theta, TensorOptions options);
+// The same with the frequencies given (D/2 of them; a scaled rope adjusts theta's).
+RotaryTables rotary_tables(int64_t offset, int64_t length, const std::vector<double>& frequencies,
+                           TensorOptions options);
 Tensor rotary_embedding(const Tensor& x, const RotaryTables& tables);
 
 // In training, zeroes each element with probability p and scales the rest by 1/(1-p)

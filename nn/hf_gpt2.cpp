@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/graph.h"
+#include "nn/hf_weights.h"
 #include "tensor/safetensors.h"
 
 namespace zg::nn {
@@ -110,10 +111,8 @@ void load_hf_gpt2(GPT& model, const std::string& path) {
   const SafetensorsFile file(path);
   const std::map<std::string, std::string> names = names_by_ours(file);
   NamedTensors to_write;
+  refuse_owned_parameters(model, "load_hf_gpt2");
   for (const auto& [ours, param] : model.named_parameters()) {
-    if (const ParameterOwner* owner = ParameterOwner::of(param))
-      fail("load_hf_gpt2: parameter '", ours, "' lives in the flat buffers of ", owner->describe(),
-           "; load before building that");
     const auto it = names.find(ours);
     ZG_CHECK(it != names.end(), "load_hf_gpt2: ", path, " has no tensor for '", ours, "'");
     const Tensor value = read_as_ours(file, it->second);
@@ -128,8 +127,7 @@ void load_hf_gpt2(GPT& model, const std::string& path) {
     if (used.count(name) || is_mask_buffer(name)) continue;
     if (name == "lm_head.weight") {  // tied: must be wte
       const Tensor head = file.read(name), wte = read_as_ours(file, names.at("transformer.wte.weight"));
-      ZG_CHECK(head.shape() == wte.shape() && max(abs(head.to(DType::f64) - wte.to(DType::f64))).item<double>() == 0,
-               "load_hf_gpt2: ", path, ": lm_head.weight differs from wte, but nn::GPT ties them");
+      ZG_CHECK(same_values(head, wte), "load_hf_gpt2: ", path, ": lm_head.weight differs from wte, but nn::GPT ties them");
       continue;
     }
     fail("load_hf_gpt2: ", path, " has a tensor '", name, "' a GPT-2 of this shape does not have");

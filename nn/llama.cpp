@@ -1,5 +1,10 @@
 #include "nn/llama.h"
 
+#include <cmath>
+#include <numbers>
+
+#include "nn/checkpoint.h"
+
 namespace zg::nn {
 
 void check_config(const LlamaConfig& c) {
@@ -13,6 +18,12 @@ void check_config(const LlamaConfig& c) {
   ZG_CHECK(c.n_head % c.n_kv_head == 0, "Llama: n_kv_head ", c.n_kv_head, " must divide n_head ", c.n_head);
   ZG_CHECK(c.rope_theta > 0 && c.norm_eps >= 0 && c.init_std >= 0, "Llama: expected rope_theta > 0, norm_eps >= 0 and ",
            "init_std >= 0, got ", c.rope_theta, ", ", c.norm_eps, ", ", c.init_std);
+  const RopeScaling& s = c.rope_scaling;
+  ZG_CHECK(s.factor > 0 && s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor &&
+               s.original_max_position_embeddings > 0,
+           "Llama: rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and ",
+           "original_max_position_embeddings > 0, got ", s.factor, ", ", s.low_freq_factor, ", ", s.high_freq_factor,
+           ", ", s.original_max_position_embeddings);
 }
 
 int64_t intermediate_size(const LlamaConfig& c) {
@@ -21,10 +32,30 @@ int64_t intermediate_size(const LlamaConfig& c) {
   return (two_thirds_of_4c + 63) / 64 * 64;
 }
 
+std::vector<double> rope_frequencies(const LlamaConfig& c) {
+  const int64_t head_dim = c.n_embd / c.n_head;
+  const RopeScaling& s = c.rope_scaling;
+  std::vector<double> f(static_cast<size_t>(head_dim / 2));
+  for (size_t i = 0; i < f.size(); ++i) {
+    f[i] = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    if (s.type == RopeScaling::Type::linear) f[i] /= s.factor;
+    if (s.type != RopeScaling::Type::llama3) continue;
+    // Llama 3.1: wavelengths longer than the pretraining context / low_freq_factor are
+    // stretched by factor, shorter than context / high_freq_factor kept; between them
+    // f (1 - a) / factor + f a, with a = (context / wavelength - low) / (high - low).
+    const double wavelength = 2 * std::numbers::pi / f[i];
+    const double context = static_cast<double>(s.original_max_position_embeddings);
+    const double a = (context / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    if (wavelength > context / s.low_freq_factor) f[i] /= s.factor;
+    else if (wavelength >= context / s.high_freq_factor) f[i] = (1 - a) * f[i] / s.factor + a * f[i];
+  }
+  return f;
+}
+
 const RotaryTables& RotaryCache::tables(int64_t length, TensorOptions options) {
   if (offset != made_offset_ || length != made_length_ || options.dtype() != made_dtype_ ||
       options.device() != made_device_) {
-    tables_ = rotary_tables(offset, length, head_dim_, theta_, options);
+    tables_ = rotary_tables(offset, length, frequencies_, options);
     made_offset_ = offset, made_length_ = length, made_dtype_ = options.dtype(), made_device_ = options.device();
   }
   return tables_;
@@ -35,10 +66,11 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, std::shared_ptr<Rotary
       rotary_(std::move(rotary)) {
   check_config(config);
   const int64_t c = config.n_embd, kv = config.n_kv_head * head_dim;
-  q_proj = register_module("q_proj", std::make_shared<Linear>(c, c, false, config.init_std, options));
-  k_proj = register_module("k_proj", std::make_shared<Linear>(c, kv, false, config.init_std, options));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(c, kv, false, config.init_std, options));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(c, c, false, config.init_std, options));
+  const bool qkv_bias = config.attention_bias || config.qkv_bias;
+  q_proj = register_module("q_proj", std::make_shared<Linear>(c, c, qkv_bias, config.init_std, options));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(c, kv, qkv_bias, config.init_std, options));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(c, kv, qkv_bias, config.init_std, options));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(c, c, config.attention_bias, config.init_std, options));
 }
 
 Tensor LlamaAttention::forward(const Tensor& x) {
@@ -62,7 +94,7 @@ LlamaBlock::LlamaBlock(const LlamaConfig& config, std::shared_ptr<RotaryCache> r
   self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(config, std::move(rotary), options));
   post_attention_layernorm =
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(config.n_embd, config.norm_eps, options));
-  mlp = register_module("mlp", std::make_shared<SwiGLU>(config.n_embd, intermediate_size(config), false,
+  mlp = register_module("mlp", std::make_shared<SwiGLU>(config.n_embd, intermediate_size(config), config.mlp_bias,
                                                         config.init_std, options));
 }
 
@@ -73,7 +105,7 @@ Tensor LlamaBlock::forward(const Tensor& x) {
 
 Llama::Llama(const LlamaConfig& cfg, TensorOptions options) : config(cfg) {
   check_config(config);
-  rotary_ = std::make_shared<RotaryCache>(config.n_embd / config.n_head, config.rope_theta);
+  rotary_ = std::make_shared<RotaryCache>(rope_frequencies(config));
   model = register_module("model", std::make_shared<Module>());
   embed_tokens = model->register_module(
       "embed_tokens", std::make_shared<Embedding>(config.vocab_size, config.n_embd, config.init_std, options));
@@ -92,7 +124,12 @@ Tensor Llama::logits(const Tensor& idx, KVCache* cache) {
   const KVCacheBinding binding(attentions, cache);
   rotary_->offset = offset;
   Tensor x = (*embed_tokens)(idx);
-  for (size_t i = 0; i < layers->size(); ++i) x = (*layers)[i](x);
+  for (size_t i = 0; i < layers->size(); ++i) {
+    Module& block = (*layers)[i];
+    if (config.activation_checkpointing && cache == nullptr)
+      x = checkpoint([&block](const std::vector<Tensor>& in) { return block(in[0]); }, {x});
+    else x = block(x);
+  }
   x = (*norm)(x);
   if (lm_head) return (*lm_head)(x);
   return matmul(x.reshape({-1, config.n_embd}), embed_tokens->weight, false, true)

@@ -3,14 +3,27 @@
 // (input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
 // mlp.{gate,up,down}_proj), model.norm, lm_head. Pre-norm blocks with RMSNorm, rotary
 // position embeddings on q and k, grouped-query attention (n_kv_head key/value heads
-// shared by n_head query heads), a SwiGLU MLP, no biases.
+// shared by n_head query heads), a SwiGLU MLP, no biases unless the config asks for them
+// (Llama's attention_bias and mlp_bias, Qwen2's q, k and v biases). nn/hf_llama.h reads
+// and writes Hugging Face's config.json and weights.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "nn/gpt.h"
 
 namespace zg::nn {
+
+// Hugging Face's rope_scaling: the rotary frequencies adjusted for contexts longer than
+// the model was pretrained on (see rope_frequencies).
+struct RopeScaling {
+  enum class Type : uint8_t { none, linear, llama3 };
+  Type type = Type::none;
+  double factor = 1;
+  double low_freq_factor = 1, high_freq_factor = 4;  // llama3 only
+  int64_t original_max_position_embeddings = 8192;   // llama3 only
+};
 
 struct LlamaConfig {
   int64_t n_layer = 2;
@@ -24,23 +37,33 @@ struct LlamaConfig {
   double norm_eps = 1e-5;
   bool tie_embeddings = false;  // lm_head reads embed_tokens' weight
   double init_std = 0.02;       // N(0, init_std) for every Linear and the embedding (HF's initializer_range)
+  bool activation_checkpointing = false;  // recompute each block's activations in backward
+  RopeScaling rope_scaling = {};
+  bool attention_bias = false;  // q, k, v and o_proj biased (HF Llama's attention_bias)
+  bool qkv_bias = false;        // q, k and v biased, o_proj not (Qwen2)
+  bool mlp_bias = false;        // gate, up and down_proj biased
 };
 // Throws zg::Error unless the sizes are positive, n_embd = n_head * head size with an even
-// head size, and n_kv_head divides n_head.
+// head size, n_kv_head divides n_head, and the rope scaling's factors are positive (llama3:
+// high_freq_factor > low_freq_factor).
 void check_config(const LlamaConfig& config);
 int64_t intermediate_size(const LlamaConfig& config);  // the SwiGLU's hidden size, 0 resolved
+// The D/2 rotary frequencies f_i = rope_theta^(-2i/D) of a head of size D, scaled: linear
+// divides each by factor (positions / factor); llama3 (transformers' _compute_llama3_parameters)
+// divides those of wavelength 2 pi / f above original / low_freq_factor by factor, keeps
+// those below original / high_freq_factor, and blends the ones between (see the .cpp).
+std::vector<double> rope_frequencies(const LlamaConfig& config);
 
 // The positions one forward rotates q and k to: tables made once per (offset, length) and
 // shared by every layer. The model sets `offset` (a KV cache's length) before its blocks run.
 class RotaryCache {
  public:
-  RotaryCache(int64_t head_dim, double theta) : head_dim_(head_dim), theta_(theta) {}
+  explicit RotaryCache(std::vector<double> frequencies) : frequencies_(std::move(frequencies)) {}
   const RotaryTables& tables(int64_t length, TensorOptions options);
   int64_t offset = 0;
 
  private:
-  int64_t head_dim_;
-  double theta_;
+  std::vector<double> frequencies_;  // rope_frequencies
   int64_t made_offset_ = -1, made_length_ = -1;
   DType made_dtype_ = DType::f32;
   Device made_device_ = kCPU;

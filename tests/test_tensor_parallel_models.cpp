@@ -24,9 +24,9 @@ nn::GPTConfig tiny_gpt() {
   return {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = 64, .block_size = 16};
 }
 
-nn::LlamaConfig tiny_llama(bool tied = false) {
+nn::LlamaConfig tiny_llama(bool tied = false, bool biased = false) {
   return {.n_layer = 2, .n_head = 8, .n_kv_head = 4, .n_embd = 64, .vocab_size = 64, .block_size = 16,
-          .tie_embeddings = tied};
+          .tie_embeddings = tied, .attention_bias = biased, .mlp_bias = biased};
 }
 
 using MakeModel = std::function<std::shared_ptr<nn::CausalLM>()>;
@@ -381,11 +381,19 @@ TEST_CASE("parallelize_module: a GPT cut at T = 1, 2, 4, sequence parallelism on
   check_cut_model([] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); }, 64);
 }
 
-TEST_CASE("parallelize_module: a Llama with grouped-query attention, untied and tied, cut at T = 1, 2, 4, "
+TEST_CASE("parallelize_module: a Llama with grouped-query attention, untied, tied and biased, cut at T = 1, 2, 4, "
           "sequence parallelism on and off, computes the one-rank loss, logits and gradients") {
-  for (bool tied : {false, true}) {
-    INFO("tied " << tied);
-    check_cut_model([tied] { return std::make_shared<nn::Llama>(tiny_llama(tied), kF64); }, 64);
+  for (const auto [tied, biased] : {std::pair{false, false}, {true, false}, {false, true}}) {
+    INFO("tied " << tied << ", biased " << biased);  // colwise layers' biases cut with them, rowwise ones whole
+    check_cut_model(
+        [tied, biased] {
+          auto model = std::make_shared<nn::Llama>(tiny_llama(tied, biased), kF64);
+          NoGradGuard no_grad;  // biases start at 0: random ones show where each rank adds its part
+          for (const auto& [name, p] : model->named_parameters())
+            if (name.ends_with(".bias")) Tensor(p).copy_(randn(p.shape(), kF64) * 0.1);
+          return model;
+        },
+        64);
   }
 }
 

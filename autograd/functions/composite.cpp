@@ -189,14 +189,24 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
 }
 
 RotaryTables rotary_tables(int64_t offset, int64_t length, int64_t dim, double theta, TensorOptions options) {
-  ZG_CHECK(offset >= 0 && length >= 0 && dim > 0 && dim % 2 == 0 && theta > 0,
-           "rotary_tables: expected offset, length >= 0, an even head size and theta > 0, got offset ", offset,
-           ", length ", length, ", dim ", dim, ", theta ", theta);
-  const int64_t half = dim / 2;
+  ZG_CHECK(dim > 0 && dim % 2 == 0 && theta > 0, "rotary_tables: expected an even head size and theta > 0, got dim ",
+           dim, ", theta ", theta);
+  std::vector<double> frequencies(static_cast<size_t>(dim / 2));
+  for (size_t i = 0; i < frequencies.size(); ++i) frequencies[i] = std::pow(theta, -2.0 * static_cast<double>(i) / dim);
+  return rotary_tables(offset, length, frequencies, options);
+}
+
+RotaryTables rotary_tables(int64_t offset, int64_t length, const std::vector<double>& frequencies,
+                           TensorOptions options) {
+  ZG_CHECK(offset >= 0 && length >= 0 && !frequencies.empty(), "rotary_tables: expected offset, length >= 0 and at ",
+           "least one frequency, got offset ", offset, ", length ", length, ", ", frequencies.size(), " frequencies");
+  const int64_t half = static_cast<int64_t>(frequencies.size()), dim = 2 * half;
+  // The meta device holds no values: the tables' bytes, without the trigonometry.
+  if (options.device().type == DeviceType::meta) return {empty({length, dim}, options), empty({length, dim}, options)};
   std::vector<double> cos_v(static_cast<size_t>(length * dim)), sin_v(cos_v.size());
   for (int64_t t = 0; t < length; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(offset + t) * std::pow(theta, -2.0 * static_cast<double>(i) / dim);
+      const double angle = static_cast<double>(offset + t) * frequencies[static_cast<size_t>(i)];
       for (int64_t at : {t * dim + i, t * dim + half + i}) {
         cos_v[static_cast<size_t>(at)] = std::cos(angle);
         sin_v[static_cast<size_t>(at)] = std::sin(angle);

@@ -276,6 +276,7 @@ Stages llama_stages(nn::Llama& model, int stages) {
     return (lm_head ? *lm_head : *tied_head)((*norm)(x));
   };
   lm.prepare = [&model] { model.set_position_offset(0); };  // positions from 0: no cache in training
+  lm.checkpoint_blocks = model.config.activation_checkpointing;
   lm.whole = model.unit_plan();
   return cut("llama_stages", lm, stages, model);
 }
