@@ -67,6 +67,7 @@
 //   build/bench/zero_memory --model 7.5b --stage all --simulate --world-size 8,64,512,4096
 //   build/bench/zero_memory --stage 0,3 --simulate --world-size 64 --schedule-svg overlap.svg
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -80,6 +81,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -99,7 +101,10 @@
 #include "dist/tensor/parallelize.h"
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/zero_config.h"
+#include "model_shape.h"
+#include "plan.h"
 #include "nn/gpt.h"
+#include "nn/hf_llama.h"
 #include "tensor/atomic_file.h"
 #include "tensor/deferred.h"
 #include "tensor_parallel_formulas.h"
@@ -134,6 +139,13 @@ const std::vector<Preset> kLadder = {
     {"20b", gpt(44, 48, 6144)},        {"30b", gpt(48, 56, 7168)},       {"45b", gpt(56, 64, 8192)},
     {"65b", gpt(80, 64, 8192)},        {"100b", gpt(80, 80, 10240)},     {"gpt3-175b", gpt(96, 96, 12288)},
     {"240b", gpt(112, 104, 13312)},    {"340b", gpt(128, 116, 14848)},   {"530b", gpt(105, 160, 20480)}};
+
+struct LlamaPreset {
+  const char* name;
+  nn::LlamaConfig config;
+};
+const std::vector<LlamaPreset> kLlamaPresets = {{"llama3-8b", bench::llama3(32, 4096, 32, 14336)},
+                                                {"llama3-70b", bench::llama3(80, 8192, 64, 28672)}};
 
 struct Record {
   std::string group;  // the process group's kind
@@ -176,7 +188,7 @@ struct Pipelining {
 
 // The command line, parsed.
 struct Options {
-  std::string model_name, stage_arg = "all", device_arg = "meta", group_arg = "auto", offload_arg = "none";
+  std::string model_name, config_file, model_title, stage_arg = "all", device_arg = "meta", group_arg = "auto", offload_arg = "none";
   double largest_on = 0;
   int world = 0, steps = 1;  // world 0: unset (4; under mpirun, its processes)
   int tp = 1;                // --tp: the model cut over T ranks, N / T data-parallel ranks
@@ -191,6 +203,13 @@ struct Options {
   dist::Machine machine;
   int64_t batch = 1, seq = 0;  // seq 0: the model's block, up to 1024
   std::string timeline_dir, schedule_svg, zeropp_svg;
+  // --plan: the cluster (--gpus, --gpus-per-node as --ranks-per-node, --gpu-memory, --peak-tflops),
+  // the global batch (--global-batch), the rows printed (--top), the figure (--plan-svg).
+  bool plan = false;
+  bench::Cluster cluster;
+  std::string global_batch = "1M-tokens", plan_svg;
+  int top = 20;
+  bool plan_full_runs = false;  // every micro-batch dry-run, none extended
   // What every setting's ShardedModel is given besides its stage and offload: --compute,
   // --accumulate, --shard-group (0: the whole group), --bucket-bytes, --prefetch-bytes,
   // --keep-after-forward.
@@ -329,13 +348,13 @@ int64_t available_host_bytes() {
 // Refuses a real CPU run that cannot fit, before it starts: every rank (a thread of
 // this process) keeps its model states (the formula). Without this, a model too big
 // for the machine initialised for minutes before the kernel killed the process.
-void check_host_memory(const Options& o, const Preset& preset, const std::vector<Setting>& settings) {
-  const int64_t psi = nn::GPT(preset.config, kMeta).num_parameters();
+void check_host_memory(const Options& o, const bench::ModelShape& model, const std::vector<Setting>& settings) {
+  const int64_t psi = model.make(kMeta)->num_parameters();
   int64_t states = 0;
   for (const Setting& s : settings)  // offload moves states to the host pool, here the same memory
     states = std::max(states, formula_states(zero_config(o, {s.stage, dist::Offload::none}), psi, o.world).device);
   const int64_t available = available_host_bytes();
-  ZG_CHECK(states <= available / o.world, "zero_memory: ", o.world, " ranks of the ", preset.name,
+  ZG_CHECK(states <= available / o.world, "zero_memory: ", o.world, " ranks of the ", model.name,
            " model on the cpu need at least ", format_bytes(states), " of host memory each (their model states); ",
            format_bytes(available), " is available. --device meta gives the figures without allocating them");
 }
@@ -371,9 +390,11 @@ std::set<dist::ProcessGroup*> mesh_groups(dist::DeviceMesh& mesh) {
 // plus the traffic across groups; with --tp T, for the Ψ_cut / T + Ψ_replicated parameters
 // each rank holds, over the N / T data-parallel ranks, plus the tensor-parallel traffic.
 // With --pp, for the parameters of this rank's stages.
-void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& config, int64_t batch, int64_t seq,
+void add_formulas(Record& r, const dist::ZeroConfig& zero, const bench::ModelShape& model, int64_t batch, int64_t seq,
                   int tp, bool sp) {
-  const int64_t psi = tp == 1 || r.pp > 1 ? r.params : bench::tensor_parallel_counts(config).per_rank(tp);
+  // Megatron's and Korthikanti et al.'s formulas (bench/tensor_parallel_formulas.h) are a GPT's.
+  const bool gpt_cut = tp > 1 && r.pp == 1 && model.is_gpt();
+  const int64_t psi = gpt_cut ? bench::tensor_parallel_counts(model.gpt()).per_rank(tp) : r.params;
   const Formula formula = formula_states(zero, psi, r.shard_group, r.largest_shard);
   r.formula_states = formula.device;
   r.formula_host = formula.host;
@@ -393,7 +414,8 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& 
   }
   r.tp = tp;
   r.sequence_parallel = sp;
-  if (tp == 1 || r.pp > 1) return;  // Korthikanti et al.'s formulas are for the whole model
+  if (!gpt_cut) return;  // Korthikanti et al.'s formulas are for the whole model
+  const nn::GPTConfig& config = model.gpt();
   const int64_t compute = element_size(zero.compute_dtype);
   r.formula_sent_tp = bench::formula_sent_tensor_parallel(config, batch, seq, tp, compute, sp);
   r.formula_sent += r.formula_sent_tp;
@@ -407,7 +429,7 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const nn::GPTConfig& 
 // over the mesh's tp group, each rank keeping its slices' recipes; with --pp, into stages,
 // this rank holding its chunks), each rank materialising its units.
 struct RankModel {
-  std::optional<nn::GPT> model;
+  std::shared_ptr<nn::CausalLM> model;
   std::unique_ptr<dist::DeviceMesh> mesh;  // --tp, --pp: [pp x] dp_replicate x dp_shard [x tp]
   std::optional<dist::Schedule> schedule;  // --pp, --micro-batches: the stages, this rank's chunks
   dist::Stages stages;
@@ -416,13 +438,10 @@ struct RankModel {
   dist::SingleRank one_stage;
   std::optional<dist::ShardedModel> sharded;  // made by the caller, once the peaks are reset
 
-  RankModel(const nn::GPTConfig& config, Device device, dist::ProcessGroup& group, int tp, bool sp,
+  RankModel(const bench::ModelShape& shape, Device device, dist::ProcessGroup& group, int tp, bool sp,
             const dist::ZeroConfig& zero, const Pipelining& pipe) {
     manual_seed(1);
-    {
-      DeferredInit nothing_allocated;
-      model.emplace(config, TensorOptions(DType::f32).device(device));
-    }
+    model = shape.make(TensorOptions(DType::f32).device(device));
     if (tp > 1 || pipe.pp > 1) {
       check_model_parallel(group.size(), tp, pipe.pp);
       mesh = dist::training_mesh(group, {.pp = pipe.pp, .tp = tp, .shard_group_size = zero.shard_group_size});
@@ -434,7 +453,7 @@ struct RankModel {
     }
     if (!pipe.on()) return;
     schedule.emplace(pipe.make());
-    stages = dist::gpt_stages(*model, schedule->stages());
+    stages = shape.stages(*model, schedule->stages());
     chunks = stages.chunks(*schedule, pp().rank());
     held = dist::join_chunks(chunks);
   }
@@ -463,11 +482,11 @@ double sent_across_nodes(const dist::ShardedModel& sharded, dist::ProcessGroup& 
 // Training steps on this rank with `zero`, the model cut over `tp` ranks; returns the record
 // read after the last. With `log`, the last step's kernels and collectives are recorded
 // into it (a dry run: --simulate); with `run`, every allocation of the steps into its timeline.
-Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int steps, int64_t batch, int64_t seq,
+Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int steps, int64_t batch, int64_t seq,
                Device device, dist::ProcessGroup& group, int tp, bool sp, const Pipelining& pipe, int ranks_per_node,
                StepLog* log = nullptr, TimelineRun* run = nullptr) {
-  RankModel built(config, device, group, tp, sp, zero, pipe);
-  nn::GPT& model = *built.model;
+  RankModel built(shape, device, group, tp, sp, zero, pipe);
+  nn::CausalLM& model = *built.model;
   const std::unique_ptr<dist::DeviceMesh>& mesh = built.mesh;
   Context& context = Context::current();
   const Device host = device.type == DeviceType::meta ? kMeta : kCPU;  // where the host pool counts
@@ -480,7 +499,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
     // A dry run's peers send no headers: hidden states [b, T, C] (T / T_tp under sequence
     // parallelism) in the compute dtype.
     if (device.type == DeviceType::meta)
-      pipeline->set_activation({batch, sp ? seq / tp : seq, config.n_embd}, zero.compute_dtype);
+      pipeline->set_activation({batch, sp ? seq / tp : seq, shape.width()}, zero.compute_dtype);
   }
   dist::ProcessGroup* replicas = sharded.replica_group();  // hybrid sharding's other groups, or null
   const int64_t construction_peak = context.memory_stats(device).peak_total;
@@ -565,7 +584,7 @@ Record measure(const dist::ZeroConfig& zero, const nn::GPTConfig& config, int st
   r.nvme_bytes = tier.paged_bytes, r.nvme_file_bytes = tier.file_bytes;
   r.nvme_read = tier.bytes_read, r.nvme_written = tier.bytes_written;
   r.largest_shard = sharded.largest_shard();
-  add_formulas(r, zero, config, batch, seq, tp, sp);
+  add_formulas(r, zero, shape, batch, seq, tp, sp);
   return r;
 }
 
@@ -674,8 +693,8 @@ std::vector<Setting> requested_settings(const Options& o) {
 }
 
 // Tokens a sequence: --seq, else the model's block up to 1024.
-int64_t seq_of(const Options& o, const Preset& preset) {
-  return o.seq > 0 ? o.seq : std::min<int64_t>(preset.config.block_size, 1024);
+int64_t seq_of(const Options& o, const bench::ModelShape& shape) {
+  return o.seq > 0 ? o.seq : std::min<int64_t>(shape.block(), 1024);
 }
 
 // --largest-on: for each offload setting (at the stage that gains most from it), the
@@ -705,12 +724,12 @@ int largest_trainable(const Options& o) {
     const Preset* fits = nullptr;
     Record best;
     for (const Preset& preset : kLadder) {
-      nn::GPTConfig config = preset.config;
-      config.activation_checkpointing = true;
+      bench::ModelShape shape{preset.name, preset.config};
+      shape.set_checkpointing(true);
       Context rank0(0);
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, 1);
-      const Record r = measure(zero_config(o, setting), config, 1, 1, 1024, kMeta, group, 1, false, {}, 1);
+      const Record r = measure(zero_config(o, setting), shape, 1, 1, 1024, kMeta, group, 1, false, {}, 1);
       if (static_cast<double>(r.peak_allocated) > device_bytes) break;
       fits = &preset;
       best = r;
@@ -746,17 +765,17 @@ std::string offload_columns(dist::Offload offload, const dist::StepTime& t) {
 // --zeropp-svg FILE: ZeRO-3 and each ZeRO++ technique (qwZ, hpZ, qgZ, then all three) as
 // dry runs of rank --rank at N in nodes of --ranks-per-node: a table of what a rank sends
 // within its node and across nodes, and the figure of it (bench/traffic_figure.h).
-int zeropp_figure(const Options& o, const Preset& preset) {
+int zeropp_figure(const Options& o, const bench::ModelShape& shape) {
   struct Technique {
     const char* label;
     bool qwz, hpz;
     int gradient_bits;
   };
-  const int64_t seq = seq_of(o, preset);
+  const int64_t seq = seq_of(o, shape);
   const int node = o.machine.ranks_per_node;
-  std::printf("GPT %s, N = %d in nodes of %d, batch %lld x %lld, ZeRO-3 in bf16, rank %d: GB a step (1e9 bytes); M "
+  std::printf("%s, N = %d in nodes of %d, batch %lld x %lld, ZeRO-3 in bf16, rank %d: GB a step (1e9 bytes); M "
               "= 2Ψ, the paper's unit (a node's bytes across)\n\n%-16s %12s %12s %11s %13s\n",
-              preset.name, o.world, node, static_cast<long long>(o.batch), static_cast<long long>(seq), o.dry_rank,
+              shape.title().c_str(), o.world, node, static_cast<long long>(o.batch), static_cast<long long>(seq), o.dry_rank,
               "technique", "within node", "across", "across M", "model states");
   std::vector<bench::TrafficBar> bars;
   for (const Technique& t : {Technique{"ZeRO-3", false, false, 0}, Technique{"qwZ", true, false, 0},
@@ -768,7 +787,7 @@ int zeropp_figure(const Options& o, const Preset& preset) {
     Context dry(o.dry_rank);
     ContextGuard guard(dry);
     dist::FakeGroup group(o.dry_rank, o.world);
-    const Record r = measure(zero, preset.config, o.steps, o.batch, seq, kMeta, group, 1, false, {}, node);
+    const Record r = measure(zero, shape, o.steps, o.batch, seq, kMeta, group, 1, false, {}, node);
     const double m = 2.0 * static_cast<double>(r.params) / node;  // a rank's share of M
     bars.push_back({t.label, static_cast<double>(r.sent_within_node), static_cast<double>(r.sent_across_nodes),
                     static_cast<double>(r.sent_across_nodes) / m});
@@ -776,7 +795,7 @@ int zeropp_figure(const Options& o, const Preset& preset) {
                 static_cast<double>(r.sent_across_nodes) / 1e9, bars.back().across_m,
                 static_cast<double>(r.parameter + r.gradient + r.optimizer_state) / 1e9);
   }
-  const std::string title = concat("ZeRO++, GPT ", preset.name, " at N = ", o.world, " in nodes of ", node,
+  const std::string title = concat("ZeRO++, ", shape.title(), " at N = ", o.world, " in nodes of ", node,
                                    ": bytes a rank sends a step, within its node and across nodes");
   std::ofstream(o.zeropp_svg) << bench::traffic_svg(title, bars);
   return 0;
@@ -784,20 +803,20 @@ int zeropp_figure(const Options& o, const Preset& preset) {
 
 // --simulate: for each N and setting, rank 0's dry run (its second step, recorded)
 // replayed by the step-time model; with --schedule-svg, each one's schedule drawn.
-int simulate(const Options& o, const Preset& preset, const std::vector<Setting>& settings, bool processes) {
+int simulate(const Options& o, const bench::ModelShape& shape, const std::vector<Setting>& settings, bool processes) {
   ZG_CHECK(o.device_arg == "meta" && !processes, "zero_memory: --simulate replays dry runs on the meta device; "
            "leave --device out");
   const bool offloading = std::any_of(settings.begin(), settings.end(),
                                       [](const Setting& s) { return s.offload != dist::Offload::none; });
-  const int64_t batch = o.batch, seq = seq_of(o, preset);
+  const int64_t batch = o.batch, seq = seq_of(o, shape);
   if (!o.json) {
     std::string who = o.tp == 1 ? "a rank" : concat("a tensor-parallel group of T = ", o.tp, " (tp innermost)");
     if (o.pipe.on())
       who = concat("a micro-batch in ", o.pipe.make().describe(), " (rank 0: the first stage; idle: its wait for "
                    "the others, dist/pipeline/step_time.h)");
-    std::printf("GPT %s, batch %lld x %lld tokens %s, bf16 compute + fp32 AdamW; the step-time model "
+    std::printf("%s, batch %lld x %lld tokens %s, bf16 compute + fp32 AdamW; the step-time model "
                 "(dist/comm/step_model.h) on\n%s%s\n\n",
-                preset.name, static_cast<long long>(batch), static_cast<long long>(seq), who.c_str(),
+                shape.title().c_str(), static_cast<long long>(batch), static_cast<long long>(seq), who.c_str(),
                 o.machine.describe().c_str(), offloading ? ("; " + o.machine.describe_offload()).c_str() : "");
     std::printf("%5s %6s %5s %11s %11s %11s %11s %9s %14s%s%s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
                 "exposed ms", "exposed", "tokens/s", o.pipe.on() ? "     idle ms" : "",
@@ -814,7 +833,7 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, world);
       StepLog& log = logs.emplace_back();
-      const Record r = measure(zero_config(o, setting), preset.config, 2, batch, seq, kMeta, group, o.tp,
+      const Record r = measure(zero_config(o, setting), shape, 2, batch, seq, kMeta, group, o.tp,
                                o.sequence_parallel, o.pipe, o.machine.ranks_per_node, &log);
       dist::StepTime t = dist::predict(log, o.machine);
       double idle = 0;  // --pp: the first stage's wait for the others
@@ -829,7 +848,7 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
                     "\"step_seconds\": %.6g, \"compute_seconds\": %.6g, \"communication_seconds\": %.6g, "
                     "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g, \"offload\": \"%s\", "
                     "\"host_seconds\": %.6g, \"link_seconds\": %.6g, \"disk_seconds\": %.6g%s%s}",
-                    first ? "" : ",\n", preset.name, setting.stage, world, r.shard_group, t.step, t.compute,
+                    first ? "" : ",\n", shape.name.c_str(), setting.stage, world, r.shard_group, t.step, t.compute,
                     t.communication, t.exposed, tokens, dist::name(setting.offload), t.host, t.link, t.disk,
                     o.tp == 1 ? "" : concat(", \"tp\": ", o.tp).c_str(),
                     o.pipe.on() ? concat(", \"pp\": ", o.pipe.pp, ", \"micro_batches\": ", o.pipe.micro_batches,
@@ -847,7 +866,7 @@ int simulate(const Options& o, const Preset& preset, const std::vector<Setting>&
   if (o.json) std::printf("\n]\n");
   if (!o.schedule_svg.empty())
     write_file_atomically(o.schedule_svg,
-                          dist::step_schedule_svg(panels, concat("GPT ", preset.name, ", batch ", batch, " x ", seq,
+                          dist::step_schedule_svg(panels, concat(shape.title(), ", batch ", batch, " x ", seq,
                                                                  " tokens a rank: one step, rank 0, as the step model "
                                                                  "schedules it"),
                                                   o.machine.describe()),
@@ -897,12 +916,12 @@ double host_adamw_rate() {
 // CPU AdamW (host_adamw_rate). Under mpirun (every rank
 // measuring at once, as they would train): also the mpi group's latency (an all-reduce
 // of one float) and bandwidth (of 4M floats), every rank counted as on one node.
-void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::ProcessGroup* group) {
+void calibrate(const Options& o, const bench::ModelShape& shape, int64_t seq, dist::ProcessGroup* group) {
   const int64_t batch = o.batch;
   dist::Machine rates;
   {
     NoGradGuard no_grad;
-    const int64_t rows = batch * seq, width = preset.config.n_embd;
+    const int64_t rows = batch * seq, width = shape.width();
     const TensorOptions bf16 = TensorOptions(DType::bf16);
     const Tensor x = randn({rows, width}).to(DType::bf16), w = randn({width, 4 * width}).to(DType::bf16);
     rates.flops_per_second = 2.0 * rows * width * 4 * width / seconds_per_call(10, [&] { matmul(x, w); });
@@ -915,13 +934,13 @@ void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::Proces
   double real_step = 0;
   {
     manual_seed(1);
-    nn::GPT model(preset.config);
+    const std::shared_ptr<nn::CausalLM> model = shape.make(kCPU);
     dist::SingleRank one;
-    dist::ShardedModel sharded(model, one, zero);
+    dist::ShardedModel sharded(*model, one, zero);
     const Tensor ids = zeros({batch, seq}, DType::i64);
     real_step = seconds_per_call(5, [&] {
       sharded.zero_grad();
-      model.forward(ids, ids).loss.backward();
+      model->forward(ids, ids).loss.backward();
       sharded.step(1e-4);
     });
   }
@@ -930,7 +949,7 @@ void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::Proces
     Context rank0(0);
     ContextGuard guard(rank0);
     dist::FakeGroup one(0, 1);
-    measure(zero, preset.config, 2, batch, seq, kMeta, one, 1, false, {}, 1, &log);
+    measure(zero, shape, 2, batch, seq, kMeta, one, 1, false, {}, 1, &log);
   }
   const double scale = real_step / dist::predict(log, rates).compute;
   std::string flags = "--tflops " + std::to_string(rates.flops_per_second / scale / 1e12) + " --memory-gbps " +
@@ -951,13 +970,13 @@ void calibrate(const Options& o, const Preset& preset, int64_t seq, dist::Proces
 }
 
 // --calibrate's run: this process, or under mpirun every process at once (rank 0 prints).
-int run_calibrate(const Options& o, const Preset& preset) {
-  const int64_t seq = seq_of(o, preset);
+int run_calibrate(const Options& o, const bench::ModelShape& shape) {
+  const int64_t seq = seq_of(o, shape);
 #if ZG_HAVE_MPI
   if (dist::launched_as_rank())
-    return dist::run_mpi([&](dist::ProcessGroup& group) { calibrate(o, preset, seq, &group); });
+    return dist::run_mpi([&](dist::ProcessGroup& group) { calibrate(o, shape, seq, &group); });
 #endif
-  calibrate(o, preset, seq, nullptr);
+  calibrate(o, shape, seq, nullptr);
   return 0;
 }
 
@@ -997,17 +1016,17 @@ void make_timeline_dir(const Options& o, bool processes) {
 
 // One setting's records from this process: rank --rank of a fake group (meta), or every rank
 // as a thread, through the local group or (use_nccl) NCCL with rank r on cuda:r.
-std::vector<Record> measure_setting(const Options& o, const Preset& preset, Setting setting, Device device,
+std::vector<Record> measure_setting(const Options& o, const bench::ModelShape& shape, Setting setting, Device device,
                                     bool use_nccl, TimelineRun* run) {
   const dist::ZeroConfig zero = zero_config(o, setting);
-  const int64_t seq = seq_of(o, preset);
+  const int64_t seq = seq_of(o, shape);
   std::vector<Record> records;
   if (device.type == DeviceType::meta) {
     Context dry(o.dry_rank);
     if (o.caching) dry.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
     ContextGuard guard(dry);
     dist::FakeGroup group(o.dry_rank, o.world);
-    records.push_back(measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel,
+    records.push_back(measure(zero, shape, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel,
                               o.pipe, o.machine.ranks_per_node, nullptr, run));
     return records;
   }
@@ -1015,14 +1034,14 @@ std::vector<Record> measure_setting(const Options& o, const Preset& preset, Sett
   dist::run_local(o.world, [&](dist::ProcessGroup& group) {
     Record r;
     if (!use_nccl) {
-      r = measure(zero, preset.config, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, o.pipe,
+      r = measure(zero, shape, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, o.pipe,
                   o.machine.ranks_per_node, nullptr, run);
     } else {
 #ifdef ZG_WITH_NCCL
       // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
       const Device mine(DeviceType::cuda, group.rank());
       const auto nccl = dist::NcclGroup::bootstrap(group, mine);
-      r = measure(zero, preset.config, o.steps, o.batch, seq, mine, *nccl, o.tp, o.sequence_parallel, o.pipe,
+      r = measure(zero, shape, o.steps, o.batch, seq, mine, *nccl, o.tp, o.sequence_parallel, o.pipe,
                   o.machine.ranks_per_node, nullptr, run);
 #endif
     }
@@ -1035,20 +1054,20 @@ std::vector<Record> measure_setting(const Options& o, const Preset& preset, Sett
 // --timeline: every setting measured with its allocations recorded; rank 0's trace and
 // figure written for each, then all of them on one scale in all.svg, and the last (the
 // most sharded, whose bands the shared scale makes thin) again on a scale of its own.
-std::vector<Record> record_timelines(const Options& o, const Preset& preset, const std::vector<Setting>& settings,
+std::vector<Record> record_timelines(const Options& o, const bench::ModelShape& shape, const std::vector<Setting>& settings,
                                      Device device, bool use_nccl) {
   const int shown = o.recorded_rank(device);
-  const std::string what = "GPT " + o.model_name + ", rank " + std::to_string(shown) + " of " + std::to_string(o.world) +
+  const std::string what = shape.title() + ", rank " + std::to_string(shown) + " of " + std::to_string(o.world) +
                            " on " + device.str() +
                            ", " + name(o.zero.compute_dtype) + " compute" +
-                           (preset.config.activation_checkpointing ? ", activation checkpointing" : "") + ", " +
+                           (o.checkpointing ? ", activation checkpointing" : "") + ", " +
                            std::to_string(o.steps) + (o.steps == 1 ? " step" : " steps");
   std::vector<Record> records;
   std::vector<MemoryPanel> panels;
   for (const Setting& setting : settings) {
     TimelineRun run;
     run.rank = shown;
-    const std::vector<Record> measured = measure_setting(o, preset, setting, device, use_nccl, &run);
+    const std::vector<Record> measured = measure_setting(o, shape, setting, device, use_nccl, &run);
     records.insert(records.end(), measured.begin(), measured.end());
     const Record& recorded =
         *std::find_if(measured.begin(), measured.end(), [&](const Record& r) { return r.rank == shown; });
@@ -1143,9 +1162,9 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
   const int data_ranks = o.world / o.tp / o.pipe.pp;
   std::string cut = o.pipe.pp > 1 ? concat(" = P = ", o.pipe.pp, " x ", data_ranks, " data-parallel") : "";
   if (o.tp > 1) cut += concat(o.pipe.pp > 1 ? "" : concat(" = ", data_ranks, " data-parallel"), " x T = ", o.tp);
-  std::printf("GPT %s: Ψ = %lld parameters%s, N = %d%s, %s, %s group, batch %lld x %lld tokens, %s compute + "
+  std::printf("%s: Ψ = %lld parameters%s, N = %d%s, %s, %s group, batch %lld x %lld tokens, %s compute + "
               "fp32 AdamW\n",
-              o.model_name.c_str(), (long long)records.front().params, slices.c_str(), o.world, cut.c_str(),
+              o.model_title.c_str(), (long long)records.front().params, slices.c_str(), o.world, cut.c_str(),
               device.str().c_str(),
               records.front().group.c_str(), (long long)o.batch, (long long)seq, name(o.zero.compute_dtype));
   const double unit = 16 * records.front().params < 1'000'000'000 ? 1e6 : 1e9;
@@ -1215,19 +1234,19 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
 }
 
 // Every rank's records in order of stage, offload and rank, as JSON or the table.
-int print_records(const Options& o, const Preset& preset, Device device, std::vector<Record> records) {
+int print_records(const Options& o, const bench::ModelShape& shape, Device device, std::vector<Record> records) {
   std::sort(records.begin(), records.end(), [](const Record& a, const Record& b) {
     return std::tuple(a.stage, a.offload, a.rank) < std::tuple(b.stage, b.offload, b.rank);
   });
   if (o.json) print_json(o, device, records);
-  else print_table(o, device, seq_of(o, preset), records);
+  else print_table(o, device, seq_of(o, shape), records);
   return 0;
 }
 
 #if ZG_HAVE_MPI
 // Under mpirun: each process is a rank of every setting (CPU tensors over the mpi group;
 // CUDA over NCCL, rank r on its node's GPU r); rank 0 prints every rank's records.
-int run_processes(Options& o, const Preset& preset, const std::vector<Setting>& settings, Device device) {
+int run_processes(Options& o, const bench::ModelShape& shape, const std::vector<Setting>& settings, Device device) {
   ZG_CHECK(o.group_arg == "auto", "zero_memory: under mpirun the group is mpi (CPU) or nccl (CUDA); leave --group out");
   std::vector<Record> records;
   int my_rank = 0;
@@ -1247,18 +1266,18 @@ int run_processes(Options& o, const Preset& preset, const std::vector<Setting>& 
     }
     std::vector<Record> measured;
     for (const Setting& setting : settings)
-      measured.push_back(measure(zero_config(o, setting), preset.config, o.steps, o.batch, seq_of(o, preset), mine,
+      measured.push_back(measure(zero_config(o, setting), shape, o.steps, o.batch, seq_of(o, shape), mine,
                                  nccl ? *nccl : host, o.tp, o.sequence_parallel, o.pipe, o.machine.ranks_per_node));
     records = all_records(host, measured);
   });
   if (status != 0 || my_rank != 0) return status;  // rank 0 prints
-  return print_records(o, preset, device, records);
+  return print_records(o, shape, device, records);
 }
 #endif
 
 // The table (the default mode): every setting measured by real steps (--device cpu |
 // cuda) or a dry run (meta), with --timeline its allocations recorded too.
-int run_table(Options& o, const Preset& preset, const std::vector<Setting>& settings, bool processes) {
+int run_table(Options& o, const bench::ModelShape& shape, const std::vector<Setting>& settings, bool processes) {
   const Device device(o.device_arg);
   ZG_CHECK(o.group_arg == "auto" || o.group_arg == "local" || o.group_arg == "nccl",
            "zero_memory: --group must be auto, local or nccl, got '", o.group_arg, "'");
@@ -1273,18 +1292,142 @@ int run_table(Options& o, const Preset& preset, const std::vector<Setting>& sett
 #else
   ZG_CHECK(o.group_arg != "nccl", "zero_memory: --group nccl needs a build with CUDA");
 #endif
-  if (device.type == DeviceType::cpu && !processes) check_host_memory(o, preset, settings);
+  if (device.type == DeviceType::cpu && !processes) check_host_memory(o, shape, settings);
 #if ZG_HAVE_MPI
-  if (processes) return run_processes(o, preset, settings, device);
+  if (processes) return run_processes(o, shape, settings, device);
 #endif
   if (!o.timeline_dir.empty())
-    return print_records(o, preset, device, record_timelines(o, preset, settings, device, use_nccl));
+    return print_records(o, shape, device, record_timelines(o, shape, settings, device, use_nccl));
   std::vector<Record> records;
   for (const Setting& setting : settings) {
-    const std::vector<Record> measured = measure_setting(o, preset, setting, device, use_nccl, nullptr);
+    const std::vector<Record> measured = measure_setting(o, shape, setting, device, use_nccl, nullptr);
     records.insert(records.end(), measured.begin(), measured.end());
   }
-  return print_records(o, preset, device, records);
+  return print_records(o, shape, device, records);
+}
+
+// A step of M micro-batches, from dry runs of m and m + 1 of them: every micro-batch once
+// the pipeline is full is the same program, so the step time, the bytes sent and the peak
+// (whose only part that grows with M is the step's token ids) grow by the same amount with
+// each (each extended linearly).
+struct MicroBatchRun {
+  Record record;
+  dist::StepTime time;
+  StepLog log;
+};
+void extend(MicroBatchRun& to, const MicroBatchRun& from, int from_m, int to_m, int m) {
+  const double k = static_cast<double>(m - to_m) / (to_m - from_m);
+  for (double dist::StepTime::*part : {&dist::StepTime::step, &dist::StepTime::compute, &dist::StepTime::communication,
+                                       &dist::StepTime::exposed, &dist::StepTime::host, &dist::StepTime::link,
+                                       &dist::StepTime::disk})
+    to.time.*part += k * (to.time.*part - from.time.*part);
+  for (int64_t Record::*bytes : {&Record::sent_within_node, &Record::sent_across_nodes, &Record::peak_allocated})
+    to.record.*bytes += std::llround(k * static_cast<double>(to.record.*bytes - from.record.*bytes));
+}
+
+// --plan's evaluation of one candidate: rank 0's dry run (under a pipeline also the last
+// stage's first rank's, whose head and loss make its peak), rank 0's step replayed. A step of
+// more than m + 1 micro-batches (m = max(P, 2): the pipeline full, its peak reached) is
+// extended from m and m + 1 (MicroBatchRun) unless --plan-full-runs.
+bench::Evaluation evaluate(const Options& o, const bench::PlanRequest& request, double flops_per_token,
+                           const bench::Candidate& c) {
+  bench::ModelShape shape = request.model;
+  shape.set_checkpointing(c.checkpointing);
+  dist::ZeroConfig zero = zero_config(o, {c.stage, c.offload});
+  zero.shard_group_size = c.shard_group == c.dp ? 0 : c.shard_group;
+  if (const std::string problem = zero.problem(c.dp); !problem.empty()) fail(problem);
+  const int n = request.cluster.gpus, m = std::max(c.pp, 2);
+  const bool extended = !o.plan_full_runs && c.micro_batches > m + 1;
+  const auto dry_run = [&](int rank, int micro_batches, MicroBatchRun& out) {
+    Context dry(rank);
+    ContextGuard guard(dry);
+    dist::FakeGroup group(rank, n);
+    out.record = measure(zero, shape, 2, c.rows, request.seq, kMeta, group, c.tp, c.tp > 1,
+                         {.pp = c.pp, .micro_batches = micro_batches}, request.cluster.gpus_per_node, &out.log);
+    out.time = dist::predict(out.log, o.machine);
+  };
+  const auto step_of = [&](int rank) {
+    MicroBatchRun run, fewer;
+    dry_run(rank, extended ? m + 1 : c.micro_batches, run);
+    if (extended) {
+      dry_run(rank, m, fewer);
+      extend(run, fewer, m, m + 1, c.micro_batches);
+    }
+    return run;
+  };
+  const MicroBatchRun run = step_of(0);
+  bench::Evaluation e;
+  e.peak = run.record.peak_allocated, e.host_peak = run.record.host_peak;
+  e.sent_within = run.record.sent_within_node, e.sent_across = run.record.sent_across_nodes;
+  e.time = run.time;
+  if (c.pp > 1) e.peak = std::max(e.peak, step_of(n - n / c.pp).record.peak_allocated);  // pp outermost
+  if (c.micro_batches > 1) {  // the wait for the other stages, in a schedule of all M
+    const Pipelining pipe{.pp = c.pp, .micro_batches = c.micro_batches};
+    const dist::PipelineStepTime p = dist::predict_pipeline(run.log, dist::predict(run.log, o.machine), pipe.make(), 0);
+    e.idle = p.idle, e.time.step += p.idle;
+  }
+  e.tokens_per_second = static_cast<double>(request.sequences * request.seq) / e.time.step;
+  e.mfu = e.tokens_per_second / n * flops_per_token / request.cluster.peak_flops;
+  e.fits = e.peak <= request.cluster.gpu_memory;
+  e.time.compute_spans.clear(), e.time.collective_spans.clear();  // the ranking keeps hundreds
+  return e;
+}
+
+// A count with a binary suffix (K, M, G: 2^10, 2^20, 2^30), as --global-batch writes it.
+int64_t parse_count(const std::string& flag, const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  int64_t n = 0;
+  const std::string suffix = text.substr(digits);
+  const int64_t unit = suffix == "K" ? int64_t(1) << 10 : suffix == "M" ? int64_t(1) << 20 : suffix == "G" ? int64_t(1) << 30 : 1;
+  ZG_CHECK(parse_number(text.substr(0, digits), n) && n > 0 && (suffix.empty() || unit > 1), "zero_memory: ", flag,
+           " needs a positive whole number with an optional K, M or G (binary), got '", text, "'");
+  return n * unit;
+}
+
+// --gpu-memory: "80GB" (1e9 bytes a GB), "80GiB" (2^30), "80" (GB), also MB, MiB, TB, TiB.
+int64_t parse_bytes(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double x = std::strtod(text.c_str(), &end);
+  const std::string unit = end ? std::string(end) : "";
+  const std::map<std::string, double> units = {{"", 1e9},          {"GB", 1e9},  {"GiB", 0x1p30}, {"MB", 1e6},
+                                               {"MiB", 0x1p20}, {"TB", 1e12}, {"TiB", 0x1p40}};
+  const auto it = units.find(unit);
+  ZG_CHECK(end != text.c_str() && it != units.end() && x > 0 && std::isfinite(x), "zero_memory: ", flag,
+           " needs a size such as 80GB or 80GiB, got '", text, "'");
+  return static_cast<int64_t>(x * it->second);
+}
+
+// --global-batch: "1M-tokens" (2^20 tokens), "128" or "128-sequences": sequences of `seq` tokens a step.
+int64_t global_sequences(const std::string& spec, int64_t seq) {
+  const size_t dash = spec.find('-');
+  const std::string count = spec.substr(0, dash), what = dash == std::string::npos ? "sequences" : spec.substr(dash + 1);
+  ZG_CHECK(what == "tokens" || what == "sequences", "zero_memory: --global-batch is N-tokens or N-sequences, got '",
+           spec, "'");
+  const int64_t n = parse_count("--global-batch", count);
+  if (what == "sequences") return n;
+  ZG_CHECK(n % seq == 0, "zero_memory: --global-batch ", spec, " is ", n, " tokens, not a whole number of sequences of ",
+           seq, " (--seq): give a multiple of ", seq);
+  return n / seq;
+}
+
+// --plan: the planner's search (bench/plan.h) over this model on --gpus GPUs.
+int run_plan(const Options& o, const bench::ModelShape& shape) {
+  bench::PlanRequest request{.model = shape, .cluster = o.cluster};
+  request.cluster.gpus_per_node = o.machine.ranks_per_node;
+  request.seq = o.seq > 0 ? o.seq : shape.block();
+  request.sequences = global_sequences(o.global_batch, request.seq);
+  const double flops_per_token = shape.flops_per_token(request.seq, shape.make(kMeta)->num_parameters());
+  const auto start = std::chrono::steady_clock::now();
+  int refused = 0;
+  const std::vector<bench::PlannedSetting> ranked = bench::plan(
+      request, [&](const bench::Candidate& c) { return evaluate(o, request, flops_per_token, c); },
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), &refused);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.json) std::printf("%s", bench::plan_json(request, ranked).c_str());
+  else bench::print_plan(request, o.machine, ranked, o.top, refused, seconds);
+  if (!o.plan_svg.empty()) write_file_atomically(o.plan_svg, bench::plan_svg(request, ranked), "zero_memory --plan-svg");
+  return ranked.empty() ? 1 : 0;
 }
 
 void usage() {
@@ -1376,6 +1519,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
       return dtype == "f32" ? DType::f32 : DType::bf16;
     };
     if (a == "--model") o.model_name = value();
+    else if (a == "--config") o.config_file = value();
     else if (a == "--world-size") {
       const std::string list = value();
       for (const std::string& word : split_commas(list)) {
@@ -1387,6 +1531,15 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
       o.world = o.worlds.front();
     }
     else if (a == "--simulate") o.simulate = true;
+    else if (a == "--plan") o.plan = true;
+    else if (a == "--gpus") o.cluster.gpus = static_cast<int>(number(1, 1 << 20));
+    else if (a == "--gpus-per-node") o.machine.ranks_per_node = static_cast<int>(number(1, 1 << 10));
+    else if (a == "--gpu-memory") o.cluster.gpu_memory = parse_bytes(a, value());
+    else if (a == "--peak-tflops") o.cluster.peak_flops = rate(1e12);
+    else if (a == "--global-batch") o.global_batch = value();
+    else if (a == "--top") o.top = static_cast<int>(number(1, 1 << 20));
+    else if (a == "--plan-svg") o.plan_svg = value();
+    else if (a == "--plan-full-runs") o.plan_full_runs = true;
     else if (a == "--layers") o.layers = number(1, 1 << 16);
     else if (a == "--heads") o.heads = number(1, 1 << 16);
     else if (a == "--embd") o.embd = number(1, 1 << 20);
@@ -1449,24 +1602,39 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
 }
 
 // The model --model names (GPT-2 124M by default, the tiny GPT for real steps on the
-// CPU), its shape changed by --layers, --heads, --embd, --vocab (e.g. to train_zero's)
-// and --checkpointing. Its name is o.model_name's.
-Preset chosen_model(Options& o) {
-  if (o.model_name.empty()) o.model_name = o.device_arg == "cpu" ? "tiny" : "124m";
-  const auto preset =
-      std::find_if(kPresets.begin(), kPresets.end(), [&](const Preset& p) { return o.model_name == p.name; });
-  ZG_CHECK(preset != kPresets.end(), "zero_memory: unknown --model ", o.model_name, " (tiny, 124m, 350m, 1.5b, 7.5b)");
-  Preset chosen = *preset;
-  nn::GPTConfig& c = chosen.config;
+// CPU; llama3-8b, llama3-70b) or --config's config.json (a Llama-family model, read by
+// nn::hf_llama_config), a GPT preset's shape changed by --layers, --heads, --embd, --vocab
+// (e.g. to train_zero's), with --checkpointing, its positions covering --seq.
+bench::ModelShape chosen_model(Options& o) {
+  ZG_CHECK(o.config_file.empty() || o.model_name.empty(), "zero_memory: --model ", o.model_name, " and --config ",
+           o.config_file, " both name the model: give one");
+  bench::ModelShape shape;
+  if (!o.config_file.empty()) {
+    const std::filesystem::path path(o.config_file);
+    shape = {(path.filename() == "config.json" ? path.parent_path().filename() : path.stem()).string(),
+             nn::hf_llama_config(o.config_file)};
+  } else {
+    if (o.model_name.empty()) o.model_name = o.device_arg == "cpu" ? "tiny" : "124m";
+    const auto gpt = std::find_if(kPresets.begin(), kPresets.end(), [&](const Preset& p) { return o.model_name == p.name; });
+    const auto llama = std::find_if(kLlamaPresets.begin(), kLlamaPresets.end(),
+                                    [&](const LlamaPreset& p) { return o.model_name == p.name; });
+    ZG_CHECK(gpt != kPresets.end() || llama != kLlamaPresets.end(), "zero_memory: unknown --model ", o.model_name,
+             " (tiny, 124m, 350m, 1.5b, 7.5b, llama3-8b, llama3-70b; or --config FILE)");
+    shape = gpt != kPresets.end() ? bench::ModelShape{gpt->name, gpt->config} : bench::ModelShape{llama->name, llama->config};
+  }
   if (o.layers || o.heads || o.embd || o.vocab) {
+    ZG_CHECK(shape.is_gpt(), "zero_memory: --layers, --heads, --embd and --vocab change a GPT preset's shape; ",
+             shape.title(), "'s comes from its config (write a config.json and pass --config)");
+    nn::GPTConfig& c = std::get<nn::GPTConfig>(shape.config);
     c.n_layer = o.layers ? o.layers : c.n_layer, c.n_head = o.heads ? o.heads : c.n_head;
     c.n_embd = o.embd ? o.embd : c.n_embd, c.vocab_size = o.vocab ? o.vocab : c.vocab_size;
     ZG_CHECK(c.n_embd % c.n_head == 0, "zero_memory: --embd ", c.n_embd, " is not a multiple of --heads ", c.n_head);
-    o.model_name += "-custom";
+    shape.name += "-custom";
   }
-  chosen.name = o.model_name.c_str();
-  c.activation_checkpointing = o.checkpointing;
-  return chosen;
+  shape.set_checkpointing(o.checkpointing);
+  if (o.seq > 0) shape.fit_sequence(o.seq);
+  o.model_name = shape.name, o.model_title = shape.title();
+  return shape;
 }
 
 }  // namespace
@@ -1491,12 +1659,13 @@ int main(int argc, char** argv) {
     if (o.largest_on > 0) return largest_trainable(o);
     // auto: the GPU when this build has a usable one (N ranks sharing it), else the CPU.
     if (o.device_arg == "auto") o.device_arg = cuda_usable() ? "cuda" : "cpu";
-    const Preset preset = chosen_model(o);
+    const bench::ModelShape shape = chosen_model(o);
     ZG_CHECK(!o.caching || o.device_arg == "meta", "zero_memory: --caching simulates a GPU's cache in a dry run "
              "(--device meta); a real run uses its device's own allocator");
     ZG_CHECK(o.zero.compute_dtype == DType::bf16 || o.offload_arg == "none", "zero_memory: --compute f32 is for runs "
              "without --offload (offload's formulas are for 16-bit compute weights beside the f32 master)");
-    if (o.calibrate) return run_calibrate(o, preset);
+    if (o.calibrate) return run_calibrate(o, shape);
+    if (o.plan) return run_plan(o, shape);
     // Under mpirun each process is a rank of a real run (the dry run stays one process).
     const bool processes = dist::launched_as_rank() && o.device_arg != "meta";
 #if !ZG_HAVE_MPI
@@ -1515,9 +1684,9 @@ int main(int argc, char** argv) {
              " ranks: it must be below N");
     const std::vector<Setting> settings = requested_settings(o);
     make_timeline_dir(o, processes);
-    if (o.simulate) return simulate(o, preset, settings, processes);
-    if (!o.zeropp_svg.empty()) return zeropp_figure(o, preset);
-    return run_table(o, preset, settings, processes);
+    if (o.simulate) return simulate(o, shape, settings, processes);
+    if (!o.zeropp_svg.empty()) return zeropp_figure(o, shape);
+    return run_table(o, shape, settings, processes);
   } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

@@ -111,3 +111,9 @@ side_by_side tensor-parallel.svg "GPT 7.5B, batch 1 x 1024, one step, rank 0: cu
 # 17. Pipeline parallelism: every schedule at p = 4 ranks, m = 8 micro-batches, on the
 # idealised machine of dist::simulate (F = I = W): ranks in rows, the bubble left empty.
 "$bench/pipeline_schedules" --pp 4 --micro-batches 8 --svg "$out/pipeline-schedules.svg" >/dev/null
+
+# 20. The planner: Llama 3 8B (its config.json) on one node of 8 GPUs and on 64, every setting's
+# peak against its predicted tokens/s a GPU (bench/plan.h: dry runs and the step model).
+llama3_8b="$here/../../tests/fixtures/llama3_8b/config.json"
+"$bench/zero_memory" --plan --config "$llama3_8b" --gpus 8 --global-batch 128K-tokens --plan-svg "$out/planner-8.svg" >/dev/null
+"$bench/zero_memory" --plan --config "$llama3_8b" --gpus 64 --global-batch 1M-tokens --plan-svg "$out/planner-64.svg" >/dev/null
