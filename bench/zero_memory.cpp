@@ -1432,7 +1432,7 @@ int run_plan(const Options& o, const bench::ModelShape& shape) {
 
 void usage() {
   std::printf(
-      "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b] [--world-size N] [--stage 0|1|2|3|all|S,S]\n"
+      "usage: zero_memory [--model tiny|124m|350m|1.5b|7.5b|llama3-8b|llama3-70b | --config FILE] [--world-size N] [--stage 0|1|2|3|all|S,S]\n"
       "                   [--device meta|cpu|cuda|auto] [--rank R] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|nvme|all] [--offload-dir DIR]\n"
       "                   [--accumulate bf16|f32]\n"
@@ -1447,8 +1447,15 @@ void usage() {
       "                   [--schedule-svg FILE] [--offload O]\n"
       "       zero_memory --zeropp-svg FILE [--model M] [--world-size N] [--ranks-per-node G]\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
+      "       zero_memory --plan [--model M | --config config.json] --gpus N [--gpus-per-node G] [--gpu-memory 80GB]\n"
+      "                   [--seq T] [--global-batch 1M-tokens | 128-sequences] [--peak-tflops X] [--top K] [--json]\n"
+      "                   [--plan-svg FILE] [--plan-full-runs] [the machine's rates, or --rates FILE]\n"
       "       zero_memory --largest-on GB\n"
-      "A preset's shape changes with --layers L --heads H --embd C --vocab V.\n"
+      "A preset's shape changes with --layers L --heads H --embd C --vocab V. --model llama3-8b|llama3-70b, or\n"
+      "--config FILE (a Hugging Face config.json of the Llama family: Llama 2/3, Mistral, Qwen2), measure a Llama.\n"
+      "--rates FILE: the flags in FILE (what --calibrate printed) as if given here.\n"
+      "--plan: every mesh (dp_replicate x dp_shard x tp x pp), stage, offload, checkpointing and micro-batch for\n"
+      "  the model on --gpus N GPUs, each by a dry run and the step-time model, ranked (docs chapter 20).\n"
       "Per-rank memory by category and bytes sent per step for DDP and ZeRO-1/2/3, next to the ZeRO\n"
       "paper's formulas. meta (default): rank 0 of N with a fake group, nothing allocated, activations\n"
       "as a GPU keeps them (flash attention);\n"
@@ -1601,6 +1608,26 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   return std::nullopt;
 }
 
+// The command line with each --rates FILE replaced by the flags FILE holds: what --calibrate
+// printed (or rates written by hand: --tflops 380 --inter-gbps 50 ...), whitespace-separated.
+std::vector<std::string> with_rates_files(int argc, char** argv) {
+  std::vector<std::string> words;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) != "--rates") {
+      words.emplace_back(argv[i]);
+      continue;
+    }
+    ZG_CHECK(i + 1 < argc, "zero_memory: --rates needs a file (what zero_memory --calibrate printed)");
+    std::ifstream in(argv[++i]);
+    ZG_CHECK(in.good(), "zero_memory: --rates ", argv[i], " cannot be read");
+    const size_t first = words.size();
+    for (std::string word; in >> word; words.push_back(word))
+      ZG_CHECK(words.size() > first || word.starts_with("--"), "zero_memory: --rates ", argv[i],
+               " must hold flags such as --tflops 380, as --calibrate prints them; it starts with '", word, "'");
+  }
+  return words;
+}
+
 // The model --model names (GPT-2 124M by default, the tiny GPT for real steps on the
 // CPU; llama3-8b, llama3-70b) or --config's config.json (a Llama-family model, read by
 // nn::hf_llama_config), a GPT preset's shape changed by --layers, --heads, --embd, --vocab
@@ -1642,7 +1669,10 @@ bench::ModelShape chosen_model(Options& o) {
 int main(int argc, char** argv) {
   Options o;
   try {
-    if (const std::optional<int> status = parse(argc, argv, o)) return *status;
+    std::vector<std::string> words = with_rates_files(argc, argv);
+    std::vector<char*> args;
+    for (std::string& word : words) args.push_back(word.data());
+    if (const std::optional<int> status = parse(static_cast<int>(args.size()), args.data(), o)) return *status;
     ZG_CHECK(o.tp == 1 || (!o.calibrate && o.largest_on == 0), "zero_memory: --tp is for the table and --simulate, "
              "not --calibrate or --largest-on (one rank)");
     ZG_CHECK(!o.pipe.on() || (!o.calibrate && o.largest_on == 0), "zero_memory: --pp and --micro-batches are for "

@@ -1,5 +1,9 @@
 // zero_memory --plan (bench/plan.h): the search, the ranking and the report, on a Llama read
 // from a config.json; each figure it ranks by is the dry run's and the step model's.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -113,6 +117,13 @@ TEST_CASE("zero_memory --plan prints the table and why the top setting wins; bad
     CHECK(status != 0);
     CHECK(out.find(says) != std::string::npos);
   };
+  // --rates FILE: the flags it holds (as --calibrate prints them), as if given on the command line.
+  const std::string rates = std::filesystem::temp_directory_path() / ("zg-rates-" + std::to_string(::getpid()));
+  std::ofstream(rates) << "--tflops 100 --inter-gbps 20\n";
+  CHECK(plan(" --rates " + rates) == plan(" --tflops 100 --inter-gbps 20"));
+  CHECK(plan(" --rates " + rates) != plan(""));
+  std::filesystem::remove(rates);
+  refused(" --rates /nonexistent/rates", "--rates /nonexistent/rates cannot be read");
   refused(" --seq 32 --global-batch 1000-tokens", "is 1000 tokens, not a whole number of sequences of 32");
   refused(" --seq 32 --global-batch 4-rows", "--global-batch is N-tokens or N-sequences");
   refused(" --gpu-memory 80XB", "--gpu-memory needs a size such as 80GB");
