@@ -87,6 +87,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #ifdef ZG_WITH_NCCL
 #include "cuda/device.h"
 #include "dist/comm/nccl_group.h"
@@ -104,6 +106,7 @@
 #include "model_shape.h"
 #include "plan.h"
 #include "nn/gpt.h"
+#include "nn/hf_gpt2.h"
 #include "nn/hf_llama.h"
 #include "tensor/atomic_file.h"
 #include "tensor/deferred.h"
@@ -1452,7 +1455,7 @@ void usage() {
       "                   [--plan-svg FILE] [--plan-full-runs] [the machine's rates, or --rates FILE]\n"
       "       zero_memory --largest-on GB\n"
       "A preset's shape changes with --layers L --heads H --embd C --vocab V. --model llama3-8b|llama3-70b, or\n"
-      "--config FILE (a Hugging Face config.json of the Llama family: Llama 2/3, Mistral, Qwen2), measure a Llama.\n"
+      "--config FILE (a Hugging Face config.json: GPT-2's, or the Llama family's: Llama 2/3, Mistral, Qwen2).\n"
       "--rates FILE: the flags in FILE (what --calibrate printed) as if given here.\n"
       "--plan: every mesh (dp_replicate x dp_shard x tp x pp), stage, offload, checkpointing and micro-batch for\n"
       "  the model on --gpus N GPUs, each by a dry run and the step-time model, ranked (docs chapter 20).\n"
@@ -1629,17 +1632,22 @@ std::vector<std::string> with_rates_files(int argc, char** argv) {
 }
 
 // The model --model names (GPT-2 124M by default, the tiny GPT for real steps on the
-// CPU; llama3-8b, llama3-70b) or --config's config.json (a Llama-family model, read by
-// nn::hf_llama_config), a GPT preset's shape changed by --layers, --heads, --embd, --vocab
+// CPU; llama3-8b, llama3-70b) or --config's config.json (model_type gpt2, read by
+// nn::hf_gpt2_config_json; else the Llama family's, by nn::hf_llama_config), a GPT
+// preset's shape changed by --layers, --heads, --embd, --vocab
 // (e.g. to train_zero's), with --checkpointing, its positions covering --seq.
 bench::ModelShape chosen_model(Options& o) {
   ZG_CHECK(o.config_file.empty() || o.model_name.empty(), "zero_memory: --model ", o.model_name, " and --config ",
            o.config_file, " both name the model: give one");
   bench::ModelShape shape;
   if (!o.config_file.empty()) {
-    const std::filesystem::path path(o.config_file);
-    shape = {(path.filename() == "config.json" ? path.parent_path().filename() : path.stem()).string(),
-             nn::hf_llama_config(o.config_file)};
+    std::filesystem::path path(o.config_file);
+    if (std::filesystem::is_directory(path)) path /= "config.json";
+    std::ifstream in(path);
+    const bool gpt2 = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false).value("model_type", "") == "gpt2";
+    const std::string name = (path.filename() == "config.json" ? path.parent_path().filename() : path.stem()).string();
+    shape = gpt2 ? bench::ModelShape{name, nn::hf_gpt2_config_json(o.config_file)}
+                 : bench::ModelShape{name, nn::hf_llama_config(o.config_file)};
   } else {
     if (o.model_name.empty()) o.model_name = o.device_arg == "cpu" ? "tiny" : "124m";
     const auto gpt = std::find_if(kPresets.begin(), kPresets.end(), [&](const Preset& p) { return o.model_name == p.name; });

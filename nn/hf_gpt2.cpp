@@ -1,4 +1,5 @@
 #include "nn/hf_gpt2.h"
+#include "nn/hf_config.h"
 
 #include <filesystem>
 #include <fstream>
@@ -105,6 +106,42 @@ GPTConfig hf_gpt2_config(const std::string& path, int64_t n_head) {
   config.n_head = n_head;
   check_config(config);
   return config;
+}
+
+GPTConfig hf_gpt2_config_json(const std::string& path) {
+  const HfConfigReader r("hf_gpt2_config_json", path);
+  if (r.get("model_type") != "gpt2") r.refuse("model_type", r.get("model_type"), "is not \"gpt2\"");
+  for (const nlohmann::json& arch : r.get("architectures"))  // null: an empty loop
+    if (arch != "GPT2LMHeadModel" && arch != "GPT2Model")
+      r.refuse("architectures", r.get("architectures"), "must be GPT2LMHeadModel or GPT2Model: other heads are not an nn::GPT");
+  static const std::set<std::string> known = {
+      "n_layer", "n_head", "n_embd", "vocab_size", "n_positions", "n_ctx", "n_inner", "activation_function",
+      "layer_norm_epsilon", "embd_pdrop", "attn_pdrop", "resid_pdrop", "scale_attn_weights",
+      "scale_attn_by_inverse_layer_idx", "add_cross_attention", "tie_word_embeddings", "reorder_and_upcast_attn",
+      "initializer_range"};
+  static const std::set<std::string> ignored = {
+      "_name_or_path", "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "model_type", "dtype",
+      "torch_dtype", "transformers_version", "use_cache", "summary_type", "summary_use_proj", "summary_activation",
+      "summary_proj_to_labels", "summary_first_dropout", "task_specific_params"};
+  r.check_keys({&known, &ignored}, "nn::GPT does not know");
+  GPTConfig c;
+  c.n_layer = r.size("n_layer"), c.n_head = r.size("n_head"), c.n_embd = r.size("n_embd");
+  c.vocab_size = r.size("vocab_size"), c.block_size = r.size("n_positions");
+  if (r.size("n_ctx", c.block_size) != c.block_size) r.refuse("n_ctx", r.get("n_ctx"), "must equal n_positions");
+  if (r.has("n_inner") && !r.get("n_inner").is_null() && r.size("n_inner") != 4 * c.n_embd)
+    r.refuse("n_inner", r.get("n_inner"), "must be null or 4 n_embd, nn::GPT's MLP width");
+  const nlohmann::json activation = r.has("activation_function") ? r.get("activation_function") : "gelu_new";
+  if (activation != "gelu_new" && activation != "gelu_pytorch_tanh")
+    r.refuse("activation_function", activation, "must be gelu_new (the tanh GELU nn::GPT computes)");
+  if (r.number("layer_norm_epsilon", 1e-5) != 1e-5)
+    r.refuse("layer_norm_epsilon", r.get("layer_norm_epsilon"), "must be 1e-5, nn::GPT's layer norms'");
+  for (const auto& [key, want] : {std::pair{"scale_attn_weights", true}, {"scale_attn_by_inverse_layer_idx", false},
+                                  {"add_cross_attention", false}, {"tie_word_embeddings", true}})
+    if (r.flag(key, want) != want) r.refuse(key, r.get(key), std::string("must be ") + (want ? "true" : "false") +
+                                                             " for nn::GPT");
+  c.dropout = dropout_of(r.config(), path);
+  check_config(c);
+  return c;
 }
 
 void load_hf_gpt2(GPT& model, const std::string& path) {

@@ -22,6 +22,18 @@ namespace zg::nn {
 // equal: nn::GPT has one dropout for the three places; without a config.json it is 0.
 GPTConfig hf_gpt2_config(const std::string& path, int64_t n_head = 0);
 
+// The config of a GPT-2 config.json alone (or of the one in a save_pretrained folder), read
+// strictly as hf_llama_config reads a Llama's: n_layer, n_head, n_embd, vocab_size and
+// n_positions (-> block_size) required; n_ctx = n_positions, n_inner null or 4 n_embd,
+// activation_function "gelu_new" (or "gelu_pytorch_tanh", the same function),
+// layer_norm_epsilon 1e-5, scale_attn_weights true, scale_attn_by_inverse_layer_idx,
+// add_cross_attention false, tie_word_embeddings true; the three dropouts equal (-> dropout);
+// reorder_and_upcast_attn and initializer_range have no effect on the function. Ignored:
+// token ids, architectures (checked: GPT2LMHeadModel or GPT2Model), dtype, the summary_*
+// keys (GPT2DoubleHeadsModel's classifier), task_specific_params, transformers_version,
+// use_cache. Any other key is refused by name.
+GPTConfig hf_gpt2_config_json(const std::string& path);
+
 // Loads every parameter of `model` from the file (strict: a missing or unexpected tensor,
 // or a shape that does not fit, is an error naming it; nothing is written unless all fit).
 // Load before a ShardedModel takes the parameters, as nn::load_state.

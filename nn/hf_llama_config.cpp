@@ -7,12 +7,14 @@
 #include <nlohmann/json.hpp>
 
 #include "nn/hf_llama.h"
+#include "nn/hf_config.h"
 
 namespace zg::nn {
 
 namespace {
 
 using nlohmann::json;
+using Reader = HfConfigReader;
 
 struct Family {
   const char* model_type;
@@ -36,43 +38,7 @@ const Family kFamilies[] = {
     {"qwen2", "Qwen2ForCausalLM", {"sliding_window", "use_sliding_window", "max_window_layers", "layer_types"}},
 };
 
-// A config.json's values, each read with its type checked; errors name the file and the key.
-class Reader {
- public:
-  Reader(json config, std::string file) : config_(std::move(config)), file_(std::move(file)) {}
-  bool has(const std::string& key) const { return config_.contains(key); }
-  // The key's value; null (JSON null or absent) when not given.
-  json get(const std::string& key) const { return config_.contains(key) ? config_[key] : json(); }
-  [[noreturn]] void refuse(const std::string& key, const json& value, const std::string& why) const {
-    fail("hf_llama_config: ", file_, ": ", key, " ", value.dump(), " ", why);
-  }
-  int64_t size(const std::string& key, std::optional<int64_t> fallback = std::nullopt) const {
-    const json v = get(key);
-    if (v.is_null() && fallback) return *fallback;
-    if (v.is_null()) refuse(key, v, "is required (a positive whole number); the file is not a complete config.json");
-    if (!v.is_number_integer() || v.get<int64_t>() <= 0) refuse(key, v, "must be a positive whole number");
-    return v.get<int64_t>();
-  }
-  double number(const std::string& key, std::optional<double> fallback = std::nullopt) const {
-    const json v = get(key);
-    if (v.is_null() && fallback) return *fallback;
-    if (v.is_null()) refuse(key, v, "is required (a number); the file is not a complete config.json");
-    if (!v.is_number()) refuse(key, v, "must be a number");
-    return v.get<double>();
-  }
-  bool flag(const std::string& key, bool fallback) const {
-    const json v = get(key);
-    if (v.is_null()) return fallback;
-    if (!v.is_boolean()) refuse(key, v, "must be true or false");
-    return v.get<bool>();
-  }
-
- private:
-  json config_;
-  std::string file_;
-};
-
-const Family& family_of(const json& config, const Reader& r) {
+const Family& family_of(const Reader& r) {
   const json type = r.get("model_type");
   for (const Family& f : kFamilies) {
     if (type != f.model_type) continue;
@@ -81,10 +47,7 @@ const Family& family_of(const json& config, const Reader& r) {
         r.refuse("architectures", r.get("architectures"), std::string("must be [\"") + f.architecture +
                                                               "\"] for model_type " + f.model_type +
                                                               "; other heads are not an nn::Llama");
-    for (const auto& [key, value] : config.items())
-      if (!kCommon.count(key) && !kIgnored.count(key) && !f.keys.count(key))
-        r.refuse(key, value, std::string("is a key nn::Llama does not know for model_type ") + f.model_type +
-                                 "; it may change the model, so it is refused rather than ignored");
+    r.check_keys({&kCommon, &kIgnored, &f.keys}, std::string("nn::Llama does not know for model_type ") + f.model_type);
     return f;
   }
   r.refuse("model_type", type, "is not a Llama-family model; expected \"llama\", \"mistral\" or \"qwen2\"");
@@ -168,22 +131,11 @@ void check_window(const Reader& r, const Family& f, const LlamaConfig& c) {
                                            "attention, so it would compute another model");
 }
 
-json read_json(const std::string& path) {
-  const std::filesystem::path file =
-      std::filesystem::is_directory(path) ? std::filesystem::path(path) / "config.json" : std::filesystem::path(path);
-  std::ifstream in(file);
-  ZG_CHECK(in.good(), "hf_llama_config: cannot open ", file.string(), "; pass a config.json or a save_pretrained folder");
-  json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  ZG_CHECK(config.is_object(), "hf_llama_config: ", file.string(), " is not a JSON object");
-  return config;
-}
-
 }  // namespace
 
 LlamaConfig hf_llama_config(const std::string& path) {
-  const json config = read_json(path);
-  const Reader r(config, std::filesystem::is_directory(path) ? path + "/config.json" : path);
-  const Family& family = family_of(config, r);
+  const Reader r("hf_llama_config", path);
+  const Family& family = family_of(r);
   LlamaConfig c;
   c.n_embd = r.size("hidden_size");
   c.n_layer = r.size("num_hidden_layers");

@@ -12,6 +12,7 @@
 #include "dist/zero/sharded_model.h"
 #include "helpers.h"
 #include "nn/generate.h"
+#include "nn/hf_gpt2.h"
 #include "nn/hf_llama.h"
 
 namespace zg::test {
@@ -191,6 +192,30 @@ TEST_CASE("config.json fields nn::Llama cannot honour are refused, naming the fi
   CHECK_NOTHROW(nn::hf_llama_config(edited("hf_mistral", [](json& c) { c["sliding_window"] = 64; })));
   fs::remove_all(scratch("hf_llama-edited")), fs::remove_all(scratch("hf_mistral-edited")),
       fs::remove_all(scratch("hf_qwen2-edited"));
+}
+
+TEST_CASE("a GPT-2 config.json alone gives the shape its weights give, and what nn::GPT cannot honour is refused") {
+  const nn::GPTConfig from_json = nn::hf_gpt2_config_json(fixture("hf_gpt2"));
+  const nn::GPTConfig from_weights = nn::hf_gpt2_config(fixture("hf_gpt2/model.safetensors"));
+  CHECK(from_json.n_layer == from_weights.n_layer);
+  CHECK(from_json.n_head == from_weights.n_head);
+  CHECK(from_json.n_embd == from_weights.n_embd);
+  CHECK(from_json.vocab_size == from_weights.vocab_size);
+  CHECK(from_json.block_size == from_weights.block_size);
+  CHECK(from_json.dropout == from_weights.dropout);
+  const auto refused = [](const std::function<void(json&)>& edit, const std::string& message) {
+    INFO(message);
+    CHECK_THROWS_WITH_AS(nn::hf_gpt2_config_json(edited("hf_gpt2", edit)), doctest::Contains(message.c_str()), Error);
+  };
+  refused([](json& c) { c["activation_function"] = "relu"; }, "activation_function \"relu\" must be gelu_new");
+  refused([](json& c) { c["n_inner"] = 100; }, "n_inner 100 must be null or 4 n_embd");
+  refused([](json& c) { c["layer_norm_epsilon"] = 1e-6; }, "layer_norm_epsilon 1e-06 must be 1e-5");
+  refused([](json& c) { c["scale_attn_by_inverse_layer_idx"] = true; }, "scale_attn_by_inverse_layer_idx true must be false");
+  refused([](json& c) { c["attn_pdrop"] = 0.0; }, "but nn::GPT has one dropout for all three");
+  refused([](json& c) { c["rotary"] = true; }, "rotary true is a key nn::GPT does not know");
+  refused([](json& c) { c["model_type"] = "llama"; }, "model_type \"llama\" is not \"gpt2\"");
+  refused([](json& c) { c.erase("n_head"); }, "n_head null is required");
+  fs::remove_all(scratch("hf_gpt2-edited"));
 }
 
 TEST_CASE("weights that do not fit the model are refused, naming the tensor, and nothing is written") {

@@ -137,6 +137,10 @@ TEST_CASE("zero_memory takes a Llama from config.json and any sequence length (a
                                         status);
   CHECK(status == 0);
   CHECK(table.find("Llama hf_llama: Ψ = ") == 0);
+  const std::string gpt2 = run_command(kZeroMemory + " --config " + std::string(ZG_TEST_FIXTURES) +
+                                       "/hf_gpt2 --world-size 2 --stage 1 --seq 32", status);
+  CHECK(status == 0);
+  CHECK(gpt2.find("GPT hf_gpt2: Ψ = 11200 parameters") == 0);
   const std::string simulated =
       run_command(kZeroMemory + " --model 124m --simulate --seq 8192 --world-size 8 --stage 3 --json", status);
   REQUIRE(status == 0);
