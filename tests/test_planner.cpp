@@ -1,5 +1,6 @@
 // zero_memory --plan (bench/plan.h): the search, the ranking and the report, on a Llama read
 // from a config.json; each figure it ranks by is the dry run's and the step model's.
+// (A build without the benches, -Dbench=false, compiles this file empty.)
 #include <unistd.h>
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 namespace zg::test {
 
+#ifdef ZG_BENCH_DIR  // a build with -Dbench=false has no zero_memory to run
 namespace {
 
 const std::string kZeroMemory = std::string(ZG_BENCH_DIR) + "/zero_memory";
@@ -148,5 +150,7 @@ TEST_CASE("zero_memory takes a Llama from config.json and any sequence length (a
   REQUIRE(rows.size() == 1);
   CHECK(rows[0]["tokens_per_second"].get<double>() > 0);
 }
+
+#endif  // ZG_BENCH_DIR
 
 }  // namespace zg::test
