@@ -94,7 +94,8 @@ std::vector<PlannedSetting> evaluate_all(const std::vector<Candidate>& candidate
 struct ByteUnit {
   double scale;
   const char* name;
-  explicit ByteUnit(const Cluster& c) : scale(c.gpu_memory >= 1'000'000'000 ? 1e9 : 1e6), name(scale == 1e9 ? "GB" : "MB") {}
+  explicit ByteUnit(int64_t limit) : scale(limit >= 1'000'000'000 ? 1e9 : 1e6), name(scale == 1e9 ? "GB" : "MB") {}
+  explicit ByteUnit(const Cluster& c) : ByteUnit(c.gpu_memory) {}
   double operator()(int64_t bytes) const { return static_cast<double>(bytes) / scale; }
   int digits() const { return scale == 1e9 ? 1 : 3; }
   std::string text(int64_t bytes) const { return svg_fmt("%.3g ", (*this)(bytes)) + name; }
@@ -169,9 +170,14 @@ std::vector<PlannedSetting> plan(const PlanRequest& request, const Evaluate& eva
 
 std::string why_it_wins(const PlanRequest& request, const std::vector<PlannedSetting>& ranked) {
   if (ranked.empty() || !ranked.front().evaluation.fits)
-    return concat("No setting fits ", ByteUnit(request.cluster).text(request.cluster.gpu_memory),
-                  " a GPU: the smallest peak is ",
+    return concat("No setting fits ", ByteUnit(request.cluster).text(request.cluster.gpu_memory), " a GPU",
+                  request.cluster.host_memory ? " and " + ByteUnit(request.cluster.host_memory).text(request.cluster.host_memory) +
+                                                    " of host memory a node" : "",
+                  ": the smallest device peak is ",
                   ranked.empty() ? "-" : ByteUnit(request.cluster).text(ranked.front().evaluation.peak),
+                  ranked.empty() || ranked.front().evaluation.host_fits ? "" : concat(", whose node's host pools need ",
+                      ByteUnit(request.cluster.host_memory).text(ranked.front().evaluation.host_peak *
+                                                                 request.cluster.gpus_per_node)),
                   ". Add GPUs or memory.\n");
   const ByteUnit unit(request.cluster);
   const PlannedSetting& top = ranked.front();
@@ -205,7 +211,12 @@ std::string why_it_wins(const PlanRequest& request, const std::vector<PlannedSet
   if (faster != ranked.end())
     out += concat(" ", described(faster->candidate), " would be faster (",
                   static_cast<int64_t>(per_gpu(faster->evaluation)), " tokens/s a GPU) but needs ",
-                  unit.text(faster->evaluation.peak), ".");
+                  faster->evaluation.host_fits
+                      ? unit.text(faster->evaluation.peak)
+                      : ByteUnit(request.cluster.host_memory)
+                                .text(faster->evaluation.host_peak * request.cluster.gpus_per_node) +
+                            " of host memory a node",
+                  ".");
   return out + "\n";
 }
 
@@ -216,19 +227,21 @@ void print_plan(const PlanRequest& request, const dist::Machine& machine, const 
   std::printf("%s on %d GPUs (%d a node, %s each), global batch %lld x %lld tokens; the step-time model on\n%s\n"
               "%zu settings evaluated by dry runs in %.1f s (%d refused by the code), ranked: fitting by tokens/s; mesh =\n"
               "dp_replicate x dp_shard x tp x pp, b x M = rows a micro-batch x micro-batches a step, AC = activation\n"
-              "checkpointing, within / across = %s rank 0 sends a step within its node / across nodes\n\n",
+              "checkpointing, host = a rank's host pool at its peak (offload), within / across = %s rank 0\n"
+              "sends a step within its node / across nodes\n\n",
               request.model.title().c_str(), c.gpus, c.gpus_per_node, unit.text(c.gpu_memory).c_str(),
               static_cast<long long>(request.sequences), static_cast<long long>(request.seq), machine.describe().c_str(),
               ranked.size(), seconds, refused, unit.name);
-  std::printf("%4s  %-32s %-12s %-6s %-3s %8s %-4s %9s %10s %6s %10s %10s %8s\n", "rank", "setting", "mesh", "b x M",
-              "AC", concat("peak ", unit.name).c_str(), "fits", "step ms", "tok/s/GPU", "MFU",
+  std::printf("%4s  %-32s %-12s %-6s %-3s %8s %8s %-4s %9s %10s %6s %10s %10s %8s\n", "rank", "setting", "mesh",
+              "b x M", "AC", concat("peak ", unit.name).c_str(), concat("host ", unit.name).c_str(), "fits", "step ms", "tok/s/GPU", "MFU",
               concat("within ", unit.name).c_str(), concat("across ", unit.name).c_str(), "exposed");
   for (size_t i = 0; i < ranked.size() && static_cast<int>(i) < top; ++i) {
     const Candidate& k = ranked[i].candidate;
     const Evaluation& e = ranked[i].evaluation;
-    std::printf("%4zu  %-32s %-12s %-6s %-3s %8.*f %-4s %9.1f %10.0f %5.1f%% %10.2f %10.2f %7.1f%%\n", i + 1,
+    std::printf("%4zu  %-32s %-12s %-6s %-3s %8.*f %8.*f %-4s %9.1f %10.0f %5.1f%% %10.2f %10.2f %7.1f%%\n", i + 1,
                 k.setting().c_str(), k.mesh().c_str(), concat(k.rows, "x", k.micro_batches).c_str(),
-                k.checkpointing ? "on" : "-", unit.digits(), unit(e.peak), e.fits ? "yes" : "no", 1e3 * e.time.step,
+                k.checkpointing ? "on" : "-", unit.digits(), unit(e.peak), unit.digits(), unit(e.host_peak),
+                e.fits ? "yes" : "no", 1e3 * e.time.step,
                 e.tokens_per_second / c.gpus, 100 * e.mfu, unit(e.sent_within), unit(e.sent_across),
                 100 * e.time.exposed / e.time.step);
   }

@@ -31,6 +31,7 @@ namespace zg::bench {
 struct Cluster {
   int gpus = 8, gpus_per_node = 8;
   int64_t gpu_memory = 80'000'000'000;  // bytes a GPU may allocate
+  int64_t host_memory = 0;              // bytes of host memory a node, for offload's host pool (0: not checked)
   double peak_flops = 989e12;           // a GPU's dense bf16 peak (H100 SXM), for MFU
 };
 
@@ -59,7 +60,8 @@ struct Evaluation {
   dist::StepTime time;                     // rank 0's step (pipeline: its wait included, as idle)
   double idle = 0;
   double tokens_per_second = 0, mfu = 0;   // the cluster's, and per GPU over its peak
-  bool fits = false;
+  bool fits = false;       // the peak within the GPU's memory and, checked, G host pools within a node's
+  bool host_fits = true;   // the G ranks' host pools within the node's --host-memory
   std::string error;
 };
 

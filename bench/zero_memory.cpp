@@ -1371,7 +1371,9 @@ bench::Evaluation evaluate(const Options& o, const bench::PlanRequest& request, 
   }
   e.tokens_per_second = static_cast<double>(request.sequences * request.seq) / e.time.step;
   e.mfu = e.tokens_per_second / n * flops_per_token / request.cluster.peak_flops;
-  e.fits = e.peak <= request.cluster.gpu_memory;
+  const bench::Cluster& cluster = request.cluster;
+  e.host_fits = cluster.host_memory == 0 || e.host_peak * cluster.gpus_per_node <= cluster.host_memory;
+  e.fits = e.peak <= cluster.gpu_memory && e.host_fits;
   e.time.compute_spans.clear(), e.time.collective_spans.clear();  // the ranking keeps hundreds
   return e;
 }
@@ -1388,7 +1390,7 @@ int64_t parse_count(const std::string& flag, const std::string& text) {
   return n * unit;
 }
 
-// --gpu-memory: "80GB" (1e9 bytes a GB), "80GiB" (2^30), "80" (GB), also MB, MiB, TB, TiB.
+// --gpu-memory, --host-memory: "80GB" (1e9 bytes a GB), "80GiB" (2^30), "80" (GB), also MB, MiB, TB, TiB.
 int64_t parse_bytes(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   const double x = std::strtod(text.c_str(), &end);
@@ -1451,6 +1453,7 @@ void usage() {
       "       zero_memory --zeropp-svg FILE [--model M] [--world-size N] [--ranks-per-node G]\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
       "       zero_memory --plan [--model M | --config config.json] --gpus N [--gpus-per-node G] [--gpu-memory 80GB]\n"
+      "                   [--host-memory 2TB (a node's; unchecked without)]\n"
       "                   [--seq T] [--global-batch 1M-tokens | 128-sequences] [--peak-tflops X] [--top K] [--json]\n"
       "                   [--plan-svg FILE] [--plan-full-runs] [the machine's rates, or --rates FILE]\n"
       "       zero_memory --largest-on GB\n"
@@ -1545,6 +1548,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--gpus") o.cluster.gpus = static_cast<int>(number(1, 1 << 20));
     else if (a == "--gpus-per-node") o.machine.ranks_per_node = static_cast<int>(number(1, 1 << 10));
     else if (a == "--gpu-memory") o.cluster.gpu_memory = parse_bytes(a, value());
+    else if (a == "--host-memory") o.cluster.host_memory = parse_bytes(a, value());
     else if (a == "--peak-tflops") o.cluster.peak_flops = rate(1e12);
     else if (a == "--global-batch") o.global_batch = value();
     else if (a == "--top") o.top = static_cast<int>(number(1, 1 << 20));

@@ -65,6 +65,20 @@ TEST_CASE("zero_memory --plan: every setting splits the cluster and the batch, f
   CHECK(saw_checkpointing);
 }
 
+TEST_CASE("zero_memory --plan --host-memory: offloaded settings fit only where the node's host pools do") {
+  const nlohmann::json ranked = plan(" --host-memory 0.3MB");
+  int refused_by_host = 0;
+  for (const nlohmann::json& r : ranked) {
+    INFO(key(r));
+    const bool device = r["peak_bytes"].get<int64_t>() <= 200'000;
+    const bool host = r["host_peak_bytes"].get<int64_t>() * 4 <= 300'000;  // 4 GPUs a node
+    CHECK(r["fits"].get<bool>() == (device && host));
+    refused_by_host += device && !host;
+  }
+  CHECK(refused_by_host > 0);
+  CHECK(ranked.front()["fits"].get<bool>());
+}
+
 TEST_CASE("zero_memory --plan: the top setting's peak and bytes are the dry run's of that setting, run alone") {
   const nlohmann::json top = plan("").front();
   const int tp = top["tp"], pp = top["pp"], s = top["dp_shard"], dp = top["dp_replicate"].get<int>() * s;
