@@ -383,7 +383,8 @@ TEST_CASE("parallelize_module: a GPT cut at T = 1, 2, 4, sequence parallelism on
 
 TEST_CASE("parallelize_module: a Llama with grouped-query attention, untied, tied and biased, cut at T = 1, 2, 4, "
           "sequence parallelism on and off, computes the one-rank loss, logits and gradients") {
-  for (const auto [tied, biased] : {std::pair{false, false}, {true, false}, {false, true}}) {
+  for (const std::pair<bool, bool> layout : {std::pair{false, false}, {true, false}, {false, true}}) {
+    const bool tied = layout.first, biased = layout.second;
     INFO("tied " << tied << ", biased " << biased);  // colwise layers' biases cut with them, rowwise ones whole
     check_cut_model(
         [tied, biased] {
