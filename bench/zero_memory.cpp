@@ -1315,7 +1315,7 @@ int run_table(Options& o, const bench::ModelShape& shape, const std::vector<Sett
 // each (each extended linearly).
 struct MicroBatchRun {
   Record record;
-  dist::StepTime time;
+  dist::StepTime replay, time;  // the log's replay; the step's (extended to M)
   StepLog log;
 };
 void extend(MicroBatchRun& to, const MicroBatchRun& from, int from_m, int to_m, int m) {
@@ -1347,7 +1347,7 @@ bench::Evaluation evaluate(const Options& o, const bench::PlanRequest& request, 
     dist::FakeGroup group(rank, n);
     out.record = measure(zero, shape, 2, c.rows, request.seq, kMeta, group, c.tp, c.tp > 1,
                          {.pp = c.pp, .micro_batches = micro_batches}, request.cluster.gpus_per_node, &out.log);
-    out.time = dist::predict(out.log, o.machine);
+    out.replay = out.time = dist::predict(out.log, o.machine);
   };
   const auto step_of = [&](int rank) {
     MicroBatchRun run, fewer;
@@ -1366,7 +1366,7 @@ bench::Evaluation evaluate(const Options& o, const bench::PlanRequest& request, 
   if (c.pp > 1) e.peak = std::max(e.peak, step_of(n - n / c.pp).record.peak_allocated);  // pp outermost
   if (c.micro_batches > 1) {  // the wait for the other stages, in a schedule of all M
     const Pipelining pipe{.pp = c.pp, .micro_batches = c.micro_batches};
-    const dist::PipelineStepTime p = dist::predict_pipeline(run.log, dist::predict(run.log, o.machine), pipe.make(), 0);
+    const dist::PipelineStepTime p = dist::predict_pipeline(run.log, run.replay, pipe.make(), 0);
     e.idle = p.idle, e.time.step += p.idle;
   }
   e.tokens_per_second = static_cast<double>(request.sequences * request.seq) / e.time.step;
