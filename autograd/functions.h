@@ -290,6 +290,10 @@ Tensor dropout(const Tensor& x, double p, bool training = true);
 // of the attention probabilities). Errors name `op`.
 Tensor dropout_part(const Tensor& x_part, double p, bool training, int64_t dim, int part, int parts,
                     const char* op = "dropout_part");
+// The same for a rank holding several pieces `held` of `parts` along `dim`, side by side in
+// that order (context parallelism's load-balanced chunks of a sequence).
+Tensor dropout_pieces(const Tensor& x, double p, bool training, int64_t dim, const std::vector<int>& held, int parts,
+                      const char* op = "dropout_pieces");
 // Attention with dropout on its probabilities (nanoGPT's and Hugging Face GPT-2's attn_dropout):
 // softmax(q k^T / sqrt(D) [causal mask]) dropped, then times v, composed of the ops above (the
 // fused kernels keep no probabilities to drop); with p = 0 or not training, the fused op.

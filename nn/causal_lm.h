@@ -8,6 +8,7 @@
 
 #include "nn/kv_cache.h"
 #include "nn/module.h"
+#include "nn/sequence_pieces.h"
 
 namespace zg::nn {
 
@@ -46,6 +47,14 @@ class CausalLM : public Module {
   };
   void set_vocab_shards(VocabShards shards) { vocab_shards_ = std::move(shards); }
 
+  // Set by dist::parallelize_context: idx [B, T] holds this rank's pieces of each sequence
+  // of T x parts / held.size() tokens (and targets the same pieces), the positions read from
+  // them. Generation with a KV cache is then refused. Whole (the default): one rank's model.
+  void set_sequence_pieces(SequencePieces pieces) { sequence_pieces_ = std::move(pieces); }
+  const SequencePieces& sequence_pieces() const { return sequence_pieces_; }
+  // The positions of idx's T tokens (after the cache's `offset` tokens), i64 on `device`.
+  Tensor positions(int64_t length, int64_t offset, Device device) const;
+
  protected:
   // The logits of idx, after the cache's tokens when there is a cache. Called by forward()
   // once check_tokens() has accepted idx.
@@ -54,6 +63,13 @@ class CausalLM : public Module {
  private:
   void check_tokens(const Tensor& idx, const KVCache* cache) const;
   std::optional<VocabShards> vocab_shards_;
+  SequencePieces sequence_pieces_;
 };
+
+// Causal attention of q [B, H, T, D] over k, v [B, H_kv, T, D] (H_kv dividing H) computed
+// otherwise than by zg::scaled_dot_product_attention: by the ranks of a context-parallel
+// group, each holding pieces of the sequence (dist/tensor/context_parallel.h). An attention
+// module with one set calls it in place of the one-rank op.
+using CausalAttention = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v)>;
 
 }  // namespace zg::nn

@@ -31,7 +31,9 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
            c_attn->weight.size(1), "], got ", describe(x));
   const int64_t head_dim = x.size(2) / n_head, local_heads = c_attn->weight.size(0) / (3 * head_dim);
   const bool drops = is_training() && attn_dropout > 0;
-  if (cache == nullptr && !drops) {
+  ZG_CHECK(!(drops && context_attention), "CausalSelfAttention: attention dropout (p = ", attn_dropout, ") does not "
+           "run under context parallelism (each rank sees blocks of the probabilities, not rows); train with dropout 0");
+  if (cache == nullptr && !drops && !context_attention) {
     // qkv [B, T, 3C] -> the heads' attention, side by side [B, T, C] (q, k, v read in place);
     // a statement of its own, so qkv is freed before c_proj runs where backward keeps nothing
     const Tensor y = packed_attention((*c_attn)(x), local_heads, /*causal=*/true);
@@ -47,9 +49,10 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   int part = 0, parts = 1;
   for (const auto& [name, split] : c_attn->named_splits())
     if (name == "weight") part = split.part, parts = split.parts;
-  const Tensor y = cache ? cached_attention(*cache, heads[0], heads[1], heads[2])
-                         : scaled_dot_product_attention(heads[0], heads[1], heads[2], true, attn_dropout, true, part,
-                                                        parts);
+  const Tensor y = cache               ? cached_attention(*cache, heads[0], heads[1], heads[2])
+                   : context_attention ? context_attention(heads[0], heads[1], heads[2])
+                                       : scaled_dot_product_attention(heads[0], heads[1], heads[2], true, attn_dropout,
+                                                                      true, part, parts);
   return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({batch, time, channels})));
 }
 
@@ -104,10 +107,10 @@ Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
   std::vector<CausalSelfAttention*> attentions;
   for (size_t i = 0; i < h->size(); ++i) attentions.push_back(h->at<Block>(i).attn.get());
   const KVCacheBinding binding(attentions, cache);
-  const Tensor positions = arange(static_cast<double>(offset), static_cast<double>(offset + time), 1.0,
-                                  TensorOptions(DType::i64).device(idx.device()));
-  Tensor x = (*wte)(idx) + (*wpe)(positions);
-  x = dropout(x, config.dropout, is_training());
+  Tensor x = (*wte)(idx) + (*wpe)(positions(time, offset, idx.device()));
+  const SequencePieces& pieces = sequence_pieces();
+  x = pieces.whole() ? dropout(x, config.dropout, is_training())
+                     : dropout_pieces(x, config.dropout, is_training(), 1, pieces.held, pieces.parts, "GPT");
   for (size_t i = 0; i < h->size(); ++i) {
     Module& block = (*h)[i];
     if (config.activation_checkpointing && cache == nullptr)

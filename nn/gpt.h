@@ -37,6 +37,7 @@ class CausalSelfAttention : public Module {
   int64_t n_head;
   double attn_dropout;  // on the attention probabilities in training (composed: no fused kernel then)
   KVCache::Layer* cache = nullptr;  // set by GPT::forward(idx, cache) while it runs
+  CausalAttention context_attention;  // set by dist::parallelize_context
 };
 
 // c_proj(gelu(c_fc(x))), hidden size 4C, as one op (zg::mlp: the GELU output is made

@@ -59,7 +59,9 @@ Dropout::Dropout(double p_) : p(p_) {
 }
 
 Tensor Dropout::forward(const Tensor& x) {
-  return parts == 1 ? dropout(x, p, is_training()) : dropout_part(x, p, is_training(), part_dim, part, parts, "Dropout");
+  if (parts == 1 && sequence.whole()) return dropout(x, p, is_training());
+  const SequencePieces mine = sequence.refine(parts, part);
+  return dropout_pieces(x, p, is_training(), part_dim, mine.held, mine.parts, "Dropout");
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps_, TensorOptions options) : eps(eps_) {

@@ -7,6 +7,7 @@
 
 #include "autograd/functions.h"
 #include "nn/module.h"
+#include "nn/sequence_pieces.h"
 
 namespace zg::nn {
 
@@ -74,6 +75,10 @@ class Dropout : public Module {
   // whole one's (zg::dropout_part), so the model drops as one rank does.
   int64_t part_dim = 0;
   int part = 0, parts = 1;
+  // Under context parallelism the input holds these pieces of the whole sequence along
+  // part_dim (dist::parallelize_context sets them); sequence parallelism's part is then a
+  // part of these rows.
+  SequencePieces sequence;
 };
 
 using zg::dropout;  // the op (autograd/functions.h), as nn::dropout too

@@ -54,9 +54,20 @@ std::vector<double> rope_frequencies(const LlamaConfig& c) {
 
 const RotaryTables& RotaryCache::tables(int64_t length, TensorOptions options) {
   if (offset != made_offset_ || length != made_length_ || options.dtype() != made_dtype_ ||
-      options.device() != made_device_) {
-    tables_ = rotary_tables(offset, length, frequencies_, options);
+      options.device() != made_device_ || pieces.parts != made_pieces_.parts || pieces.held != made_pieces_.held) {
+    if (pieces.whole()) {
+      tables_ = rotary_tables(offset, length, frequencies_, options);
+    } else {  // piece h's rows sit at [h n, (h + 1) n) of the whole sequence
+      const int64_t n = pieces.whole_length(length) / pieces.parts;
+      std::vector<Tensor> cos, sin;
+      for (int h : pieces.held) {
+        const RotaryTables piece = rotary_tables(offset + h * n, n, frequencies_, options);
+        cos.push_back(piece.cos), sin.push_back(piece.sin);
+      }
+      tables_ = {cat(cos, 0), cat(sin, 0)};
+    }
     made_offset_ = offset, made_length_ = length, made_dtype_ = options.dtype(), made_device_ = options.device();
+    made_pieces_ = pieces;
   }
   return tables_;
 }
@@ -84,7 +95,9 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   const Tensor q = rotary_embedding(heads((*q_proj)(x)), rope);
   const Tensor k = rotary_embedding(heads((*k_proj)(x)), rope);
   const Tensor v = heads((*v_proj)(x));
-  const Tensor y = cache ? cached_attention(*cache, q, k, v) : scaled_dot_product_attention(q, k, v, /*causal=*/true);
+  const Tensor y = cache               ? cached_attention(*cache, q, k, v)
+                   : context_attention ? context_attention(q, k, v)
+                                       : scaled_dot_product_attention(q, k, v, /*causal=*/true);
   return (*o_proj)(y.transpose(1, 2).reshape({batch, time, q.size(1) * head_dim}));
 }
 
@@ -123,6 +136,7 @@ Tensor Llama::logits(const Tensor& idx, KVCache* cache) {
   for (size_t i = 0; i < layers->size(); ++i) attentions.push_back(layers->at<LlamaBlock>(i).self_attn.get());
   const KVCacheBinding binding(attentions, cache);
   rotary_->offset = offset;
+  rotary_->pieces = sequence_pieces();
   Tensor x = (*embed_tokens)(idx);
   for (size_t i = 0; i < layers->size(); ++i) {
     Module& block = (*layers)[i];

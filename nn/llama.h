@@ -54,17 +54,20 @@ int64_t intermediate_size(const LlamaConfig& config);  // the SwiGLU's hidden si
 // those below original / high_freq_factor, and blends the ones between (see the .cpp).
 std::vector<double> rope_frequencies(const LlamaConfig& config);
 
-// The positions one forward rotates q and k to: tables made once per (offset, length) and
-// shared by every layer. The model sets `offset` (a KV cache's length) before its blocks run.
+// The positions one forward rotates q and k to: tables made once per (offset, length,
+// pieces) and shared by every layer. The model sets `offset` (a KV cache's length) and
+// `pieces` (a context-parallel rank's pieces of the sequence) before its blocks run.
 class RotaryCache {
  public:
   explicit RotaryCache(std::vector<double> frequencies) : frequencies_(std::move(frequencies)) {}
   const RotaryTables& tables(int64_t length, TensorOptions options);
   int64_t offset = 0;
+  SequencePieces pieces;
 
  private:
   std::vector<double> frequencies_;  // rope_frequencies
   int64_t made_offset_ = -1, made_length_ = -1;
+  SequencePieces made_pieces_;
   DType made_dtype_ = DType::f32;
   Device made_device_ = kCPU;
   RotaryTables tables_;
@@ -78,6 +81,7 @@ class LlamaAttention : public Module {
   std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
   int64_t n_head, n_kv_head, head_dim;
   KVCache::Layer* cache = nullptr;  // set by Llama::forward(idx, cache) while it runs
+  CausalAttention context_attention;  // set by dist::parallelize_context
 
  private:
   std::shared_ptr<RotaryCache> rotary_;

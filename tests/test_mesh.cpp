@@ -183,11 +183,12 @@ TEST_CASE("ZeRO over a dp_replicate x dp_shard mesh trains as over a group with 
   dist::run_local(2, [](dist::ProcessGroup& pg) {
     manual_seed(1);
     nn::GPT model(zero_config());
-    dist::DeviceMesh cp(pg, {{"cp", 2}});
-    CHECK_THROWS_WITH_AS(dist::ShardedModel(model, cp, {.stage = 3}),
-                         "ShardedModel: the mesh's dimension 'cp' is neither data, tensor nor pipeline parallel; ZeRO "
-                         "shards over a mesh of dp_replicate x dp_shard, with tp for a model cut by parallelize_module "
-                         "and pp for a pipeline stage's chunks",
+    dist::DeviceMesh ep(pg, {{"ep", 2}});
+    CHECK_THROWS_WITH_AS(dist::ShardedModel(model, ep, {.stage = 3}),
+                         "ShardedModel: the mesh's dimension 'ep' is neither data, context, tensor nor pipeline "
+                         "parallel; ZeRO shards over a mesh of dp_replicate x dp_shard, with cp for a model whose "
+                         "sequences parallelize_context cut, tp for one cut by parallelize_module and pp for a pipeline "
+                         "stage's chunks",
                          Error);
     dist::DeviceMesh pp(pg, {{"pp", 2}});
     CHECK_THROWS_WITH_AS(dist::ShardedModel(model, pp, {.stage = 3}),

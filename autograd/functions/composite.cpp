@@ -254,27 +254,30 @@ Tensor dropout_with_draw(const char* op, const Tensor& x, double p, bool trainin
   return where(ge(uniforms, 1.0 - p), 0.0, (wide * (1.0 / (1.0 - p))).to(x.dtype()));
 }
 
-// Piece `part` of the draws rand(whole.shape()) in f32, the whole x [outer, parts n, inner]
-// flattened around `dim`, the piece [outer, n, inner]: `outer` runs of n inner elements,
-// run o starting at element (o parts + part) n inner of the whole. Each run is one fill from
-// its own place in the Philox stream (block start / 4, lane start % 4), so no whole-sized
-// buffer is made; the generator reserves the whole x's blocks, as rand would.
-Tensor part_of_uniforms(const Tensor& x_part, int64_t dim, int part, int parts) {
+// Pieces `held` of the draws rand(whole.shape()) in f32, the whole x [outer, parts n, inner]
+// flattened around `dim`, this rank's x [outer, held n, inner] those pieces side by side:
+// `outer` x held runs of n inner elements, run (o, h) starting at element (o parts + held[h])
+// n inner of the whole. Each run is one fill from its own place in the Philox stream (block
+// start / 4, lane start % 4), so no whole-sized buffer is made; the generator reserves the
+// whole x's blocks, as rand would.
+Tensor pieces_of_uniforms(const Tensor& x_pieces, int64_t dim, const std::vector<int>& held, int parts) {
   int64_t outer = 1;
-  for (int64_t d = 0; d < dim; ++d) outer *= x_part.size(d);
-  const int64_t run = outer == 0 ? 0 : x_part.numel() / outer;
-  const Tensor uniforms = empty({outer, run}, TensorOptions(DType::f32).device(x_part.device()));
+  for (int64_t d = 0; d < dim; ++d) outer *= x_pieces.size(d);
+  const auto count = static_cast<int64_t>(held.size());
+  const int64_t run = outer == 0 ? 0 : x_pieces.numel() / outer / count;
+  const Tensor uniforms = empty({outer, count, run}, TensorOptions(DType::f32).device(x_pieces.device()));
   Generator& generator = Generator::current();
   RandomSpec spec;  // U[0, 1)
   spec.seed = generator.seed();
-  const uint64_t first_block = generator.reserve(x_part.numel() * parts);
-  for (int64_t o = 0; o < outer && run > 0; ++o) {
-    const auto start = static_cast<uint64_t>((o * parts + part) * run);
-    spec.first_block = first_block + start / 4;
-    spec.first_lane = static_cast<uint32_t>(start % 4);
-    backend(x_part.device()).fill_random(uniforms.select(0, o), spec);
-  }
-  return uniforms.reshape(x_part.shape());
+  const uint64_t first_block = generator.reserve(run * outer * parts);
+  for (int64_t o = 0; o < outer && run > 0; ++o)
+    for (int64_t h = 0; h < count; ++h) {
+      const auto start = static_cast<uint64_t>((o * parts + held[static_cast<size_t>(h)]) * run);
+      spec.first_block = first_block + start / 4;
+      spec.first_lane = static_cast<uint32_t>(start % 4);
+      backend(x_pieces.device()).fill_random(uniforms.select(0, o).select(0, h), spec);
+    }
+  return uniforms.reshape(x_pieces.shape());
 }
 
 }  // namespace
@@ -285,11 +288,20 @@ Tensor dropout(const Tensor& x, double p, bool training) {
 }
 
 Tensor dropout_part(const Tensor& x_part, double p, bool training, int64_t dim, int part, int parts, const char* op) {
-  detail::check_defined(op, x_part);
-  ZG_CHECK(x_part.dim() >= 1, op, ": a 0-dim tensor has no dim to cut, got ", describe(x_part));
-  dim = wrap_dim(dim, x_part.dim(), op);
-  ZG_CHECK(parts >= 1 && part >= 0 && part < parts, op, ": part ", part, " of ", parts, " is not a piece of the whole");
-  return dropout_with_draw(op, x_part, p, training, [&] { return part_of_uniforms(x_part, dim, part, parts); });
+  return dropout_pieces(x_part, p, training, dim, {part}, parts, op);
+}
+
+Tensor dropout_pieces(const Tensor& x, double p, bool training, int64_t dim, const std::vector<int>& held, int parts,
+                      const char* op) {
+  detail::check_defined(op, x);
+  ZG_CHECK(x.dim() >= 1, op, ": a 0-dim tensor has no dim to cut, got ", describe(x));
+  dim = wrap_dim(dim, x.dim(), op);
+  ZG_CHECK(!held.empty() && x.size(dim) % static_cast<int64_t>(held.size()) == 0, op, ": ", held.size(),
+           " pieces do not divide dim ", dim, " of ", describe(x));
+  for (int piece : held)
+    ZG_CHECK(parts >= 1 && piece >= 0 && piece < parts, op, ": piece ", piece, " of ", parts,
+             " is not a piece of the whole");
+  return dropout_with_draw(op, x, p, training, [&] { return pieces_of_uniforms(x, dim, held, parts); });
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,

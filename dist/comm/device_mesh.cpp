@@ -128,12 +128,15 @@ std::unique_ptr<DeviceMesh> training_mesh(ProcessGroup& world, const ParallelDim
   ZG_CHECK(d.pp >= 1 && n % d.pp == 0, "training_mesh: pp ", d.pp, " does not divide the ", n, " ranks");
   ZG_CHECK(d.tp >= 1 && n / d.pp % d.tp == 0, "training_mesh: tp ", d.tp, " does not divide the ", n / d.pp, " ranks",
            d.pp > 1 ? " of a pipeline stage" : "");
-  const int data = n / d.pp / d.tp, s = d.shard_group_size == 0 ? data : d.shard_group_size;
+  ZG_CHECK(d.cp >= 1 && n / d.pp / d.tp % d.cp == 0, "training_mesh: cp ", d.cp, " does not divide the ",
+           n / d.pp / d.tp, " ranks left after pp ", d.pp, " x tp ", d.tp);
+  const int data = n / d.pp / d.tp / d.cp, s = d.shard_group_size == 0 ? data : d.shard_group_size;
   ZG_CHECK(s >= 1 && data % s == 0, "training_mesh: a shard group of ", s, " does not divide the ", data,
            " data-parallel ranks");
   std::vector<MeshDim> dims;
   if (d.pp > 1) dims.push_back({"pp", d.pp});
   dims.insert(dims.end(), {{"dp_replicate", data / s}, {"dp_shard", s}});
+  if (d.cp > 1) dims.push_back({"cp", d.cp});
   if (d.tp > 1) dims.push_back({"tp", d.tp});
   return std::make_unique<DeviceMesh>(world, std::move(dims), d.ranks_per_node);
 }

@@ -81,15 +81,17 @@ class DeviceMesh {
 struct ParallelDims {
   int pp = 1;                // pipeline stages' ranks
   int tp = 1;                // tensor-parallel ranks a layer
+  int cp = 1;                // context-parallel ranks a sequence (dist/tensor/context_parallel.h)
   int shard_group_size = 0;  // S: ZeRO shards within groups of S data-parallel ranks; 0: all of them
   int ranks_per_node = 0;    // consecutive ranks sharing a node (0: all of them)
 };
 
-// The mesh of a training job: [pp P x] dp_replicate R x dp_shard S [x tp T] over N =
-// world.size() ranks (pp when P > 1, tp when T > 1), tp innermost so that a tensor-parallel
-// group's ranks are consecutive (within a node), pp outermost so that a stage's ranks are.
-// S = 0: every data-parallel rank, N / (P T); R = N / (P S T). A zg::Error names a size that
-// does not divide.
+// The mesh of a training job: [pp P x] dp_replicate R x dp_shard S [x cp C] [x tp T] over
+// N = world.size() ranks (pp when P > 1, cp when C > 1, tp when T > 1), tp innermost so that
+// a tensor-parallel group's ranks are consecutive (within a node), pp outermost so that a
+// stage's ranks are; cp beside dp_shard, so ZeRO shards over dp_shard x cp (torchtitan's
+// dp_shard_cp). S = 0: every data-parallel rank, N / (P C T); R = N / (P S C T). A zg::Error
+// names a size that does not divide.
 std::unique_ptr<DeviceMesh> training_mesh(ProcessGroup& world, const ParallelDims& dims);
 std::unique_ptr<DeviceMesh> training_mesh(ProcessGroup& world, int tp = 1, int shard_group_size = 0,
                                           int ranks_per_node = 0);

@@ -77,6 +77,13 @@ std::optional<GroupRef> group_of(const DeviceMesh& mesh, const char* dim, bool p
   return GroupRef(mesh.group(dim), kGroupDestroyed);
 }
 
+// The units shard over dp_shard, and with context parallelism over dp_shard x cp: a cp rank's
+// gradients (of its pieces of the sequences) average with the others' (a collective).
+std::optional<GroupRef> shard_group_of(DeviceMesh& mesh) {
+  if (mesh.size("cp") == 1 || !mesh.has("dp_shard")) return group_of(mesh, "dp_shard", mesh.has("dp_shard"));
+  return GroupRef(mesh.flatten("dp_shard_cp", {"dp_shard", "cp"}), kGroupDestroyed);
+}
+
 // The ranks of one pipeline stage: the mesh's world without its pp dimension (a collective).
 ProcessGroup& stage_world(DeviceMesh& mesh) {
   if (mesh.size("pp") == 1) return mesh.world();
@@ -107,7 +114,7 @@ ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh& 
 ShardedModel::ShardedModel(nn::Module& model, const UnitPlan& plan, DeviceMesh* mesh, std::unique_ptr<DeviceMesh> own,
                            ZeroConfig config)
     : own_mesh_(std::move(own)), mesh_(own_mesh_ ? *own_mesh_ : *mesh), group_(stage_world(mesh_), kGroupDestroyed),
-      shard_(group_of(mesh_, "dp_shard", mesh_.has("dp_shard"))),
+      shard_(shard_group_of(mesh_)),
       replicas_(group_of(mesh_, "dp_replicate", mesh_.size("dp_replicate") > 1)),
       tp_(group_of(mesh_, "tp", mesh_.size("tp") > 1)), pp_(group_of(mesh_, "pp", mesh_.size("pp") > 1)),
       config_(config),
@@ -122,10 +129,10 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
   all_or_none(*group_, device, "ShardedModel", "", [&] {
     ShardingPlan planned;
     for (const MeshDim& dim : mesh_.dims())
-      ZG_CHECK(dim.name == "dp_replicate" || dim.name == "dp_shard" || dim.name == "tp" || dim.name == "pp",
-               "ShardedModel: the mesh's dimension '", dim.name, "' is neither data, tensor nor pipeline parallel; ZeRO ",
-               "shards over a mesh of dp_replicate x dp_shard, with tp for a model cut by parallelize_module and pp ",
-               "for a pipeline stage's chunks");
+      ZG_CHECK(dim.name == "dp_replicate" || dim.name == "dp_shard" || dim.name == "cp" || dim.name == "tp" || dim.name == "pp",
+               "ShardedModel: the mesh's dimension '", dim.name, "' is neither data, context, tensor nor pipeline ",
+               "parallel; ZeRO shards over a mesh of dp_replicate x dp_shard, with cp for a model whose sequences ",
+               "parallelize_context cut, tp for one cut by parallelize_module and pp for a pipeline stage's chunks");
     ZG_CHECK(shard_.has_value(), "ShardedModel: the mesh has no dp_shard dimension, which the units shard over "
              "(size 1: every rank holds them whole)");
     ZG_CHECK(!(pp_ && config_.offload == Offload::nvme), "ShardedModel: offload nvme does not run under a pipeline ",
@@ -140,7 +147,7 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
     // hpZ's and qgZ's node: the config's, else the mesh's ranks a node over dp_shard's stride.
     ranks_per_node_ = config_.ranks_per_node
                           ? config_.ranks_per_node
-                          : std::clamp(mesh_.ranks_per_node() / mesh_.stride("dp_shard"), 1, s);
+                          : std::clamp(mesh_.ranks_per_node() / mesh_.stride(mesh_.size("cp") > 1 ? "cp" : "dp_shard"), 1, s);
     ZG_CHECK(!(config_.secondary_weights || config_.gradient_bits) || s % ranks_per_node_ == 0,
              "ShardedModel: a node's ", ranks_per_node_, " ranks of the shard group (the mesh's ", mesh_.describe(),
              ") do not divide its ", s, "; set ZeroConfig::ranks_per_node");

@@ -111,6 +111,9 @@ class ShardedModel final : public ParameterOwner {
   // parameters, sharded over the data-parallel dimensions like any others, and the gradient
   // norm is the whole model's (the cut parameters' squares summed over tp, the ones every
   // tp rank holds counted once).
+  //   Context parallelism: a mesh may also have a cp dimension (right after dp_shard), over
+  // whose group dist::parallelize_context cut the model's sequences. The units then shard
+  // over dp_shard x cp, its gradients averaged over both.
   //   Pipeline parallelism: a mesh may also have a pp dimension (outermost), each rank's
   // model then being the chunks it runs (dist::join_chunks, dist/pipeline/stages.h). The
   // model shards over the other dimensions; the gradient norm, and so clipping and the loss
@@ -238,7 +241,8 @@ class ShardedModel final : public ParameterOwner {
   int64_t steps() const { return step_; }  // optimizer updates taken (a resumed run: the saved count)
   const ZeroConfig& config() const { return config_; }
   const Placement& placement() const;
-  // The groups the units use: the mesh's dp_shard (S ranks) and dp_replicate (N / S
+  // The groups the units use: the mesh's dp_shard (S ranks; dp_shard x cp with a cp
+  // dimension) and dp_replicate (N / S
   // ranks; null without hybrid sharding). Their bytes_sent() split the traffic into within
   // and across shard groups.
   const DeviceMesh& mesh() const { return mesh_; }

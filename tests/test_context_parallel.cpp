@@ -1,0 +1,253 @@
+// Context parallelism (dist/tensor/context_parallel.h): each variant -- ring, all_gather,
+// ulysses -- at C = 2 and 4 gives every rank its rows of the one-rank causal attention with
+// grouped-query heads and the one-rank gradients, sending the bytes its formula says; the
+// load-balanced split gives every rank the same blocks of work; GPT and Llama models cut
+// over cp, alone and with tp = 2 x dp = 2 at ZeRO-3, train 5 steps as one rank does.
+#include <map>
+#include <set>
+
+#include "helpers.h"
+
+using namespace zg;
+using test::check_close;
+using test::Host;
+
+namespace {
+
+const TensorOptions kF64(DType::f64);
+constexpr dist::ContextVariant kVariants[] = {dist::ContextVariant::ring, dist::ContextVariant::all_gather,
+                                              dist::ContextVariant::ulysses};
+
+}  // namespace
+
+TEST_CASE("the load-balanced split: every rank computes 2C + 1 blocks, 2 of them diagonal, and together the ranks "
+          "compute each causal (query piece, key piece) block once") {
+  for (int c : {1, 2, 4, 8}) {
+    INFO("C = " << c);
+    std::set<std::pair<int, int>> covered;
+    for (int r = 0; r < c; ++r) {
+      const std::vector<dist::AttentionBlock> blocks = dist::context_schedule(r, c);
+      CHECK(blocks.size() == static_cast<size_t>(2 * c + 1));
+      int diagonal = 0;
+      for (const dist::AttentionBlock& b : blocks) {
+        diagonal += b.diagonal;
+        CHECK(b.key <= b.query);
+        CHECK(b.source == (r - b.step + c) % c);
+        CHECK(covered.insert({b.query, b.key}).second);
+      }
+      CHECK(diagonal == 2);
+    }
+    CHECK(covered.size() == static_cast<size_t>(2 * c * (2 * c + 1) / 2));  // every key piece <= its query piece
+  }
+  // Cut into C contiguous pieces instead, rank r would compute r + 1 blocks: C times the first rank's work for the last.
+}
+
+TEST_CASE("sequence pieces: positions, refinement by sequence parallelism, and dropout masks that are the whole "
+          "sequence's rows") {
+  const nn::SequencePieces pieces = nn::load_balanced_pieces(1, 4);  // pieces 1 and 6 of 8
+  CHECK(pieces.parts == 8);
+  CHECK(pieces.held == std::vector<int>{1, 6});
+  CHECK(pieces.whole_length(6) == 24);
+  CHECK(pieces.refine(2, 1).held == std::vector<int>{6});
+  const nn::SequencePieces quarter = pieces.refine(4, 2);  // piece 6 cut in two, its first half
+  CHECK(quarter.parts == 16);
+  CHECK(quarter.held == std::vector<int>{12});
+  CHECK_THROWS_WITH_AS(pieces.refine(3, 0), doctest::Contains("does not cut the 2 pieces"), Error);
+  CHECK_THROWS_WITH_AS(pieces.whole_length(5), doctest::Contains("5 rows do not divide into the 2 pieces"), Error);
+
+  manual_seed(3);
+  const Tensor x = randn({2, 24, 3}, kF64);
+  manual_seed(11);
+  const Tensor whole = dropout(x, 0.3, true);
+  const Tensor after_whole = rand({4}, kF64);
+  for (int r = 0; r < 4; ++r) {
+    const nn::SequencePieces mine = nn::load_balanced_pieces(r, 4);
+    manual_seed(11);
+    const Tensor part = dropout_pieces(dist::context_shard(x, r, 4), 0.3, true, 1, mine.held, mine.parts);
+    check_close(part, Host::of(dist::context_shard(whole, r, 4)), 0, 0, "rank " + std::to_string(r) + "'s mask");
+    check_close(rand({4}, kF64), Host::of(after_whole), 0, 0, "the generator after the draw");
+  }
+}
+
+namespace {
+
+// The one-rank attention of q [B, H, S, D], k, v [B, H_kv, S, D], and its gradients for an
+// upstream gradient g; each rank's context_attention of its pieces must give its rows.
+void check_attention(dist::ContextVariant variant, int c, int64_t heads, int64_t kv_heads, DType dtype, double tol) {
+  const TensorOptions options(dtype);
+  manual_seed(21);
+  const Tensor q = randn({2, heads, 16, 4}, options), k = randn({2, kv_heads, 16, 4}, options),
+               v = randn({2, kv_heads, 16, 4}, options), g = randn({2, heads, 16, 4}, options);
+  const Tensor qr = q.clone().set_requires_grad(true), kr = k.clone().set_requires_grad(true),
+               vr = v.clone().set_requires_grad(true);
+  const Tensor want = scaled_dot_product_attention(qr, kr, vr, true);
+  sum(want * g).backward();
+  dist::run_local(c, [&](dist::ProcessGroup& group) {
+    const int r = group.rank();
+    const auto mine = [&](const Tensor& t) { return dist::context_shard(t, r, c, 2).contiguous(); };
+    const Tensor ql = mine(q).set_requires_grad(true), kl = mine(k).set_requires_grad(true),
+                 vl = mine(v).set_requires_grad(true);
+    group.reset_bytes_sent();
+    const Tensor out = dist::context_attention(ql, kl, vl, group, variant);
+    const dist::ContextBytes bytes = dist::context_attention_bytes(
+        variant, c, 2, 16 / c, heads, kv_heads, 4, element_size(dtype), element_size(dtype == DType::f64 ? dtype : DType::f32));
+    CHECK(group.bytes_sent() == bytes.forward);
+    check_close(out, Host::of(mine(want)), tol, tol, "out");
+    sum(out * mine(g)).backward();
+    CHECK(group.bytes_sent() == bytes.forward + bytes.backward);
+    check_close(ql.grad(), Host::of(mine(qr.grad())), tol, tol, "dq");
+    check_close(kl.grad(), Host::of(mine(kr.grad())), tol, tol, "dk");
+    check_close(vl.grad(), Host::of(mine(vr.grad())), tol, tol, "dv");
+    CHECK(out.dtype() == dtype);
+    check_close(dist::context_unshard(out, group, 2), Host::of(want), tol, tol, "unsharded out");
+  });
+}
+
+}  // namespace
+
+TEST_CASE("context_attention: each variant at C = 2 and 4, causal, with grouped-query heads, gives every rank its "
+          "rows of the one-rank attention and the one-rank gradients of its q, k, v, and sends its formula's bytes "
+          "(f64 1e-12, f32 1e-5)") {
+  for (dist::ContextVariant variant : kVariants)
+    for (int c : {2, 4}) {
+      INFO(dist::name(variant) << " at C = " << c);
+      check_attention(variant, c, 8, 4, DType::f64, 1e-12);
+      check_attention(variant, c, 8, 8, DType::f32, 1e-5);
+    }
+}
+
+TEST_CASE("context_attention refuses what it cannot split, naming it") {
+  dist::run_local(4, [](dist::ProcessGroup& group) {
+    const Tensor q = zeros({1, 8, 4, 2}, kF64), k = zeros({1, 2, 4, 2}, kF64);
+    CHECK_THROWS_WITH_AS(dist::context_attention(q, k, k, group, dist::ContextVariant::ulysses),
+                         doctest::Contains("the 8 query heads and 2 key/value heads a rank holds must both divide by "
+                                           "the cp group's C = 4"),
+                         Error);
+    CHECK_THROWS_WITH_AS(dist::context_attention(zeros({1, 8, 3, 2}, kF64), zeros({1, 2, 3, 2}, kF64),
+                                                 zeros({1, 2, 3, 2}, kF64), group, dist::ContextVariant::ring),
+                         doctest::Contains("3 rows are not this rank's two equal pieces"), Error);
+  });
+  CHECK_THROWS_WITH_AS(dist::context_shard(zeros({2, 12}), 0, 4), doctest::Contains("make the length a multiple of 8"),
+                       Error);
+  CHECK_THROWS_WITH_AS(dist::parse_context_variant("tree"), doctest::Contains("use ring, all_gather or ulysses"), Error);
+}
+
+namespace {
+
+using MakeModel = std::function<std::shared_ptr<nn::CausalLM>()>;
+
+nn::GPTConfig tiny_gpt() { return {.n_layer = 2, .n_head = 8, .n_embd = 32, .vocab_size = 64, .block_size = 16}; }
+nn::LlamaConfig tiny_llama() {
+  return {.n_layer = 2, .n_head = 16, .n_kv_head = 8, .n_embd = 64, .vocab_size = 64, .block_size = 16};
+}
+
+// cp = 1, tp = 0: the one-rank model. Otherwise the mesh dp_shard x cp x tp, each data-parallel
+// rank on its rows of a global batch of 4, each cp rank on its pieces of the rows' 16 tokens.
+struct Layout {
+  int cp = 1, tp = 0, dp = 1, stage = 0;
+  dist::ContextVariant variant = dist::ContextVariant::ring;
+  DType dtype = DType::f64;
+};
+
+struct Run {
+  std::vector<double> losses;
+  nn::NamedTensors state;
+};
+
+Run train(const MakeModel& make, const Layout& l) {
+  Run run;
+  dist::run_local(l.dp * l.cp * std::max(l.tp, 1), [&](dist::ProcessGroup& world) {
+    manual_seed(5);
+    std::shared_ptr<nn::CausalLM> model = make();
+    dist::DeviceMesh mesh(world, {{"dp_shard", l.dp}, {"cp", l.cp}, {"tp", std::max(l.tp, 1)}});
+    if (l.tp > 0) {
+      nn::ParallelPlan plan = model->parallel_plan();
+      plan.sequence_parallel = true;
+      dist::parallelize_module(*model, mesh.group("tp"), plan);
+    }
+    dist::parallelize_context(*model, mesh.group("cp"), l.variant);
+    dist::ShardedModel sharded(*model, mesh, {.stage = l.stage, .compute_dtype = l.dtype, .max_grad_norm = 0.05});
+    dist::ProcessGroup& data = mesh.flatten("dp", {"dp_shard", "cp"});
+    const int cp_rank = mesh.coordinate("cp"), rows = 4 / l.dp;
+    std::vector<double> losses;
+    for (int64_t step = 0; step < 5; ++step) {
+      manual_seed(100 + step);
+      const Tensor tokens = randint(0, 64, {4, 17}, TensorOptions(DType::i64)).narrow(0, mesh.coordinate("dp_shard") * rows, rows);
+      sharded.zero_grad();
+      const Tensor idx = dist::context_shard(tokens.narrow(1, 0, 16), cp_rank, l.cp);
+      const Tensor targets = dist::context_shard(tokens.narrow(1, 1, 16), cp_rank, l.cp);
+      const Tensor loss = model->forward(idx, targets).loss;
+      loss.backward();
+      Tensor global = loss.detach().to(DType::f64).reshape({1}).contiguous().clone();
+      data.all_reduce(global, dist::ReduceKind::average);
+      losses.push_back(global.item<double>());
+      sharded.step(1e-2);
+    }
+    nn::NamedTensors state = sharded.consolidated_state();
+    if (world.rank() == 0) run = {losses, state};
+  });
+  return run;
+}
+
+void check_same_run(const Run& got, const Run& want, double loss_tol, double param_tol) {
+  REQUIRE(got.losses.size() == want.losses.size());
+  for (size_t i = 0; i < got.losses.size(); ++i)
+    CHECK_MESSAGE(std::abs(got.losses[i] - want.losses[i]) <= loss_tol, "loss of step ", i, ": ", got.losses[i], " vs ",
+                  want.losses[i]);
+  REQUIRE(got.state.size() == want.state.size());
+  for (size_t i = 0; i < want.state.size(); ++i)
+    check_close(got.state[i].second, Host::of(want.state[i].second), param_tol, param_tol,
+                "after training: " + want.state[i].first);
+}
+
+void check_trains_as_one_rank(const MakeModel& make64, const MakeModel& make32) {
+  const Run reference = train(make64, {});
+  for (dist::ContextVariant variant : kVariants)
+    for (int c : {2, 4}) {
+      INFO(dist::name(variant) << " at cp " << c << " alone");
+      check_same_run(train(make64, {.cp = c, .variant = variant}), reference, 1e-12, 1e-12);
+      INFO(dist::name(variant) << " at cp " << c << " x tp 2 x dp 2, ZeRO-3");
+      check_same_run(train(make64, {.cp = c, .tp = 2, .dp = 2, .stage = 3, .variant = variant}), reference, 1e-12,
+                     1e-12);
+    }
+  // f32: losses to 1e-5 (parameters to 2e-3: AdamW's step of a near-zero gradient is its sign)
+  const Run reference32 = train(make32, {.dtype = DType::f32});
+  for (dist::ContextVariant variant : kVariants) {
+    INFO(dist::name(variant) << " at cp 2 in f32");
+    check_same_run(train(make32, {.cp = 2, .variant = variant, .dtype = DType::f32}), reference32, 1e-5, 2e-3);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("context parallelism: a GPT at cp 2 and 4, each variant, alone and with tp 2 x dp 2 at ZeRO-3, trains 5 "
+          "steps as one rank (f64 1e-12; f32 1e-5)") {
+  check_trains_as_one_rank([] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); },
+                           [] { return std::make_shared<nn::GPT>(tiny_gpt()); });
+}
+
+TEST_CASE("context parallelism: a Llama with grouped-query attention at cp 2 and 4, each variant, alone and with "
+          "tp 2 x dp 2 at ZeRO-3, trains 5 steps as one rank (f64 1e-12; f32 1e-5)") {
+  check_trains_as_one_rank([] { return std::make_shared<nn::Llama>(tiny_llama(), kF64); },
+                           [] { return std::make_shared<nn::Llama>(tiny_llama()); });
+}
+
+TEST_CASE("a model cut over cp refuses attention dropout and generation with a KV cache, naming them") {
+  dist::run_local(2, [](dist::ProcessGroup& group) {
+    nn::GPTConfig config = tiny_gpt();
+    config.dropout = 0.1;
+    nn::GPT gpt(config, kF64);
+    dist::parallelize_context(gpt, group, dist::ContextVariant::ring);
+    const Tensor idx = zeros({1, 8}, TensorOptions(DType::i64));
+    CHECK_THROWS_WITH_AS(gpt.forward(idx, idx), doctest::Contains("attention dropout (p = 0.1) does not run under "
+                                                                  "context parallelism"),
+                         Error);
+    gpt.eval();
+    nn::KVCache cache;
+    CHECK_THROWS_WITH_AS(gpt.forward(idx, cache), doctest::Contains("generation with a KV cache on a model whose "
+                                                                     "sequences are cut"),
+                         Error);
+    CHECK_THROWS_WITH_AS(gpt.forward(zeros({1, 16}, TensorOptions(DType::i64)), Tensor()),
+                         doctest::Contains("sequence of 32 tokens is longer than block_size 16"), Error);
+  });
+}
