@@ -16,6 +16,7 @@
 //   build/examples/train_zero --ranks 2 --stage 2 --offload optimizer --update-in-backward
 //   mpirun -n 4 build/examples/train_zero --tp 2 --stage 3   (each layer cut across 2 ranks, ZeRO-3 over 2)
 //   mpirun -n 4 build/examples/train_zero --pp 4 --micro-batches 8 --schedule 1f1b   (the layers cut in 4 stages)
+//   mpirun -n 4 build/examples/train_zero --cp 4 --seq 1024   (each sequence cut across 4 ranks: ring attention)
 //
 // With --tp T the ranks are a mesh of data-parallel ranks x T tensor-parallel ones (tp
 // innermost): the GPT is cut by its plan (heads, MLP features, vocabulary) across each
@@ -26,6 +27,10 @@
 // consecutive): the GPT is cut into P x --chunks stages by its blocks (dist::gpt_stages), each
 // data-parallel rank's rows split into --micro-batches, run in the --schedule's order
 // (dist::Pipeline); each rank's ShardedModel holds its chunks.
+//
+// With --cp C each sequence is cut across C ranks (beside tp; dist::parallelize_context):
+// each holds 2 of its 2C pieces, attention runs as --cp-variant says, and ZeRO shards
+// over the data-parallel x cp ranks, averaging their gradients.
 //
 // --model llama trains a Llama of the same size instead (RMSNorm, rotary positions, SwiGLU,
 // grouped-query attention with half the heads' keys and values; dist::llama_stages under --pp).
@@ -59,6 +64,8 @@ struct Flags : examples::TrainingFlags {
   int64_t ranks = 0, stage = 3, prefetch = 1;  // ranks 0: unset (2 threads; under mpirun, its processes)
   int64_t shard_group = 0;                     // 0: shard over every data-parallel rank
   int64_t tp = 1;                              // tensor-parallel ranks a layer
+  int64_t cp = 1;                              // context-parallel ranks a sequence
+  std::string cp_variant = "ring";
   int64_t pp = 1, micro_batches = 1, chunks = 0;  // pipeline stages' ranks; chunks 0: the schedule's default
   std::string schedule = "1f1b";
   bool sequence_parallel = false, reduce_once = false, qwz = false, hpz = false;
@@ -90,6 +97,10 @@ void usage() {
                "  --tp T             tensor parallelism: each layer cut across T consecutive ranks (heads, MLP\n"
                "                     features, vocabulary); ZeRO over the ranks / T data-parallel ones (default 1)\n"
                "  --sequence-parallel  with --tp: between the cut layers each rank holds its rows of the sequence\n"
+               "  --cp C             context parallelism: each sequence cut across C ranks (2 of 2C pieces each,\n"
+               "                     one early, one late); --seq a multiple of 2C (default 1)\n"
+               "  --cp-variant V     ring (keys and values passed round), all_gather (gathered once a layer) or\n"
+               "                     ulysses (all-to-all to a head split: heads / tp divide by C) (default ring)\n"
                "  --pp P             pipeline parallelism: the layers cut into P stages (x --chunks) across P groups\n"
                "                     of consecutive ranks; data parallelism over the ranks / (P x T) (default 1)\n"
                "  --schedule S       the pipeline's order: gpipe, 1f1b, interleaved, zb-h1 or zb-h2 (default 1f1b)\n"
@@ -121,14 +132,31 @@ void usage() {
             << Flags().common_help();
 }
 
-// The ranks divide into data-parallel ones of T each, and the batch into their rows.
+// The ranks divide into data-parallel ones of C x T each, and the batch into their rows.
 void check_ranks(const Flags& f, int ranks) {
-  ZG_CHECK(ranks % (f.pp * f.tp) == 0, "train_zero: ", f.pp > 1 ? "--pp " + std::to_string(f.pp) + " x " : "",
-           "--tp ", f.tp, " does not divide the ", ranks, " ranks");
-  const int64_t data_ranks = ranks / (f.pp * f.tp);
+  ZG_CHECK(ranks % (f.pp * f.cp * f.tp) == 0, "train_zero: ", f.pp > 1 ? "--pp " + std::to_string(f.pp) + " x " : "",
+           f.cp > 1 ? "--cp " + std::to_string(f.cp) + " x " : "", "--tp ", f.tp, " does not divide the ", ranks,
+           " ranks");
+  const int64_t data_ranks = ranks / (f.pp * f.cp * f.tp);
   ZG_CHECK(f.batch % (data_ranks * f.micro_batches) == 0, "train_zero: --batch ", f.batch, " is not a multiple of the ",
            data_ranks, " data-parallel ranks x ", f.micro_batches, " micro-batches: each takes batch / ", data_ranks,
            " rows, split into micro-batches of equal rows");
+}
+
+// --cp: the sequence cuts into 2C pieces; Ulysses splits each tp rank's heads (and a Llama's
+// key/value heads, half as many) across the C ranks; no pipeline yet.
+void check_context_parallel(const Flags& f) {
+  if (f.cp == 1) return;
+  const dist::ContextVariant variant = dist::parse_context_variant(f.cp_variant);
+  ZG_CHECK(f.seq % (2 * f.cp) == 0, "train_zero: --seq ", f.seq, " does not cut into the 2 x ", f.cp,
+           " equal pieces --cp ", f.cp, " needs; make it a multiple of ", 2 * f.cp);
+  ZG_CHECK(f.pp == 1 && f.micro_batches == 1, "train_zero: --cp does not run with --pp or --micro-batches yet");
+  ZG_CHECK(!f.offload_activations, "train_zero: --cp with --offload-activations is not supported yet");
+  const int64_t kv_heads = f.model == "llama" ? std::max<int64_t>(f.heads / 2, 1) : f.heads;
+  ZG_CHECK(variant != dist::ContextVariant::ulysses || (f.heads % (f.tp * f.cp) == 0 && kv_heads % (f.tp * f.cp) == 0),
+           "train_zero: --cp-variant ulysses gives each of the --cp ", f.cp, " ranks 1/", f.cp, " of a tp rank's ",
+           f.heads / f.tp, " heads and ", kv_heads / f.tp, " key/value heads, which do not divide; use ring or "
+           "all_gather, or change --heads");
 }
 
 bool parse(int argc, char** argv, Flags& f) {
@@ -142,6 +170,8 @@ bool parse(int argc, char** argv, Flags& f) {
     else if (a == "--prefetch") f.prefetch = flag.count(0);
     else if (a == "--shard-group") f.shard_group = flag.count(1);
     else if (a == "--tp") f.tp = flag.count(1);
+    else if (a == "--cp") f.cp = flag.count(1);
+    else if (a == "--cp-variant") f.cp_variant = flag.value();
     else if (a == "--pp") f.pp = flag.count(1);
     else if (a == "--micro-batches") f.micro_batches = flag.count(1);
     else if (a == "--chunks") f.chunks = flag.count(1);
@@ -171,10 +201,10 @@ bool parse(int argc, char** argv, Flags& f) {
     else flag.unknown();
   }
   f.check("train_zero");
-  ZG_CHECK(f.stage <= 1024 && f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024 && f.tp <= 1024 &&
+  ZG_CHECK(f.stage <= 1024 && f.ranks <= 1024 && f.prefetch <= 1024 && f.shard_group <= 1024 && f.tp <= 1024 && f.cp <= 1024 &&
                f.pp <= 1024 && f.micro_batches <= 1024 && f.chunks <= 1024 && f.gradient_bits <= 1024 &&
                f.ranks_per_node <= 1024,
-           "train_zero: --stage, --ranks, --prefetch, --shard-group, --tp, --pp, --micro-batches, --chunks, --qgz-bits "
+           "train_zero: --stage, --ranks, --prefetch, --shard-group, --tp, --cp, --pp, --micro-batches, --chunks, --qgz-bits "
            "and --ranks-per-node go up to 1024");
   const dist::ScheduleKind kind = dist::parse_schedule(f.schedule);
   ZG_CHECK(!dist::splits_backward(kind) || f.stage < 3, "train_zero: --schedule ", f.schedule,
@@ -184,6 +214,7 @@ bool parse(int argc, char** argv, Flags& f) {
   ZG_CHECK(f.tp > 1 || !f.sequence_parallel, "train_zero: --sequence-parallel cuts the sequence across the --tp ranks: "
            "add --tp");
   ZG_CHECK(f.model == "gpt" || f.model == "llama", "train_zero: --model must be gpt or llama, got ", f.model);
+  check_context_parallel(f);
   ZG_CHECK(f.model == "gpt" || !f.checkpointing, "train_zero: --checkpointing is GPT's (nn::GPTConfig); the Llama keeps "
            "its activations");
   ZG_CHECK(f.group == "auto" || f.group == "local" || f.group == "mpi" || f.group == "nccl",
@@ -273,16 +304,18 @@ void train(dist::ProcessGroup& group, const Flags& f) {
   nothing_allocated.reset();
   const int64_t parameters = model.num_parameters();  // the whole model's, before any cut
   if (!f.init.empty() && group.rank() == 0) nn::load_state(model, f.init);  // rank 0's weights become every rank's
-  // --tp, --pp: [pp x] dp_replicate x dp_shard (S = --shard-group, or every data-parallel rank) [x tp].
+  // --tp, --cp, --pp: [pp x] dp_replicate x dp_shard (S = --shard-group, or every data-parallel rank) [x cp] [x tp].
   const std::unique_ptr<dist::DeviceMesh> mesh =
-      f.tp > 1 || f.pp > 1 ? dist::training_mesh(group, {.pp = static_cast<int>(f.pp), .tp = static_cast<int>(f.tp),
-                                                         .shard_group_size = static_cast<int>(f.shard_group)})
-                           : nullptr;
+      f.tp > 1 || f.pp > 1 || f.cp > 1
+          ? dist::training_mesh(group, {.pp = static_cast<int>(f.pp), .tp = static_cast<int>(f.tp),
+                                        .cp = static_cast<int>(f.cp), .shard_group_size = static_cast<int>(f.shard_group)})
+          : nullptr;
   if (f.tp > 1) {  // each layer cut across the tp group (every rank built the same model from one seed)
     nn::ParallelPlan plan = model.parallel_plan();
     plan.sequence_parallel = f.sequence_parallel;
     dist::parallelize_module(model, mesh->group("tp"), plan);
   }
+  if (f.cp > 1) dist::parallelize_context(model, mesh->group("cp"), dist::parse_context_variant(f.cp_variant));
   // --pp, --micro-batches: the model cut into stages; this rank runs its chunks in the schedule's order.
   dist::SingleRank one_stage;
   dist::ProcessGroup& pp = f.pp > 1 ? mesh->group("pp") : one_stage;
@@ -315,11 +348,15 @@ void train(dist::ProcessGroup& group, const Flags& f) {
                 f.model == "llama" ? "Llama" : "GPT", static_cast<long long>(f.layers), static_cast<long long>(f.heads), static_cast<long long>(f.embd),
                 static_cast<long long>(parameters), sharded.describe().c_str(),
                 static_cast<long long>(group.size()), f.dtype.c_str(), device.str().c_str(),
-                pipeline ? ("; " + schedule.describe()).c_str() : "");
+                pipeline ? ("; " + schedule.describe()).c_str()
+                : f.cp > 1 ? ("; each sequence cut across " + std::to_string(f.cp) + " cp ranks (" + f.cp_variant + ")").c_str()
+                           : "");
 
-  // Data-parallel rank d takes rows [d B / D, (d + 1) B / D); its tp and pp ranks alike.
-  const int64_t data_ranks = group.size() / (f.tp * f.pp), rows = f.batch / data_ranks;
-  const int64_t first_row = group.rank() % (data_ranks * f.tp) / f.tp * rows;
+  // Data-parallel rank d takes rows [d B / D, (d + 1) B / D); its tp and pp ranks alike, its
+  // cp ranks their pieces of them.
+  const int64_t data_ranks = group.size() / (f.tp * f.cp * f.pp), rows = f.batch / data_ranks;
+  const int64_t first_row = group.rank() % (data_ranks * f.cp * f.tp) / (f.cp * f.tp) * rows;
+  const int cp_rank = mesh ? mesh->coordinate("cp") : 0;
   double loss_value = NAN;
   examples::RunTrace trace(f, group);
   for (int64_t step = first_step; step < f.steps; ++step) {
@@ -333,7 +370,8 @@ void train(dist::ProcessGroup& group, const Flags& f) {
     Tensor loss;
     {
       MemoryScope scope(MemoryCategory::activation);
-      const Tensor x = inputs.narrow(0, first_row, rows), y = targets.narrow(0, first_row, rows);
+      const Tensor x = dist::context_shard(inputs.narrow(0, first_row, rows), cp_rank, static_cast<int>(f.cp));
+      const Tensor y = dist::context_shard(targets.narrow(0, first_row, rows), cp_rank, static_cast<int>(f.cp));
       if (pipeline) {  // every micro-batch's forward and backward, in the schedule's order
         loss = full({1}, pipeline->run(x, y), DType::f64);
       } else {
@@ -346,7 +384,7 @@ void train(dist::ProcessGroup& group, const Flags& f) {
       }
     }
     const dist::StepResult result = sharded.step(lr);  // global norm, clip, AdamW on this rank's slices
-    // The global batch's loss: the mean of the ranks' means (they take equal rows; tp and pp ranks the same ones).
+    // The global batch's loss: the mean of the ranks' means (they take equal tokens; tp and pp ranks the same ones).
     Tensor global_loss = loss.detach().reshape({1}).to(DType::f32).to(device);
     group.all_reduce(global_loss, dist::ReduceKind::average);
     loss_value = global_loss.item<double>();

@@ -246,6 +246,24 @@ TEST_CASE("train_zero --pp: mpirun -n 4 --pp 4 --micro-batches 8 --schedule 1f1b
         std::string::npos);
 }
 
+TEST_CASE("train_zero --cp: mpirun -n 4 --cp 4, and threads with each variant, with tp and with dp, print one "
+          "rank's losses") {
+  const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 2 --heads 4 --embd 32 --seq 64 "
+                                 "--batch 4 --steps 6";
+  check_one_rank_losses(train_zero, "--cp 4", "each sequence cut across 4 cp ranks (ring)",
+                        {"--ranks 2 --cp 2 --cp-variant all_gather --stage 0",
+                         "--ranks 4 --cp 4 --cp-variant ulysses --stage 2",
+                         "--ranks 4 --cp 2 --tp 2 --stage 3 --sequence-parallel",
+                         "--ranks 8 --cp 2 --tp 2 --cp-variant all_gather --stage 3"});
+  int status = 0;
+  const std::string odd = run_command(train_zero + " --ranks 4 --cp 4 --seq 36 2>&1", status);
+  CHECK(status != 0);
+  CHECK(odd.find("train_zero: --seq 36 does not cut into the 2 x 4 equal pieces --cp 4 needs") != std::string::npos);
+  const std::string heads = run_command(train_zero + " --ranks 4 --cp 4 --heads 2 --cp-variant ulysses 2>&1", status);
+  CHECK(status != 0);
+  CHECK(heads.find("--cp-variant ulysses gives each of the --cp 4 ranks 1/4 of a tp rank's 2 heads") != std::string::npos);
+}
+
 #ifdef ZG_BENCH_DIR
 TEST_CASE("bench/zero_memory under mpirun -n 4: every rank's record, the model states of its ranks as threads") {
   // Model states and bytes sent per rank and stage, hybrid sharding and tp 2 included; the

@@ -315,6 +315,7 @@ Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, Proc
 Tensor context_shard(const Tensor& whole, int rank, int ranks, int64_t dim) {
   ZG_CHECK(whole.defined() && dim >= 0 && dim < whole.dim(), "context_shard: no dim ", dim, " in ",
            whole.defined() ? describe(whole) : std::string("an undefined tensor"));
+  if (ranks == 1) return whole;
   ZG_CHECK(whole.size(dim) % (2 * ranks) == 0, "context_shard: a sequence of ", whole.size(dim),
            " does not cut into the 2 x ", ranks, " equal pieces context parallelism over ", ranks,
            " ranks needs; make the length a multiple of ", 2 * ranks);
