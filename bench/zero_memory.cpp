@@ -111,6 +111,8 @@
 #include "tensor/atomic_file.h"
 #include "tensor/deferred.h"
 #include "tensor_parallel_formulas.h"
+#include "context_figure.h"
+#include "context_parallel_formulas.h"
 #include "traffic_figure.h"
 #include "zerograd.h"
 
@@ -168,6 +170,10 @@ struct Record {
   bool sequence_parallel = false;
   int64_t sent_tp = 0, formula_sent_tp = 0, formula_activation = 0, formula_activation_layer = 0,
           paper_activation_layer = 0;
+  // --cp C: of sent_per_step, what went to the context-parallel group (the attention's keys
+  // and values), its formula (bench/context_parallel_formulas.h); the activations' above.
+  int cp = 1;
+  int64_t sent_cp = 0, formula_sent_cp = 0;
   // --pp P, --micro-batches M: this rank's pp rank, the micro-batches the schedule keeps in
   // flight on it, and what went to the pipeline group (activations and their gradients).
   int pp = 1, pp_rank = 0, micro_batches = 1, chunks = 1, held = 1;
@@ -195,17 +201,20 @@ struct Options {
   double largest_on = 0;
   int world = 0, steps = 1;  // world 0: unset (4; under mpirun, its processes)
   int tp = 1;                // --tp: the model cut over T ranks, N / T data-parallel ranks
+  int cp = 1;                // --cp: each sequence cut over C ranks (--cp-variant's attention)
+  dist::ContextVariant cp_variant = dist::ContextVariant::ring;
   int dry_rank = 0;          // --rank: the rank of N the meta dry run is
   // --timeline's rank: the dry run's, or rank 0 of the threads.
   int recorded_rank(Device device) const { return device.type == DeviceType::meta ? dry_rank : 0; }
   bool sequence_parallel = false;  // --sequence-parallel: and the activations between the cut layers
+  bench::ModelCut cut() const { return {.tp = tp, .sp = sequence_parallel, .cp = cp, .cp_variant = cp_variant}; }
   Pipelining pipe;
   std::vector<int> worlds;   // --world-size's list (--simulate runs each)
   int64_t layers = 0, heads = 0, embd = 0, vocab = 0;  // a shape of one's own over the preset's (0: the preset's)
   bool simulate = false, calibrate = false, json = false, checkpointing = false, caching = false;  // caching: meta
   dist::Machine machine;
   int64_t batch = 1, seq = 0;  // seq 0: the model's block, up to 1024
-  std::string timeline_dir, schedule_svg, zeropp_svg;
+  std::string timeline_dir, schedule_svg, zeropp_svg, cp_svg;
   // --plan: the cluster (--gpus, --gpus-per-node as --ranks-per-node, --gpu-memory, --peak-tflops),
   // the global batch (--global-batch), the rows printed (--top), the figure (--plan-svg).
   bool plan = false;
@@ -370,10 +379,11 @@ struct TimelineRun {
   std::optional<MemoryTimelineRecording> recording;
 };
 
-// --tp T x --pp P must divide every N (each world of --world-size, or mpirun's processes).
-void check_model_parallel(int world, int tp, int pp) {
-  ZG_CHECK(world % (tp * pp) == 0, "zero_memory: --tp ", tp, pp > 1 ? concat(" x --pp ", pp) : "",
-           " does not divide the world size N = ", world, " (N = ", pp > 1 ? "P x " : "", "data-parallel ranks x T)");
+// --tp T x --cp C x --pp P must divide every N (each world of --world-size, or mpirun's processes).
+void check_model_parallel(int world, int tp, int pp, int cp = 1) {
+  ZG_CHECK(world % (tp * pp * cp) == 0, "zero_memory: --tp ", tp, cp > 1 ? concat(" x --cp ", cp) : "",
+           pp > 1 ? concat(" x --pp ", pp) : "", " does not divide the world size N = ", world, " (N = ",
+           pp > 1 ? "P x " : "", "data-parallel ranks x ", cp > 1 ? "C x " : "", "T)");
 }
 
 // The groups a cut model sends on besides the world's: each of the mesh's dimensions, and
@@ -394,7 +404,9 @@ std::set<dist::ProcessGroup*> mesh_groups(dist::DeviceMesh& mesh) {
 // each rank holds, over the N / T data-parallel ranks, plus the tensor-parallel traffic.
 // With --pp, for the parameters of this rank's stages.
 void add_formulas(Record& r, const dist::ZeroConfig& zero, const bench::ModelShape& model, int64_t batch, int64_t seq,
-                  int tp, bool sp) {
+                  const bench::ModelCut& cut) {
+  const int tp = cut.tp;
+  const bool sp = cut.sp;
   // Megatron's and Korthikanti et al.'s formulas (bench/tensor_parallel_formulas.h) are a GPT's.
   const bool gpt_cut = tp > 1 && r.pp == 1 && model.is_gpt();
   const int64_t psi = gpt_cut ? bench::tensor_parallel_counts(model.gpt()).per_rank(tp) : r.params;
@@ -404,10 +416,18 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const bench::ModelSha
   r.formula_nvme = formula.file;
   r.formula_sent_across =
       formula_sent_across(zero, psi, r.shard_group, r.world_size / tp / r.pp / r.shard_group, r.micro_batches, r.chunks);
+  r.cp = cut.cp;
   const Traffic traffic =
       formula_traffic(zero, psi, r.shard_group, std::max(zero.ranks_per_node, 1), r.micro_batches, r.chunks);
   r.formula_sent = static_cast<int64_t>(traffic.total()) + r.formula_sent_across;
-  if (tp == 1 && r.pp == 1) {  // within and across nodes: the shard group's ranks 1 apart, the replicas' S
+  if (cut.cp > 1) {  // the attention's traffic on the cp group; its activations, where the formulas know the model
+    const bench::ContextFormula context = bench::formula_context(model, batch, seq, cut, zero.compute_dtype);
+    r.formula_sent_cp = context.sent;
+    r.formula_sent += r.formula_sent_cp;
+    r.formula_activation = context.peak;
+    r.formula_activation_layer = context.layer;
+  }
+  if (tp == 1 && r.pp == 1 && cut.cp == 1) {  // within and across nodes: the shard group's ranks 1 apart, the replicas' S
     const int s = r.shard_group, g = r.ranks_per_node, node = std::max(zero.ranks_per_node, 1);  // (hpZ's, qgZ's)
     r.formula_sent_across_nodes = static_cast<int64_t>(
         across_share(traffic.shard, s, 1, g) + across_share(traffic.node, node, 1, g) +
@@ -417,7 +437,7 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const bench::ModelSha
   }
   r.tp = tp;
   r.sequence_parallel = sp;
-  if (!gpt_cut) return;  // Korthikanti et al.'s formulas are for the whole model
+  if (!gpt_cut || cut.cp > 1) return;  // Korthikanti et al.'s formulas are for the whole model and sequence
   const nn::GPTConfig& config = model.gpt();
   const int64_t compute = element_size(zero.compute_dtype);
   r.formula_sent_tp = bench::formula_sent_tensor_parallel(config, batch, seq, tp, compute, sp);
@@ -433,26 +453,34 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const bench::ModelSha
 // this rank holding its chunks), each rank materialising its units.
 struct RankModel {
   std::shared_ptr<nn::CausalLM> model;
-  std::unique_ptr<dist::DeviceMesh> mesh;  // --tp, --pp: [pp x] dp_replicate x dp_shard [x tp]
+  std::unique_ptr<dist::DeviceMesh> mesh;  // --tp, --cp, --pp: [pp x] dp_replicate x dp_shard [x cp] [x tp]
   std::optional<dist::Schedule> schedule;  // --pp, --micro-batches: the stages, this rank's chunks
   dist::Stages stages;
   std::vector<std::shared_ptr<nn::Module>> chunks;
   std::shared_ptr<nn::Module> held;  // the chunks as one module, for the ShardedModel
   dist::SingleRank one_stage;
   std::optional<dist::ShardedModel> sharded;  // made by the caller, once the peaks are reset
+  // --cp: the context-parallel ranks as a group of their own (the mesh's cp may be the world,
+  // which ZeRO sends on too), so that sent cp is the attention's alone.
+  std::unique_ptr<dist::ProcessGroup> cp;
 
-  RankModel(const bench::ModelShape& shape, Device device, dist::ProcessGroup& group, int tp, bool sp,
+  RankModel(const bench::ModelShape& shape, Device device, dist::ProcessGroup& group, const bench::ModelCut& cut,
             const dist::ZeroConfig& zero, const Pipelining& pipe) {
     manual_seed(1);
     model = shape.make(TensorOptions(DType::f32).device(device));
-    if (tp > 1 || pipe.pp > 1) {
-      check_model_parallel(group.size(), tp, pipe.pp);
-      mesh = dist::training_mesh(group, {.pp = pipe.pp, .tp = tp, .shard_group_size = zero.shard_group_size});
+    if (cut.tp > 1 || cut.cp > 1 || pipe.pp > 1) {
+      check_model_parallel(group.size(), cut.tp, pipe.pp, cut.cp);
+      mesh = dist::training_mesh(group, {.pp = pipe.pp, .tp = cut.tp, .cp = cut.cp,
+                                         .shard_group_size = zero.shard_group_size});
     }
-    if (tp > 1) {
+    if (cut.tp > 1) {
       nn::ParallelPlan plan = model->parallel_plan();
-      plan.sequence_parallel = sp;
+      plan.sequence_parallel = cut.sp;
       dist::parallelize_module(*model, mesh->group("tp"), plan);
+    }
+    if (cut.cp > 1) {
+      cp = group.split_grid(cut.cp, mesh->stride("cp"));
+      dist::parallelize_context(*model, *cp, cut.cp_variant);
     }
     if (!pipe.on()) return;
     schedule.emplace(pipe.make());
@@ -486,9 +514,11 @@ double sent_across_nodes(const dist::ShardedModel& sharded, dist::ProcessGroup& 
 // read after the last. With `log`, the last step's kernels and collectives are recorded
 // into it (a dry run: --simulate); with `run`, every allocation of the steps into its timeline.
 Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int steps, int64_t batch, int64_t seq,
-               Device device, dist::ProcessGroup& group, int tp, bool sp, const Pipelining& pipe, int ranks_per_node,
-               StepLog* log = nullptr, TimelineRun* run = nullptr) {
-  RankModel built(shape, device, group, tp, sp, zero, pipe);
+               Device device, dist::ProcessGroup& group, const bench::ModelCut& cut, const Pipelining& pipe,
+               int ranks_per_node, StepLog* log = nullptr, TimelineRun* run = nullptr) {
+  const int tp = cut.tp;
+  const bool sp = cut.sp;
+  RankModel built(shape, device, group, cut, zero, pipe);
   nn::CausalLM& model = *built.model;
   const std::unique_ptr<dist::DeviceMesh>& mesh = built.mesh;
   Context& context = Context::current();
@@ -515,7 +545,7 @@ Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int
   }
   const TensorOptions ids = TensorOptions(DType::i64).device(device);
   const int64_t rows = batch * pipe.micro_batches;  // --batch rows a micro-batch
-  const Tensor x = zeros({rows, seq}, ids), y = zeros({rows, seq}, ids);
+  const Tensor x = zeros({rows, seq / cut.cp}, ids), y = zeros({rows, seq / cut.cp}, ids);  // --cp: this rank's pieces
   Record r{.group = group.kind(), .stage = zero.stage, .world_size = group.size(), .rank = group.rank(),
            .shard_group = sharded.shard_group().size(), .offload = zero.offload, .params = sharded.num_parameters(),
            .construction_peak = construction_peak};
@@ -535,6 +565,7 @@ Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int
     std::set<dist::ProcessGroup*> groups = {&group, &sharded.shard_group()};
     if (replicas) groups.insert(replicas);
     if (mesh) groups.merge(mesh_groups(*mesh));
+    if (built.cp) groups.insert(built.cp.get());
     for (dist::ProcessGroup* zeropp : {sharded.node_group(), sharded.across_group()})
       if (zeropp) groups.insert(zeropp);
     for (dist::ProcessGroup* g : groups) g->reset_bytes_sent();
@@ -566,6 +597,7 @@ Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int
     sharded.step(1e-4);
     r.sent_across = replicas ? replicas->bytes_sent() : 0;
     r.sent_tp = mesh && tp > 1 ? mesh->group("tp").bytes_sent() : 0;
+    r.sent_cp = built.cp ? built.cp->bytes_sent() : 0;
     r.sent_pp = pipeline && pipe.pp > 1 ? built.pp().bytes_sent() : 0;
     r.sent_per_step = 0;
     for (dist::ProcessGroup* g : groups) r.sent_per_step += g->bytes_sent();
@@ -587,7 +619,7 @@ Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int
   r.nvme_bytes = tier.paged_bytes, r.nvme_file_bytes = tier.file_bytes;
   r.nvme_read = tier.bytes_read, r.nvme_written = tier.bytes_written;
   r.largest_shard = sharded.largest_shard();
-  add_formulas(r, zero, shape, batch, seq, tp, sp);
+  add_formulas(r, zero, shape, batch, seq, cut);
   return r;
 }
 
@@ -596,7 +628,7 @@ Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int
 std::vector<Record> all_records(dist::ProcessGroup& host, const std::vector<Record>& mine) {
   static constexpr int Record::*kInts[] = {&Record::stage, &Record::world_size, &Record::rank, &Record::shard_group,
                                            &Record::tp, &Record::pp, &Record::pp_rank, &Record::micro_batches,
-                                           &Record::held, &Record::ranks_per_node};
+                                           &Record::held, &Record::ranks_per_node, &Record::cp};
   static constexpr int64_t Record::*kInt64s[] = {
       &Record::params, &Record::parameter, &Record::gradient, &Record::optimizer_state, &Record::activation,
       &Record::communication, &Record::peak_allocated, &Record::reserved, &Record::sent_per_step,
@@ -604,6 +636,7 @@ std::vector<Record> all_records(dist::ProcessGroup& host, const std::vector<Reco
       &Record::formula_sent_across, &Record::host_parameter, &Record::host_gradient, &Record::host_optimizer_state,
       &Record::host_peak, &Record::formula_host, &Record::sent_tp, &Record::formula_sent_tp,
       &Record::formula_activation, &Record::formula_activation_layer, &Record::paper_activation_layer,
+      &Record::sent_cp, &Record::formula_sent_cp,
       &Record::sent_pp, &Record::sent_within_node, &Record::sent_across_nodes, &Record::formula_sent_within_node,
       &Record::formula_sent_across_nodes, &Record::nvme_bytes, &Record::nvme_file_bytes, &Record::nvme_read,
       &Record::nvme_written, &Record::formula_nvme, &Record::largest_shard};
@@ -732,7 +765,7 @@ int largest_trainable(const Options& o) {
       Context rank0(0);
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, 1);
-      const Record r = measure(zero_config(o, setting), shape, 1, 1, 1024, kMeta, group, 1, false, {}, 1);
+      const Record r = measure(zero_config(o, setting), shape, 1, 1, 1024, kMeta, group, {}, {}, 1);
       if (static_cast<double>(r.peak_allocated) > device_bytes) break;
       fits = &preset;
       best = r;
@@ -790,7 +823,7 @@ int zeropp_figure(const Options& o, const bench::ModelShape& shape) {
     Context dry(o.dry_rank);
     ContextGuard guard(dry);
     dist::FakeGroup group(o.dry_rank, o.world);
-    const Record r = measure(zero, shape, o.steps, o.batch, seq, kMeta, group, 1, false, {}, node);
+    const Record r = measure(zero, shape, o.steps, o.batch, seq, kMeta, group, {}, {}, node);
     const double m = 2.0 * static_cast<double>(r.params) / node;  // a rank's share of M
     bars.push_back({t.label, static_cast<double>(r.sent_within_node), static_cast<double>(r.sent_across_nodes),
                     static_cast<double>(r.sent_across_nodes) / m});
@@ -801,6 +834,38 @@ int zeropp_figure(const Options& o, const bench::ModelShape& shape) {
   const std::string title = concat("ZeRO++, ", shape.title(), " at N = ", o.world, " in nodes of ", node,
                                    ": bytes a rank sends a step, within its node and across nodes");
   std::ofstream(o.zeropp_svg) << bench::traffic_svg(title, bars);
+  return 0;
+}
+
+// --cp-svg FILE: one long sequence (--seq, --batch) at ZeRO-3 over C = 1, 2, 4, 8 cp ranks
+// (no data parallelism), each variant a dry run of rank 0: a table of a rank's activation
+// peak and the bytes its cp group sends a step, and the figure of it (bench/context_figure.h).
+int context_figure(const Options& o, const bench::ModelShape& shape) {
+  const int64_t seq = seq_of(o, shape);
+  constexpr dist::ContextVariant kVariants[] = {dist::ContextVariant::ring, dist::ContextVariant::all_gather,
+                                                dist::ContextVariant::ulysses};
+  std::printf("%s, batch %lld x %lld, ZeRO-3 over the C ranks, rank 0: GB (1e9 bytes)\n\n%4s %-11s %11s %9s %9s\n",
+              shape.title().c_str(), static_cast<long long>(o.batch), static_cast<long long>(seq), "C", "variant",
+              "activation", "sent cp", "peak");
+  std::vector<bench::ContextBars> rows;
+  for (int cp : {1, 2, 4, 8}) {
+    ZG_CHECK(seq % (2 * cp) == 0, "zero_memory --cp-svg: --seq ", seq, " does not cut into 2 x ", cp, " pieces");
+    bench::ContextBars& row = rows.emplace_back();
+    row.cp = cp;
+    for (int v = 0; v < 3; ++v) {
+      Context dry(0);
+      ContextGuard guard(dry);
+      dist::FakeGroup group(0, cp);
+      const Record r = measure(zero_config(o, {3, dist::Offload::none}), shape, 1, o.batch, seq, kMeta, group,
+                               {.cp = cp, .cp_variant = kVariants[v]}, {}, 1);
+      row.activation[v] = static_cast<double>(r.activation), row.sent[v] = static_cast<double>(r.sent_cp);
+      std::printf("%4d %-11s %11.3f %9.3f %9.3f\n", cp, dist::name(kVariants[v]), row.activation[v] / 1e9,
+                  row.sent[v] / 1e9, static_cast<double>(r.peak_allocated) / 1e9);
+    }
+  }
+  const std::string title = concat("Context parallelism, ", shape.title(), " on ", seq,
+                                   " tokens: who sends what, and a rank's bytes at C = 1, 2, 4, 8");
+  write_file_atomically(o.cp_svg, bench::context_svg(title, rows), "zero_memory --cp-svg");
   return 0;
 }
 
@@ -836,8 +901,8 @@ int simulate(const Options& o, const bench::ModelShape& shape, const std::vector
       ContextGuard guard(rank0);
       dist::FakeGroup group(0, world);
       StepLog& log = logs.emplace_back();
-      const Record r = measure(zero_config(o, setting), shape, 2, batch, seq, kMeta, group, o.tp,
-                               o.sequence_parallel, o.pipe, o.machine.ranks_per_node, &log);
+      const Record r = measure(zero_config(o, setting), shape, 2, batch, seq, kMeta, group, o.cut(), o.pipe,
+                               o.machine.ranks_per_node, &log);
       dist::StepTime t = dist::predict(log, o.machine);
       double idle = 0;  // --pp: the first stage's wait for the others
       if (o.pipe.on()) {
@@ -952,7 +1017,7 @@ void calibrate(const Options& o, const bench::ModelShape& shape, int64_t seq, di
     Context rank0(0);
     ContextGuard guard(rank0);
     dist::FakeGroup one(0, 1);
-    measure(zero, shape, 2, batch, seq, kMeta, one, 1, false, {}, 1, &log);
+    measure(zero, shape, 2, batch, seq, kMeta, one, {}, {}, 1, &log);
   }
   const double scale = real_step / dist::predict(log, rates).compute;
   std::string flags = "--tflops " + std::to_string(rates.flops_per_second / scale / 1e12) + " --memory-gbps " +
@@ -1029,23 +1094,23 @@ std::vector<Record> measure_setting(const Options& o, const bench::ModelShape& s
     if (o.caching) dry.set_allocator(kMeta, cuda::simulated_caching_allocator(kMeta));
     ContextGuard guard(dry);
     dist::FakeGroup group(o.dry_rank, o.world);
-    records.push_back(measure(zero, shape, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel,
-                              o.pipe, o.machine.ranks_per_node, nullptr, run));
+    records.push_back(measure(zero, shape, o.steps, o.batch, seq, device, group, o.cut(), o.pipe,
+                              o.machine.ranks_per_node, nullptr, run));
     return records;
   }
   std::mutex records_mutex;
   dist::run_local(o.world, [&](dist::ProcessGroup& group) {
     Record r;
     if (!use_nccl) {
-      r = measure(zero, shape, o.steps, o.batch, seq, device, group, o.tp, o.sequence_parallel, o.pipe,
-                  o.machine.ranks_per_node, nullptr, run);
+      r = measure(zero, shape, o.steps, o.batch, seq, device, group, o.cut(), o.pipe, o.machine.ranks_per_node,
+                  nullptr, run);
     } else {
 #ifdef ZG_WITH_NCCL
       // The local group bootstraps NCCL (the unique id); rank r runs on cuda:r.
       const Device mine(DeviceType::cuda, group.rank());
       const auto nccl = dist::NcclGroup::bootstrap(group, mine);
-      r = measure(zero, shape, o.steps, o.batch, seq, mine, *nccl, o.tp, o.sequence_parallel, o.pipe,
-                  o.machine.ranks_per_node, nullptr, run);
+      r = measure(zero, shape, o.steps, o.batch, seq, mine, *nccl, o.cut(), o.pipe, o.machine.ranks_per_node,
+                  nullptr, run);
 #endif
     }
     std::lock_guard lock(records_mutex);
@@ -1100,6 +1165,16 @@ std::string tensor_parallel_json(const Record& r) {
                 ", \"paper_activation_layer\": ", r.paper_activation_layer);
 }
 
+// --cp C's fields of a record (none at C = 1): the cp group's bytes sent, their formula, and
+// the activations' formulas (the peak and one layer; 0 where there is none for the cut).
+std::string context_parallel_json(const Options& o, const Record& r) {
+  if (r.cp == 1) return "";
+  return concat(", \"cp\": ", r.cp, ", \"cp_variant\": \"", dist::name(o.cp_variant), "\", \"sent_context_parallel\": ",
+                r.sent_cp, ", \"formula_sent_context_parallel\": ", r.formula_sent_cp,
+                r.tp > 1 ? "" : concat(", \"formula_activation\": ", r.formula_activation,  // (with tp: its fields)
+                                       ", \"formula_activation_layer\": ", r.formula_activation_layer));
+}
+
 // --pp's and --micro-batches' fields of a record (none without them).
 std::string pipeline_json(const Options& o, const Record& r) {
   if (r.pp == 1 && r.micro_batches == 1) return "";
@@ -1144,7 +1219,7 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
                 "\"sent_per_step\": %lld, \"formula_model_states\": %lld, \"formula_sent_per_step\": %lld, "
                 "\"construction_peak\": %lld, \"offload\": \"%s\", \"host_parameter\": %lld, \"host_gradient\": %lld, "
                 "\"host_optimizer_state\": %lld, \"host_peak\": %lld, \"formula_host_model_states\": %lld, "
-                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld%s%s%s%s}%s\n",
+                "\"shard_group\": %d, \"sent_across_groups\": %lld, \"formula_sent_across_groups\": %lld%s%s%s%s%s}%s\n",
                 o.model_name.c_str(), device.str().c_str(), r.group.c_str(), r.stage, r.world_size, r.rank,
                 (long long)r.params, (long long)r.parameter, (long long)r.gradient, (long long)r.optimizer_state,
                 (long long)r.activation, (long long)r.communication, (long long)r.peak_allocated,
@@ -1153,7 +1228,7 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
                 (long long)r.host_parameter, (long long)r.host_gradient, (long long)r.host_optimizer_state,
                 (long long)r.host_peak, (long long)r.formula_host, r.shard_group, (long long)r.sent_across,
                 (long long)r.formula_sent_across, nvme_json(r).c_str(), node_json(o, r).c_str(), tensor_parallel_json(r).c_str(),
-                pipeline_json(o, r).c_str(), i + 1 < records.size() ? "," : "");
+                context_parallel_json(o, r).c_str(), pipeline_json(o, r).c_str(), i + 1 < records.size() ? "," : "");
   }
   std::printf("]\n");
 }
@@ -1162,9 +1237,11 @@ void print_json(const Options& o, Device device, const std::vector<Record>& reco
 // under a GB; with offload the host pool's columns, with hybrid sharding the traffic across.
 void print_table(const Options& o, Device device, int64_t seq, const std::vector<Record>& records) {
   const std::string slices = o.pipe.pp > 1 ? " (rank 0's stages)" : o.tp == 1 ? "" : " (a rank's slices)";
-  const int data_ranks = o.world / o.tp / o.pipe.pp;
+  const int data_ranks = o.world / o.tp / o.pipe.pp / o.cp;
   std::string cut = o.pipe.pp > 1 ? concat(" = P = ", o.pipe.pp, " x ", data_ranks, " data-parallel") : "";
-  if (o.tp > 1) cut += concat(o.pipe.pp > 1 ? "" : concat(" = ", data_ranks, " data-parallel"), " x T = ", o.tp);
+  if (o.cp > 1) cut += concat(o.pipe.pp > 1 ? "" : concat(" = ", data_ranks, " data-parallel"), " x C = ", o.cp);
+  if (o.tp > 1)
+    cut += concat(o.pipe.pp > 1 || o.cp > 1 ? "" : concat(" = ", data_ranks, " data-parallel"), " x T = ", o.tp);
   std::printf("%s: Ψ = %lld parameters%s, N = %d%s, %s, %s group, batch %lld x %lld tokens, %s compute + "
               "fp32 AdamW\n",
               o.model_title.c_str(), (long long)records.front().params, slices.c_str(), o.world, cut.c_str(),
@@ -1189,6 +1266,7 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
   if (tp_formulas) std::printf("  %9s %9s %11s %11s %11s", "sent tp", "formula", "act formula", "act a layer", "paper");
   else if (o.tp > 1) std::printf("  %9s", "sent tp");
   if (o.pipe.on()) std::printf("  %7s %4s %9s", "pp rank", "held", "sent pp");
+  if (o.cp > 1) std::printf("  %9s %9s %11s %11s", "sent cp", "formula", "act formula", "act a layer");
   std::printf("\n");
   for (const Record& r : records) {
     std::printf("%5d %4d %9.3f %9.3f %9.3f %12.3f %9.3f %11.3f %9.3f %9.3f %11.3f %9.3f %9.3f", r.stage, r.rank,
@@ -1207,6 +1285,9 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
                   gb(r.formula_activation_layer), gb(r.paper_activation_layer));
     else if (o.tp > 1) std::printf("  %9.3f", gb(r.sent_tp));
     if (o.pipe.on()) std::printf("  %7d %4d %9.3f", r.pp_rank, r.held, gb(r.sent_pp));
+    if (o.cp > 1)
+      std::printf("  %9.3f %9.3f %11.3f %11.3f", gb(r.sent_cp), gb(r.formula_sent_cp), gb(r.formula_activation),
+                  gb(r.formula_activation_layer));
     std::printf("\n");
   }
   // Each unit's buffers are padded to a multiple of N: next to Ψ / N that is visible
@@ -1228,6 +1309,12 @@ void print_table(const Options& o, Device device, int64_t seq, const std::vector
                 "one for each micro-batch's forward and one for its backward (fewer run: an embedding's backward\n"
                 "reads no weights, and the last stage keeps its head from F to B). sent/step adds sent pp.\n",
                 o.pipe.make().describe().c_str(), static_cast<long long>(o.batch), o.batch == 1 ? "" : "s");
+  if (o.cp > 1)
+    std::printf("\nsent cp: of sent/step, the attention's keys and values on the context-parallel group (%s;\n"
+                "formula: dist::context_attention_bytes a layer); act formula: the activation peak as this code keeps\n"
+                "activations on its s / C tokens, act a layer: one layer's (bench/context_parallel_formulas.h;\n"
+                "0: no formula for this cut)\n",
+                dist::name(o.cp_variant));
   if (tp_formulas)
     std::printf("\nsent tp: of sent/step, what went to the tensor-parallel group (formula: Megatron's %s);\n"
                 "act formula: the activation peak as this code keeps activations, act a layer: one layer's,\n"
@@ -1270,7 +1357,7 @@ int run_processes(Options& o, const bench::ModelShape& shape, const std::vector<
     std::vector<Record> measured;
     for (const Setting& setting : settings)
       measured.push_back(measure(zero_config(o, setting), shape, o.steps, o.batch, seq_of(o, shape), mine,
-                                 nccl ? *nccl : host, o.tp, o.sequence_parallel, o.pipe, o.machine.ranks_per_node));
+                                 nccl ? *nccl : host, o.cut(), o.pipe, o.machine.ranks_per_node));
     records = all_records(host, measured);
   });
   if (status != 0 || my_rank != 0) return status;  // rank 0 prints
@@ -1345,7 +1432,7 @@ bench::Evaluation evaluate(const Options& o, const bench::PlanRequest& request, 
     Context dry(rank);
     ContextGuard guard(dry);
     dist::FakeGroup group(rank, n);
-    out.record = measure(zero, shape, 2, c.rows, request.seq, kMeta, group, c.tp, c.tp > 1,
+    out.record = measure(zero, shape, 2, c.rows, request.seq, kMeta, group, {.tp = c.tp, .sp = c.tp > 1},
                          {.pp = c.pp, .micro_batches = micro_batches}, request.cluster.gpus_per_node, &out.log);
     out.replay = out.time = dist::predict(out.log, o.machine);
   };
@@ -1441,7 +1528,8 @@ void usage() {
       "                   [--device meta|cpu|cuda|auto] [--rank R] [--group auto|local|nccl] [--steps K] [--batch B]\n"
       "                   [--seq T] [--offload none|optimizer|optimizer+params|nvme|all] [--offload-dir DIR]\n"
       "                   [--accumulate bf16|f32]\n"
-      "                   [--shard-group S] [--tp T [--sequence-parallel]] [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
+      "                   [--shard-group S] [--tp T [--sequence-parallel]] [--cp C [--cp-variant ring|all_gather|ulysses]]\n"
+      "                   [--prefetch-bytes B] [--keep-after-forward U,U|*] [--json]\n"
       "                   [--pp P] [--schedule gpipe|1f1b|interleaved|zb-h1|zb-h2] [--micro-batches M] [--chunks V]\n"
       "                   [--reduce-once] [--qwz] [--hpz] [--qgz | --qgz-bits 4|8] [--qgz-block B]\n"
       "                   [--ranks-per-node G]\n"
@@ -1451,6 +1539,7 @@ void usage() {
       "                   [--inter-us X] [--host-gbps X] [--link-gbps X] [--disk-gbps X] [--bucket-bytes B]\n"
       "                   [--schedule-svg FILE] [--offload O]\n"
       "       zero_memory --zeropp-svg FILE [--model M] [--world-size N] [--ranks-per-node G]\n"
+      "       zero_memory --cp-svg FILE [--model M | --config FILE] [--seq T] [--batch B]   (C = 1, 2, 4, 8)\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
       "       zero_memory --plan [--model M | --config config.json] --gpus N [--gpus-per-node G] [--gpu-memory 80GB]\n"
       "                   [--host-memory 2TB (a node's; unchecked without)]\n"
@@ -1475,6 +1564,9 @@ void usage() {
       "--rank R (meta): the dry run as rank R of the N (its place in the mesh, its shards); 0 by default.\n"
             "--tp T: tensor parallelism, the model cut over T ranks (tp innermost), N / T data-parallel ranks;\n"
       "  --sequence-parallel: and the activations between the cut layers cut along the sequence.\n"
+      "--cp C: context parallelism, each sequence cut over C ranks (beside tp), N / (C T) data-parallel ranks;\n"
+      "  --cp-variant: the attention's keys and values passed round a ring (default), all-gathered, or\n"
+      "  Ulysses' all-to-all to a head split. --seq is the whole sequence, a multiple of 2C.\n"
       "--pp P: pipeline parallelism, the layers cut into P stages (x --chunks V for interleaved) across P\n"
       "  groups (pp outermost), N = P x data-parallel x T ranks; --schedule (1f1b by default) runs\n"
       "  --micro-batches M of --batch rows each a step. A rank's row: its stages' states and activations;\n"
@@ -1591,6 +1683,8 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--largest-on") o.largest_on = static_cast<double>(number(1, 1 << 20));
     else if (a == "--tp") o.tp = static_cast<int>(number(1, 1 << 20));
     else if (a == "--sequence-parallel") o.sequence_parallel = true;
+    else if (a == "--cp") o.cp = static_cast<int>(number(1, 1 << 20));
+    else if (a == "--cp-variant") o.cp_variant = dist::parse_context_variant(value());
     else if (a == "--pp") o.pipe.pp = static_cast<int>(number(1, 1 << 20));
     else if (a == "--micro-batches") o.pipe.micro_batches = static_cast<int>(number(1, 1 << 16));
     else if (a == "--reduce-once") o.zero.reduce_once = true;
@@ -1606,6 +1700,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--bucket-bytes") o.zero.bucket_bytes = number(1, INT64_MAX);
     else if (a == "--schedule-svg") o.schedule_svg = value();
     else if (a == "--zeropp-svg") o.zeropp_svg = value();
+    else if (a == "--cp-svg") o.cp_svg = value();
     else if (a == "--keep-after-forward") o.zero.keep_after_forward = split_commas(value());
     else {
       usage();
@@ -1691,6 +1786,8 @@ int main(int argc, char** argv) {
              "the table and --simulate, not --calibrate or --largest-on (one rank)");
     ZG_CHECK(o.tp > 1 || !o.sequence_parallel, "zero_memory: --sequence-parallel cuts the sequence across the --tp "
              "ranks: add --tp");
+    ZG_CHECK(o.cp == 1 || (!o.calibrate && o.largest_on == 0 && !o.plan && !o.pipe.on()), "zero_memory: --cp is for "
+             "the table and --simulate, without --pp or --micro-batches (not yet composed with a pipeline)");
     if (o.zero.secondary_weights || o.zero.gradient_bits != 0) {  // hpZ's and qgZ's node: the machine's
       ZG_CHECK(o.zero.shard_group_size == 0, "zero_memory: --hpz and --qgz shard over all N ranks with nodes of "
                "--ranks-per-node G (", o.machine.ranks_per_node, "); --shard-group ", o.zero.shard_group_size,
@@ -1702,6 +1799,8 @@ int main(int argc, char** argv) {
     // auto: the GPU when this build has a usable one (N ranks sharing it), else the CPU.
     if (o.device_arg == "auto") o.device_arg = cuda_usable() ? "cuda" : "cpu";
     const bench::ModelShape shape = chosen_model(o);
+    ZG_CHECK(o.cp == 1 || seq_of(o, shape) % (2 * o.cp) == 0, "zero_memory: --seq ", seq_of(o, shape),
+             " does not cut into the 2 x ", o.cp, " equal pieces --cp ", o.cp, " needs; give a multiple of ", 2 * o.cp);
     ZG_CHECK(!o.caching || o.device_arg == "meta", "zero_memory: --caching simulates a GPU's cache in a dry run "
              "(--device meta); a real run uses its device's own allocator");
     ZG_CHECK(o.zero.compute_dtype == DType::bf16 || o.offload_arg == "none", "zero_memory: --compute f32 is for runs "
@@ -1720,7 +1819,7 @@ int main(int argc, char** argv) {
     ZG_CHECK(o.schedule_svg.empty() || o.simulate, "zero_memory: --schedule-svg draws the schedules --simulate "
              "predicts; add --simulate");
     for (int world : o.worlds.empty() ? std::vector<int>{o.world} : o.worlds)
-      if (world != 0) check_model_parallel(world, o.tp, o.pipe.pp);
+      if (world != 0) check_model_parallel(world, o.tp, o.pipe.pp, o.cp);
     ZG_CHECK(o.dry_rank == 0 || (o.device_arg == "meta" && !o.simulate && o.dry_rank < o.world), "zero_memory: --rank ",
              o.dry_rank, " picks the rank of the dry run (--device meta, the table) of N = ", o.world,
              " ranks: it must be below N");
@@ -1728,6 +1827,7 @@ int main(int argc, char** argv) {
     make_timeline_dir(o, processes);
     if (o.simulate) return simulate(o, shape, settings, processes);
     if (!o.zeropp_svg.empty()) return zeropp_figure(o, shape);
+    if (!o.cp_svg.empty()) return context_figure(o, shape);
     return run_table(o, shape, settings, processes);
   } catch (const std::exception& e) {  // a zg::Error, or the standard library's (bad_alloc)
     std::fprintf(stderr, "%s\n", e.what());

@@ -294,7 +294,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
       Shape expanded = t.shape(), merged = t.shape();
       expanded.insert(expanded.end() - 2, heads / kv_heads);
       merged[merged.size() - 3] = heads;
-      return t.unsqueeze(-3).expand(expanded).reshape(merged);
+      return t.unsqueeze(-3).expand(expanded).reshape(merged).contiguous();  // (one head: a view of stride 0 else)
     };
     return scaled_dot_product_attention(q_in, repeat(k_in), repeat(v_in), causal);
   }

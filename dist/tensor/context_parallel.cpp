@@ -41,8 +41,10 @@ DType accumulate_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : 
 Tensor repeat_heads(const Tensor& t, int64_t heads) {
   const int64_t kv = t.size(1);
   if (kv == heads) return t.contiguous();
-  return t.unsqueeze(2).expand({t.size(0), kv, heads / kv, t.size(2), t.size(3)}).reshape(
-      {t.size(0), heads, t.size(2), t.size(3)});
+  return t.unsqueeze(2)
+      .expand({t.size(0), kv, heads / kv, t.size(2), t.size(3)})
+      .reshape({t.size(0), heads, t.size(2), t.size(3)})
+      .contiguous();  // (from one head, reshape gives a view of stride 0, which the fused kernels do not read)
 }
 
 // A gradient over H repeated heads summed back onto the H_kv heads they repeat.
@@ -198,7 +200,9 @@ BlocksOut blocks_forward(const Tensor& q, const Tensor& k, const Tensor& v, Proc
         merge(rows[b.query_slot], block_forward(slot(q, b.query_slot), slot(kv.select(0, 0), b.key_slot),
                                                 slot(kv.select(0, 1), b.key_slot), b.diagonal, scale));
   }
-  return {cat({rows[0].out, rows[1].out}, 2).to(q.dtype()), cat({rows[0].lse, rows[1].lse}, 2), rows[0].fused};
+  Tensor out = bthd_like(q);  // so that the model's transpose back to [B, T, H D] is free
+  out.copy_(cat({rows[0].out, rows[1].out}, 2));
+  return {out, cat({rows[0].lse, rows[1].lse}, 2), rows[0].fused};
 }
 
 // Their backward: the blocks again, each adding into dq and into the gradient of the keys
@@ -282,8 +286,10 @@ Tensor heads_to_sequence(const Tensor& y, ProcessGroup& group) {
   const Tensor sent = stack(chunks).contiguous();  // [C, B, H / C, T, D]
   const Tensor received = empty_like(sent);        // chunk i: rank i's heads of this rank's pieces
   group.all_to_all_async({sent.reshape({-1})}, {received.reshape({-1})})->wait();
-  const Tensor heads = received.transpose(0, 1);  // [B, C, H / C, T, D]
-  return heads.reshape({heads.size(0), c * heads.size(2), heads.size(3), heads.size(4)});
+  const Tensor heads = received.permute({1, 3, 0, 2, 4});  // [B, T, C, H / C, D]
+  Tensor out = empty(heads.shape(), TensorOptions(y.dtype()).device(y.device()));  // [B, T, H, D]: see blocks_forward
+  out.copy_(heads);
+  return out.view({heads.size(0), heads.size(1), c * heads.size(3), heads.size(4)}).transpose(1, 2);
 }
 
 // The two as differentiable ops, each the other's backward.

@@ -117,3 +117,9 @@ side_by_side tensor-parallel.svg "GPT 7.5B, batch 1 x 1024, one step, rank 0: cu
 llama3_8b="$here/../../tests/fixtures/llama3_8b/config.json"
 "$bench/zero_memory" --plan --config "$llama3_8b" --gpus 8 --global-batch 128K-tokens --plan-svg "$out/planner-8.svg" >/dev/null
 "$bench/zero_memory" --plan --config "$llama3_8b" --gpus 64 --global-batch 1M-tokens --plan-svg "$out/planner-64.svg" >/dev/null
+
+# 21. Context parallelism: Llama 3.1 8B (its config.json) on one sequence of 131,072 tokens,
+# ZeRO-3 over C = 1, 2, 4, 8 cp ranks, each variant: who sends what to whom, a rank's
+# activation peak and the bytes its cp group sends a step (bench/context_figure.h).
+"$bench/zero_memory" --config "$here/../../tests/fixtures/llama3.1_8b/config.json" --seq 131072 \
+  --cp-svg "$out/context-parallel.svg" >/dev/null
