@@ -879,6 +879,8 @@ int simulate(const Options& o, const bench::ModelShape& shape, const std::vector
   const int64_t batch = o.batch, seq = seq_of(o, shape);
   if (!o.json) {
     std::string who = o.tp == 1 ? "a rank" : concat("a tensor-parallel group of T = ", o.tp, " (tp innermost)");
+    if (o.cp > 1) who = concat("a context-parallel group of C = ", o.cp, o.tp > 1 ? concat(" x T = ", o.tp) : "",
+                               " (each rank ", seq / o.cp, " of them, ", dist::name(o.cp_variant), ")");
     if (o.pipe.on())
       who = concat("a micro-batch in ", o.pipe.make().describe(), " (rank 0: the first stage; idle: its wait for "
                    "the others, dist/pipeline/step_time.h)");
@@ -909,8 +911,9 @@ int simulate(const Options& o, const bench::ModelShape& shape, const std::vector
         const dist::PipelineStepTime pipe = dist::predict_pipeline(log, t, o.pipe.make(), r.pp_rank);
         idle = pipe.idle, t.step = pipe.step, t.exposed = t.step - t.compute - idle;
       }
-      // A tp group shares its batch; a pipeline's stages share theirs, of M micro-batches.
-      const double tokens = static_cast<double>(batch * o.pipe.micro_batches * seq) * world / o.tp / o.pipe.pp / t.step;
+      // A tp group shares its batch, a cp group its sequences; a pipeline's stages share theirs, of M micro-batches.
+      const double tokens =
+          static_cast<double>(batch * o.pipe.micro_batches * seq) * world / o.tp / o.cp / o.pipe.pp / t.step;
       if (o.json)
         std::printf("%s  {\"model\": \"%s\", \"stage\": %d, \"world_size\": %d, \"shard_group\": %d, "
                     "\"step_seconds\": %.6g, \"compute_seconds\": %.6g, \"communication_seconds\": %.6g, "
@@ -918,7 +921,10 @@ int simulate(const Options& o, const bench::ModelShape& shape, const std::vector
                     "\"host_seconds\": %.6g, \"link_seconds\": %.6g, \"disk_seconds\": %.6g%s%s}",
                     first ? "" : ",\n", shape.name.c_str(), setting.stage, world, r.shard_group, t.step, t.compute,
                     t.communication, t.exposed, tokens, dist::name(setting.offload), t.host, t.link, t.disk,
-                    o.tp == 1 ? "" : concat(", \"tp\": ", o.tp).c_str(),
+                    ((o.tp == 1 ? std::string() : concat(", \"tp\": ", o.tp)) +
+                     (o.cp == 1 ? std::string()
+                                : concat(", \"cp\": ", o.cp, ", \"cp_variant\": \"", dist::name(o.cp_variant), "\"")))
+                        .c_str(),
                     o.pipe.on() ? concat(", \"pp\": ", o.pipe.pp, ", \"micro_batches\": ", o.pipe.micro_batches,
                                          ", \"pipeline_idle_seconds\": ", idle).c_str() : "");
       else
