@@ -420,7 +420,7 @@ void add_formulas(Record& r, const dist::ZeroConfig& zero, const bench::ModelSha
   const Traffic traffic =
       formula_traffic(zero, psi, r.shard_group, std::max(zero.ranks_per_node, 1), r.micro_batches, r.chunks);
   r.formula_sent = static_cast<int64_t>(traffic.total()) + r.formula_sent_across;
-  if (cut.cp > 1) {  // the attention's traffic on the cp group; its activations, where the formulas know the model
+  if (cut.cp > 1 && r.pp == 1 && r.micro_batches == 1) {  // the attention's traffic on the cp group; its activations
     const bench::ContextFormula context = bench::formula_context(model, batch, seq, cut, zero.compute_dtype);
     r.formula_sent_cp = context.sent;
     r.formula_sent += r.formula_sent_cp;
@@ -529,10 +529,10 @@ Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int
   std::optional<dist::Pipeline> pipeline;  // --pp, --micro-batches: the step runs the schedule
   if (built.schedule) {
     pipeline.emplace(built.pp(), *built.schedule, built.chunks, built.stages.loss);
-    // A dry run's peers send no headers: hidden states [b, T, C] (T / T_tp under sequence
-    // parallelism) in the compute dtype.
+    // A dry run's peers send no headers: hidden states [b, T, C] (T / C_cp a cp rank's, / T_tp
+    // under sequence parallelism) in the compute dtype.
     if (device.type == DeviceType::meta)
-      pipeline->set_activation({batch, sp ? seq / tp : seq, shape.width()}, zero.compute_dtype);
+      pipeline->set_activation({batch, seq / cut.cp / (sp ? tp : 1), shape.width()}, zero.compute_dtype);
   }
   dist::ProcessGroup* replicas = sharded.replica_group();  // hybrid sharding's other groups, or null
   const int64_t construction_peak = context.memory_stats(device).peak_total;
@@ -1792,8 +1792,8 @@ int main(int argc, char** argv) {
              "the table and --simulate, not --calibrate or --largest-on (one rank)");
     ZG_CHECK(o.tp > 1 || !o.sequence_parallel, "zero_memory: --sequence-parallel cuts the sequence across the --tp "
              "ranks: add --tp");
-    ZG_CHECK(o.cp == 1 || (!o.calibrate && o.largest_on == 0 && !o.plan && !o.pipe.on()), "zero_memory: --cp is for "
-             "the table and --simulate, without --pp or --micro-batches (not yet composed with a pipeline)");
+    ZG_CHECK(o.cp == 1 || (!o.calibrate && o.largest_on == 0 && !o.plan), "zero_memory: --cp is for the table, "
+             "--simulate and --cp-svg (the planner does not search it yet)");
     if (o.zero.secondary_weights || o.zero.gradient_bits != 0) {  // hpZ's and qgZ's node: the machine's
       ZG_CHECK(o.zero.shard_group_size == 0, "zero_memory: --hpz and --qgz shard over all N ranks with nodes of "
                "--ranks-per-node G (", o.machine.ranks_per_node, "); --shard-group ", o.zero.shard_group_size,

@@ -144,14 +144,12 @@ void check_ranks(const Flags& f, int ranks) {
 }
 
 // --cp: the sequence cuts into 2C pieces; Ulysses splits each tp rank's heads (and a Llama's
-// key/value heads, half as many) across the C ranks; no pipeline yet.
+// key/value heads, half as many) across the C ranks.
 void check_context_parallel(const Flags& f) {
   if (f.cp == 1) return;
   const dist::ContextVariant variant = dist::parse_context_variant(f.cp_variant);
   ZG_CHECK(f.seq % (2 * f.cp) == 0, "train_zero: --seq ", f.seq, " does not cut into the 2 x ", f.cp,
            " equal pieces --cp ", f.cp, " needs; make it a multiple of ", 2 * f.cp);
-  ZG_CHECK(f.pp == 1 && f.micro_batches == 1, "train_zero: --cp does not run with --pp or --micro-batches yet");
-  ZG_CHECK(!f.offload_activations, "train_zero: --cp with --offload-activations is not supported yet");
   const int64_t kv_heads = f.model == "llama" ? std::max<int64_t>(f.heads / 2, 1) : f.heads;
   ZG_CHECK(variant != dist::ContextVariant::ulysses || (f.heads % (f.tp * f.cp) == 0 && kv_heads % (f.tp * f.cp) == 0),
            "train_zero: --cp-variant ulysses gives each of the --cp ", f.cp, " ranks 1/", f.cp, " of a tp rank's ",

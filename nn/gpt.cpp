@@ -107,10 +107,7 @@ Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
   std::vector<CausalSelfAttention*> attentions;
   for (size_t i = 0; i < h->size(); ++i) attentions.push_back(h->at<Block>(i).attn.get());
   const KVCacheBinding binding(attentions, cache);
-  Tensor x = (*wte)(idx) + (*wpe)(positions(time, offset, idx.device()));
-  const SequencePieces& pieces = sequence_pieces();
-  x = pieces.whole() ? dropout(x, config.dropout, is_training())
-                     : dropout_pieces(x, config.dropout, is_training(), 1, pieces.held, pieces.parts, "GPT");
+  Tensor x = embed(idx, offset);
   for (size_t i = 0; i < h->size(); ++i) {
     Module& block = (*h)[i];
     if (config.activation_checkpointing && cache == nullptr)
@@ -120,6 +117,13 @@ Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
   x = (*ln_f)(x);
   // The LM head is the token embedding, transposed (weight tying; lm_head.weight is wte's).
   return matmul(x.reshape({-1, config.n_embd}), wte->weight, false, true).view({idx.size(0), time, wte->weight.size(0)});
+}
+
+Tensor GPT::embed(const Tensor& idx, int64_t offset) {
+  const Tensor x = (*wte)(idx) + (*wpe)(positions(idx.size(1), offset, idx.device()));
+  const SequencePieces& pieces = sequence_pieces();
+  return pieces.whole() ? dropout(x, config.dropout, is_training())
+                        : dropout_pieces(x, config.dropout, is_training(), 1, pieces.held, pieces.parts, "GPT");
 }
 
 // Megatron's cut: heads of q, k and v (c_attn as three blocks), the MLP's hidden features,

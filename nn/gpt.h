@@ -71,6 +71,9 @@ class GPT : public CausalLM {
   // Units transformer.h.0 ... h.{n_layer-1}; the root (tied embedding and head, wpe,
   // ln_f) used by wte and wpe before the blocks and by ln_f (and the head) after them.
   UnitPlan unit_plan() const override;
+  // The blocks' input: wte(idx) + wpe(positions), dropped; positions after the cache's
+  // `offset` tokens, or a context-parallel rank's (sequence_pieces). A pipeline's first stage runs it.
+  Tensor embed(const Tensor& idx, int64_t offset = 0);
   // Heads, MLP features and the vocabulary cut across a tensor-parallel group.
   ParallelPlan parallel_plan() const override;
 

@@ -135,8 +135,7 @@ Tensor Llama::logits(const Tensor& idx, KVCache* cache) {
   std::vector<LlamaAttention*> attentions;
   for (size_t i = 0; i < layers->size(); ++i) attentions.push_back(layers->at<LlamaBlock>(i).self_attn.get());
   const KVCacheBinding binding(attentions, cache);
-  rotary_->offset = offset;
-  rotary_->pieces = sequence_pieces();
+  set_position_offset(offset);
   Tensor x = (*embed_tokens)(idx);
   for (size_t i = 0; i < layers->size(); ++i) {
     Module& block = (*layers)[i];

@@ -108,8 +108,12 @@ class Llama : public CausalLM {
   // tensor-parallel group.
   ParallelPlan parallel_plan() const override;
   // Where the next forward's rotary positions start: logits() sets it from its cache; a
-  // pipeline stage, running some layers alone, sets 0.
-  void set_position_offset(int64_t offset) { rotary_->offset = offset; }
+  // pipeline stage, running some layers alone, sets 0. (A context-parallel rank's positions
+  // are its pieces', sequence_pieces.)
+  void set_position_offset(int64_t offset) {
+    rotary_->offset = offset;
+    rotary_->pieces = sequence_pieces();
+  }
 
   LlamaConfig config;
   std::shared_ptr<Module> model;

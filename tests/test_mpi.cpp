@@ -246,15 +246,18 @@ TEST_CASE("train_zero --pp: mpirun -n 4 --pp 4 --micro-batches 8 --schedule 1f1b
         std::string::npos);
 }
 
-TEST_CASE("train_zero --cp: mpirun -n 4 --cp 4, and threads with each variant, with tp and with dp, print one "
-          "rank's losses") {
+TEST_CASE("train_zero --cp: mpirun -n 4 --cp 4, and threads with each variant, with tp, dp and a pipeline, print "
+          "one rank's losses") {
   const std::string train_zero = std::string(ZG_EXAMPLES_DIR) + "/train_zero --layers 2 --heads 4 --embd 32 --seq 64 "
                                  "--batch 4 --steps 6";
   check_one_rank_losses(train_zero, "--cp 4", "each sequence cut across 4 cp ranks (ring)",
                         {"--ranks 2 --cp 2 --cp-variant all_gather --stage 0",
                          "--ranks 4 --cp 4 --cp-variant ulysses --stage 2",
                          "--ranks 4 --cp 2 --tp 2 --stage 3 --sequence-parallel",
-                         "--ranks 8 --cp 2 --tp 2 --cp-variant all_gather --stage 3"});
+                         "--ranks 8 --cp 2 --tp 2 --cp-variant all_gather --stage 3",
+                         "--ranks 4 --cp 2 --pp 2 --micro-batches 2 --stage 3 --schedule gpipe",
+                         "--ranks 8 --cp 2 --pp 2 --tp 2 --micro-batches 2 --cp-variant ulysses --stage 1",
+                         "--ranks 4 --cp 4 --offload-activations --stage 2"});
   int status = 0;
   const std::string odd = run_command(train_zero + " --ranks 4 --cp 4 --seq 36 2>&1", status);
   CHECK(status != 0);

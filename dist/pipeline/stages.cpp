@@ -250,11 +250,7 @@ Stages gpt_stages(nn::GPT& model, int stages) {
     lm.blocks.emplace_back("transformer.h." + std::to_string(i), model.h->ptr<nn::Module>(i));
   lm.finals = {{"transformer.ln_f", model.ln_f}};
   lm.tied = "transformer.wte";
-  lm.embed = [&model](const Tensor& idx) {  // GPT::logits' first lines
-    const Tensor positions =
-        arange(0.0, static_cast<double>(idx.size(1)), 1.0, TensorOptions(DType::i64).device(idx.device()));
-    return dropout((*model.wte)(idx) + (*model.wpe)(positions), model.config.dropout, model.is_training());
-  };
+  lm.embed = [&model](const Tensor& idx) { return model.embed(idx); };  // GPT::logits' first line
   const std::shared_ptr<nn::Module> ln_f = model.ln_f;
   lm.head = [ln_f](const Tensor& x, nn::Module* tied_head) { return (*tied_head)((*ln_f)(x)); };
   lm.checkpoint_blocks = model.config.activation_checkpointing;
