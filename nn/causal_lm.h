@@ -66,10 +66,19 @@ class CausalLM : public Module {
   SequencePieces sequence_pieces_;
 };
 
+// Dropout on attention probabilities, in training: p, and which part of the one-rank
+// model's heads a rank's q holds (part `head_part` of `head_parts`: tensor parallelism's
+// cut), so that its mask is that part of the one-rank mask.
+struct AttentionDropout {
+  double p = 0;
+  int head_part = 0, head_parts = 1;
+};
+
 // Causal attention of q [B, H, T, D] over k, v [B, H_kv, T, D] (H_kv dividing H) computed
 // otherwise than by zg::scaled_dot_product_attention: by the ranks of a context-parallel
 // group, each holding pieces of the sequence (dist/tensor/context_parallel.h). An attention
 // module with one set calls it in place of the one-rank op.
-using CausalAttention = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v)>;
+using CausalAttention =
+    std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionDropout& dropout)>;
 
 }  // namespace zg::nn

@@ -31,8 +31,6 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
            c_attn->weight.size(1), "], got ", describe(x));
   const int64_t head_dim = x.size(2) / n_head, local_heads = c_attn->weight.size(0) / (3 * head_dim);
   const bool drops = is_training() && attn_dropout > 0;
-  ZG_CHECK(!(drops && context_attention), "CausalSelfAttention: attention dropout (p = ", attn_dropout, ") does not "
-           "run under context parallelism (each rank sees blocks of the probabilities, not rows); train with dropout 0");
   if (cache == nullptr && !drops && !context_attention) {
     // qkv [B, T, 3C] -> the heads' attention, side by side [B, T, C] (q, k, v read in place);
     // a statement of its own, so qkv is freed before c_proj runs where backward keeps nothing
@@ -50,7 +48,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   for (const auto& [name, split] : c_attn->named_splits())
     if (name == "weight") part = split.part, parts = split.parts;
   const Tensor y = cache               ? cached_attention(*cache, heads[0], heads[1], heads[2])
-                   : context_attention ? context_attention(heads[0], heads[1], heads[2])
+                   : context_attention ? context_attention(heads[0], heads[1], heads[2], {drops ? attn_dropout : 0, part, parts})
                                        : scaled_dot_product_attention(heads[0], heads[1], heads[2], true, attn_dropout,
                                                                       true, part, parts);
   return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({batch, time, channels})));

@@ -96,7 +96,7 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   const Tensor k = rotary_embedding(heads((*k_proj)(x)), rope);
   const Tensor v = heads((*v_proj)(x));
   const Tensor y = cache               ? cached_attention(*cache, q, k, v)
-                   : context_attention ? context_attention(q, k, v)
+                   : context_attention ? context_attention(q, k, v, {})
                                        : scaled_dot_product_attention(q, k, v, /*causal=*/true);
   return (*o_proj)(y.transpose(1, 2).reshape({batch, time, q.size(1) * head_dim}));
 }

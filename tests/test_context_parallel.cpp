@@ -146,6 +146,7 @@ nn::LlamaConfig tiny_llama() {
 // rank on its rows of a global batch of 4, each cp rank on its pieces of the rows' 16 tokens.
 struct Layout {
   int cp = 1, tp = 0, dp = 1, stage = 0;
+  bool sp = true;  // with tp: sequence parallelism too
   dist::ContextVariant variant = dist::ContextVariant::ring;
   DType dtype = DType::f64;
 };
@@ -163,7 +164,7 @@ Run train(const MakeModel& make, const Layout& l) {
     dist::DeviceMesh mesh(world, {{"dp_shard", l.dp}, {"cp", l.cp}, {"tp", std::max(l.tp, 1)}});
     if (l.tp > 0) {
       nn::ParallelPlan plan = model->parallel_plan();
-      plan.sequence_parallel = true;
+      plan.sequence_parallel = l.sp;
       dist::parallelize_module(*model, mesh.group("tp"), plan);
     }
     dist::parallelize_context(*model, mesh.group("cp"), l.variant);
@@ -233,15 +234,40 @@ TEST_CASE("context parallelism: a Llama with grouped-query attention at cp 2 and
                            [] { return std::make_shared<nn::Llama>(tiny_llama()); });
 }
 
-TEST_CASE("a model cut over cp refuses attention dropout and generation with a KV cache, naming them") {
+TEST_CASE("context parallelism with dropout: a GPT dropping its embeddings, residual branches and attention "
+          "probabilities trains as one rank under Ulysses at cp 2 and 4, alone and with tp 2 (sequence parallelism on "
+          "and off) at ZeRO-3: every mask is the one-rank mask's part (f64 1e-12; data-parallel ranks would draw "
+          "masks of their own rows, so dp = 1)") {
+  nn::GPTConfig config = tiny_gpt();
+  config.dropout = 0.1;
+  const MakeModel make = [config] { return std::make_shared<nn::GPT>(config, kF64); };
+  const Run reference = train(make, {});
+  const auto ulysses = dist::ContextVariant::ulysses;
+  for (int c : {2, 4}) {
+    INFO("cp " << c);
+    check_same_run(train(make, {.cp = c, .variant = ulysses}), reference, 1e-12, 1e-12);
+    for (bool sp : {true, false}) {
+      INFO("with tp 2, sequence parallel " << sp);
+      check_same_run(train(make, {.cp = c, .tp = 2, .stage = 3, .sp = sp, .variant = ulysses}), reference,
+                     1e-12, 1e-12);
+    }
+  }
+  const Run no_dropout = train([] { return std::make_shared<nn::GPT>(tiny_gpt(), kF64); }, {});
+  double moved = 0;  // the masks did drop: the weights trained otherwise
+  for (size_t i = 0; i < no_dropout.state.size(); ++i)
+    moved = std::max(moved, test::max_abs_diff(no_dropout.state[i].second, reference.state[i].second));
+  CHECK(moved > 1e-3);
+}
+
+TEST_CASE("a model cut over cp refuses attention dropout on the ring and generation with a KV cache, naming them") {
   dist::run_local(2, [](dist::ProcessGroup& group) {
     nn::GPTConfig config = tiny_gpt();
     config.dropout = 0.1;
     nn::GPT gpt(config, kF64);
     dist::parallelize_context(gpt, group, dist::ContextVariant::ring);
     const Tensor idx = zeros({1, 8}, TensorOptions(DType::i64));
-    CHECK_THROWS_WITH_AS(gpt.forward(idx, idx), doctest::Contains("attention dropout (p = 0.1) does not run under "
-                                                                  "context parallelism"),
+    CHECK_THROWS_WITH_AS(gpt.forward(idx, idx), doctest::Contains("context_attention (ring): attention dropout (p = "
+                                                                  "0.1) does not run on the ring variant"),
                          Error);
     gpt.eval();
     nn::KVCache cache;

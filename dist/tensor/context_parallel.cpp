@@ -307,13 +307,17 @@ Tensor to_heads(const Tensor& x, ProcessGroup& group) {
                   [g](const Tensor& grad) { return std::vector<Tensor>{heads_to_sequence(grad.contiguous(), *g)}; });
 }
 
-Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, ProcessGroup& group) {
+// With dropout, this rank's heads are part rank of C of the part its q holds of the model's.
+Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, ProcessGroup& group,
+                         const nn::AttentionDropout& dropout) {
   const int c = group.size();
   ZG_CHECK(q.size(1) % c == 0 && k.size(1) % c == 0, "context_attention (ulysses): the ", q.size(1),
            " query heads and ", k.size(1), " key/value heads a rank holds must both divide by the cp group's C = ", c,
            " (each rank takes 1/C of them); use the ring or all_gather variant");
-  return to_sequence(scaled_dot_product_attention(to_heads(q, group), to_heads(k, group), to_heads(v, group), true),
-                     group);
+  const Tensor heads = scaled_dot_product_attention(to_heads(q, group), to_heads(k, group), to_heads(v, group), true,
+                                                    dropout.p, true, dropout.head_part * c + group.rank(),
+                                                    dropout.head_parts * c);
+  return to_sequence(heads, group);
 }
 
 }  // namespace
@@ -361,25 +365,30 @@ std::vector<AttentionBlock> context_schedule(int rank, int ranks) {
 }
 
 Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v, ProcessGroup& group,
-                         ContextVariant variant) {
+                         ContextVariant variant, const nn::AttentionDropout& dropout) {
   ZG_CHECK(q.defined() && k.defined() && v.defined() && q.dim() == 4 && k.dim() == 4 && v.dim() == 4 &&
                k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3) &&
                k.size(1) > 0 && q.size(1) % k.size(1) == 0,
            "context_attention: expected q [B, H, T, D] and k, v [B, H_kv, T, D] with H_kv dividing H, got ",
            q.defined() ? describe(q) : "undefined", ", ", k.defined() ? describe(k) : "undefined", ", ",
            v.defined() ? describe(v) : "undefined");
-  if (group.size() == 1) return scaled_dot_product_attention(q, k, v, true);
+  if (group.size() == 1)
+    return scaled_dot_product_attention(q, k, v, true, dropout.p, true, dropout.head_part, dropout.head_parts);
   ZG_CHECK(q.size(2) % 2 == 0, "context_attention: ", q.size(2), " rows are not this rank's two equal pieces of the ",
            "sequence (shard tokens with context_shard)");
-  if (variant == ContextVariant::ulysses) return ulysses_attention(q, k, v, group);
+  if (variant == ContextVariant::ulysses) return ulysses_attention(q, k, v, group, dropout);
+  ZG_CHECK(dropout.p == 0, "context_attention (", name(variant), "): attention dropout (p = ", dropout.p, ") does not "
+           "run on the ", name(variant), " variant, whose blocks are parts of the probabilities' rows; use ulysses (whole "
+           "rows of a rank's heads), or dropout 0");
   return blocks_attention(q, k, v, group, variant);
 }
 
 void parallelize_context(nn::CausalLM& model, ProcessGroup& group, ContextVariant variant) {
   if (group.size() == 1) return;
   const GroupRef g(group, kDestroyed);
-  const nn::CausalAttention attention = [g, variant](const Tensor& q, const Tensor& k, const Tensor& v) {
-    return context_attention(q, k, v, *g, variant);
+  const nn::CausalAttention attention = [g, variant](const Tensor& q, const Tensor& k, const Tensor& v,
+                                                     const nn::AttentionDropout& dropout) {
+    return context_attention(q, k, v, *g, variant, dropout);
   };
   const nn::SequencePieces pieces = nn::load_balanced_pieces(group.rank(), group.size());
   int attentions = 0;

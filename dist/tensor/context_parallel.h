@@ -57,17 +57,21 @@ std::vector<AttentionBlock> context_schedule(int rank, int ranks);
 
 // Causal attention of this rank's pieces q [B, H, T, D] over k, v [B, H_kv, T, D] (H_kv
 // dividing H: grouped-query), T = S / C: this rank's rows of the one-rank attention over
-// the whole sequence. Differentiable. The group must outlive the backward.
+// the whole sequence. Differentiable. The group must outlive the backward. With dropout
+// (p > 0), the probabilities drop as the one-rank op's would (its mask's part for this
+// rank's heads): Ulysses only, whose ranks hold whole rows of the probabilities; the ring
+// and the all-gather hold blocks of them, and refuse it.
 Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v, ProcessGroup& group,
-                         ContextVariant variant);
+                         ContextVariant variant, const nn::AttentionDropout& dropout = {});
 
 // Cuts `model`'s sequences across `group` (C ranks): its attention modules (GPT's and
 // Llama's) call context_attention, positions and dropout masks follow this rank's pieces,
 // and forward(idx, targets) then takes context_shard(tokens) -- its loss is the mean over
 // this rank's tokens; the mean of the ranks' is the whole sequence's, which averaging
 // gradients over cp as over data parallelism (ShardedModel over a mesh with a cp
-// dimension) trains on. Attention dropout and generation with a KV cache are refused; a
-// variant that cannot divide the heads says so at the first forward. C = 1 changes nothing.
+// dimension) trains on. Generation with a KV cache is refused, and attention dropout but
+// by Ulysses; a variant that cannot divide the heads says so at the first forward. C = 1
+// changes nothing.
 void parallelize_context(nn::CausalLM& model, ProcessGroup& group, ContextVariant variant);
 
 // Bytes one rank sends for one attention layer's forward and backward, each variant's
