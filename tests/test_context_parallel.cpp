@@ -72,35 +72,47 @@ TEST_CASE("sequence pieces: positions, refinement by sequence parallelism, and d
 
 namespace {
 
-// The one-rank attention of q [B, H, S, D], k, v [B, H_kv, S, D], and its gradients for an
-// upstream gradient g; each rank's context_attention of its pieces must give its rows.
-void check_attention(dist::ContextVariant variant, int c, int64_t heads, int64_t kv_heads, DType dtype, double tol) {
-  const TensorOptions options(dtype);
+// The one-rank attention of q [B, H, S, D], k, v [B, H_kv, S, D] (f64 on the CPU, from
+// inputs rounded to `dtype`), and its gradients for an upstream gradient g; each rank's
+// context_attention of its pieces, in `dtype` on `device`, must give its rows.
+struct AttentionCase {
+  dist::ContextVariant variant;
+  int c;
+  int64_t heads, kv_heads;
+  DType dtype;
+  double tol;
+  Device device = kCPU;
+  int64_t seq = 16, dim = 4;
+};
+void check_attention(const AttentionCase& a) {
   manual_seed(21);
-  const Tensor q = randn({2, heads, 16, 4}, options), k = randn({2, kv_heads, 16, 4}, options),
-               v = randn({2, kv_heads, 16, 4}, options), g = randn({2, heads, 16, 4}, options);
+  const auto input = [&](int64_t heads) { return randn({2, heads, a.seq, a.dim}, kF64).to(a.dtype).to(DType::f64); };
+  const Tensor q = input(a.heads), k = input(a.kv_heads), v = input(a.kv_heads), g = input(a.heads);
   const Tensor qr = q.clone().set_requires_grad(true), kr = k.clone().set_requires_grad(true),
                vr = v.clone().set_requires_grad(true);
   const Tensor want = scaled_dot_product_attention(qr, kr, vr, true);
   sum(want * g).backward();
-  dist::run_local(c, [&](dist::ProcessGroup& group) {
+  const auto on = [&](const Tensor& t) { return t.to(a.dtype).to(a.device); };
+  dist::run_local(a.c, [&](dist::ProcessGroup& group) {
     const int r = group.rank();
-    const auto mine = [&](const Tensor& t) { return dist::context_shard(t, r, c, 2).contiguous(); };
-    const Tensor ql = mine(q).set_requires_grad(true), kl = mine(k).set_requires_grad(true),
-                 vl = mine(v).set_requires_grad(true);
+    const auto mine = [&](const Tensor& t) { return dist::context_shard(t, r, a.c, 2).contiguous(); };
+    const Tensor ql = on(mine(q)).set_requires_grad(true), kl = on(mine(k)).set_requires_grad(true),
+                 vl = on(mine(v)).set_requires_grad(true);
     group.reset_bytes_sent();
-    const Tensor out = dist::context_attention(ql, kl, vl, group, variant);
-    const dist::ContextBytes bytes = dist::context_attention_bytes(
-        variant, c, 2, 16 / c, heads, kv_heads, 4, element_size(dtype), element_size(dtype == DType::f64 ? dtype : DType::f32));
+    const Tensor out = dist::context_attention(ql, kl, vl, group, a.variant);
+    const int64_t accumulate = element_size(a.dtype == DType::f64 ? a.dtype : DType::f32);
+    const dist::ContextBytes bytes = dist::context_attention_bytes(a.variant, a.c, 2, a.seq / a.c, a.heads, a.kv_heads,
+                                                                   a.dim, element_size(a.dtype), accumulate);
     CHECK(group.bytes_sent() == bytes.forward);
-    check_close(out, Host::of(mine(want)), tol, tol, "out");
-    sum(out * mine(g)).backward();
+    check_close(out, Host::of(mine(want)), a.tol, a.tol, "out");
+    sum(out * on(mine(g))).backward();
     CHECK(group.bytes_sent() == bytes.forward + bytes.backward);
-    check_close(ql.grad(), Host::of(mine(qr.grad())), tol, tol, "dq");
-    check_close(kl.grad(), Host::of(mine(kr.grad())), tol, tol, "dk");
-    check_close(vl.grad(), Host::of(mine(vr.grad())), tol, tol, "dv");
-    CHECK(out.dtype() == dtype);
-    check_close(dist::context_unshard(out, group, 2), Host::of(want), tol, tol, "unsharded out");
+    check_close(ql.grad(), Host::of(mine(qr.grad())), a.tol, a.tol, "dq");
+    check_close(kl.grad(), Host::of(mine(kr.grad())), a.tol, a.tol, "dk");
+    check_close(vl.grad(), Host::of(mine(vr.grad())), a.tol, a.tol, "dv");
+    CHECK(out.dtype() == a.dtype);
+    CHECK(out.device() == a.device);
+    check_close(dist::context_unshard(out, group, 2), Host::of(want), a.tol, a.tol, "unsharded out");
   });
 }
 
@@ -112,9 +124,19 @@ TEST_CASE("context_attention: each variant at C = 2 and 4, causal, with grouped-
   for (dist::ContextVariant variant : kVariants)
     for (int c : {2, 4}) {
       INFO(dist::name(variant) << " at C = " << c);
-      check_attention(variant, c, 8, 4, DType::f64, 1e-12);
-      check_attention(variant, c, 8, 8, DType::f32, 1e-5);
+      check_attention({variant, c, 8, 4, DType::f64, 1e-12});
+      check_attention({variant, c, 8, 8, DType::f32, 1e-5});
     }
+}
+
+TEST_CASE("context_attention on each device present: bf16 with the fused kernels (cuDNN's flash attention a block "
+          "on a GPU), every variant at C = 2 and 4, within bf16's rounding of the f64 one-rank attention") {
+  for (Device device : test::devices())
+    for (dist::ContextVariant variant : kVariants)
+      for (int c : {2, 4}) {
+        INFO(device.str() << ", " << dist::name(variant) << " at C = " << c);
+        check_attention({variant, c, 8, 4, DType::bf16, 3e-2, device, 256, 64});
+      }
 }
 
 TEST_CASE("context_attention refuses what it cannot split, naming it") {

@@ -70,7 +70,6 @@ Tensor block_scores(const Tensor& q, const Tensor& keys, bool diagonal, double s
 // One block's attention and its log-sum-exp: out = softmax(S) v, lse = logsumexp_j S_ij,
 // S = q k^T scale (causal inside a diagonal block). The fused kernel where the device has
 // one (its stats are this lse), else composed in the accumulation dtype.
-// The backend learns from requires_grad that a backward will follow (and checks it can run it).
 struct BlockResult {
   Tensor out, lse;  // accumulation dtype: [B, H, L, D], [B, H, L]
   bool fused = false;
@@ -80,6 +79,7 @@ BlockResult block_forward(const Tensor& q, const Tensor& k, const Tensor& v, boo
   const Tensor keys = repeat_heads(k, q.size(1)), values = repeat_heads(v, q.size(1));
   const Tensor out = bthd_like(q);
   const Tensor stats = empty({q.size(0), q.size(1), q.size(2)}, TensorOptions(DType::f32).device(q.device()));
+  // (requires_grad tells the backend a backward will follow, which it checks it can run)
   const auto input = [](const Tensor& t) { return t.contiguous().detach().set_requires_grad(true); };
   if (backend(q.device()).attention(input(q), input(keys), input(values), diagonal, scale, out, stats))
     return {out.to(acc), stats.to(acc), true};
