@@ -19,11 +19,12 @@ std::string Candidate::setting() const {
   std::string out = stage == 0 ? "DDP" : "ZeRO-" + std::to_string(stage);
   if (stage >= 2 && shard_group != dp) out += " S=" + std::to_string(shard_group);
   if (offload != dist::Offload::none) out += std::string(" offload ") + dist::name(offload);
+  if (cp > 1) out += std::string(" ") + dist::name(cp_variant);
   return out;
 }
 
 std::string Candidate::mesh() const {
-  return concat(dp / shard_group, "x", shard_group, "x", tp, "x", pp);
+  return concat(dp / shard_group, "x", shard_group, "x", tp, "x", pp, cp > 1 ? concat(" cp", cp) : "");
 }
 
 namespace {
@@ -109,6 +110,18 @@ std::string described(const Candidate& c) {
 
 }  // namespace
 
+// The context-parallel splits worth trying for tp ranks of a sequence: none, and C ranks of
+// each variant wherever a rank keeps at least 8,192 tokens (fewer, and the keys' and values'
+// traffic outweighs the attention it spreads) and Ulysses' where the heads divide.
+std::vector<std::pair<int, dist::ContextVariant>> context_splits(const ModelShape& model, int64_t seq, int tp, int ranks) {
+  std::vector<std::pair<int, dist::ContextVariant>> out = {{1, dist::ContextVariant::ring}};
+  for (int cp = 2; cp <= ranks && ranks % cp == 0 && seq % (2 * cp) == 0 && seq / cp >= 8192; cp *= 2)
+    for (dist::ContextVariant v : {dist::ContextVariant::ring, dist::ContextVariant::all_gather, dist::ContextVariant::ulysses})
+      if (v != dist::ContextVariant::ulysses || (model.heads() / tp % cp == 0 && model.kv_heads() / tp % cp == 0))
+        out.emplace_back(cp, v);
+  return out;
+}
+
 std::vector<Candidate> plan_candidates(const PlanRequest& r) {
   const ModelShape& model = r.model;
   const int n = r.cluster.gpus;
@@ -117,25 +130,27 @@ std::vector<Candidate> plan_candidates(const PlanRequest& r) {
     if (!cuts(model, tp)) continue;
     for (int pp : powers_of_two_dividing(n / tp, model.layers())) {
       if (model.layers() % pp != 0) continue;
-      const int dp = n / tp / pp;
-      if (r.sequences % dp != 0) continue;
-      const int64_t per_rank = r.sequences / dp;
-      std::vector<int> groups = {dp};
-      const int node = r.cluster.gpus_per_node / tp;  // one node's data-parallel ranks (tp innermost)
-      if (node > 1 && node < dp && dp % node == 0) groups.push_back(node);
-      for (int stage = 0; stage <= 3; ++stage)
-        for (int s : groups) {
-          if (s != dp && stage < 2) continue;  // hybrid sharding: stages 2, 3
-          // Without a pipeline the largest micro-batch first (fewer, larger products: the model's
-          // fastest), smaller ones as memory savers; a pipeline's bubble shrinks with more, so all.
-          const std::vector<int> all_rows = powers_of_two_dividing(per_rank, 8);
-          for (int rows : pp == 1 ? std::vector<int>{all_rows.back()} : all_rows) {
-            const int64_t micro_batches = per_rank / rows;
-            if (pp > 1 && micro_batches < pp) continue;  // 1F1B needs M >= P to fill the pipeline
-            out.push_back({.tp = tp, .pp = pp, .dp = dp, .shard_group = s, .stage = stage, .rows = rows,
-                           .micro_batches = static_cast<int>(micro_batches)});
+      for (const auto& [cp, variant] : context_splits(model, r.seq, tp, n / tp / pp)) {
+        const int dp = n / tp / pp / cp;
+        if (r.sequences % dp != 0) continue;
+        const int64_t per_rank = r.sequences / dp;
+        std::vector<int> groups = {dp};
+        const int node = r.cluster.gpus_per_node / tp / cp;  // one node's data-parallel ranks (tp, cp innermost)
+        if (node > 1 && node < dp && dp % node == 0) groups.push_back(node);
+        for (int stage = 0; stage <= 3; ++stage)
+          for (int s : groups) {
+            if (s != dp && stage < 2) continue;  // hybrid sharding: stages 2, 3
+            // Without a pipeline the largest micro-batch first (fewer, larger products: the model's
+            // fastest), smaller ones as memory savers; a pipeline's bubble shrinks with more, so all.
+            const std::vector<int> all_rows = powers_of_two_dividing(per_rank, 8);
+            for (int rows : pp == 1 ? std::vector<int>{all_rows.back()} : all_rows) {
+              const int64_t micro_batches = per_rank / rows;
+              if (pp > 1 && micro_batches < pp) continue;  // 1F1B needs M >= P to fill the pipeline
+              out.push_back({.tp = tp, .pp = pp, .dp = dp, .shard_group = s, .cp = cp, .cp_variant = variant,
+                             .stage = stage, .rows = rows, .micro_batches = static_cast<int>(micro_batches)});
+            }
           }
-        }
+      }
     }
   }
   return out;
@@ -257,7 +272,8 @@ std::string plan_json(const PlanRequest& request, const std::vector<PlannedSetti
     out += concat(i ? ",\n" : "", "  {\"rank\": ", i + 1, ", \"model\": \"", request.model.name, "\", \"setting\": \"",
                   k.setting(), "\", \"stage\": ", k.stage, ", \"offload\": \"", dist::name(k.offload),
                   "\", \"dp_replicate\": ", k.dp / k.shard_group, ", \"dp_shard\": ", k.shard_group, ", \"tp\": ", k.tp,
-                  ", \"pp\": ", k.pp, ", \"micro_batch_rows\": ", k.rows, ", \"micro_batches\": ", k.micro_batches,
+                  ", \"pp\": ", k.pp, ", \"cp\": ", k.cp, ", \"cp_variant\": \"", dist::name(k.cp_variant),
+                  "\", \"micro_batch_rows\": ", k.rows, ", \"micro_batches\": ", k.micro_batches,
                   ", \"activation_checkpointing\": ", k.checkpointing ? "true" : "false", ", \"peak_bytes\": ", e.peak,
                   ", \"host_peak_bytes\": ", e.host_peak, ", \"gpu_memory_bytes\": ", request.cluster.gpu_memory,
                   ", \"fits\": ", e.fits ? "true" : "false", ", \"step_seconds\": ", number(e.time.step),

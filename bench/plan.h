@@ -1,13 +1,15 @@
 // zero_memory --plan: which setting trains a model fastest on a cluster, answered by the
 // real code. Every way to split the global batch over the GPUs -- the mesh dp_replicate x
-// dp_shard x tp x pp, the ZeRO stage, offload, activation checkpointing, the micro-batch
-// -- is a candidate; each is evaluated by a dry run on the meta device (the training step's
+// dp_shard x cp x tp x pp, the ZeRO stage, offload, activation checkpointing, the
+// micro-batch -- is a candidate; each is evaluated by a dry run on the meta device (the training step's
 // own code, every byte counted: the peak is exact) whose recorded kernels and collectives the
 // step-time model replays (dist/comm/step_model.h), and the candidates are ranked: those
 // that fit the GPU's memory by predicted tokens/s, then those that do not.
 //
 //   candidates  tp within a node dividing the heads, key/value heads and the MLP; pp dividing
-//               the layers; dp = N / (tp pp) dividing the global batch's sequences; S = dp, or
+//               the layers; cp (each variant Ulysses' heads allow) where each rank keeps at
+//               least 8,192 of a sequence's tokens; dp = N / (tp cp pp) dividing the global
+//               batch's sequences; S = dp, or
 //               one node's data-parallel ranks (hybrid sharding, stages 2, 3); a micro-batch
 //               of b rows, M = (sequences / dp) / b of them a step (accumulated, or a 1F1B
 //               pipeline's); offload only where the same setting without it does not fit
@@ -24,6 +26,7 @@
 
 #include "bench/model_shape.h"
 #include "dist/comm/step_model.h"
+#include "dist/tensor/context_parallel.h"
 #include "dist/zero/zero_config.h"
 
 namespace zg::bench {
@@ -43,14 +46,16 @@ struct PlanRequest {
 
 // One way to train: the mesh, the ZeRO setting and the micro-batches.
 struct Candidate {
-  int tp = 1, pp = 1, dp = 1, shard_group = 1;  // dp = N / (tp pp) ranks, sharding over S = shard_group of them
+  int tp = 1, pp = 1, dp = 1, shard_group = 1;  // dp = N / (tp cp pp) ranks, sharding over S = shard_group of them
+  int cp = 1;                                   // context-parallel ranks a sequence, by cp_variant's attention
+  dist::ContextVariant cp_variant = dist::ContextVariant::ring;
   int stage = 0;
   dist::Offload offload = dist::Offload::none;
   bool checkpointing = false;
   int64_t rows = 1;       // sequences a micro-batch
   int micro_batches = 1;  // a step: dp x rows x micro_batches = the global batch
-  std::string setting() const;  // "ZeRO-3", "ZeRO-2 S=8", "ZeRO-1 offload optimizer"
-  std::string mesh() const;     // "8x8x1x1": dp_replicate x dp_shard x tp x pp
+  std::string setting() const;  // "ZeRO-3", "ZeRO-2 S=8", "ZeRO-1 offload optimizer", "ZeRO-3 ring"
+  std::string mesh() const;     // "8x8x1x1": dp_replicate x dp_shard x tp x pp; "1x1x1x1 cp8"
 };
 
 // A candidate's dry runs and predicted step. `error`: why the code refused it (not ranked).

@@ -602,7 +602,9 @@ Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int
     r.sent_per_step = 0;
     for (dist::ProcessGroup* g : groups) r.sent_per_step += g->bytes_sent();
     r.ranks_per_node = ranks_per_node;
-    r.sent_across_nodes = static_cast<int64_t>(sent_across_nodes(sharded, group, ranks_per_node));
+    const double cp_across = built.cp ? across_share(static_cast<double>(r.sent_cp), cut.cp, mesh->stride("cp"),
+                                                     ranks_per_node) : 0;  // (the cp group is not the mesh's)
+    r.sent_across_nodes = static_cast<int64_t>(sent_across_nodes(sharded, group, ranks_per_node) + cp_across);
     r.sent_within_node = r.sent_per_step - r.sent_across_nodes;
   }
   if (run) {
@@ -1431,14 +1433,15 @@ bench::Evaluation evaluate(const Options& o, const bench::PlanRequest& request, 
   shape.set_checkpointing(c.checkpointing);
   dist::ZeroConfig zero = zero_config(o, {c.stage, c.offload});
   zero.shard_group_size = c.shard_group == c.dp ? 0 : c.shard_group;
-  if (const std::string problem = zero.problem(c.dp); !problem.empty()) fail(problem);
+  if (const std::string problem = zero.problem(c.dp * c.cp); !problem.empty()) fail(problem);
   const int n = request.cluster.gpus, m = std::max(c.pp, 2);
   const bool extended = !o.plan_full_runs && c.micro_batches > m + 1;
   const auto dry_run = [&](int rank, int micro_batches, MicroBatchRun& out) {
     Context dry(rank);
     ContextGuard guard(dry);
     dist::FakeGroup group(rank, n);
-    out.record = measure(zero, shape, 2, c.rows, request.seq, kMeta, group, {.tp = c.tp, .sp = c.tp > 1},
+    out.record = measure(zero, shape, 2, c.rows, request.seq, kMeta, group,
+                         {.tp = c.tp, .sp = c.tp > 1, .cp = c.cp, .cp_variant = c.cp_variant},
                          {.pp = c.pp, .micro_batches = micro_batches}, request.cluster.gpus_per_node, &out.log);
     out.replay = out.time = dist::predict(out.log, o.machine);
   };
@@ -1793,7 +1796,7 @@ int main(int argc, char** argv) {
     ZG_CHECK(o.tp > 1 || !o.sequence_parallel, "zero_memory: --sequence-parallel cuts the sequence across the --tp "
              "ranks: add --tp");
     ZG_CHECK(o.cp == 1 || (!o.calibrate && o.largest_on == 0 && !o.plan), "zero_memory: --cp is for the table, "
-             "--simulate and --cp-svg (the planner does not search it yet)");
+             "--simulate and --cp-svg (--plan searches cp itself, where sequences are long)");
     if (o.zero.secondary_weights || o.zero.gradient_bits != 0) {  // hpZ's and qgZ's node: the machine's
       ZG_CHECK(o.zero.shard_group_size == 0, "zero_memory: --hpz and --qgz shard over all N ranks with nodes of "
                "--ranks-per-node G (", o.machine.ranks_per_node, "); --shard-group ", o.zero.shard_group_size,

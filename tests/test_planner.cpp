@@ -65,6 +65,31 @@ TEST_CASE("zero_memory --plan: every setting splits the cluster and the batch, f
   CHECK(saw_checkpointing);
 }
 
+TEST_CASE("zero_memory --plan on long sequences: context parallelism joins the search, each variant where it divides") {
+  // The tiny Llama with room for 16,384 positions: cp = 2 leaves a rank 8,192 tokens, cp = 4 too few.
+  const std::string dir = "/tmp/zg_test_plan_cp_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ifstream in(kTinyLlama);
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["max_position_embeddings"] = 16384;
+  std::ofstream(dir + "/config.json") << config.dump();
+  int status = 0;
+  const std::string out = run_command(kZeroMemory + " --plan --config " + dir + "/config.json --gpus 8 --gpus-per-node 4 "
+                                      "--gpu-memory 0.2GB --seq 16384 --global-batch 8-sequences --json", status);
+  REQUIRE(status == 0);
+  std::map<std::string, int> variants;
+  for (const nlohmann::json& r : nlohmann::json::parse(out)) {
+    INFO(key(r) << " cp " << r["cp"]);
+    const int cp = r["cp"].get<int>(), tp = r["tp"].get<int>();
+    CHECK(r["dp_replicate"].get<int>() * r["dp_shard"].get<int>() * cp * tp * r["pp"].get<int>() == 8);
+    CHECK((cp == 1 || cp == 2));
+    if (cp == 2) ++variants[r["cp_variant"].get<std::string>()];
+    if (r["cp_variant"] == "ulysses") CHECK(tp == 1);  // 4 heads, 2 key/value heads: C = 2 divides them at T = 1 only
+  }
+  CHECK(variants.size() == 3);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("zero_memory --plan --host-memory: offloaded settings fit only where the node's host pools do") {
   const nlohmann::json ranked = plan(" --host-memory 0.3MB");
   int refused_by_host = 0;

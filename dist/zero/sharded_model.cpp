@@ -138,9 +138,9 @@ void ShardedModel::build(nn::Module& model, const UnitPlan& plan) {
     ZG_CHECK(!(pp_ && config_.offload == Offload::nvme), "ShardedModel: offload nvme does not run under a pipeline ",
              "yet (the tied ends' gradient exchange reads gradient shards the file tier holds); use offload optimizer ",
              "or optimizer+params with pp");
-    const int s = shard_group().size();
-    ZG_CHECK(config_.shard_group_size == 0 || config_.shard_group_size == s, "ShardedModel: shard_group_size ",
-             config_.shard_group_size, " differs from the mesh's dp_shard size ", s, " (leave it 0 with a mesh)");
+    const int s = shard_group().size(), dp_shard = mesh_.size("dp_shard");  // s = dp_shard x cp
+    ZG_CHECK(config_.shard_group_size == 0 || config_.shard_group_size == dp_shard, "ShardedModel: shard_group_size ",
+             config_.shard_group_size, " differs from the mesh's dp_shard size ", dp_shard, " (leave it 0 with a mesh)");
     const int data_ranks = group_->size() / mesh_.size("tp");  // N: every rank but the tp copies
     if (s != data_ranks) config_.shard_group_size = s;
     config_.check(data_ranks);
