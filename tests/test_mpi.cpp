@@ -257,7 +257,8 @@ TEST_CASE("train_zero --cp: mpirun -n 4 --cp 4, and threads with each variant, w
                          "--ranks 8 --cp 2 --tp 2 --cp-variant all_gather --stage 3",
                          "--ranks 4 --cp 2 --pp 2 --micro-batches 2 --stage 3 --schedule gpipe",
                          "--ranks 8 --cp 2 --pp 2 --tp 2 --micro-batches 2 --cp-variant ulysses --stage 1",
-                         "--ranks 4 --cp 4 --offload-activations --stage 2"});
+                         "--ranks 4 --cp 4 --offload-activations --stage 2",
+                         "--ranks 8 --cp 2 --shard-group 2 --stage 3"});
   int status = 0;
   const std::string odd = run_command(train_zero + " --ranks 4 --cp 4 --seq 36 2>&1", status);
   CHECK(status != 0);
