@@ -170,6 +170,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 // Grouped-query attention: k and v [..., H_kv, S, D] with H_kv dividing q's H heads
 // ([..., H, T, D]); query head h reads key head h / (H / H_kv), as in Llama 2/3.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// Grouped-query attention's keys or values [..., H_kv, S, D] repeated to H heads, contiguous
+// (what the fused kernels read): head h is head h / (H / H_kv). Their gradient sums the repeats.
+Tensor repeat_heads(const Tensor& kv, int64_t heads);
 // The same over GPT's packed projection: qkv [B, T, 3C] holds q, k and v side by side,
 // each C = heads * D wide -> [B, T, C], the heads side by side. Equal to splitting qkv
 // into [B, H, T, D] heads and calling the above, as one op: its gradient is one

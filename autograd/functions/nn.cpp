@@ -271,6 +271,16 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
 
 }  // namespace
 
+Tensor repeat_heads(const Tensor& kv, int64_t heads) {
+  ZG_CHECK(kv.dim() >= 3 && kv.size(-3) > 0 && heads % kv.size(-3) == 0, "repeat_heads: ", describe(kv),
+           " has no head count dividing ", heads);
+  if (kv.size(-3) == heads) return kv.contiguous();
+  Shape expanded = kv.shape(), merged = kv.shape();
+  expanded.insert(expanded.end() - 2, heads / kv.size(-3));
+  merged[merged.size() - 3] = heads;
+  return kv.unsqueeze(-3).expand(expanded).reshape(merged).contiguous();  // (from one head, reshape alone gives stride 0)
+}
+
 // One op with its own backward; the fused kernel where the device has one, else
 // composed from matmul and softmax (attention_forward, attention_backward above).
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, bool causal) {
@@ -290,13 +300,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
     ZG_CHECK(kv_heads > 0 && v_in.size(-3) == kv_heads && heads % kv_heads == 0, name,
              ": grouped-query attention needs k and v of one head count dividing q's, got q ", describe(q_in),
              ", k ", describe(k_in), ", v ", describe(v_in));
-    const auto repeat = [&](const Tensor& t) {
-      Shape expanded = t.shape(), merged = t.shape();
-      expanded.insert(expanded.end() - 2, heads / kv_heads);
-      merged[merged.size() - 3] = heads;
-      return t.unsqueeze(-3).expand(expanded).reshape(merged).contiguous();  // (one head: a view of stride 0 else)
-    };
-    return scaled_dot_product_attention(q_in, repeat(k_in), repeat(v_in), causal);
+    return scaled_dot_product_attention(q_in, repeat_heads(k_in, heads), repeat_heads(v_in, heads), causal);
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(q_in.size(-1)));
   // The fused kernels read D with unit stride (the composed path takes any strides).

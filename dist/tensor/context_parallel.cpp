@@ -37,17 +37,7 @@ int piece_of(int rank, int ranks, int slot) { return slot == 0 ? rank : 2 * rank
 // The accumulation dtype of partial outputs, log-sum-exps and key/value gradients.
 DType accumulate_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 
-// k or v [B, H_kv, L, D] repeated to H heads (each serving H / H_kv query heads), contiguous.
-Tensor repeat_heads(const Tensor& t, int64_t heads) {
-  const int64_t kv = t.size(1);
-  if (kv == heads) return t.contiguous();
-  return t.unsqueeze(2)
-      .expand({t.size(0), kv, heads / kv, t.size(2), t.size(3)})
-      .reshape({t.size(0), heads, t.size(2), t.size(3)})
-      .contiguous();  // (from one head, reshape gives a view of stride 0, which the fused kernels do not read)
-}
-
-// A gradient over H repeated heads summed back onto the H_kv heads they repeat.
+// A gradient over H repeated heads (zg::repeat_heads) summed back onto the H_kv heads they repeat.
 Tensor sum_heads(const Tensor& g, int64_t kv_heads) {
   if (g.size(1) == kv_heads) return g;
   return sum(g.view({g.size(0), kv_heads, g.size(1) / kv_heads, g.size(2), g.size(3)}), {2});
@@ -68,15 +58,15 @@ Tensor block_scores(const Tensor& q, const Tensor& keys, bool diagonal, double s
 }
 
 // One block's attention and its log-sum-exp: out = softmax(S) v, lse = logsumexp_j S_ij,
-// S = q k^T scale (causal inside a diagonal block). The fused kernel where the device has
-// one (its stats are this lse), else composed in the accumulation dtype.
+// S = q k^T scale (causal inside a diagonal block); keys and values repeated to q's heads.
+// The fused kernel where the device has one (its stats are this lse), else composed in the
+// accumulation dtype.
 struct BlockResult {
   Tensor out, lse;  // accumulation dtype: [B, H, L, D], [B, H, L]
   bool fused = false;
 };
-BlockResult block_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool diagonal, double scale) {
+BlockResult block_forward(const Tensor& q, const Tensor& keys, const Tensor& values, bool diagonal, double scale) {
   const DType acc = accumulate_dtype(q.dtype());
-  const Tensor keys = repeat_heads(k, q.size(1)), values = repeat_heads(v, q.size(1));
   const Tensor out = bthd_like(q);
   const Tensor stats = empty({q.size(0), q.size(1), q.size(2)}, TensorOptions(DType::f32).device(q.device()));
   // (requires_grad tells the backend a backward will follow, which it checks it can run)
@@ -104,21 +94,22 @@ void merge(BlockResult& total, const BlockResult& block) {
 // One block's gradients, given the whole rows' out, lse and output gradient g (so that the
 // block's probabilities are P = exp(S - lse), as in the whole softmax):
 //   dv = P^T g,  dS = P (g v^T - rowsum(g out)) scale,  dq = dS k,  dk = dS^T q.
-// Added into dq [B, H, L, D] and dk, dv [B, H_kv, L, D] (accumulation dtype).
+// Keys and values repeated to q's heads; added into dq [B, H, L, D] and dk, dv [B, H_kv, L, D]
+// (accumulation dtype).
 struct BlockGrads {
   Tensor dq, dk, dv;
 };
-void block_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+void block_backward(const Tensor& q, const Tensor& keys, const Tensor& values, const Tensor& out, const Tensor& lse,
                     const Tensor& g, bool diagonal, double scale, bool fused, BlockGrads into) {
   const DType acc = accumulate_dtype(q.dtype());
-  const int64_t heads = q.size(1), kv_heads = k.size(1);
-  const Tensor keys = repeat_heads(k, heads), values = repeat_heads(v, heads);
+  const int64_t kv_heads = into.dk.size(1);
   if (fused) {
     // The fused backward reads out and lse as its forward wrote them: [B, L, H, D] and f32.
     Tensor o = bthd_like(q), grad = bthd_like(q);
     const Tensor dq = bthd_like(q), dk = bthd_like(keys), dv = bthd_like(values);
     o.copy_(out), grad.copy_(g);
-    backend(q.device()).attention_backward(q.contiguous(), keys, values, o, lse.to(DType::f32).contiguous(), grad,
+    backend(q.device()).attention_backward(q.contiguous(), keys.contiguous(), values.contiguous(), o,
+                                           lse.to(DType::f32).contiguous(), grad,
                                            diagonal, scale, dq, dk, dv);
     into.dq.add_(dq.to(acc));
     into.dk.add_(sum_heads(dk.to(acc), kv_heads));
@@ -180,6 +171,13 @@ class KeyValues {
   WorkHandle hop_;
 };
 
+// The keys and values of a step, [2, B, H_kv, T, D], repeated to H heads once for its blocks.
+struct RepeatedKeyValues {
+  Tensor keys, values;
+  RepeatedKeyValues(const Tensor& kv, int64_t heads)
+      : keys(repeat_heads(kv.select(0, 0), heads)), values(repeat_heads(kv.select(0, 1), heads)) {}
+};
+
 // The ring and all-gather variants' forward: every block of the schedule, merged per query slot.
 struct BlocksOut {
   Tensor out, lse;  // [B, H, T, D] in q's dtype; [B, H, T] accumulation dtype
@@ -194,11 +192,11 @@ BlocksOut blocks_forward(const Tensor& q, const Tensor& k, const Tensor& v, Proc
   const std::vector<AttentionBlock> schedule = context_schedule(group.rank(), c);
   for (int step = 0; step < c; ++step) {
     const int from = (group.rank() - step + c) % c;
-    const Tensor kv = source.at(step, from, step + 1 < c);
+    const RepeatedKeyValues kv(source.at(step, from, step + 1 < c), q.size(1));
     for (const AttentionBlock& b : schedule)
       if (b.step == step)
-        merge(rows[b.query_slot], block_forward(slot(q, b.query_slot), slot(kv.select(0, 0), b.key_slot),
-                                                slot(kv.select(0, 1), b.key_slot), b.diagonal, scale));
+        merge(rows[b.query_slot], block_forward(slot(q, b.query_slot), slot(kv.keys, b.key_slot),
+                                                slot(kv.values, b.key_slot), b.diagonal, scale));
   }
   Tensor out = bthd_like(q);  // so that the model's transpose back to [B, T, H D] is free
   out.copy_(cat({rows[0].out, rows[1].out}, 2));
@@ -224,12 +222,12 @@ std::vector<Tensor> blocks_backward(const Tensor& q, const Tensor& k, const Tens
   const std::vector<AttentionBlock> schedule = context_schedule(r, c);
   for (int step = 0; step < c; ++step) {
     const int from = (r - step + c) % c;
-    const Tensor keys_values = source.at(step, from, step + 1 < c);
+    const RepeatedKeyValues keys_values(source.at(step, from, step + 1 < c), q.size(1));
     if (variant == ContextVariant::all_gather) dkv = dkv_all.select(0, from);
     for (const AttentionBlock& b : schedule) {
       if (b.step != step) continue;
-      block_backward(slot(q, b.query_slot), slot(keys_values.select(0, 0), b.key_slot),
-                     slot(keys_values.select(0, 1), b.key_slot), slot(out, b.query_slot), slot(lse, b.query_slot),
+      block_backward(slot(q, b.query_slot), slot(keys_values.keys, b.key_slot), slot(keys_values.values, b.key_slot),
+                     slot(out, b.query_slot), slot(lse, b.query_slot),
                      slot(g, b.query_slot), b.diagonal, scale, fused,
                      {slot(dq, b.query_slot), slot(dkv.select(0, 0), b.key_slot), slot(dkv.select(0, 1), b.key_slot)});
     }
