@@ -195,6 +195,13 @@ struct Pipelining {
   }
 };
 
+// When an offloaded step's CPU AdamW runs (--offload-schedule): after the backward
+// (ShardedModel::step), a unit at a time as its gradient lands during the backward
+// (step_in_backward), or beside the next step's forward and backward (the delayed update).
+enum class OffloadSchedule { after_backward, in_backward, delayed };
+constexpr const char* kOffloadSchedules[] = {"after-backward", "in-backward", "delayed"};
+const char* name(OffloadSchedule s) { return kOffloadSchedules[static_cast<int>(s)]; }
+
 // The command line, parsed.
 struct Options {
   std::string model_name, config_file, model_title, stage_arg = "all", device_arg = "meta", group_arg = "auto", offload_arg = "none";
@@ -210,6 +217,7 @@ struct Options {
   bench::ModelCut cut() const { return {.tp = tp, .sp = sequence_parallel, .cp = cp, .cp_variant = cp_variant}; }
   Pipelining pipe;
   std::vector<int> worlds;   // --world-size's list (--simulate runs each)
+  std::vector<OffloadSchedule> offload_schedules{OffloadSchedule::after_backward};  // --simulate runs each
   int64_t layers = 0, heads = 0, embd = 0, vocab = 0;  // a shape of one's own over the preset's (0: the preset's)
   bool simulate = false, calibrate = false, json = false, checkpointing = false, caching = false;  // caching: meta
   dist::Machine machine;
@@ -235,10 +243,15 @@ struct Setting {
   bool operator==(const Setting&) const = default;
 };
 
-// The configuration a setting trains with, wherever this bench builds a ShardedModel.
-dist::ZeroConfig zero_config(const Options& o, Setting setting) {
+// The configuration a setting trains with, wherever this bench builds a ShardedModel. The
+// update in the backward cannot clip (the norm needs every gradient first); the delayed one
+// starts at the first step.
+dist::ZeroConfig zero_config(const Options& o, Setting setting,
+                             OffloadSchedule schedule = OffloadSchedule::after_backward) {
   dist::ZeroConfig zero = o.zero;
   zero.stage = setting.stage, zero.offload = setting.offload;
+  if (schedule == OffloadSchedule::in_backward) zero.max_grad_norm = 0;
+  if (schedule == OffloadSchedule::delayed) zero.delayed_update_after = 0;
   return zero;
 }
 
@@ -512,10 +525,12 @@ double sent_across_nodes(const dist::ShardedModel& sharded, dist::ProcessGroup& 
 
 // Training steps on this rank with `zero`, the model cut over `tp` ranks; returns the record
 // read after the last. With `log`, the last step's kernels and collectives are recorded
-// into it (a dry run: --simulate); with `run`, every allocation of the steps into its timeline.
+// into it (a dry run: --simulate); with `run`, every allocation of the steps into its timeline;
+// with `update_in_backward`, each step's AdamW runs unit by unit during its backward.
 Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int steps, int64_t batch, int64_t seq,
                Device device, dist::ProcessGroup& group, const bench::ModelCut& cut, const Pipelining& pipe,
-               int ranks_per_node, StepLog* log = nullptr, TimelineRun* run = nullptr) {
+               int ranks_per_node, StepLog* log = nullptr, TimelineRun* run = nullptr,
+               bool update_in_backward = false) {
   const int tp = cut.tp;
   const bool sp = cut.sp;
   RankModel built(shape, device, group, cut, zero, pipe);
@@ -574,6 +589,7 @@ Record measure(const dist::ZeroConfig& zero, const bench::ModelShape& shape, int
     };
     mark("forward");
     sharded.zero_grad();
+    if (update_in_backward) sharded.step_in_backward(1e-4);
     {
       MemoryScope scope(MemoryCategory::activation);
       if (pipeline) {
@@ -792,12 +808,20 @@ std::string format_ms(double seconds) {
   return text;
 }
 
-// --simulate's offload columns: the CPU's, the host link's and the disk's milliseconds.
-std::string offload_columns(dist::Offload offload, const dist::StepTime& t) {
-  char text[96];
-  std::snprintf(text, sizeof(text), "  %-16s %8.2f %9.2f %9.2f", dist::name(offload), t.host * 1e3, t.link * 1e3,
-                t.disk * 1e3);
+// --simulate's offload columns: the CPU's, the host link's and the disk's milliseconds, the
+// host thread's (its share of them, beside the compute stream), and when the AdamW ran.
+std::string offload_columns(dist::Offload offload, OffloadSchedule schedule, const dist::StepTime& t) {
+  char text[128];
+  std::snprintf(text, sizeof(text), "  %-16s %8.2f %9.2f %9.2f %10.2f  %s", dist::name(offload), t.host * 1e3,
+                t.link * 1e3, t.disk * 1e3, t.worker * 1e3, name(schedule));
   return text;
+}
+
+// A schedule as a panel's title ends: "ZeRO-1, offload optimizer, N = 1, AdamW in the backward".
+std::string schedule_title(OffloadSchedule s) {
+  return s == OffloadSchedule::after_backward ? "after the backward"
+         : s == OffloadSchedule::in_backward  ? "in the backward"
+                                              : "delayed (DPU)";
 }
 
 // --zeropp-svg FILE: ZeRO-3 and each ZeRO++ technique (qwZ, hpZ, qgZ, then all three) as
@@ -892,7 +916,7 @@ int simulate(const Options& o, const bench::ModelShape& shape, const std::vector
                 o.machine.describe().c_str(), offloading ? ("; " + o.machine.describe_offload()).c_str() : "");
     std::printf("%5s %6s %5s %11s %11s %11s %11s %9s %14s%s%s\n", "stage", "N", "S", "step ms", "compute ms", "comm ms",
                 "exposed ms", "exposed", "tokens/s", o.pipe.on() ? "     idle ms" : "",
-                offloading ? "  offload          host ms   link ms   disk ms" : "");
+                offloading ? "  offload          host ms   link ms   disk ms  thread ms  schedule" : "");
   } else {
     std::printf("[\n");
   }
@@ -900,45 +924,49 @@ int simulate(const Options& o, const bench::ModelShape& shape, const std::vector
   std::deque<StepLog> logs;  // the panels' (a deque: the references stay valid)
   std::vector<dist::SchedulePanel> panels;
   for (int world : o.worlds.empty() ? std::vector<int>{o.world} : o.worlds)
-    for (const Setting& setting : settings) {
-      Context rank0(0);
-      ContextGuard guard(rank0);
-      dist::FakeGroup group(0, world);
-      StepLog& log = logs.emplace_back();
-      const Record r = measure(zero_config(o, setting), shape, 2, batch, seq, kMeta, group, o.cut(), o.pipe,
-                               o.machine.ranks_per_node, &log);
-      dist::StepTime t = dist::predict(log, o.machine);
-      double idle = 0;  // --pp: the first stage's wait for the others
-      if (o.pipe.on()) {
-        const dist::PipelineStepTime pipe = dist::predict_pipeline(log, t, o.pipe.make(), r.pp_rank);
-        idle = pipe.idle, t.step = pipe.step, t.exposed = t.step - t.compute - idle;
+    for (const Setting& setting : settings)
+      for (OffloadSchedule schedule : o.offload_schedules) {
+        Context rank0(0);
+        ContextGuard guard(rank0);
+        dist::FakeGroup group(0, world);
+        StepLog& log = logs.emplace_back();
+        const Record r = measure(zero_config(o, setting, schedule), shape, 2, batch, seq, kMeta, group, o.cut(), o.pipe,
+                                 o.machine.ranks_per_node, &log, nullptr, schedule == OffloadSchedule::in_backward);
+        dist::StepTime t = dist::predict(log, o.machine);
+        double idle = 0;  // --pp: the first stage's wait for the others
+        if (o.pipe.on()) {
+          const dist::PipelineStepTime pipe = dist::predict_pipeline(log, t, o.pipe.make(), r.pp_rank);
+          idle = pipe.idle, t.step = pipe.step, t.exposed = t.step - t.compute - idle;
+        }
+        // A tp group shares its batch, a cp group its sequences; a pipeline's stages share theirs, of M micro-batches.
+        const double tokens =
+            static_cast<double>(batch * o.pipe.micro_batches * seq) * world / o.tp / o.cp / o.pipe.pp / t.step;
+        if (o.json)
+          std::printf("%s  {\"model\": \"%s\", \"stage\": %d, \"world_size\": %d, \"shard_group\": %d, "
+                      "\"step_seconds\": %.6g, \"compute_seconds\": %.6g, \"communication_seconds\": %.6g, "
+                      "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g, \"offload\": \"%s\", "
+                      "\"host_seconds\": %.6g, \"link_seconds\": %.6g, \"disk_seconds\": %.6g, "
+                      "\"host_thread_seconds\": %.6g, \"offload_schedule\": \"%s\"%s%s}",
+                      first ? "" : ",\n", shape.name.c_str(), setting.stage, world, r.shard_group, t.step, t.compute,
+                      t.communication, t.exposed, tokens, dist::name(setting.offload), t.host, t.link, t.disk, t.worker,
+                      name(schedule),
+                      ((o.tp == 1 ? std::string() : concat(", \"tp\": ", o.tp)) +
+                       (o.cp == 1 ? std::string()
+                                  : concat(", \"cp\": ", o.cp, ", \"cp_variant\": \"", dist::name(o.cp_variant), "\"")))
+                          .c_str(),
+                      o.pipe.on() ? concat(", \"pp\": ", o.pipe.pp, ", \"micro_batches\": ", o.pipe.micro_batches,
+                                           ", \"pipeline_idle_seconds\": ", idle).c_str() : "");
+        else
+          std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %8.1f%% %14.0f%s%s\n", setting.stage, world, r.shard_group,
+                      t.step * 1e3, t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step,
+                      tokens, o.pipe.on() ? format_ms(idle).c_str() : "",
+                      offloading ? offload_columns(setting.offload, schedule, t).c_str() : "");
+        first = false;
+        panels.push_back({setting_title(setting.stage, setting.offload) + ", N = " + std::to_string(world) +
+                              (r.shard_group != world ? ", S = " + std::to_string(r.shard_group) : "") +
+                              (setting.offload == dist::Offload::none ? "" : concat(", AdamW ", schedule_title(schedule))),
+                          log, t});
       }
-      // A tp group shares its batch, a cp group its sequences; a pipeline's stages share theirs, of M micro-batches.
-      const double tokens =
-          static_cast<double>(batch * o.pipe.micro_batches * seq) * world / o.tp / o.cp / o.pipe.pp / t.step;
-      if (o.json)
-        std::printf("%s  {\"model\": \"%s\", \"stage\": %d, \"world_size\": %d, \"shard_group\": %d, "
-                    "\"step_seconds\": %.6g, \"compute_seconds\": %.6g, \"communication_seconds\": %.6g, "
-                    "\"exposed_seconds\": %.6g, \"tokens_per_second\": %.6g, \"offload\": \"%s\", "
-                    "\"host_seconds\": %.6g, \"link_seconds\": %.6g, \"disk_seconds\": %.6g%s%s}",
-                    first ? "" : ",\n", shape.name.c_str(), setting.stage, world, r.shard_group, t.step, t.compute,
-                    t.communication, t.exposed, tokens, dist::name(setting.offload), t.host, t.link, t.disk,
-                    ((o.tp == 1 ? std::string() : concat(", \"tp\": ", o.tp)) +
-                     (o.cp == 1 ? std::string()
-                                : concat(", \"cp\": ", o.cp, ", \"cp_variant\": \"", dist::name(o.cp_variant), "\"")))
-                        .c_str(),
-                    o.pipe.on() ? concat(", \"pp\": ", o.pipe.pp, ", \"micro_batches\": ", o.pipe.micro_batches,
-                                         ", \"pipeline_idle_seconds\": ", idle).c_str() : "");
-      else
-        std::printf("%5d %6d %5d %11.2f %11.2f %11.2f %11.2f %8.1f%% %14.0f%s%s\n", setting.stage, world, r.shard_group,
-                    t.step * 1e3, t.compute * 1e3, t.communication * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step,
-                    tokens, o.pipe.on() ? format_ms(idle).c_str() : "",
-                    offloading ? offload_columns(setting.offload, t).c_str() : "");
-      first = false;
-      panels.push_back({setting_title(setting.stage, setting.offload) + ", N = " + std::to_string(world) +
-                            (r.shard_group != world ? ", S = " + std::to_string(r.shard_group) : ""),
-                        log, t});
-    }
   if (o.json) std::printf("\n]\n");
   if (!o.schedule_svg.empty())
     write_file_atomically(o.schedule_svg,
@@ -1546,7 +1574,7 @@ void usage() {
       "       zero_memory --simulate [--world-size N,N,...] [--stage S,S,...] [--tflops X] [--memory-gbps X]\n"
       "                   [--kernel-us X] [--ranks-per-node G] [--intra-gbps X] [--intra-us X] [--inter-gbps X]\n"
       "                   [--inter-us X] [--host-gbps X] [--link-gbps X] [--disk-gbps X] [--bucket-bytes B]\n"
-      "                   [--schedule-svg FILE] [--offload O]\n"
+      "                   [--schedule-svg FILE] [--offload O] [--offload-schedule after-backward,in-backward,delayed]\n"
       "       zero_memory --zeropp-svg FILE [--model M] [--world-size N] [--ranks-per-node G]\n"
       "       zero_memory --cp-svg FILE [--model M | --config FILE] [--seq T] [--batch B]   (C = 1, 2, 4, 8)\n"
       "       zero_memory --calibrate [--model M] [--batch B] [--seq T]   (under mpirun: the network too)\n"
@@ -1600,7 +1628,10 @@ void usage() {
       "(stage-S.json) and a figure (stage-S.svg); all.svg puts rank 0 (--rank) of each on one scale (and the\n"
       "last setting again on its own).\n"
       "--simulate: the step-time model's step time for each N and stage; --schedule-svg FILE draws each\n"
-      "step's compute and communication in time (a Gantt chart). --bucket-bytes: DDP's gradient buckets.\n");
+      "step's compute and communication in time (a Gantt chart). --bucket-bytes: DDP's gradient buckets.\n"
+      "--offload-schedule (with --simulate --offload optimizer): when the CPU AdamW runs, each of a list: after\n"
+      "the backward (step), in it on a host thread as each unit's gradient lands (step_in_backward), or\n"
+      "delayed beside the next step's forward and backward (ZeroConfig::delayed_update_after 0).\n");
 }
 
 // The flags, read into `o`; an exit status instead where they ask for the usage (--help,
@@ -1710,6 +1741,15 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--schedule-svg") o.schedule_svg = value();
     else if (a == "--zeropp-svg") o.zeropp_svg = value();
     else if (a == "--cp-svg") o.cp_svg = value();
+    else if (a == "--offload-schedule") {
+      o.offload_schedules.clear();
+      for (const std::string& item : split_commas(value())) {
+        const auto* found = std::find(std::begin(kOffloadSchedules), std::end(kOffloadSchedules), item);
+        ZG_CHECK(found != std::end(kOffloadSchedules), "zero_memory: --offload-schedule takes after-backward, "
+                 "in-backward or delayed (a list: after-backward,in-backward), got '", item, "'");
+        o.offload_schedules.push_back(static_cast<OffloadSchedule>(found - std::begin(kOffloadSchedules)));
+      }
+    }
     else if (a == "--keep-after-forward") o.zero.keep_after_forward = split_commas(value());
     else {
       usage();
@@ -1827,6 +1867,9 @@ int main(int argc, char** argv) {
     ZG_CHECK(o.worlds.size() <= 1 || o.simulate, "zero_memory: a list of world sizes is for --simulate");
     ZG_CHECK(o.schedule_svg.empty() || o.simulate, "zero_memory: --schedule-svg draws the schedules --simulate "
              "predicts; add --simulate");
+    ZG_CHECK(o.simulate || o.offload_schedules == std::vector{OffloadSchedule::after_backward},
+             "zero_memory: --offload-schedule is for --simulate (train_zero runs them: --update-in-backward, "
+             "--delayed-update)");
     for (int world : o.worlds.empty() ? std::vector<int>{o.world} : o.worlds)
       if (world != 0) check_model_parallel(world, o.tp, o.pipe.pp, o.cp);
     ZG_CHECK(o.dry_rank == 0 || (o.device_arg == "meta" && !o.simulate && o.dry_rank < o.world), "zero_memory: --rank ",

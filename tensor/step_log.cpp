@@ -31,12 +31,20 @@ void StepLog::wait(int64_t collective) {
   events.push_back({.kind = StepEvent::Kind::wait, .collective = collective});
 }
 
+std::shared_ptr<StepLog> StepLog::queue() {
+  events.push_back({.kind = StepEvent::Kind::queue, .task = static_cast<int64_t>(tasks.size())});
+  return tasks.emplace_back(std::make_shared<StepLog>());
+}
+
+void StepLog::join() { events.push_back({.kind = StepEvent::Kind::join}); }
+
 void StepLog::mark(std::string phase) { marks.push_back({std::move(phase), events.size()}); }
 
 void StepLog::clear() {
   events.clear();
   groups.clear();
   marks.clear();
+  tasks.clear();
   issued_ = 0;
 }
 

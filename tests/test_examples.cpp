@@ -800,6 +800,27 @@ TEST_CASE("bench/zero_memory --simulate predicts step time per N and stage; --ca
   CHECK(status == 0);
   CHECK(offloaded.find("offload: host 140 GB/s, link 25 GB/s, disk 6.0 GB/s") != std::string::npos);
   CHECK(offloaded.find("host ms   link ms   disk ms") != std::string::npos);
+  // When the CPU AdamW runs: after the backward, in it (a unit as its gradient lands), or
+  // delayed; the same CPU bytes, on the host thread beside the compute stream in the last two.
+  const std::string schedules = run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --simulate --model 124m "
+                                            "--world-size 1 --stage 1 --offload optimizer --seq 256 --offload-schedule "
+                                            "after-backward,in-backward,delayed 2>&1", status);
+  REQUIRE(status == 0);
+  std::map<std::string, std::pair<double, double>> step_and_thread;  // by schedule
+  const std::regex row(R"(^\s*1\s+1\s+1\s+([0-9.]+)\s.*optimizer\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+)\s+(\S+)$)");
+  std::istringstream lines(schedules);
+  for (std::string line; std::getline(lines, line);)
+    if (std::smatch m; std::regex_match(line, m, row)) step_and_thread[m[3]] = {std::stod(m[1]), std::stod(m[2])};
+  REQUIRE(step_and_thread.size() == 3);
+  CHECK(step_and_thread["after-backward"].second == 0);
+  CHECK(step_and_thread["in-backward"].second > 0);
+  CHECK(step_and_thread["delayed"].second > 0);
+  CHECK(step_and_thread["in-backward"].first < step_and_thread["after-backward"].first);
+  CHECK(step_and_thread["delayed"].first < step_and_thread["after-backward"].first);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --offload-schedule in-backward 2>&1", status)
+            .find("--offload-schedule is for --simulate") != std::string::npos);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/zero_memory --simulate --offload-schedule sometimes 2>&1", status)
+            .find("--offload-schedule takes after-backward, in-backward or delayed") != std::string::npos);
 }
 
 // --schedule-svg draws what --simulate predicts: a panel per N and stage whose step,

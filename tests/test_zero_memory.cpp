@@ -359,6 +359,117 @@ TEST_CASE("offload in the step log: the CPU AdamW's bytes on the host, the gradi
   }
 }
 
+TEST_CASE("the step model's host thread: a task runs beside the compute stream from its queue; a join waits") {
+  const dist::Machine machine{.flops_per_second = 1e12, .memory_bytes_per_second = 1e12, .kernel_seconds = 0,
+                              .host_bytes_per_second = 1, .link_bytes_per_second = 1, .disk_bytes_per_second = 1};
+  // 2 s of compute, a task queued (the CPU 2 s, then the link 1 s), 2 s more, a join: the stream waits 1 s.
+  StepLog log;
+  log.compute(2e12, 0);
+  const std::shared_ptr<StepLog> task = log.queue();
+  task->offload(StepEvent::Kind::host, 2);
+  task->offload(StepEvent::Kind::link, 1);
+  log.compute(2e12, 0);
+  log.join();
+  const dist::StepTime t = dist::predict(log, machine);
+  CHECK(t.step == doctest::Approx(5));
+  CHECK(t.compute == doctest::Approx(4));
+  CHECK(t.worker == doctest::Approx(3));
+  CHECK(t.host == doctest::Approx(2));
+  CHECK(t.link == doctest::Approx(1));
+  CHECK(t.offload_held == 0);
+  CHECK(t.exposed == doctest::Approx(1));
+  REQUIRE(t.task_spans.size() == 2);
+  CHECK(t.task_spans[0].start == doctest::Approx(2));
+  CHECK(t.task_spans[1].end == doctest::Approx(5));
+  // The same work on the training thread holds the stream: 2 + 3 + 2 s.
+  StepLog serial;
+  serial.compute(2e12, 0);
+  serial.offload(StepEvent::Kind::host, 2);
+  serial.offload(StepEvent::Kind::link, 1);
+  serial.compute(2e12, 0);
+  const dist::StepTime held = dist::predict(serial, machine);
+  CHECK(held.step == doctest::Approx(7));
+  CHECK(held.offload_held == doctest::Approx(3));
+  CHECK(held.worker == 0);
+  CHECK(held.exposed == doctest::Approx(0));
+  // Two tasks queued together run one after the other on the one thread.
+  StepLog two;
+  two.queue()->offload(StepEvent::Kind::host, 2);
+  two.queue()->offload(StepEvent::Kind::disk, 2);
+  two.compute(1e12, 0);
+  two.join();
+  const dist::StepTime both = dist::predict(two, machine);
+  CHECK(both.task_spans.at(1).start == doctest::Approx(2));
+  CHECK(both.step == doctest::Approx(4));
+  CHECK(both.disk == doctest::Approx(2));
+  // The delayed update: queued after the step's last join, the task is the next step's; the copy
+  // the step before queued runs from the start and the join waits for it (3 s, joined at 2 s).
+  StepLog delayed;
+  delayed.compute(2e12, 0);
+  delayed.join();
+  delayed.compute(1e12, 0);
+  delayed.queue()->offload(StepEvent::Kind::host, 3);
+  const dist::StepTime dpu = dist::predict(delayed, machine);
+  CHECK(dpu.task_spans.at(0).start == 0);
+  CHECK(dpu.step == doctest::Approx(4));
+  CHECK(dpu.exposed == doctest::Approx(1));
+  CHECK(dpu.worker == doctest::Approx(3));
+  // A task that issues a collective is refused by name.
+  StepLog odd;
+  const int group_id = 0;
+  odd.queue()->issue(static_cast<int>(dist::CollectiveOp::all_reduce), 1, &group_id, 2, 1);
+  odd.join();
+  CHECK_THROWS_WITH_AS(dist::predict(odd, machine), doctest::Contains("a host thread's task issued a collective"),
+                       Error);
+}
+
+TEST_CASE("a dry run of the update in the backward: each unit's CPU AdamW a task queued as its gradient lands") {
+  Context rank0;
+  ContextGuard guard(rank0);
+  dist::FakeGroup group(0, 1);
+  nn::GPT model(zero_config(), kMeta);
+  dist::ShardedModel sharded(model, group,
+                             {.stage = 1, .compute_dtype = DType::bf16, .offload = dist::Offload::optimizer});
+  const Tensor ids = zeros({1, 16}, TensorOptions(DType::i64).device(kMeta));
+  StepLog serial, early;
+  size_t forward_end = 0, backward_end = 0;
+  for (int s = 0; s < 4; ++s) {  // two steps each way; the second of each recorded
+    const bool in_backward = s >= 2;
+    StepLog& log = in_backward ? early : serial;
+    log.clear();
+    StepLogScope recording(log);
+    sharded.zero_grad();
+    if (in_backward) sharded.step_in_backward(1e-3);
+    const Tensor loss = model.forward(ids, ids).loss;
+    forward_end = log.events.size();
+    loss.backward();
+    backward_end = log.events.size();
+    sharded.step(1e-3);
+  }
+  const size_t units = static_cast<size_t>(zero_config().n_layer) + 1;  // a unit a block, and the root
+  CHECK(serial.tasks.empty());
+  REQUIRE(early.tasks.size() == units);
+  size_t in_backward = 0, last_queue = 0, join = 0;
+  for (size_t i = 0; i < early.events.size(); ++i) {
+    if (early.events[i].kind == StepEvent::Kind::queue) {
+      CHECK(i >= forward_end);
+      in_backward += i < backward_end, last_queue = i;
+    }
+    if (early.events[i].kind == StepEvent::Kind::join) join = i;
+  }
+  CHECK(in_backward + 2 >= units);  // all but the two reductions step() finishes
+  CHECK(join > last_queue);
+  // The same bytes of AdamW on the CPU, most of them beside the backward: a shorter step.
+  const dist::Machine machine{.host_bytes_per_second = 1e9, .link_bytes_per_second = 1e8};
+  const dist::StepTime after = dist::predict(serial, machine), during = dist::predict(early, machine);
+  CHECK(during.host == doctest::Approx(after.host));
+  CHECK(during.link == doctest::Approx(after.link));
+  CHECK(during.worker > 0.5 * during.host);
+  CHECK(during.offload_held < after.offload_held);
+  CHECK(during.step < after.step);
+  CHECK(during.step == doctest::Approx(during.compute + during.offload_held + during.exposed));
+}
+
 TEST_CASE("the step model's schedule: rows in order, collectives after what issued them, idle compute = exposed") {
   for (int stage : {0, 3}) {
     INFO("stage " << stage);

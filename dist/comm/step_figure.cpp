@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "dist/comm/process_group.h"
 #include "tensor/error.h"
@@ -28,6 +29,13 @@ const char* collective_colour(CollectiveOp op) {
   }
 }
 constexpr const char* kWaitColour = "#eea3a4";
+// Offload's work, wherever it runs: the CPU AdamW, copies over the host link, the disk.
+const char* offload_colour(StepEvent::Kind kind) {
+  return kind == StepEvent::Kind::host ? "#e7ba52" : kind == StepEvent::Kind::link ? "#8c6d31" : "#843c39";
+}
+bool is_offload(StepEvent::Kind kind) {
+  return kind == StepEvent::Kind::host || kind == StepEvent::Kind::link || kind == StepEvent::Kind::disk;
+}
 
 // The phase an event belongs to: the last mark at or before it ("" before the first).
 std::string phase_of(const StepLog& log, size_t event) {
@@ -62,21 +70,41 @@ std::string row_label(double y, const std::string& label) {
   return svg_fmt("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">", kLeft - 8, y + 15) + label + "</text>\n";
 }
 
-// The compute row: the wait behind it (the whole step), then the kernels on top, a
-// phase's touching spans drawn as one.
-std::string compute_row(const SchedulePanel& p, const TimeAxis& axis, double y) {
-  const StepTime& t = p.time;
-  std::string out = row_label(y, "compute") + rect(kLeft, y, axis.x(t.step) - kLeft, kWaitColour);
-  for (size_t i = 0; i < t.compute_spans.size();) {
-    const std::string phase = phase_of(p.log, t.compute_spans[i].event);
-    const double start = t.compute_spans[i].start;
-    double end = t.compute_spans[i].end;
-    for (++i; i < t.compute_spans.size() && t.compute_spans[i].start <= end &&
-              phase_of(p.log, t.compute_spans[i].event) == phase;
-         ++i)
-      end = t.compute_spans[i].end;
-    out += rect(axis.x(start), y, axis.x(end) - axis.x(start), phase_colour(phase));
+// Spans drawn in a row, touching ones of one colour as one.
+std::string spans_row(const std::vector<StepSpan>& spans, const std::function<const char*(const StepSpan&)>& colour,
+                      const TimeAxis& axis, double y) {
+  std::string out;
+  for (size_t i = 0; i < spans.size();) {
+    const char* fill = colour(spans[i]);
+    const double start = spans[i].start;
+    double end = spans[i].end;
+    for (++i; i < spans.size() && spans[i].start <= end && std::string(colour(spans[i])) == fill; ++i) end = spans[i].end;
+    out += rect(axis.x(start), y, axis.x(end) - axis.x(start), fill);
   }
+  return out;
+}
+
+// The compute row: the wait behind it (the whole step), then the kernels on top, coloured by
+// phase, and offload's work done on the training thread by its kind.
+std::string compute_row(const SchedulePanel& p, const TimeAxis& axis, double y) {
+  const auto colour = [&](const StepSpan& s) {
+    const StepEvent::Kind kind = p.log.events.at(s.event).kind;
+    return is_offload(kind) ? offload_colour(kind) : phase_colour(phase_of(p.log, s.event));
+  };
+  return row_label(y, "compute") + rect(kLeft, y, axis.x(p.time.step) - kLeft, kWaitColour) +
+         spans_row(p.time.compute_spans, colour, axis, y);
+}
+
+// The host thread's row (UpdateWorker's tasks), where it ran any; `y` moves past it.
+std::string host_thread_row(const SchedulePanel& p, const TimeAxis& axis, double& y) {
+  if (p.time.task_spans.empty()) return "";
+  const auto colour = [&](const StepSpan& s) {
+    const StepEvent::Kind kind = p.log.tasks.at(static_cast<size_t>(s.task))->events.at(s.event).kind;
+    return is_offload(kind) ? offload_colour(kind) : phase_colour("optimizer");
+  };
+  std::string out = row_label(y, "host thread") + rect(kLeft, y, axis.plot_w, "#f4f4f4") +
+                    spans_row(p.time.task_spans, colour, axis, y);
+  y += kRowH + kRowGap;
   return out;
 }
 
@@ -123,9 +151,10 @@ std::string axis_line(const TimeAxis& axis, double y) {
 // axis; `y` moves past it.
 std::string panel(const SchedulePanel& p, const TimeAxis& axis, double& y) {
   const StepTime& t = p.time;
-  char summary[200];
-  std::snprintf(summary, sizeof summary, ": step %.2f ms = compute %.2f ms + exposed %.2f ms (%.1f%%)", t.step * 1e3,
-                t.compute * 1e3, t.exposed * 1e3, 100 * t.exposed / t.step);
+  char summary[240], held[64] = "";
+  if (t.offload_held > 0) std::snprintf(held, sizeof held, " + offload %.2f ms", t.offload_held * 1e3);
+  std::snprintf(summary, sizeof summary, ": step %.2f ms = compute %.2f ms%s + exposed %.2f ms (%.1f%%)", t.step * 1e3,
+                t.compute * 1e3, held, t.exposed * 1e3, 100 * t.exposed / t.step);
   std::string out = svg_fmt("<g class=\"panel\" data-step-seconds=\"%.9g\" ", t.step) +
                     svg_fmt("data-compute-seconds=\"%.9g\" data-exposed-seconds=\"%.9g\">\n", t.compute, t.exposed);
   out += svg_fmt("<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">", 12, y + 12) + svg_escape(p.title) +
@@ -133,14 +162,16 @@ std::string panel(const SchedulePanel& p, const TimeAxis& axis, double& y) {
   y += 20;
   out += compute_row(p, axis, y);
   y += kRowH + kRowGap;
+  out += host_thread_row(p, axis, y);
   out += communication_rows(p, axis, y);
   out += axis_line(axis, y) + "</g>\n";
   y += 34;
   return out;
 }
 
-// The legend under the title: the phases, the wait, the collectives.
-std::string legend() {
+// The legend under the title: the phases, the wait, the collectives (and offload's work
+// where a panel has any).
+std::string legend(bool offload) {
   std::string out;
   double x = 12;
   const auto item = [&](const char* colour, const std::string& label) {
@@ -155,6 +186,11 @@ std::string legend() {
   item(collective_colour(CollectiveOp::all_gather), "all-gather");
   item(collective_colour(CollectiveOp::reduce_scatter), "reduce-scatter");
   item(collective_colour(CollectiveOp::all_reduce), "all-reduce");
+  if (offload) {
+    item(offload_colour(StepEvent::Kind::host), "CPU (AdamW, copies)");
+    item(offload_colour(StepEvent::Kind::link), "host link");
+    item(offload_colour(StepEvent::Kind::disk), "disk");
+  }
   return out;
 }
 
@@ -164,7 +200,8 @@ std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const st
                               const std::string& subtitle) {
   ZG_CHECK(!panels.empty(), "step_schedule_svg: no panels to draw");
   double most = 0;
-  for (const SchedulePanel& p : panels) most = std::max(most, p.time.step);
+  bool offload = false;
+  for (const SchedulePanel& p : panels) most = std::max(most, p.time.step), offload |= p.time.offload() > 0;
   ZG_CHECK(most > 0, "step_schedule_svg: every panel's step takes no time");
   TimeAxis axis;
   axis.ms_step = tick_step(most * 1e3);
@@ -177,7 +214,7 @@ std::string step_schedule_svg(const std::vector<SchedulePanel>& panels, const st
   svg += svg_fmt("<rect width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", kWidth, y);
   svg += "<text x=\"12\" y=\"20\" font-size=\"14\" font-weight=\"bold\">" + svg_escape(title) + "</text>\n";
   svg += "<text x=\"12\" y=\"36\">" + svg_escape(subtitle) + "</text>\n";
-  return svg + legend() + body + "</svg>\n";
+  return svg + legend(offload) + body + "</svg>\n";
 }
 
 }  // namespace zg::dist

@@ -1,7 +1,8 @@
 // The step model's schedule (step_model.h) as a Gantt chart, SVG: per panel a compute
 // row -- its kernels, coloured by the phase the log marks (forward, backward, optimizer),
-// and the time it waits for a collective in red -- over a row per group's link with each
-// collective, coloured by kind. Every panel on one time scale; no clock is read, so the
+// and the time it waits in red -- over the host thread's row where it ran tasks (offload's
+// CPU AdamW beside the backward), then a row per group's link with each collective,
+// coloured by kind; offload's work is coloured by kind (CPU, host link, disk) wherever it runs. Every panel on one time scale; no clock is read, so the
 // figure is the same on every machine.
 //
 //   StepLog log;  // a dry run's, recorded under a StepLogScope

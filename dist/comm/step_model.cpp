@@ -48,6 +48,42 @@ bool within_node(const StepGroup& g, int ranks_per_node) {
   return static_cast<int64_t>(g.stride) * (g.size - 1) < ranks_per_node;
 }
 
+// Seconds a unit of work holds what runs it: kernels (a launch each, then FLOPs or bytes,
+// whichever takes longer) or offload's bytes at the host's, the link's or the disk's rate,
+// added to the step's totals of the latter.
+double busy_seconds(const StepEvent& e, const Machine& m, StepTime& t) {
+  if (e.kind == StepEvent::Kind::compute)
+    return e.kernels * m.kernel_seconds + std::max(e.flops / m.flops_per_second, e.bytes / m.memory_bytes_per_second);
+  const bool host = e.kind == StepEvent::Kind::host, link = e.kind == StepEvent::Kind::link;
+  ZG_CHECK(host || link || e.kind == StepEvent::Kind::disk, "step model: a host thread's task issued a collective "
+           "or queued work of its own; only kernels and offload's work run there");
+  const double busy = e.bytes / (host ? m.host_bytes_per_second : link ? m.link_bytes_per_second
+                                                                       : m.disk_bytes_per_second);
+  (host ? t.host : link ? t.link : t.disk) += busy;
+  return busy;
+}
+
+// Runs task k on the host thread from `start`, its events one after another; returns its end.
+double run_task(const StepLog& log, int64_t k, double start, const Machine& m, StepTime& t) {
+  const StepLog& task = *log.tasks.at(static_cast<size_t>(k));
+  for (size_t i = 0; i < task.events.size(); ++i) {
+    const double busy = busy_seconds(task.events[i], m, t);
+    t.task_spans.push_back({start, start + busy, i, k});
+    start += busy;
+    t.worker += busy;
+  }
+  return start;
+}
+
+// The tasks queued after the log's last join (all of them if none): the next step's.
+std::vector<bool> carried_tasks(const StepLog& log) {
+  std::vector<bool> carried(log.tasks.size());
+  for (const StepEvent& e : log.events)
+    if (e.kind == StepEvent::Kind::join) std::fill(carried.begin(), carried.end(), false);
+    else if (e.kind == StepEvent::Kind::queue) carried.at(static_cast<size_t>(e.task)) = true;
+  return carried;
+}
+
 }  // namespace
 
 StepTime predict(const StepLog& log, const Machine& m) {
@@ -60,17 +96,13 @@ StepTime predict(const StepLog& log, const Machine& m) {
   double now = 0;                                   // the compute stream
   std::vector<double> link_free(log.groups.size());  // when each group's last collective ends
   std::vector<double> done;                         // per collective, when it ends
+  double worker_free = 0;                           // the host thread
+  const std::vector<bool> carried = carried_tasks(log);
+  for (size_t k = 0; k < carried.size(); ++k)
+    if (carried[k]) worker_free = run_task(log, static_cast<int64_t>(k), worker_free, m, t);
   for (size_t i = 0; i < log.events.size(); ++i) {
     const StepEvent& e = log.events[i];
     switch (e.kind) {
-      case StepEvent::Kind::compute: {
-        const double busy = e.kernels * m.kernel_seconds +
-                            std::max(e.flops / m.flops_per_second, e.bytes / m.memory_bytes_per_second);
-        t.compute_spans.push_back({now, now + busy, i});
-        now += busy;
-        t.compute += busy;
-        break;
-      }
       case StepEvent::Kind::issue: {
         const StepGroup& g = log.groups.at(static_cast<size_t>(e.group));
         const bool intra = within_node(g, m.ranks_per_node);
@@ -87,25 +119,22 @@ StepTime predict(const StepLog& log, const Machine& m) {
         t.communication += duration;
         break;
       }
-      case StepEvent::Kind::wait:
-        now = std::max(now, done.at(static_cast<size_t>(e.collective)));
+      case StepEvent::Kind::wait: now = std::max(now, done.at(static_cast<size_t>(e.collective))); break;
+      case StepEvent::Kind::queue:
+        if (!carried.at(static_cast<size_t>(e.task))) worker_free = run_task(log, e.task, std::max(now, worker_free), m, t);
         break;
-      case StepEvent::Kind::host:
-      case StepEvent::Kind::link:
-      case StepEvent::Kind::disk: {
-        const bool host = e.kind == StepEvent::Kind::host, link = e.kind == StepEvent::Kind::link;
-        const double busy = e.bytes / (host ? m.host_bytes_per_second : link ? m.link_bytes_per_second
-                                                                               : m.disk_bytes_per_second);
+      case StepEvent::Kind::join: now = std::max(now, worker_free); break;
+      default: {  // kernels, or offload's work on this thread
+        const double busy = busy_seconds(e, m, t);
         t.compute_spans.push_back({now, now + busy, i});
         now += busy;
-        (host ? t.host : link ? t.link : t.disk) += busy;
-        break;
+        (e.kind == StepEvent::Kind::compute ? t.compute : t.offload_held) += busy;
       }
     }
   }
-  t.step = now;
+  t.step = std::max(now, worker_free);
   for (double free : link_free) t.step = std::max(t.step, free);
-  t.exposed = std::max(0.0, t.step - t.compute - t.offload());  // (rounding aside, never negative)
+  t.exposed = std::max(0.0, t.step - t.compute - t.offload_held);  // (rounding aside, never negative)
   return t;
 }
 

@@ -13,10 +13,17 @@
 //                   wait makes the compute stream wait)
 //   offload's work  the CPU AdamW (its bytes at the host's rate), copies over the host link,
 //                   the file tier's reads and writes (the disk's rate): each holds the
-//                   compute stream, as the offloaded step runs them today, one after another
+//                   compute stream where the code does it on the training thread
+//   the host thread its tasks (what UpdateWorker ran: a unit's CPU AdamW queued during the
+//                   backward, the delayed update) in queue order, each starting once queued
+//                   and once the one before it is done, its work one event after another; a
+//                   join holds the compute stream until every task queued so far is done.
+//                   A task queued after the step's last join is the next step's: its copy
+//                   queued by the step before runs from the step's start (the steady state)
 //
-// Step time = when the last of either ends; exposed communication = step time - compute.
-// Left out: groups sharing one physical link at once, the network's topology beyond
+// Step time = when the last of them ends; exposed = step time - the compute stream's busy time.
+// Left out: groups sharing one physical link at once, the host thread's copies sharing the
+// link with the training thread's, the network's topology beyond
 // "within or across nodes", kernels slowed by concurrent communication.
 #pragma once
 
@@ -43,23 +50,27 @@ struct Machine {
 };
 
 // When one event of the log ran, in seconds from the step's start: a compute event's
-// kernels on the compute stream, or a collective on its group's link (`event`: its issue).
+// kernels on the compute stream, or a collective on its group's link (`event`: its issue),
+// or a task's work on the host thread (`event` an index into that task's events).
 struct StepSpan {
   double start = 0, end = 0;
-  size_t event = 0;  // an index into StepLog::events
+  size_t event = 0;  // an index into StepLog::events (or StepLog::tasks[task]->events)
+  int64_t task = -1;
 };
 
 struct StepTime {
   double step = 0;           // seconds
   double compute = 0;        // the compute stream's busy time
   double communication = 0;  // the collectives' durations, summed over groups
-  double exposed = 0;        // step - compute - offload: communication that compute did not hide
+  double exposed = 0;        // step - compute - offload_held: what the compute stream's work did not hide
   double host = 0, link = 0, disk = 0;  // offload's: the CPU's, the host link's, the disk's seconds
+  double offload_held = 0;   // offload's seconds on the compute stream (the rest ran on the host thread)
+  double worker = 0;         // the host thread's busy seconds
   double offload() const { return host + link + disk; }
   // The schedule, in log order: what a Gantt chart draws (step_figure.h). The compute
   // stream is idle between its spans (a wait) and after the last (the links still busy);
-  // offload's work is among its spans, as it holds the stream.
-  std::vector<StepSpan> compute_spans, collective_spans;
+  // offload's work on the training thread is among its spans, the host thread's in task_spans.
+  std::vector<StepSpan> compute_spans, collective_spans, task_spans;
 };
 
 StepTime predict(const StepLog& log, const Machine& machine);

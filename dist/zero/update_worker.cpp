@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "tensor/step_log.h"
 #include "tensor/trace.h"
 
 namespace zg::dist {
@@ -18,6 +19,11 @@ UpdateWorker::~UpdateWorker() {
 }
 
 void UpdateWorker::submit(std::function<void()> job) {
+  if (StepLog* log = StepLog::current())  // a dry run: the job's work is a task of the step's log
+    job = [task = log->queue(), job = std::move(job)] {
+      StepLogScope recording(*task);
+      job();
+    };
   {
     std::lock_guard lock(mutex_);
     jobs_.push_back(std::move(job));
@@ -26,6 +32,7 @@ void UpdateWorker::submit(std::function<void()> job) {
 }
 
 void UpdateWorker::drain() {
+  if (StepLog* log = StepLog::current()) log->join();
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return jobs_.empty() && running_ == 0; });
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));

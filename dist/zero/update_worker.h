@@ -1,7 +1,8 @@
 // A host thread that runs jobs in the order they are given: each unit's CPU AdamW, started
 // as the unit's gradient lands while the backward goes on (ShardedModel::step_in_backward).
 // Jobs run under the rank's context (the host pool counts what they allocate) on a timeline
-// row named "optimizer".
+// row named "optimizer". In a dry run (a StepLog recording the submitting thread) each job is
+// a task of the log, recorded on this thread, and drain() a join: the step model's host thread.
 #pragma once
 
 #include <condition_variable>

@@ -63,6 +63,12 @@ cp "$work/stages/stage-3.svg" "$out/zero3-step.svg"  # the training step chapter
 zero_memory offload --model 124m --world-size 8 --stage 3 --offload all --seq 256 --steps 2
 cp "$work/offload/all.svg" "$out/offload.svg"
 
+# 8b. The offloaded step's three schedules: GPT-2 1.5B at ZeRO-1 with the optimizer offloaded on one
+# GPU of the step model's H100 box (bench/results/h100-2026-11-26 measured this setting), its CPU
+# AdamW after the backward, a unit at a time during it, or delayed beside the next step's passes.
+"$bench/zero_memory" --simulate --model 1.5b --world-size 1 --stage 1 --offload optimizer --batch 8 --seq 1024 \
+  --checkpointing --offload-schedule after-backward,in-backward,delayed --schedule-svg "$out/offload-schedules.svg" >/dev/null
+
 # 9. Checkpoints: what each rank holds, and so writes, at N = 2 and N = 8 (ZeRO-3).
 zero_memory shards2 --model 124m --world-size 2 --stage 3 --seq 256
 zero_memory shards8 --model 124m --world-size 8 --stage 3 --seq 256
