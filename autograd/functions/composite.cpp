@@ -334,10 +334,13 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement) {
   NoGradGuard no_grad;
   const Tensor rows = probs.dim() == 1 ? probs.unsqueeze(0) : probs;
   const Tensor weights = rows.to(DType::f64);
-  const double low = min(weights).item<double>(), high = max(weights).item<double>();
+  // The checks' three figures read back at once (on a GPU each read is a host wait).
+  const std::vector<double> checks =
+      stack({min(weights), max(weights), min(sum(gt(weights, 0.0), {1})).to(DType::f64)}).to_vector<double>();
+  const double low = checks[0], high = checks[1];
   ZG_CHECK(low >= 0 && std::isfinite(high), "multinomial: weights must be finite and non-negative, got [", low, ", ",
            high, "]");
-  const int64_t fewest = min(sum(gt(weights, 0.0), {1})).item<int64_t>();
+  const auto fewest = static_cast<int64_t>(checks[2]);
   ZG_CHECK(fewest >= (replacement ? 1 : num_samples), "multinomial: a row has ", fewest, " categories of positive weight, ",
            "too few to draw ", replacement ? int64_t{1} : num_samples, replacement ? "" : " without replacement");
   const Tensor log_weights = log(weights);  // 0 -> -inf: never drawn
