@@ -9,12 +9,34 @@
 
 namespace zg::nn {
 
+namespace {
+
+// `cached` (the first S positions) followed by `fresh` along dim 2, written into `buffer`
+// after them; the buffer doubles (from S + 1) when full. Returns the S + 1 positions' view.
+// Where a gradient is to flow through the cache (grad mode on, an input requiring grad), a
+// cat instead: the buffer's in-place writes would cut it.
+Tensor append(Tensor& buffer, const Tensor& cached, const Tensor& fresh) {
+  if (GradMode::is_enabled() && (cached.requires_grad() || fresh.requires_grad())) return cat({cached, fresh}, 2);
+  const int64_t length = cached.size(2), needed = length + fresh.size(2);
+  if (!buffer.defined() || buffer.size(2) < needed) {
+    Shape shape = fresh.shape();
+    shape[2] = std::max(needed, 2 * length);
+    const Tensor grown = empty(shape, TensorOptions(fresh.dtype()).device(fresh.device()));
+    grown.narrow(2, 0, length).copy_(cached);
+    buffer = grown;
+  }
+  buffer.narrow(2, length, fresh.size(2)).copy_(fresh);
+  return buffer.narrow(2, 0, needed);
+}
+
+}  // namespace
+
 Tensor cached_attention(KVCache::Layer& layer, const Tensor& q, const Tensor& k, const Tensor& v) {
   const bool prompt = !layer.keys.defined();
   ZG_CHECK(prompt || q.size(2) == 1, "KV cache: after the prompt, one token a forward (got ", q.size(2),
            " with ", layer.keys.size(2), " cached)");
-  layer.keys = prompt ? k : cat({layer.keys, k}, 2);
-  layer.values = prompt ? v : cat({layer.values, v}, 2);
+  layer.keys = prompt ? k : append(layer.key_buffer, layer.keys, k);
+  layer.values = prompt ? v : append(layer.value_buffer, layer.values, v);
   return scaled_dot_product_attention(q, layer.keys, layer.values, /*causal=*/prompt);
 }
 

@@ -13,7 +13,10 @@ namespace zg::nn {
 
 struct KVCache {
   struct Layer {
-    Tensor keys, values;
+    Tensor keys, values;  // [B, H_kv, S, D]: the first S positions of the buffers below (after the prompt)
+    // Room for the tokens to come, grown geometrically so that a token's step copies its own
+    // keys and values, not the whole cache (a cat a token would copy O(S^2) bytes in all).
+    Tensor key_buffer, value_buffer;
   };
   std::vector<Layer> layers;
 

@@ -763,6 +763,17 @@ TEST_CASE("generation with a KV cache on the GPU picks the CPU's greedy tokens" 
     return nn::generate(model, prompt, 12, {.temperature = 0}).to(kCPU).to_vector<int64_t>();
   };
   CHECK(tokens(kCUDA) == tokens(kCPU));
+  // In bf16 the prompt runs fused (one forward graph, head size 64); each decode step's single
+  // query row runs composed, so the tokens after it build no graph.
+  manual_seed(3);
+  nn::Llama model(gqa_llama());
+  model.to(kCUDA);
+  model.to(DType::bf16);
+  const Tensor prompt = tensor<int64_t>({1, 5, 9, 2, 7, 3, 4, 8}).view({1, 8}).to(kCUDA);
+  nn::generate(model, prompt, 1, {.temperature = 0});
+  const cuda::AttentionGraphCount after_one = cuda::fused_attention_graphs(kCUDA);
+  nn::generate(model, prompt, 16, {.temperature = 0});
+  CHECK(cuda::fused_attention_graphs(kCUDA).forward == after_one.forward);
 }
 
 TEST_CASE("dropout on the GPU keeps the CPU's Philox mask and scales by 1/(1-p) in f32, in bf16 too" *

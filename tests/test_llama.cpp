@@ -256,15 +256,26 @@ TEST_CASE("a KV cache gives the logits of the whole sequence's forward, for GPT 
     nn::KVCache cache;
     const Tensor prompt = forward(tokens.narrow(1, 0, 6), &cache);
     CHECK(max(abs(prompt - whole.narrow(1, 0, 6))).item<double>() < 1e-5);
+    const void* buffer = nullptr;
     for (int64_t t = 6; t < 9; ++t) {
       const Tensor one = forward(tokens.narrow(1, t, 1), &cache);
       CHECK(cache.length() == t + 1);
       CHECK(max(abs(one - whole.narrow(1, t, 1))).item<double>() < 1e-5);
+      // The first token after the prompt makes room for 12 (twice the 6 cached); the next ones write into it.
+      for (const nn::KVCache::Layer& layer : cache.layers) CHECK(layer.key_buffer.size(2) == 12);
+      if (t == 6) buffer = cache.layers[0].value_buffer.data_ptr();
+      CHECK(cache.layers[0].value_buffer.data_ptr() == buffer);
     }
     CHECK_THROWS_WITH_AS(forward(tokens.narrow(1, 0, 2), &cache), doctest::Contains("one token a forward"), Error);
   };
   check([&](const Tensor& x, nn::KVCache* c) { return c ? gpt.forward(x, *c) : gpt.forward(x, Tensor()).logits; });
   check([&](const Tensor& x, nn::KVCache* c) { return c ? llama.forward(x, *c) : llama.forward(x, Tensor()).logits; });
+  // With grad on, a gradient flows through the cache (a cat, not the buffer's in-place writes).
+  nn::KVCache graded;
+  gpt.forward(tokens.narrow(1, 0, 6), graded);
+  sum(gpt.forward(tokens.narrow(1, 6, 1), graded)).backward();
+  CHECK_FALSE(graded.layers[0].key_buffer.defined());
+  for (const Tensor& p : gpt.parameters()) CHECK(p.grad().defined());
 }
 
 TEST_CASE("generation with a fixed seed is reproducible; greedy is top-k 1; sampling follows the probabilities") {

@@ -205,7 +205,10 @@ bool fused_candidate(const Tensor& q) { return q.dim() == 4; }
 AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                                    bool backward_follows) {
   NoGradGuard no_grad;
-  if (fused_candidate(q)) {
+  // One query row with no backward to follow (a decode step) is composed: it reads K and V
+  // once either way, and a fused graph, built per key length, would be built again each token.
+  const bool decode_step = q.size(-2) == 1 && !backward_follows;
+  if (fused_candidate(q) && !decode_step) {
     AttentionForward a{bthd_like(q), empty({q.size(0), q.size(1), q.size(2)}, TensorOptions(DType::f32).device(q.device())),
                        true};
     // The backend learns from requires_grad whether a backward will follow (it then
