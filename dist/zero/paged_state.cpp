@@ -2,6 +2,8 @@
 
 #include "dist/zero/buffers.h"
 
+#include <map>
+
 namespace zg::dist {
 
 // The initial state goes to the file: the master weights written (and waited for: a unit
@@ -92,6 +94,26 @@ void visit_paged(const std::vector<Unit*>& units, Unit::StateUse use, bool updat
     if (u > 0) units[u - 1]->settle_state();             // three units at most in host memory
   }
   if (!units.empty()) units.back()->settle_state();
+}
+
+void visit_by_unit(const std::vector<Unit*>& units, const std::vector<Tensor>& tensors, bool updated,
+                   const std::function<void(size_t)>& fn, const std::function<void(size_t)>& after) {
+  std::map<const Storage*, size_t> owner;  // a paged state tensor's storage -> its unit
+  for (size_t u = 0; u < units.size(); ++u)
+    if (units[u]->pages_state())
+      for (const Tensor* t : {&units[u]->master(), &units[u]->exp_avg(), &units[u]->exp_avg_sq()})
+        owner.emplace(t->storage().get(), u);
+  std::vector<std::vector<size_t>> of_unit(units.size() + 1);  // [0]: no unit's
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto it = tensors[i].defined() ? owner.find(tensors[i].storage().get()) : owner.end();
+    of_unit[it == owner.end() ? 0 : it->second + 1].push_back(i);
+  }
+  for (size_t i : of_unit[0]) fn(i);
+  for (size_t u = 0; u < units.size(); ++u) {
+    const StateInHost resident({units[u]}, updated);
+    for (size_t i : of_unit[u + 1]) fn(i);
+    if (after) after(u);
+  }
 }
 
 StateInHost::StateInHost(std::vector<Unit*> units, bool updated) : units_(std::move(units)), updated_(updated) {

@@ -24,9 +24,15 @@ namespace zg::dist {
 void visit_paged(const std::vector<Unit*>& units, Unit::StateUse use, bool updated,
                  const std::function<void(size_t)>& fn);
 
-// Every unit's state in host memory for the guard's life -- checkpoints read and write
-// all of it at once, so for them the host holds the whole state -- written back at the
-// end if `updated` (a load).
+// For each unit in order, with its state in host memory (one unit's at a time): fn(i) for
+// the tensors[i] that view that unit's paged state (master, m, v), then after(u); the
+// tensors no unit pages first, with none in. A checkpoint's save writes (and its load reads)
+// the state this way, the host holding one unit of it, not all. `updated`: written back.
+void visit_by_unit(const std::vector<Unit*>& units, const std::vector<Tensor>& tensors, bool updated,
+                   const std::function<void(size_t)>& fn, const std::function<void(size_t)>& after = {});
+
+// The units' state in host memory for the guard's life, written back at the end if
+// `updated`.
 class StateInHost {
  public:
   StateInHost(std::vector<Unit*> units, bool updated);

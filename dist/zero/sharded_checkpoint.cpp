@@ -85,7 +85,6 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   const Device device = context_->device;
   const uint64_t save_id = new_save_id(world, device, dir, step_);
   land_delayed_update();
-  const StateInHost resident(units(), false);  // offload nvme: the whole state, for the file's writes
   const std::string folder = dir + "/" + checkpoint_dir::save_name(step_, save_id);
   Metadata meta = checkpoint::manifest_metadata({.save_id = save_id, .world_size = files, .rank = file_rank,
                                                  .stage = placement().stage(), .step = step_,
@@ -126,7 +125,10 @@ void ShardedModel::save(const std::string& dir, const Metadata& extra, const opt
   try {
     GroupFileWriter file(world, device, "ShardedModel::save", writes,
                          checkpoint_dir::rank_file(folder, file_rank, files), layout, meta);
-    for (const auto& [key, t] : tensors) file.write(key, t);
+    std::vector<Tensor> values;
+    for (const auto& [key, t] : tensors) values.push_back(t);
+    // Offload nvme: each unit's state paged in while its pieces are written, one unit at a time.
+    visit_by_unit(units(), values, false, [&](size_t i) { file.write(tensors[i].first, tensors[i].second); });
     file.commit("the save in " + folder + " failed and is removed; load() reads the previous one");
   } catch (...) {
     // Every rank threw here, each past its own write (the writer's agreements): the files
@@ -202,8 +204,13 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   // gather a forward left in flight still reads the shards).
   for (auto& unit : units_) unit->finish_gathers();
   land_delayed_update();
-  const StateInHost resident(this->units(), true);  // offload nvme: paged in, written back once loaded
-  checkpoint::copy_pieces(parts, index);
+  // Offload nvme: a unit's state paged in while its parts are read into it and its compute
+  // copy refreshed (every rank visits every unit, in order: the refresh gathers), then written back.
+  std::vector<Tensor> targets;
+  for (const Part& part : parts) targets.push_back(part.data);
+  visit_by_unit(
+      this->units(), targets, true, [&](size_t i) { checkpoint::copy_pieces({parts[i]}, index); },
+      [&](size_t u) { units_[u]->refresh_compute(); });
   if (manifest.holds_replicated)
     for (const auto& [key, t] : model.buffers) manifest.first().read_into(key, t);
   step_ = manifest.step;
@@ -211,7 +218,6 @@ Metadata ShardedModel::load(const std::string& dir, optim::GradScaler* scaler) {
   Generator& gen = Context::current().generator();
   gen.manual_seed(manifest.seed);
   gen.set_offset(manifest.offset);
-  for (auto& unit : units_) unit->refresh_compute();
   mark_compute_current();
   Metadata loaded = manifest.first().metadata();
   loaded["path"] = manifest.path;
