@@ -28,6 +28,7 @@
 
 #include "bench/args.h"
 #include "bench/device.h"
+#include "bench/offload_schedule.h"
 #ifdef ZG_WITH_CUDA
 #include "cuda/stream.h"
 #endif
@@ -59,6 +60,7 @@ struct Flags {
   double lr = 6e-4, peak_tflops = 0;  // 0: from the device name
   uint64_t seed = 1337;
   bool json = false;
+  bench::OffloadSchedule schedule = bench::OffloadSchedule::after_backward;  // --offload-schedule
 };
 
 // GPT-2 124M as in the issue and llm.c: the vocabulary of 50257 padded to 50304 (a
@@ -79,10 +81,12 @@ void usage() {
       "usage: train_step [--model tiny|small|124m|350m|1.5b|6.7b] [--device cuda|cpu] [--dtype bf16|f32] [--batch B]\n"
       "                  [--seq T] [--steps K] [--warmup W] [--lr X] [--seed S] [--init FILE] [--write-init FILE]\n"
       "                  [--stage 0-3] [--offload none|optimizer|optimizer+params] [--checkpointing]\n"
-      "                  [--peak-tflops X] [--json]\n"
+      "                  [--offload-schedule after-backward|in-backward|delayed] [--peak-tflops X] [--json]\n"
       "  K steps are trained and printed; the first W of them are left out of the timing.\n"
       "  --stage: the ZeRO stage of the group of one (default 0; 1 with --offload optimizer, 3 with\n"
-      "  optimizer+params); --checkpointing recomputes each block's activations in backward.\n");
+      "  optimizer+params); --checkpointing recomputes each block's activations in backward.\n"
+      "  --offload-schedule: when the CPU AdamW runs -- after the backward (default), each unit's on a\n"
+      "  host thread as its gradient lands (step_in_backward; no clipping), or delayed a step (the DPU).\n");
 }
 
 bool parse(int argc, char** argv, Flags& f) {
@@ -119,6 +123,7 @@ bool parse(int argc, char** argv, Flags& f) {
       f.stage = static_cast<int>(n);
     }
     else if (a == "--offload") f.offload = args.value(a);
+    else if (a == "--offload-schedule") f.schedule = bench::parse_offload_schedule(args.value(a), "train_step");
     else if (a == "--checkpointing") f.checkpointing = true;
     else fail("train_step: unknown flag ", a, " (see --help)");
   }
@@ -183,23 +188,29 @@ int run(const Flags& f) {
   // accepts with it (at N = 1 every stage holds what DDP holds).
   const dist::Offload offload = dist::parse_offload(f.offload);
   dist::SingleRank one;
-  dist::ZeroConfig zero{.stage = std::max(f.stage, 0), .compute_dtype = compute, .adamw = {0.9, 0.95, 1e-8, 0.1},
-                        .max_grad_norm = 1.0, .offload = offload};
+  dist::ZeroConfig zero = bench::with_schedule({.stage = std::max(f.stage, 0), .compute_dtype = compute,
+                                                .adamw = {0.9, 0.95, 1e-8, 0.1}, .max_grad_norm = 1.0,
+                                                .offload = offload},
+                                               f.schedule);
   while (f.stage < 0 && zero.stage < 3 && !zero.problem(one.size()).empty()) ++zero.stage;
   const std::string wrong = zero.problem(one.size());
   ZG_CHECK(wrong.empty(), "train_step: ", wrong);
   dist::ShardedModel trainer(model, one, zero);
 
   std::vector<Tensor> losses;  // kept on the device until the timing is over
+  const bool in_backward = f.schedule == bench::OffloadSchedule::in_backward;
   auto step = [&]() {
     trainer.zero_grad();
+    if (in_backward) trainer.step_in_backward(f.lr);
     {
       MemoryScope scope(MemoryCategory::activation);
       Tensor loss = model.forward(inputs, targets).loss;
       loss.backward();
       losses.push_back(loss.detach());
     }
-    trainer.step_on_device(f.lr);
+    // The host's schedules finish on the host; the clipping coefficient otherwise stays on the GPU.
+    if (f.schedule == bench::OffloadSchedule::after_backward) trainer.step_on_device(f.lr);
+    else trainer.step(f.lr);
   };
   for (int64_t s = 0; s < f.warmup; ++s) step();
   backend(device).synchronize(device);
@@ -230,14 +241,14 @@ int run(const Flags& f) {
 
   if (f.json) {
     std::printf("{\"impl\": \"zerograd\", \"model\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"batch\": %lld, "
-                "\"seq\": %lld, \"stage\": %lld, \"offload\": \"%s\", \"checkpointing\": %s, \"params\": %lld, \"steps\": %lld, \"timed_steps\": %lld, \"ms_per_step\": %.3f, "
+                "\"seq\": %lld, \"stage\": %lld, \"offload\": \"%s\", \"offload_schedule\": \"%s\", \"checkpointing\": %s, \"params\": %lld, \"steps\": %lld, \"timed_steps\": %lld, \"ms_per_step\": %.3f, "
                 "\"tokens_per_s\": %.1f, \"flops_per_token\": %.0f, \"mfu\": %.4f, \"peak_allocated\": %lld, "
                 "\"peak_parameter\": %lld, \"peak_gradient\": %lld, \"peak_optimizer_state\": %lld, "
                 "\"peak_activation\": %lld, \"reserved\": %lld, \"host_peak\": %lld, \"host_waits_in_steps\": %lld, \"host_issue_ms\": %.3f, "
                 "\"losses\": [",
                 f.model.c_str(), description.c_str(), f.dtype.c_str(), static_cast<long long>(f.batch),
                 static_cast<long long>(f.seq), static_cast<long long>(zero.stage), f.offload.c_str(),
-                f.checkpointing ? "true" : "false", static_cast<long long>(psi), static_cast<long long>(f.steps),
+                bench::name(f.schedule), f.checkpointing ? "true" : "false", static_cast<long long>(psi), static_cast<long long>(f.steps),
                 static_cast<long long>(timed), 1e3 * seconds / static_cast<double>(timed), tokens_per_s,
                 flops_per_token, mfu, static_cast<long long>(mem.peak_total),
                 static_cast<long long>(mem.peak_of(MemoryCategory::parameter)),
@@ -271,6 +282,8 @@ int run(const Flags& f) {
               mib(mem.peak_of(MemoryCategory::parameter)), mib(mem.peak_of(MemoryCategory::gradient)),
               mib(mem.peak_of(MemoryCategory::optimizer_state)), mib(mem.peak_of(MemoryCategory::activation)),
               mib(mem.peak_total), mib(mem.peak_reserved));
+  if (offload != dist::Offload::none)
+    std::printf("the CPU AdamW ran %s\n", bench::name(f.schedule));
   if (offload != dist::Offload::none)
     std::printf("host (offloaded) peak %.1f MiB: parameter %.1f, gradient %.1f, optimizer_state %.1f\n",
                 mib(host.peak_total), mib(host.peak_of(MemoryCategory::parameter)),

@@ -104,6 +104,7 @@
 #include "dist/zero/sharded_model.h"
 #include "dist/zero/zero_config.h"
 #include "model_shape.h"
+#include "offload_schedule.h"
 #include "plan.h"
 #include "nn/gpt.h"
 #include "nn/hf_gpt2.h"
@@ -195,12 +196,7 @@ struct Pipelining {
   }
 };
 
-// When an offloaded step's CPU AdamW runs (--offload-schedule): after the backward
-// (ShardedModel::step), a unit at a time as its gradient lands during the backward
-// (step_in_backward), or beside the next step's forward and backward (the delayed update).
-enum class OffloadSchedule { after_backward, in_backward, delayed };
-constexpr const char* kOffloadSchedules[] = {"after-backward", "in-backward", "delayed"};
-const char* name(OffloadSchedule s) { return kOffloadSchedules[static_cast<int>(s)]; }
+using bench::OffloadSchedule;
 
 // The command line, parsed.
 struct Options {
@@ -243,16 +239,12 @@ struct Setting {
   bool operator==(const Setting&) const = default;
 };
 
-// The configuration a setting trains with, wherever this bench builds a ShardedModel. The
-// update in the backward cannot clip (the norm needs every gradient first); the delayed one
-// starts at the first step.
+// The configuration a setting trains with, wherever this bench builds a ShardedModel.
 dist::ZeroConfig zero_config(const Options& o, Setting setting,
                              OffloadSchedule schedule = OffloadSchedule::after_backward) {
   dist::ZeroConfig zero = o.zero;
   zero.stage = setting.stage, zero.offload = setting.offload;
-  if (schedule == OffloadSchedule::in_backward) zero.max_grad_norm = 0;
-  if (schedule == OffloadSchedule::delayed) zero.delayed_update_after = 0;
-  return zero;
+  return bench::with_schedule(zero, schedule);
 }
 
 // A setting as figures title it: "DDP", "ZeRO-3", "ZeRO-3, offload optimizer".
@@ -813,7 +805,7 @@ std::string format_ms(double seconds) {
 std::string offload_columns(dist::Offload offload, OffloadSchedule schedule, const dist::StepTime& t) {
   char text[128];
   std::snprintf(text, sizeof(text), "  %-16s %8.2f %9.2f %9.2f %10.2f  %s", dist::name(offload), t.host * 1e3,
-                t.link * 1e3, t.disk * 1e3, t.worker * 1e3, name(schedule));
+                t.link * 1e3, t.disk * 1e3, t.worker * 1e3, bench::name(schedule));
   return text;
 }
 
@@ -949,7 +941,7 @@ int simulate(const Options& o, const bench::ModelShape& shape, const std::vector
                       "\"host_thread_seconds\": %.6g, \"offload_schedule\": \"%s\"%s%s}",
                       first ? "" : ",\n", shape.name.c_str(), setting.stage, world, r.shard_group, t.step, t.compute,
                       t.communication, t.exposed, tokens, dist::name(setting.offload), t.host, t.link, t.disk, t.worker,
-                      name(schedule),
+                      bench::name(schedule),
                       ((o.tp == 1 ? std::string() : concat(", \"tp\": ", o.tp)) +
                        (o.cp == 1 ? std::string()
                                   : concat(", \"cp\": ", o.cp, ", \"cp_variant\": \"", dist::name(o.cp_variant), "\"")))
@@ -1743,12 +1735,8 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
     else if (a == "--cp-svg") o.cp_svg = value();
     else if (a == "--offload-schedule") {
       o.offload_schedules.clear();
-      for (const std::string& item : split_commas(value())) {
-        const auto* found = std::find(std::begin(kOffloadSchedules), std::end(kOffloadSchedules), item);
-        ZG_CHECK(found != std::end(kOffloadSchedules), "zero_memory: --offload-schedule takes after-backward, "
-                 "in-backward or delayed (a list: after-backward,in-backward), got '", item, "'");
-        o.offload_schedules.push_back(static_cast<OffloadSchedule>(found - std::begin(kOffloadSchedules)));
-      }
+      for (const std::string& item : split_commas(value()))
+        o.offload_schedules.push_back(bench::parse_offload_schedule(item, "zero_memory"));
     }
     else if (a == "--keep-after-forward") o.zero.keep_after_forward = split_commas(value());
     else {

@@ -910,6 +910,25 @@ TEST_CASE("bench/train_step trains the tiny GPT as PyTorch does, loss for loss, 
   CHECK(run_command(std::string(ZG_BENCH_DIR) + "/train_step --warmup 0.5 2>&1", status).find(
             "--warmup needs a whole number >= 0, got 0.5") != std::string::npos);  // was truncated to 0
   CHECK(status != 0);
+  // The offloaded optimizer's schedules: the first step's loss is the same weights' in each; the
+  // delayed update trains on weights a step behind after that.
+  std::map<std::string, std::vector<double>> by_schedule;
+  for (const char* schedule : {"after-backward", "in-backward", "delayed"}) {
+    const json run = json::parse(run_command(std::string(ZG_BENCH_DIR) + "/train_step " +
+                                                 golden["flags"].get<std::string>() +
+                                                 " --offload optimizer --json --offload-schedule " + schedule,
+                                             status));
+    REQUIRE(status == 0);
+    CHECK(run["offload_schedule"] == schedule);
+    by_schedule[schedule] = run["losses"].get<std::vector<double>>();
+  }
+  CHECK(by_schedule["in-backward"].front() == by_schedule["after-backward"].front());
+  CHECK(by_schedule["delayed"].front() == by_schedule["after-backward"].front());
+  CHECK(by_schedule["delayed"][2] != by_schedule["after-backward"][2]);
+  CHECK(by_schedule["in-backward"].back() < by_schedule["in-backward"].front() - 1.0);
+  CHECK(run_command(std::string(ZG_BENCH_DIR) + "/train_step --device cpu --model tiny --offload-schedule delayed 2>&1", status)
+            .find("delayed_update_after (the delayed parameter update) needs offload optimizer") != std::string::npos);
+  CHECK(status != 0);
 }
 
 TEST_CASE("bench/adamw --device cpu --json: the fused update's and a copy's bandwidth over the same bytes") {
