@@ -110,6 +110,7 @@ void visit_by_unit(const std::vector<Unit*>& units, const std::vector<Tensor>& t
   }
   for (size_t i : of_unit[0]) fn(i);
   for (size_t u = 0; u < units.size(); ++u) {
+    if (of_unit[u + 1].empty() && !after) continue;  // nothing to do with its state
     const StateInHost resident({units[u]}, updated);
     for (size_t i : of_unit[u + 1]) fn(i);
     if (after) after(u);
