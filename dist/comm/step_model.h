@@ -22,9 +22,10 @@
 //                   queued by the step before runs from the step's start (the steady state)
 //
 // Step time = when the last of them ends; exposed = step time - the compute stream's busy time.
-// Left out: groups sharing one physical link at once, the host thread's copies sharing the
-// link with the training thread's, the network's topology beyond
-// "within or across nodes", kernels slowed by concurrent communication.
+// Left out: groups sharing one physical link at once, both threads copying in one direction
+// of the host link at once (each is charged the whole rate; the two directions are apart),
+// the network's topology beyond "within or across nodes", kernels slowed by concurrent
+// communication.
 #pragma once
 
 #include <string>
