@@ -74,6 +74,9 @@ struct StepTime {
   std::vector<StepSpan> compute_spans, collective_spans, task_spans;
 };
 
+// Replays `log` on `machine`. A task is written by the host thread while it runs: predict
+// once the thread is done with the log's tasks (a delayed update's lands at the next step(),
+// save() or load(), or with its ShardedModel).
 StepTime predict(const StepLog& log, const Machine& machine);
 
 }  // namespace zg::dist
