@@ -282,12 +282,12 @@ int run(const Flags& f) {
               mib(mem.peak_of(MemoryCategory::parameter)), mib(mem.peak_of(MemoryCategory::gradient)),
               mib(mem.peak_of(MemoryCategory::optimizer_state)), mib(mem.peak_of(MemoryCategory::activation)),
               mib(mem.peak_total), mib(mem.peak_reserved));
-  if (offload != dist::Offload::none)
+  if (offload != dist::Offload::none) {
     std::printf("the CPU AdamW ran %s\n", bench::name(f.schedule));
-  if (offload != dist::Offload::none)
     std::printf("host (offloaded) peak %.1f MiB: parameter %.1f, gradient %.1f, optimizer_state %.1f\n",
                 mib(host.peak_total), mib(host.peak_of(MemoryCategory::parameter)),
                 mib(host.peak_of(MemoryCategory::gradient)), mib(host.peak_of(MemoryCategory::optimizer_state)));
+  }
   return 0;
 }
 

@@ -29,6 +29,7 @@ struct StepEvent {
   int group = -1;               // issue: which group, an index into StepLog::groups
   double sent = 0;              // issue: bytes this rank sends (ring-counted)
   int64_t task = -1;            // queue: which one, an index into StepLog::tasks
+  bool offload() const { return kind == Kind::host || kind == Kind::link || kind == Kind::disk; }
 };
 
 // A group as the model places it: `size` ranks, consecutive ones `stride` apart (1: a

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <string_view>
 
 #include "dist/comm/process_group.h"
 #include "tensor/error.h"
@@ -32,9 +33,6 @@ constexpr const char* kWaitColour = "#eea3a4";
 // Offload's work, wherever it runs: the CPU AdamW, copies over the host link, the disk.
 const char* offload_colour(StepEvent::Kind kind) {
   return kind == StepEvent::Kind::host ? "#e7ba52" : kind == StepEvent::Kind::link ? "#8c6d31" : "#843c39";
-}
-bool is_offload(StepEvent::Kind kind) {
-  return kind == StepEvent::Kind::host || kind == StepEvent::Kind::link || kind == StepEvent::Kind::disk;
 }
 
 // The phase an event belongs to: the last mark at or before it ("" before the first).
@@ -78,7 +76,7 @@ std::string spans_row(const std::vector<StepSpan>& spans, const std::function<co
     const char* fill = colour(spans[i]);
     const double start = spans[i].start;
     double end = spans[i].end;
-    for (++i; i < spans.size() && spans[i].start <= end && std::string(colour(spans[i])) == fill; ++i) end = spans[i].end;
+    for (++i; i < spans.size() && spans[i].start <= end && std::string_view(colour(spans[i])) == fill; ++i) end = spans[i].end;
     out += rect(axis.x(start), y, axis.x(end) - axis.x(start), fill);
   }
   return out;
@@ -88,8 +86,8 @@ std::string spans_row(const std::vector<StepSpan>& spans, const std::function<co
 // phase, and offload's work done on the training thread by its kind.
 std::string compute_row(const SchedulePanel& p, const TimeAxis& axis, double y) {
   const auto colour = [&](const StepSpan& s) {
-    const StepEvent::Kind kind = p.log.events.at(s.event).kind;
-    return is_offload(kind) ? offload_colour(kind) : phase_colour(phase_of(p.log, s.event));
+    const StepEvent& e = p.log.events.at(s.event);
+    return e.offload() ? offload_colour(e.kind) : phase_colour(phase_of(p.log, s.event));
   };
   return row_label(y, "compute") + rect(kLeft, y, axis.x(p.time.step) - kLeft, kWaitColour) +
          spans_row(p.time.compute_spans, colour, axis, y);
@@ -99,8 +97,8 @@ std::string compute_row(const SchedulePanel& p, const TimeAxis& axis, double y) 
 std::string host_thread_row(const SchedulePanel& p, const TimeAxis& axis, double& y) {
   if (p.time.task_spans.empty()) return "";
   const auto colour = [&](const StepSpan& s) {
-    const StepEvent::Kind kind = p.log.tasks.at(static_cast<size_t>(s.task))->events.at(s.event).kind;
-    return is_offload(kind) ? offload_colour(kind) : phase_colour("optimizer");
+    const StepEvent& e = p.log.tasks.at(static_cast<size_t>(s.task))->events.at(s.event);
+    return e.offload() ? offload_colour(e.kind) : phase_colour("optimizer");
   };
   std::string out = row_label(y, "host thread") + rect(kLeft, y, axis.plot_w, "#f4f4f4") +
                     spans_row(p.time.task_spans, colour, axis, y);

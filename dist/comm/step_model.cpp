@@ -54,9 +54,9 @@ bool within_node(const StepGroup& g, int ranks_per_node) {
 double busy_seconds(const StepEvent& e, const Machine& m, StepTime& t) {
   if (e.kind == StepEvent::Kind::compute)
     return e.kernels * m.kernel_seconds + std::max(e.flops / m.flops_per_second, e.bytes / m.memory_bytes_per_second);
-  const bool host = e.kind == StepEvent::Kind::host, link = e.kind == StepEvent::Kind::link;
-  ZG_CHECK(host || link || e.kind == StepEvent::Kind::disk, "step model: a host thread's task issued a collective "
+  ZG_CHECK(e.offload(), "step model: a host thread's task issued a collective "
            "or queued work of its own; only kernels and offload's work run there");
+  const bool host = e.kind == StepEvent::Kind::host, link = e.kind == StepEvent::Kind::link;
   const double busy = e.bytes / (host ? m.host_bytes_per_second : link ? m.link_bytes_per_second
                                                                        : m.disk_bytes_per_second);
   (host ? t.host : link ? t.link : t.disk) += busy;
